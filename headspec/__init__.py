@@ -1,0 +1,3 @@
+"""headspec: attention-head specialization in JAX transformers."""
+
+__version__ = "0.1.0"

@@ -1,0 +1,284 @@
+"""The Transformer: one flax.nnx model for encoders (masked LM) and decoders (causal LM).
+
+Attention is written out per head, because heads are the object of study: every head's queries,
+keys, values, attention map and context vector `Z_h = A_h V_h` can be returned, and a head mask
+scales `Z_h` before the output projection `W_O`.
+
+Shape glossary (used in every name in headspec, after penzai's model_parts.py):
+  B batch, T tokens (query positions), S source tokens (key positions), L layers, H heads,
+  D model width, K head width (Dh in prose), F feed-forward width, V vocabulary, N words, C classes.
+So `q_BTHK` is a [batch, tokens, heads, head width] array and `probs_BHTS` an attention map.
+
+The architecture follows BERT (Devlin et al. 2019; post-LayerNorm, token types, embedding LayerNorm,
+masked-LM transform head) and GPT-2 (Radford et al. 2019; pre-LayerNorm, final LayerNorm), chosen by
+`ModelConfig`, so that Hugging Face checkpoints of both families import exactly
+(headspec/pretrained.py).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Collection
+
+import flax.struct
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+from headspec.errors import UserError
+
+ACTIVATIONS = {
+    "gelu_exact": lambda x: jax.nn.gelu(x, approximate=False),  # BERT
+    "gelu_tanh": lambda x: jax.nn.gelu(x, approximate=True),  # GPT-2 "gelu_new"
+    "relu": jax.nn.relu,
+}
+CAPTURE_FIELDS = ("embeddings", "q", "k", "v", "probs", "z", "head_out", "residual")
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelConfig:
+  """Everything that changes the computation. `kind` is 'encoder' (bidirectional) or 'decoder' (causal)."""
+
+  kind: str
+  vocab_size: int
+  num_layers: int
+  num_heads: int
+  d_model: int
+  d_head: int
+  d_ff: int
+  max_len: int
+  dropout: float = 0.0
+  attention_dropout: float = 0.0
+  pre_layernorm: bool = True
+  positions: str = "learned"  # 'learned' | 'sinusoidal'
+  tie_embeddings: bool = True
+  activation: str = "gelu_tanh"
+  layer_norm_eps: float = 1e-5
+  type_vocab_size: int = 0  # BERT token types; 0 for none
+  embedding_layernorm: bool = False  # BERT normalises the summed embeddings
+  dtype: str = "float32"  # compute dtype; parameters stay float32
+
+  def __post_init__(self):
+    checks = [
+        (self.kind in ("encoder", "decoder"), f"model.kind must be 'encoder' or 'decoder', got {self.kind!r}"),
+        (self.positions in ("learned", "sinusoidal"), f"model.positions must be 'learned' or 'sinusoidal', got {self.positions!r}"),
+        (self.activation in ACTIVATIONS, f"model.activation must be one of {sorted(ACTIVATIONS)}, got {self.activation!r}"),
+        (self.dtype in ("float32", "bfloat16"), f"model.dtype must be 'float32' or 'bfloat16', got {self.dtype!r}"),
+        (min(self.vocab_size, self.num_layers, self.num_heads, self.d_model, self.d_head, self.d_ff, self.max_len) > 0,
+         "model sizes (vocab_size, num_layers, num_heads, d_model, d_head, d_ff, max_len) must be positive"),
+        (0.0 <= self.dropout < 1.0 and 0.0 <= self.attention_dropout < 1.0, "model dropout rates must be in [0, 1)"),
+    ]
+    for ok, message in checks:
+      if not ok:
+        raise UserError(message)
+
+
+@flax.struct.dataclass
+class Intermediates:
+  """What a forward pass exposes, stacked over layers on a leading L axis; None when not requested.
+
+  `z_LBTHK` is each head's context vector A_h V_h before the head mask and W_O; `head_out_LBTHD` is
+  the head's actual contribution to the residual stream, mask_h * Z_h W_O^h (the bias b_O belongs to
+  no head). `residual_LBTD` is the residual stream after each block; `embeddings_BTD` the input to
+  block 0 (probing reports it as layer -1).
+  """
+
+  embeddings_BTD: jax.Array | None = None
+  q_LBTHK: jax.Array | None = None
+  k_LBTHK: jax.Array | None = None
+  v_LBTHK: jax.Array | None = None
+  probs_LBHTS: jax.Array | None = None
+  z_LBTHK: jax.Array | None = None
+  head_out_LBTHD: jax.Array | None = None
+  residual_LBTD: jax.Array | None = None
+
+
+def _normal(rngs: nnx.Rngs, shape, std=0.02) -> nnx.Param:
+  return nnx.Param(std * jax.random.normal(rngs.params(), shape, jnp.float32))
+
+
+def _zeros(shape) -> nnx.Param:
+  return nnx.Param(jnp.zeros(shape, jnp.float32))
+
+
+def sinusoidal_positions(max_len: int, d_model: int) -> jax.Array:
+  """Fixed positional encodings of Vaswani et al. 2017, §3.5: sin on even, cos on odd features."""
+  pos_T1 = jnp.arange(max_len, dtype=jnp.float32)[:, None]
+  freq = jnp.exp(-jnp.log(10000.0) * jnp.arange(0, d_model, 2, dtype=jnp.float32) / d_model)
+  table_TD = jnp.zeros((max_len, d_model), jnp.float32)
+  table_TD = table_TD.at[:, 0::2].set(jnp.sin(pos_T1 * freq))
+  return table_TD.at[:, 1::2].set(jnp.cos(pos_T1 * freq)[:, : d_model // 2])
+
+
+class Attention(nnx.Module):
+  """Multi-head self-attention with per-head projections W_Q, W_K, W_V [D,H,K] and W_O [H,K,D]."""
+
+  def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs):
+    D, H, K = cfg.d_model, cfg.num_heads, cfg.d_head
+    self.w_q_DHK, self.w_k_DHK, self.w_v_DHK = (_normal(rngs, (D, H, K)) for _ in range(3))
+    self.b_q_HK, self.b_k_HK, self.b_v_HK = (_zeros((H, K)) for _ in range(3))
+    self.w_o_HKD = _normal(rngs, (H, K, D))
+    self.b_o_D = _zeros((D,))
+    self.attention_dropout = nnx.Dropout(cfg.attention_dropout)
+    self.dtype = jnp.dtype(cfg.dtype)
+
+  def __call__(self, x_BTD, mask_BTS, head_mask_BH, dropout_rngs, capture):
+    dt = self.dtype
+    q_BTHK = jnp.einsum("btd,dhk->bthk", x_BTD, self.w_q_DHK[...].astype(dt)) + self.b_q_HK[...].astype(dt)
+    k_BSHK = jnp.einsum("bsd,dhk->bshk", x_BTD, self.w_k_DHK[...].astype(dt)) + self.b_k_HK[...].astype(dt)
+    v_BSHK = jnp.einsum("bsd,dhk->bshk", x_BTD, self.w_v_DHK[...].astype(dt)) + self.b_v_HK[...].astype(dt)
+    scale = 1.0 / jnp.sqrt(jnp.float32(q_BTHK.shape[-1]))
+    logits_BHTS = jnp.einsum("bthk,bshk->bhts", q_BTHK, k_BSHK).astype(jnp.float32) * scale
+    logits_BHTS = jnp.where(mask_BTS[:, None], logits_BHTS, jnp.finfo(jnp.float32).min)
+    probs_BHTS = jax.nn.softmax(logits_BHTS, axis=-1)
+    dropped_BHTS = self.attention_dropout(probs_BHTS, deterministic=dropout_rngs is None, rngs=dropout_rngs)
+    z_BTHK = jnp.einsum("bhts,bshk->bthk", dropped_BHTS.astype(dt), v_BSHK)
+    masked_BTHK = z_BTHK * head_mask_BH[:, None, :, None].astype(dt)
+    out_BTD = jnp.einsum("bthk,hkd->btd", masked_BTHK, self.w_o_HKD[...].astype(dt)) + self.b_o_D[...].astype(dt)
+    captured = {}
+    for name, value in (("q", q_BTHK), ("k", k_BSHK), ("v", v_BSHK), ("probs", probs_BHTS), ("z", z_BTHK)):
+      if name in capture:
+        captured[name] = value
+    if "head_out" in capture:
+      captured["head_out"] = jnp.einsum("bthk,hkd->bthd", masked_BTHK, self.w_o_HKD[...].astype(dt))
+    return out_BTD, captured
+
+
+class MLP(nnx.Module):
+  def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs):
+    self.w_in_DF, self.b_in_F = _normal(rngs, (cfg.d_model, cfg.d_ff)), _zeros((cfg.d_ff,))
+    self.w_out_FD, self.b_out_D = _normal(rngs, (cfg.d_ff, cfg.d_model)), _zeros((cfg.d_model,))
+    self.activation = ACTIVATIONS[cfg.activation]
+    self.dtype = jnp.dtype(cfg.dtype)
+
+  def __call__(self, x_BTD):
+    dt = self.dtype
+    h_BTF = self.activation(x_BTD @ self.w_in_DF[...].astype(dt) + self.b_in_F[...].astype(dt))
+    return h_BTF @ self.w_out_FD[...].astype(dt) + self.b_out_D[...].astype(dt)
+
+
+def _layernorm(cfg: ModelConfig, rngs: nnx.Rngs) -> nnx.LayerNorm:
+  return nnx.LayerNorm(cfg.d_model, epsilon=cfg.layer_norm_eps, dtype=jnp.dtype(cfg.dtype), rngs=rngs)
+
+
+class Block(nnx.Module):
+  """Attention and MLP sublayers with residuals; pre-LN (GPT-2) or post-LN (BERT) by config."""
+
+  def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs):
+    self.attention = Attention(cfg, rngs=rngs)
+    self.mlp = MLP(cfg, rngs=rngs)
+    self.ln_attention = _layernorm(cfg, rngs)
+    self.ln_mlp = _layernorm(cfg, rngs)
+    self.dropout = nnx.Dropout(cfg.dropout)
+    self.pre_layernorm = cfg.pre_layernorm
+
+  def __call__(self, x_BTD, mask_BTS, head_mask_BH, dropout_rngs, capture):
+    drop = lambda y: self.dropout(y, deterministic=dropout_rngs is None, rngs=dropout_rngs)
+    if self.pre_layernorm:
+      attn_BTD, captured = self.attention(self.ln_attention(x_BTD), mask_BTS, head_mask_BH, dropout_rngs, capture)
+      x_BTD = x_BTD + drop(attn_BTD)
+      return x_BTD + drop(self.mlp(self.ln_mlp(x_BTD))), captured
+    attn_BTD, captured = self.attention(x_BTD, mask_BTS, head_mask_BH, dropout_rngs, capture)
+    x_BTD = self.ln_attention(x_BTD + drop(attn_BTD))
+    return self.ln_mlp(x_BTD + drop(self.mlp(x_BTD))), captured
+
+
+class Transformer(nnx.Module):
+  """Encoder (bidirectional, masked-LM head) or decoder (causal, LM head), per `ModelConfig.kind`."""
+
+  def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs):
+    self.cfg = cfg
+    self.token_embed_VD = _normal(rngs, (cfg.vocab_size, cfg.d_model))
+    if cfg.positions == "learned":
+      self.position_embed_TD = _normal(rngs, (cfg.max_len, cfg.d_model))
+    if cfg.type_vocab_size:
+      self.type_embed_YD = _normal(rngs, (cfg.type_vocab_size, cfg.d_model))
+    if cfg.embedding_layernorm:
+      self.ln_embed = _layernorm(cfg, rngs)
+    self.embed_dropout = nnx.Dropout(cfg.dropout)
+    self.blocks = nnx.List([Block(cfg, rngs=rngs) for _ in range(cfg.num_layers)])
+    if cfg.pre_layernorm:
+      self.ln_final = _layernorm(cfg, rngs)
+    if cfg.kind == "encoder":  # BERT's masked-LM transform: dense, activation, LayerNorm
+      self.mlm_w_DD, self.mlm_b_D = _normal(rngs, (cfg.d_model, cfg.d_model)), _zeros((cfg.d_model,))
+      self.ln_mlm = _layernorm(cfg, rngs)
+    if not cfg.tie_embeddings:
+      self.unembed_DV = _normal(rngs, (cfg.d_model, cfg.vocab_size))
+    self.unembed_bias_V = _zeros((cfg.vocab_size,))
+
+  def embed(self, tokens_BT, token_types_BT=None):
+    cfg, dt = self.cfg, jnp.dtype(self.cfg.dtype)
+    T = tokens_BT.shape[1]
+    if T > cfg.max_len:
+      raise UserError(f"sequence length {T} exceeds model.max_len={cfg.max_len}")
+    x_BTD = jnp.take(self.token_embed_VD[...], tokens_BT, axis=0)
+    if cfg.positions == "learned":
+      x_BTD = x_BTD + self.position_embed_TD[...][None, :T]
+    else:
+      x_BTD = x_BTD + sinusoidal_positions(T, cfg.d_model)[None]
+    if cfg.type_vocab_size:
+      types_BT = jnp.zeros_like(tokens_BT) if token_types_BT is None else token_types_BT
+      x_BTD = x_BTD + jnp.take(self.type_embed_YD[...], types_BT, axis=0)
+    if cfg.embedding_layernorm:
+      x_BTD = self.ln_embed(x_BTD)
+    return x_BTD.astype(dt)
+
+  def __call__(
+      self,
+      tokens_BT: jax.Array,
+      *,
+      valid_BT: jax.Array | None = None,
+      token_types_BT: jax.Array | None = None,
+      head_mask: jax.Array | None = None,
+      capture: Collection[str] = (),
+      dropout_rngs: nnx.Rngs | None = None,
+  ) -> tuple[jax.Array, Intermediates]:
+    """Returns (logits_BTV in float32, Intermediates with the `capture`d fields, others None).
+
+    valid_BT: True for real tokens; padded keys get zero attention. head_mask: [L,H] or per example
+    [B,L,H], multiplies Z_h before W_O (1 keeps, 0 removes, between scales); it is traced data, so new
+    values never recompile, and the loss is differentiable in it. dropout_rngs: None for deterministic.
+    """
+    x_BTD = self.embed(tokens_BT, token_types_BT)
+    return self.from_embeddings(x_BTD, valid_BT=valid_BT, head_mask=head_mask, capture=capture, dropout_rngs=dropout_rngs)
+
+  def from_embeddings(self, x_BTD, *, valid_BT=None, head_mask=None, capture=(), dropout_rngs=None):
+    """The forward pass after the embedding layer (for gradients with respect to input embeddings)."""
+    cfg = self.cfg
+    unknown = set(capture) - set(CAPTURE_FIELDS)
+    if unknown:
+      raise UserError(f"unknown capture field(s) {sorted(unknown)}; choose from {CAPTURE_FIELDS}")
+    B, T, _ = x_BTD.shape
+    valid_BT = jnp.ones((B, T), bool) if valid_BT is None else valid_BT.astype(bool)
+    mask_BTS = jnp.broadcast_to(valid_BT[:, None, :], (B, T, T))
+    if cfg.kind == "decoder":
+      mask_BTS = mask_BTS & jnp.tril(jnp.ones((T, T), bool))[None]
+    head_mask = jnp.ones((cfg.num_layers, cfg.num_heads)) if head_mask is None else jnp.asarray(head_mask)
+    head_mask_BLH = jnp.broadcast_to(head_mask, (B, cfg.num_layers, cfg.num_heads))
+
+    per_layer = {name: [] for name in capture if name != "embeddings"}
+    embeddings_BTD = x_BTD
+    x_BTD = self.embed_dropout(x_BTD, deterministic=dropout_rngs is None, rngs=dropout_rngs)
+    for layer, block in enumerate(self.blocks):
+      x_BTD, captured = block(x_BTD, mask_BTS, head_mask_BLH[:, layer], dropout_rngs, capture)
+      for name, value in captured.items():
+        per_layer[name].append(value)
+      if "residual" in capture:
+        per_layer["residual"].append(x_BTD)
+    h_BTD = self.ln_final(x_BTD) if cfg.pre_layernorm else x_BTD
+    logits_BTV = self.unembed(h_BTD)
+
+    suffix = {"q": "LBTHK", "k": "LBTHK", "v": "LBTHK", "probs": "LBHTS", "z": "LBTHK",
+              "head_out": "LBTHD", "residual": "LBTD"}
+    fields = {f"{name}_{suffix[name]}": jnp.stack(values) for name, values in per_layer.items()}
+    if "embeddings" in capture:
+      fields["embeddings_BTD"] = embeddings_BTD
+    return logits_BTV, Intermediates(**fields)
+
+  def unembed(self, h_BTD):
+    """Final hidden states to vocabulary logits (encoder: through the masked-LM transform first)."""
+    cfg, dt = self.cfg, jnp.dtype(self.cfg.dtype)
+    if cfg.kind == "encoder":
+      h_BTD = self.ln_mlm(ACTIVATIONS[cfg.activation](h_BTD @ self.mlm_w_DD[...].astype(dt) + self.mlm_b_D[...].astype(dt)))
+    w_DV = self.token_embed_VD[...].T if cfg.tie_embeddings else self.unembed_DV[...]
+    return (h_BTD @ w_DV.astype(dt)).astype(jnp.float32) + self.unembed_bias_V[...]

@@ -1,0 +1,22 @@
+"""Test setup: 8 fake CPU devices (set before JAX starts) and the shared data directory."""
+import os
+
+os.environ.setdefault("XLA_FLAGS", "")
+if "xla_force_host_platform_device_count" not in os.environ["XLA_FLAGS"]:
+  os.environ["XLA_FLAGS"] += " --xla_force_host_platform_device_count=8"
+os.environ.setdefault("JAX_PLATFORMS", "cpu")
+
+import pathlib  # noqa: E402
+
+import pytest  # noqa: E402
+
+
+@pytest.fixture(scope="session")
+def data_dir() -> pathlib.Path:
+  """HEADSPEC_DATA_DIR; fails under CI when missing, skips elsewhere."""
+  path = pathlib.Path(os.environ.get("HEADSPEC_DATA_DIR", pathlib.Path(__file__).resolve().parents[2] / "shared" / "data"))
+  if not (path / "ud" / "en_ewt").is_dir():
+    if os.environ.get("CI"):
+      pytest.fail(f"HEADSPEC_DATA_DIR={path} has no ud/en_ewt; CI must provide the shared data")
+    pytest.skip(f"shared data not found at {path}")
+  return path

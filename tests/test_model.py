@@ -1,0 +1,135 @@
+"""The model's per-head capture, head mask and causality, against direct recomputation."""
+
+import chex
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax import nnx
+
+from headspec.errors import UserError
+from headspec.model import CAPTURE_FIELDS, ModelConfig, Transformer
+
+jax.config.update("jax_default_matmul_precision", "highest")
+
+
+def make(kind="decoder", **overrides):
+  fields = dict(kind=kind, vocab_size=61, num_layers=3, num_heads=4, d_model=32, d_head=12, d_ff=48, max_len=16)
+  if kind == "encoder":
+    fields.update(pre_layernorm=False, type_vocab_size=2, embedding_layernorm=True, activation="gelu_exact")
+  fields.update(overrides)
+  return Transformer(ModelConfig(**fields), rngs=nnx.Rngs(0))
+
+
+TOKENS = jnp.asarray(np.random.default_rng(0).integers(0, 61, (2, 11)), jnp.int32)
+
+
+@pytest.mark.parametrize("kind", ["encoder", "decoder"])
+def test_capture_does_not_change_outputs(kind):
+  model = make(kind)
+  plain, nothing = model(TOKENS)
+  captured, _ = model(TOKENS, capture=CAPTURE_FIELDS)
+  np.testing.assert_array_equal(plain, captured)
+  assert all(leaf is None for leaf in nothing.__dict__.values())
+
+
+@pytest.mark.parametrize("kind", ["encoder", "decoder"])
+def test_z_through_w_o_reproduces_attention_output(kind):
+  """sum_h Z_h W_O^h + b_O equals what the attention sublayer adds, recomputed from its input."""
+  model = make(kind)
+  valid = jnp.ones_like(TOKENS, bool).at[1, 8:].set(False)
+  _, inter = model(TOKENS, valid_BT=valid, capture=("z", "head_out", "residual", "embeddings", "probs", "v"))
+  block = model.blocks[1]
+  attn = block.attention
+  recombined_BTD = jnp.einsum("bthk,hkd->btd", inter.z_LBTHK[1], attn.w_o_HKD[...]) + attn.b_o_D[...]
+  np.testing.assert_allclose(inter.head_out_LBTHD[1].sum(2) + attn.b_o_D[...], recombined_BTD, atol=1e-5)
+  # Z_h = A_h V_h from the captured probabilities and values.
+  np.testing.assert_allclose(jnp.einsum("bhts,bshk->bthk", inter.probs_LBHTS[1], inter.v_LBTHK[1]), inter.z_LBTHK[1], atol=1e-5)
+  # The block's output from its input, with the attention output replaced by the recombination.
+  x_BTD = inter.residual_LBTD[0]
+  if model.cfg.pre_layernorm:
+    after_BTD = x_BTD + recombined_BTD
+    expected = after_BTD + block.mlp(block.ln_mlp(after_BTD))
+  else:
+    after_BTD = block.ln_attention(x_BTD + recombined_BTD)
+    expected = block.ln_mlp(after_BTD + block.mlp(after_BTD))
+  np.testing.assert_allclose(inter.residual_LBTD[1], expected, atol=1e-5)
+  # Padded keys get no attention.
+  assert float(jnp.abs(inter.probs_LBHTS[:, 1, :, :, 8:]).max()) == 0.0
+
+
+def test_zero_in_head_mask_removes_exactly_that_head():
+  model = make("decoder")
+  _, full = model(TOKENS, capture=("head_out", "z", "residual"))
+  mask = jnp.ones((3, 4)).at[0, 2].set(0.0)
+  _, masked = model(TOKENS, head_mask=mask, capture=("head_out", "z", "residual"))
+  # Layer 0: same Z for every head, contribution of head 2 gone, others unchanged.
+  np.testing.assert_allclose(masked.z_LBTHK[0], full.z_LBTHK[0], atol=1e-6)
+  assert float(jnp.abs(masked.head_out_LBTHD[0, :, :, 2]).max()) == 0.0
+  np.testing.assert_allclose(masked.head_out_LBTHD[0, :, :, [0, 1, 3]], full.head_out_LBTHD[0, :, :, [0, 1, 3]], atol=1e-6)
+  # The residual after layer 0 differs from the unmasked one by exactly head 2's contribution (pre-LN).
+  block = model.blocks[0]
+  x0 = model.embed(TOKENS)
+  attn_full = x0 + full.head_out_LBTHD[0].sum(2) + block.attention.b_o_D[...]
+  attn_masked = attn_full - full.head_out_LBTHD[0, :, :, 2]
+  expected = attn_masked + block.mlp(block.ln_mlp(attn_masked))
+  np.testing.assert_allclose(masked.residual_LBTD[0], expected, atol=1e-5)
+  # Per-example masks: example 0 masked, example 1 not.
+  per_example = jnp.stack([mask, jnp.ones((3, 4))])
+  logits_pe, _ = model(TOKENS, head_mask=per_example)
+  logits_m, _ = model(TOKENS, head_mask=mask)
+  logits_f, _ = model(TOKENS)
+  np.testing.assert_allclose(logits_pe[0], logits_m[0], atol=1e-5)
+  np.testing.assert_allclose(logits_pe[1], logits_f[1], atol=1e-5)
+
+
+def test_head_mask_is_traced_and_differentiable():
+  model = make("encoder")
+  graphdef, state = nnx.split(model)
+
+  def loss(state, mask):
+    logits, _ = nnx.merge(graphdef, state)(TOKENS, head_mask=mask)
+    return jax.nn.log_softmax(logits)[..., 0].mean()
+
+  @jax.jit
+  @chex.assert_max_traces(n=1)
+  def grad_fn(state, mask):
+    return jax.grad(loss, argnums=1)(state, mask)
+
+  grads = [grad_fn(state, jnp.full((3, 4), v)) for v in (1.0, 0.5, 0.0)]
+  assert grads[0].shape == (3, 4) and bool(jnp.all(jnp.isfinite(grads[0])))
+  assert float(jnp.abs(grads[0]).min()) > 0.0
+  # Finite difference agrees with the gradient for one head.
+  eps = 3e-2  # float32: a larger step keeps rounding error below the curvature error
+  mask = jnp.ones((3, 4))
+  loss = jax.jit(loss)
+  fd = (loss(state, mask.at[1, 3].add(eps)) - loss(state, mask.at[1, 3].add(-eps))) / (2 * eps)
+  np.testing.assert_allclose(fd, grads[0][1, 3], rtol=5e-2, atol=2e-5)
+
+
+def test_decoder_outputs_do_not_depend_on_future_tokens():
+  model = make("decoder", positions="sinusoidal")
+  embeds = model.embed(TOKENS)
+
+  def through_embeddings(x_BTD, t):
+    logits, _ = model.from_embeddings(x_BTD)
+    return logits[:, t].sum()
+
+  for t in (0, 4, 10):
+    g_BTD = jax.grad(through_embeddings)(embeds, t)
+    per_position = jnp.abs(g_BTD).sum(axis=(0, 2))
+    assert float(per_position[t + 1:].sum()) == 0.0
+    assert float(per_position[: t + 1].min()) > 0.0
+  # And the encoder does look ahead.
+  encoder = make("encoder")
+  changed = TOKENS.at[:, -1].set((TOKENS[:, -1] + 1) % 61)
+  assert not np.allclose(encoder(TOKENS)[0][:, 0], encoder(changed)[0][:, 0])
+
+
+def test_inconsistent_config_is_a_user_error():
+  with pytest.raises(UserError, match="model.kind"):
+    make(kind="seq2seq")
+  with pytest.raises(UserError, match="positive"):
+    make(d_head=0)
+  with pytest.raises(UserError, match="capture"):
+    make()(TOKENS, capture=("attention",))
