@@ -1,0 +1,173 @@
+"""Tokenizers of imported Hugging Face checkpoints (BERT WordPiece, GPT-2 byte-level BPE) via `tokenizers`.
+
+`load_hf_tokenizer(model_dir, family)` reads `tokenizer.json` when the checkpoint has one, else builds the
+tokenizer the way transformers' fast-tokenizer converter does: BERT WordPiece from `vocab.txt` (lowercasing,
+accent stripping and Chinese-character splitting from `tokenizer_config.json`), GPT-2 byte-level BPE from
+`vocab.json` + `merges.txt`. The result implements headspec's `Tokenizer` protocol
+(headspec/data/tokenizer.py); `save` writes it into a run's `tokenizer/` folder as kind `huggingface`.
+"""
+from __future__ import annotations
+
+import json
+import os
+import pathlib
+from collections.abc import Sequence
+
+import tokenizers
+from tokenizers import decoders, models, normalizers, pre_tokenizers
+
+from headspec.data.tokenizer import INFO_FILE, register_tokenizer_kind
+from headspec.errors import UserError
+
+FAMILIES = ("bert", "gpt2")
+TOKENIZER_JSON = "tokenizer.json"
+# Special-token roles and their defaults, as in transformers' BertTokenizer and GPT2Tokenizer.
+_BERT_SPECIALS = {"pad_token": "[PAD]", "unk_token": "[UNK]", "sep_token": "[SEP]", "cls_token": "[CLS]",
+                  "mask_token": "[MASK]"}
+_GPT2_SPECIALS = {"eos_token": "<|endoftext|>", "unk_token": "<|endoftext|>", "pad_token": None}
+
+
+class HFTokenizer:
+  """A `tokenizers.Tokenizer` with headspec's `Tokenizer` interface.
+
+  BERT: prefix [CLS], suffix [SEP], eos [SEP], mask [MASK]. GPT-2: no prefix/suffix, eos = unk =
+  <|endoftext|>, pad = eos when the checkpoint names no pad token (as transformers users do), no mask.
+  """
+
+  def __init__(self, backend: tokenizers.Tokenizer, family: str, specials: dict[str, str | None], source: str):
+    if family not in FAMILIES:
+      raise UserError(f"{source}: tokenizer family {family!r} is not one of {FAMILIES}")
+    backend.no_truncation()  # tokenizer.json files may carry training-time truncation/padding (MiniLM: 128)
+    backend.no_padding()
+    self.backend, self.family, self.specials, self.source = backend, family, dict(specials), source
+    self.vocab_size: int = backend.get_vocab_size(with_added_tokens=True)
+
+    def token_id(role: str) -> int:
+      token = self.specials.get(role)
+      token_id = None if token is None else backend.token_to_id(token)
+      if token_id is None:
+        raise UserError(f"{source}: the tokenizer has no {role} {token!r} in its vocabulary")
+      return token_id
+
+    if family == "bert":
+      self.pad_id, self.unk_id, self.eos_id = token_id("pad_token"), token_id("unk_token"), token_id("sep_token")
+      self.mask_id: int | None = token_id("mask_token")
+      self.prefix_ids: tuple[int, ...] = (token_id("cls_token"),)
+      self.suffix_ids: tuple[int, ...] = (self.eos_id,)
+    else:
+      self.eos_id, self.unk_id = token_id("eos_token"), token_id("unk_token")
+      self.pad_id = self.eos_id if self.specials.get("pad_token") is None else token_id("pad_token")
+      self.mask_id, self.prefix_ids, self.suffix_ids = None, (), ()
+
+  def encode(self, text: str) -> list[int]:
+    return self.backend.encode(text, add_special_tokens=False).ids
+
+  def word_pieces(self, words: Sequence[str]) -> list[list[int]]:
+    # GPT-2's pre-tokenizer regex attaches the preceding space to a word (` ?\p{L}+`) and never joins pieces
+    # across a space, so " word" encodes exactly as the word does inside running text. BERT splits on
+    # whitespace first, so a word alone encodes as in text. Words that normalise to nothing get [unk].
+    texts = [word if i == 0 or self.family == "bert" else " " + word for i, word in enumerate(words)]
+    encodings = self.backend.encode_batch(texts, add_special_tokens=False) if texts else []
+    return [encoding.ids or [self.unk_id] for encoding in encodings]
+
+  def decode(self, ids: Sequence[int]) -> str:
+    return self.backend.decode([int(i) for i in ids], skip_special_tokens=True)
+
+  def save(self, out_dir: str | os.PathLike) -> None:
+    """Writes tokenizer.json and headspec_tokenizer.json (kind `huggingface`) for `load_tokenizer`."""
+    out_dir = pathlib.Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    self.backend.save(os.fspath(out_dir / TOKENIZER_JSON))
+    info = dict(kind="huggingface", family=self.family, specials=self.specials, vocab_size=self.vocab_size,
+                source=self.source)
+    (out_dir / INFO_FILE).write_text(json.dumps(info, indent=1) + "\n")
+
+  def __repr__(self) -> str:
+    return f"HFTokenizer({self.source}, family={self.family}, vocab_size={self.vocab_size})"
+
+
+def load_saved(tokenizer_dir: pathlib.Path, info: dict) -> HFTokenizer:
+  """Loader for `headspec.data.tokenizer.load_tokenizer` (kind `huggingface`, written by `HFTokenizer.save`)."""
+  path = pathlib.Path(tokenizer_dir) / TOKENIZER_JSON
+  return HFTokenizer(_from_file(path), info["family"], info["specials"], str(path))
+
+
+register_tokenizer_kind("huggingface", "headspec.data.hf_tokenizer:load_saved")
+
+
+def _read_json(path: pathlib.Path) -> dict:
+  try:
+    return json.loads(path.read_text())
+  except (OSError, json.JSONDecodeError) as e:
+    raise UserError(f"{path}: cannot read JSON ({e})") from None
+
+
+def _token_text(value) -> str | None:
+  """A special token as tokenizer_config.json writes it: a string or {"content": ...}."""
+  return value.get("content") if isinstance(value, dict) else value
+
+
+def _from_file(path: pathlib.Path) -> tokenizers.Tokenizer:
+  try:
+    return tokenizers.Tokenizer.from_file(os.fspath(path))
+  except Exception as e:  # tokenizers raises a bare Exception on malformed files
+    raise UserError(f"{path}: not a readable tokenizers JSON file ({str(e).splitlines()[0]})") from None
+
+
+def _bert_wordpiece(model_dir: pathlib.Path, settings: dict, specials: dict) -> tokenizers.Tokenizer:
+  """BertTokenizer as transformers' BertConverter builds it (BasicTokenizer normaliser + WordPiece)."""
+  if settings.get("do_basic_tokenize", True) is False:
+    raise UserError(f"{model_dir / 'tokenizer_config.json'}: do_basic_tokenize=false is not supported")
+  vocab_file = model_dir / "vocab.txt"
+  try:
+    wordpiece = models.WordPiece.from_file(os.fspath(vocab_file), unk_token=specials["unk_token"],
+                                           max_input_chars_per_word=100)
+  except Exception as e:
+    raise UserError(f"{vocab_file}: not a readable WordPiece vocabulary ({str(e).splitlines()[0]})") from None
+  backend = tokenizers.Tokenizer(wordpiece)
+  lowercase = settings.get("do_lower_case", True)
+  backend.normalizer = normalizers.BertNormalizer(
+      clean_text=True, handle_chinese_chars=settings.get("tokenize_chinese_chars", True),
+      strip_accents=settings.get("strip_accents"), lowercase=lowercase)  # strip_accents None follows lowercase
+  backend.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
+  backend.decoder = decoders.WordPiece(prefix="##")
+  return backend
+
+
+def _gpt2_bpe(model_dir: pathlib.Path, settings: dict) -> tokenizers.Tokenizer:
+  """GPT2Tokenizer as transformers' GPT2Converter builds it (byte-level pre-tokenizer + BPE)."""
+  vocab_file, merges_file = model_dir / "vocab.json", model_dir / "merges.txt"
+  try:
+    bpe = models.BPE.from_file(os.fspath(vocab_file), os.fspath(merges_file))
+  except Exception as e:
+    raise UserError(f"{vocab_file}, {merges_file}: not a readable BPE vocabulary ({str(e).splitlines()[0]})") from None
+  backend = tokenizers.Tokenizer(bpe)
+  backend.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=settings.get("add_prefix_space", False))
+  backend.decoder = decoders.ByteLevel()
+  return backend
+
+
+def load_hf_tokenizer(model_dir: str | os.PathLike, family: str) -> HFTokenizer:
+  """The checkpoint's tokenizer: tokenizer.json if present, else vocab.txt (BERT) / vocab.json+merges.txt (GPT-2)."""
+  model_dir = pathlib.Path(model_dir)
+  if family not in FAMILIES:
+    raise UserError(f"{model_dir}: tokenizer family {family!r} is not one of {FAMILIES}")
+  settings = {}
+  for name in ("special_tokens_map.json", "tokenizer_config.json"):  # the latter wins, as in transformers
+    if (model_dir / name).is_file():
+      settings.update(_read_json(model_dir / name))
+  specials = dict(_BERT_SPECIALS if family == "bert" else _GPT2_SPECIALS)
+  specials.update({role: _token_text(settings[role]) for role in specials if role in settings})
+
+  if (model_dir / TOKENIZER_JSON).is_file():
+    return HFTokenizer(_from_file(model_dir / TOKENIZER_JSON), family, specials, str(model_dir / TOKENIZER_JSON))
+  needed = ("vocab.txt",) if family == "bert" else ("vocab.json", "merges.txt")
+  missing = [name for name in needed if not (model_dir / name).is_file()]
+  if missing:
+    raise UserError(f"{model_dir}: no tokenizer files (need {TOKENIZER_JSON} or {' + '.join(needed)}; "
+                    f"missing {', '.join(missing)})")
+  backend = _bert_wordpiece(model_dir, settings, specials) if family == "bert" else _gpt2_bpe(model_dir, settings)
+  # Special tokens written in text map to their ids and are never split, as in transformers.
+  present = [token for token in dict.fromkeys(specials.values()) if token and backend.token_to_id(token) is not None]
+  backend.add_special_tokens([tokenizers.AddedToken(token, special=True, normalized=False) for token in present])
+  return HFTokenizer(backend, family, specials, str(model_dir / needed[0]))
