@@ -1,0 +1,195 @@
+"""headspec.diversity: known answers, a float64 NumPy reference (plain loops), streaming, the model."""
+
+import itertools
+import math
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from headspec import diversity
+
+L, B, T, H, K, D = 2, 3, 5, 3, 4, 6
+
+
+def random_batch(rng, b=B, causal=False, z_offset=0.0):
+  """Random intermediates with padding at the end of some sequences; probs zero off the support."""
+  lengths = rng.integers(2, T + 1, size=b)
+  lengths[0] = T
+  valid = np.arange(T)[None, :] < lengths[:, None]
+  supp = valid[:, None, :] & (np.tril(np.ones((T, T), bool))[None] if causal else True)
+  logits = rng.normal(size=(L, b, H, T, T)) * 2
+  logits = np.where(supp[None, :, None], logits, -np.inf)
+  probs = np.exp(logits - logits.max(-1, keepdims=True))
+  probs = np.nan_to_num(probs / probs.sum(-1, keepdims=True))  # fully padded rows: 0/0 -> 0 (not counted)
+  probs[:, :, :, ~valid.any(0)] = 0.0
+  return dict(
+      q_LBTHK=rng.normal(size=(L, b, T, H, K)),
+      probs_LBHTS=probs,
+      z_LBTHK=rng.normal(size=(L, b, T, H, K)) + z_offset,
+      head_out_LBTHD=rng.normal(size=(L, b, T, H, D)),
+  ), valid
+
+
+def to_jax(arrays):
+  return {k: jnp.asarray(v, jnp.float32) for k, v in arrays.items()}
+
+
+def numpy_reference(x, valid, causal):
+  """Every metric from its definition, in float64, with explicit loops."""
+  q, probs, z, out = (np.asarray(x[k], np.float64) for k in ("q_LBTHK", "probs_LBHTS", "z_LBTHK", "head_out_LBTHD"))
+  nl, nb, nt, nh, _ = q.shape
+  tokens = [(b, t) for b in range(nb) for t in range(nt) if valid[b, t]]
+  cos = lambda a, c: float(a @ c / (np.linalg.norm(a) * np.linalg.norm(c)))
+  res = {name: np.zeros((nl, nh, nh)) for name in diversity.PAIR_METRICS}
+  res.update({name: np.zeros((nl, nh)) for name in diversity.HEAD_METRICS})
+  for l in range(nl):
+    for i, j in itertools.product(range(nh), range(nh)):
+      res["query_orthogonality"][l, i, j] = np.mean([cos(q[l, b, t, i], q[l, b, t, j]) ** 2 for b, t in tokens])
+      res["context_nonorthogonality"][l, i, j] = np.mean([cos(z[l, b, t, i], z[l, b, t, j]) ** 2 for b, t in tokens])
+      res["output_dissimilarity"][l, i, j] = -np.mean([cos(out[l, b, t, i], out[l, b, t, j]) for b, t in tokens])
+      js = []
+      for b, t in tokens:
+        p, r = probs[l, b, i, t], probs[l, b, j, t]
+        m = (p + r) / 2
+        kl = lambda a: sum(a[s] * math.log2(a[s] / m[s]) for s in range(nt) if a[s] > 0)
+        js.append(math.sqrt(max(0.5 * kl(p) + 0.5 * kl(r), 0.0)))
+      res["js_distance"][l, i, j] = np.mean(js)
+      X = np.stack([z[l, b, t, i] for b, t in tokens])
+      Y = np.stack([z[l, b, t, j] for b, t in tokens])
+      X, Y = X - X.mean(0), Y - Y.mean(0)
+      res["linear_cka"][l, i, j] = np.linalg.norm(Y.T @ X) ** 2 / (np.linalg.norm(X.T @ X) * np.linalg.norm(Y.T @ Y))
+    for h in range(nh):
+      var, ent, dist = [], [], []
+      for b, t in tokens:
+        support = [s for s in range(nt) if valid[b, s] and (not causal or s <= t)]
+        a = probs[l, b, h, t]
+        var.append(np.var(a[support]))
+        ent.append(-sum(a[s] * math.log(a[s]) for s in support if a[s] > 0))
+        dist.append(sum(a[s] * abs(t - s) for s in range(nt)))
+      res["attention_variance"][l, h] = np.mean(var)
+      res["attention_entropy"][l, h] = np.mean(ent)
+      res["attention_distance"][l, h] = np.mean(dist)
+  return res
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_matches_numpy_reference(causal):
+  x, valid = random_batch(np.random.default_rng(0), causal=causal)
+  got = diversity.compute(to_jax(x), jnp.asarray(valid), causal=causal)
+  want = numpy_reference(x, valid, causal)
+  assert set(got) == set(diversity.METRICS)
+  for name in diversity.METRICS:
+    np.testing.assert_allclose(np.asarray(got[name]), want[name], rtol=2e-4, atol=2e-5, err_msg=name)
+
+
+def test_streaming_over_three_batches_equals_concatenated():
+  rng = np.random.default_rng(1)
+  batches = [random_batch(rng, b=b, z_offset=30.0) for b in (2, 3, 2)]  # large mean: tests stable centring
+  state = diversity.init(L, H, K)
+  for x, valid in batches:
+    state = diversity.update_jit(state, *to_jax(x).values(), jnp.asarray(valid))
+  streamed = diversity.finalize(state)
+  x_all = {k: np.concatenate([x[k] for x, _ in batches], axis=1) for k in batches[0][0]}
+  valid_all = np.concatenate([v for _, v in batches])
+  whole = diversity.compute(to_jax(x_all), jnp.asarray(valid_all))
+  for name in diversity.METRICS:  # `compute` itself is checked against NumPy in test_matches_numpy_reference
+    np.testing.assert_allclose(np.asarray(streamed[name]), np.asarray(whole[name]), rtol=1e-4, atol=1e-5, err_msg=name)
+
+
+def test_identical_heads_are_maximally_similar_and_cka_is_rotation_invariant():
+  rng = np.random.default_rng(2)
+  x, valid = random_batch(rng)
+  for key in ("q_LBTHK", "z_LBTHK", "head_out_LBTHD"):
+    x[key] = np.repeat(x[key][:, :, :, :1], H, axis=3)
+  x["probs_LBHTS"] = np.repeat(x["probs_LBHTS"][:, :, :1], H, axis=2)
+  rotation, _ = np.linalg.qr(rng.normal(size=(K, K)))
+  x["z_LBTHK"][:, :, :, 2] = 3.0 * x["z_LBTHK"][:, :, :, 0] @ rotation  # same head, other basis and scale
+  m = diversity.compute(to_jax(x), jnp.asarray(valid))
+  ones = np.ones((L, H, H))
+  np.testing.assert_allclose(m["query_orthogonality"], ones, rtol=1e-5)
+  np.testing.assert_allclose(m["output_dissimilarity"], -ones, rtol=1e-5)
+  np.testing.assert_allclose(m["js_distance"], 0 * ones, atol=1e-6)
+  np.testing.assert_allclose(m["linear_cka"], ones, rtol=1e-4)
+  np.testing.assert_allclose(m["context_nonorthogonality"][:, 0, 1], 1.0, rtol=1e-5)
+  assert np.all(np.asarray(m["context_nonorthogonality"][:, 0, 2]) < 0.99)  # cosine is not rotation invariant
+
+
+def test_orthogonal_outputs_have_zero_cosine():
+  x, valid = random_batch(np.random.default_rng(3))
+  out = np.zeros((L, B, T, H, D))
+  for h in range(H):
+    out[:, :, :, h, 2 * h: 2 * h + 2] = np.random.default_rng(h).normal(size=(L, B, T, 2))  # disjoint coordinates
+  x["head_out_LBTHD"] = out
+  m = np.asarray(diversity.compute(to_jax(x), jnp.asarray(valid))["output_dissimilarity"])
+  np.testing.assert_allclose(m * (1 - np.eye(H)), np.zeros((L, H, H)), atol=1e-7)
+  np.testing.assert_allclose(np.diagonal(m, axis1=1, axis2=2), -1.0, rtol=1e-6)
+
+
+def test_uniform_attention_has_max_entropy_and_zero_variance():
+  x, _ = random_batch(np.random.default_rng(4))
+  valid = np.ones((B, T), bool)
+  x["probs_LBHTS"] = np.full((L, B, H, T, T), 1.0 / T)
+  m = diversity.compute(to_jax(x), jnp.asarray(valid))
+  np.testing.assert_allclose(m["attention_entropy"], np.full((L, H), math.log(T)), rtol=1e-6)
+  np.testing.assert_allclose(m["attention_variance"], np.zeros((L, H)), atol=1e-9)
+  # causal uniform attention: query t spreads over t+1 keys
+  causal_probs = np.tril(np.ones((T, T))) / np.arange(1, T + 1)[:, None]
+  x["probs_LBHTS"] = np.broadcast_to(causal_probs, (L, B, H, T, T))
+  m = diversity.compute(to_jax(x), jnp.asarray(valid), causal=True)
+  np.testing.assert_allclose(m["attention_entropy"], np.full((L, H), np.mean(np.log(np.arange(1, T + 1)))), rtol=1e-6)
+  np.testing.assert_allclose(m["attention_variance"], np.zeros((L, H)), atol=1e-9)
+
+
+def test_previous_token_pattern_has_distance_one_and_disjoint_heads_js_one():
+  x, _ = random_batch(np.random.default_rng(5))
+  valid = np.ones((B, T), bool)
+  prev = np.eye(T, k=-1)
+  prev[0, 1] = 1.0  # the first token looks at the next one: distance 1 too
+  probs = np.zeros((L, B, H, T, T))
+  probs[:, :, 0], probs[:, :, 1], probs[:, :, 2] = prev, np.eye(T), prev  # head 1 (self) is disjoint from prev
+  x["probs_LBHTS"] = probs
+  m = diversity.compute(to_jax(x), jnp.asarray(valid))
+  np.testing.assert_allclose(m["attention_distance"], np.tile([1.0, 0.0, 1.0], (L, 1)), rtol=1e-6)
+  np.testing.assert_allclose(m["attention_entropy"], np.zeros((L, H)), atol=1e-7)
+  js = np.asarray(m["js_distance"])
+  np.testing.assert_allclose(js[:, 0, 1], 1.0, rtol=1e-6)
+  np.testing.assert_allclose(js[:, 0, 2], 0.0, atol=1e-7)
+
+
+def test_summarize_uses_off_diagonal_pairs():
+  rng = np.random.default_rng(6)
+  metrics = {"linear_cka": jnp.asarray(rng.random((L, H, H))), "attention_entropy": jnp.asarray(rng.random((L, H)))}
+  s = diversity.summarize(metrics)
+  for l in range(L):
+    pairs = [float(metrics["linear_cka"][l, i, j]) for i in range(H) for j in range(H) if i != j]
+    np.testing.assert_allclose(s["diversity/linear_cka/mean"][l], np.mean(pairs), rtol=1e-6)
+    np.testing.assert_allclose(s["diversity/linear_cka/var"][l], np.var(pairs), rtol=1e-5)
+    np.testing.assert_allclose(s["diversity/attention_entropy/var"][l], np.var(np.asarray(metrics["attention_entropy"][l])), rtol=1e-5)
+
+
+def test_rows_follow_results_csv_contract():
+  metrics = {"linear_cka": jnp.zeros((L, H, H)), "attention_entropy": jnp.ones((L, H))}
+  table = diversity.rows(metrics, step=7)
+  assert len(table) == L * H * H + L * H
+  assert table[-1] == (7, L - 1, H - 1, -1, "attention_entropy", 1.0)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("kind", ["encoder", "decoder"])
+def test_runs_on_model_intermediates(kind):
+  from flax import nnx
+
+  from headspec.model import ModelConfig, Transformer
+
+  cfg = ModelConfig(kind=kind, vocab_size=50, num_layers=2, num_heads=4, d_model=32, d_head=8, d_ff=64, max_len=16)
+  model = Transformer(cfg, rngs=nnx.Rngs(0))
+  tokens = jax.random.randint(jax.random.key(0), (2, 9), 0, 50)
+  valid = jnp.arange(9)[None, :] < jnp.array([[9], [6]])
+  _, inter = model(tokens, valid_BT=valid, capture=diversity.CAPTURE)
+  m = diversity.compute(inter, valid, causal=kind == "decoder")
+  as_numpy = {k: np.asarray(getattr(inter, k)) for k in ("q_LBTHK", "probs_LBHTS", "z_LBTHK", "head_out_LBTHD")}
+  want = numpy_reference(as_numpy, np.asarray(valid), causal=kind == "decoder")
+  for name in diversity.METRICS:
+    np.testing.assert_allclose(np.asarray(m[name]), want[name], rtol=1e-3, atol=1e-5, err_msg=name)
