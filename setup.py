@@ -14,15 +14,15 @@ setup(
         "optax",
         "orbax-checkpoint>=0.11",
         "chex",
-        "tensorflow-datasets>=4.9.7",
+        "tensorflow-datasets>=4.9.10",
         "array_record",
-        "grain>=0.2.10",
+        "grain>=0.2.18,<0.3",
         "ml-collections",
         "absl-py",
         "sentencepiece",
         "tokenizers",
         "safetensors",
-        "conllu>=4.5",
+        "conllu>=6",
         "tensorboardX",
         "numpy",
         "matplotlib",
@@ -30,7 +30,8 @@ setup(
     ],
     extras_require={
         "tf": ["tensorflow"],
-        "test": ["pytest", "pytest-xdist", "scikit-learn", "transformers", "torch"],
+        # torch pinned: the CPU build (an unpinned torch pulls a multi-GB CUDA build).
+        "test": ["pytest", "pytest-xdist", "scikit-learn", "transformers>=4.45", "torch==2.13.0"],
     },
     entry_points={"console_scripts": ["headspec=headspec.cli:run"]},
 )

@@ -20,3 +20,13 @@ def data_dir() -> pathlib.Path:
       pytest.fail(f"HEADSPEC_DATA_DIR={path} has no ud/en_ewt; CI must provide the shared data")
     pytest.skip(f"shared data not found at {path}")
   return path
+
+
+@pytest.fixture(scope="session")
+def synthetic_data_dir(tmp_path_factory) -> pathlib.Path:
+  """A small synthetic treebank + text corpus (headspec/data/synthetic.py), shared by the session."""
+  from headspec.data.synthetic import write_synthetic
+
+  out = tmp_path_factory.mktemp("synthetic")
+  write_synthetic(out, num_train=600, num_dev=150, num_test=150, num_text_sentences=6000)
+  return out

@@ -1,0 +1,5 @@
+"""`python -m headspec <command> ...`"""
+
+from headspec.cli import run
+
+run()

@@ -1,0 +1,123 @@
+"""`headspec <command> --config=configs/NAME.py[:ARG] --workdir=DIR [--config.key=value ...]`.
+
+Thin: parses flags, loads the config, calls the command's library function. Errors a user can cause
+(headspec.errors.UserError, bad flags or config keys) print one line to stderr and exit with status 2.
+"""
+
+from __future__ import annotations
+
+import importlib
+import logging as std_logging
+import pathlib
+import sys
+
+from absl import flags, logging
+from ml_collections import config_flags
+
+from headspec.errors import UserError
+
+FLAGS = flags.FlagValues()
+_CONFIG = config_flags.DEFINE_config_file("config", None, "config file, configs/NAME.py[:ARG]", flag_values=FLAGS)
+_WORKDIR = flags.DEFINE_string("workdir", None, "run directory", flag_values=FLAGS)
+_VERBOSE = flags.DEFINE_bool("verbose", False, "log library details (orbax, tfds) too", flag_values=FLAGS)
+
+USAGE = """usage: headspec <command> --config=configs/NAME.py[:ARG] --workdir=DIR [--config.key=value ...]
+commands:
+  quickstart [--workdir=DIR]   synthetic treebank -> train a small decoder and encoder -> probe
+  train                        train a model (configs/base_decoder.py, base_encoder.py, quickstart.py)
+  probe                        per-head probing suite over checkpoints (configs/probe_ewt.py)
+  diversity                    head-diversity metrics over checkpoints
+  data download ud TREEBANK    fetch a Universal Dependencies treebank into the data directory"""
+
+# command -> "module:function"; each takes (config, workdir, args) and returns nothing.
+COMMANDS = {
+    "quickstart": "headspec.commands:quickstart",
+    "train": "headspec.commands:train",
+    "probe": "headspec.commands:probe",
+    "diversity": "headspec.commands:diversity",
+    "data": "headspec.commands:data",
+}
+NEEDS_CONFIG = {"train", "probe", "diversity"}
+
+
+class _Exit(Exception):
+  pass
+
+
+def _fail(message: str) -> None:
+  print(f"headspec: error: {message}", file=sys.stderr)
+  raise _Exit(2)
+
+
+def main(argv: list[str]) -> int:
+  try:
+    _check_config_path(argv)
+    try:
+      rest = FLAGS(argv, known_only=True)  # unknown flags stay in `rest`: `data download` has its own
+    except flags.Error as e:
+      _fail(str(e).splitlines()[0])
+    except (AttributeError, KeyError, TypeError, ValueError) as e:  # config_flags on a bad --config.key
+      overrides = [a.split("=")[0] for a in argv if a.startswith("--config.")]
+      _fail(f"bad config override among {', '.join(overrides)}: {str(e).strip(chr(34))} is not a config key "
+            f"or has the wrong type")
+    args = rest[1:]
+    if not args or args[0] in ("help", "-h", "--help"):
+      print(USAGE)
+      return 0 if args else 2
+    command, args = args[0], args[1:]
+    if command not in COMMANDS:
+      _fail(f"unknown command {command!r}; choose from {', '.join(COMMANDS)}")
+    try:
+      config = _CONFIG.value
+    except (flags.Error, FileNotFoundError, OSError) as e:
+      _fail(f"--config: {str(e).splitlines()[0]}")
+    if command in NEEDS_CONFIG and config is None:
+      _fail(f"{command} needs --config=configs/NAME.py")
+    if command in NEEDS_CONFIG | {"train"} and not _WORKDIR.value:
+      _fail(f"{command} needs --workdir=DIR")
+    _quiet_libraries(_VERBOSE.value)
+    module, function = COMMANDS[command].split(":")
+    getattr(importlib.import_module(module), function)(config, _WORKDIR.value, args)
+    return 0
+  except UserError as e:
+    print(f"headspec: error: {e}", file=sys.stderr)
+    return 2
+  except _Exit as e:
+    return e.args[0]
+  except KeyboardInterrupt:
+    print("headspec: interrupted", file=sys.stderr)
+    return 130
+
+
+def _check_config_path(argv: list[str]) -> None:
+  """A missing config file is one line here (config_flags would print a traceback and go on)."""
+  for i, arg in enumerate(argv):
+    value = arg.split("=", 1)[1] if arg.startswith("--config=") else argv[i + 1] if arg == "--config" and i + 1 < len(argv) else None
+    if value is not None:
+      path = pathlib.Path(value.split(":", 1)[0])
+      if not path.is_file():
+        _fail(f"--config: no such config file {path}")
+
+
+def _quiet_libraries(verbose: bool) -> None:
+  """Progress is printed by headspec itself; absl/orbax/tfds INFO logs only with --verbose."""
+  level = logging.INFO if verbose else logging.WARNING
+  logging.set_verbosity(level)
+  std_logging.getLogger().setLevel(std_logging.INFO if verbose else std_logging.WARNING)
+  if not verbose:
+    logging.set_stderrthreshold(logging.ERROR)
+    std_logging.getLogger("absl").addFilter(_drop_tfds_chatter)
+    import tensorflow_datasets as tfds
+
+    tfds.disable_progress_bar()
+
+
+def _drop_tfds_chatter(record) -> bool:
+  """TFDS warns on every load of a builder config made at run time; that is how headspec uses it."""
+  message = str(record.msg)
+  return not message.startswith(("Using custom data configuration", "Variant folder"))
+
+
+def run() -> None:
+  """Console-script entry point."""
+  sys.exit(main(sys.argv))

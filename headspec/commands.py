@@ -1,0 +1,57 @@
+"""The CLI's commands: each turns (config, workdir, positional args) into one library call."""
+
+from __future__ import annotations
+
+import os
+import pathlib
+
+from headspec.errors import UserError
+
+
+def _data_dir(config) -> str:
+  data_dir = config.data_dir if config is not None else os.environ.get("HEADSPEC_DATA_DIR", "")
+  if not data_dir:
+    raise UserError("no data directory: set HEADSPEC_DATA_DIR or --config.data_dir")
+  if not pathlib.Path(data_dir).is_dir():
+    raise UserError(f"data directory {data_dir} does not exist (HEADSPEC_DATA_DIR / --config.data_dir)")
+  return data_dir
+
+
+def quickstart(config, workdir, args) -> None:
+  from headspec.quickstart import run_quickstart
+
+  if args:
+    raise UserError(f"quickstart takes no arguments, got {' '.join(args)}")
+  run_quickstart(workdir or "runs/quickstart")
+
+
+def train(config, workdir, args) -> None:
+  from headspec.train import train_and_evaluate
+
+  if args:
+    raise UserError(f"train takes no arguments, got {' '.join(args)}")
+  if not config.model.pretrained:
+    _data_dir(config)
+  final = train_and_evaluate(config, workdir)
+  print(f"trained to step {final.get('step')}: loss {final.get('loss', float('nan')):.4f}; run directory {workdir}")
+
+
+def probe(config, workdir, args) -> None:
+  raise UserError("probe: not available in this build yet")
+
+
+def diversity(config, workdir, args) -> None:
+  raise UserError("diversity: not available in this build yet")
+
+
+def data(config, workdir, args) -> None:
+  """`headspec data download ud TREEBANK [--repo R] [--release R] [--base-url U] [--force]`."""
+  if len(args) < 3 or args[:2] != ["download", "ud"]:
+    raise UserError("usage: headspec data download ud TREEBANK [--repo UD_X-Y] [--release r2.14] [--force]")
+  from headspec.data.download import main_download
+
+  data_dir = os.environ.get("HEADSPEC_DATA_DIR", "") if config is None else config.data_dir
+  if not data_dir:
+    raise UserError("no data directory: set HEADSPEC_DATA_DIR (files go to $HEADSPEC_DATA_DIR/ud/TREEBANK/)")
+  for path in main_download(args[2:], data_dir):
+    print(path)

@@ -1,0 +1,67 @@
+"""Every training config key with its default. Config files in configs/ start from `train_config()` and
+override what they change, so each key is declared (and documented) once."""
+
+from __future__ import annotations
+
+import os
+
+import ml_collections
+
+
+def data_dir_default() -> str:
+  """HEADSPEC_DATA_DIR, or '' (then a command that needs data says so)."""
+  return os.environ.get("HEADSPEC_DATA_DIR", "")
+
+
+def train_config() -> ml_collections.ConfigDict:
+  c = ml_collections.ConfigDict()
+  c.seed = 0
+  c.data_dir = data_dir_default()  # holds text/<corpus>/ and ud/<treebank>/
+  c.parallelism = "jit"  # 'jit' (NamedSharding mesh over all devices) | 'pmap'
+  c.multihost = False  # call jax.distributed.initialize() (TPU pods, SLURM)
+
+  c.data = ml_collections.ConfigDict()
+  c.data.corpus = "english_mix"  # a folder under data_dir/text/, or 'tfds:<catalog name>'
+  c.data.vocab_size = 8000  # SentencePiece vocabulary trained on the corpus
+  c.data.tfds_dir = ""  # where TFDS builders write; '' = data_dir/tfds
+
+  c.model = ml_collections.ConfigDict()
+  c.model.kind = "decoder"  # 'encoder' (masked LM) | 'decoder' (causal LM)
+  c.model.num_layers = 6
+  c.model.num_heads = 8
+  c.model.d_model = 256
+  c.model.d_head = 32  # may differ from d_model / num_heads
+  c.model.d_ff = 1024
+  c.model.dropout = 0.1
+  c.model.attention_dropout = 0.1
+  c.model.pre_layernorm = True
+  c.model.positions = "learned"  # 'learned' | 'sinusoidal'
+  c.model.tie_embeddings = True
+  c.model.activation = "gelu_tanh"  # 'gelu_exact' | 'gelu_tanh' | 'relu'
+  c.model.dtype = "float32"  # compute dtype: 'float32' | 'bfloat16'
+  c.model.pretrained = ""  # 'minilm' or a Hugging Face-format directory; '' trains from scratch
+
+  c.train = ml_collections.ConfigDict()
+  c.train.steps = 10000
+  c.train.batch_size = 64  # global, over all devices and hosts
+  c.train.seq_len = 128
+  c.train.learning_rate = 5e-4
+  c.train.warmup_steps = 500
+  c.train.weight_decay = 0.01
+  c.train.grad_clip = 1.0
+  c.train.mlm_probability = 0.15  # encoder only
+  c.train.log_every = 50
+  c.train.eval_every = 500  # 0: never
+  c.train.eval_batches = 20
+  c.train.diversity_every = 0  # 0: off; else head-diversity metrics on a held-out batch every N steps
+  c.train.checkpoint_every = 1000
+  c.train.keep_last = 3
+  c.train.keep_steps = ()  # steps always kept, for studies over training
+  c.train.regularizers = ml_collections.ConfigDict()
+  c.train.regularizers.subspace = 0.0  # disagreement on value vectors (Li et al. 2018)
+  c.train.regularizers.position = 0.0  # disagreement on attention maps (Li et al. 2018)
+  c.train.regularizers.output = 0.0  # disagreement on head outputs Z_h (Li et al. 2018)
+  c.train.regularizers.query_orthogonality = 0.0  # inter-head orthogonality of W_Q
+  c.train.regularizers.drophead = 0.0  # DropHead p (Zhou et al. 2020)
+  c.train.regularizers.drophead_schedule = "constant"  # 'constant' | 'v' (scheduled DropHead)
+  return c

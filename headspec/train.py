@@ -1,0 +1,360 @@
+"""Training: masked-LM (encoder) or causal-LM (decoder) with optax, one step function for jit and pmap.
+
+`train_and_evaluate(config, workdir)` prepares the corpus and tokenizer, builds the model, resumes from
+the latest checkpoint, and trains, logging to WORKDIR/metrics.jsonl and TensorBoard events.
+
+Randomness is a function of (seed, step, example index), never of the device layout: MLM masks are drawn
+per example from `fold_in(fold_in(key, step), example_id)`, so the jit mesh, pmap and a single device
+see the same masks and (without dropout) the same losses. Dropout keys also fold in the pmap device.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import json
+import math
+import pathlib
+import signal
+import time
+
+import flax.struct
+import jax
+import jax.numpy as jnp
+import ml_collections
+import numpy as np
+import optax
+from absl import logging
+from flax import nnx
+from jax.experimental import multihost_utils
+
+from headspec import checkpoints, diversity, parallel, regularizers, runs
+from headspec.data import lm_pipeline, text_tfds, tokenizer as tokenizer_lib
+from headspec.errors import UserError
+from headspec.model import ModelConfig, Transformer
+from headspec.train_log import MetricsWriter
+
+
+@flax.struct.dataclass
+class TrainState:
+  step: jax.Array
+  params: nnx.State
+  opt_state: optax.OptState
+
+
+@dataclasses.dataclass(frozen=True)
+class Objective:
+  """What a step computes, beyond the model: static (hashable) so it can close over the step."""
+
+  kind: str  # 'encoder': masked LM; 'decoder': causal LM
+  vocab_size: int
+  mask_id: int
+  mlm_probability: float = 0.15
+  subspace: float = 0.0  # disagreement regularization weights (Li et al. 2018)
+  position: float = 0.0
+  output: float = 0.0
+  query_orthogonality: float = 0.0
+  drophead: float = 0.0  # DropHead p_max (Zhou et al. 2020)
+  drophead_schedule: str = "constant"
+  total_steps: int = 1
+  num_layers: int = 1
+  num_heads: int = 1
+
+  @property
+  def capture(self) -> tuple[str, ...]:
+    return tuple(name for name, w in (("v", self.subspace), ("probs", self.position), ("z", self.output)) if w)
+
+
+def make_optimizer(train: ml_collections.ConfigDict) -> optax.GradientTransformation:
+  """AdamW (Loshchilov & Hutter 2019) with linear warmup, cosine decay to 10%, and global-norm clipping.
+
+  Weight decay applies to matrices only (not biases, LayerNorm parameters or the output bias).
+  """
+  schedule = learning_rate_schedule(train)
+  decay_mask = lambda params: jax.tree.map(lambda x: x.ndim > 1, params)
+  return optax.chain(
+      optax.clip_by_global_norm(train.grad_clip),
+      optax.adamw(schedule, b1=0.9, b2=0.98, weight_decay=train.weight_decay, mask=decay_mask))
+
+
+def learning_rate_schedule(train: ml_collections.ConfigDict) -> optax.Schedule:
+  warmup = min(train.warmup_steps, max(train.steps - 1, 0))
+  return optax.warmup_cosine_decay_schedule(0.0, train.learning_rate, warmup, max(train.steps, warmup + 1),
+                                            end_value=0.1 * train.learning_rate)
+
+
+def mlm_corrupt(tokens_BT, example_id_B, key, obj: Objective):
+  """BERT's masking (Devlin et al. 2019, §3.1): pick 15% of tokens; of those 80% -> [MASK], 10% -> a
+  random token, 10% unchanged. Returns (inputs_BT, weights_BT: 1 where the loss is taken)."""
+  keys_B = jax.vmap(lambda i: jax.random.fold_in(key, i))(example_id_B)
+  T = tokens_BT.shape[1]
+  u_BT3 = jax.vmap(lambda k: jax.random.uniform(k, (T, 3)))(keys_B)
+  chosen_BT = u_BT3[..., 0] < obj.mlm_probability
+  random_BT = (u_BT3[..., 2] * obj.vocab_size).astype(tokens_BT.dtype)
+  replaced_BT = jnp.where(u_BT3[..., 1] < 0.8, obj.mask_id, jnp.where(u_BT3[..., 1] < 0.9, random_BT, tokens_BT))
+  return jnp.where(chosen_BT, replaced_BT, tokens_BT), chosen_BT.astype(jnp.float32)
+
+
+def loss_inputs(batch, key, obj: Objective):
+  """(inputs_BT, targets_BT, weights_BT) for the objective."""
+  tokens_BT = batch["tokens"]
+  if obj.kind == "encoder":
+    inputs_BT, weights_BT = mlm_corrupt(tokens_BT, batch["example_id"], key, obj)
+    return inputs_BT, tokens_BT, weights_BT
+  targets_BT = jnp.concatenate([tokens_BT[:, 1:], tokens_BT[:, -1:]], axis=1)
+  weights_BT = jnp.ones(tokens_BT.shape, jnp.float32).at[:, -1].set(0.0)  # the last token has no next
+  return tokens_BT, targets_BT, weights_BT
+
+
+def _psum(x, axis_name):
+  return x if axis_name is None else jax.lax.psum(x, axis_name)
+
+
+def train_step(state: TrainState, batch, base_key, *, graphdef, tx, obj: Objective, axis_name=None):
+  """One optimisation step; pure. Under pmap (`axis_name` set) sums gradients and counts over devices.
+
+  The loss is the mean cross-entropy over the global batch's scored tokens (sum over devices divided
+  by the global count), so jit, pmap and one device optimise the same number.
+  """
+  mask_key, dropout_key = jax.random.split(jax.random.fold_in(base_key, state.step))
+  inputs_BT, targets_BT, weights_BT = loss_inputs(batch, mask_key, obj)
+  count = _psum(weights_BT.sum(), axis_name)
+  if axis_name is not None:
+    dropout_key = jax.random.fold_in(dropout_key, jax.lax.axis_index(axis_name))
+  head_mask = None
+  if obj.drophead:
+    rate = regularizers.drophead_rate(state.step, obj.total_steps, obj.drophead, obj.drophead_schedule)
+    head_mask = regularizers.drophead_mask(jax.random.fold_in(dropout_key, 1), rate, inputs_BT.shape[0],
+                                           obj.num_layers, obj.num_heads)
+
+  def loss_fn(params):
+    model = nnx.merge(graphdef, params)
+    logits_BTV, inter = model(inputs_BT, head_mask=head_mask, capture=obj.capture,
+                              dropout_rngs=nnx.Rngs(dropout=dropout_key))
+    token_loss_BT = optax.softmax_cross_entropy_with_integer_labels(logits_BTV, targets_BT)
+    loss = (token_loss_BT * weights_BT).sum() / count
+    valid_BT = jnp.ones(inputs_BT.shape, bool)
+    terms = regularizers.disagreement_terms(inter, valid_BT, w_subspace=obj.subspace, w_position=obj.position,
+                                            w_output=obj.output) if obj.capture else {}
+    if obj.query_orthogonality:
+      w_q_LDHK = jnp.stack([block.attention.w_q_DHK[...] for block in model.blocks])
+      terms["orthogonality/query"] = obj.query_orthogonality * regularizers.orthogonality_penalty(w_q_LDHK)
+    # Regularizers are means over the local batch: scale so their psum over devices is the mean too.
+    n_dev = 1 if axis_name is None else jax.lax.psum(1, axis_name)
+    total = loss + sum(terms.values()) / n_dev
+    return total, (loss, terms)
+
+  grads, (loss, terms) = jax.grad(loss_fn, has_aux=True)(state.params)
+  grads = _psum(grads, axis_name)
+  loss = _psum(loss, axis_name)
+  updates, opt_state = tx.update(grads, state.opt_state, state.params)
+  params = optax.apply_updates(state.params, updates)
+  metrics = {"loss": loss, "grad_norm": optax.global_norm(grads), "scored_tokens": count,
+             **{k: v if axis_name is None else jax.lax.pmean(v, axis_name) for k, v in terms.items()}}
+  return TrainState(step=state.step + 1, params=params, opt_state=opt_state), metrics
+
+
+def eval_step(params, batch, key, *, graphdef, obj: Objective):
+  """(summed loss, scored-token count) on a batch, with a fixed key so eval masks never change."""
+  inputs_BT, targets_BT, weights_BT = loss_inputs(batch, key, obj)
+  logits_BTV, _ = nnx.merge(graphdef, params)(inputs_BT)
+  token_loss_BT = optax.softmax_cross_entropy_with_integer_labels(logits_BTV, targets_BT)
+  return (token_loss_BT * weights_BT).sum(), weights_BT.sum()
+
+
+def objective(config: ml_collections.ConfigDict, tokenizer) -> Objective:
+  reg = config.train.regularizers
+  return Objective(
+      kind=config.model.kind, vocab_size=tokenizer.vocab_size,
+      mask_id=tokenizer.mask_id if tokenizer.mask_id is not None else tokenizer.unk_id,
+      mlm_probability=config.train.mlm_probability, subspace=reg.subspace, position=reg.position,
+      output=reg.output, query_orthogonality=reg.query_orthogonality, drophead=reg.drophead,
+      drophead_schedule=reg.drophead_schedule, total_steps=config.train.steps,
+      num_layers=config.model.num_layers, num_heads=config.model.num_heads)
+
+
+def prepare_data(config: ml_collections.ConfigDict, workdir: pathlib.Path):
+  """Tokenizer (trained once, kept in WORKDIR/tokenizer) and the packed train/valid token rows.
+
+  Multi-host: process 0 trains the tokenizer and writes the token caches into the shared workdir first;
+  the others wait at a barrier and then read them.
+  """
+  tfds_dir = pathlib.Path(config.data.tfds_dir or pathlib.Path(config.data_dir) / "tfds")
+  tok_dir = workdir / "tokenizer"
+
+  def build():
+    docs = {split: text_tfds.load_documents(config.data_dir, config.data.corpus, split, tfds_dir=tfds_dir)
+            for split in ("train", "valid")}
+    if (tok_dir / tokenizer_lib.INFO_FILE).is_file():
+      tokenizer = tokenizer_lib.load_tokenizer(tok_dir)
+    else:
+      tokenizer = tokenizer_lib.train_sentencepiece(docs["train"], tok_dir, vocab_size=config.data.vocab_size,
+                                                    seed=config.seed)
+    rows = [lm_pipeline.pack_tokens(docs[split], tokenizer, config.train.seq_len,
+                                    cache_path=workdir / "cache" / f"{split}_tokens.npy") for split in ("train", "valid")]
+    return tokenizer, *rows
+
+  if jax.process_count() == 1:
+    return build()
+  if jax.process_index() == 0:
+    build()
+  multihost_utils.sync_global_devices("headspec: data prepared")
+  return build()  # now only reads what process 0 wrote
+
+
+class _Preemption:
+  """Turns SIGTERM into a flag the loop checks, so the run saves a checkpoint and exits cleanly."""
+
+  def __init__(self):
+    self.requested = False
+    self._previous = signal.signal(signal.SIGTERM, self._handle)
+
+  def _handle(self, signum, frame):
+    logging.warning("SIGTERM: saving a checkpoint and stopping")
+    self.requested = True
+
+  def restore(self):
+    signal.signal(signal.SIGTERM, self._previous)
+
+
+def train_and_evaluate(config: ml_collections.ConfigDict, workdir, *, devices=None) -> dict:
+  """Trains per `config` in `workdir`, resuming from its latest checkpoint; returns the last metrics.
+
+  devices: the devices to train on (default: all); tests pass one device to compare layouts.
+  """
+  workdir = pathlib.Path(workdir).resolve()
+  parallel.initialize_distributed(config.multihost)
+  runs.write_config(workdir, config)
+  local_batch = parallel.check_batch_size(config.train.batch_size, config.parallelism)
+  devices = list(devices or jax.devices())
+  tokenizer, train_NT, valid_NT = prepare_data(config, workdir)
+  cfg = runs.model_config(config.model, tokenizer.vocab_size, config.train.seq_len)
+  obj = objective(config, tokenizer)
+  model = Transformer(cfg, rngs=nnx.Rngs(params=config.seed))
+  graphdef, params = nnx.split(model)
+  tx = make_optimizer(config.train)
+  state = TrainState(step=jnp.zeros((), jnp.int32), params=params, opt_state=tx.init(params))
+  base_key, eval_key = jax.random.split(jax.random.key(config.seed))
+  data_iter = lm_pipeline.make_lm_iterator(train_NT, global_batch_size=config.train.batch_size, seed=config.seed,
+                                           process_index=jax.process_index(), process_count=jax.process_count())
+
+  mesh = parallel.data_mesh(devices)
+  pmap = config.parallelism == "pmap"
+  state = jax.device_put(state, devices[0] if pmap else parallel.replicated(mesh))
+  mngr = checkpoints.manager(workdir, keep_last=config.train.keep_last, keep_steps=config.train.keep_steps)
+  if mngr.latest_step() is not None:
+    state, data_state = checkpoints.restore(mngr, mngr.latest_step(), runs.abstract_like(state))
+    data_iter.set_state(data_state)
+    logging.info("resumed from step %d", int(state.step))
+
+  step_fn = functools.partial(train_step, graphdef=graphdef, tx=tx, obj=obj)
+  if pmap:
+    p_step = jax.pmap(functools.partial(step_fn, axis_name=parallel.PMAP_AXIS), axis_name=parallel.PMAP_AXIS,
+                      in_axes=(0, 0, None), devices=devices, donate_argnums=0)
+    run_state = parallel.replicate_for_pmap(state, devices)
+  else:
+    j_step = jax.jit(step_fn, donate_argnums=0)
+    run_state = state
+
+  def next_batch():
+    tokens_BT = next(data_iter)["tokens"]
+    offset = jax.process_index() * local_batch
+    local = {"tokens": tokens_BT, "example_id": np.arange(offset, offset + len(tokens_BT), dtype=np.int32)}
+    return parallel.pmap_batch(local, len(devices)) if pmap else parallel.global_batch(local, mesh)
+
+  def host_state():
+    return parallel.unreplicate(run_state) if pmap else run_state
+
+  evaluate = _evaluator(config, graphdef, obj, valid_NT, eval_key)
+  div_probe = _diversity_tracker(config, cfg, graphdef, valid_NT)
+  writer = MetricsWriter(workdir, is_lead=jax.process_index() == 0)
+  preemption = _Preemption()
+  schedule = learning_rate_schedule(config.train)
+  step = int(state.step)
+  last = {}
+  tokens_per_step = config.train.batch_size * config.train.seq_len
+  t0, steps_timed = time.perf_counter(), 0
+  try:
+    while step < config.train.steps and not preemption.requested:
+      batch = next_batch()
+      if pmap:
+        new_state, metrics = p_step(run_state, batch, base_key)
+        metrics = parallel.unreplicate(metrics)
+      else:
+        new_state, metrics = j_step(run_state, batch, base_key)
+      loss = float(metrics["loss"])
+      if not math.isfinite(loss):
+        kept = mngr.latest_step()
+        raise UserError(f"loss became {loss} at step {step + 1}; stopped. Last good checkpoint: "
+                        f"{'step ' + str(kept) if kept is not None else 'none'} in {workdir / 'checkpoints'} "
+                        f"(try a lower train.learning_rate)")
+      run_state, step = new_state, step + 1
+      steps_timed += 1
+      if step % config.train.log_every == 0 or step == config.train.steps:
+        elapsed = time.perf_counter() - t0
+        last = {"step": step, "loss": loss, "perplexity": math.exp(min(loss, 50.0)),
+                "learning_rate": float(schedule(step - 1)), "grad_norm": float(metrics["grad_norm"]),
+                "tokens_per_second": steps_timed * tokens_per_step / max(elapsed, 1e-9),
+                **{k: float(v) for k, v in metrics.items() if "/" in k}}
+        writer.write(last)
+        t0, steps_timed = time.perf_counter(), 0
+      if config.train.eval_every and (step % config.train.eval_every == 0 or step == config.train.steps):
+        writer.write({"step": step, **evaluate(host_state().params)})
+      if div_probe and (step % config.train.diversity_every == 0 or step == config.train.steps):
+        writer.write({"step": step, **div_probe(host_state().params)})
+      if step % config.train.checkpoint_every == 0 or step == config.train.steps or step in config.train.keep_steps:
+        _save(mngr, step, host_state(), data_iter)
+    if preemption.requested:
+      _save(mngr, step, host_state(), data_iter)
+  finally:
+    preemption.restore()
+    mngr.wait_until_finished()
+    mngr.close()
+    writer.close()
+  return last
+
+
+def _save(mngr, step, state, data_iter):
+  if step not in mngr.all_steps():
+    checkpoints.save(mngr, step, state, data_iter.get_state())
+
+
+def _evaluator(config, graphdef, obj: Objective, valid_NT, eval_key):
+  """Validation loss and perplexity over the first `train.eval_batches` batches of the valid split."""
+  bsz = config.train.batch_size
+  n = min(config.train.eval_batches * bsz, len(valid_NT) // bsz * bsz)
+  if n == 0:
+    return lambda params: {}
+  step = jax.jit(functools.partial(eval_step, graphdef=graphdef, obj=obj))
+
+  def evaluate(params):
+    total = count = 0.0
+    for start in range(0, n, bsz):
+      rows = valid_NT[start:start + bsz]
+      batch = {"tokens": rows, "example_id": np.arange(start, start + bsz, dtype=np.int32)}
+      s, c = step(params, batch, eval_key)
+      total, count = total + float(s), count + float(c)
+    loss = total / max(count, 1.0)
+    return {"eval/loss": loss, "eval/perplexity": math.exp(min(loss, 50.0))}
+
+  return evaluate
+
+
+def _diversity_tracker(config, cfg: ModelConfig, graphdef, valid_NT):
+  """Every `train.diversity_every` steps: head-diversity metrics on a fixed held-out batch, summarised
+  per layer (mean and variance over heads) under `diversity/` keys (headspec/diversity.py)."""
+  if not config.train.diversity_every:
+    return None
+  rows_BT = valid_NT[: config.train.batch_size]
+
+  @jax.jit
+  def compute(params):
+    _, inter = nnx.merge(graphdef, params)(rows_BT, capture=("q", "probs", "z", "head_out"))
+    return diversity.compute(inter, jnp.ones(rows_BT.shape, bool), causal=cfg.kind == "decoder")
+
+  def track(params):  # keys like diversity/js_distance/mean/layer0
+    summary = diversity.summarize(jax.device_get(compute(params)))
+    return {f"{k}/layer{layer}": float(v) for k, per_layer in summary.items()
+            for layer, v in enumerate(per_layer)}
+
+  return track
