@@ -1,0 +1,48 @@
+"""Bootstrap CIs over sentences: match a float64 reference loop; majority baseline."""
+import numpy as np
+import pytest
+
+from headspec.errors import UserError
+from headspec.probing import stats
+
+
+def _reference(correct_NG, sentence_N, num_resamples, seed):
+  sentences = np.unique(sentence_N)
+  idx_RS = np.random.default_rng(seed).integers(0, len(sentences), size=(num_resamples, len(sentences)))
+  accs = []
+  for r in range(num_resamples):
+    rows = np.concatenate([np.flatnonzero(sentence_N == sentences[s]) for s in idx_RS[r]])
+    accs.append(correct_NG[rows].astype(np.float64).mean(0))
+  return np.percentile(np.array(accs), [2.5, 97.5], axis=0)
+
+
+def test_matches_reference_loop_and_contains_estimate():
+  rng = np.random.default_rng(0)
+  lengths = rng.integers(1, 15, 60)
+  sentence_N = np.repeat(rng.permutation(1000)[:60], lengths)  # arbitrary sentence ids
+  p_G = np.array([0.2, 0.5, 0.9])
+  correct_NG = rng.random((len(sentence_N), 3)) < p_G
+  acc, low, high = stats.bootstrap_ci(correct_NG, sentence_N, num_resamples=300, seed=5)
+  ref_low, ref_high = _reference(correct_NG, np.unique(sentence_N, return_inverse=True)[1], 300, 5)
+  np.testing.assert_allclose(low, ref_low, rtol=0, atol=1e-12)
+  np.testing.assert_allclose(high, ref_high, rtol=0, atol=1e-12)
+  np.testing.assert_allclose(acc, correct_NG.mean(0))
+  assert np.all(low <= acc) and np.all(acc <= high) and np.all(low < high)
+  again = stats.bootstrap_ci(correct_NG, sentence_N, num_resamples=300, seed=5)
+  np.testing.assert_array_equal(again[1], low)
+
+
+def test_width_shrinks_with_more_sentences():
+  rng = np.random.default_rng(1)
+  widths = []
+  for s in (50, 2000):
+    sentence_N = np.repeat(np.arange(s), 10)
+    _, low, high = stats.bootstrap_ci(rng.random((s * 10, 1)) < 0.7, sentence_N, num_resamples=200)
+    widths.append(float(high[0] - low[0]))
+  assert widths[1] < widths[0] / 4
+
+
+def test_majority_baseline_and_errors():
+  assert stats.majority_baseline([0, 1, 1, -1, 2], [1, 1, 0, -1]) == pytest.approx(2 / 3)
+  with pytest.raises(UserError):
+    stats.bootstrap_ci(np.ones((3, 2)), np.arange(4))
