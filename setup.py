@@ -25,6 +25,7 @@ setup(
         "conllu>=6",
         "tensorboardX",
         "numpy",
+        "scipy",
         "matplotlib",
         "tqdm",
     ],

@@ -214,8 +214,8 @@ class Transformer(nnx.Module):
     x_BTD = jnp.take(self.token_embed_VD[...], tokens_BT, axis=0)
     if cfg.positions == "learned":
       x_BTD = x_BTD + self.position_embed_TD[...][None, :T]
-    else:
-      x_BTD = x_BTD + sinusoidal_positions(T, cfg.d_model)[None]
+    else:  # Vaswani et al. 2017, §3.4: embeddings scaled by sqrt(D) to the sinusoids' unit amplitude
+      x_BTD = x_BTD * jnp.sqrt(jnp.float32(cfg.d_model)) + sinusoidal_positions(T, cfg.d_model)[None]
     if cfg.type_vocab_size:
       types_BT = jnp.zeros_like(tokens_BT) if token_types_BT is None else token_types_BT
       x_BTD = x_BTD + jnp.take(self.type_embed_YD[...], types_BT, axis=0)
