@@ -1,7 +1,8 @@
 """`headspec quickstart`: the whole pipeline on the embedded synthetic treebank, on a laptop CPU.
 
 Generates the synthetic treebank and its text (headspec/data/synthetic.py), trains a small decoder and
-a small encoder on the text, and reports what it wrote.
+a small encoder on the text, probes every head of both (and of random-weights copies) on the treebank,
+and prints the probing summaries and what it wrote.
 """
 
 from __future__ import annotations
@@ -46,7 +47,8 @@ def quickstart_config(kind: str = "decoder") -> ml_collections.ConfigDict:
 
 def run_quickstart(workdir, *, steps: int | None = None) -> dict[str, pathlib.Path]:
   """Writes WORKDIR/data (synthetic treebank + text) and the runs WORKDIR/{decoder,encoder}."""
-  from headspec.train import train_and_evaluate  # after flags: keeps `headspec --help` fast
+  from headspec.probing.suite import probe_quickstart  # after flags: keeps `headspec --help` fast
+  from headspec.train import train_and_evaluate
 
   workdir = pathlib.Path(workdir)
   data_dir = write_synthetic(workdir / "data")
@@ -60,4 +62,12 @@ def run_quickstart(workdir, *, steps: int | None = None) -> dict[str, pathlib.Pa
     print(f"training the {kind} ({config.train.steps} steps) in {workdir / kind}", flush=True)
     train_and_evaluate(config, workdir / kind)
     written[kind] = workdir / kind
+  for kind in ("decoder", "encoder"):
+    print(f"probing every head of the {kind} on the synthetic treebank", flush=True)
+    print(probe_quickstart(workdir / kind, data_dir), flush=True)
+  print("wrote:")
+  for kind in ("decoder", "encoder"):
+    for path in sorted((workdir / kind).glob("*")) + sorted((workdir / kind / "probes").glob("*")):
+      if path.name not in ("cache", "probes"):
+        print(f"  {path}")
   return written

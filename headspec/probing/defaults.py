@@ -1,0 +1,40 @@
+"""Every `headspec probe` config key with its default. configs/probe_*.py start from `probe_config()` and
+override what they change, so each key is declared (and documented) once."""
+
+from __future__ import annotations
+
+import ml_collections
+
+from headspec.defaults import data_dir_default
+
+TASKS = ("upos", "xpos", "deprel", "arc")
+
+
+def probe_config() -> ml_collections.ConfigDict:
+  c = ml_collections.ConfigDict()
+  c.seed = 0  # control-task labels, probe minibatch order, bootstrap resamples, random-baseline weights
+  c.data_dir = data_dir_default()  # holds ud/<treebank>/<treebank>-ud-<split>.conllu
+
+  c.model = ml_collections.ConfigDict()
+  c.model.pretrained = ""  # 'minilm' or a Hugging Face directory: probe it (step 0) instead of WORKDIR's checkpoints
+
+  c.probe = ml_collections.ConfigDict()
+  c.probe.tasks = TASKS  # any of 'upos', 'xpos', 'deprel', 'arc'
+  c.probe.treebank = "en_ewt"  # probes are fitted on its train split and tuned on its dev split
+  c.probe.eval_splits = ("dev", "test")  # splits of probe.treebank the probes are scored on
+  c.probe.extra_treebanks = ()  # cross-domain: scored on their dev/test splits that exist (e.g. 'en_gum')
+  c.probe.steps = "all"  # 'all' | 'last' | comma-separated steps ('100,1000'); pretrained models: step 0
+  c.probe.model_name = ""  # the `model` column; '' = the pretrained name or the workdir's folder name
+  c.probe.deprel_subtypes = False  # keep 'nmod:poss' as is (True) or strip to 'nmod' (False)
+  c.probe.pooling = "first"  # a word's vector from its 'first' | 'last' | 'mean' sub-word piece(s)
+  c.probe.max_train_words = 0  # 0: all; else a seeded random subset of whole train sentences of about this many words
+  c.probe.random_baseline = False  # also probe the same architecture with random weights (model name + '-random')
+  c.probe.l2_grid = (1e-5, 1e-4, 1e-3)  # L2 penalties λ tried per probe; the best on dev is kept
+  c.probe.refine_samples = 200_000  # training words Adam visits after the closed-form LDA start (several passes if N is smaller; 0: LDA only)
+  c.probe.arc_max_train_words = 20000  # arc probes train on about this many words of train sentences <= 64 words
+  c.probe.arc_epochs = 10  # passes of the arc probes over their training sentences
+  c.probe.bootstrap_resamples = 1000  # resamples of sentences for the 95% confidence intervals
+  c.probe.batch_tokens = 4096  # padded tokens per forward batch when extracting features
+  c.probe.cache_dtype = "float16"  # features on disk in probes/cache/: 'float16' | 'float32'
+  c.probe.top_k = 5  # heads listed per task in summary.md
+  return c

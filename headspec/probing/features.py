@@ -1,0 +1,245 @@
+"""Per-word features of a treebank split: every head's Z_h, every layer's residual stream, the embeddings.
+
+The model runs under `jax.jit` on windows of word pieces (headspec/probing/align.py), batched by length
+bucket (powers of two up to `max_len`, a fixed number of tokens per batch), so a split compiles once per
+bucket. Inside the jitted function each word's vector is pooled from its pieces with a [B, W, T] matrix,
+so only word vectors leave the device.
+
+Memory stays bounded whatever the split size: each batch is appended to `.npy` files on disk (no
+array of the whole split is ever held), one file per layer, in processing order; `Features.z(layer)`
+reads one layer back in word order. The files form a cache at `cache_dir/<name>-<hash>/`, keyed by the
+model identity and step, the words of the split (so any change of file or subsample is a new key),
+pooling, dtype and this module's FORMAT_VERSION; a second run reads it instead of recomputing.
+"""
+from __future__ import annotations
+
+import dataclasses
+import functools
+import hashlib
+import json
+import os
+import pathlib
+import shutil
+import time
+from collections.abc import Callable, Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+
+from headspec.errors import UserError
+from headspec.probing import align as align_lib
+
+FORMAT_VERSION = 1
+CACHE_DTYPES = ("float16", "float32")
+_META = "meta.json"
+
+
+@dataclasses.dataclass(frozen=True)
+class Features:
+  """The features of one split in a cache folder; arrays are read per layer, as float32, in word order.
+
+  word_sentence_N: each word's sentence index (for bootstrap over sentences). order_N: stored row r is
+  word order_N[r].
+  """
+
+  path: pathlib.Path
+  num_layers: int
+  num_heads: int
+  d_head: int
+  d_model: int
+  word_sentence_N: np.ndarray
+  order_N: np.ndarray
+  num_sentences: int
+  num_split_sentences: int
+  num_truncated_words: int
+  from_cache: bool
+
+  @property
+  def num_words(self) -> int:
+    return len(self.order_N)
+
+  def _read(self, name: str) -> np.ndarray:
+    stored = np.load(self.path / f"{name}.npy", mmap_mode="r")
+    out = np.empty(stored.shape, np.float32)
+    out[self.order_N] = stored
+    return out
+
+  def z(self, layer: int) -> np.ndarray:
+    """[N, H, K] context vectors Z_h of every head of block `layer` (before W_O)."""
+    return self._read(f"z_{layer}")
+
+  def residual(self, layer: int) -> np.ndarray:
+    """[N, D] residual stream after block `layer`; layer -1 is the embedding output."""
+    return self._read("embeddings") if layer == -1 else self._read(f"residual_{layer}")
+
+  def embeddings(self) -> np.ndarray:
+    """[N, D] the input to block 0 (probing reports it as layer -1)."""
+    return self._read("embeddings")
+
+
+def words_fingerprint(sentences: Sequence[Sequence[str]]) -> str:
+  """SHA-256 of the words of a split: the same text gives the same key, any edit or subsample a new one."""
+  digest = hashlib.sha256()
+  for words in sentences:
+    digest.update("\t".join(words).encode())
+    digest.update(b"\n")
+  return digest.hexdigest()
+
+
+def bucket_length(num_tokens: int, max_len: int, minimum: int = 16) -> int:
+  """The padded length of a window: the next power of two >= num_tokens (at least `minimum`), capped at max_len."""
+  return min(max_len, max(minimum, 1 << max(0, int(num_tokens) - 1).bit_length()))
+
+
+@functools.lru_cache(maxsize=8)
+def _pooled_forward(graphdef):
+  """jit(state, tokens_BT, valid_BT, pool_BWT) -> (z_LBWHK, residual_LBWD, embeddings_BWD), word-pooled."""
+
+  @jax.jit
+  def forward(state, tokens_BT, valid_BT, pool_BWT):
+    model = nnx.merge(graphdef, state)
+    _, inter = model(tokens_BT, valid_BT=valid_BT, capture=("z", "residual", "embeddings"))
+    f32 = jnp.float32
+    z_LBWHK = jnp.einsum("bwt,lbthk->lbwhk", pool_BWT, inter.z_LBTHK.astype(f32))
+    residual_LBWD = jnp.einsum("bwt,lbtd->lbwd", pool_BWT, inter.residual_LBTD.astype(f32))
+    embeddings_BWD = jnp.einsum("bwt,btd->bwd", pool_BWT, inter.embeddings_BTD.astype(f32))
+    return z_LBWHK, residual_LBWD, embeddings_BWD
+
+  return forward
+
+
+class _NpyAppender:
+  """Writes a .npy file of known shape row block by row block (numpy's header, then raw rows), so no
+  full-size array or memory map of it is ever resident."""
+
+  def __init__(self, path: pathlib.Path, shape: tuple[int, ...], dtype: np.dtype):
+    self.file = open(path, "wb")
+    self.dtype = np.dtype(dtype)
+    np.lib.format.write_array_header_2_0(
+        self.file, {"descr": np.lib.format.dtype_to_descr(self.dtype), "fortran_order": False, "shape": shape})
+
+  def append(self, rows: np.ndarray) -> None:
+    self.file.write(np.ascontiguousarray(rows, self.dtype).tobytes())
+
+  def close(self) -> None:
+    self.file.close()
+
+
+def _cache_name(identity: dict, name: str, sentences, pooling: str, dtype: str, max_len: int) -> str:
+  key = dict(identity=identity, words=words_fingerprint(sentences), pooling=pooling, dtype=dtype,
+             max_len=max_len, version=FORMAT_VERSION)
+  digest = hashlib.sha256(json.dumps(key, sort_keys=True, default=str).encode()).hexdigest()[:20]
+  safe = "".join(c if c.isalnum() or c in "-_." else "_" for c in name)
+  return f"{safe}-{digest}"
+
+
+def _load(folder: pathlib.Path, from_cache: bool) -> Features:
+  meta = json.loads((folder / _META).read_text())
+  return Features(path=folder, num_layers=meta["num_layers"], num_heads=meta["num_heads"], d_head=meta["d_head"],
+                  d_model=meta["d_model"], word_sentence_N=np.load(folder / "word_sentence.npy"),
+                  order_N=np.load(folder / "order.npy"), num_sentences=meta["num_sentences"],
+                  num_split_sentences=meta["num_split_sentences"],
+                  num_truncated_words=meta["num_truncated_words"], from_cache=from_cache)
+
+
+def extract_features(model, tokenizer, sentences: Sequence[Sequence[str]], *, cache_dir, identity: dict,
+                     name: str = "split", pooling: str = "first", dtype: str = "float16",
+                     batch_tokens: int = 4096, log: Callable[[str], None] | None = print) -> Features:
+  """Features of every word of `sentences` (each a sequence of word strings), cached under `cache_dir`.
+
+  identity: what makes the model's computation unique (run directory, step, model config, or the
+  pretrained weights' path; for random models the seed); with the words, pooling and dtype it keys the cache.
+  name: a readable prefix for the cache folder (e.g. `minilm-step0-en_ewt-train`).
+  """
+  if dtype not in CACHE_DTYPES:
+    raise UserError(f"probe.cache_dtype={dtype!r}: use one of {', '.join(CACHE_DTYPES)}")
+  if pooling not in align_lib.POOLINGS:
+    raise UserError(f"probe.pooling={pooling!r}: use one of {', '.join(align_lib.POOLINGS)}")
+  if not sentences:
+    raise UserError(f"{name}: no sentences to extract features from")
+  cfg = model.cfg
+  cache_dir = pathlib.Path(cache_dir)
+  folder = cache_dir / _cache_name(identity, name, sentences, pooling, dtype, cfg.max_len)
+  if (folder / _META).is_file():
+    return _load(folder, from_cache=True)
+
+  t0 = time.perf_counter()
+  al = align_lib.align(sentences, tokenizer, cfg.max_len, causal=cfg.kind == "decoder")
+  N, L, H, K, D = al.num_words, cfg.num_layers, cfg.num_heads, cfg.d_head, cfg.d_model
+  tmp = cache_dir / f"{folder.name}.tmp-{os.getpid()}"
+  shutil.rmtree(tmp, ignore_errors=True)
+  tmp.mkdir(parents=True)
+  z_files = [_NpyAppender(tmp / f"z_{l}.npy", (N, H, K), dtype) for l in range(L)]
+  residual_files = [_NpyAppender(tmp / f"residual_{l}.npy", (N, D), dtype) for l in range(L)]
+  embeddings_file = _NpyAppender(tmp / "embeddings.npy", (N, D), dtype)
+
+  # Words grouped by their window, in word order within each window.
+  by_window = np.argsort(al.word_window_N, kind="stable")
+  bounds = np.searchsorted(al.word_window_N[by_window], np.arange(len(al.windows) + 1))
+  lengths = np.array([len(w) for w in al.windows])
+  buckets = np.array([bucket_length(n, cfg.max_len) for n in lengths])
+  schedule = np.lexsort((np.arange(len(al.windows)), buckets))  # by bucket, then corpus order
+
+  graphdef, state = nnx.split(model)
+  forward = _pooled_forward(graphdef)
+  batches = []
+  for T in np.unique(buckets):
+    in_bucket = schedule[buckets[schedule] == T]
+    B = max(1, batch_tokens // int(T))
+    batches += [(int(T), B, in_bucket[i:i + B]) for i in range(0, len(in_bucket), B)]
+
+  def dispatch(T, B, windows):
+    tokens_BT = np.full((B, T), tokenizer.pad_id, np.int32)
+    valid_BT = np.zeros((B, T), bool)
+    start_BW, end_BW = np.zeros((B, T), np.int64), np.zeros((B, T), np.int64)
+    words = []
+    for b, w in enumerate(windows):
+      tokens_BT[b, :lengths[w]] = al.windows[w]
+      valid_BT[b, :lengths[w]] = True
+      mine = by_window[bounds[w]:bounds[w + 1]]
+      start_BW[b, :len(mine)], end_BW[b, :len(mine)] = al.word_start_N[mine], al.word_end_N[mine]
+      words.append(mine)
+    pool_BWT = align_lib.pooling_matrix(start_BW, end_BW, T, pooling)
+    return forward(state, tokens_BT, valid_BT, pool_BWT), words
+
+  def write(outputs, words):
+    z_LBWHK, residual_LBWD, embeddings_BWD = (np.asarray(x) for x in outputs)
+    rows = [(b, k) for b, mine in enumerate(words) for k in range(len(mine))]
+    b_idx, w_idx = (np.array(v, np.int64) for v in zip(*rows)) if rows else (np.zeros(0, np.int64),) * 2
+    for l in range(L):
+      z_files[l].append(z_LBWHK[l, b_idx, w_idx])
+      residual_files[l].append(residual_LBWD[l, b_idx, w_idx])
+    embeddings_file.append(embeddings_BWD[b_idx, w_idx])
+    return np.concatenate(words) if words else np.zeros(0, np.int64)
+
+  order = []
+  pending = None
+  for T, B, windows in batches:  # dispatch the next batch before reading back the last (async overlap)
+    current = dispatch(T, B, windows)
+    if pending is not None:
+      order.append(write(*pending))
+    pending = current
+  if pending is not None:
+    order.append(write(*pending))
+  for f in z_files + residual_files + [embeddings_file]:
+    f.close()
+  order_N = np.concatenate(order).astype(np.int64)
+  assert len(order_N) == N and np.array_equal(np.sort(order_N), np.arange(N)), "every word is written once"
+  np.save(tmp / "order.npy", order_N)
+  np.save(tmp / "word_sentence.npy", al.word_sentence_N)
+  meta = dict(name=name, identity=identity, num_words=N, num_sentences=len(sentences), num_layers=L,
+              num_heads=H, d_head=K, d_model=D, pooling=pooling, dtype=dtype, max_len=cfg.max_len,
+              num_windows=len(al.windows), num_split_sentences=al.num_split_sentences,
+              num_truncated_words=al.num_truncated_words, buckets=sorted(int(t) for t in np.unique(buckets)),
+              seconds=round(time.perf_counter() - t0, 2), version=FORMAT_VERSION)
+  (tmp / _META).write_text(json.dumps(meta, indent=1, default=str) + "\n")
+  if folder.exists():  # another process finished first
+    shutil.rmtree(tmp, ignore_errors=True)
+  else:
+    tmp.rename(folder)
+  if log:
+    log(f"  features {name}: {len(sentences)} sentences, {N} words, {al.num_split_sentences} split into "
+        f"windows, {len(np.unique(buckets))} length buckets, {meta['seconds']:.1f} s")
+  return _load(folder, from_cache=False)

@@ -1,0 +1,143 @@
+"""Figures and summary of a probing run, read only from probes/results.csv and probes/baselines.csv.
+
+heatmap_<task>.png: for the latest step of the first model in results.csv, on the primary split, two
+panels (accuracy, selectivity = accuracy − control accuracy, Hewitt & Liang 2019), each a layer × head
+grid annotated with its values, with the residual stream (head -1) as a separate column and the
+embedding output (layer -1) as a separate row. summary.md: per model, step and task, the most selective
+heads with accuracy, 95% CI, control accuracy and selectivity, against the majority (or head-offset)
+baseline and the embedding layer.
+"""
+from __future__ import annotations
+
+import csv
+import pathlib
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+import numpy as np  # noqa: E402
+
+
+def _read(path: pathlib.Path) -> list[dict]:
+  if not path.is_file():
+    return []
+  with open(path, newline="") as f:
+    return list(csv.DictReader(f))
+
+
+def _grid(rows: list[dict], key: str):
+  """(L, H) head grid, (L,) residual column and the embedding value of one (model, step, task, split)."""
+  layers = sorted({int(r["layer"]) for r in rows if int(r["layer"]) >= 0})
+  heads = sorted({int(r["head"]) for r in rows if int(r["head"]) >= 0})
+  grid = np.full((len(layers), len(heads)), np.nan)
+  residual = np.full(len(layers), np.nan)
+  embedding = np.nan
+  for r in rows:
+    layer, head, value = int(r["layer"]), int(r["head"]), float(r[key])
+    if layer == -1:
+      embedding = value
+    elif head == -1:
+      residual[layers.index(layer)] = value
+    else:
+      grid[layers.index(layer), heads.index(head)] = value
+  return grid, residual, embedding
+
+
+def heatmap(rows: list[dict], title: str, path: pathlib.Path) -> None:
+  """Writes the two-panel (accuracy, selectivity) layer × head heatmap of one (model, step, task, split)."""
+  fig, axes = plt.subplots(1, 2, figsize=(2 + 1.6 * (1 + max(1, len({r["head"] for r in rows}))), 1.5 + 0.55 * (
+      2 + len({r["layer"] for r in rows}))), squeeze=False)
+  for ax, key, cmap in zip(axes[0], ("accuracy", "selectivity"), ("viridis", "magma")):
+    grid, residual, embedding = _grid(rows, key)
+    L, H = grid.shape
+    # Columns 0..H-1 heads, H a gap, H+1 the residual stream; rows 0..L-1 layers, L a gap, L+1 embeddings.
+    canvas = np.full((L + 2, H + 2), np.nan)
+    canvas[:L, :H] = grid
+    canvas[:L, H + 1] = residual
+    canvas[L + 1, H + 1] = embedding
+    values = canvas[np.isfinite(canvas)]
+    vmin, vmax = (values.min(), values.max()) if values.size else (0, 1)
+    image = ax.imshow(np.ma.masked_invalid(canvas), cmap=cmap, vmin=vmin, vmax=vmax, aspect="auto")
+    for (i, j), v in np.ndenumerate(canvas):
+      if np.isfinite(v):
+        dark = (v - vmin) / max(vmax - vmin, 1e-12) < 0.6
+        ax.text(j, i, f"{v:.2f}", ha="center", va="center", fontsize=7, color="white" if dark else "black")
+    ax.set_xticks(list(range(H)) + [H + 1], [str(h) for h in range(H)] + ["resid"])
+    ax.set_yticks(list(range(L)) + [L + 1], [str(l) for l in range(L)] + ["emb"])
+    ax.set_xlabel("head")
+    ax.set_ylabel("layer")
+    ax.set_title(key)
+    fig.colorbar(image, ax=ax, fraction=0.046, pad=0.04)
+  fig.suptitle(title, fontsize=10)
+  fig.tight_layout()
+  fig.savefig(path, dpi=110)
+  plt.close(fig)
+
+
+def _fmt(r: dict) -> str:
+  return (f"{float(r['accuracy']):.3f} | [{float(r['ci_low']):.3f}, {float(r['ci_high']):.3f}] | "
+          f"{float(r['control_accuracy']):.3f} | {float(r['selectivity']):+.3f}")
+
+
+def summary(rows: list[dict], baselines: list[dict], primary_split: str, top_k: int) -> str:
+  """Markdown: for each model and step, per task, the top-k heads by selectivity on `primary_split`."""
+  lines = ["# Probing summary", "",
+           f"Split `{primary_split}`. selectivity = accuracy − control accuracy (Hewitt & Liang 2019); "
+           "95% bootstrap CIs over sentences. layer -1 = embeddings, head -1 = the layer's residual stream.", ""]
+  base = {(b["task"], b["split"]): b for b in baselines}
+  models = list(dict.fromkeys(r["model"] for r in rows))
+  for model in models:
+    steps = sorted({int(r["step"]) for r in rows if r["model"] == model})
+    for step in steps:
+      lines += [f"## {model}, step {step}", ""]
+      sel = [r for r in rows if r["model"] == model and int(r["step"]) == step and r["split"] == primary_split]
+      for task in dict.fromkeys(r["task"] for r in sel):
+        task_rows = [r for r in sel if r["task"] == task]
+        heads = sorted((r for r in task_rows if int(r["head"]) >= 0), key=lambda r: -float(r["selectivity"]))
+        residual = [r for r in task_rows if int(r["head"]) == -1 and int(r["layer"]) >= 0]
+        embedding = [r for r in task_rows if int(r["layer"]) == -1]
+        b = base.get((task, primary_split))
+        header = f"### {task}"
+        if b:
+          header += f" — {b['baseline']} baseline {float(b['accuracy']):.3f}"
+        if embedding:
+          header += f", embeddings {float(embedding[0]['accuracy']):.3f}"
+        if residual:
+          best = max(residual, key=lambda r: float(r["accuracy"]))
+          header += f", best residual layer {best['layer']} {float(best['accuracy']):.3f}"
+        lines += [header, "", "| layer | head | accuracy | 95% CI | control | selectivity |",
+                  "|---|---|---|---|---|---|"]
+        lines += [f"| {r['layer']} | {r['head']} | {_fmt(r)} |" for r in heads[:top_k]]
+        lines.append("")
+  if len(models) > 1 or any(len({r["step"] for r in rows if r["model"] == m}) > 1 for m in models):
+    lines += ["## Best head per task (accuracy / selectivity)", "", "| model | step | task | accuracy | selectivity |",
+              "|---|---|---|---|---|"]
+    for model in models:
+      for step in sorted({int(r["step"]) for r in rows if r["model"] == model}):
+        sel = [r for r in rows if r["model"] == model and int(r["step"]) == step and r["split"] == primary_split
+               and int(r["head"]) >= 0]
+        for task in dict.fromkeys(r["task"] for r in sel):
+          t = [r for r in sel if r["task"] == task]
+          lines.append(f"| {model} | {step} | {task} | {max(float(r['accuracy']) for r in t):.3f} | "
+                       f"{max(float(r['selectivity']) for r in t):+.3f} |")
+    lines.append("")
+  return "\n".join(lines)
+
+
+def write_report(out_dir, *, primary_split: str, top_k: int = 5) -> None:
+  """summary.md and heatmap_<task>.png in out_dir (a run's probes/ folder) from its CSVs."""
+  out_dir = pathlib.Path(out_dir)
+  rows = _read(out_dir / "results.csv")
+  baselines = _read(out_dir / "baselines.csv")
+  (out_dir / "summary.md").write_text(summary(rows, baselines, primary_split, top_k))
+  if not rows:
+    return
+  models = list(dict.fromkeys(r["model"] for r in rows))
+  model = next((m for m in models if not m.endswith("-random")), models[0])
+  step = max(int(r["step"]) for r in rows if r["model"] == model)
+  for task in dict.fromkeys(r["task"] for r in rows):
+    sel = [r for r in rows if r["model"] == model and int(r["step"]) == step and r["task"] == task
+           and r["split"] == primary_split]
+    if sel:
+      heatmap(sel, f"{model} step {step}: {task} probes on {primary_split}", out_dir / f"heatmap_{task}.png")

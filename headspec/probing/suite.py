@@ -1,0 +1,473 @@
+"""`headspec probe`: linear probes on every head, every layer's residual stream and the embeddings.
+
+For each requested checkpoint step of a run (or a pretrained model at step 0, and optionally the same
+architecture with random weights), word features are extracted (headspec/probing/features.py, cached),
+probes are fitted on the treebank's train split with L2 chosen on its dev split
+(headspec/probing/probe.py: softmax probes for upos/xpos/deprel; headspec/probing/arc.py: bilinear
+head-selection probe for arcs), and scored on the evaluation splits with 95% bootstrap CIs over
+sentences (stats.py) and Hewitt & Liang (2019) control tasks (controls.py):
+selectivity = accuracy − control accuracy. Rows go to RUN/probes/results.csv (DESIGN.md contract),
+majority/offset baselines to RUN/probes/baselines.csv, figures and summary.md via report.py.
+"""
+from __future__ import annotations
+
+import csv
+import dataclasses
+import functools
+import os
+import pathlib
+import time
+from collections.abc import Callable
+
+import jax
+import ml_collections
+import numpy as np
+from flax import nnx
+
+from headspec import checkpoints, runs
+from headspec.data import treebank as treebank_lib
+from headspec.errors import UserError
+from headspec.model import Transformer
+from headspec.probing import arc as arc_lib
+from headspec.probing import controls, probe, report, stats
+from headspec.probing.defaults import TASKS
+from headspec.probing.features import CACHE_DTYPES, Features, extract_features
+from headspec.probing.align import POOLINGS
+
+COLUMNS = ("model", "step", "task", "layer", "head", "split", "accuracy", "ci_low", "ci_high",
+           "control_accuracy", "selectivity", "n")
+BASELINE_COLUMNS = ("task", "split", "baseline", "accuracy", "n")
+LABEL_TASKS = ("upos", "xpos", "deprel")
+ARC_MAX_SENTENCE_WORDS = 64  # arc probes train on padded [sentences, words, G, K]: skip longer training sentences
+                             # (padding); evaluation uses every sentence
+ARC_EVAL_CHUNK = 128  # sentences of similar length scored together
+
+
+@dataclasses.dataclass
+class _Split:
+  """One labelled treebank split. labels[task]: int ids (unseen-in-train labels get id C, never predicted)."""
+  key: str
+  words: list[tuple[str, ...]]
+  labels: dict[str, np.ndarray]
+  controls: dict[str, np.ndarray]
+  heads: list[np.ndarray]
+  control_heads: list[np.ndarray]
+  sentence_N: np.ndarray
+
+  @property
+  def num_words(self) -> int:
+    return len(self.sentence_N)
+
+
+@dataclasses.dataclass
+class _Data:
+  train: _Split
+  tune: _Split
+  evals: list[_Split]
+  classes: dict[str, list[str]]
+  baselines: list[dict]
+
+
+@dataclasses.dataclass
+class _Job:
+  """One (model, step) to probe; `load` builds (model, tokenizer) when its turn comes."""
+  name: str
+  step: int
+  identity: dict
+  load: Callable
+
+
+def _label(sentence, task: str, subtypes: bool) -> tuple[str, ...]:
+  if task == "upos":
+    return sentence.upos
+  if task == "xpos":
+    return sentence.xpos
+  return sentence.deprels if subtypes else tuple(d.split(":")[0] for d in sentence.deprels)
+
+
+def _subsample(sentences, max_words: int, seed: int):
+  """A seeded random subset of whole sentences with about `max_words` words, in corpus order."""
+  order = np.random.default_rng(seed).permutation(len(sentences))
+  lengths = np.array([len(sentences[i].words) for i in order])
+  keep = order[: max(1, int(np.searchsorted(np.cumsum(lengths), max_words, side="right")))]
+  return [sentences[i] for i in sorted(keep)]
+
+
+def _make_split(key, sentences, tasks, classes, train_counts, config) -> _Split:
+  p = config.probe
+  words = [s.words for s in sentences]
+  flat_words = [w for ws in words for w in ws]
+  labels, control = {}, {}
+  for task in tasks:
+    if task == "arc":
+      continue
+    index = {c: i for i, c in enumerate(classes[task])}
+    labels[task] = np.array([index.get(l, len(index)) for s in sentences for l in _label(s, task, p.deprel_subtypes)],
+                            np.int32)
+    control[task] = controls.control_labels_N(flat_words, train_counts[task], config.seed)
+  heads = [np.asarray(s.heads, np.int32) for s in sentences]
+  sentence_N = np.repeat(np.arange(len(sentences)), [len(w) for w in words]).astype(np.int32)
+  return _Split(key, words, labels, control, heads, controls.control_heads(words, config.seed) if "arc" in tasks else [],
+                sentence_N)
+
+
+def _check_config(config) -> None:
+  p = config.probe
+  tasks = tuple(p.tasks) if not isinstance(p.tasks, str) else tuple(t for t in p.tasks.split(",") if t)
+  unknown = [t for t in tasks if t not in TASKS]
+  if unknown or not tasks:
+    raise UserError(f"probe.tasks: unknown task(s) {unknown or tasks!r}; choose from {', '.join(TASKS)}")
+  if p.pooling not in POOLINGS:
+    raise UserError(f"probe.pooling={p.pooling!r}: use one of {', '.join(POOLINGS)}")
+  if p.cache_dtype not in CACHE_DTYPES:
+    raise UserError(f"probe.cache_dtype={p.cache_dtype!r}: use one of {', '.join(CACHE_DTYPES)}")
+  if not config.data_dir:
+    raise UserError("no data directory: set HEADSPEC_DATA_DIR or --config.data_dir")
+  if not pathlib.Path(config.data_dir).is_dir():
+    raise UserError(f"data_dir {config.data_dir} does not exist (HEADSPEC_DATA_DIR / --config.data_dir)")
+  if (p.max_train_words < 0 or min(p.batch_tokens, p.bootstrap_resamples, p.arc_max_train_words, p.arc_epochs) < 1
+      or not len(p.l2_grid)):
+    raise UserError("probe.max_train_words must be >= 0; probe.batch_tokens, bootstrap_resamples, arc_max_train_words "
+                    "and arc_epochs >= 1; probe.l2_grid non-empty")
+
+
+def _tasks(config) -> tuple[str, ...]:
+  t = config.probe.tasks
+  return tuple(x for x in t.split(",") if x) if isinstance(t, str) else tuple(t)
+
+
+def _splits_of(config, treebank: str, wanted) -> list[str]:
+  present = treebank_lib.available_splits(config.data_dir, treebank)
+  for split in wanted:
+    if split not in treebank_lib.SPLITS:
+      raise UserError(f"probe.eval_splits: unknown split {split!r} (use {', '.join(treebank_lib.SPLITS)})")
+  return [s for s in wanted if s in present]
+
+
+def load_data(config) -> _Data:
+  """Reads and labels the train, dev and evaluation splits; every problem is a UserError before any work."""
+  _check_config(config)
+  p, tasks = config.probe, _tasks(config)
+  tb = p.treebank
+  present = treebank_lib.available_splits(config.data_dir, tb)
+  for needed in ("train", "dev"):
+    if needed not in present:
+      raise UserError(f"treebank {tb} has no {needed} split under {config.data_dir}/ud/{tb} "
+                      f"(present: {', '.join(present) or 'none'}); probes are fitted on train and tuned on dev")
+  missing = [s for s in p.eval_splits if s not in _splits_of(config, tb, p.eval_splits)]
+  if missing:
+    raise UserError(f"probe.eval_splits: {tb} has no split(s) {', '.join(missing)} (present: {', '.join(present)})")
+  train = treebank_lib.load_split(config.data_dir, tb, "train")
+  if p.max_train_words:
+    train = _subsample(train, p.max_train_words, config.seed)
+  classes, counts = {}, {}
+  for task in tasks:
+    if task != "arc":
+      values = [l for s in train for l in _label(s, task, p.deprel_subtypes)]
+      classes[task] = sorted(set(values))
+      index = {c: i for i, c in enumerate(classes[task])}
+      counts[task] = np.bincount([index[v] for v in values], minlength=len(classes[task]))
+  make = lambda key, sents: _make_split(key, sents, tasks, classes, counts, config)
+  train_split = make(f"{tb}/train", train)
+  loaded = {"dev": make(f"{tb}/dev", treebank_lib.load_split(config.data_dir, tb, "dev"))}
+  evals = []
+  for split in p.eval_splits:
+    if split not in loaded:
+      loaded[split] = make(f"{tb}/{split}", treebank_lib.load_split(config.data_dir, tb, split))
+    evals.append(loaded[split])
+  for extra in p.extra_treebanks:
+    extra_splits = _splits_of(config, extra, ("dev", "test"))
+    if not extra_splits:
+      raise UserError(f"probe.extra_treebanks: {extra} has no dev or test split under {config.data_dir}/ud/{extra}")
+    for split in extra_splits:
+      evals.append(make(f"{extra}/{split}", treebank_lib.load_split(config.data_dir, extra, split)))
+  if not evals:
+    raise UserError("nothing to score: probe.eval_splits and probe.extra_treebanks are both empty")
+  data = _Data(train_split, loaded["dev"], evals, classes, [])
+  data.baselines = _baselines(data, tasks)
+  return data
+
+
+def _baselines(data: _Data, tasks) -> list[dict]:
+  """Majority label (label tasks) and most frequent head offset (arc: head = word + o, or ROOT off the ends)."""
+  rows = []
+  offset = None
+  if "arc" in tasks:
+    offsets = np.concatenate([np.where(h > 0, h - np.arange(1, len(h) + 1), 0) for h in data.train.heads])
+    values, freq = np.unique(offsets[offsets != 0], return_counts=True)
+    offset = int(values[np.argmax(freq)])
+  for split in data.evals:
+    for task in tasks:
+      if task == "arc":
+        correct = [(np.where((np.arange(1, len(h) + 1) + offset >= 1) & (np.arange(1, len(h) + 1) + offset <= len(h)),
+                             np.arange(1, len(h) + 1) + offset, 0) == h) for h in split.heads]
+        acc = float(np.concatenate(correct).mean())
+        rows.append(dict(task=task, split=split.key, baseline=f"offset{offset:+d}", accuracy=acc, n=split.num_words))
+      else:
+        majority = int(np.bincount(data.train.labels[task], minlength=len(data.classes[task])).argmax())
+        acc = float((split.labels[task] == majority).mean())
+        rows.append(dict(task=task, split=split.key, baseline="majority", accuracy=acc, n=split.num_words))
+  return rows
+
+
+def _pretrained_name(pretrained: str) -> str:
+  return pretrained if pretrained == "minilm" else pathlib.Path(pretrained).expanduser().resolve().name
+
+
+@functools.lru_cache(maxsize=4)
+def _random_init(cfg):
+  """(graphdef, jit(key) -> state) of `cfg` with fresh weights; compiled once per architecture (eager
+  initialisation, one compiled op per parameter, is slow on CPU)."""
+  graphdef, _ = nnx.split(nnx.eval_shape(lambda: Transformer(cfg, rngs=nnx.Rngs(params=0))))
+  return graphdef, jax.jit(lambda key: nnx.split(Transformer(cfg, rngs=nnx.Rngs(params=key)))[1])
+
+
+def _random_model(cfg, seed: int) -> Transformer:
+  """The architecture `cfg` with random weights, as `Transformer(cfg, rngs=nnx.Rngs(params=seed))` draws them."""
+  graphdef, init = _random_init(cfg)
+  return nnx.merge(graphdef, init(jax.random.key(seed)))
+
+
+def plan_jobs(config, workdir) -> list[_Job]:
+  """The (model, step) pairs to probe, checked (steps exist, pretrained name valid) before any work."""
+  p = config.probe
+  workdir = pathlib.Path(workdir)
+  jobs = []
+  if config.model.pretrained:
+    if str(p.steps) not in ("all", "last", "0"):
+      raise UserError(f"probe.steps={p.steps!r}: a pretrained model has only step 0 (use 'all', 'last' or 0)")
+    from headspec.pretrained import load_pretrained, minilm_dir
+
+    source = str(minilm_dir()) if config.model.pretrained == "minilm" else str(pathlib.Path(config.model.pretrained).expanduser().resolve())
+    if not pathlib.Path(source).is_dir():
+      raise UserError(f"model.pretrained={config.model.pretrained!r}: not a directory (use 'minilm' or a Hugging Face model directory)")
+    name = p.model_name or _pretrained_name(config.model.pretrained)
+    jobs.append(_Job(name, 0, {"pretrained": source}, lambda: load_pretrained(config.model.pretrained)))
+  else:
+    run_config = runs.read_config(workdir)
+    steps = runs.resolve_steps(workdir, ",".join(map(str, p.steps)) if isinstance(p.steps, (tuple, list)) else str(p.steps))
+    name = p.model_name or workdir.resolve().name
+    for step in steps:
+      ckpt = checkpoints.checkpoint_dir(workdir) / str(step)
+      identity = {"run": str(workdir.resolve()), "step": step, "model": run_config.model.to_dict(),
+                  "checkpoint_mtime_ns": ckpt.stat().st_mtime_ns if ckpt.exists() else 0}
+      jobs.append(_Job(name, step, identity, lambda step=step: runs.load_run_model(workdir, step)))
+  if p.random_baseline:
+    first = jobs[0]
+
+    def load_random(first=first):
+      model, tokenizer = first.load()
+      return _random_model(model.cfg, config.seed), tokenizer
+
+    jobs.append(_Job(f"{first.name}-random", 0, {"random_like": first.identity, "seed": config.seed}, load_random))
+  return jobs
+
+
+def _bucket(n: int) -> int:
+  """Padded sentence length: the next power of two >= n (at least 8), so arc probes compile a few shapes."""
+  return max(8, 1 << max(0, n - 1).bit_length())
+
+
+def _padded(x_NGK: np.ndarray, sentence_N: np.ndarray, which: np.ndarray, rows: int | None = None,
+            bucket: bool = False) -> np.ndarray:
+  """[rows, Nmax (bucketed if asked), G, K] features of the sentences `which` (zeros past each sentence's end)."""
+  starts = np.searchsorted(sentence_N, which)
+  ends = np.searchsorted(sentence_N, which, side="right")
+  longest = int((ends - starts).max())
+  out = np.zeros((rows or len(which), _bucket(longest) if bucket else longest) + x_NGK.shape[1:], np.float32)
+  for i, (s, e) in enumerate(zip(starts, ends)):
+    out[i, : e - s] = x_NGK[s:e]
+  return out
+
+
+def _padded_heads(heads: list[np.ndarray], which: np.ndarray, rows: int | None = None,
+                  bucket: bool = False) -> np.ndarray:
+  """[rows, Nmax (bucketed if asked)] gold heads (1-based, 0 = ROOT), -1 for padding words and padding rows."""
+  longest = max(len(heads[i]) for i in which)
+  out = np.full((rows or len(which), _bucket(longest) if bucket else longest), -1, np.int32)
+  for row, i in enumerate(which):
+    out[row, : len(heads[i])] = heads[i]
+  return out
+
+
+def _arc_scores(fitted, x_NGK, split: _Split, heads: list[np.ndarray]) -> np.ndarray:
+  """correct_NG for every word of `split` (in word order), scoring length-sorted chunks of sentences."""
+  num_s = len(split.words)
+  order = np.argsort([len(w) for w in split.words], kind="stable")
+  offsets = np.concatenate([[0], np.cumsum([len(w) for w in split.words])])
+  correct = np.zeros((split.num_words, x_NGK.shape[1]), bool)
+  for start in range(0, num_s, ARC_EVAL_CHUNK):
+    which = order[start:start + ARC_EVAL_CHUNK]
+    gold = _padded_heads(heads, which, ARC_EVAL_CHUNK, bucket=True)
+    pred = arc_lib.predict_heads(fitted, _padded(x_NGK, split.sentence_N, which, ARC_EVAL_CHUNK, bucket=True), gold,
+                                 chunk=ARC_EVAL_CHUNK)
+    for row, i in enumerate(which):
+      n = len(heads[i])
+      correct[offsets[i]:offsets[i] + n] = pred[row, :n] == heads[i][:, None]
+  return correct
+
+
+def _feature_sources(cfg):
+  """(layer, heads, reader(features) -> x_NGK) for every layer's heads, then every residual stream."""
+  sources = [(l, list(range(cfg.num_heads)), lambda f, l=l: f.z(l)) for l in range(cfg.num_layers)]
+  sources += [(l, [-1], lambda f, l=l: f.residual(l)[:, None, :]) for l in range(-1, cfg.num_layers)]
+  return sources
+
+
+def probe_job(job: _Job, data: _Data, config, cache_dir: pathlib.Path, log=print) -> list[dict]:
+  """Extracts features and fits and scores every probe of one (model, step); returns results.csv rows."""
+  p, tasks = config.probe, _tasks(config)
+  t0 = time.perf_counter()
+  model, tokenizer = job.load()
+  feats: dict[str, Features] = {}
+  for split in [data.train, data.tune] + data.evals:
+    if split.key not in feats:
+      feats[split.key] = extract_features(
+          model, tokenizer, split.words, cache_dir=cache_dir, identity=job.identity,
+          name=f"{job.name}-step{job.step}-{split.key.replace('/', '-')}", pooling=p.pooling, dtype=p.cache_dtype,
+          batch_tokens=p.batch_tokens, log=log)
+  split_counts = {k: f.num_split_sentences for k, f in feats.items() if f.num_split_sentences}
+  if split_counts:
+    log(f"  sentences longer than the context ({model.cfg.max_len} tokens), split into windows: "
+        + ", ".join(f"{k} {v}" for k, v in split_counts.items()))
+  label_tasks = [t for t in tasks if t != "arc"]
+  unseen_to_ignore = lambda y, c: np.where(y < c, y, -1)
+  specs = []
+  for t in label_tasks:
+    c = len(data.classes[t])
+    specs.append(probe.ProbeSpec(t, c, data.train.labels[t], unseen_to_ignore(data.tune.labels[t], c)))
+    specs.append(probe.ProbeSpec(f"{t}/control", c, data.train.controls[t], data.tune.controls[t]))
+  if "arc" in tasks:
+    arc_train = _subsample_indices(data.train, p.arc_max_train_words, config.seed)
+    arc_tune = np.arange(len(data.tune.words))
+  rows = []
+  for layer, heads, read in _feature_sources(model.cfg):
+    x_train, x_tune = read(feats[data.train.key]), read(feats[data.tune.key])
+    if specs:
+      fitted = probe.fit_softmax_probes(x_train, x_tune, specs, l2_grid=tuple(p.l2_grid), seed=config.seed,
+                                        refine_samples=p.refine_samples)
+    if "arc" in tasks:
+      xa_train = _padded(x_train, data.train.sentence_N, arc_train)
+      xa_tune = _padded(x_tune, data.tune.sentence_N, arc_tune)
+      fitted_arc = {kind: arc_lib.fit_arc_probes(xa_train, _padded_heads(getattr(data.train, kind), arc_train),
+                                                 xa_tune, _padded_heads(getattr(data.tune, kind), arc_tune),
+                                                 l2_grid=arc_lib.DEFAULT_ARC_L2_GRID, seed=config.seed,
+                                                 epochs=p.arc_epochs)
+                    for kind in ("heads", "control_heads")}
+      del xa_train, xa_tune
+    for split in data.evals:
+      x = x_tune if split.key == data.tune.key else read(feats[split.key])
+      for t in tasks:
+        if t == "arc":
+          correct = _arc_scores(fitted_arc["heads"], x, split, split.heads)
+          control = _arc_scores(fitted_arc["control_heads"], x, split, split.control_heads)
+        else:
+          correct = probe.predict(fitted, x, t) == split.labels[t][:, None]
+          control = probe.predict(fitted, x, f"{t}/control") == split.controls[t][:, None]
+        acc, low, high = stats.bootstrap_ci(correct, split.sentence_N, num_resamples=p.bootstrap_resamples,
+                                            seed=config.seed)
+        control_acc = control.mean(0)
+        for g, head in enumerate(heads):
+          rows.append(dict(model=job.name, step=job.step, task=t, layer=layer, head=head, split=split.key,
+                           accuracy=float(acc[g]), ci_low=float(low[g]), ci_high=float(high[g]),
+                           control_accuracy=float(control_acc[g]), selectivity=float(acc[g] - control_acc[g]),
+                           n=int(split.num_words)))
+    x_train = x_tune = x = None  # freed before the next layer is read: one layer's features at a time
+    what = "embeddings" if layer == -1 else f"layer {layer} {'heads' if heads[0] >= 0 else 'residual'}"
+    log(f"  {job.name} step {job.step}: probed {what} ({time.perf_counter() - t0:.0f} s)")
+  return rows
+
+
+def _subsample_indices(split: _Split, max_words: int, seed: int) -> np.ndarray:
+  """Sentences (indices) for arc-probe training: short enough to pad cheaply, about `max_words` words."""
+  rng = np.random.default_rng(seed)
+  order = [i for i in rng.permutation(len(split.words)) if len(split.words[i]) <= ARC_MAX_SENTENCE_WORDS]
+  if not order:
+    order = list(rng.permutation(len(split.words)))
+  lengths = np.cumsum([len(split.words[i]) for i in order])
+  return np.sort(np.asarray(order[: max(1, int(np.searchsorted(lengths, max_words, side="right")))]))
+
+
+def _format(row: dict) -> dict:
+  out = dict(row)
+  for key in ("accuracy", "ci_low", "ci_high", "control_accuracy", "selectivity"):
+    out[key] = f"{row[key]:.6f}"
+  return out
+
+
+def read_results(path) -> list[dict]:
+  """Rows of a results.csv (values as strings)."""
+  path = pathlib.Path(path)
+  if not path.is_file():
+    return []
+  with open(path, newline="") as f:
+    reader = csv.DictReader(f)
+    if tuple(reader.fieldnames or ()) != COLUMNS:
+      raise UserError(f"{path}: columns {reader.fieldnames} are not the results.csv contract {','.join(COLUMNS)}")
+    return list(reader)
+
+
+def write_rows(path, rows: list[dict], columns=COLUMNS) -> None:
+  path = pathlib.Path(path)
+  tmp = path.with_suffix(".csv.tmp")
+  with open(tmp, "w", newline="") as f:
+    writer = csv.DictWriter(f, fieldnames=columns)
+    writer.writeheader()
+    writer.writerows(rows)
+  tmp.replace(path)
+
+
+def merge_results(path, new_rows: list[dict]) -> list[dict]:
+  """Existing rows of other (model, step)s, then the new rows: re-probing a step replaces its rows."""
+  replaced = {(r["model"], str(r["step"])) for r in new_rows}
+  kept = [r for r in read_results(path) if (r["model"], r["step"]) not in replaced]
+  rows = kept + [{k: str(v) for k, v in _format(r).items()} for r in new_rows]
+  write_rows(path, rows)
+  return rows
+
+
+def run_probe_suite(config: ml_collections.ConfigDict, workdir) -> pathlib.Path:
+  """Probes per `config` (see probing/defaults.py) for the run in `workdir`; returns RUN/probes/results.csv."""
+  workdir = pathlib.Path(workdir)
+  t0 = time.perf_counter()
+  jobs = plan_jobs(config, workdir)  # checks steps / checkpoints before anything is written
+  data = load_data(config)
+  p = config.probe
+  print(f"probing {len(jobs)} model step(s) on {p.treebank}: train {data.train.num_words} words "
+        f"({len(data.train.words)} sentences), tasks {', '.join(_tasks(config))}, "
+        f"scored on {', '.join(s.key for s in data.evals)}", flush=True)
+  out_dir = workdir / "probes"
+  cache_dir = out_dir / "cache"
+  cache_dir.mkdir(parents=True, exist_ok=True)
+  results = out_dir / "results.csv"
+  for job in jobs:
+    print(f"{job.name} step {job.step}", flush=True)
+    rows = probe_job(job, data, config, cache_dir, log=lambda s: print(s, flush=True))
+    merge_results(results, rows)  # after each step, so an interrupted study keeps what it finished
+  write_rows(out_dir / "baselines.csv", [dict(r, accuracy=f"{r['accuracy']:.6f}") for r in data.baselines],
+             BASELINE_COLUMNS)
+  report.write_report(out_dir, primary_split=data.tune.key, top_k=p.top_k)
+  print(f"wrote {results}, {out_dir / 'summary.md'} and heatmaps ({time.perf_counter() - t0:.0f} s)", flush=True)
+  return results
+
+
+def main(config: ml_collections.ConfigDict, workdir) -> None:
+  """The `headspec probe` command."""
+  if not workdir:
+    raise UserError("probe needs --workdir=DIR (a training run, or any folder with --config.model.pretrained)")
+  results = run_probe_suite(config, workdir)
+  print((pathlib.Path(results).parent / "summary.md").read_text())
+
+
+def probe_quickstart(run_dir, data_dir) -> str:
+  """Probes a quickstart run (its last step, plus random weights) on the synthetic treebank; returns summary.md."""
+  from headspec.probing.defaults import probe_config
+
+  config = probe_config()
+  config.data_dir = os.fspath(data_dir)
+  config.probe.treebank = "synthetic"
+  config.probe.steps = "last"
+  config.probe.random_baseline = True
+  config.probe.bootstrap_resamples = 200
+  results = run_probe_suite(config, run_dir)
+  return (pathlib.Path(results).parent / "summary.md").read_text()

@@ -1,0 +1,215 @@
+"""The probing suite end to end: results.csv contract, merging, caching, bad input, and a trained model."""
+import csv
+import pathlib
+
+import pytest
+from flax import nnx
+
+from headspec import checkpoints, runs
+from headspec.data.tokenizer import train_sentencepiece
+from headspec.defaults import train_config
+from headspec.errors import UserError
+from headspec.probing import suite
+from headspec.probing.defaults import probe_config
+
+CONTRACT = "model,step,task,layer,head,split,accuracy,ci_low,ci_high,control_accuracy,selectivity,n"
+
+
+def _blocks(path):
+  return [b for b in pathlib.Path(path).read_text(encoding="utf-8").split("\n\n") if b.strip()]
+
+
+@pytest.fixture(scope="module")
+def ewt_part(data_dir, tmp_path_factory):
+  """A data dir whose en_ewt train/dev/test are 300/80/80 sentences of EWT dev, and 40 of GUM dev."""
+  out = tmp_path_factory.mktemp("data")
+  blocks = _blocks(data_dir / "ud/en_ewt/en_ewt-ud-dev.conllu")
+  (out / "ud/en_ewt").mkdir(parents=True)
+  for split, part in (("train", blocks[:300]), ("dev", blocks[300:380]), ("test", blocks[380:460])):
+    (out / f"ud/en_ewt/en_ewt-ud-{split}.conllu").write_text("\n\n".join(part) + "\n\n", encoding="utf-8")
+  (out / "ud/en_gum").mkdir(parents=True)
+  gum = _blocks(data_dir / "ud/en_gum/en_gum-ud-dev.conllu")[:40]
+  (out / "ud/en_gum/en_gum-ud-dev.conllu").write_text("\n\n".join(gum) + "\n\n", encoding="utf-8")
+  return out, ["\n".join(l.split("\t")[1] for l in b.splitlines() if l[:1].isdigit() and "\t" in l)
+               for b in blocks[:300]]
+
+
+def _make_run(workdir, texts, steps=(5,)):
+  """A run directory with a tiny random encoder saved at `steps` (no training) and a SentencePiece tokenizer."""
+  config = train_config()
+  config.model.update(kind="encoder", num_layers=2, num_heads=2, d_model=16, d_head=8, d_ff=32, dropout=0.0,
+                      attention_dropout=0.0, pre_layernorm=False)
+  config.train.seq_len = 32  # long EWT sentences are split into windows
+  runs.write_config(workdir, config)
+  tokenizer = train_sentencepiece([t.replace("\n", " ") for t in texts], workdir / "tokenizer", vocab_size=700)
+  cfg = runs.model_config(config.model, tokenizer.vocab_size, config.train.seq_len)
+  mngr = checkpoints.manager(workdir)
+  for seed, step in enumerate(steps):
+    params = nnx.state(suite._random_model(cfg, seed))
+    checkpoints.save(mngr, step, {"params": params}, {})
+  mngr.wait_until_finished()
+  mngr.close()
+  return workdir
+
+
+def _config(data):
+  c = probe_config()
+  c.data_dir = str(data)
+  c.probe.extra_treebanks = ("en_gum",)
+  c.probe.bootstrap_resamples = 100
+  c.probe.refine_samples = 2048
+  c.probe.l2_grid = (1e-4, 1e-2)
+  c.probe.batch_tokens = 1024
+  c.probe.arc_max_train_words = 2000
+  c.probe.arc_epochs = 5
+  return c
+
+
+def _rows(path):
+  with open(path, newline="") as f:
+    assert f.readline().strip() == CONTRACT
+  with open(path, newline="") as f:
+    return list(csv.DictReader(f))
+
+
+def test_suite_on_ewt_part(ewt_part, tmp_path, capsys):
+  data, texts = ewt_part
+  workdir = _make_run(tmp_path / "run", texts, steps=(5, 9))
+  config = _config(data)
+  config.probe.steps = "9"
+  config.probe.random_baseline = True
+  results = suite.run_probe_suite(config, workdir)
+  assert results == workdir / "probes/results.csv"
+  out = capsys.readouterr().out
+  assert "split into windows" in out and "en_ewt/train" in out
+  rows = _rows(results)
+  words = {"en_ewt/dev": 0, "en_ewt/test": 0, "en_gum/dev": 0}
+  for split in words:
+    tb, name = split.split("/")
+    words[split] = sum(1 for b in _blocks(data / f"ud/{tb}/{tb}-ud-{name}.conllu")
+                       for l in b.splitlines() if l.split("\t")[0].isdigit())
+  groups = 2 * 2 + 2 + 1  # heads, residual streams, embeddings
+  assert len(rows) == 2 * 4 * groups * 3  # (model, -random) x tasks x groups x splits
+  assert {(r["model"], r["step"]) for r in rows} == {("run", "9"), ("run-random", "0")}
+  for r in rows:
+    assert r["task"] in ("upos", "xpos", "deprel", "arc") and r["split"] in words
+    acc, low, high, control, sel = (float(r[k]) for k in ("accuracy", "ci_low", "ci_high", "control_accuracy",
+                                                          "selectivity"))
+    assert 0 <= low <= acc <= high <= 1 and 0 <= control <= 1
+    assert sel == pytest.approx(acc - control, abs=2e-6)
+    assert int(r["n"]) == words[r["split"]]
+    layer, head = int(r["layer"]), int(r["head"])
+    assert -1 <= layer < 2 and -1 <= head < 2 and (layer >= 0 or head == -1)
+  baselines = list(csv.DictReader(open(workdir / "probes/baselines.csv")))
+  assert {b["task"] for b in baselines} == {"upos", "xpos", "deprel", "arc"}
+  upos_dev = [r for r in rows if r["task"] == "upos" and r["split"] == "en_ewt/dev" and r["model"] == "run"]
+  majority = next(float(b["accuracy"]) for b in baselines if b["task"] == "upos" and b["split"] == "en_ewt/dev")
+  embedding = next(float(r["accuracy"]) for r in upos_dev if r["layer"] == "-1")
+  assert embedding > majority + 0.05  # even random embeddings identify frequent word types
+  summary = (workdir / "probes/summary.md").read_text()
+  assert "## run, step 9" in summary and "## run-random, step 0" in summary and "majority baseline" in summary
+  for task in ("upos", "xpos", "deprel", "arc"):
+    assert (workdir / f"probes/heatmap_{task}.png").stat().st_size > 1000
+
+  # Probing another step adds its rows; re-probing a step replaces them (no duplicates) from the cache.
+  caches = sorted(p.name for p in (workdir / "probes/cache").iterdir())
+  config.probe.steps = "all"
+  config.probe.random_baseline = False
+  config.probe.tasks = ("upos",)
+  suite.run_probe_suite(config, workdir)
+  rows2 = _rows(results)
+  assert {(r["model"], r["step"]) for r in rows2} == {("run", "5"), ("run", "9"), ("run-random", "0")}
+  assert len([r for r in rows2 if r["step"] == "9"]) == groups * 3  # step 9 now has only upos rows
+  assert len([r for r in rows2 if r["model"] == "run-random"]) == 4 * groups * 3  # untouched
+  new = set(p.name for p in (workdir / "probes/cache").iterdir()) - set(caches)
+  assert len(new) == 4 and all(n.startswith("run-step5-") for n in new)  # step 9 came from the cache
+
+
+def test_merge_results_replaces_same_model_step(tmp_path):
+  path = tmp_path / "results.csv"
+  row = lambda model, step, acc: dict(model=model, step=step, task="upos", layer=0, head=1, split="x/dev",
+                                      accuracy=acc, ci_low=acc, ci_high=acc, control_accuracy=0.1,
+                                      selectivity=acc - 0.1, n=7)
+  suite.merge_results(path, [row("m", 1, 0.5), row("m", 2, 0.6)])
+  suite.merge_results(path, [row("m", 2, 0.9), row("m-random", 0, 0.3)])
+  rows = _rows(path)
+  assert [(r["model"], r["step"], float(r["accuracy"])) for r in rows] == [("m", "1", 0.5), ("m", "2", 0.9),
+                                                                         ("m-random", "0", 0.3)]
+  path.write_text("a,b\n1,2\n")
+  with pytest.raises(UserError, match="contract"):
+    suite.merge_results(path, [row("m", 1, 0.5)])
+
+
+@pytest.mark.parametrize("change,message", [
+    (lambda c: setattr(c.probe, "tasks", ("upos", "ner")), "unknown task"),
+    (lambda c: setattr(c.probe, "treebank", "en_nope"), "no treebank folder"),
+    (lambda c: setattr(c.probe, "eval_splits", ("validation",)), "unknown split"),
+    (lambda c: setattr(c.probe, "extra_treebanks", ("en_nope",)), "no treebank folder"),
+    (lambda c: setattr(c.probe, "steps", "7"), r"step\(s\) \[7\] not saved"),
+    (lambda c: setattr(c.probe, "pooling", "max"), "pooling"),
+    (lambda c: setattr(c, "data_dir", "/nonexistent/data"), "does not exist"),
+    (lambda c: c.probe.update(eval_splits=(), extra_treebanks=()), "nothing to score"),
+])
+def test_bad_input_is_one_line_and_writes_nothing(ewt_part, tmp_path_factory, change, message):
+  data, texts = ewt_part
+  workdir = _make_run(tmp_path_factory.mktemp("run"), texts[:50])
+  config = _config(data)
+  change(config)
+  with pytest.raises(UserError, match=message) as e:
+    suite.run_probe_suite(config, workdir)
+  assert "\n" not in str(e.value)
+  assert not (workdir / "probes").exists()
+
+
+def test_empty_split_and_missing_run(ewt_part, tmp_path):
+  data, texts = ewt_part
+  empty = tmp_path / "data"
+  (empty / "ud/en_ewt").mkdir(parents=True)
+  for split in ("train", "dev", "test"):
+    src = data / f"ud/en_ewt/en_ewt-ud-{split}.conllu"
+    (empty / f"ud/en_ewt/en_ewt-ud-{split}.conllu").write_text("" if split == "dev" else src.read_text())
+  workdir = _make_run(tmp_path / "run", texts[:50])
+  with pytest.raises(UserError, match="no sentences"):
+    suite.run_probe_suite(_config(empty), workdir)
+  with pytest.raises(UserError, match="no config.json"):
+    suite.run_probe_suite(_config(data), tmp_path / "not_a_run")
+  bare = tmp_path / "bare"
+  runs.write_config(bare, train_config())
+  with pytest.raises(UserError, match="no checkpoint"):
+    suite.run_probe_suite(_config(data), bare)
+  assert not (workdir / "probes").exists() and not (bare / "probes").exists()
+
+
+@pytest.mark.slow
+def test_trained_model_has_selective_heads(tmp_path):
+  """A briefly trained small model: heads far above the majority baseline, more selective than random weights.
+
+  The quickstart *decoder* is used: in a couple hundred steps the causal LM already learns (loss ~3.7),
+  while the masked-LM encoder is still near its unigram loss (~5.7) at that point.
+  """
+  from headspec.data.synthetic import write_synthetic
+  from headspec.quickstart import quickstart_config
+  from headspec.train import train_and_evaluate
+
+  data = write_synthetic(tmp_path / "data", num_train=1000, num_dev=200, num_test=200, num_text_sentences=8000)
+  config = quickstart_config("decoder")
+  config.data_dir = str(data)
+  config.train.update(steps=200, eval_every=0, diversity_every=0, keep_steps=())
+  train_and_evaluate(config, tmp_path / "decoder")
+  summary = suite.probe_quickstart(tmp_path / "decoder", data)
+  assert "## decoder, step 200" in summary and "## decoder-random, step 0" in summary
+  rows = _rows(tmp_path / "decoder/probes/results.csv")
+  baselines = {b["task"]: float(b["accuracy"]) for b in csv.DictReader(open(tmp_path / "decoder/probes/baselines.csv"))
+               if b["split"] == "synthetic/dev"}
+
+  def heads(model, task):
+    return [r for r in rows if r["model"] == model and r["task"] == task and r["split"] == "synthetic/dev"
+            and int(r["head"]) >= 0]
+
+  for task in ("upos", "deprel"):
+    best = max(heads("decoder", task), key=lambda r: float(r["accuracy"]))
+    assert float(best["accuracy"]) > baselines[task] + 0.15
+    assert float(best["ci_low"]) > baselines[task] + 0.1
+    trained_sel = max(float(r["selectivity"]) for r in heads("decoder", task))
+    random_sel = max(float(r["selectivity"]) for r in heads("decoder-random", task))
+    assert trained_sel > 0.05 and trained_sel > random_sel + 0.05
