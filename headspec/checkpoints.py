@@ -52,8 +52,9 @@ def restore_params(workdir, step: int, abstract_params):
   if step not in mngr.all_steps():
     raise UserError(f"no checkpoint for step {step} in {checkpoint_dir(workdir)} (have {sorted(mngr.all_steps())})")
   abstract = {"params": abstract_params}
+  device = jax.sharding.SingleDeviceSharding(jax.devices()[0])
   restored = mngr.restore(step, args=ocp.args.Composite(
-      state=ocp.args.PyTreeRestore(abstract, restore_args=jax.tree.map(lambda _: ocp.RestoreArgs(), abstract),
+      state=ocp.args.PyTreeRestore(abstract, restore_args=jax.tree.map(lambda _: ocp.ArrayRestoreArgs(sharding=device), abstract),
                                    partial_restore=True)))
   return restored.state["params"]
 

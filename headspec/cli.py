@@ -122,16 +122,18 @@ def _quiet_libraries(verbose: bool) -> None:
   std_logging.getLogger().setLevel(std_logging.INFO if verbose else std_logging.WARNING)
   if not verbose:
     logging.set_stderrthreshold(logging.ERROR)
-    std_logging.getLogger("absl").addFilter(_drop_tfds_chatter)
+    std_logging.getLogger("absl").addFilter(_drop_library_chatter)
     import tensorflow_datasets as tfds
 
     tfds.disable_progress_bar()
 
 
-def _drop_tfds_chatter(record) -> bool:
-  """TFDS warns on every load of a builder config made at run time; that is how headspec uses it."""
+def _drop_library_chatter(record) -> bool:
+  """Warnings about how headspec uses its libraries on purpose: TFDS builder configs made at run time,
+  orbax managers opened read-only to load a checkpoint for analysis."""
   message = str(record.msg)
-  return not message.startswith(("Using custom data configuration", "Variant folder"))
+  return not message.startswith(("Using custom data configuration", "Variant folder",
+                                 "CheckpointManagerOptions.read_only=True", "Given directory is read only"))
 
 
 def run() -> None:
