@@ -37,11 +37,20 @@ def train(config, workdir, args) -> None:
 
 
 def probe(config, workdir, args) -> None:
-  raise UserError("probe: not available in this build yet")
+  from headspec.probing.suite import main
+
+  if args:
+    raise UserError(f"probe takes no arguments, got {' '.join(args)}")
+  main(config, workdir)
 
 
 def diversity(config, workdir, args) -> None:
-  raise UserError("diversity: not available in this build yet")
+  from headspec.diversity_run import run_diversity
+
+  if args:
+    raise UserError(f"diversity takes no arguments, got {' '.join(args)}")
+  results = run_diversity(config, workdir)
+  print(f"diversity metrics: {results}; figures in {results.parent}")
 
 
 def data(config, workdir, args) -> None:

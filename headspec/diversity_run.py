@@ -1,0 +1,203 @@
+"""`headspec diversity`: every head-diversity metric over a run's checkpoints, into a table and figures.
+
+For each requested step (`config.steps` of a `headspec train` workdir, or step 0 of
+`config.model.pretrained`), the model reads a fixed evaluation set (the first `config.num_tokens`
+tokens of the run's own validation rows, as training packed them) in batches of `config.batch_size`
+rows; `headspec.diversity` accumulates the metrics under one jit-compiled update per batch, so memory
+is bounded by the batch and the O(L·H²·K²) accumulators, not by the evaluation set. Results go to
+RUN/diversity/results.csv (DESIGN.md contract `step,layer,head_i,head_j,metric,value`; rows of
+recomputed steps are replaced, others kept) and the figures of headspec/diversity_plots.py.
+"""
+
+from __future__ import annotations
+
+import csv
+import functools
+import math
+import os
+import pathlib
+import time
+
+import jax
+import jax.numpy as jnp
+import ml_collections
+import numpy as np
+from flax import nnx
+
+from headspec import diversity, diversity_plots, runs
+from headspec.data import lm_pipeline, text_tfds
+from headspec.data.tokenizer import load_tokenizer
+from headspec.errors import UserError
+
+COLUMNS = ("step", "layer", "head_i", "head_j", "metric", "value")
+SAMPLES = ("first", "random")
+
+
+def _check_config(config: ml_collections.ConfigDict) -> None:
+  if config.num_tokens <= 0:
+    raise UserError(f"num_tokens={config.num_tokens}: must be a positive number of evaluation tokens")
+  if config.batch_size <= 0:
+    raise UserError(f"batch_size={config.batch_size}: must be a positive number of rows")
+  if config.sample not in SAMPLES:
+    raise UserError(f"sample={config.sample!r}: use one of {SAMPLES}")
+
+
+def _data_dir(config, run_config) -> str:
+  """config.data_dir, else the run's own data_dir, else HEADSPEC_DATA_DIR."""
+  data_dir = config.data_dir or (run_config.data_dir if run_config is not None else "") or os.environ.get(
+      "HEADSPEC_DATA_DIR", "")
+  if not data_dir or not pathlib.Path(data_dir).is_dir():
+    raise UserError(f"data directory {data_dir!r} not found: set --config.data_dir or HEADSPEC_DATA_DIR "
+                    "(needed to tokenize the evaluation text)")
+  return data_dir
+
+
+def _select_rows(rows_NT: np.ndarray, config) -> tuple[np.ndarray, np.ndarray]:
+  """The first (or, with sample='random', seeded random) rows holding num_tokens tokens, and valid_NT.
+
+  Exactly num_tokens tokens are valid (the last row's tail is padding), unless the split is smaller.
+  """
+  T = rows_NT.shape[1]
+  n_rows = min(math.ceil(config.num_tokens / T), len(rows_NT))
+  if config.sample == "random":
+    idx = np.sort(np.random.default_rng(config.seed).choice(len(rows_NT), n_rows, replace=False))
+    rows_NT = rows_NT[idx]
+  tokens_NT = np.asarray(rows_NT[:n_rows], np.int32)
+  valid_NT = (np.arange(n_rows * T) < config.num_tokens).reshape(n_rows, T)
+  return tokens_NT, valid_NT
+
+
+def evaluation_tokens(config: ml_collections.ConfigDict, workdir, tokenizer) -> tuple[np.ndarray, np.ndarray]:
+  """(tokens_NT int32, valid_NT bool): the fixed evaluation set `run_diversity` reads.
+
+  A training run: its validation rows exactly as training packed them (WORKDIR/cache/valid_tokens.npy,
+  else the valid split of its corpus tokenized again). A pretrained model: the valid split of
+  data_dir/text/<config.corpus>, cut into rows of config.seq_len with the tokenizer's special tokens
+  ([CLS] ... [SEP] for BERT) around each.
+  """
+  workdir = pathlib.Path(workdir)
+  if config.model.pretrained:
+    docs = text_tfds.load_documents(_data_dir(config, None), config.corpus, "valid",
+                                    tfds_dir=pathlib.Path(_data_dir(config, None)) / "tfds")
+    prefix, suffix = list(tokenizer.prefix_ids), list(tokenizer.suffix_ids)
+    width = config.seq_len - len(prefix) - len(suffix)
+    if width <= 0:
+      raise UserError(f"seq_len={config.seq_len} leaves no room for the tokenizer's special tokens")
+    stream = lm_pipeline.tokenize_stream(docs, tokenizer)
+    content = stream[: len(stream) // width * width].reshape(-1, width)
+    if not len(content):
+      raise UserError(f"corpus {config.corpus!r}: fewer valid-split tokens than one row of {width}")
+    n = len(content)
+    rows_NT = np.concatenate([np.broadcast_to(np.asarray(prefix, np.int32), (n, len(prefix))), content,
+                              np.broadcast_to(np.asarray(suffix, np.int32), (n, len(suffix)))], axis=1)
+    return _select_rows(rows_NT, config)
+  run_config = runs.read_config(workdir)
+  seq_len = run_config.train.seq_len
+  cache = workdir / "cache" / "valid_tokens.npy"
+  if cache.is_file():
+    rows_NT = lm_pipeline.pack_tokens([], tokenizer, seq_len, cache_path=cache)  # reads (and checks) the cache
+  else:
+    data_dir = _data_dir(config, run_config)
+    tfds_dir = run_config.data.tfds_dir or pathlib.Path(data_dir) / "tfds"
+    docs = text_tfds.load_documents(data_dir, run_config.data.corpus, "valid", tfds_dir=tfds_dir)
+    rows_NT = lm_pipeline.pack_tokens(docs, tokenizer, seq_len)
+  return _select_rows(rows_NT, config)
+
+
+def _batches(tokens_NT, valid_NT, batch_size: int):
+  """Fixed-shape batches (the last one padded with invalid rows), so the update compiles once."""
+  for start in range(0, len(tokens_NT), batch_size):
+    tokens_BT, valid_BT = tokens_NT[start:start + batch_size], valid_NT[start:start + batch_size]
+    pad = batch_size - len(tokens_BT)
+    if pad:
+      tokens_BT = np.concatenate([tokens_BT, np.zeros((pad, tokens_BT.shape[1]), np.int32)])
+      valid_BT = np.concatenate([valid_BT, np.zeros((pad, valid_BT.shape[1]), bool)])
+    yield tokens_BT, valid_BT
+
+
+@functools.partial(jax.jit, static_argnames=("graphdef", "causal"), donate_argnames="state")
+def _stream_update(params, state, tokens_BT, valid_BT, *, graphdef, causal: bool):
+  """Forward pass capturing q, probs, z, head_out, then one `diversity.update`."""
+  _, inter = nnx.merge(graphdef, params)(tokens_BT, valid_BT=valid_BT, capture=diversity.CAPTURE)
+  return diversity.update_from(state, inter, valid_BT, causal=causal)
+
+
+def model_metrics(model, tokens_NT, valid_NT, batch_size: int) -> dict[str, np.ndarray]:
+  """All metrics of `model` over the evaluation set, streamed in batches: {name: [L,H,H] or [L,H]}."""
+  cfg = model.cfg
+  graphdef, params = nnx.split(model)
+  state = diversity.init(cfg.num_layers, cfg.num_heads, cfg.d_head)
+  for tokens_BT, valid_BT in _batches(tokens_NT, valid_NT, batch_size):  # compiled once per model shape
+    state = _stream_update(params, state, jnp.asarray(tokens_BT), jnp.asarray(valid_BT), graphdef=graphdef,
+                           causal=cfg.kind == "decoder")
+  return {k: np.asarray(v) for k, v in jax.device_get(diversity.finalize(state)).items()}
+
+
+def read_results(path) -> list[tuple[int, int, int, int, str, float]]:
+  """Rows of a diversity/results.csv ([] if absent); a file with other columns is a UserError."""
+  path = pathlib.Path(path)
+  if not path.is_file():
+    return []
+  with open(path, newline="") as f:
+    reader = csv.reader(f)
+    header = tuple(next(reader, ()))
+    if header != COLUMNS:
+      raise UserError(f"{path}: columns {','.join(header)} are not {','.join(COLUMNS)}; move the file away")
+    return [(int(r[0]), int(r[1]), int(r[2]), int(r[3]), r[4], float(r[5])) for r in reader]
+
+
+def write_results(path, new_rows, replaced_steps) -> None:
+  """Existing rows of other steps plus `new_rows`, sorted by step; written atomically."""
+  path = pathlib.Path(path)
+  kept = [r for r in read_results(path) if r[0] not in set(replaced_steps)]
+  table = sorted(kept + list(new_rows), key=lambda r: r[0])  # stable: row order within a step is kept
+  path.parent.mkdir(parents=True, exist_ok=True)
+  tmp = path.with_suffix(".csv.tmp")
+  with open(tmp, "w", newline="") as f:
+    writer = csv.writer(f)
+    writer.writerow(COLUMNS)
+    writer.writerows((s, l, i, j, m, repr(float(v))) for s, l, i, j, m, v in table)
+  tmp.replace(path)
+
+
+def _jobs(config, workdir: pathlib.Path):
+  """[(step, load)] and the tokenizer, everything checked before any work is done."""
+  if config.model.pretrained:
+    if str(config.steps) not in ("all", "last", "0"):
+      raise UserError(f"steps={config.steps!r}: a pretrained model has only step 0 (use 'all', 'last' or 0)")
+    from headspec.pretrained import load_pretrained
+
+    model, tokenizer = load_pretrained(config.model.pretrained)
+    return [(0, lambda: model)], tokenizer
+  runs.read_config(workdir)  # "not a run directory" before "no checkpoints"
+  steps = runs.resolve_steps(workdir, str(config.steps))
+  tokenizer = load_tokenizer(workdir / "tokenizer")
+  return [(s, functools.partial(lambda s: runs.load_run_model(workdir, s)[0], s)) for s in steps], tokenizer
+
+
+def run_diversity(config: ml_collections.ConfigDict, workdir) -> pathlib.Path:
+  """Computes every metric at every requested step; writes WORKDIR/diversity/results.csv and figures.
+
+  Returns the path of results.csv. Bad input (not a run directory, no checkpoints, unknown step, bad
+  config value) raises UserError before anything is written.
+  """
+  if not workdir:
+    raise UserError("diversity needs --workdir=DIR (a training run, or any folder with --config.model.pretrained)")
+  workdir = pathlib.Path(workdir)
+  _check_config(config)
+  jobs, tokenizer = _jobs(config, workdir)
+  tokens_NT, valid_NT = evaluation_tokens(config, workdir, tokenizer)
+  out_dir = workdir / "diversity"
+  results = out_dir / "results.csv"
+  read_results(results)  # a foreign file fails here, before the computation
+  n_tokens = int(valid_NT.sum())
+  print(f"diversity: {len(jobs)} step(s), {n_tokens} tokens in {len(tokens_NT)} rows of {tokens_NT.shape[1]}",
+        flush=True)
+  for step, load in jobs:
+    t0 = time.perf_counter()
+    metrics = model_metrics(load(), tokens_NT, valid_NT, config.batch_size)
+    write_results(results, diversity.rows(metrics, step), [step])
+    print(f"  step {step}: {len(next(iter(metrics.values())))} layers in {time.perf_counter() - t0:.1f} s", flush=True)
+  for path in diversity_plots.plot_all(read_results(results), out_dir):
+    print(f"  wrote {path}", flush=True)
+  return results
