@@ -77,8 +77,8 @@ def evaluation_tokens(config: ml_collections.ConfigDict, workdir, tokenizer) -> 
   """
   workdir = pathlib.Path(workdir)
   if config.model.pretrained:
-    docs = text_tfds.load_documents(_data_dir(config, None), config.corpus, "valid",
-                                    tfds_dir=pathlib.Path(_data_dir(config, None)) / "tfds")
+    data_dir = _data_dir(config, None)
+    docs = text_tfds.load_documents(data_dir, config.corpus, "valid", tfds_dir=pathlib.Path(data_dir) / "tfds")
     prefix, suffix = list(tokenizer.prefix_ids), list(tokenizer.suffix_ids)
     width = config.seq_len - len(prefix) - len(suffix)
     if width <= 0:

@@ -121,11 +121,12 @@ def train_step(state: TrainState, batch, base_key, *, graphdef, tx, obj: Objecti
   count = _psum(weights_BT.sum(), axis_name)
   if axis_name is not None:
     dropout_key = jax.random.fold_in(dropout_key, jax.lax.axis_index(axis_name))
-  head_mask = None
+  head_mask, logged = None, {}
   if obj.drophead:
     rate = regularizers.drophead_rate(state.step, obj.total_steps, obj.drophead, obj.drophead_schedule)
     head_mask = regularizers.drophead_mask(jax.random.fold_in(dropout_key, 1), rate, inputs_BT.shape[0],
                                            obj.num_layers, obj.num_heads)
+    logged["drophead/rate"] = rate
 
   def loss_fn(params):
     model = nnx.merge(graphdef, params)
@@ -150,7 +151,7 @@ def train_step(state: TrainState, batch, base_key, *, graphdef, tx, obj: Objecti
   updates, opt_state = tx.update(grads, state.opt_state, state.params)
   params = optax.apply_updates(state.params, updates)
   metrics = {"loss": loss, "grad_norm": optax.global_norm(grads), "scored_tokens": count,
-             **{k: v if axis_name is None else jax.lax.pmean(v, axis_name) for k, v in terms.items()}}
+             **{k: v if axis_name is None else jax.lax.pmean(v, axis_name) for k, v in {**terms, **logged}.items()}}
   return TrainState(step=state.step + 1, params=params, opt_state=opt_state), metrics
 
 

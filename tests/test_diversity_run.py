@@ -125,6 +125,7 @@ def test_bad_input_raises_one_line_and_writes_nothing(run_dir, tmp_path):
   assert snapshot(run_dir) == before
 
 
+@pytest.mark.slow
 def test_cli(run_dir):
   def cli(*overrides):
     return subprocess.run([sys.executable, "-m", "headspec", "diversity", f"--config={REPO}/configs/diversity.py",
