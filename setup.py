@@ -11,7 +11,7 @@ setup(
     install_requires=[
         "jax>=0.6",
         "flax>=0.12",
-        "optax",
+        "optax>=0.2.8",  # optax.tree.norm (tested with 0.2.8)
         "orbax-checkpoint>=0.11",
         "chex",
         "tensorflow-datasets>=4.9.10",

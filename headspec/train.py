@@ -150,7 +150,7 @@ def train_step(state: TrainState, batch, base_key, *, graphdef, tx, obj: Objecti
   loss = _psum(loss, axis_name)
   updates, opt_state = tx.update(grads, state.opt_state, state.params)
   params = optax.apply_updates(state.params, updates)
-  metrics = {"loss": loss, "grad_norm": optax.global_norm(grads), "scored_tokens": count,
+  metrics = {"loss": loss, "grad_norm": optax.tree.norm(grads), "scored_tokens": count,
              **{k: v if axis_name is None else jax.lax.pmean(v, axis_name) for k, v in {**terms, **logged}.items()}}
   return TrainState(step=state.step + 1, params=params, opt_state=opt_state), metrics
 

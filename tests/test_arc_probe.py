@@ -1,4 +1,5 @@
-"""Arc probe: recovers a planted bilinear head choice, is at chance on noise, is deterministic."""
+"""Arc probe: recovers a planted bilinear head choice, is at chance on noise, is deterministic, and the
+packed layout scores each word against exactly its own sentence."""
 import numpy as np
 import pytest
 
@@ -7,53 +8,91 @@ from headspec.probing import arc
 
 
 def _planted(num_sentences, seed, noise_heads=False, n_max=10, g=2, k=8):
+  """(x_NGK, heads per sentence): group 0's heads are argmax of a planted bilinear score, group 1 is noise."""
   rng = np.random.default_rng(seed)
-  x = rng.standard_normal((num_sentences, n_max, g, k)).astype(np.float32)
   lengths = rng.integers(3, n_max + 1, num_sentences)
-  valid = np.arange(n_max)[None, :] < lengths[:, None]
+  x = rng.standard_normal((lengths.sum(), g, k)).astype(np.float32)
   a, b, u = rng.standard_normal((k, k)), rng.standard_normal((k, k)), rng.standard_normal(k)
-  xg = x[:, :, 0].astype(np.float64)  # group 0 carries the structure, group 1 is noise
-  s = np.einsum("bik,kl,bjl->bij", xg @ a.T, np.eye(k), xg @ b.T)
-  s_root = (xg @ a.T) @ u
-  s_all = np.concatenate([s_root[..., None], s], -1)
-  s_all[:, :, 1:][~np.broadcast_to(valid[:, None, :], s.shape)] = -np.inf
-  heads = np.where(valid, s_all.argmax(-1), -1).astype(np.int32)
-  if noise_heads:
-    heads = np.where(valid, (rng.random(valid.shape) * (lengths[:, None] + 1)).astype(np.int32), -1)
-  return x, heads
+  heads, start = [], 0
+  for n in lengths:
+    xg = x[start:start + n, 0].astype(np.float64)
+    s_all = np.concatenate([((xg @ a.T) @ u)[:, None], (xg @ a.T) @ (xg @ b.T).T], -1)
+    heads.append(s_all.argmax(-1) if not noise_heads else (rng.random(n) * (n + 1)).astype(np.int64))
+    start += n
+  return x, heads, lengths
+
+
+def _split(x, heads, lengths, s):
+  w = lengths[:s].sum()
+  return x[:w], heads[:s], x[w:], heads[s:]
 
 
 def test_recovers_planted_bilinear_structure_and_noise_group_is_low():
-  x_all, h_all = _planted(1000, 0)
-  fitted = arc.fit_arc_probes(x_all[:800], h_all[:800], x_all[800:], h_all[800:], epochs=20,
-                              learning_rate=3e-2, l2_grid=(1e-4, 1e-3))
+  x_all, h_all, lengths = _planted(1000, 0)
+  x_tr, h_tr, x_dev, h_dev = _split(x_all, h_all, lengths, 800)
+  fitted = arc.fit_arc_probes(x_tr, h_tr, x_dev, h_dev, epochs=20, learning_rate=3e-2, l2_grid=(1e-4, 1e-3),
+                              batch_words=256)
   assert fitted.dev_uas_G[0] > 0.95
   # Group 1 is independent noise: close to the accuracy of always predicting one candidate.
   assert fitted.dev_uas_G[1] < 0.35
-  pred = arc.predict_heads(fitted, x_all[800:], h_all[800:])
-  np.testing.assert_allclose(arc.uas(pred, h_all[800:]), fitted.dev_uas_G, atol=1e-9)
-  assert set(np.unique(pred[h_all[800:] >= 0])) <= set(range(0, 11))
+  pred = arc.predict_heads(fitted, x_dev, lengths[800:])
+  np.testing.assert_allclose(arc.uas(pred, np.concatenate(h_dev)), fitted.dev_uas_G, atol=1e-9)
+  for start, n in zip(np.cumsum(np.r_[0, lengths[800:-1]]), lengths[800:]):
+    assert pred[start:start + n].min() >= 0 and pred[start:start + n].max() <= n  # a head of its own sentence
 
 
 def test_random_heads_are_at_chance():
-  x, h = _planted(800, 2, noise_heads=True)
-  fitted = arc.fit_arc_probes(x[:600], h[:600], x[600:], h[600:], epochs=10, l2_grid=(1e-3,))
-  lengths = (h[600:] >= 0).sum(1)
-  chance = (lengths / (lengths + 1)).sum() / lengths.sum()  # E[1/(n+1)] per word
+  x, h, lengths = _planted(800, 2, noise_heads=True)
+  x_tr, h_tr, x_dev, h_dev = _split(x, h, lengths, 600)
+  fitted = arc.fit_arc_probes(x_tr, h_tr, x_dev, h_dev, epochs=10, l2_grid=(1e-3,), batch_words=256)
+  chance = (lengths[600:] / (lengths[600:] + 1)).sum() / lengths[600:].sum()  # E[1/(n+1)] per word
   assert np.all(fitted.dev_uas_G < chance + 0.06)
 
 
 def test_deterministic_given_seed():
-  x, h = _planted(200, 3)
-  f1 = arc.fit_arc_probes(x[:150], h[:150], x[150:], h[150:], epochs=3, seed=7)
-  f2 = arc.fit_arc_probes(x[:150], h[:150], x[150:], h[150:], epochs=3, seed=7)
+  x, h, lengths = _planted(200, 3)
+  x_tr, h_tr, x_dev, h_dev = _split(x, h, lengths, 150)
+  f1 = arc.fit_arc_probes(x_tr, h_tr, x_dev, h_dev, epochs=3, seed=7)
+  f2 = arc.fit_arc_probes(x_tr, h_tr, x_dev, h_dev, epochs=3, seed=7)
   np.testing.assert_array_equal(f1.a_GKR, f2.a_GKR)
   np.testing.assert_array_equal(f1.dev_uas_GL, f2.dev_uas_GL)
 
 
-def test_rejects_heads_beyond_sentence():
-  x, h = _planted(10, 4)
-  h = h.copy()
-  h[0, 0] = 99
-  with pytest.raises(UserError):
-    arc.fit_arc_probes(x, h, x, h, epochs=1)
+def test_packing_places_every_word_once_within_its_row():
+  lengths = np.random.default_rng(0).integers(1, 65, 300)
+  p = arc._pack(lengths, 64)
+  cells = p.row_N * p.width + p.col_N
+  assert len(np.unique(cells)) == lengths.sum()  # no two words share a cell
+  assert (p.col_N < 64).all() and (p.col_N >= p.start_N).all()
+  assert p.num_rows <= lengths.sum() // 64 + 1 + lengths.sum() // 640  # first-fit decreasing: near-tight
+
+
+def test_packed_prediction_matches_per_sentence_scoring():
+  """Long (own-row) and short (packed) sentences alike: argmax over ROOT + own sentence, in NumPy."""
+  rng = np.random.default_rng(5)
+  lengths = np.array([3, 70, 12, 1, 64, 40, 130, 9])
+  g, k = 2, 6
+  x = rng.standard_normal((lengths.sum(), g, k)).astype(np.float32)
+  fitted = arc.FittedArcProbes(np.zeros((g, k), np.float32), np.ones((g, k), np.float32),
+                               rng.standard_normal((g, k, k)).astype(np.float32),
+                               rng.standard_normal((g, k, k)).astype(np.float32),
+                               rng.standard_normal((g, k)).astype(np.float32), np.zeros(g), np.zeros((g, 1)),
+                               np.zeros(g), (0.0,))
+  pred = arc.predict_heads(fitted, x, lengths, chunk_words=128)
+  start = 0
+  for n in lengths:
+    for gi in range(g):
+      q = x[start:start + n, gi] @ fitted.a_GKR[gi]
+      s = np.concatenate([(q @ fitted.root_GR[gi])[:, None], q @ (x[start:start + n, gi] @ fitted.b_GKR[gi]).T], 1)
+      np.testing.assert_array_equal(pred[start:start + n, gi], s.argmax(1))
+    start += n
+
+
+def test_rejects_heads_beyond_sentence_and_mismatched_features():
+  x, h, _ = _planted(10, 4)
+  bad = [hh.copy() for hh in h]
+  bad[0][0] = 99
+  with pytest.raises(UserError, match="outside its sentence"):
+    arc.fit_arc_probes(x, bad, x, h, epochs=1)
+  with pytest.raises(UserError, match="one row per word"):
+    arc.fit_arc_probes(x[:-1], h, x, h, epochs=1)

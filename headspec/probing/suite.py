@@ -38,9 +38,8 @@ COLUMNS = ("model", "step", "task", "layer", "head", "split", "accuracy", "ci_lo
            "control_accuracy", "selectivity", "n")
 BASELINE_COLUMNS = ("task", "split", "baseline", "accuracy", "n")
 LABEL_TASKS = ("upos", "xpos", "deprel")
-ARC_MAX_SENTENCE_WORDS = 64  # arc probes train on padded [sentences, words, G, K]: skip longer training sentences
-                             # (padding); evaluation uses every sentence
-ARC_EVAL_CHUNK = 128  # sentences of similar length scored together
+ARC_MAX_SENTENCE_WORDS = arc_lib.PACK_WIDTH  # arc probes train on sentences that fit one packed row;
+                                            # evaluation uses every sentence
 
 
 @dataclasses.dataclass
@@ -263,48 +262,10 @@ def plan_jobs(config, workdir) -> list[_Job]:
   return jobs
 
 
-def _bucket(n: int) -> int:
-  """Padded sentence length: the next power of two >= n (at least 8), so arc probes compile a few shapes."""
-  return max(8, 1 << max(0, n - 1).bit_length())
-
-
-def _padded(x_NGK: np.ndarray, sentence_N: np.ndarray, which: np.ndarray, rows: int | None = None,
-            bucket: bool = False) -> np.ndarray:
-  """[rows, Nmax (bucketed if asked), G, K] features of the sentences `which` (zeros past each sentence's end)."""
-  starts = np.searchsorted(sentence_N, which)
-  ends = np.searchsorted(sentence_N, which, side="right")
-  longest = int((ends - starts).max())
-  out = np.zeros((rows or len(which), _bucket(longest) if bucket else longest) + x_NGK.shape[1:], np.float32)
-  for i, (s, e) in enumerate(zip(starts, ends)):
-    out[i, : e - s] = x_NGK[s:e]
-  return out
-
-
-def _padded_heads(heads: list[np.ndarray], which: np.ndarray, rows: int | None = None,
-                  bucket: bool = False) -> np.ndarray:
-  """[rows, Nmax (bucketed if asked)] gold heads (1-based, 0 = ROOT), -1 for padding words and padding rows."""
-  longest = max(len(heads[i]) for i in which)
-  out = np.full((rows or len(which), _bucket(longest) if bucket else longest), -1, np.int32)
-  for row, i in enumerate(which):
-    out[row, : len(heads[i])] = heads[i]
-  return out
-
-
-def _arc_scores(fitted, x_NGK, split: _Split, heads: list[np.ndarray]) -> np.ndarray:
-  """correct_NG for every word of `split` (in word order), scoring length-sorted chunks of sentences."""
-  num_s = len(split.words)
-  order = np.argsort([len(w) for w in split.words], kind="stable")
-  offsets = np.concatenate([[0], np.cumsum([len(w) for w in split.words])])
-  correct = np.zeros((split.num_words, x_NGK.shape[1]), bool)
-  for start in range(0, num_s, ARC_EVAL_CHUNK):
-    which = order[start:start + ARC_EVAL_CHUNK]
-    gold = _padded_heads(heads, which, ARC_EVAL_CHUNK, bucket=True)
-    pred = arc_lib.predict_heads(fitted, _padded(x_NGK, split.sentence_N, which, ARC_EVAL_CHUNK, bucket=True), gold,
-                                 chunk=ARC_EVAL_CHUNK)
-    for row, i in enumerate(which):
-      n = len(heads[i])
-      correct[offsets[i]:offsets[i] + n] = pred[row, :n] == heads[i][:, None]
-  return correct
+def _arc_correct(fitted, x_NGK, split: _Split, heads: list[np.ndarray]) -> np.ndarray:
+  """correct_NG: whether each word's predicted head (per group) is its gold head in `heads`."""
+  pred_NG = arc_lib.predict_heads(fitted, x_NGK, [len(w) for w in split.words])
+  return pred_NG == np.concatenate(heads)[:, None]
 
 
 def _feature_sources(cfg):
@@ -339,7 +300,7 @@ def probe_job(job: _Job, data: _Data, config, cache_dir: pathlib.Path, log=print
     specs.append(probe.ProbeSpec(f"{t}/control", c, data.train.controls[t], data.tune.controls[t]))
   if "arc" in tasks:
     arc_train = _subsample_indices(data.train, p.arc_max_train_words, config.seed)
-    arc_tune = np.arange(len(data.tune.words))
+    arc_words = np.isin(data.train.sentence_N, arc_train)
   rows = []
   for layer, heads, read in _feature_sources(model.cfg):
     x_train, x_tune = read(feats[data.train.key]), read(feats[data.tune.key])
@@ -347,20 +308,16 @@ def probe_job(job: _Job, data: _Data, config, cache_dir: pathlib.Path, log=print
       fitted = probe.fit_softmax_probes(x_train, x_tune, specs, l2_grid=tuple(p.l2_grid), seed=config.seed,
                                         refine_samples=p.refine_samples)
     if "arc" in tasks:
-      xa_train = _padded(x_train, data.train.sentence_N, arc_train)
-      xa_tune = _padded(x_tune, data.tune.sentence_N, arc_tune)
-      fitted_arc = {kind: arc_lib.fit_arc_probes(xa_train, _padded_heads(getattr(data.train, kind), arc_train),
-                                                 xa_tune, _padded_heads(getattr(data.tune, kind), arc_tune),
-                                                 l2_grid=arc_lib.DEFAULT_ARC_L2_GRID, seed=config.seed,
-                                                 epochs=p.arc_epochs)
+      fitted_arc = {kind: arc_lib.fit_arc_probes(x_train[arc_words], [getattr(data.train, kind)[i] for i in arc_train],
+                                                 x_tune, getattr(data.tune, kind), l2_grid=arc_lib.DEFAULT_ARC_L2_GRID,
+                                                 seed=config.seed, epochs=p.arc_epochs)
                     for kind in ("heads", "control_heads")}
-      del xa_train, xa_tune
     for split in data.evals:
       x = x_tune if split.key == data.tune.key else read(feats[split.key])
       for t in tasks:
         if t == "arc":
-          correct = _arc_scores(fitted_arc["heads"], x, split, split.heads)
-          control = _arc_scores(fitted_arc["control_heads"], x, split, split.control_heads)
+          correct = _arc_correct(fitted_arc["heads"], x, split, split.heads)
+          control = _arc_correct(fitted_arc["control_heads"], x, split, split.control_heads)
         else:
           correct = probe.predict(fitted, x, t) == split.labels[t][:, None]
           control = probe.predict(fitted, x, f"{t}/control") == split.controls[t][:, None]
@@ -379,7 +336,7 @@ def probe_job(job: _Job, data: _Data, config, cache_dir: pathlib.Path, log=print
 
 
 def _subsample_indices(split: _Split, max_words: int, seed: int) -> np.ndarray:
-  """Sentences (indices) for arc-probe training: short enough to pad cheaply, about `max_words` words."""
+  """Sentences (indices) for arc-probe training: each fits one packed row, about `max_words` words in all."""
   rng = np.random.default_rng(seed)
   order = [i for i in rng.permutation(len(split.words)) if len(split.words[i]) <= ARC_MAX_SENTENCE_WORDS]
   if not order:
