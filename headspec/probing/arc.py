@@ -72,7 +72,11 @@ def _width(longest: int) -> int:
 
 
 def _pack(lengths_S: np.ndarray, width: int) -> _Packing:
-  """First-fit decreasing: longest sentence first, each into the first row with room."""
+  """First-fit decreasing: longest sentence first, each into the first row with room.
+
+  By hand: grain's first-fit packing iterates a dataset example by example to emit training batches;
+  here the same placement must be reused for features, gold heads and predictions, so only the
+  (row, column) of each word is wanted."""
   lengths_S = np.asarray(lengths_S, np.int64)
   free_R = np.zeros(len(lengths_S), np.int64)  # at most one row per sentence
   row_S, start_S = np.zeros_like(lengths_S), np.zeros_like(lengths_S)
