@@ -140,6 +140,21 @@ def test_merge_results_replaces_same_model_step(tmp_path):
     suite.merge_results(path, [row("m", 1, 0.5)])
 
 
+def test_summary_names_one_head_per_best_row():
+  """The cross-model table reports the most selective head with its own accuracy, not another head's."""
+  from headspec.probing import report
+
+  row = lambda model, head, acc, control: dict(model=model, step="0", task="upos", layer="1", head=str(head),
+                                               split="x/dev", accuracy=str(acc), ci_low=str(acc - 0.01),
+                                               ci_high=str(acc + 0.01), control_accuracy=str(control),
+                                               selectivity=str(acc - control), n="9")
+  rows = [row("m", 0, 0.9, 0.8), row("m", 1, 0.6, 0.2), row("m-random", 0, 0.3, 0.3)]
+  text = report.summary(rows, [], "x/dev", top_k=2)
+  table = text[text.index("## Most selective head per task"):]
+  assert "| m | 0 | upos | 1 | 1 | 0.600 | [0.590, 0.610] | 0.200 | +0.400 |" in table
+  assert "0.900" not in table  # head 0 is the most accurate, not the most selective
+
+
 @pytest.mark.parametrize("change,message", [
     (lambda c: setattr(c.probe, "tasks", ("upos", "ner")), "unknown task"),
     (lambda c: setattr(c.probe, "treebank", "en_nope"), "no treebank folder"),

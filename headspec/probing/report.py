@@ -111,16 +111,16 @@ def summary(rows: list[dict], baselines: list[dict], primary_split: str, top_k: 
         lines += [f"| {r['layer']} | {r['head']} | {_fmt(r)} |" for r in heads[:top_k]]
         lines.append("")
   if len(models) > 1 or any(len({r["step"] for r in rows if r["model"] == m}) > 1 for m in models):
-    lines += ["## Best head per task (accuracy / selectivity)", "", "| model | step | task | accuracy | selectivity |",
-              "|---|---|---|---|---|"]
+    lines += ["## Most selective head per task", "",
+              "| model | step | task | layer | head | accuracy | 95% CI | control | selectivity |",
+              "|---|---|---|---|---|---|---|---|---|"]
     for model in models:
       for step in sorted({int(r["step"]) for r in rows if r["model"] == model}):
         sel = [r for r in rows if r["model"] == model and int(r["step"]) == step and r["split"] == primary_split
                and int(r["head"]) >= 0]
         for task in dict.fromkeys(r["task"] for r in sel):
-          t = [r for r in sel if r["task"] == task]
-          lines.append(f"| {model} | {step} | {task} | {max(float(r['accuracy']) for r in t):.3f} | "
-                       f"{max(float(r['selectivity']) for r in t):+.3f} |")
+          best = max((r for r in sel if r["task"] == task), key=lambda r: float(r["selectivity"]))
+          lines.append(f"| {model} | {step} | {task} | {best['layer']} | {best['head']} | {_fmt(best)} |")
     lines.append("")
   return "\n".join(lines)
 
