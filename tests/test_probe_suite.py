@@ -9,7 +9,7 @@ from headspec import checkpoints, runs
 from headspec.data.tokenizer import train_sentencepiece
 from headspec.defaults import train_config
 from headspec.errors import UserError
-from headspec.probing import suite
+from headspec.probing import report, suite
 from headspec.probing.defaults import probe_config
 
 CONTRACT = "model,step,task,layer,head,split,accuracy,ci_low,ci_high,control_accuracy,selectivity,n"
@@ -142,8 +142,6 @@ def test_merge_results_replaces_same_model_step(tmp_path):
 
 def test_summary_names_one_head_per_best_row():
   """The cross-model table reports the most selective head with its own accuracy, not another head's."""
-  from headspec.probing import report
-
   row = lambda model, head, acc, control: dict(model=model, step="0", task="upos", layer="1", head=str(head),
                                                split="x/dev", accuracy=str(acc), ci_low=str(acc - 0.01),
                                                ci_high=str(acc + 0.01), control_accuracy=str(control),

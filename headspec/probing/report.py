@@ -87,14 +87,18 @@ def summary(rows: list[dict], baselines: list[dict], primary_split: str, top_k: 
            "95% bootstrap CIs over sentences. layer -1 = embeddings, head -1 = the layer's residual stream.", ""]
   base = {(b["task"], b["split"]): b for b in baselines}
   models = list(dict.fromkeys(r["model"] for r in rows))
+  sections, most_selective = 0, []  # (model, step, task, row of the most selective head)
   for model in models:
     steps = sorted({int(r["step"]) for r in rows if r["model"] == model})
     for step in steps:
+      sections += 1
       lines += [f"## {model}, step {step}", ""]
       sel = [r for r in rows if r["model"] == model and int(r["step"]) == step and r["split"] == primary_split]
       for task in dict.fromkeys(r["task"] for r in sel):
         task_rows = [r for r in sel if r["task"] == task]
         heads = sorted((r for r in task_rows if int(r["head"]) >= 0), key=lambda r: -float(r["selectivity"]))
+        if heads:
+          most_selective.append((model, step, task, heads[0]))
         residual = [r for r in task_rows if int(r["head"]) == -1 and int(r["layer"]) >= 0]
         embedding = [r for r in task_rows if int(r["layer"]) == -1]
         b = base.get((task, primary_split))
@@ -110,17 +114,12 @@ def summary(rows: list[dict], baselines: list[dict], primary_split: str, top_k: 
                   "|---|---|---|---|---|---|"]
         lines += [f"| {r['layer']} | {r['head']} | {_fmt(r)} |" for r in heads[:top_k]]
         lines.append("")
-  if len(models) > 1 or any(len({r["step"] for r in rows if r["model"] == m}) > 1 for m in models):
+  if sections > 1:
     lines += ["## Most selective head per task", "",
               "| model | step | task | layer | head | accuracy | 95% CI | control | selectivity |",
               "|---|---|---|---|---|---|---|---|---|"]
-    for model in models:
-      for step in sorted({int(r["step"]) for r in rows if r["model"] == model}):
-        sel = [r for r in rows if r["model"] == model and int(r["step"]) == step and r["split"] == primary_split
-               and int(r["head"]) >= 0]
-        for task in dict.fromkeys(r["task"] for r in sel):
-          best = max((r for r in sel if r["task"] == task), key=lambda r: float(r["selectivity"]))
-          lines.append(f"| {model} | {step} | {task} | {best['layer']} | {best['head']} | {_fmt(best)} |")
+    lines += [f"| {model} | {step} | {task} | {r['layer']} | {r['head']} | {_fmt(r)} |"
+              for model, step, task, r in most_selective]
     lines.append("")
   return "\n".join(lines)
 
