@@ -20,27 +20,31 @@ def checkpoint_dir(workdir) -> pathlib.Path:
   return pathlib.Path(workdir).resolve() / "checkpoints"
 
 
-def manager(workdir, *, keep_last: int = 3, keep_steps: Sequence[int] = (), read_only: bool = False) -> ocp.CheckpointManager:
+def manager(
+  workdir, *, keep_last: int = 3, keep_steps: Sequence[int] = (), read_only: bool = False
+) -> ocp.CheckpointManager:
   """A CheckpointManager over WORKDIR/checkpoints with items 'state' (pytree) and 'data' (JSON)."""
-  policy = checkpoint_managers.AnyPreservationPolicy([
+  policy = checkpoint_managers.AnyPreservationPolicy(
+    [
       checkpoint_managers.LatestN(keep_last),
       checkpoint_managers.CustomSteps(list(keep_steps)),
-  ])
+    ]
+  )
   options = ocp.CheckpointManagerOptions(preservation_policy=policy, create=not read_only, read_only=read_only)
   return ocp.CheckpointManager(checkpoint_dir(workdir), options=options, item_names=("state", "data"))
 
 
 def save(mngr: ocp.CheckpointManager, step: int, state, data_state: dict | None) -> None:
   """Asynchronous save; call `mngr.wait_until_finished()` before the process exits."""
-  mngr.save(step, args=ocp.args.Composite(state=ocp.args.StandardSave(state),
-                                          data=ocp.args.JsonSave(data_state or {})))
+  mngr.save(step, args=ocp.args.Composite(state=ocp.args.StandardSave(state), data=ocp.args.JsonSave(data_state or {})))
 
 
 def restore(mngr: ocp.CheckpointManager, step: int, abstract_state):
   """Returns (state, data_state) of `step`, laid out like `abstract_state` (shapes and shardings)."""
   try:
-    restored = mngr.restore(step, args=ocp.args.Composite(state=ocp.args.StandardRestore(abstract_state),
-                                                          data=ocp.args.JsonRestore()))
+    restored = mngr.restore(
+      step, args=ocp.args.Composite(state=ocp.args.StandardRestore(abstract_state), data=ocp.args.JsonRestore())
+    )
   except (ValueError, KeyError) as e:  # orbax reports tree or shape mismatches as these
     raise UserError(f"checkpoint {mngr.directory}/{step} does not match this model: {str(e).splitlines()[0]}") from e
   return restored.state, restored.data
@@ -53,9 +57,16 @@ def restore_params(workdir, step: int, abstract_params):
     raise UserError(f"no checkpoint for step {step} in {checkpoint_dir(workdir)} (have {sorted(mngr.all_steps())})")
   abstract = {"params": abstract_params}
   device = jax.sharding.SingleDeviceSharding(jax.devices()[0])
-  restored = mngr.restore(step, args=ocp.args.Composite(
-      state=ocp.args.PyTreeRestore(abstract, restore_args=jax.tree.map(lambda _: ocp.ArrayRestoreArgs(sharding=device), abstract),
-                                   partial_restore=True)))
+  restored = mngr.restore(
+    step,
+    args=ocp.args.Composite(
+      state=ocp.args.PyTreeRestore(
+        abstract,
+        restore_args=jax.tree.map(lambda _: ocp.ArrayRestoreArgs(sharding=device), abstract),
+        partial_restore=True,
+      )
+    ),
+  )
   return restored.state["params"]
 
 

@@ -7,9 +7,9 @@ Thin: parses flags, loads the config, calls the command's library function. Erro
 from __future__ import annotations
 
 import importlib
+import logging as std_logging
 import math
 import os
-import logging as std_logging
 import pathlib
 import sys
 
@@ -33,11 +33,11 @@ commands:
 
 # command -> "module:function"; each takes (config, workdir, args) and returns nothing.
 COMMANDS = {
-    "quickstart": "headspec.commands:quickstart",
-    "train": "headspec.commands:train",
-    "probe": "headspec.commands:probe",
-    "diversity": "headspec.commands:diversity",
-    "data": "headspec.commands:data",
+  "quickstart": "headspec.commands:quickstart",
+  "train": "headspec.commands:train",
+  "probe": "headspec.commands:probe",
+  "diversity": "headspec.commands:diversity",
+  "data": "headspec.commands:data",
 }
 NEEDS_CONFIG = {"train", "probe", "diversity"}
 
@@ -55,7 +55,7 @@ def use_every_cpu_core() -> None:
   """One XLA CPU device per core (a power of two, at most 8), set before JAX starts.
 
   An XLA CPU device runs its programs on about one core, so data parallelism over these devices is
-  what uses a multi-core CPU (2 cores: 1.75-2.5x the throughput of one device, analysis/bench_train.py).
+  what uses a multi-core CPU (2 cores: 1.75-2.5x the throughput of one device, benchmarks/bench_train.py).
   Only the CPU platform reads this flag; GPUs and TPUs are unaffected. A user's XLA_FLAGS wins.
   """
   flags_now = os.environ.get("XLA_FLAGS", "")
@@ -74,8 +74,10 @@ def main(argv: list[str]) -> int:
       _fail(str(e).splitlines()[0])
     except (AttributeError, KeyError, TypeError, ValueError) as e:  # config_flags on a bad --config.key
       overrides = [a.split("=")[0] for a in argv if a.startswith("--config.")]
-      _fail(f"bad config override among {', '.join(overrides)}: {str(e).strip(chr(34))} is not a config key "
-            f"or has the wrong type")
+      _fail(
+        f"bad config override among {', '.join(overrides)}: {str(e).strip(chr(34))} is not a config key "
+        f"or has the wrong type"
+      )
     args = rest[1:]
     if not args or args[0] in ("help", "-h", "--help"):
       print(USAGE)
@@ -108,7 +110,13 @@ def main(argv: list[str]) -> int:
 def _check_config_path(argv: list[str]) -> None:
   """A missing config file is one line here (config_flags would print a traceback and go on)."""
   for i, arg in enumerate(argv):
-    value = arg.split("=", 1)[1] if arg.startswith("--config=") else argv[i + 1] if arg == "--config" and i + 1 < len(argv) else None
+    value = (
+      arg.split("=", 1)[1]
+      if arg.startswith("--config=")
+      else argv[i + 1]
+      if arg == "--config" and i + 1 < len(argv)
+      else None
+    )
     if value is not None:
       path = pathlib.Path(value.split(":", 1)[0])
       if not path.is_file():
@@ -132,8 +140,14 @@ def _drop_library_chatter(record) -> bool:
   """Warnings about how headspec uses its libraries on purpose: TFDS builder configs made at run time,
   orbax managers opened read-only to load a checkpoint for analysis."""
   message = str(record.msg)
-  return not message.startswith(("Using custom data configuration", "Variant folder",
-                                 "CheckpointManagerOptions.read_only=True", "Given directory is read only"))
+  return not message.startswith(
+    (
+      "Using custom data configuration",
+      "Variant folder",
+      "CheckpointManagerOptions.read_only=True",
+      "Given directory is read only",
+    )
+  )
 
 
 def run() -> None:

@@ -3,18 +3,9 @@
 from __future__ import annotations
 
 import os
-import pathlib
 
+from headspec import targets
 from headspec.errors import UserError
-
-
-def _data_dir(config) -> str:
-  data_dir = config.data_dir if config is not None else os.environ.get("HEADSPEC_DATA_DIR", "")
-  if not data_dir:
-    raise UserError("no data directory: set HEADSPEC_DATA_DIR or --config.data_dir")
-  if not pathlib.Path(data_dir).is_dir():
-    raise UserError(f"data directory {data_dir} does not exist (HEADSPEC_DATA_DIR / --config.data_dir)")
-  return data_dir
 
 
 def quickstart(config, workdir, args) -> None:
@@ -31,7 +22,7 @@ def train(config, workdir, args) -> None:
   if args:
     raise UserError(f"train takes no arguments, got {' '.join(args)}")
   if not config.model.pretrained:
-    _data_dir(config)
+    targets.data_dir(config, purpose="the training corpus")
   final = train_and_evaluate(config, workdir)
   print(f"trained to step {final.get('step')}: loss {final.get('loss', float('nan')):.4f}; run directory {workdir}")
 
@@ -59,8 +50,6 @@ def data(config, workdir, args) -> None:
     raise UserError("usage: headspec data download ud TREEBANK [--repo UD_X-Y] [--release r2.14] [--force]")
   from headspec.data.download import main_download
 
-  data_dir = os.environ.get("HEADSPEC_DATA_DIR", "") if config is None else config.data_dir
-  if not data_dir:
-    raise UserError("no data directory: set HEADSPEC_DATA_DIR (files go to $HEADSPEC_DATA_DIR/ud/TREEBANK/)")
-  for path in main_download(args[2:], data_dir):
+  data_dir = targets.data_dir(config, purpose="files go to DATA_DIR/ud/TREEBANK/", must_exist=False)
+  for path in main_download(args[2:], os.fspath(data_dir)):
     print(path)

@@ -62,8 +62,18 @@ def init(num_layers: int, num_heads: int, d_head: int) -> State:
   """Empty accumulator for a model with L layers, H heads of width K."""
   L, H, K = num_layers, num_heads, d_head
   z = jnp.zeros
-  return State(z(()), z((L, H, H)), z((L, H, H)), z((L, H, H)), z((L, H, H)), z((L, H)), z((L, H)), z((L, H)),
-               z((L, H, K)), z((L, H, H, K, K)))
+  return State(
+    z(()),
+    z((L, H, H)),
+    z((L, H, H)),
+    z((L, H, H)),
+    z((L, H, H)),
+    z((L, H)),
+    z((L, H)),
+    z((L, H)),
+    z((L, H, K)),
+    z((L, H, H, K, K)),
+  )
 
 
 def _unit(x):
@@ -114,7 +124,9 @@ def attention_stats(probs_BHTS, supp_BTS):
   n_B1T = jnp.maximum(jnp.sum(supp_BTS, -1, dtype=jnp.float32), 1.0)[:, None]
   p_in_BHTS = jnp.where(supp_B1TS, p_BHTS, 0.0)
   mean_BHT = jnp.sum(p_in_BHTS, -1) / n_B1T
-  var_BHT = jnp.sum(jnp.where(supp_B1TS, p_BHTS - mean_BHT[..., None], 0.0) ** 2, -1) / n_B1T  # centred: exact 0 if uniform
+  var_BHT = (
+    jnp.sum(jnp.where(supp_B1TS, p_BHTS - mean_BHT[..., None], 0.0) ** 2, -1) / n_B1T
+  )  # centred: exact 0 if uniform
   entropy_BHT = jnp.sum(entr(p_BHTS), -1)  # entr(0) = 0: the 0 log 0 convention
   T, S = p_BHTS.shape[-2:]
   dist_TS = jnp.abs(jnp.arange(T)[:, None] - jnp.arange(S)[None, :]).astype(jnp.float32)
@@ -194,9 +206,18 @@ def update(state: State, q_LBTHK, probs_LBHTS, z_LBTHK, head_out_LBTHD, valid_BT
   q_cos2, z_cos2, out_cos, js, var, entropy, distance, z_mean_b, z_com_b = sums
   n_b = w_BT.sum()
   z_mean, z_com = _merge_moments(state.n_tokens, state.z_mean_LHK, state.z_comoment_LHHKK, n_b, z_mean_b, z_com_b)
-  return State(state.n_tokens + n_b, state.q_cos2_LHH + q_cos2, state.z_cos2_LHH + z_cos2, state.out_cos_LHH + out_cos,
-               state.js_LHH + js, state.var_LH + var, state.entropy_LH + entropy, state.distance_LH + distance,
-               z_mean, z_com)
+  return State(
+    state.n_tokens + n_b,
+    state.q_cos2_LHH + q_cos2,
+    state.z_cos2_LHH + z_cos2,
+    state.out_cos_LHH + out_cos,
+    state.js_LHH + js,
+    state.var_LH + var,
+    state.entropy_LH + entropy,
+    state.distance_LH + distance,
+    z_mean,
+    z_com,
+  )
 
 
 update_jit = jax.jit(update, static_argnames="causal")
@@ -223,21 +244,23 @@ def finalize(state: State) -> dict[str, jax.Array]:
   """Means over all valid query tokens seen: {metric: [L,H,H] or [L,H]} (see module docstring)."""
   n = jnp.maximum(state.n_tokens, 1.0)
   return {
-      "query_orthogonality": state.q_cos2_LHH / n,
-      "context_nonorthogonality": state.z_cos2_LHH / n,
-      "output_dissimilarity": -state.out_cos_LHH / n,
-      "js_distance": state.js_LHH / n,
-      "linear_cka": jax.vmap(linear_cka)(state.z_comoment_LHHKK),
-      "attention_variance": state.var_LH / n,
-      "attention_entropy": state.entropy_LH / n,
-      "attention_distance": state.distance_LH / n,
+    "query_orthogonality": state.q_cos2_LHH / n,
+    "context_nonorthogonality": state.z_cos2_LHH / n,
+    "output_dissimilarity": -state.out_cos_LHH / n,
+    "js_distance": state.js_LHH / n,
+    "linear_cka": jax.vmap(linear_cka)(state.z_comoment_LHHKK),
+    "attention_variance": state.var_LH / n,
+    "attention_entropy": state.entropy_LH / n,
+    "attention_distance": state.distance_LH / n,
   }
 
 
 def _field(intermediates: Any, name: str):
   value = intermediates[name] if isinstance(intermediates, Mapping) else getattr(intermediates, name)
   if value is None:
-    raise UserError(f"diversity needs Intermediates.{name}; run the model with capture including {name.split('_')[0]!r}")
+    raise UserError(
+      f"diversity needs Intermediates.{name}; run the model with capture including {name.split('_')[0]!r}"
+    )
   return value
 
 
@@ -246,8 +269,12 @@ CAPTURE = ("q", "probs", "z", "head_out")  # the model's `capture` fields the me
 
 def update_from(state: State, intermediates, valid_BT, *, causal: bool = False) -> State:
   """`update` reading `q_LBTHK, probs_LBHTS, z_LBTHK, head_out_LBTHD` from an Intermediates or dict."""
-  return update(state, *(_field(intermediates, f) for f in ("q_LBTHK", "probs_LBHTS", "z_LBTHK", "head_out_LBTHD")),
-                valid_BT, causal=causal)
+  return update(
+    state,
+    *(_field(intermediates, f) for f in ("q_LBTHK", "probs_LBHTS", "z_LBTHK", "head_out_LBTHD")),
+    valid_BT,
+    causal=causal,
+  )
 
 
 @functools.partial(jax.jit, static_argnames="causal")

@@ -75,7 +75,7 @@ def plot_curves(data, path) -> pathlib.Path:
   names = [m for m in METRICS if m in data] + sorted(set(data) - set(METRICS))
   ncols = min(4, len(names))
   fig, axes = _figure(math.ceil(len(names) / ncols), ncols, 3.6, 2.8)
-  for ax in axes.flat[len(names):]:
+  for ax in axes.flat[len(names) :]:
     ax.set_visible(False)
   for ax, name in zip(axes.flat, names):
     steps = sorted(data[name])

@@ -5,16 +5,14 @@ For each requested step (`config.steps` of a `headspec train` workdir, or step 0
 tokens of the run's own validation rows, as training packed them) in batches of `config.batch_size`
 rows; `headspec.diversity` accumulates the metrics under one jit-compiled update per batch, so memory
 is bounded by the batch and the O(L·H²·K²) accumulators, not by the evaluation set. Results go to
-RUN/diversity/results.csv (DESIGN.md contract `step,layer,head_i,head_j,metric,value`; rows of
+RUN/diversity/results.csv (docs/outputs.md contract `step,layer,head_i,head_j,metric,value`; rows of
 recomputed steps are replaced, others kept) and the figures of headspec/diversity_plots.py.
 """
 
 from __future__ import annotations
 
-import csv
 import functools
 import math
-import os
 import pathlib
 import time
 
@@ -24,12 +22,11 @@ import ml_collections
 import numpy as np
 from flax import nnx
 
-from headspec import diversity, diversity_plots, runs
+from headspec import diversity, diversity_plots, runs, tables, targets
 from headspec.data import lm_pipeline, text_tfds
 from headspec.data.tokenizer import load_tokenizer
 from headspec.errors import UserError
 
-COLUMNS = ("step", "layer", "head_i", "head_j", "metric", "value")
 SAMPLES = ("first", "random")
 
 
@@ -40,16 +37,6 @@ def _check_config(config: ml_collections.ConfigDict) -> None:
     raise UserError(f"batch_size={config.batch_size}: must be a positive number of rows")
   if config.sample not in SAMPLES:
     raise UserError(f"sample={config.sample!r}: use one of {SAMPLES}")
-
-
-def _data_dir(config, run_config) -> str:
-  """config.data_dir, else the run's own data_dir, else HEADSPEC_DATA_DIR."""
-  data_dir = config.data_dir or (run_config.data_dir if run_config is not None else "") or os.environ.get(
-      "HEADSPEC_DATA_DIR", "")
-  if not data_dir or not pathlib.Path(data_dir).is_dir():
-    raise UserError(f"data directory {data_dir!r} not found: set --config.data_dir or HEADSPEC_DATA_DIR "
-                    "(needed to tokenize the evaluation text)")
-  return data_dir
 
 
 def _select_rows(rows_NT: np.ndarray, config) -> tuple[np.ndarray, np.ndarray]:
@@ -77,8 +64,8 @@ def evaluation_tokens(config: ml_collections.ConfigDict, workdir, tokenizer) -> 
   """
   workdir = pathlib.Path(workdir)
   if config.model.pretrained:
-    data_dir = _data_dir(config, None)
-    docs = text_tfds.load_documents(data_dir, config.corpus, "valid", tfds_dir=pathlib.Path(data_dir) / "tfds")
+    data_dir = targets.data_dir(config, purpose="the evaluation text")
+    docs = text_tfds.load_documents(data_dir, config.corpus, "valid", tfds_dir=targets.tfds_dir(data_dir))
     prefix, suffix = list(tokenizer.prefix_ids), list(tokenizer.suffix_ids)
     width = config.seq_len - len(prefix) - len(suffix)
     if width <= 0:
@@ -88,8 +75,14 @@ def evaluation_tokens(config: ml_collections.ConfigDict, workdir, tokenizer) -> 
     if not len(content):
       raise UserError(f"corpus {config.corpus!r}: fewer valid-split tokens than one row of {width}")
     n = len(content)
-    rows_NT = np.concatenate([np.broadcast_to(np.asarray(prefix, np.int32), (n, len(prefix))), content,
-                              np.broadcast_to(np.asarray(suffix, np.int32), (n, len(suffix)))], axis=1)
+    rows_NT = np.concatenate(
+      [
+        np.broadcast_to(np.asarray(prefix, np.int32), (n, len(prefix))),
+        content,
+        np.broadcast_to(np.asarray(suffix, np.int32), (n, len(suffix))),
+      ],
+      axis=1,
+    )
     return _select_rows(rows_NT, config)
   run_config = runs.read_config(workdir)
   seq_len = run_config.train.seq_len
@@ -97,8 +90,8 @@ def evaluation_tokens(config: ml_collections.ConfigDict, workdir, tokenizer) -> 
   if cache.is_file():
     rows_NT = lm_pipeline.pack_tokens([], tokenizer, seq_len, cache_path=cache)  # reads (and checks) the cache
   else:
-    data_dir = _data_dir(config, run_config)
-    tfds_dir = run_config.data.tfds_dir or pathlib.Path(data_dir) / "tfds"
+    data_dir = targets.data_dir(config, run_config, purpose="the run's validation text")
+    tfds_dir = targets.tfds_dir(data_dir, run_config.data.tfds_dir)
     docs = text_tfds.load_documents(data_dir, run_config.data.corpus, "valid", tfds_dir=tfds_dir)
     rows_NT = lm_pipeline.pack_tokens(docs, tokenizer, seq_len)
   return _select_rows(rows_NT, config)
@@ -107,7 +100,7 @@ def evaluation_tokens(config: ml_collections.ConfigDict, workdir, tokenizer) -> 
 def _batches(tokens_NT, valid_NT, batch_size: int):
   """Fixed-shape batches (the last one padded with invalid rows), so the update compiles once."""
   for start in range(0, len(tokens_NT), batch_size):
-    tokens_BT, valid_BT = tokens_NT[start:start + batch_size], valid_NT[start:start + batch_size]
+    tokens_BT, valid_BT = tokens_NT[start : start + batch_size], valid_NT[start : start + batch_size]
     pad = batch_size - len(tokens_BT)
     if pad:
       tokens_BT = np.concatenate([tokens_BT, np.zeros((pad, tokens_BT.shape[1]), np.int32)])
@@ -128,51 +121,18 @@ def model_metrics(model, tokens_NT, valid_NT, batch_size: int) -> dict[str, np.n
   graphdef, params = nnx.split(model)
   state = diversity.init(cfg.num_layers, cfg.num_heads, cfg.d_head)
   for tokens_BT, valid_BT in _batches(tokens_NT, valid_NT, batch_size):  # compiled once per model shape
-    state = _stream_update(params, state, jnp.asarray(tokens_BT), jnp.asarray(valid_BT), graphdef=graphdef,
-                           causal=cfg.kind == "decoder")
+    state = _stream_update(
+      params, state, jnp.asarray(tokens_BT), jnp.asarray(valid_BT), graphdef=graphdef, causal=cfg.kind == "decoder"
+    )
   return {k: np.asarray(v) for k, v in jax.device_get(diversity.finalize(state)).items()}
 
 
 def read_results(path) -> list[tuple[int, int, int, int, str, float]]:
-  """Rows of a diversity/results.csv ([] if absent); a file with other columns is a UserError."""
-  path = pathlib.Path(path)
-  if not path.is_file():
-    return []
-  with open(path, newline="") as f:
-    reader = csv.reader(f)
-    header = tuple(next(reader, ()))
-    if header != COLUMNS:
-      raise UserError(f"{path}: columns {','.join(header)} are not {','.join(COLUMNS)}; move the file away")
-    return [(int(r[0]), int(r[1]), int(r[2]), int(r[3]), r[4], float(r[5])) for r in reader]
-
-
-def write_results(path, new_rows, replaced_steps) -> None:
-  """Existing rows of other steps plus `new_rows`, sorted by step; written atomically."""
-  path = pathlib.Path(path)
-  kept = [r for r in read_results(path) if r[0] not in set(replaced_steps)]
-  table = sorted(kept + list(new_rows), key=lambda r: r[0])  # stable: row order within a step is kept
-  path.parent.mkdir(parents=True, exist_ok=True)
-  tmp = path.with_suffix(".csv.tmp")
-  with open(tmp, "w", newline="") as f:
-    writer = csv.writer(f)
-    writer.writerow(COLUMNS)
-    writer.writerows((s, l, i, j, m, repr(float(v))) for s, l, i, j, m, v in table)
-  tmp.replace(path)
-
-
-def _jobs(config, workdir: pathlib.Path):
-  """[(step, load)] and the tokenizer, everything checked before any work is done."""
-  if config.model.pretrained:
-    if str(config.steps) not in ("all", "last", "0"):
-      raise UserError(f"steps={config.steps!r}: a pretrained model has only step 0 (use 'all', 'last' or 0)")
-    from headspec.pretrained import load_pretrained
-
-    model, tokenizer = load_pretrained(config.model.pretrained)
-    return [(0, lambda: model)], tokenizer
-  runs.read_config(workdir)  # "not a run directory" before "no checkpoints"
-  steps = runs.resolve_steps(workdir, str(config.steps))
-  tokenizer = load_tokenizer(workdir / "tokenizer")
-  return [(s, functools.partial(lambda s: runs.load_run_model(workdir, s)[0], s)) for s in steps], tokenizer
+  """Rows of a diversity/results.csv as typed tuples ([] if absent), for the figures."""
+  return [
+    (int(r["step"]), int(r["layer"]), int(r["head_i"]), int(r["head_j"]), r["metric"], float(r["value"]))
+    for r in tables.read(path, tables.DIVERSITY)
+  ]
 
 
 def run_diversity(config: ml_collections.ConfigDict, workdir) -> pathlib.Path:
@@ -185,18 +145,23 @@ def run_diversity(config: ml_collections.ConfigDict, workdir) -> pathlib.Path:
     raise UserError("diversity needs --workdir=DIR (a training run, or any folder with --config.model.pretrained)")
   workdir = pathlib.Path(workdir)
   _check_config(config)
-  jobs, tokenizer = _jobs(config, workdir)
+  jobs = targets.plan(config, workdir, steps=config.steps)
+  tokenizer = jobs[0].load()[1] if config.model.pretrained else load_tokenizer(workdir / "tokenizer")
   tokens_NT, valid_NT = evaluation_tokens(config, workdir, tokenizer)
   out_dir = workdir / "diversity"
-  results = out_dir / "results.csv"
-  read_results(results)  # a foreign file fails here, before the computation
+  results = tables.path_of(workdir, tables.DIVERSITY)
+  tables.check_writable(workdir, tables.DIVERSITY)  # a foreign file fails here, before the computation
   n_tokens = int(valid_NT.sum())
-  print(f"diversity: {len(jobs)} step(s), {n_tokens} tokens in {len(tokens_NT)} rows of {tokens_NT.shape[1]}",
-        flush=True)
-  for step, load in jobs:
+  print(
+    f"diversity: {len(jobs)} step(s), {n_tokens} tokens in {len(tokens_NT)} rows of {tokens_NT.shape[1]}", flush=True
+  )
+  for job in jobs:
     t0 = time.perf_counter()
-    metrics = model_metrics(load(), tokens_NT, valid_NT, config.batch_size)
-    write_results(results, diversity.rows(metrics, step), [step])
+    step = job.step
+    metrics = model_metrics(job.load()[0], tokens_NT, valid_NT, config.batch_size)
+    tables.merge(
+      results, [dict(zip(tables.DIVERSITY.columns, r)) for r in diversity.rows(metrics, step)], tables.DIVERSITY
+    )
     print(f"  step {step}: {len(next(iter(metrics.values())))} layers in {time.perf_counter() - t0:.1f} s", flush=True)
   for path in diversity_plots.plot_all(read_results(results), out_dir):
     print(f"  wrote {path}", flush=True)

@@ -18,6 +18,7 @@ masked-LM transform head) and GPT-2 (Radford et al. 2019; pre-LayerNorm, final L
 from __future__ import annotations
 
 import dataclasses
+import functools
 from collections.abc import Collection
 
 import flax.struct
@@ -28,9 +29,9 @@ from flax import nnx
 from headspec.errors import UserError
 
 ACTIVATIONS = {
-    "gelu_exact": lambda x: jax.nn.gelu(x, approximate=False),  # BERT
-    "gelu_tanh": lambda x: jax.nn.gelu(x, approximate=True),  # GPT-2 "gelu_new"
-    "relu": jax.nn.relu,
+  "gelu_exact": lambda x: jax.nn.gelu(x, approximate=False),  # BERT
+  "gelu_tanh": lambda x: jax.nn.gelu(x, approximate=True),  # GPT-2 "gelu_new"
+  "relu": jax.nn.relu,
 }
 CAPTURE_FIELDS = ("embeddings", "q", "k", "v", "probs", "z", "head_out", "residual")
 
@@ -60,13 +61,21 @@ class ModelConfig:
 
   def __post_init__(self):
     checks = [
-        (self.kind in ("encoder", "decoder"), f"model.kind must be 'encoder' or 'decoder', got {self.kind!r}"),
-        (self.positions in ("learned", "sinusoidal"), f"model.positions must be 'learned' or 'sinusoidal', got {self.positions!r}"),
-        (self.activation in ACTIVATIONS, f"model.activation must be one of {sorted(ACTIVATIONS)}, got {self.activation!r}"),
-        (self.dtype in ("float32", "bfloat16"), f"model.dtype must be 'float32' or 'bfloat16', got {self.dtype!r}"),
-        (min(self.vocab_size, self.num_layers, self.num_heads, self.d_model, self.d_head, self.d_ff, self.max_len) > 0,
-         "model sizes (vocab_size, num_layers, num_heads, d_model, d_head, d_ff, max_len) must be positive"),
-        (0.0 <= self.dropout < 1.0 and 0.0 <= self.attention_dropout < 1.0, "model dropout rates must be in [0, 1)"),
+      (self.kind in ("encoder", "decoder"), f"model.kind must be 'encoder' or 'decoder', got {self.kind!r}"),
+      (
+        self.positions in ("learned", "sinusoidal"),
+        f"model.positions must be 'learned' or 'sinusoidal', got {self.positions!r}",
+      ),
+      (
+        self.activation in ACTIVATIONS,
+        f"model.activation must be one of {sorted(ACTIVATIONS)}, got {self.activation!r}",
+      ),
+      (self.dtype in ("float32", "bfloat16"), f"model.dtype must be 'float32' or 'bfloat16', got {self.dtype!r}"),
+      (
+        min(self.vocab_size, self.num_layers, self.num_heads, self.d_model, self.d_head, self.d_ff, self.max_len) > 0,
+        "model sizes (vocab_size, num_layers, num_heads, d_model, d_head, d_ff, max_len) must be positive",
+      ),
+      (0.0 <= self.dropout < 1.0 and 0.0 <= self.attention_dropout < 1.0, "model dropout rates must be in [0, 1)"),
     ]
     for ok, message in checks:
       if not ok:
@@ -224,14 +233,14 @@ class Transformer(nnx.Module):
     return x_BTD.astype(dt)
 
   def __call__(
-      self,
-      tokens_BT: jax.Array,
-      *,
-      valid_BT: jax.Array | None = None,
-      token_types_BT: jax.Array | None = None,
-      head_mask: jax.Array | None = None,
-      capture: Collection[str] = (),
-      dropout_rngs: nnx.Rngs | None = None,
+    self,
+    tokens_BT: jax.Array,
+    *,
+    valid_BT: jax.Array | None = None,
+    token_types_BT: jax.Array | None = None,
+    head_mask: jax.Array | None = None,
+    capture: Collection[str] = (),
+    dropout_rngs: nnx.Rngs | None = None,
   ) -> tuple[jax.Array, Intermediates]:
     """Returns (logits_BTV in float32, Intermediates with the `capture`d fields, others None).
 
@@ -240,7 +249,9 @@ class Transformer(nnx.Module):
     values never recompile, and the loss is differentiable in it. dropout_rngs: None for deterministic.
     """
     x_BTD = self.embed(tokens_BT, token_types_BT)
-    return self.from_embeddings(x_BTD, valid_BT=valid_BT, head_mask=head_mask, capture=capture, dropout_rngs=dropout_rngs)
+    return self.from_embeddings(
+      x_BTD, valid_BT=valid_BT, head_mask=head_mask, capture=capture, dropout_rngs=dropout_rngs
+    )
 
   def from_embeddings(self, x_BTD, *, valid_BT=None, head_mask=None, capture=(), dropout_rngs=None):
     """The forward pass after the embedding layer (for gradients with respect to input embeddings)."""
@@ -268,8 +279,15 @@ class Transformer(nnx.Module):
     h_BTD = self.ln_final(x_BTD) if cfg.pre_layernorm else x_BTD
     logits_BTV = self.unembed(h_BTD)
 
-    suffix = {"q": "LBTHK", "k": "LBTHK", "v": "LBTHK", "probs": "LBHTS", "z": "LBTHK",
-              "head_out": "LBTHD", "residual": "LBTD"}
+    suffix = {
+      "q": "LBTHK",
+      "k": "LBTHK",
+      "v": "LBTHK",
+      "probs": "LBHTS",
+      "z": "LBTHK",
+      "head_out": "LBTHD",
+      "residual": "LBTD",
+    }
     fields = {f"{name}_{suffix[name]}": jnp.stack(values) for name, values in per_layer.items()}
     if "embeddings" in capture:
       fields["embeddings_BTD"] = embeddings_BTD
@@ -279,6 +297,23 @@ class Transformer(nnx.Module):
     """Final hidden states to vocabulary logits (encoder: through the masked-LM transform first)."""
     cfg, dt = self.cfg, jnp.dtype(self.cfg.dtype)
     if cfg.kind == "encoder":
-      h_BTD = self.ln_mlm(ACTIVATIONS[cfg.activation](h_BTD @ self.mlm_w_DD[...].astype(dt) + self.mlm_b_D[...].astype(dt)))
+      h_BTD = self.ln_mlm(
+        ACTIVATIONS[cfg.activation](h_BTD @ self.mlm_w_DD[...].astype(dt) + self.mlm_b_D[...].astype(dt))
+      )
     w_DV = self.token_embed_VD[...].T if cfg.tie_embeddings else self.unembed_DV[...]
     return (h_BTD @ w_DV.astype(dt)).astype(jnp.float32) + self.unembed_bias_V[...]
+
+
+@functools.lru_cache(maxsize=4)
+def _random_init(cfg: ModelConfig):
+  """(graphdef, jit(key) -> state) of `cfg` with fresh weights; compiled once per architecture (eager
+  initialisation, one compiled op per parameter, is slow on CPU)."""
+  graphdef, _ = nnx.split(nnx.eval_shape(lambda: Transformer(cfg, rngs=nnx.Rngs(params=0))))
+  return graphdef, jax.jit(lambda key: nnx.split(Transformer(cfg, rngs=nnx.Rngs(params=key)))[1])
+
+
+def random_like(cfg: ModelConfig, seed: int) -> Transformer:
+  """The architecture `cfg` with random weights, as `Transformer(cfg, rngs=nnx.Rngs(params=seed))` draws
+  them: the random-weights control of the analyses."""
+  graphdef, init = _random_init(cfg)
+  return nnx.merge(graphdef, init(jax.random.key(seed)))

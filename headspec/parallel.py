@@ -28,8 +28,9 @@ def initialize_distributed(multihost: bool) -> None:
   """
   if multihost:
     jax.distributed.initialize()
-    logging.info("process %d of %d, %d local devices", jax.process_index(), jax.process_count(),
-                 jax.local_device_count())
+    logging.info(
+      "process %d of %d, %d local devices", jax.process_index(), jax.process_count(), jax.local_device_count()
+    )
 
 
 def check_batch_size(global_batch_size: int, parallelism: str) -> int:

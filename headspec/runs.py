@@ -15,17 +15,38 @@ from headspec.errors import UserError
 from headspec.model import ModelConfig, Transformer
 
 # Config keys that fix the parameters' shapes: a workdir's checkpoints only fit a config that agrees.
-SHAPE_KEYS = ("kind", "num_layers", "num_heads", "d_model", "d_head", "d_ff", "positions", "tie_embeddings",
-              "pre_layernorm")
+SHAPE_KEYS = (
+  "kind",
+  "num_layers",
+  "num_heads",
+  "d_model",
+  "d_head",
+  "d_ff",
+  "positions",
+  "tie_embeddings",
+  "pre_layernorm",
+)
 
 
 def model_config(model: ml_collections.ConfigDict, vocab_size: int, max_len: int) -> ModelConfig:
   """The ModelConfig described by a run config's `model` section."""
   return ModelConfig(
-      kind=model.kind, vocab_size=vocab_size, num_layers=model.num_layers, num_heads=model.num_heads,
-      d_model=model.d_model, d_head=model.d_head, d_ff=model.d_ff, max_len=max_len, dropout=model.dropout,
-      attention_dropout=model.attention_dropout, pre_layernorm=model.pre_layernorm, positions=model.positions,
-      tie_embeddings=model.tie_embeddings, activation=model.activation, dtype=model.dtype)
+    kind=model.kind,
+    vocab_size=vocab_size,
+    num_layers=model.num_layers,
+    num_heads=model.num_heads,
+    d_model=model.d_model,
+    d_head=model.d_head,
+    d_ff=model.d_ff,
+    max_len=max_len,
+    dropout=model.dropout,
+    attention_dropout=model.attention_dropout,
+    pre_layernorm=model.pre_layernorm,
+    positions=model.positions,
+    tie_embeddings=model.tie_embeddings,
+    activation=model.activation,
+    dtype=model.dtype,
+  )
 
 
 def write_config(workdir, config: ml_collections.ConfigDict) -> None:
@@ -36,8 +57,10 @@ def write_config(workdir, config: ml_collections.ConfigDict) -> None:
     old = json.loads(path.read_text())["model"]
     for key in SHAPE_KEYS:
       if old.get(key) != config.model[key]:
-        raise UserError(f"{workdir} holds checkpoints of a different model: model.{key} is {old.get(key)!r} there, "
-                        f"{config.model[key]!r} in this config (use a new --workdir)")
+        raise UserError(
+          f"{workdir} holds checkpoints of a different model: model.{key} is {old.get(key)!r} there, "
+          f"{config.model[key]!r} in this config (use a new --workdir)"
+        )
   workdir.mkdir(parents=True, exist_ok=True)
   tmp = path.with_suffix(".json.tmp")
   tmp.write_text(config.to_json_best_effort(indent=1, sort_keys=True) + "\n")

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import json
 import math
 import pathlib
 import signal
@@ -28,8 +27,9 @@ from absl import logging
 from flax import nnx
 from jax.experimental import multihost_utils
 
-from headspec import checkpoints, diversity, parallel, regularizers, runs
-from headspec.data import lm_pipeline, text_tfds, tokenizer as tokenizer_lib
+from headspec import checkpoints, diversity, parallel, regularizers, runs, targets
+from headspec.data import lm_pipeline, text_tfds
+from headspec.data import tokenizer as tokenizer_lib
 from headspec.errors import UserError
 from headspec.model import ModelConfig, Transformer
 from headspec.train_log import MetricsWriter
@@ -73,14 +73,16 @@ def make_optimizer(train: ml_collections.ConfigDict) -> optax.GradientTransforma
   schedule = learning_rate_schedule(train)
   decay_mask = lambda params: jax.tree.map(lambda x: x.ndim > 1, params)
   return optax.chain(
-      optax.clip_by_global_norm(train.grad_clip),
-      optax.adamw(schedule, b1=0.9, b2=0.98, weight_decay=train.weight_decay, mask=decay_mask))
+    optax.clip_by_global_norm(train.grad_clip),
+    optax.adamw(schedule, b1=0.9, b2=0.98, weight_decay=train.weight_decay, mask=decay_mask),
+  )
 
 
 def learning_rate_schedule(train: ml_collections.ConfigDict) -> optax.Schedule:
   warmup = min(train.warmup_steps, max(train.steps - 1, 0))
-  return optax.warmup_cosine_decay_schedule(0.0, train.learning_rate, warmup, max(train.steps, warmup + 1),
-                                            end_value=0.1 * train.learning_rate)
+  return optax.warmup_cosine_decay_schedule(
+    0.0, train.learning_rate, warmup, max(train.steps, warmup + 1), end_value=0.1 * train.learning_rate
+  )
 
 
 def mlm_corrupt(tokens_BT, example_id_B, key, obj: Objective):
@@ -124,19 +126,26 @@ def train_step(state: TrainState, batch, base_key, *, graphdef, tx, obj: Objecti
   head_mask, logged = None, {}
   if obj.drophead:
     rate = regularizers.drophead_rate(state.step, obj.total_steps, obj.drophead, obj.drophead_schedule)
-    head_mask = regularizers.drophead_mask(jax.random.fold_in(dropout_key, 1), rate, inputs_BT.shape[0],
-                                           obj.num_layers, obj.num_heads)
+    head_mask = regularizers.drophead_mask(
+      jax.random.fold_in(dropout_key, 1), rate, inputs_BT.shape[0], obj.num_layers, obj.num_heads
+    )
     logged["drophead/rate"] = rate
 
   def loss_fn(params):
     model = nnx.merge(graphdef, params)
-    logits_BTV, inter = model(inputs_BT, head_mask=head_mask, capture=obj.capture,
-                              dropout_rngs=nnx.Rngs(dropout=dropout_key))
+    logits_BTV, inter = model(
+      inputs_BT, head_mask=head_mask, capture=obj.capture, dropout_rngs=nnx.Rngs(dropout=dropout_key)
+    )
     token_loss_BT = optax.softmax_cross_entropy_with_integer_labels(logits_BTV, targets_BT)
     loss = (token_loss_BT * weights_BT).sum() / count
     valid_BT = jnp.ones(inputs_BT.shape, bool)
-    terms = regularizers.disagreement_terms(inter, valid_BT, w_subspace=obj.subspace, w_position=obj.position,
-                                            w_output=obj.output) if obj.capture else {}
+    terms = (
+      regularizers.disagreement_terms(
+        inter, valid_BT, w_subspace=obj.subspace, w_position=obj.position, w_output=obj.output
+      )
+      if obj.capture
+      else {}
+    )
     if obj.query_orthogonality:
       w_q_LDHK = jnp.stack([block.attention.w_q_DHK[...] for block in model.blocks])
       terms["orthogonality/query"] = obj.query_orthogonality * regularizers.orthogonality_penalty(w_q_LDHK)
@@ -150,8 +159,12 @@ def train_step(state: TrainState, batch, base_key, *, graphdef, tx, obj: Objecti
   loss = _psum(loss, axis_name)
   updates, opt_state = tx.update(grads, state.opt_state, state.params)
   params = optax.apply_updates(state.params, updates)
-  metrics = {"loss": loss, "grad_norm": optax.tree.norm(grads), "scored_tokens": count,
-             **{k: v if axis_name is None else jax.lax.pmean(v, axis_name) for k, v in {**terms, **logged}.items()}}
+  metrics = {
+    "loss": loss,
+    "grad_norm": optax.tree.norm(grads),
+    "scored_tokens": count,
+    **{k: v if axis_name is None else jax.lax.pmean(v, axis_name) for k, v in {**terms, **logged}.items()},
+  }
   return TrainState(step=state.step + 1, params=params, opt_state=opt_state), metrics
 
 
@@ -166,12 +179,20 @@ def eval_step(params, batch, key, *, graphdef, obj: Objective):
 def objective(config: ml_collections.ConfigDict, tokenizer) -> Objective:
   reg = config.train.regularizers
   return Objective(
-      kind=config.model.kind, vocab_size=tokenizer.vocab_size,
-      mask_id=tokenizer.mask_id if tokenizer.mask_id is not None else tokenizer.unk_id,
-      mlm_probability=config.train.mlm_probability, subspace=reg.subspace, position=reg.position,
-      output=reg.output, query_orthogonality=reg.query_orthogonality, drophead=reg.drophead,
-      drophead_schedule=reg.drophead_schedule, total_steps=config.train.steps,
-      num_layers=config.model.num_layers, num_heads=config.model.num_heads)
+    kind=config.model.kind,
+    vocab_size=tokenizer.vocab_size,
+    mask_id=tokenizer.mask_id if tokenizer.mask_id is not None else tokenizer.unk_id,
+    mlm_probability=config.train.mlm_probability,
+    subspace=reg.subspace,
+    position=reg.position,
+    output=reg.output,
+    query_orthogonality=reg.query_orthogonality,
+    drophead=reg.drophead,
+    drophead_schedule=reg.drophead_schedule,
+    total_steps=config.train.steps,
+    num_layers=config.model.num_layers,
+    num_heads=config.model.num_heads,
+  )
 
 
 def prepare_data(config: ml_collections.ConfigDict, workdir: pathlib.Path):
@@ -180,19 +201,26 @@ def prepare_data(config: ml_collections.ConfigDict, workdir: pathlib.Path):
   Multi-host: process 0 trains the tokenizer and writes the token caches into the shared workdir first;
   the others wait at a barrier and then read them.
   """
-  tfds_dir = pathlib.Path(config.data.tfds_dir or pathlib.Path(config.data_dir) / "tfds")
+  tfds_dir = targets.tfds_dir(config.data_dir, config.data.tfds_dir)
   tok_dir = workdir / "tokenizer"
 
   def build():
-    docs = {split: text_tfds.load_documents(config.data_dir, config.data.corpus, split, tfds_dir=tfds_dir)
-            for split in ("train", "valid")}
+    docs = {
+      split: text_tfds.load_documents(config.data_dir, config.data.corpus, split, tfds_dir=tfds_dir)
+      for split in ("train", "valid")
+    }
     if (tok_dir / tokenizer_lib.INFO_FILE).is_file():
       tokenizer = tokenizer_lib.load_tokenizer(tok_dir)
     else:
-      tokenizer = tokenizer_lib.train_sentencepiece(docs["train"], tok_dir, vocab_size=config.data.vocab_size,
-                                                    seed=config.seed)
-    rows = [lm_pipeline.pack_tokens(docs[split], tokenizer, config.train.seq_len,
-                                    cache_path=workdir / "cache" / f"{split}_tokens.npy") for split in ("train", "valid")]
+      tokenizer = tokenizer_lib.train_sentencepiece(
+        docs["train"], tok_dir, vocab_size=config.data.vocab_size, seed=config.seed
+      )
+    rows = [
+      lm_pipeline.pack_tokens(
+        docs[split], tokenizer, config.train.seq_len, cache_path=workdir / "cache" / f"{split}_tokens.npy"
+      )
+      for split in ("train", "valid")
+    ]
     return tokenizer, *rows
 
   if jax.process_count() == 1:
@@ -236,8 +264,13 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir, *, devices=No
   tx = make_optimizer(config.train)
   state = TrainState(step=jnp.zeros((), jnp.int32), params=params, opt_state=tx.init(params))
   base_key, eval_key = jax.random.split(jax.random.key(config.seed))
-  data_iter = lm_pipeline.make_lm_iterator(train_NT, global_batch_size=config.train.batch_size, seed=config.seed,
-                                           process_index=jax.process_index(), process_count=jax.process_count())
+  data_iter = lm_pipeline.make_lm_iterator(
+    train_NT,
+    global_batch_size=config.train.batch_size,
+    seed=config.seed,
+    process_index=jax.process_index(),
+    process_count=jax.process_count(),
+  )
 
   mesh = parallel.data_mesh(devices)
   pmap = config.parallelism == "pmap"
@@ -250,8 +283,13 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir, *, devices=No
 
   step_fn = functools.partial(train_step, graphdef=graphdef, tx=tx, obj=obj)
   if pmap:
-    p_step = jax.pmap(functools.partial(step_fn, axis_name=parallel.PMAP_AXIS), axis_name=parallel.PMAP_AXIS,
-                      in_axes=(0, 0, None), devices=devices, donate_argnums=0)
+    p_step = jax.pmap(
+      functools.partial(step_fn, axis_name=parallel.PMAP_AXIS),
+      axis_name=parallel.PMAP_AXIS,
+      in_axes=(0, 0, None),
+      devices=devices,
+      donate_argnums=0,
+    )
     run_state = parallel.replicate_for_pmap(state, devices)
   else:
     j_step = jax.jit(step_fn, donate_argnums=0)
@@ -286,17 +324,24 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir, *, devices=No
       loss = float(metrics["loss"])
       if not math.isfinite(loss):
         kept = mngr.latest_step()
-        raise UserError(f"loss became {loss} at step {step + 1}; stopped. Last good checkpoint: "
-                        f"{'step ' + str(kept) if kept is not None else 'none'} in {workdir / 'checkpoints'} "
-                        f"(try a lower train.learning_rate)")
+        raise UserError(
+          f"loss became {loss} at step {step + 1}; stopped. Last good checkpoint: "
+          f"{'step ' + str(kept) if kept is not None else 'none'} in {workdir / 'checkpoints'} "
+          f"(try a lower train.learning_rate)"
+        )
       run_state, step = new_state, step + 1
       steps_timed += 1
       if step % config.train.log_every == 0 or step == config.train.steps:
         elapsed = time.perf_counter() - t0
-        last = {"step": step, "loss": loss, "perplexity": math.exp(min(loss, 50.0)),
-                "learning_rate": float(schedule(step - 1)), "grad_norm": float(metrics["grad_norm"]),
-                "tokens_per_second": steps_timed * tokens_per_step / max(elapsed, 1e-9),
-                **{k: float(v) for k, v in metrics.items() if "/" in k}}
+        last = {
+          "step": step,
+          "loss": loss,
+          "perplexity": math.exp(min(loss, 50.0)),
+          "learning_rate": float(schedule(step - 1)),
+          "grad_norm": float(metrics["grad_norm"]),
+          "tokens_per_second": steps_timed * tokens_per_step / max(elapsed, 1e-9),
+          **{k: float(v) for k, v in metrics.items() if "/" in k},
+        }
         writer.write(last)
         t0, steps_timed = time.perf_counter(), 0
       if config.train.eval_every and (step % config.train.eval_every == 0 or step == config.train.steps):
@@ -331,7 +376,7 @@ def _evaluator(config, graphdef, obj: Objective, valid_NT, eval_key):
   def evaluate(params):
     total = count = 0.0
     for start in range(0, n, bsz):
-      rows = valid_NT[start:start + bsz]
+      rows = valid_NT[start : start + bsz]
       batch = {"tokens": rows, "example_id": np.arange(start, start + bsz, dtype=np.int32)}
       s, c = step(params, batch, eval_key)
       total, count = total + float(s), count + float(c)
@@ -355,7 +400,6 @@ def _diversity_tracker(config, cfg: ModelConfig, graphdef, valid_NT):
 
   def track(params):  # keys like diversity/js_distance/mean/layer0
     summary = diversity.summarize(jax.device_get(compute(params)))
-    return {f"{k}/layer{layer}": float(v) for k, per_layer in summary.items()
-            for layer, v in enumerate(per_layer)}
+    return {f"{k}/layer{layer}": float(v) for k, per_layer in summary.items() for layer, v in enumerate(per_layer)}
 
   return track

@@ -1,4 +1,5 @@
 """Test setup: 8 fake CPU devices (set before JAX starts) and the shared data directory."""
+
 import os
 
 os.environ.setdefault("XLA_FLAGS", "")
@@ -14,7 +15,9 @@ import pytest  # noqa: E402
 @pytest.fixture(scope="session")
 def data_dir() -> pathlib.Path:
   """HEADSPEC_DATA_DIR (default ../shared/data); a missing data directory fails the test, never skips it."""
-  path = pathlib.Path(os.environ.get("HEADSPEC_DATA_DIR", pathlib.Path(__file__).resolve().parents[2] / "shared" / "data"))
+  path = pathlib.Path(
+    os.environ.get("HEADSPEC_DATA_DIR", pathlib.Path(__file__).resolve().parents[2] / "shared" / "data")
+  )
   if not (path / "ud" / "en_ewt").is_dir():
     pytest.fail(f"HEADSPEC_DATA_DIR={path} has no ud/en_ewt: point HEADSPEC_DATA_DIR at the shared data")
   return path

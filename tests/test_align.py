@@ -1,4 +1,5 @@
 """Word ↔ sub-word alignment: punctuation, multiword tokens, many-piece words, windows for long sentences."""
+
 import dataclasses
 
 import numpy as np
@@ -24,6 +25,7 @@ def tokenizer(ewt_dev, tmp_path_factory):
 @dataclasses.dataclass
 class WithSpecials:
   """A BERT-like view of a tokenizer: [CLS]-like prefix and [SEP]-like suffix ids."""
+
   inner: object
   prefix_ids: tuple = (3,)
   suffix_ids: tuple = (2,)
@@ -41,7 +43,7 @@ def _check_spans(al, sentences, tokenizer):
     for j in range(len(words)):
       w = al.word_window_N[n]
       assert al.window_sentence[w] == i and al.word_sentence_N[n] == i
-      assert list(al.windows[w][al.word_start_N[n]:al.word_end_N[n]]) == list(pieces[j])
+      assert list(al.windows[w][al.word_start_N[n] : al.word_end_N[n]]) == list(pieces[j])
       n += 1
 
 
@@ -51,7 +53,7 @@ def test_punctuation_and_text_round_trip(tokenizer):
   _check_spans(al, [words], tokenizer)
   assert len(al.windows) == 1 and al.num_split_sentences == 0
   for n, word in enumerate(words):
-    assert tokenizer.decode(al.windows[0][al.word_start_N[n]:al.word_end_N[n]]) == word
+    assert tokenizer.decode(al.windows[0][al.word_start_N[n] : al.word_end_N[n]]) == word
   assert np.all(al.word_start_N[1:] == al.word_end_N[:-1])  # consecutive, nothing skipped
 
 
@@ -61,7 +63,7 @@ def test_multiword_token_from_ewt(ewt_dev, tokenizer):
   al = align.align([sentence.words], tokenizer, max_len=512)
   _check_spans(al, [sentence.words], tokenizer)
   assert al.word_end_N[j - 1] == al.word_start_N[j]  # the two syntactic words are adjacent, each >= 1 piece
-  assert tokenizer.decode(al.windows[0][al.word_start_N[j]:al.word_end_N[j]]) == "n't"
+  assert tokenizer.decode(al.windows[0][al.word_start_N[j] : al.word_end_N[j]]) == "n't"
   assert al.num_words == len(sentence.words)
 
 
@@ -107,7 +109,7 @@ def test_long_sentences_are_windowed_nothing_dropped(ewt_dev, tokenizer, causal)
       if not s <= j < e:
         continue
       left = sum(pieces[s:j])
-      right = sum(pieces[j + 1:e])
+      right = sum(pieces[j + 1 : e])
       score = left if causal else min(left, right)
       if score > best:
         best, chosen = score, w
@@ -123,7 +125,7 @@ def test_windows_overlap_and_progress():
   counts = np.array([3, 1, 4, 1, 5, 9, 2, 6, 5, 3, 5])
   spans = align._spans(counts, context=10)
   assert spans[0][0] == 0 and spans[-1][1] == len(counts)
-  for (s0, e0), (s1, e1) in zip(spans, spans[1:]):
+  for (s0, e0), (s1, _e1) in zip(spans, spans[1:]):
     assert s0 < s1 < e0 or s1 == e0 == s0 + 1  # progress and overlap (one-word windows cannot overlap)
   assert all(counts[s:e].sum() <= 10 or e - s == 1 for s, e in spans)
 

@@ -1,5 +1,6 @@
 """Arc probe: recovers a planted bilinear head choice, is at chance on noise, is deterministic, and the
 packed layout scores each word against exactly its own sentence."""
+
 import numpy as np
 import pytest
 
@@ -15,7 +16,7 @@ def _planted(num_sentences, seed, noise_heads=False, n_max=10, g=2, k=8):
   a, b, u = rng.standard_normal((k, k)), rng.standard_normal((k, k)), rng.standard_normal(k)
   heads, start = [], 0
   for n in lengths:
-    xg = x[start:start + n, 0].astype(np.float64)
+    xg = x[start : start + n, 0].astype(np.float64)
     s_all = np.concatenate([((xg @ a.T) @ u)[:, None], (xg @ a.T) @ (xg @ b.T).T], -1)
     heads.append(s_all.argmax(-1) if not noise_heads else (rng.random(n) * (n + 1)).astype(np.int64))
     start += n
@@ -30,15 +31,16 @@ def _split(x, heads, lengths, s):
 def test_recovers_planted_bilinear_structure_and_noise_group_is_low():
   x_all, h_all, lengths = _planted(1000, 0)
   x_tr, h_tr, x_dev, h_dev = _split(x_all, h_all, lengths, 800)
-  fitted = arc.fit_arc_probes(x_tr, h_tr, x_dev, h_dev, epochs=20, learning_rate=3e-2, l2_grid=(1e-4, 1e-3),
-                              batch_words=256)
+  fitted = arc.fit_arc_probes(
+    x_tr, h_tr, x_dev, h_dev, epochs=20, learning_rate=3e-2, l2_grid=(1e-4, 1e-3), batch_words=256
+  )
   assert fitted.dev_uas_G[0] > 0.95
   # Group 1 is independent noise: close to the accuracy of always predicting one candidate.
   assert fitted.dev_uas_G[1] < 0.35
   pred = arc.predict_heads(fitted, x_dev, lengths[800:])
   np.testing.assert_allclose(arc.uas(pred, np.concatenate(h_dev)), fitted.dev_uas_G, atol=1e-9)
   for start, n in zip(np.cumsum(np.r_[0, lengths[800:-1]]), lengths[800:]):
-    assert pred[start:start + n].min() >= 0 and pred[start:start + n].max() <= n  # a head of its own sentence
+    assert pred[start : start + n].min() >= 0 and pred[start : start + n].max() <= n  # a head of its own sentence
 
 
 def test_random_heads_are_at_chance():
@@ -73,18 +75,24 @@ def test_packed_prediction_matches_per_sentence_scoring():
   lengths = np.array([3, 70, 12, 1, 64, 40, 130, 9])
   g, k = 2, 6
   x = rng.standard_normal((lengths.sum(), g, k)).astype(np.float32)
-  fitted = arc.FittedArcProbes(np.zeros((g, k), np.float32), np.ones((g, k), np.float32),
-                               rng.standard_normal((g, k, k)).astype(np.float32),
-                               rng.standard_normal((g, k, k)).astype(np.float32),
-                               rng.standard_normal((g, k)).astype(np.float32), np.zeros(g), np.zeros((g, 1)),
-                               np.zeros(g), (0.0,))
+  fitted = arc.FittedArcProbes(
+    np.zeros((g, k), np.float32),
+    np.ones((g, k), np.float32),
+    rng.standard_normal((g, k, k)).astype(np.float32),
+    rng.standard_normal((g, k, k)).astype(np.float32),
+    rng.standard_normal((g, k)).astype(np.float32),
+    np.zeros(g),
+    np.zeros((g, 1)),
+    np.zeros(g),
+    (0.0,),
+  )
   pred = arc.predict_heads(fitted, x, lengths, chunk_words=128)
   start = 0
   for n in lengths:
     for gi in range(g):
-      q = x[start:start + n, gi] @ fitted.a_GKR[gi]
-      s = np.concatenate([(q @ fitted.root_GR[gi])[:, None], q @ (x[start:start + n, gi] @ fitted.b_GKR[gi]).T], 1)
-      np.testing.assert_array_equal(pred[start:start + n, gi], s.argmax(1))
+      q = x[start : start + n, gi] @ fitted.a_GKR[gi]
+      s = np.concatenate([(q @ fitted.root_GR[gi])[:, None], q @ (x[start : start + n, gi] @ fitted.b_GKR[gi]).T], 1)
+      np.testing.assert_array_equal(pred[start : start + n, gi], s.argmax(1))
     start += n
 
 

@@ -1,4 +1,5 @@
 """Bootstrap CIs over sentences: match a float64 reference loop; majority baseline."""
+
 import numpy as np
 import pytest
 

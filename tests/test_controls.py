@@ -1,4 +1,5 @@
 """Control tasks (Hewitt & Liang 2019): fixed per lowercased type, distributed like the task labels."""
+
 import numpy as np
 import pytest
 
@@ -16,7 +17,10 @@ def test_same_label_for_every_occurrence_and_case_and_split():
   assert y_train[4] == y_dev[1]
   assert y_train[5] == y_dev[3]
   # the mapping does not depend on which other types are passed alongside
-  assert controls.control_labels(["cat"], counts, seed=0)["cat"] == controls.control_labels(train + dev, counts, seed=0)["cat"]
+  assert (
+    controls.control_labels(["cat"], counts, seed=0)["cat"]
+    == controls.control_labels(train + dev, counts, seed=0)["cat"]
+  )
 
 
 def test_follows_label_distribution_over_types():
@@ -53,8 +57,9 @@ def test_arc_control_heads():
   behaviours = controls.arc_behaviours([f"w{i}" for i in range(8000)], seed=1)
   freq = np.bincount(list(behaviours.values()), minlength=4) / 8000
   np.testing.assert_allclose(freq, 0.25, atol=0.02)
-  padded = controls.control_heads_BN([["A", "b", "c", "a"], ["b", "x", "PAD", "PAD"]],
-                                     np.array([[2, 0, 2, 3], [0, 1, -1, -1]]), seed=0)
+  padded = controls.control_heads_BN(
+    [["A", "b", "c", "a"], ["b", "x", "PAD", "PAD"]], np.array([[2, 0, 2, 3], [0, 1, -1, -1]]), seed=0
+  )
   np.testing.assert_array_equal(padded[0], heads[0])
   np.testing.assert_array_equal(padded[1, :2], heads[1])
   assert (padded[1, 2:] == -1).all()

@@ -25,10 +25,10 @@ def random_batch(rng, b=B, causal=False, z_offset=0.0):
   probs = np.nan_to_num(probs / probs.sum(-1, keepdims=True))  # fully padded rows: 0/0 -> 0 (not counted)
   probs[:, :, :, ~valid.any(0)] = 0.0
   return dict(
-      q_LBTHK=rng.normal(size=(L, b, T, H, K)),
-      probs_LBHTS=probs,
-      z_LBTHK=rng.normal(size=(L, b, T, H, K)) + z_offset,
-      head_out_LBTHD=rng.normal(size=(L, b, T, H, D)),
+    q_LBTHK=rng.normal(size=(L, b, T, H, K)),
+    probs_LBHTS=probs,
+    z_LBTHK=rng.normal(size=(L, b, T, H, K)) + z_offset,
+    head_out_LBTHD=rng.normal(size=(L, b, T, H, D)),
   ), valid
 
 
@@ -53,7 +53,7 @@ def numpy_reference(x, valid, causal):
       for b, t in tokens:
         p, r = probs[l, b, i, t], probs[l, b, j, t]
         m = (p + r) / 2
-        kl = lambda a: sum(a[s] * math.log2(a[s] / m[s]) for s in range(nt) if a[s] > 0)
+        kl = lambda a, m=m: sum(a[s] * math.log2(a[s] / m[s]) for s in range(nt) if a[s] > 0)
         js.append(math.sqrt(max(0.5 * kl(p) + 0.5 * kl(r), 0.0)))
       res["js_distance"][l, i, j] = np.mean(js)
       X = np.stack([z[l, b, t, i] for b, t in tokens])
@@ -120,7 +120,7 @@ def test_orthogonal_outputs_have_zero_cosine():
   x, valid = random_batch(np.random.default_rng(3))
   out = np.zeros((L, B, T, H, D))
   for h in range(H):
-    out[:, :, :, h, 2 * h: 2 * h + 2] = np.random.default_rng(h).normal(size=(L, B, T, 2))  # disjoint coordinates
+    out[:, :, :, h, 2 * h : 2 * h + 2] = np.random.default_rng(h).normal(size=(L, B, T, 2))  # disjoint coordinates
   x["head_out_LBTHD"] = out
   m = np.asarray(diversity.compute(to_jax(x), jnp.asarray(valid))["output_dissimilarity"])
   np.testing.assert_allclose(m * (1 - np.eye(H)), np.zeros((L, H, H)), atol=1e-7)
@@ -166,7 +166,9 @@ def test_summarize_uses_off_diagonal_pairs():
     pairs = [float(metrics["linear_cka"][l, i, j]) for i in range(H) for j in range(H) if i != j]
     np.testing.assert_allclose(s["diversity/linear_cka/mean"][l], np.mean(pairs), rtol=1e-6)
     np.testing.assert_allclose(s["diversity/linear_cka/var"][l], np.var(pairs), rtol=1e-5)
-    np.testing.assert_allclose(s["diversity/attention_entropy/var"][l], np.var(np.asarray(metrics["attention_entropy"][l])), rtol=1e-5)
+    np.testing.assert_allclose(
+      s["diversity/attention_entropy/var"][l], np.var(np.asarray(metrics["attention_entropy"][l])), rtol=1e-5
+    )
 
 
 def test_rows_follow_results_csv_contract():

@@ -12,8 +12,8 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from headspec import diversity, runs
-from headspec.diversity_run import COLUMNS, evaluation_tokens, read_results, run_diversity
+from headspec import diversity, runs, tables
+from headspec.diversity_run import evaluation_tokens, read_results, run_diversity
 from headspec.errors import UserError
 from headspec.pretrained import load_pretrained
 from headspec.quickstart import quickstart_config
@@ -61,14 +61,22 @@ def test_table_contract_values_figures_and_rerun(run_dir):
   results = run_diversity(small_config(), run_dir)
   assert results == run_dir / "diversity" / "results.csv"
   with open(results, newline="") as f:
-    assert tuple(next(csv.reader(f))) == COLUMNS == ("step", "layer", "head_i", "head_j", "metric", "value")
+    assert (
+      tuple(next(csv.reader(f))) == tables.DIVERSITY.columns == ("step", "layer", "head_i", "head_j", "metric", "value")
+    )
   table = read_results(results)
 
   # One row per (step, layer, pair or head, metric); head_j = -1 exactly for per-head metrics.
   keys = [r[:5] for r in table]
   assert len(keys) == len(set(keys))
-  expected = {(s, l, i, j, m) for s in STEPS for l in range(L) for m in diversity.METRICS for i in range(H)
-              for j in (range(H) if m in diversity.PAIR_METRICS else [-1])}
+  expected = {
+    (s, l, i, j, m)
+    for s in STEPS
+    for l in range(L)
+    for m in diversity.METRICS
+    for i in range(H)
+    for j in (range(H) if m in diversity.PAIR_METRICS else [-1])
+  }
   assert set(keys) == expected
   assert all((r[3] == -1) == (r[4] in diversity.HEAD_METRICS) for r in table)
 
@@ -115,10 +123,12 @@ def test_bad_input_raises_one_line_and_writes_nothing(run_dir, tmp_path):
   assert sorted(p.name for p in tmp_path.rglob("*")) == ["config.json", "empty", "no_ckpt"]
 
   before = snapshot(run_dir)
-  for config, message in [(small_config(steps="3"), r"step\(s\) \[3\] not saved"),
-                          (small_config(steps="1,x"), "comma-separated list"),
-                          (small_config(num_tokens=0), "num_tokens=0"),
-                          (small_config(sample="middle"), "sample='middle'")]:
+  for config, message in [
+    (small_config(steps="3"), r"step\(s\) \[3\] not saved"),
+    (small_config(steps="1,x"), "comma-separated list"),
+    (small_config(num_tokens=0), "num_tokens=0"),
+    (small_config(sample="middle"), "sample='middle'"),
+  ]:
     with pytest.raises(UserError, match=message) as e:
       run_diversity(config, run_dir)
     assert "\n" not in str(e.value)
@@ -128,9 +138,23 @@ def test_bad_input_raises_one_line_and_writes_nothing(run_dir, tmp_path):
 @pytest.mark.slow
 def test_cli(run_dir):
   def cli(*overrides):
-    return subprocess.run([sys.executable, "-m", "headspec", "diversity", f"--config={REPO}/configs/diversity.py",
-                           f"--workdir={run_dir}", "--config.num_tokens=64", *overrides],
-                          cwd=REPO, capture_output=True, text=True, timeout=300, env=dict(os.environ))
+    return subprocess.run(
+      [
+        sys.executable,
+        "-m",
+        "headspec",
+        "diversity",
+        f"--config={REPO}/configs/diversity.py",
+        f"--workdir={run_dir}",
+        "--config.num_tokens=64",
+        *overrides,
+      ],
+      cwd=REPO,
+      capture_output=True,
+      text=True,
+      timeout=300,
+      env=dict(os.environ),
+    )
 
   done = cli("--config.steps=last")
   assert done.returncode == 0, done.stderr[-2000:]

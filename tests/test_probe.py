@@ -1,4 +1,5 @@
 """Softmax probes: agree with scikit-learn's LogisticRegression, pick l2 on dev, are deterministic."""
+
 import numpy as np
 import pytest
 from sklearn.linear_model import LogisticRegression
@@ -27,9 +28,13 @@ def _features(seed=0):
 @pytest.fixture(scope="module")
 def fitted_and_data():
   x, y_a, y_b = _features()
-  specs = [probe.ProbeSpec("a", 8, y_a[:N_TRAIN], y_a[N_TRAIN:]), probe.ProbeSpec("b", 20, y_b[:N_TRAIN], y_b[N_TRAIN:])]
-  fitted = probe.fit_softmax_probes(x[:N_TRAIN], x[N_TRAIN:], specs, l2_grid=(1e-5, 1e-4, 1e-2),
-                                    refine_samples=8 * N_TRAIN, batch_size=512)
+  specs = [
+    probe.ProbeSpec("a", 8, y_a[:N_TRAIN], y_a[N_TRAIN:]),
+    probe.ProbeSpec("b", 20, y_b[:N_TRAIN], y_b[N_TRAIN:]),
+  ]
+  fitted = probe.fit_softmax_probes(
+    x[:N_TRAIN], x[N_TRAIN:], specs, l2_grid=(1e-5, 1e-4, 1e-2), refine_samples=8 * N_TRAIN, batch_size=512
+  )
   return fitted, x, y_a, y_b
 
 
@@ -43,7 +48,8 @@ def test_matches_sklearn_logistic_regression(fitted_and_data):
       scaler = StandardScaler().fit(x[:N_TRAIN, g])
       l2 = float(fitted.l2[name][g])
       ref = LogisticRegression(C=1.0 / (l2 * keep_tr.sum()), max_iter=500).fit(
-          scaler.transform(x[:N_TRAIN, g][keep_tr]), y[:N_TRAIN][keep_tr])
+        scaler.transform(x[:N_TRAIN, g][keep_tr]), y[:N_TRAIN][keep_tr]
+      )
       ref_acc = ref.score(scaler.transform(x[N_TRAIN:, g][keep_dev]), y[N_TRAIN:][keep_dev])
       ours = (pred_NG[keep_dev, g] == y[N_TRAIN:][keep_dev]).mean()
       assert abs(ours - ref_acc) < 0.005, (name, g, ours, ref_acc)

@@ -1,4 +1,5 @@
 """The probing suite end to end: results.csv contract, merging, caching, bad input, and a trained model."""
+
 import csv
 import pathlib
 
@@ -9,6 +10,7 @@ from headspec import checkpoints, runs
 from headspec.data.tokenizer import train_sentencepiece
 from headspec.defaults import train_config
 from headspec.errors import UserError
+from headspec.model import random_like
 from headspec.probing import report, suite
 from headspec.probing.defaults import probe_config
 
@@ -30,22 +32,32 @@ def ewt_part(data_dir, tmp_path_factory):
   (out / "ud/en_gum").mkdir(parents=True)
   gum = _blocks(data_dir / "ud/en_gum/en_gum-ud-dev.conllu")[:40]
   (out / "ud/en_gum/en_gum-ud-dev.conllu").write_text("\n\n".join(gum) + "\n\n", encoding="utf-8")
-  return out, ["\n".join(l.split("\t")[1] for l in b.splitlines() if l[:1].isdigit() and "\t" in l)
-               for b in blocks[:300]]
+  return out, [
+    "\n".join(l.split("\t")[1] for l in b.splitlines() if l[:1].isdigit() and "\t" in l) for b in blocks[:300]
+  ]
 
 
 def _make_run(workdir, texts, steps=(5,)):
   """A run directory with a tiny random encoder saved at `steps` (no training) and a SentencePiece tokenizer."""
   config = train_config()
-  config.model.update(kind="encoder", num_layers=2, num_heads=2, d_model=16, d_head=8, d_ff=32, dropout=0.0,
-                      attention_dropout=0.0, pre_layernorm=False)
+  config.model.update(
+    kind="encoder",
+    num_layers=2,
+    num_heads=2,
+    d_model=16,
+    d_head=8,
+    d_ff=32,
+    dropout=0.0,
+    attention_dropout=0.0,
+    pre_layernorm=False,
+  )
   config.train.seq_len = 32  # long EWT sentences are split into windows
   runs.write_config(workdir, config)
   tokenizer = train_sentencepiece([t.replace("\n", " ") for t in texts], workdir / "tokenizer", vocab_size=700)
   cfg = runs.model_config(config.model, tokenizer.vocab_size, config.train.seq_len)
   mngr = checkpoints.manager(workdir)
   for seed, step in enumerate(steps):
-    params = nnx.state(suite._random_model(cfg, seed))
+    params = nnx.state(random_like(cfg, seed))
     checkpoints.save(mngr, step, {"params": params}, {})
   mngr.wait_until_finished()
   mngr.close()
@@ -86,15 +98,17 @@ def test_suite_on_ewt_part(ewt_part, tmp_path, capsys):
   words = {"en_ewt/dev": 0, "en_ewt/test": 0, "en_gum/dev": 0}
   for split in words:
     tb, name = split.split("/")
-    words[split] = sum(1 for b in _blocks(data / f"ud/{tb}/{tb}-ud-{name}.conllu")
-                       for l in b.splitlines() if l.split("\t")[0].isdigit())
+    words[split] = sum(
+      1 for b in _blocks(data / f"ud/{tb}/{tb}-ud-{name}.conllu") for l in b.splitlines() if l.split("\t")[0].isdigit()
+    )
   groups = 2 * 2 + 2 + 1  # heads, residual streams, embeddings
   assert len(rows) == 2 * 4 * groups * 3  # (model, -random) x tasks x groups x splits
   assert {(r["model"], r["step"]) for r in rows} == {("run", "9"), ("run-random", "0")}
   for r in rows:
     assert r["task"] in ("upos", "xpos", "deprel", "arc") and r["split"] in words
-    acc, low, high, control, sel = (float(r[k]) for k in ("accuracy", "ci_low", "ci_high", "control_accuracy",
-                                                          "selectivity"))
+    acc, low, high, control, sel = (
+      float(r[k]) for k in ("accuracy", "ci_low", "ci_high", "control_accuracy", "selectivity")
+    )
     assert 0 <= low <= acc <= high <= 1 and 0 <= control <= 1
     assert sel == pytest.approx(acc - control, abs=2e-6)
     assert int(r["n"]) == words[r["split"]]
@@ -125,35 +139,32 @@ def test_suite_on_ewt_part(ewt_part, tmp_path, capsys):
   assert len(new) == 4 and all(n.startswith("run-step5-") for n in new)  # step 9 came from the cache
 
 
-def test_merge_results_replaces_same_model_step(tmp_path):
-  path = tmp_path / "results.csv"
-  row = lambda model, step, acc: dict(model=model, step=step, task="upos", layer=0, head=1, split="x/dev",
-                                      accuracy=acc, ci_low=acc, ci_high=acc, control_accuracy=0.1,
-                                      selectivity=acc - 0.1, n=7)
-  suite.merge_results(path, [row("m", 1, 0.5), row("m", 2, 0.6)])
-  suite.merge_results(path, [row("m", 2, 0.9), row("m-random", 0, 0.3)])
-  rows = _rows(path)
-  assert [(r["model"], r["step"], float(r["accuracy"])) for r in rows] == [("m", "1", 0.5), ("m", "2", 0.9),
-                                                                         ("m-random", "0", 0.3)]
-  path.write_text("a,b\n1,2\n")
-  with pytest.raises(UserError, match="contract"):
-    suite.merge_results(path, [row("m", 1, 0.5)])
-
-
 def test_summary_names_one_head_per_best_row():
   """The cross-model table reports the most selective head with its own accuracy, not another head's."""
-  row = lambda model, head, acc, control: dict(model=model, step="0", task="upos", layer="1", head=str(head),
-                                               split="x/dev", accuracy=str(acc), ci_low=str(acc - 0.01),
-                                               ci_high=str(acc + 0.01), control_accuracy=str(control),
-                                               selectivity=str(acc - control), n="9")
+  row = lambda model, head, acc, control: dict(
+    model=model,
+    step="0",
+    task="upos",
+    layer="1",
+    head=str(head),
+    split="x/dev",
+    accuracy=str(acc),
+    ci_low=str(acc - 0.01),
+    ci_high=str(acc + 0.01),
+    control_accuracy=str(control),
+    selectivity=str(acc - control),
+    n="9",
+  )
   rows = [row("m", 0, 0.9, 0.8), row("m", 1, 0.6, 0.2), row("m-random", 0, 0.3, 0.3)]
   text = report.summary(rows, [], "x/dev", top_k=2)
-  table = text[text.index("## Most selective head per task"):]
+  table = text[text.index("## Most selective head per task") :]
   assert "| m | 0 | upos | 1 | 1 | 0.600 | [0.590, 0.610] | 0.200 | +0.400 |" in table
   assert "0.900" not in table  # head 0 is the most accurate, not the most selective
 
 
-@pytest.mark.parametrize("change,message", [
+@pytest.mark.parametrize(
+  "change,message",
+  [
     (lambda c: setattr(c.probe, "tasks", ("upos", "ner")), "unknown task"),
     (lambda c: setattr(c.probe, "treebank", "en_nope"), "no treebank folder"),
     (lambda c: setattr(c.probe, "eval_splits", ("validation",)), "unknown split"),
@@ -162,7 +173,8 @@ def test_summary_names_one_head_per_best_row():
     (lambda c: setattr(c.probe, "pooling", "max"), "pooling"),
     (lambda c: setattr(c, "data_dir", "/nonexistent/data"), "does not exist"),
     (lambda c: c.probe.update(eval_splits=(), extra_treebanks=()), "nothing to score"),
-])
+  ],
+)
 def test_bad_input_is_one_line_and_writes_nothing(ewt_part, tmp_path_factory, change, message):
   data, texts = ewt_part
   workdir = _make_run(tmp_path_factory.mktemp("run"), texts[:50])
@@ -212,12 +224,18 @@ def test_trained_model_has_selective_heads(tmp_path):
   summary = suite.probe_quickstart(tmp_path / "decoder", data)
   assert "## decoder, step 200" in summary and "## decoder-random, step 0" in summary
   rows = _rows(tmp_path / "decoder/probes/results.csv")
-  baselines = {b["task"]: float(b["accuracy"]) for b in csv.DictReader(open(tmp_path / "decoder/probes/baselines.csv"))
-               if b["split"] == "synthetic/dev"}
+  baselines = {
+    b["task"]: float(b["accuracy"])
+    for b in csv.DictReader(open(tmp_path / "decoder/probes/baselines.csv"))
+    if b["split"] == "synthetic/dev"
+  }
 
   def heads(model, task):
-    return [r for r in rows if r["model"] == model and r["task"] == task and r["split"] == "synthetic/dev"
-            and int(r["head"]) >= 0]
+    return [
+      r
+      for r in rows
+      if r["model"] == model and r["task"] == task and r["split"] == "synthetic/dev" and int(r["head"]) >= 0
+    ]
 
   for task in ("upos", "deprel"):
     best = max(heads("decoder", task), key=lambda r: float(r["accuracy"]))

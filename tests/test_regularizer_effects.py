@@ -68,8 +68,9 @@ class Run:
     """Mean loss increase under DropHead masks (p, kept heads rescaled), as seen in training."""
     base = self.loss()
     B = self.tokens_BT.shape[0]
-    return float(np.mean([self.loss(regularizers.drophead_mask(jax.random.key(i), p, B, L, H)) - base
-                          for i in range(draws)]))
+    return float(
+      np.mean([self.loss(regularizers.drophead_mask(jax.random.key(i), p, B, L, H)) - base for i in range(draws)])
+    )
 
 
 @pytest.fixture(scope="module")
@@ -128,8 +129,9 @@ def test_output_disagreement_lowers_output_cosine(train):
 def test_query_orthogonality_lowers_its_penalty(train):
   base, run = train(), train(query_orthogonality=0.1)
   assert "orthogonality/query" in run.logged
-  penalty = lambda r: float(regularizers.orthogonality_penalty(
-      jnp.stack([block.attention.w_q_DHK[...] for block in r.model.blocks])))
+  penalty = lambda r: float(
+    regularizers.orthogonality_penalty(jnp.stack([block.attention.w_q_DHK[...] for block in r.model.blocks]))
+  )
   assert penalty(run) < 0.05 * penalty(base)  # 4.7 -> 0.005
 
 

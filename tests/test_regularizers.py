@@ -21,7 +21,9 @@ def cos_agreement_ref(x, valid, off_diagonal):
     if not valid[b, t]:
       continue
     pairs = [(i, j) for i in range(H) for j in range(H) if not (off_diagonal and i == j)]
-    cos = [x[l, b, t, i] @ x[l, b, t, j] / (np.linalg.norm(x[l, b, t, i]) * np.linalg.norm(x[l, b, t, j])) for i, j in pairs]
+    cos = [
+      x[l, b, t, i] @ x[l, b, t, j] / (np.linalg.norm(x[l, b, t, i]) * np.linalg.norm(x[l, b, t, j])) for i, j in pairs
+    ]
     vals.append(np.mean(cos))
   return np.mean(vals)
 
@@ -41,8 +43,13 @@ def batch():
   rng = np.random.default_rng(0)
   valid = np.array([[True] * T, [True, True, False, False]])
   logits = rng.normal(size=(L, B, H, T, T))
-  return dict(v=rng.normal(size=(L, B, T, H, K)), logits=logits, probs=np.asarray(jax.nn.softmax(logits, -1)),
-              out=rng.normal(size=(L, B, T, H, D)), valid=valid)
+  return dict(
+    v=rng.normal(size=(L, B, T, H, K)),
+    logits=logits,
+    probs=np.asarray(jax.nn.softmax(logits, -1)),
+    out=rng.normal(size=(L, B, T, H, D)),
+    valid=valid,
+  )
 
 
 @pytest.mark.parametrize("off_diagonal", [False, True])
@@ -64,17 +71,27 @@ def test_known_answers_identical_and_orthogonal_heads():
   assert float(regularizers.cosine_agreement(ortho, valid, off_diagonal=True)) == pytest.approx(0.0, abs=1e-7)
   one_hot = jnp.broadcast_to(jax.nn.one_hot(jnp.arange(H), T)[None, None, :, None], (L, B, H, T, T))
   assert float(regularizers.position_agreement(one_hot, valid, off_diagonal=True)) == pytest.approx(0.0, abs=1e-7)
-  assert float(regularizers.position_agreement(jnp.full((L, B, H, T, T), 1.0 / T), valid)) == pytest.approx(1.0 / T, rel=1e-6)
+  assert float(regularizers.position_agreement(jnp.full((L, B, H, T, T), 1.0 / T), valid)) == pytest.approx(
+    1.0 / T, rel=1e-6
+  )
 
 
 def test_disagreement_terms_weights_and_fields(batch):
   valid = jnp.asarray(batch["valid"])
-  inter = dict(v_LBTHK=jnp.asarray(batch["v"]), probs_LBHTS=jnp.asarray(batch["probs"]), z_LBTHK=jnp.asarray(batch["v"]),
-               head_out_LBTHD=jnp.asarray(batch["out"]))
+  inter = dict(
+    v_LBTHK=jnp.asarray(batch["v"]),
+    probs_LBHTS=jnp.asarray(batch["probs"]),
+    z_LBTHK=jnp.asarray(batch["v"]),
+    head_out_LBTHD=jnp.asarray(batch["out"]),
+  )
   terms = regularizers.disagreement_terms(inter, valid, w_subspace=0.5, w_position=2.0, w_output=1.0, output="head_out")
   assert set(terms) == {"disagreement/subspace", "disagreement/position", "disagreement/output"}
-  np.testing.assert_allclose(terms["disagreement/subspace"], 0.5 * cos_agreement_ref(batch["v"], batch["valid"], False), rtol=1e-5)
-  np.testing.assert_allclose(terms["disagreement/output"], cos_agreement_ref(batch["out"], batch["valid"], False), rtol=1e-5)
+  np.testing.assert_allclose(
+    terms["disagreement/subspace"], 0.5 * cos_agreement_ref(batch["v"], batch["valid"], False), rtol=1e-5
+  )
+  np.testing.assert_allclose(
+    terms["disagreement/output"], cos_agreement_ref(batch["out"], batch["valid"], False), rtol=1e-5
+  )
   assert regularizers.disagreement_terms(inter, valid) == {}
   with pytest.raises(UserError):
     regularizers.disagreement_terms({"v_LBTHK": None}, valid, w_subspace=1.0)
@@ -93,7 +110,9 @@ def test_regularizer_gradients_are_finite_and_descend(batch):
   valid = jnp.asarray(batch["valid"])
   v = jnp.asarray(batch["v"], jnp.float32).at[:, :, :, 0].set(0.0)  # a zeroed (masked) head: grads must stay finite
   _descends(lambda x: regularizers.cosine_agreement(x, valid), v)
-  _descends(lambda x: regularizers.cosine_agreement(x, valid, off_diagonal=True), jnp.asarray(batch["out"], jnp.float32))
+  _descends(
+    lambda x: regularizers.cosine_agreement(x, valid, off_diagonal=True), jnp.asarray(batch["out"], jnp.float32)
+  )
   logits = jnp.asarray(batch["logits"], jnp.float32)
   _descends(lambda x: regularizers.position_agreement(jax.nn.softmax(x, -1), valid), logits, lr=1e-1)
   w_q = jnp.asarray(np.random.default_rng(1).normal(size=(L, D, H, K)), jnp.float32)
@@ -117,7 +136,9 @@ def test_orthogonality_penalty_known_answers_and_reference():
     cols = cols / np.linalg.norm(cols, axis=0)
     want_full += np.linalg.norm(cols.T @ cols - np.eye(H * K)) ** 2
   np.testing.assert_allclose(regularizers.orthogonality_penalty(jnp.asarray(w, jnp.float32)), want_inter, rtol=1e-5)
-  np.testing.assert_allclose(regularizers.orthogonality_penalty(jnp.asarray(w, jnp.float32), mode="full"), want_full, rtol=1e-5)
+  np.testing.assert_allclose(
+    regularizers.orthogonality_penalty(jnp.asarray(w, jnp.float32), mode="full"), want_full, rtol=1e-5
+  )
   with pytest.raises(UserError):
     regularizers.orthogonality_penalty(w, mode="diag")
 

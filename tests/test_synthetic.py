@@ -1,4 +1,5 @@
 """Synthetic treebank: determinism, valid trees, and known answers for the grammar's UD rules."""
+
 import collections
 import time
 
@@ -21,16 +22,18 @@ def train(synth_dir):
 
 
 def _files(root):
-  return {p.relative_to(root).as_posix(): p.read_bytes() for p in sorted(root.rglob("*"))
-          if p.is_file()}
+  return {p.relative_to(root).as_posix(): p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file()}
 
 
 def test_layout_and_determinism(synth_dir, tmp_path):
   files = _files(synth_dir)
-  assert sorted(files) == ["text/synthetic/train.txt", "text/synthetic/valid.txt",
-                           "ud/synthetic/synthetic-ud-dev.conllu",
-                           "ud/synthetic/synthetic-ud-test.conllu",
-                           "ud/synthetic/synthetic-ud-train.conllu"]
+  assert sorted(files) == [
+    "text/synthetic/train.txt",
+    "text/synthetic/valid.txt",
+    "ud/synthetic/synthetic-ud-dev.conllu",
+    "ud/synthetic/synthetic-ud-test.conllu",
+    "ud/synthetic/synthetic-ud-train.conllu",
+  ]
   assert _files(synthetic.write_synthetic(tmp_path / "again", seed=3, **SIZES)) == files
   other = _files(synthetic.write_synthetic(tmp_path / "other", seed=4, **SIZES))
   assert all(other[name] != files[name] for name in files)
@@ -58,28 +61,51 @@ def test_conllu_columns_and_text_comment(synth_dir):
     assert tokens.metadata["sent_id"].startswith("synthetic-dev-")
 
 
-_PENN_TAGS = {"DT", "JJ", "NN", "NNS", "NNP", "PRP", "PRP$", "VB", "VBZ", "VBP", "VBD", "VBN",
-              "VBG", "MD", "IN", "TO", "RB", "CC", "CD", "WDT", "WP", ".", ","}
+_PENN_TAGS = {
+  "DT",
+  "JJ",
+  "NN",
+  "NNS",
+  "NNP",
+  "PRP",
+  "PRP$",
+  "VB",
+  "VBZ",
+  "VBP",
+  "VBD",
+  "VBN",
+  "VBG",
+  "MD",
+  "IN",
+  "TO",
+  "RB",
+  "CC",
+  "CD",
+  "WDT",
+  "WP",
+  ".",
+  ",",
+}
 # deprel -> (allowed UPOS of the dependent, allowed UPOS of its head, dependent before head?)
 _RULES = {
-    "det": ({"DET"}, {"NOUN", "PROPN"}, True),
-    "amod": ({"ADJ"}, {"NOUN"}, True),
-    "nummod": ({"NUM"}, {"NOUN"}, True),
-    "nmod:poss": ({"PRON"}, {"NOUN"}, True),
-    "compound": ({"NOUN", "PROPN"}, {"NOUN", "PROPN"}, True),
-    "case": ({"ADP"}, {"NOUN", "PROPN", "PRON"}, True),
-    "cop": ({"AUX"}, {"ADJ", "NOUN", "PROPN"}, True),
-    "aux": ({"AUX"}, {"VERB"}, True),
-    "aux:pass": ({"AUX"}, {"VERB"}, True),
-    "nsubj:pass": ({"NOUN", "PROPN"}, {"VERB"}, True),
-    "nmod": ({"NOUN", "PROPN"}, {"NOUN"}, False),
-    "obl": ({"NOUN", "PROPN"}, {"VERB"}, False),
-    "iobj": ({"NOUN", "PROPN", "PRON"}, {"VERB"}, False),
-    "cc": ({"CCONJ"}, {"VERB", "ADJ", "NOUN", "PROPN"}, True),
-    "mark": ({"SCONJ", "PART"}, {"VERB", "ADJ", "NOUN", "PROPN"}, True),
-    "acl:relcl": ({"VERB", "ADJ", "NOUN"}, {"NOUN"}, False),
-    "xcomp": ({"VERB"}, {"VERB"}, False),
-    "punct": ({"PUNCT"}, {"VERB", "ADJ", "NOUN", "PROPN"}, None),
+  "det": ({"DET"}, {"NOUN", "PROPN"}, True),
+  "amod": ({"ADJ"}, {"NOUN"}, True),
+  "nummod": ({"NUM"}, {"NOUN"}, True),
+  "nmod:poss": ({"PRON"}, {"NOUN"}, True),
+  "compound": ({"NOUN", "PROPN"}, {"NOUN", "PROPN"}, True),
+  "case": ({"ADP"}, {"NOUN", "PROPN", "PRON"}, True),
+  "cop": ({"AUX"}, {"ADJ", "NOUN", "PROPN"}, True),
+  "aux": ({"AUX"}, {"VERB"}, True),
+  "aux:pass": ({"AUX"}, {"VERB"}, True),
+  "nsubj:pass": ({"NOUN", "PROPN"}, {"VERB"}, True),
+  "nmod": ({"NOUN", "PROPN"}, {"NOUN"}, False),
+  "obl": ({"NOUN", "PROPN"}, {"VERB"}, False),
+  "iobj": ({"NOUN", "PROPN", "PRON"}, {"VERB"}, False),
+  "cc": ({"CCONJ"}, {"VERB", "ADJ", "NOUN", "PROPN"}, True),
+  "mark": ({"SCONJ", "PART"}, {"VERB", "ADJ", "NOUN", "PROPN"}, True),
+  "acl:relcl": ({"VERB", "ADJ", "NOUN"}, {"NOUN"}, False),
+  "xcomp": ({"VERB"}, {"VERB"}, False),
+  "punct": ({"PUNCT"}, {"VERB", "ADJ", "NOUN", "PROPN"}, None),
 }
 
 
@@ -97,14 +123,37 @@ def test_grammar_rules(train):
         if before is not None:
           assert (i < head) == before, (s, i)
       if rel == "cop":
-        assert s.words[i - 1] in {"is", "are", "am", "was", "were", "Is", "Are", "Am", "Was",
-                                  "Were"}
+        assert s.words[i - 1] in {"is", "are", "am", "was", "were", "Is", "Are", "Am", "Was", "Were"}
       if rel == "cc":  # the conjunction hangs on the second conjunct
         assert s.deprels[head - 1] == "conj"
     assert s.words[-1] in {".", "?"}
-  required = {"det", "amod", "nsubj", "obj", "obl", "case", "nmod", "advmod", "aux", "cop",
-              "mark", "advcl", "cc", "conj", "punct", "compound", "root", "acl:relcl", "xcomp",
-              "ccomp", "iobj", "nsubj:pass", "aux:pass", "nummod", "nmod:poss"}
+  required = {
+    "det",
+    "amod",
+    "nsubj",
+    "obj",
+    "obl",
+    "case",
+    "nmod",
+    "advmod",
+    "aux",
+    "cop",
+    "mark",
+    "advcl",
+    "cc",
+    "conj",
+    "punct",
+    "compound",
+    "root",
+    "acl:relcl",
+    "xcomp",
+    "ccomp",
+    "iobj",
+    "nsubj:pass",
+    "aux:pass",
+    "nummod",
+    "nmod:poss",
+  }
   assert required <= set(seen), required - set(seen)
 
 
@@ -119,10 +168,10 @@ def test_agreement(train):
       if word.lower() in {"a", "an"} and xpos == "DT":
         assert (word.lower() == "an") == (s.words[i][0].lower() in "aeiou"), s
       if rel in {"nsubj", "nsubj:pass"} and word in {"I", "he", "she", "He", "She"}:
-        verb_forms = {s.words[j].lower() for j, h in enumerate(s.heads) if h == head and
-                      s.deprels[j] in {"aux", "cop", "aux:pass"}} | {s.words[head - 1].lower()}
-        wrong = {"are", "were", "have", "do"} if word.lower() != "i" else {"is", "are", "has",
-                                                                            "does", "were"}
+        verb_forms = {
+          s.words[j].lower() for j, h in enumerate(s.heads) if h == head and s.deprels[j] in {"aux", "cop", "aux:pass"}
+        } | {s.words[head - 1].lower()}
+        wrong = {"are", "were", "have", "do"} if word.lower() != "i" else {"is", "are", "has", "does", "were"}
         assert not verb_forms & wrong, s
         if word == "I":
           assert s.xpos[head - 1] != "VBZ", s

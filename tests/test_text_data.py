@@ -1,4 +1,5 @@
 """TextCorpus builder: plain-text folder -> TFDS (array_record) -> documents, with no TensorFlow."""
+
 import importlib.util
 import re
 import subprocess
@@ -40,7 +41,9 @@ def test_changed_source_is_prepared_again(tmp_path):
   assert len(text_tfds.load_documents(tmp_path, "tiny", "train", tfds_dir=tmp_path / "tfds")) == 3
   (corpus / "train.txt").write_text("Only\n\nTwo docs now, longer file")
   assert list(text_tfds.load_documents(tmp_path, "tiny", "train", tfds_dir=tmp_path / "tfds")) == [
-      "Only", "Two docs now, longer file"]
+    "Only",
+    "Two docs now, longer file",
+  ]
 
 
 def test_prepared_corpus_reads_through_catalog_name(tmp_path):
@@ -70,8 +73,9 @@ def test_bad_corpus_is_user_error_naming_path(tmp_path, problem):
     corpus = write_corpus(tmp_path, train={"empty_train": "", "blank_train": "\n \n\n"}.get(problem, TRAIN))
     if problem == "no_valid":
       (corpus / "valid.txt").unlink()
-  expected = {"no_dir": "text/tiny", "no_valid": "valid.txt", "empty_train": "train.txt",
-              "blank_train": "train.txt"}[problem]
+  expected = {"no_dir": "text/tiny", "no_valid": "valid.txt", "empty_train": "train.txt", "blank_train": "train.txt"}[
+    problem
+  ]
   with pytest.raises(UserError, match=re.escape(expected)):
     text_tfds.load_documents(tmp_path, "tiny", "train", tfds_dir=tmp_path / "tfds")
 

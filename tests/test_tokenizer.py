@@ -1,4 +1,5 @@
 """SentencePiece tokenizer: specials, determinism, round trip, word pieces, loading."""
+
 import json
 
 import numpy as np

@@ -69,11 +69,21 @@ def test_kill_9_then_resume_is_bit_identical(synthetic_data_dir, tmp_path):
   config = tiny_config(synthetic_data_dir, "decoder", steps=steps)
   train_and_evaluate(config, tmp_path / "straight")
 
-  overrides = [f"--config.data_dir={synthetic_data_dir}", "--config.data.vocab_size=512", "--config.model.d_model=32",
-               "--config.model.d_head=8", "--config.model.d_ff=64", f"--config.train.steps={steps}",
-               "--config.train.batch_size=16", "--config.train.seq_len=32", "--config.train.log_every=1",
-               "--config.train.eval_every=0", "--config.train.diversity_every=0",
-               "--config.train.checkpoint_every=2", "--config.train.keep_steps=()"]
+  overrides = [
+    f"--config.data_dir={synthetic_data_dir}",
+    "--config.data.vocab_size=512",
+    "--config.model.d_model=32",
+    "--config.model.d_head=8",
+    "--config.model.d_ff=64",
+    f"--config.train.steps={steps}",
+    "--config.train.batch_size=16",
+    "--config.train.seq_len=32",
+    "--config.train.log_every=1",
+    "--config.train.eval_every=0",
+    "--config.train.diversity_every=0",
+    "--config.train.checkpoint_every=2",
+    "--config.train.keep_steps=()",
+  ]
   cmd = _cli("train", f"--config={REPO}/configs/quickstart.py:decoder", f"--workdir={tmp_path / 'killed'}", *overrides)
   proc = subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
   deadline = time.time() + 240
@@ -94,10 +104,19 @@ def test_kill_9_then_resume_is_bit_identical(synthetic_data_dir, tmp_path):
 
 @pytest.mark.slow
 def test_sigterm_saves_and_exits_cleanly(synthetic_data_dir, tmp_path):
-  cmd = _cli("train", f"--config={REPO}/configs/quickstart.py:decoder", f"--workdir={tmp_path}",
-             f"--config.data_dir={synthetic_data_dir}", "--config.data.vocab_size=512",
-             "--config.train.steps=100000", "--config.train.checkpoint_every=100000", "--config.train.eval_every=0",
-             "--config.train.diversity_every=0", "--config.train.log_every=1", "--config.train.keep_steps=()")
+  cmd = _cli(
+    "train",
+    f"--config={REPO}/configs/quickstart.py:decoder",
+    f"--workdir={tmp_path}",
+    f"--config.data_dir={synthetic_data_dir}",
+    "--config.data.vocab_size=512",
+    "--config.train.steps=100000",
+    "--config.train.checkpoint_every=100000",
+    "--config.train.eval_every=0",
+    "--config.train.diversity_every=0",
+    "--config.train.log_every=1",
+    "--config.train.keep_steps=()",
+  )
   proc = subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
   metrics = tmp_path / "metrics.jsonl"
   deadline = time.time() + 240
@@ -153,11 +172,11 @@ def test_workdir_with_another_model_shape_is_refused(synthetic_data_dir, tmp_pat
 def test_cli_errors_are_one_line(tmp_path):
   env = dict(os.environ, HEADSPEC_DATA_DIR=str(tmp_path / "nowhere"))
   cases = [
-      ["train", f"--config={REPO}/configs/quickstart.py", f"--workdir={tmp_path}/w", "--config.model.nope=1"],
-      ["train", f"--config={REPO}/configs/missing.py", f"--workdir={tmp_path}/w"],
-      ["train", f"--config={REPO}/configs/quickstart.py", f"--workdir={tmp_path}/w"],
-      ["train", f"--config={REPO}/configs/quickstart.py", f"--workdir={tmp_path}/w", f"--config.data_dir={tmp_path}"],
-      ["frobnicate"],
+    ["train", f"--config={REPO}/configs/quickstart.py", f"--workdir={tmp_path}/w", "--config.model.nope=1"],
+    ["train", f"--config={REPO}/configs/missing.py", f"--workdir={tmp_path}/w"],
+    ["train", f"--config={REPO}/configs/quickstart.py", f"--workdir={tmp_path}/w"],
+    ["train", f"--config={REPO}/configs/quickstart.py", f"--workdir={tmp_path}/w", f"--config.data_dir={tmp_path}"],
+    ["frobnicate"],
   ]
   for args in cases:
     done = subprocess.run(_cli(*args), cwd=REPO, capture_output=True, text=True, env=env, timeout=120)

@@ -1,4 +1,5 @@
 """CoNLL-U reading: real EWT counts, multiword tokens and empty nodes, and file:line errors."""
+
 import re
 
 import pytest
@@ -32,9 +33,13 @@ def _write(tmp_path, text, name="bad.conllu"):
 def test_reads_words_not_tokens(tmp_path):
   first, second = treebank.read_conllu(_write(tmp_path, GOOD, "good.conllu"))
   assert first == treebank.Sentence(
-      sent_id="s1", words=("They", "do", "n't", "sleep", "."),
-      upos=("PRON", "AUX", "PART", "VERB", "PUNCT"), xpos=("PRP", "VBP", "RB", "VB", "."),
-      heads=(4, 4, 4, 0, 4), deprels=("nsubj", "aux", "advmod", "root", "punct"))
+    sent_id="s1",
+    words=("They", "do", "n't", "sleep", "."),
+    upos=("PRON", "AUX", "PART", "VERB", "PUNCT"),
+    xpos=("PRP", "VBP", "RB", "VB", "."),
+    heads=(4, 4, 4, 0, 4),
+    deprels=("nsubj", "aux", "advmod", "root", "punct"),
+  )
   assert second.sent_id == "s2" and second.deprels == ("root", "advmod:lmod")
 
 
@@ -49,7 +54,7 @@ def test_ewt_dev(data_dir):
   assert s.words[27:] == ("they", "did", "n't", ".")
   assert s.upos[28:30] == ("AUX", "PART") and s.heads[29] == 29
   raw = (data_dir / "ud/en_ewt/en_ewt-ud-dev.conllu").read_text(encoding="utf-8")
-  block = raw[raw.index(f"# sent_id = {s.sent_id}\n"):].split("\n\n")[0]
+  block = raw[raw.index(f"# sent_id = {s.sent_id}\n") :].split("\n\n")[0]
   ids = [line.split("\t")[0] for line in block.splitlines() if not line.startswith("#")]
   ranges = [tuple(map(int, i.split("-"))) for i in ids if "-" in i]
   covered = {w for a, b in ranges for w in range(a, b + 1)}
@@ -64,8 +69,11 @@ def test_ewt_dev(data_dir):
 def test_splits(data_dir):
   assert treebank.available_splits(data_dir, "en_ewt") == ["train", "dev", "test"]
   assert treebank.available_splits(data_dir, "en_gum") == ["dev", "test"]
-  with pytest.raises(UserError, match=r"en_gum-ud-train.conllu not found \(splits present for "
-                     r"en_gum: dev, test\)"):
+  with pytest.raises(
+    UserError,
+    match=r"en_gum-ud-train.conllu not found \(splits present for "
+    r"en_gum: dev, test\)",
+  ):
     treebank.load_split(data_dir, "en_gum", "train")
   with pytest.raises(UserError, match="unknown split 'validation'"):
     treebank.load_split(data_dir, "en_ewt", "validation")
@@ -76,6 +84,7 @@ def test_splits(data_dir):
 @pytest.mark.slow
 def test_ewt_train_is_fast(data_dir):
   import time
+
   start = time.process_time()
   sentences = treebank.load_split(data_dir, "en_ewt", "train")
   assert len(sentences) == 12544
@@ -91,25 +100,35 @@ def _bad(line_no, *edits):
   return text, line_no
 
 
-@pytest.mark.parametrize("text, line, message", [
+@pytest.mark.parametrize(
+  "text, line, message",
+  [
     (*_bad(3, "\t4\tnsubj\t_\t_", "\t4\tnsubj\t_"), "expected 10 tab-separated columns, found 9"),
-    (*_bad(7, "\t0\troot\t_\t_\n4.1", "\t0\troot\t_\t_\textra\n4.1"),
-     "expected 10 tab-separated columns, found 11"),
+    (*_bad(7, "\t0\troot\t_\t_\n4.1", "\t0\troot\t_\t_\textra\n4.1"), "expected 10 tab-separated columns, found 11"),
     (*_bad(3, "\t4\tnsubj", "\t7x\tnsubj"), "HEAD '7x' is not an integer"),
     (*_bad(3, "\t4\tnsubj", "\t_\tnsubj"), "HEAD '_' is not an integer"),
     (*_bad(9, "\t4\tpunct", "\t9\tpunct"), r"HEAD 9 is out of range \(sentence has 5 words\)"),
     (*_bad(3, "\t4\tnsubj", "\t-1\tnsubj"), r"HEAD -1 is out of range"),
     (*_bad(9, "\t4\tpunct", "\t0\tpunct"), r"several roots \(words 4 and 5 have HEAD 0\)"),
-    (*_bad(1, "\t0\troot\t_\t_\n4.1", "\t1\troot\t_\t_\n4.1"),
-     r"sentence has no root"),
-    (*_bad(3, "1\tThey\tthey\tPRON\tPRP\t_\t4", "1\tThey\tthey\tPRON\tPRP\t_\t3",
-           "3\tn't\tnot\tPART\tRB\t_\t4", "3\tn't\tnot\tPART\tRB\t_\t1"),
-     r"HEAD cycle 1 -> 3 -> 1"),
+    (*_bad(1, "\t0\troot\t_\t_\n4.1", "\t1\troot\t_\t_\n4.1"), r"sentence has no root"),
+    (
+      *_bad(
+        3,
+        "1\tThey\tthey\tPRON\tPRP\t_\t4",
+        "1\tThey\tthey\tPRON\tPRP\t_\t3",
+        "3\tn't\tnot\tPART\tRB\t_\t4",
+        "3\tn't\tnot\tPART\tRB\t_\t1",
+      ),
+      r"HEAD cycle 1 -> 3 -> 1",
+    ),
     (*_bad(5, "\t4\taux", "\t2\taux"), r"HEAD cycle 2 -> 2"),
-    (*_bad(7, "4\tsleep\tsleep\tVERB\tVB\t_\t0", "6\tsleep\tsleep\tVERB\tVB\t_\t0"),
-     r"word ID 6 out of order \(expected 4\)"),
+    (
+      *_bad(7, "4\tsleep\tsleep\tVERB\tVB\t_\t0", "6\tsleep\tsleep\tVERB\tVB\t_\t0"),
+      r"word ID 6 out of order \(expected 4\)",
+    ),
     (*_bad(4, "2-3\tdon't", "2-x\tdon't"), r"Failed parsing field 'id': '2-x' is not a valid ID"),
-])
+  ],
+)
 def test_malformed(tmp_path, text, line, message):
   path = _write(tmp_path, text)
   with pytest.raises(UserError) as error:
@@ -125,9 +144,13 @@ def test_cycle_in_second_sentence_names_its_line(tmp_path):
     treebank.read_conllu(path)
 
 
-@pytest.mark.parametrize("text, message", [
-    ("", "no sentences"), ("\n\n# just a comment\n\n", "no sentences"),
-])
+@pytest.mark.parametrize(
+  "text, message",
+  [
+    ("", "no sentences"),
+    ("\n\n# just a comment\n\n", "no sentences"),
+  ],
+)
 def test_empty_file(tmp_path, text, message):
   path = _write(tmp_path, text)
   with pytest.raises(UserError, match=re.escape(f"{path}: {message}")):

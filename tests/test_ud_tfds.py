@@ -1,4 +1,5 @@
 """TFDS array_record round trip equals read_conllu (runs without TensorFlow installed)."""
+
 import shutil
 
 import pytest
@@ -10,8 +11,9 @@ from headspec.errors import UserError
 
 @pytest.fixture(scope="module")
 def synth_dir(tmp_path_factory):
-  return synthetic.write_synthetic(tmp_path_factory.mktemp("synth"), seed=1, num_train=200,
-                                   num_dev=40, num_test=30, num_text_sentences=20)
+  return synthetic.write_synthetic(
+    tmp_path_factory.mktemp("synth"), seed=1, num_train=200, num_dev=40, num_test=30, num_text_sentences=20
+  )
 
 
 def test_round_trip_synthetic(synth_dir, tmp_path):
@@ -19,8 +21,7 @@ def test_round_trip_synthetic(synth_dir, tmp_path):
     expected = treebank.load_split(synth_dir, "synthetic", split)
     assert ud_tfds.load_split_tfds(synth_dir, "synthetic", split, tmp_path) == expected
   # Prepared once: the registered name reads it back with tfds.data_source, in file order.
-  source = tfds.data_source("headspec_universal_dependencies/synthetic", split="dev",
-                            data_dir=tmp_path, download=False)
+  source = tfds.data_source("headspec_universal_dependencies/synthetic", split="dev", data_dir=tmp_path, download=False)
   dev = treebank.load_split(synth_dir, "synthetic", "dev")
   assert len(source) == 40
   assert source[7]["sent_id"].decode() == dev[7].sent_id == "synthetic-dev-00008"
@@ -28,11 +29,11 @@ def test_round_trip_synthetic(synth_dir, tmp_path):
 
 
 def test_rebuilds_when_source_changes(tmp_path):
-  data = synthetic.write_synthetic(tmp_path / "data", seed=5, num_train=10, num_dev=10,
-                                   num_test=10, num_text_sentences=20)
+  data = synthetic.write_synthetic(
+    tmp_path / "data", seed=5, num_train=10, num_dev=10, num_test=10, num_text_sentences=20
+  )
   first = ud_tfds.load_split_tfds(data, "synthetic", "dev", tmp_path / "tfds")
-  synthetic.write_synthetic(data, seed=6, num_train=10, num_dev=12, num_test=10,
-                            num_text_sentences=20)
+  synthetic.write_synthetic(data, seed=6, num_train=10, num_dev=12, num_test=10, num_text_sentences=20)
   second = ud_tfds.load_split_tfds(data, "synthetic", "dev", tmp_path / "tfds")
   assert len(first) == 10 and second == treebank.load_split(data, "synthetic", "dev")
 

@@ -5,6 +5,7 @@ writes data_dir/ud/<treebank>/<treebank>-ud-{train,dev,test}.conllu. Each file g
 file first, is validated with `read_conllu`, and only then moved into place, so a broken download
 never looks like data. Standard-library urllib only: three plain GET requests need no client.
 """
+
 import argparse
 import os
 import pathlib
@@ -21,16 +22,16 @@ DEFAULT_BASE_URL = "https://raw.githubusercontent.com/UniversalDependencies"
 
 # UD treebank code -> GitHub repository. Others: pass repo="UD_<Language>-<Name>".
 REPOSITORIES = {
-    "en_ewt": "UD_English-EWT",
-    "en_gum": "UD_English-GUM",
-    "en_lines": "UD_English-LinES",
-    "en_partut": "UD_English-ParTUT",
-    "en_pud": "UD_English-PUD",
-    "de_gsd": "UD_German-GSD",
-    "fr_gsd": "UD_French-GSD",
-    "es_ancora": "UD_Spanish-AnCora",
-    "zh_gsd": "UD_Chinese-GSD",
-    "ja_gsd": "UD_Japanese-GSD",
+  "en_ewt": "UD_English-EWT",
+  "en_gum": "UD_English-GUM",
+  "en_lines": "UD_English-LinES",
+  "en_partut": "UD_English-ParTUT",
+  "en_pud": "UD_English-PUD",
+  "de_gsd": "UD_German-GSD",
+  "fr_gsd": "UD_French-GSD",
+  "es_ancora": "UD_Spanish-AnCora",
+  "zh_gsd": "UD_Chinese-GSD",
+  "ja_gsd": "UD_Japanese-GSD",
 }
 
 
@@ -53,10 +54,17 @@ def _fetch(url, target, timeout):
   return pathlib.Path(tmp)
 
 
-def download_ud(treebank: str, data_dir, *, repo: str | None = None,
-                release: str = DEFAULT_RELEASE, base_url: str = DEFAULT_BASE_URL,
-                force: bool = False, timeout: float = 60.0,
-                log=print) -> list[pathlib.Path]:
+def download_ud(
+  treebank: str,
+  data_dir,
+  *,
+  repo: str | None = None,
+  release: str = DEFAULT_RELEASE,
+  base_url: str = DEFAULT_BASE_URL,
+  force: bool = False,
+  timeout: float = 60.0,
+  log=print,
+) -> list[pathlib.Path]:
   """Fetches <base_url>/<repo>/<release>/<treebank>-ud-<split>.conllu for train, dev, test.
 
   Splits the server lacks (404) are skipped with a notice; none at all is an error. Existing
@@ -64,8 +72,10 @@ def download_ud(treebank: str, data_dir, *, repo: str | None = None,
   """
   repo = repo or REPOSITORIES.get(treebank)
   if repo is None:
-    raise UserError(f"unknown treebank {treebank!r}: pass its repository, e.g. "
-                    f"--repo=UD_<Language>-<Name> (known: {', '.join(sorted(REPOSITORIES))})")
+    raise UserError(
+      f"unknown treebank {treebank!r}: pass its repository, e.g. "
+      f"--repo=UD_<Language>-<Name> (known: {', '.join(sorted(REPOSITORIES))})"
+    )
   folder = pathlib.Path(data_dir) / "ud" / treebank
   folder.mkdir(parents=True, exist_ok=True)
   paths = []
@@ -89,8 +99,9 @@ def download_ud(treebank: str, data_dir, *, repo: str | None = None,
     log(f"{target}: {len(sentences)} sentences")
     paths.append(target)
   if not paths:
-    raise UserError(f"no {treebank} files found at {base_url}/{repo}/{release}/ (check the "
-                    f"repository name and release)")
+    raise UserError(
+      f"no {treebank} files found at {base_url}/{repo}/{release}/ (check the repository name and release)"
+    )
   return paths
 
 
@@ -103,14 +114,21 @@ class _ArgumentParser(argparse.ArgumentParser):
 
 def main_download(args: list[str], data_dir) -> list[pathlib.Path]:
   """CLI entry: `headspec data download ud <treebank> [--repo R] [--release R] [--force]`."""
-  parser = _ArgumentParser(prog="headspec data download ud",
-                           description="Fetch a UD treebank into DATA_DIR/ud/<treebank>/.")
+  parser = _ArgumentParser(
+    prog="headspec data download ud", description="Fetch a UD treebank into DATA_DIR/ud/<treebank>/."
+  )
   parser.add_argument("treebank", help="UD code, e.g. en_ewt")
   parser.add_argument("--repo", default=None, help="GitHub repository, e.g. UD_English-EWT")
   parser.add_argument("--release", default=DEFAULT_RELEASE, help="git tag or branch")
   parser.add_argument("--base-url", default=DEFAULT_BASE_URL)
   parser.add_argument("--force", action="store_true", help="replace existing files")
   options = parser.parse_args(args)
-  return download_ud(options.treebank, data_dir, repo=options.repo, release=options.release,
-                     base_url=options.base_url, force=options.force,
-                     log=lambda line: print(line, file=sys.stderr))
+  return download_ud(
+    options.treebank,
+    data_dir,
+    repo=options.repo,
+    release=options.release,
+    base_url=options.base_url,
+    force=options.force,
+    log=lambda line: print(line, file=sys.stderr),
+  )

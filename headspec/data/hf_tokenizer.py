@@ -6,6 +6,7 @@ accent stripping and Chinese-character splitting from `tokenizer_config.json`), 
 `vocab.json` + `merges.txt`. The result implements headspec's `Tokenizer` protocol
 (headspec/data/tokenizer.py); `save` writes it into a run's `tokenizer/` folder as kind `huggingface`.
 """
+
 from __future__ import annotations
 
 import json
@@ -22,8 +23,13 @@ from headspec.errors import UserError
 FAMILIES = ("bert", "gpt2")
 TOKENIZER_JSON = "tokenizer.json"
 # Special-token roles and their defaults, as in transformers' BertTokenizer and GPT2Tokenizer.
-_BERT_SPECIALS = {"pad_token": "[PAD]", "unk_token": "[UNK]", "sep_token": "[SEP]", "cls_token": "[CLS]",
-                  "mask_token": "[MASK]"}
+_BERT_SPECIALS = {
+  "pad_token": "[PAD]",
+  "unk_token": "[UNK]",
+  "sep_token": "[SEP]",
+  "cls_token": "[CLS]",
+  "mask_token": "[MASK]",
+}
 _GPT2_SPECIALS = {"eos_token": "<|endoftext|>", "unk_token": "<|endoftext|>", "pad_token": None}
 
 
@@ -78,8 +84,9 @@ class HFTokenizer:
     out_dir = pathlib.Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     self.backend.save(os.fspath(out_dir / TOKENIZER_JSON))
-    info = dict(kind="huggingface", family=self.family, specials=self.specials, vocab_size=self.vocab_size,
-                source=self.source)
+    info = dict(
+      kind="huggingface", family=self.family, specials=self.specials, vocab_size=self.vocab_size, source=self.source
+    )
     (out_dir / INFO_FILE).write_text(json.dumps(info, indent=1) + "\n")
 
   def __repr__(self) -> str:
@@ -120,15 +127,19 @@ def _bert_wordpiece(model_dir: pathlib.Path, settings: dict, specials: dict) -> 
     raise UserError(f"{model_dir / 'tokenizer_config.json'}: do_basic_tokenize=false is not supported")
   vocab_file = model_dir / "vocab.txt"
   try:
-    wordpiece = models.WordPiece.from_file(os.fspath(vocab_file), unk_token=specials["unk_token"],
-                                           max_input_chars_per_word=100)
+    wordpiece = models.WordPiece.from_file(
+      os.fspath(vocab_file), unk_token=specials["unk_token"], max_input_chars_per_word=100
+    )
   except Exception as e:
     raise UserError(f"{vocab_file}: not a readable WordPiece vocabulary ({str(e).splitlines()[0]})") from None
   backend = tokenizers.Tokenizer(wordpiece)
   lowercase = settings.get("do_lower_case", True)
   backend.normalizer = normalizers.BertNormalizer(
-      clean_text=True, handle_chinese_chars=settings.get("tokenize_chinese_chars", True),
-      strip_accents=settings.get("strip_accents"), lowercase=lowercase)  # strip_accents None follows lowercase
+    clean_text=True,
+    handle_chinese_chars=settings.get("tokenize_chinese_chars", True),
+    strip_accents=settings.get("strip_accents"),
+    lowercase=lowercase,
+  )  # strip_accents None follows lowercase
   backend.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
   backend.decoder = decoders.WordPiece(prefix="##")
   return backend
@@ -164,8 +175,9 @@ def load_hf_tokenizer(model_dir: str | os.PathLike, family: str) -> HFTokenizer:
   needed = ("vocab.txt",) if family == "bert" else ("vocab.json", "merges.txt")
   missing = [name for name in needed if not (model_dir / name).is_file()]
   if missing:
-    raise UserError(f"{model_dir}: no tokenizer files (need {TOKENIZER_JSON} or {' + '.join(needed)}; "
-                    f"missing {', '.join(missing)})")
+    raise UserError(
+      f"{model_dir}: no tokenizer files (need {TOKENIZER_JSON} or {' + '.join(needed)}; missing {', '.join(missing)})"
+    )
   backend = _bert_wordpiece(model_dir, settings, specials) if family == "bert" else _gpt2_bpe(model_dir, settings)
   # Special tokens written in text map to their ids and are never split, as in transformers.
   present = [token for token in dict.fromkeys(specials.values()) if token and backend.token_to_id(token) is not None]

@@ -5,6 +5,7 @@ rows cut from the joined stream, ragged tail dropped). `make_lm_iterator` shuffl
 forms global batches and gives each host only its slice of every global batch; its state is a small
 JSON dict, so it goes into an orbax checkpoint and training resumes on exactly the next batch.
 """
+
 from __future__ import annotations
 
 import logging
@@ -30,8 +31,9 @@ def tokenize_stream(documents: Iterable[str], tokenizer: Tokenizer) -> np.ndarra
   return np.concatenate(parts)
 
 
-def pack_tokens(documents: Iterable[str], tokenizer: Tokenizer, seq_len: int, *,
-                cache_path: str | os.PathLike | None = None) -> np.ndarray:
+def pack_tokens(
+  documents: Iterable[str], tokenizer: Tokenizer, seq_len: int, *, cache_path: str | os.PathLike | None = None
+) -> np.ndarray:
   """int32 [N, seq_len]: the documents tokenized, joined with eos and cut into rows (tail dropped).
 
   With `cache_path`, the token stream is saved there as .npy and read back on later calls (for any
@@ -41,8 +43,10 @@ def pack_tokens(documents: Iterable[str], tokenizer: Tokenizer, seq_len: int, *,
   if cache is not None and cache.is_file():
     stream = np.load(cache)
     if stream.ndim != 1 or stream.dtype != np.int32 or (stream.size and stream.max() >= tokenizer.vocab_size):
-      raise UserError(f"{cache}: token cache does not fit this tokenizer (vocab_size {tokenizer.vocab_size}); "
-                      "delete it to tokenize again")
+      raise UserError(
+        f"{cache}: token cache does not fit this tokenizer (vocab_size {tokenizer.vocab_size}); "
+        "delete it to tokenize again"
+      )
   else:
     stream = tokenize_stream(documents, tokenizer)
     if cache is not None:
@@ -56,9 +60,16 @@ def pack_tokens(documents: Iterable[str], tokenizer: Tokenizer, seq_len: int, *,
   return stream[: num_rows * seq_len].reshape(num_rows, seq_len)
 
 
-def make_lm_iterator(tokens_NT: np.ndarray, *, global_batch_size: int, seed: int, process_index: int = 0,
-                     process_count: int = 1, shuffle: bool = True,
-                     num_epochs: int | None = None) -> grain.DatasetIterator:
+def make_lm_iterator(
+  tokens_NT: np.ndarray,
+  *,
+  global_batch_size: int,
+  seed: int,
+  process_index: int = 0,
+  process_count: int = 1,
+  shuffle: bool = True,
+  num_epochs: int | None = None,
+) -> grain.DatasetIterator:
   """Iterator of {'tokens': int32 [global_batch_size // process_count, T]}: this host's rows of each batch.
 
   Global batch b is rows b*G .. (b+1)*G - 1 of the (per-epoch reshuffled) row stream; host p gets the
@@ -69,8 +80,9 @@ def make_lm_iterator(tokens_NT: np.ndarray, *, global_batch_size: int, seed: int
   if tokens_NT.ndim != 2 or len(tokens_NT) == 0:
     raise UserError(f"LM data: empty corpus (token rows of shape {tokens_NT.shape})")
   if global_batch_size <= 0 or global_batch_size % process_count:
-    raise UserError(f"train.batch_size={global_batch_size}: must be a positive multiple of the "
-                    f"{process_count} processes")
+    raise UserError(
+      f"train.batch_size={global_batch_size}: must be a positive multiple of the {process_count} processes"
+    )
   if not 0 <= process_index < process_count:
     raise ValueError(f"process_index {process_index} not in [0, {process_count})")
   per_host = global_batch_size // process_count
@@ -81,11 +93,13 @@ def make_lm_iterator(tokens_NT: np.ndarray, *, global_batch_size: int, seed: int
   if num_epochs is not None:
     num_batches = len(rows) // global_batch_size
     if num_batches == 0:
-      raise UserError(f"LM data: {len(tokens_NT)} rows x {num_epochs} epochs is less than one global batch "
-                      f"of {global_batch_size}")
+      raise UserError(
+        f"LM data: {len(tokens_NT)} rows x {num_epochs} epochs is less than one global batch of {global_batch_size}"
+      )
     if num_batches * global_batch_size < len(rows):
-      logging.info("LM data: dropping %d rows after the last full global batch",
-                   len(rows) - num_batches * global_batch_size)
+      logging.info(
+        "LM data: dropping %d rows after the last full global batch", len(rows) - num_batches * global_batch_size
+      )
     rows = rows[: num_batches * global_batch_size]
   host_batches = rows.batch(per_host, drop_remainder=True)[process_index::process_count]
   batches = host_batches.map(lambda tokens_BT: {"tokens": tokens_BT})

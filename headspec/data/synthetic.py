@@ -13,6 +13,7 @@ negation, copular sentences with the predicate as head (cop), clause, verb-phras
 coordination (cc, conj), yes/no and wh-questions, and punctuation (punct) on the clause it
 delimits. Agreement (a/an, this/these, 3rd-person -s, am/is/are) is respected.
 """
+
 import dataclasses
 import pathlib
 import random
@@ -21,121 +22,313 @@ import conllu
 
 # --- Lexicon ---------------------------------------------------------------------------------
 # Nouns: singular, plural. The `_HUMAN` ones take `who` in relative clauses.
-_HUMAN = [("teacher", "teachers"), ("student", "students"), ("child", "children"),
-          ("farmer", "farmers"), ("doctor", "doctors"), ("friend", "friends"), ("king", "kings"),
-          ("queen", "queens"), ("artist", "artists"), ("writer", "writers"),
-          ("neighbor", "neighbors"), ("soldier", "soldiers"), ("girl", "girls"), ("boy", "boys"),
-          ("man", "men"), ("woman", "women"), ("baby", "babies"), ("player", "players"),
-          ("engineer", "engineers"), ("nurse", "nurses"), ("driver", "drivers"),
-          ("singer", "singers"), ("lawyer", "lawyers"), ("visitor", "visitors")]
-_ANIMAL = [("dog", "dogs"), ("cat", "cats"), ("bird", "birds"), ("horse", "horses"),
-           ("fox", "foxes"), ("mouse", "mice"), ("rabbit", "rabbits"), ("wolf", "wolves")]
-_THING = [("book", "books"), ("car", "cars"), ("house", "houses"), ("tree", "trees"),
-          ("letter", "letters"), ("window", "windows"), ("door", "doors"), ("table", "tables"),
-          ("story", "stories"), ("song", "songs"), ("boat", "boats"), ("box", "boxes"),
-          ("key", "keys"), ("lamp", "lamps"), ("phone", "phones"), ("computer", "computers"),
-          ("report", "reports"), ("plan", "plans"), ("picture", "pictures"), ("chair", "chairs"),
-          ("gift", "gifts"), ("cake", "cakes"), ("apple", "apples"), ("bottle", "bottles"),
-          ("bag", "bags"), ("coat", "coats"), ("hat", "hats"), ("ball", "balls"),
-          ("film", "films"), ("poem", "poems"), ("map", "maps"), ("ticket", "tickets"),
-          ("bicycle", "bicycles"), ("photo", "photos"), ("newspaper", "newspapers"),
-          ("message", "messages"), ("painting", "paintings"), ("bridge", "bridges")]
-_PLACE = [("city", "cities"), ("river", "rivers"), ("garden", "gardens"), ("road", "roads"),
-          ("market", "markets"), ("village", "villages"), ("mountain", "mountains"),
-          ("school", "schools"), ("hospital", "hospitals"), ("office", "offices"),
-          ("shop", "shops"), ("park", "parks"), ("forest", "forests"), ("lake", "lakes"),
-          ("island", "islands"), ("station", "stations"), ("kitchen", "kitchens"),
-          ("library", "libraries"), ("street", "streets"), ("beach", "beaches")]
+_HUMAN = [
+  ("teacher", "teachers"),
+  ("student", "students"),
+  ("child", "children"),
+  ("farmer", "farmers"),
+  ("doctor", "doctors"),
+  ("friend", "friends"),
+  ("king", "kings"),
+  ("queen", "queens"),
+  ("artist", "artists"),
+  ("writer", "writers"),
+  ("neighbor", "neighbors"),
+  ("soldier", "soldiers"),
+  ("girl", "girls"),
+  ("boy", "boys"),
+  ("man", "men"),
+  ("woman", "women"),
+  ("baby", "babies"),
+  ("player", "players"),
+  ("engineer", "engineers"),
+  ("nurse", "nurses"),
+  ("driver", "drivers"),
+  ("singer", "singers"),
+  ("lawyer", "lawyers"),
+  ("visitor", "visitors"),
+]
+_ANIMAL = [
+  ("dog", "dogs"),
+  ("cat", "cats"),
+  ("bird", "birds"),
+  ("horse", "horses"),
+  ("fox", "foxes"),
+  ("mouse", "mice"),
+  ("rabbit", "rabbits"),
+  ("wolf", "wolves"),
+]
+_THING = [
+  ("book", "books"),
+  ("car", "cars"),
+  ("house", "houses"),
+  ("tree", "trees"),
+  ("letter", "letters"),
+  ("window", "windows"),
+  ("door", "doors"),
+  ("table", "tables"),
+  ("story", "stories"),
+  ("song", "songs"),
+  ("boat", "boats"),
+  ("box", "boxes"),
+  ("key", "keys"),
+  ("lamp", "lamps"),
+  ("phone", "phones"),
+  ("computer", "computers"),
+  ("report", "reports"),
+  ("plan", "plans"),
+  ("picture", "pictures"),
+  ("chair", "chairs"),
+  ("gift", "gifts"),
+  ("cake", "cakes"),
+  ("apple", "apples"),
+  ("bottle", "bottles"),
+  ("bag", "bags"),
+  ("coat", "coats"),
+  ("hat", "hats"),
+  ("ball", "balls"),
+  ("film", "films"),
+  ("poem", "poems"),
+  ("map", "maps"),
+  ("ticket", "tickets"),
+  ("bicycle", "bicycles"),
+  ("photo", "photos"),
+  ("newspaper", "newspapers"),
+  ("message", "messages"),
+  ("painting", "paintings"),
+  ("bridge", "bridges"),
+]
+_PLACE = [
+  ("city", "cities"),
+  ("river", "rivers"),
+  ("garden", "gardens"),
+  ("road", "roads"),
+  ("market", "markets"),
+  ("village", "villages"),
+  ("mountain", "mountains"),
+  ("school", "schools"),
+  ("hospital", "hospitals"),
+  ("office", "offices"),
+  ("shop", "shops"),
+  ("park", "parks"),
+  ("forest", "forests"),
+  ("lake", "lakes"),
+  ("island", "islands"),
+  ("station", "stations"),
+  ("kitchen", "kitchens"),
+  ("library", "libraries"),
+  ("street", "streets"),
+  ("beach", "beaches"),
+]
 _NOUNS = _HUMAN + _ANIMAL + _THING + _PLACE
 _HUMAN_SET = {s for s, _ in _HUMAN}
-_COMPOUND_MODIFIERS = ["school", "city", "village", "garden", "kitchen", "office", "train",
-                       "coffee", "music", "family", "river", "football", "market", "computer"]
+_COMPOUND_MODIFIERS = [
+  "school",
+  "city",
+  "village",
+  "garden",
+  "kitchen",
+  "office",
+  "train",
+  "coffee",
+  "music",
+  "family",
+  "river",
+  "football",
+  "market",
+  "computer",
+]
 _ANIMATE = _HUMAN + _ANIMAL
-_PEOPLE = ["Anna", "John", "Maria", "Peter", "Sarah", "David", "Emma", "Tom", "Laura", "James",
-           "Lucy", "Daniel", "Alice", "Robert", "Susan", "Michael"]
+_PEOPLE = [
+  "Anna",
+  "John",
+  "Maria",
+  "Peter",
+  "Sarah",
+  "David",
+  "Emma",
+  "Tom",
+  "Laura",
+  "James",
+  "Lucy",
+  "Daniel",
+  "Alice",
+  "Robert",
+  "Susan",
+  "Michael",
+]
 _CITIES = ["Paris", "London", "Berlin", "Tokyo", "Chicago", "Rome", "Boston", "Madrid"]
 _TWO_PART_CITIES = [("New", "York"), ("Los", "Angeles"), ("Hong", "Kong"), ("San", "Francisco")]
 
 # Verbs: lemma, 3sg present, past, past participle, gerund.
 _TRANSITIVE = [
-    ("see", "sees", "saw", "seen", "seeing"), ("find", "finds", "found", "found", "finding"),
-    ("like", "likes", "liked", "liked", "liking"), ("watch", "watches", "watched", "watched",
-                                                    "watching"),
-    ("build", "builds", "built", "built", "building"), ("read", "reads", "read", "read", "reading"),
-    ("write", "writes", "wrote", "written", "writing"), ("carry", "carries", "carried", "carried",
-                                                         "carrying"),
-    ("open", "opens", "opened", "opened", "opening"), ("paint", "paints", "painted", "painted",
-                                                       "painting"),
-    ("visit", "visits", "visited", "visited", "visiting"), ("help", "helps", "helped", "helped",
-                                                            "helping"),
-    ("follow", "follows", "followed", "followed", "following"), ("buy", "buys", "bought", "bought",
-                                                                 "buying"),
-    ("clean", "cleans", "cleaned", "cleaned", "cleaning"), ("break", "breaks", "broke", "broken",
-                                                            "breaking"),
-    ("take", "takes", "took", "taken", "taking"), ("love", "loves", "loved", "loved", "loving"),
-    ("meet", "meets", "met", "met", "meeting"), ("hear", "hears", "heard", "heard", "hearing"),
-    ("chase", "chases", "chased", "chased", "chasing"), ("fix", "fixes", "fixed", "fixed",
-                                                         "fixing"),
-    ("sell", "sells", "sold", "sold", "selling"), ("draw", "draws", "drew", "drawn", "drawing"),
-    ("catch", "catches", "caught", "caught", "catching"), ("keep", "keeps", "kept", "kept",
-                                                           "keeping"),
-    ("remember", "remembers", "remembered", "remembered", "remembering"),
-    ("close", "closes", "closed", "closed", "closing"), ("lose", "loses", "lost", "lost", "losing"),
+  ("see", "sees", "saw", "seen", "seeing"),
+  ("find", "finds", "found", "found", "finding"),
+  ("like", "likes", "liked", "liked", "liking"),
+  ("watch", "watches", "watched", "watched", "watching"),
+  ("build", "builds", "built", "built", "building"),
+  ("read", "reads", "read", "read", "reading"),
+  ("write", "writes", "wrote", "written", "writing"),
+  ("carry", "carries", "carried", "carried", "carrying"),
+  ("open", "opens", "opened", "opened", "opening"),
+  ("paint", "paints", "painted", "painted", "painting"),
+  ("visit", "visits", "visited", "visited", "visiting"),
+  ("help", "helps", "helped", "helped", "helping"),
+  ("follow", "follows", "followed", "followed", "following"),
+  ("buy", "buys", "bought", "bought", "buying"),
+  ("clean", "cleans", "cleaned", "cleaned", "cleaning"),
+  ("break", "breaks", "broke", "broken", "breaking"),
+  ("take", "takes", "took", "taken", "taking"),
+  ("love", "loves", "loved", "loved", "loving"),
+  ("meet", "meets", "met", "met", "meeting"),
+  ("hear", "hears", "heard", "heard", "hearing"),
+  ("chase", "chases", "chased", "chased", "chasing"),
+  ("fix", "fixes", "fixed", "fixed", "fixing"),
+  ("sell", "sells", "sold", "sold", "selling"),
+  ("draw", "draws", "drew", "drawn", "drawing"),
+  ("catch", "catches", "caught", "caught", "catching"),
+  ("keep", "keeps", "kept", "kept", "keeping"),
+  ("remember", "remembers", "remembered", "remembered", "remembering"),
+  ("close", "closes", "closed", "closed", "closing"),
+  ("lose", "loses", "lost", "lost", "losing"),
 ]
 _INTRANSITIVE = [
-    ("sleep", "sleeps", "slept", "slept", "sleeping"), ("run", "runs", "ran", "run", "running"),
-    ("arrive", "arrives", "arrived", "arrived", "arriving"), ("laugh", "laughs", "laughed",
-                                                              "laughed", "laughing"),
-    ("smile", "smiles", "smiled", "smiled", "smiling"), ("wait", "waits", "waited", "waited",
-                                                         "waiting"),
-    ("fall", "falls", "fell", "fallen", "falling"), ("swim", "swims", "swam", "swum", "swimming"),
-    ("sing", "sings", "sang", "sung", "singing"), ("work", "works", "worked", "worked", "working"),
-    ("leave", "leaves", "left", "left", "leaving"), ("cry", "cries", "cried", "cried", "crying"),
-    ("walk", "walks", "walked", "walked", "walking"), ("travel", "travels", "traveled", "traveled",
-                                                       "traveling"),
-    ("dance", "dances", "danced", "danced", "dancing"), ("sit", "sits", "sat", "sat", "sitting"),
+  ("sleep", "sleeps", "slept", "slept", "sleeping"),
+  ("run", "runs", "ran", "run", "running"),
+  ("arrive", "arrives", "arrived", "arrived", "arriving"),
+  ("laugh", "laughs", "laughed", "laughed", "laughing"),
+  ("smile", "smiles", "smiled", "smiled", "smiling"),
+  ("wait", "waits", "waited", "waited", "waiting"),
+  ("fall", "falls", "fell", "fallen", "falling"),
+  ("swim", "swims", "swam", "swum", "swimming"),
+  ("sing", "sings", "sang", "sung", "singing"),
+  ("work", "works", "worked", "worked", "working"),
+  ("leave", "leaves", "left", "left", "leaving"),
+  ("cry", "cries", "cried", "cried", "crying"),
+  ("walk", "walks", "walked", "walked", "walking"),
+  ("travel", "travels", "traveled", "traveled", "traveling"),
+  ("dance", "dances", "danced", "danced", "dancing"),
+  ("sit", "sits", "sat", "sat", "sitting"),
 ]
 _DITRANSITIVE = [
-    ("give", "gives", "gave", "given", "giving"), ("send", "sends", "sent", "sent", "sending"),
-    ("show", "shows", "showed", "shown", "showing"), ("offer", "offers", "offered", "offered",
-                                                      "offering"),
-    ("bring", "brings", "brought", "brought", "bringing"), ("lend", "lends", "lent", "lent",
-                                                            "lending"),
+  ("give", "gives", "gave", "given", "giving"),
+  ("send", "sends", "sent", "sent", "sending"),
+  ("show", "shows", "showed", "shown", "showing"),
+  ("offer", "offers", "offered", "offered", "offering"),
+  ("bring", "brings", "brought", "brought", "bringing"),
+  ("lend", "lends", "lent", "lent", "lending"),
 ]
-_CONTROL = [("want", "wants", "wanted", "wanted", "wanting"), ("try", "tries", "tried", "tried",
-                                                               "trying"),
-            ("need", "needs", "needed", "needed", "needing"), ("decide", "decides", "decided",
-                                                               "decided", "deciding"),
-            ("hope", "hopes", "hoped", "hoped", "hoping")]
-_COGNITION = [("think", "thinks", "thought", "thought", "thinking"),
-              ("say", "says", "said", "said", "saying"), ("know", "knows", "knew", "known",
-                                                          "knowing"),
-              ("believe", "believes", "believed", "believed", "believing"),
-              ("hear", "hears", "heard", "heard", "hearing")]
-_ADJECTIVES = ["big", "small", "old", "young", "happy", "sad", "red", "green", "quiet", "loud",
-               "bright", "dark", "tall", "short", "strong", "angry", "clever", "famous", "new",
-               "warm", "cold", "heavy", "beautiful", "strange", "busy", "kind", "brave", "tired",
-               "empty", "blue", "white", "little", "hungry", "careful", "polite", "lazy"]
-_PRED_ADJECTIVES = ["happy", "sad", "quiet", "tired", "angry", "busy", "hungry", "ready",
-                    "late", "right", "wrong", "afraid", "cold", "warm", "empty", "open", "kind"]
-_PREPOSITIONS = ["in", "on", "near", "with", "under", "behind", "from", "at", "beside",
-                 "across", "without", "inside"]
-_VERB_PREPOSITIONS = ["in", "near", "at", "behind", "after", "before", "during", "with",
-                      "across", "inside"]
-_EVENT_NOUNS = [("lunch", "lunches"), ("dinner", "dinners"), ("meeting", "meetings"),
-                ("storm", "storms"), ("party", "parties"), ("game", "games"),
-                ("concert", "concerts"), ("class", "classes")]
-_MANNER_ADVERBS = ["quickly", "slowly", "carefully", "quietly", "happily", "loudly", "easily",
-                   "badly", "suddenly", "again", "well", "together"]
+_CONTROL = [
+  ("want", "wants", "wanted", "wanted", "wanting"),
+  ("try", "tries", "tried", "tried", "trying"),
+  ("need", "needs", "needed", "needed", "needing"),
+  ("decide", "decides", "decided", "decided", "deciding"),
+  ("hope", "hopes", "hoped", "hoped", "hoping"),
+]
+_COGNITION = [
+  ("think", "thinks", "thought", "thought", "thinking"),
+  ("say", "says", "said", "said", "saying"),
+  ("know", "knows", "knew", "known", "knowing"),
+  ("believe", "believes", "believed", "believed", "believing"),
+  ("hear", "hears", "heard", "heard", "hearing"),
+]
+_ADJECTIVES = [
+  "big",
+  "small",
+  "old",
+  "young",
+  "happy",
+  "sad",
+  "red",
+  "green",
+  "quiet",
+  "loud",
+  "bright",
+  "dark",
+  "tall",
+  "short",
+  "strong",
+  "angry",
+  "clever",
+  "famous",
+  "new",
+  "warm",
+  "cold",
+  "heavy",
+  "beautiful",
+  "strange",
+  "busy",
+  "kind",
+  "brave",
+  "tired",
+  "empty",
+  "blue",
+  "white",
+  "little",
+  "hungry",
+  "careful",
+  "polite",
+  "lazy",
+]
+_PRED_ADJECTIVES = [
+  "happy",
+  "sad",
+  "quiet",
+  "tired",
+  "angry",
+  "busy",
+  "hungry",
+  "ready",
+  "late",
+  "right",
+  "wrong",
+  "afraid",
+  "cold",
+  "warm",
+  "empty",
+  "open",
+  "kind",
+]
+_PREPOSITIONS = ["in", "on", "near", "with", "under", "behind", "from", "at", "beside", "across", "without", "inside"]
+_VERB_PREPOSITIONS = ["in", "near", "at", "behind", "after", "before", "during", "with", "across", "inside"]
+_EVENT_NOUNS = [
+  ("lunch", "lunches"),
+  ("dinner", "dinners"),
+  ("meeting", "meetings"),
+  ("storm", "storms"),
+  ("party", "parties"),
+  ("game", "games"),
+  ("concert", "concerts"),
+  ("class", "classes"),
+]
+_MANNER_ADVERBS = [
+  "quickly",
+  "slowly",
+  "carefully",
+  "quietly",
+  "happily",
+  "loudly",
+  "easily",
+  "badly",
+  "suddenly",
+  "again",
+  "well",
+  "together",
+]
 _FREQUENCY_ADVERBS = ["often", "never", "always", "sometimes", "usually", "rarely", "also"]
-_SUBORDINATORS = ["because", "when", "while", "although", "if", "before", "after", "since",
-                  "until"]
+_SUBORDINATORS = ["because", "when", "while", "although", "if", "before", "after", "since", "until"]
 _MODALS = ["will", "can", "must", "should", "may", "might", "would", "could"]
 _NUMBERS = ["two", "three", "four", "five", "six", "ten"]
-_SUBJECT_PRONOUNS = [("I", 1, "sg"), ("you", 2, "pl"), ("he", 3, "sg"), ("she", 3, "sg"),
-                     ("it", 3, "sg"), ("we", 1, "pl"), ("they", 3, "pl")]
-_OBJECT_PRONOUNS = {"I": "me", "you": "you", "he": "him", "she": "her", "it": "it", "we": "us",
-                    "they": "them"}
+_SUBJECT_PRONOUNS = [
+  ("I", 1, "sg"),
+  ("you", 2, "pl"),
+  ("he", 3, "sg"),
+  ("she", 3, "sg"),
+  ("it", 3, "sg"),
+  ("we", 1, "pl"),
+  ("they", 3, "pl"),
+]
+_OBJECT_PRONOUNS = {"I": "me", "you": "you", "he": "him", "she": "her", "it": "it", "we": "us", "they": "them"}
 _SINGULAR_DETERMINERS = ["the"] * 5 + ["a"] * 4 + ["this", "that", "every", "no"]
 _PLURAL_DETERMINERS = ["the"] * 5 + ["these", "those", "some", "no"]
 _POSSESSIVES = ["my", "your", "his", "her", "its", "our", "their"]
@@ -147,6 +340,7 @@ _MIN_WORDS, _MAX_WORDS = 3, 30
 @dataclasses.dataclass(eq=False, slots=True)
 class _Tok:
   """A word under construction; `head` is another _Tok (None for the root)."""
+
   form: str
   lemma: str
   upos: str
@@ -197,8 +391,7 @@ class _Grammar:
       return self._name(names)
     number = number or ("pl" if self.p(0.3) else "sg")
     singular, plural = self.pick(nouns)
-    noun = _Tok(singular if number == "sg" else plural, singular, "NOUN",
-                "NN" if number == "sg" else "NNS")
+    noun = _Tok(singular if number == "sg" else plural, singular, "NOUN", "NN" if number == "sg" else "NNS")
     pre = []
     roll = self.random()
     if roll < 0.12:
@@ -235,8 +428,7 @@ class _Grammar:
     if names is _CITIES and self.p(0.25):
       first, second = self.pick(_TWO_PART_CITIES)
       head = _Tok(second, second, "PROPN", "NNP")
-      return _NP([_attach(_Tok(first, first, "PROPN", "NNP"), head, "compound"), head], head, 3,
-                 "sg")
+      return _NP([_attach(_Tok(first, first, "PROPN", "NNP"), head, "compound"), head], head, 3, "sg")
     name = self.pick(names)
     head = _Tok(name, name, "PROPN", "NNP")
     return _NP([head], head, 3, "sg")
@@ -355,8 +547,7 @@ class _Grammar:
       toks += obj.toks
       _attach(obj.head, verb, "obj")
     if self.p(0.3):  # PP on the verb: obl (competes with the nmod PPs inside the object)
-      toks += self.prep_phrase(verb, "obl", depth + 1, _VERB_PREPOSITIONS,
-                               nouns=_PLACE + _EVENT_NOUNS, names=_CITIES)
+      toks += self.prep_phrase(verb, "obl", depth + 1, _VERB_PREPOSITIONS, nouns=_PLACE + _EVENT_NOUNS, names=_CITIES)
     if self.p(0.15):
       toks.append(_attach(_Tok(self.pick(_MANNER_ADVERBS), "", "ADV", "RB"), verb, "advmod"))
     return verb, toks
@@ -399,8 +590,7 @@ class _Grammar:
       if self.p(0.2):
         toks.insert(0, _attach(_Tok("very", "very", "ADV", "RB"), pred, "advmod"))
     elif kind < 0.75:
-      np = self.noun_phrase(depth + 1, "pobj", _HUMAN if subject.pronoun else _NOUNS,
-                            number=subject.number)
+      np = self.noun_phrase(depth + 1, "pobj", _HUMAN if subject.pronoun else _NOUNS, number=subject.number)
       pred, toks = np.head, np.toks
     else:
       prep = self.pick(_PREPOSITIONS[:9])
@@ -435,8 +625,9 @@ class _Grammar:
       _attach(subject.head, pred, "nsubj")
       return pred, [_attach(_Tok(form, "be", "AUX", xpos), pred, "cop")] + subject.toks + [pred]
     third_sg = subject.person == 3 and subject.number == "sg"
-    aux_form, aux_xpos = self.pick([("did", "VBD"), ("does", "VBZ") if third_sg else ("do", "VBP"),
-                                   (self.pick(_MODALS), "MD")])
+    aux_form, aux_xpos = self.pick(
+      [("did", "VBD"), ("does", "VBZ") if third_sg else ("do", "VBP"), (self.pick(_MODALS), "MD")]
+    )
     aux = _Tok(aux_form, "do" if aux_xpos != "MD" else aux_form, "AUX", aux_xpos)
     lemma = self.pick(_TRANSITIVE)[0]
     verb = _Tok(lemma, lemma, "VERB", "VB")
@@ -493,8 +684,9 @@ def _finish(toks):
 
 
 def _text(toks):
-  return "".join(t.form + ("" if i + 1 < len(toks) and toks[i + 1].upos == "PUNCT" else " ")
-                 for i, t in enumerate(toks)).strip()
+  return "".join(
+    t.form + ("" if i + 1 < len(toks) and toks[i + 1].upos == "PUNCT" else " ") for i, t in enumerate(toks)
+  ).strip()
 
 
 def _sample(rng, count):
@@ -510,11 +702,21 @@ def _sample(rng, count):
 
 def _conllu(toks, sent_id):
   index = {id(t): i for i, t in enumerate(toks, start=1)}
-  rows = [{
-      "id": i, "form": t.form, "lemma": t.lemma, "upos": t.upos, "xpos": t.xpos, "feats": None,
-      "head": 0 if t.head is None else index[id(t.head)], "deprel": t.deprel, "deps": None,
+  rows = [
+    {
+      "id": i,
+      "form": t.form,
+      "lemma": t.lemma,
+      "upos": t.upos,
+      "xpos": t.xpos,
+      "feats": None,
+      "head": 0 if t.head is None else index[id(t.head)],
+      "deprel": t.deprel,
+      "deps": None,
       "misc": ({"SpaceAfter": "No"} if i < len(toks) and toks[i].upos == "PUNCT" else None),
-  } for i, t in enumerate(toks, start=1)]
+    }
+    for i, t in enumerate(toks, start=1)
+  ]
   return conllu.TokenList(rows, {"sent_id": sent_id, "text": _text(toks)}).serialize()
 
 
@@ -528,13 +730,14 @@ def _documents(rng, sentences):
   lines, i = [], 0
   while i < len(sentences):
     size = rng.randint(5, 20)
-    lines.append("\n".join(sentences[i:i + size]))
+    lines.append("\n".join(sentences[i : i + size]))
     i += size
   return "\n\n".join(lines) + "\n"
 
 
-def write_synthetic(out_dir, *, seed=0, num_train=4000, num_dev=500, num_test=500,
-                    num_text_sentences=40000) -> pathlib.Path:
+def write_synthetic(
+  out_dir, *, seed=0, num_train=4000, num_dev=500, num_test=500, num_text_sentences=40000
+) -> pathlib.Path:
   """Writes out_dir/ud/synthetic/synthetic-ud-{train,dev,test}.conllu and
   out_dir/text/synthetic/{train,valid}.txt (valid gets 1/20 of the text sentences); returns out_dir.
 
@@ -547,8 +750,7 @@ def write_synthetic(out_dir, *, seed=0, num_train=4000, num_dev=500, num_test=50
   text_dir.mkdir(parents=True, exist_ok=True)
   for split, count in (("train", num_train), ("dev", num_dev), ("test", num_test)):
     sentences = _sample(_rng(seed, split), count)
-    body = "".join(_conllu(toks, f"synthetic-{split}-{i:05d}")
-                   for i, toks in enumerate(sentences, start=1))
+    body = "".join(_conllu(toks, f"synthetic-{split}-{i:05d}") for i, toks in enumerate(sentences, start=1))
     (ud_dir / f"synthetic-ud-{split}.conllu").write_text(body, encoding="utf-8")
   rng = _rng(seed, "text")
   text = [_text(toks) for toks in _sample(rng, num_text_sentences)]

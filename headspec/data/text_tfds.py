@@ -9,6 +9,7 @@ reads the documents back with random access through `tfds.data_source`.
 feature instead. Catalog datasets are usually prepared as tfrecord, which needs TensorFlow (the optional
 extra `headspec[tf]`); one already prepared as array_record in `tfds_dir` is read without it.
 """
+
 from __future__ import annotations
 
 import logging
@@ -78,18 +79,20 @@ class TextCorpus(tfds.core.GeneratorBasedBuilder):
 
   def _info(self) -> tfds.core.DatasetInfo:
     return tfds.core.DatasetInfo(
-        builder=self,
-        description="Documents of a plain-text corpus (blank-line separated, lines joined by '\\n').",
-        features=tfds.features.FeaturesDict({"text": tfds.features.Text()}),
-        disable_shuffling=True,  # keep the file's document order
-        metadata=tfds.core.MetadataDict(source=self._source_dir and _fingerprint(self._source_dir)),
+      builder=self,
+      description="Documents of a plain-text corpus (blank-line separated, lines joined by '\\n').",
+      features=tfds.features.FeaturesDict({"text": tfds.features.Text()}),
+      disable_shuffling=True,  # keep the file's document order
+      metadata=tfds.core.MetadataDict(source=self._source_dir and _fingerprint(self._source_dir)),
     )
 
   def _split_generators(self, dl_manager):
     del dl_manager  # local files only
     if self._source_dir is None:
-      raise UserError(f"text corpus {self.builder_config.name}: not prepared in {self._data_dir_root}; "
-                      "prepare it with load_documents(data_dir, corpus, ...)")
+      raise UserError(
+        f"text corpus {self.builder_config.name}: not prepared in {self._data_dir_root}; "
+        "prepare it with load_documents(data_dir, corpus, ...)"
+      )
     return {split: self._generate_examples(_split_path(self._source_dir, split)) for split in SPLITS}
 
   def _generate_examples(self, path: pathlib.Path):
@@ -154,15 +157,16 @@ def prepare_corpus(data_dir: str | os.PathLike, corpus: str, *, tfds_dir: str | 
   return builder
 
 
-def load_documents(data_dir: str | os.PathLike, corpus: str, split: str, *,
-                   tfds_dir: str | os.PathLike) -> Sequence[str]:
+def load_documents(
+  data_dir: str | os.PathLike, corpus: str, split: str, *, tfds_dir: str | os.PathLike
+) -> Sequence[str]:
   """The documents of one split of a corpus (prepared first if needed), as a lazy sequence of str.
 
   `corpus` names a folder under `data_dir/text/`, or a TFDS catalog dataset as `tfds:<name>`.
   `split` is `train` or `valid` (for catalog datasets without `valid`: `validation`, then `test`).
   """
   if corpus.startswith(CATALOG_PREFIX):
-    return _load_catalog(corpus[len(CATALOG_PREFIX):], split, tfds_dir=tfds_dir)
+    return _load_catalog(corpus[len(CATALOG_PREFIX) :], split, tfds_dir=tfds_dir)
   if split not in SPLITS:
     raise UserError(f"split {split!r}: use one of {', '.join(SPLITS)}")
   builder = prepare_corpus(data_dir, corpus, tfds_dir=tfds_dir)
@@ -193,8 +197,10 @@ def _load_catalog(name: str, split: str, *, tfds_dir: str | os.PathLike) -> Sequ
   try:
     import tensorflow  # noqa: F401  pylint: disable=g-import-not-at-top,unused-import
   except ImportError:
-    raise UserError(f"tfds:{name}: not prepared as array_record in {tfds_dir}; preparing and reading TFDS "
-                    "catalog datasets needs TensorFlow: pip install headspec[tf]")
+    raise UserError(  # noqa: B904  (the ImportError is the expected case, not a chained failure)
+      f"tfds:{name}: not prepared as array_record in {tfds_dir}; preparing and reading TFDS "
+      "catalog datasets needs TensorFlow: pip install headspec[tf]"
+    )
   builder.download_and_prepare()
   dataset = builder.as_dataset(split=_catalog_split(builder, name, split))
   return [_as_str(example[feature]) for example in tfds.as_numpy(dataset)]

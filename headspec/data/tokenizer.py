@@ -4,6 +4,7 @@ A tokenizer directory holds `headspec_tokenizer.json` whose `kind` picks the loa
 `train_sentencepiece` writes kind `sentencepiece` with `spm.model` beside it. Other kinds (Hugging Face
 WordPiece / byte-level BPE for imported models) plug in through `register_tokenizer_kind`.
 """
+
 from __future__ import annotations
 
 import importlib
@@ -114,8 +115,15 @@ def sample_lines(documents: Iterable[str], max_lines: int, seed: int) -> list[st
   return [line for _, line in sorted(reservoir)]
 
 
-def train_sentencepiece(documents: Iterable[str], out_dir: str | os.PathLike, *, vocab_size: int, seed: int = 0,
-                        max_sentences: int = 100_000, model_type: str = "bpe") -> SentencePieceTokenizer:
+def train_sentencepiece(
+  documents: Iterable[str],
+  out_dir: str | os.PathLike,
+  *,
+  vocab_size: int,
+  seed: int = 0,
+  max_sentences: int = 100_000,
+  model_type: str = "bpe",
+) -> SentencePieceTokenizer:
   """Trains a SentencePiece model on a sample of the documents' lines; writes out_dir/spm.model and the json.
 
   Deterministic for given documents, vocab_size, seed and max_sentences. BPE is the default because it
@@ -130,19 +138,42 @@ def train_sentencepiece(documents: Iterable[str], out_dir: str | os.PathLike, *,
   model = io.BytesIO()
   try:
     spm.SentencePieceTrainer.train(
-        sentence_iterator=iter(lines), model_writer=model, vocab_size=vocab_size, model_type=model_type,
-        pad_id=0, unk_id=1, eos_id=2, bos_id=-1, pad_piece=PAD, unk_piece=UNK, eos_piece=EOS,
-        control_symbols=[MASK], byte_fallback=True, character_coverage=0.9995,
-        num_threads=os.cpu_count() or 1, minloglevel=2)
+      sentence_iterator=iter(lines),
+      model_writer=model,
+      vocab_size=vocab_size,
+      model_type=model_type,
+      pad_id=0,
+      unk_id=1,
+      eos_id=2,
+      bos_id=-1,
+      pad_piece=PAD,
+      unk_piece=UNK,
+      eos_piece=EOS,
+      control_symbols=[MASK],
+      byte_fallback=True,
+      character_coverage=0.9995,
+      num_threads=os.cpu_count() or 1,
+      minloglevel=2,
+    )
   except RuntimeError as e:  # e.g. vocab_size larger than the sample supports
     raise UserError(f"tokenizer training (vocab_size={vocab_size}): {str(e).strip().splitlines()[-1]}") from None
   out_dir = pathlib.Path(out_dir)
   out_dir.mkdir(parents=True, exist_ok=True)
   (out_dir / SPM_MODEL_FILE).write_bytes(model.getvalue())
   tokenizer = SentencePieceTokenizer(out_dir / SPM_MODEL_FILE)
-  info = dict(kind="sentencepiece", model_file=SPM_MODEL_FILE, model_type=model_type, vocab_size=tokenizer.vocab_size,
-              pad_id=tokenizer.pad_id, unk_id=tokenizer.unk_id, eos_id=tokenizer.eos_id, mask_id=tokenizer.mask_id,
-              seed=seed, max_sentences=max_sentences, num_sentences=len(lines))
+  info = dict(
+    kind="sentencepiece",
+    model_file=SPM_MODEL_FILE,
+    model_type=model_type,
+    vocab_size=tokenizer.vocab_size,
+    pad_id=tokenizer.pad_id,
+    unk_id=tokenizer.unk_id,
+    eos_id=tokenizer.eos_id,
+    mask_id=tokenizer.mask_id,
+    seed=seed,
+    max_sentences=max_sentences,
+    num_sentences=len(lines),
+  )
   (out_dir / INFO_FILE).write_text(json.dumps(info, indent=1) + "\n")
   return tokenizer
 
@@ -153,8 +184,8 @@ def _load_sentencepiece(tokenizer_dir: pathlib.Path, info: dict) -> SentencePiec
 
 # kind -> loader(tokenizer_dir, info) or "module:function" (imported on first use, so no import cycles).
 _LOADERS: dict[str, Callable[[pathlib.Path, dict], Tokenizer] | str] = {
-    "sentencepiece": _load_sentencepiece,
-    "huggingface": "headspec.data.hf_tokenizer:load_saved",  # imported pretrained models (BERT, GPT-2)
+  "sentencepiece": _load_sentencepiece,
+  "huggingface": "headspec.data.hf_tokenizer:load_saved",  # imported pretrained models (BERT, GPT-2)
 }
 
 

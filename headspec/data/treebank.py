@@ -5,6 +5,7 @@ Fields are split and IDs parsed by the `conllu` library. What it does not do, an
 HEAD range, exactly one root and no cycles. Multiword-token ranges (`3-4`) and empty nodes (`5.1`)
 are dropped, as UD defines the syntactic words to be the integer-ID lines.
 """
+
 import dataclasses
 import pathlib
 
@@ -20,6 +21,7 @@ SPLITS = ("train", "dev", "test")
 @dataclasses.dataclass(frozen=True)
 class Sentence:
   """One UD sentence, syntactic words only; `heads` are 1-based with 0 for the root."""
+
   sent_id: str
   words: tuple[str, ...]
   upos: tuple[str, ...]
@@ -58,13 +60,15 @@ def _parse_block(where, block):
     if columns != 10:
       raise UserError(f"{where}:{n}: expected 10 tab-separated columns, found {columns}")
   try:
-    return conllu.parse_token_and_metadata("\n".join(line for _, line in block),
-                                           field_parsers=_FIELD_PARSERS), token_lines
+    return conllu.parse_token_and_metadata(
+      "\n".join(line for _, line in block), field_parsers=_FIELD_PARSERS
+    ), token_lines
   except conllu.exceptions.ParseException as e:
     for n, line in token_lines:
       try:
-        conllu.parser.parse_line(line, conllu.parser.DEFAULT_FIELDS, dict(_FIELD_PARSERS,
-                                 id=conllu.parser.DEFAULT_FIELD_PARSERS["id"]))
+        conllu.parser.parse_line(
+          line, conllu.parser.DEFAULT_FIELDS, dict(_FIELD_PARSERS, id=conllu.parser.DEFAULT_FIELD_PARSERS["id"])
+        )
       except conllu.exceptions.ParseException as line_error:
         raise UserError(f"{where}:{n}: {line_error}") from None
     raise UserError(f"{where}:{block[0][0]}: {e}") from None
@@ -82,7 +86,7 @@ def _find_cycle(heads):
       path.append(node)
       node = heads[node - 1]
     if state[node] == 1:
-      return path[path.index(node):]
+      return path[path.index(node) :]
     for n in path:
       state[n] = 2
   return None
@@ -112,19 +116,18 @@ def _sentence(where, start, block, index, default_id):
   if not roots:
     raise UserError(f"{where}:{start}: sentence has no root (no word with HEAD 0)")
   if len(roots) > 1:
-    raise UserError(f"{where}:{lines[roots[1] - 1]}: several roots (words {roots[0]} and "
-                    f"{roots[1]} have HEAD 0)")
+    raise UserError(f"{where}:{lines[roots[1] - 1]}: several roots (words {roots[0]} and {roots[1]} have HEAD 0)")
   cycle = _find_cycle(heads)
   if cycle:
     chain = " -> ".join(str(w) for w in cycle + cycle[:1])
     raise UserError(f"{where}:{lines[cycle[0] - 1]}: HEAD cycle {chain}")
   return Sentence(
-      sent_id=tokens.metadata.get("sent_id") or f"{default_id}-{index}",
-      words=tuple(t["form"] for t in words),
-      upos=tuple(t["upos"] for t in words),
-      xpos=tuple(t["xpos"] for t in words),
-      heads=tuple(heads),
-      deprels=tuple(t["deprel"] for t in words),
+    sent_id=tokens.metadata.get("sent_id") or f"{default_id}-{index}",
+    words=tuple(t["form"] for t in words),
+    upos=tuple(t["upos"] for t in words),
+    xpos=tuple(t["xpos"] for t in words),
+    heads=tuple(heads),
+    deprels=tuple(t["deprel"] for t in words),
   )
 
 
@@ -137,9 +140,11 @@ def read_conllu(path) -> list[Sentence]:
     text = path.read_text(encoding="utf-8")
   except UnicodeDecodeError as e:
     raise UserError(f"{path}: not UTF-8 ({e.reason} at byte {e.start})") from None
-  sentences = [_sentence(path, start, block, i, path.stem)
-               for i, (start, block) in enumerate(_blocks(text), start=1)
-               if any(not line.startswith("#") for _, line in block)]
+  sentences = [
+    _sentence(path, start, block, i, path.stem)
+    for i, (start, block) in enumerate(_blocks(text), start=1)
+    if any(not line.startswith("#") for _, line in block)
+  ]
   if not sentences:
     raise UserError(f"{path}: no sentences (empty CoNLL-U file)")
   return sentences
@@ -148,8 +153,7 @@ def read_conllu(path) -> list[Sentence]:
 def split_path(data_dir, treebank: str, split: str) -> pathlib.Path:
   """data_dir/ud/<treebank>/<treebank>-ud-<split>.conllu, the UD release naming."""
   if split not in SPLITS:
-    raise UserError(f"unknown split {split!r} for treebank {treebank!r} (expected one of "
-                    f"{', '.join(SPLITS)})")
+    raise UserError(f"unknown split {split!r} for treebank {treebank!r} (expected one of {', '.join(SPLITS)})")
   return pathlib.Path(data_dir) / "ud" / treebank / f"{treebank}-ud-{split}.conllu"
 
 
@@ -157,8 +161,7 @@ def available_splits(data_dir, treebank: str) -> list[str]:
   """The splits of `treebank` present under data_dir, in train, dev, test order."""
   folder = pathlib.Path(data_dir) / "ud" / treebank
   if not folder.is_dir():
-    raise UserError(f"no treebank folder {folder} (get it with `headspec data download ud "
-                    f"{treebank}`)")
+    raise UserError(f"no treebank folder {folder} (get it with `headspec data download ud {treebank}`)")
   return [s for s in SPLITS if split_path(data_dir, treebank, s).is_file()]
 
 
@@ -167,6 +170,5 @@ def load_split(data_dir, treebank: str, split: str) -> list[Sentence]:
   path = split_path(data_dir, treebank, split)
   present = available_splits(data_dir, treebank)
   if split not in present:
-    raise UserError(f"{path} not found (splits present for {treebank}: "
-                    f"{', '.join(present) or 'none'})")
+    raise UserError(f"{path} not found (splits present for {treebank}: {', '.join(present) or 'none'})")
   return read_conllu(path)

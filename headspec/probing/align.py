@@ -12,6 +12,7 @@ where it has the most context (encoders: the larger min(left, right) context; de
 context), so no word is dropped. Written here because no library aligns UD words to arbitrary tokenizers
 with windows.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -79,8 +80,10 @@ def align(sentences: Sequence[Sequence[str]], tokenizer, max_len: int, *, causal
   prefix, suffix = tuple(tokenizer.prefix_ids), tuple(tokenizer.suffix_ids)
   context = max_len - len(prefix) - len(suffix)
   if context < 1:
-    raise UserError(f"model max_len={max_len} leaves no room for words after the tokenizer's "
-                    f"{len(prefix) + len(suffix)} special tokens")
+    raise UserError(
+      f"model max_len={max_len} leaves no room for words after the tokenizer's "
+      f"{len(prefix) + len(suffix)} special tokens"
+    )
   windows, window_sentence, window_words = [], [], []
   word_window, word_start, word_end, word_sentence = [], [], [], []
   num_split = num_truncated = 0
@@ -112,11 +115,16 @@ def align(sentences: Sequence[Sequence[str]], tokenizer, max_len: int, *, causal
       word_end.append(start + int(counts[j]))
       word_sentence.append(i)
   return Alignment(
-      windows=windows, window_sentence=np.asarray(window_sentence, np.int32),
-      window_words=np.asarray(window_words, np.int32).reshape(-1, 2),
-      word_window_N=np.asarray(word_window, np.int32), word_start_N=np.asarray(word_start, np.int32),
-      word_end_N=np.asarray(word_end, np.int32), word_sentence_N=np.asarray(word_sentence, np.int32),
-      num_split_sentences=num_split, num_truncated_words=num_truncated)
+    windows=windows,
+    window_sentence=np.asarray(window_sentence, np.int32),
+    window_words=np.asarray(window_words, np.int32).reshape(-1, 2),
+    word_window_N=np.asarray(word_window, np.int32),
+    word_start_N=np.asarray(word_start, np.int32),
+    word_end_N=np.asarray(word_end, np.int32),
+    word_sentence_N=np.asarray(word_sentence, np.int32),
+    num_split_sentences=num_split,
+    num_truncated_words=num_truncated,
+  )
 
 
 def pooling_matrix(start_BW: np.ndarray, end_BW: np.ndarray, num_tokens: int, pooling: str) -> np.ndarray:

@@ -18,11 +18,12 @@ side into rows of `width` words (first-fit decreasing bin packing) and a word's 
 to its own sentence, so the O(width²) score matrix is spent on words, not padding: EWT sentences
 average ~16 words, so padding each to the longest (64) would cost ~4x more.
 """
+
 from __future__ import annotations
 
 import dataclasses
 import functools
-from typing import Sequence
+from collections.abc import Sequence
 
 import jax
 import jax.numpy as jnp
@@ -38,6 +39,7 @@ PACK_WIDTH = 64  # words per packed row; longer sentences get a row of their own
 @dataclasses.dataclass(frozen=True)
 class FittedArcProbes:
   """Per group: a_GKR, b_GKR, root_GR (chosen l2), standardisation, l2 and dev UAS per grid value."""
+
   mean_GK: np.ndarray
   std_GK: np.ndarray
   a_GKR: np.ndarray
@@ -53,6 +55,7 @@ class FittedArcProbes:
 class _Packing:
   """Word n sits at (row_N[n], col_N[n]) of a [num_rows, width] grid; start_N[n] is the column of its
   sentence's first word (which also names the sentence within its row)."""
+
   width: int
   num_rows: int
   row_N: np.ndarray
@@ -99,8 +102,10 @@ def _lengths_and_heads(heads: Sequence[np.ndarray], x_NGK, what: str) -> tuple[n
   lengths_S = np.array([len(h) for h in heads], np.int64)
   heads_N = np.concatenate([np.asarray(h, np.int64) for h in heads]) if len(heads) else np.zeros(0, np.int64)
   if x_NGK.ndim != 3 or x_NGK.shape[0] != len(heads_N) or not len(heads_N) or (lengths_S < 1).any():
-    raise UserError(f"arc probe {what}: need x_NGK with one row per word of the non-empty sentences; got "
-                    f"{x_NGK.shape} for {len(heads)} sentences of {len(heads_N)} words")
+    raise UserError(
+      f"arc probe {what}: need x_NGK with one row per word of the non-empty sentences; got "
+      f"{x_NGK.shape} for {len(heads)} sentences of {len(heads_N)} words"
+    )
   if (heads_N < 0).any() or (heads_N > np.repeat(lengths_S, lengths_S)).any():
     raise UserError(f"arc probe {what}: a head index is outside its sentence (heads are 1-based, 0 = ROOT)")
   return lengths_S, heads_N
@@ -196,9 +201,9 @@ def _predict(params_list, x_NGK, lengths_S, mean_GK, std_GK, chunk_words: int) -
       x = np.zeros((rows,) + x_RWGK.shape[1:], np.float32)
       sentence = np.full((rows, int(width)), -1, np.int32)
       n = min(rows, packing.num_rows - r0)
-      x[:n], sentence[:n] = x_RWGK[r0:r0 + n], sentence_RW[r0:r0 + n]
+      x[:n], sentence[:n] = x_RWGK[r0 : r0 + n], sentence_RW[r0 : r0 + n]
       for o, params in zip(out, params_list):
-        o[r0:r0 + n] = np.asarray(_argmax_BWG(params, x, sentence, mean_GK, std_GK))[:n]
+        o[r0 : r0 + n] = np.asarray(_argmax_BWG(params, x, sentence, mean_GK, std_GK))[:n]
     for pred, o in zip(preds, out):
       j_NG = o[packing.row_N, packing.col_N]
       pred[words_N] = np.where(j_NG == 0, 0, j_NG - packing.start_N[:, None])
@@ -210,10 +215,20 @@ def uas(pred_NG, heads_N) -> np.ndarray:
   return (np.asarray(pred_NG) == np.asarray(heads_N)[:, None]).mean(0)
 
 
-def fit_arc_probes(x_train_NGK, heads_train: Sequence[np.ndarray], x_dev_NGK, heads_dev: Sequence[np.ndarray], *,
-                   rank: int | None = None, l2_grid: Sequence[float] = DEFAULT_ARC_L2_GRID, seed: int = 0,
-                   epochs: int = 10, batch_words: int = 512, learning_rate: float = 1e-2,
-                   chunk_words: int = 8192) -> FittedArcProbes:
+def fit_arc_probes(
+  x_train_NGK,
+  heads_train: Sequence[np.ndarray],
+  x_dev_NGK,
+  heads_dev: Sequence[np.ndarray],
+  *,
+  rank: int | None = None,
+  l2_grid: Sequence[float] = DEFAULT_ARC_L2_GRID,
+  seed: int = 0,
+  epochs: int = 10,
+  batch_words: int = 512,
+  learning_rate: float = 1e-2,
+  chunk_words: int = 8192,
+) -> FittedArcProbes:
   """Fits the bilinear arc probe for every group and l2 value; keeps the best l2 per group on dev.
 
   x_*_NGK: word features (sentences in order); heads_*: one array per sentence of gold heads (0 = ROOT,
@@ -236,21 +251,42 @@ def fit_arc_probes(x_train_NGK, heads_train: Sequence[np.ndarray], x_dev_NGK, he
   num_l = len(l2_L)
   k_a, k_b, _, k_train = jax.random.split(jax.random.PRNGKey(seed), 4)
   init = lambda key, shape: jax.random.normal(key, shape) / np.sqrt(shape[-2])
-  params = (jnp.broadcast_to(init(k_a, (num_g, k, rank)), (num_l, num_g, k, rank)),
-            jnp.broadcast_to(init(k_b, (num_g, k, rank)), (num_l, num_g, k, rank)),
-            jnp.zeros((num_l, num_g, rank)))
+  params = (
+    jnp.broadcast_to(init(k_a, (num_g, k, rank)), (num_l, num_g, k, rank)),
+    jnp.broadcast_to(init(k_b, (num_g, k, rank)), (num_l, num_g, k, rank)),
+    jnp.zeros((num_l, num_g, rank)),
+  )
   mean_j, std_j = jnp.asarray(mean, jnp.float32), jnp.asarray(std, jnp.float32)
-  params = _train(params, packing.grid(x_train_NGK, 0.0, np.float32), packing.grid(packing.start_N, -1, np.int32),
-                  packing.grid(_candidates_N(packing, heads_N), -1, np.int32), mean_j, std_j, jnp.asarray(l2_L),
-                  k_train, epochs=epochs, batch_rows=batch_rows, learning_rate=learning_rate)
-  preds_L = _predict([tuple(p[l] for p in params) for l in range(num_l)], x_dev_NGK, lengths_dev_S, mean_j, std_j,
-                     chunk_words)
+  params = _train(
+    params,
+    packing.grid(x_train_NGK, 0.0, np.float32),
+    packing.grid(packing.start_N, -1, np.int32),
+    packing.grid(_candidates_N(packing, heads_N), -1, np.int32),
+    mean_j,
+    std_j,
+    jnp.asarray(l2_L),
+    k_train,
+    epochs=epochs,
+    batch_rows=batch_rows,
+    learning_rate=learning_rate,
+  )
+  preds_L = _predict(
+    [tuple(p[l] for p in params) for l in range(num_l)], x_dev_NGK, lengths_dev_S, mean_j, std_j, chunk_words
+  )
   dev_uas_GL = np.stack([uas(p, heads_dev_N) for p in preds_L], axis=1)
   best_G = num_l - 1 - np.argmax(dev_uas_GL[:, ::-1], axis=1)
   pick = lambda p: np.asarray(p)[best_G, np.arange(num_g)]
-  return FittedArcProbes(mean.astype(np.float32), std.astype(np.float32), pick(params[0]), pick(params[1]),
-                         pick(params[2]), l2_L[best_G], dev_uas_GL, dev_uas_GL[np.arange(num_g), best_G],
-                         tuple(float(v) for v in l2_L))
+  return FittedArcProbes(
+    mean.astype(np.float32),
+    std.astype(np.float32),
+    pick(params[0]),
+    pick(params[1]),
+    pick(params[2]),
+    l2_L[best_G],
+    dev_uas_GL,
+    dev_uas_GL[np.arange(num_g), best_G],
+    tuple(float(v) for v in l2_L),
+  )
 
 
 def predict_heads(fitted: FittedArcProbes, x_NGK, lengths_S, *, chunk_words: int = 8192) -> np.ndarray:

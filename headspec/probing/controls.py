@@ -14,10 +14,11 @@ the probe, is responsible for.
 The draw for a type depends only on (seed, type): a hash of both is the uniform variate, so a type
 gets the same control label in every sentence and every split, whichever vocabulary is passed.
 """
+
 from __future__ import annotations
 
 import hashlib
-from typing import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 
 import numpy as np
 
@@ -29,12 +30,13 @@ NUM_ARC_BEHAVIOURS = 4
 
 def _type_uniform(word_type: str, seed: int, salt: str) -> float:
   """A uniform number in [0, 1) fixed by (seed, salt, lowercased type): blake2b, 53 bits."""
-  digest = hashlib.blake2b(f"{seed}\x1f{salt}\x1f{word_type.lower()}".encode("utf-8"), digest_size=8).digest()
+  digest = hashlib.blake2b(f"{seed}\x1f{salt}\x1f{word_type.lower()}".encode(), digest_size=8).digest()
   return (int.from_bytes(digest, "little") >> 11) / float(1 << 53)
 
 
-def control_labels(types: Iterable[str], label_counts: Sequence[float] | Mapping[int, float],
-                   seed: int) -> dict[str, int]:
+def control_labels(
+  types: Iterable[str], label_counts: Sequence[float] | Mapping[int, float], seed: int
+) -> dict[str, int]:
   """Maps every lowercased word type to a control label drawn from the label distribution.
 
   label_counts: counts (or probabilities) per label id, as a sequence indexed by label or a mapping

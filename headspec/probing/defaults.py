@@ -30,7 +30,9 @@ def probe_config() -> ml_collections.ConfigDict:
   c.probe.max_train_words = 0  # 0: all; else a seeded random subset of whole train sentences of about this many words
   c.probe.random_baseline = False  # also probe the same architecture with random weights (model name + '-random')
   c.probe.l2_grid = (1e-5, 1e-4, 1e-3)  # L2 penalties λ tried per probe; the best on dev is kept
-  c.probe.refine_samples = 200_000  # training words Adam visits after the closed-form LDA start (several passes if N is smaller; 0: LDA only)
+  c.probe.refine_samples = (
+    200_000  # training words Adam visits after the closed-form LDA start (several passes if N is smaller; 0: LDA only)
+  )
   c.probe.arc_max_train_words = 20000  # arc probes train on about this many words of train sentences <= 64 words
   c.probe.arc_epochs = 10  # passes of the arc probes over their training sentences
   c.probe.bootstrap_resamples = 1000  # resamples of sentences for the 95% confidence intervals

@@ -11,6 +11,7 @@ reads one layer back in word order. The files form a cache at `cache_dir/<name>-
 model identity and step, the words of the split (so any change of file or subsample is a new key),
 pooling, dtype and this module's FORMAT_VERSION; a second run reads it instead of recomputing.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -118,7 +119,8 @@ class _NpyAppender:
     self.file = open(path, "wb")
     self.dtype = np.dtype(dtype)
     np.lib.format.write_array_header_2_0(
-        self.file, {"descr": np.lib.format.dtype_to_descr(self.dtype), "fortran_order": False, "shape": shape})
+      self.file, {"descr": np.lib.format.dtype_to_descr(self.dtype), "fortran_order": False, "shape": shape}
+    )
 
   def append(self, rows: np.ndarray) -> None:
     self.file.write(np.ascontiguousarray(rows, self.dtype).tobytes())
@@ -128,8 +130,14 @@ class _NpyAppender:
 
 
 def _cache_name(identity: dict, name: str, sentences, pooling: str, dtype: str, max_len: int) -> str:
-  key = dict(identity=identity, words=words_fingerprint(sentences), pooling=pooling, dtype=dtype,
-             max_len=max_len, version=FORMAT_VERSION)
+  key = dict(
+    identity=identity,
+    words=words_fingerprint(sentences),
+    pooling=pooling,
+    dtype=dtype,
+    max_len=max_len,
+    version=FORMAT_VERSION,
+  )
   digest = hashlib.sha256(json.dumps(key, sort_keys=True, default=str).encode()).hexdigest()[:20]
   safe = "".join(c if c.isalnum() or c in "-_." else "_" for c in name)
   return f"{safe}-{digest}"
@@ -137,16 +145,34 @@ def _cache_name(identity: dict, name: str, sentences, pooling: str, dtype: str, 
 
 def _load(folder: pathlib.Path, from_cache: bool) -> Features:
   meta = json.loads((folder / _META).read_text())
-  return Features(path=folder, num_layers=meta["num_layers"], num_heads=meta["num_heads"], d_head=meta["d_head"],
-                  d_model=meta["d_model"], word_sentence_N=np.load(folder / "word_sentence.npy"),
-                  order_N=np.load(folder / "order.npy"), num_sentences=meta["num_sentences"],
-                  num_split_sentences=meta["num_split_sentences"],
-                  num_truncated_words=meta["num_truncated_words"], from_cache=from_cache)
+  return Features(
+    path=folder,
+    num_layers=meta["num_layers"],
+    num_heads=meta["num_heads"],
+    d_head=meta["d_head"],
+    d_model=meta["d_model"],
+    word_sentence_N=np.load(folder / "word_sentence.npy"),
+    order_N=np.load(folder / "order.npy"),
+    num_sentences=meta["num_sentences"],
+    num_split_sentences=meta["num_split_sentences"],
+    num_truncated_words=meta["num_truncated_words"],
+    from_cache=from_cache,
+  )
 
 
-def extract_features(model, tokenizer, sentences: Sequence[Sequence[str]], *, cache_dir, identity: dict,
-                     name: str = "split", pooling: str = "first", dtype: str = "float16",
-                     batch_tokens: int = 4096, log: Callable[[str], None] | None = print) -> Features:
+def extract_features(
+  model,
+  tokenizer,
+  sentences: Sequence[Sequence[str]],
+  *,
+  cache_dir,
+  identity: dict,
+  name: str = "split",
+  pooling: str = "first",
+  dtype: str = "float16",
+  batch_tokens: int = 4096,
+  log: Callable[[str], None] | None = print,
+) -> Features:
   """Features of every word of `sentences` (each a sequence of word strings), cached under `cache_dir`.
 
   identity: what makes the model's computation unique (run directory, step, model config, or the
@@ -188,7 +214,7 @@ def extract_features(model, tokenizer, sentences: Sequence[Sequence[str]], *, ca
   for T in np.unique(buckets):
     in_bucket = schedule[buckets[schedule] == T]
     B = max(1, batch_tokens // int(T))
-    batches += [(int(T), B, in_bucket[i:i + B]) for i in range(0, len(in_bucket), B)]
+    batches += [(int(T), B, in_bucket[i : i + B]) for i in range(0, len(in_bucket), B)]
 
   def dispatch(T, B, windows):
     tokens_BT = np.full((B, T), tokenizer.pad_id, np.int32)
@@ -196,10 +222,10 @@ def extract_features(model, tokenizer, sentences: Sequence[Sequence[str]], *, ca
     start_BW, end_BW = np.zeros((B, T), np.int64), np.zeros((B, T), np.int64)
     words = []
     for b, w in enumerate(windows):
-      tokens_BT[b, :lengths[w]] = al.windows[w]
-      valid_BT[b, :lengths[w]] = True
-      mine = by_window[bounds[w]:bounds[w + 1]]
-      start_BW[b, :len(mine)], end_BW[b, :len(mine)] = al.word_start_N[mine], al.word_end_N[mine]
+      tokens_BT[b, : lengths[w]] = al.windows[w]
+      valid_BT[b, : lengths[w]] = True
+      mine = by_window[bounds[w] : bounds[w + 1]]
+      start_BW[b, : len(mine)], end_BW[b, : len(mine)] = al.word_start_N[mine], al.word_end_N[mine]
       words.append(mine)
     pool_BWT = align_lib.pooling_matrix(start_BW, end_BW, T, pooling)
     return forward(state, tokens_BT, valid_BT, pool_BWT), words
@@ -229,17 +255,33 @@ def extract_features(model, tokenizer, sentences: Sequence[Sequence[str]], *, ca
   assert len(order_N) == N and np.array_equal(np.sort(order_N), np.arange(N)), "every word is written once"
   np.save(tmp / "order.npy", order_N)
   np.save(tmp / "word_sentence.npy", al.word_sentence_N)
-  meta = dict(name=name, identity=identity, num_words=N, num_sentences=len(sentences), num_layers=L,
-              num_heads=H, d_head=K, d_model=D, pooling=pooling, dtype=dtype, max_len=cfg.max_len,
-              num_windows=len(al.windows), num_split_sentences=al.num_split_sentences,
-              num_truncated_words=al.num_truncated_words, buckets=sorted(int(t) for t in np.unique(buckets)),
-              seconds=round(time.perf_counter() - t0, 2), version=FORMAT_VERSION)
+  meta = dict(
+    name=name,
+    identity=identity,
+    num_words=N,
+    num_sentences=len(sentences),
+    num_layers=L,
+    num_heads=H,
+    d_head=K,
+    d_model=D,
+    pooling=pooling,
+    dtype=dtype,
+    max_len=cfg.max_len,
+    num_windows=len(al.windows),
+    num_split_sentences=al.num_split_sentences,
+    num_truncated_words=al.num_truncated_words,
+    buckets=sorted(int(t) for t in np.unique(buckets)),
+    seconds=round(time.perf_counter() - t0, 2),
+    version=FORMAT_VERSION,
+  )
   (tmp / _META).write_text(json.dumps(meta, indent=1, default=str) + "\n")
   if folder.exists():  # another process finished first
     shutil.rmtree(tmp, ignore_errors=True)
   else:
     tmp.rename(folder)
   if log:
-    log(f"  features {name}: {len(sentences)} sentences, {N} words, {al.num_split_sentences} split into "
-        f"windows, {len(np.unique(buckets))} length buckets, {meta['seconds']:.1f} s")
+    log(
+      f"  features {name}: {len(sentences)} sentences, {N} words, {al.num_split_sentences} split into "
+      f"windows, {len(np.unique(buckets))} length buckets, {meta['seconds']:.1f} s"
+    )
   return _load(folder, from_cache=False)

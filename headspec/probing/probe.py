@@ -30,12 +30,14 @@ device runs one program at a time on one core, so on a CPU host set
 XLA_FLAGS=--xla_force_host_platform_device_count=<cores> before JAX starts to use every core.
 No library provides batched multi-task logistic regression over a group axis in JAX, hence this file.
 """
+
 from __future__ import annotations
 
 import concurrent.futures
 import dataclasses
 import functools
-from typing import Sequence
+import math
+from collections.abc import Sequence
 
 import jax
 import jax.numpy as jnp
@@ -52,6 +54,7 @@ _EMPTY_CLASS_BIAS = -30.0  # log-prior of a class absent from train: never predi
 @dataclasses.dataclass(frozen=True)
 class ProbeSpec:
   """One label set over the words: int labels in [0, num_classes), -1 = ignore this word."""
+
   name: str
   num_classes: int
   y_train_N: np.ndarray
@@ -65,6 +68,7 @@ class FittedProbes:
   `l2[name]` (G,) is the chosen penalty per group; `dev_accuracy[name]` (G, len(l2_grid)) the dev
   accuracy of every grid value, `dev_accuracy_best[name]` (G,) the chosen one.
   """
+
   mean_GK: np.ndarray
   std_GK: np.ndarray
   weights: dict
@@ -77,8 +81,9 @@ class FittedProbes:
 
 def _check(x_train_NGK, x_dev_NGK, specs):
   if x_train_NGK.ndim != 3 or x_dev_NGK.ndim != 3 or x_train_NGK.shape[1:] != x_dev_NGK.shape[1:]:
-    raise UserError(f"probe features must be x_NGK with equal G, K for train and dev; got "
-                    f"{x_train_NGK.shape} and {x_dev_NGK.shape}")
+    raise UserError(
+      f"probe features must be x_NGK with equal G, K for train and dev; got {x_train_NGK.shape} and {x_dev_NGK.shape}"
+    )
   names = [s.name for s in specs]
   if not specs or len(set(names)) != len(names):
     raise UserError(f"probe specs need distinct names, got {names}")
@@ -111,23 +116,26 @@ def _statistics(x_NGK, specs, chunk, cov_samples):
   shift_GK = np.asarray(x_NGK[: min(n, 1024)], np.float64).mean(0).astype(np.float32)
   s1, s2 = 0.0, 0.0
   sums = [0.0] * len(specs)
-  counts = [np.bincount(np.asarray(s.y_train_N)[np.asarray(s.y_train_N) >= 0], minlength=s.num_classes)
-            .astype(np.float64) for s in specs]
+  counts = [
+    np.bincount(np.asarray(s.y_train_N)[np.asarray(s.y_train_N) >= 0], minlength=s.num_classes).astype(np.float64)
+    for s in specs
+  ]
   for start in range(0, n, chunk):
-    x = np.asarray(x_NGK[start:start + chunk], np.float32)
+    x = np.asarray(x_NGK[start : start + chunk], np.float32)
     xc = x - shift_GK
     s1 = s1 + xc.sum(0, dtype=np.float64)
     s2 = s2 + np.square(xc).sum(0, dtype=np.float64)
     flat = x.reshape(len(x), -1)
     for i, spec in enumerate(specs):
-      y = np.asarray(spec.y_train_N[start:start + chunk])
+      y = np.asarray(spec.y_train_N[start : start + chunk])
       keep = np.flatnonzero(y >= 0)
-      onehot = scipy.sparse.csr_matrix((np.ones(len(keep), np.float32), (y[keep], keep)),
-                                       shape=(spec.num_classes, len(x)))
+      onehot = scipy.sparse.csr_matrix(
+        (np.ones(len(keep), np.float32), (y[keep], keep)), shape=(spec.num_classes, len(x))
+      )
       sums[i] = sums[i] + np.asarray(onehot @ flat, np.float64)
   m1 = s1 / n
   mean = shift_GK + m1
-  std = np.sqrt(np.maximum(s2 / n - m1 ** 2, 0.0))
+  std = np.sqrt(np.maximum(s2 / n - m1**2, 0.0))
   std = np.where(std > 1e-6 * max(std.max(), 1e-30), std, 1.0)  # constant features stay unscaled
   sub = np.asarray(x_NGK[:: max(1, n // cov_samples)], np.float32)
   sub_m1 = sub.mean(0, dtype=np.float64) - shift_GK
@@ -147,7 +155,9 @@ def _chunks(x_NGK, ys, chunk):
   """Yields (x_cGK, weight_c, labels) chunks of equal size (≤ chunk, a multiple of 256 so few shapes
   compile), zero-padding the last one; weight 0 and label -1 mark the padding."""
   n = x_NGK.shape[0]
-  size = min(chunk, -(-(-(-n // -(-n // chunk))) // 256) * 256) if n else chunk
+  # equal chunks of at most `chunk` words, each rounded up to a multiple of 256
+  per_chunk = math.ceil(n / math.ceil(n / chunk)) if n else chunk
+  size = min(chunk, math.ceil(per_chunk / 256) * 256)
   for start in range(0, n, size):
     stop = min(start + size, n)
     x, w = np.asarray(x_NGK[start:stop], np.float32), np.ones(stop - start, np.float32)
@@ -195,11 +205,11 @@ def _loss(params, xs_GBK, ys_SB, whiten_GKK, l2_L, label_scale_S, layout):
   total = 0.0
   num_l2 = l2_L.shape[0]
   for (off, c), y_B, scale in zip(layout, ys_SB, label_scale_S):
-    z_GBLC = logits_GBC[:, :, off: off + num_l2 * c].reshape(*logits_GBC.shape[:2], num_l2, c)
+    z_GBLC = logits_GBC[:, :, off : off + num_l2 * c].reshape(*logits_GBC.shape[:2], num_l2, c)
     lse_GBL = jax.nn.logsumexp(z_GBLC, axis=-1)
     picked_GBL = jnp.take_along_axis(z_GBLC, jnp.maximum(y_B, 0)[None, :, None, None], axis=-1)[..., 0]
     nll = ((lse_GBL - picked_GBL) * (y_B >= 0)[None, :, None]).sum() * scale
-    w_GKLC = w_GKC[:, :, off: off + num_l2 * c].reshape(*w_GKC.shape[:2], num_l2, c)
+    w_GKLC = w_GKC[:, :, off : off + num_l2 * c].reshape(*w_GKC.shape[:2], num_l2, c)
     total = total + nll + 0.5 * jnp.einsum("l,gklc->", l2_L, jnp.square(w_GKLC))
   return total
 
@@ -209,8 +219,23 @@ def _optimizer(learning_rate, total_steps):
 
 
 @functools.partial(jax.jit, static_argnames=("layout", "learning_rate", "total_steps", "groups"))
-def _refine(params, opt_state, x_NGK, ys_SN, order_TB, mean_GK, std_GK, whiten_GKK, l2_L, label_scale_S, *,
-            layout, learning_rate, total_steps, groups):
+def _refine(
+  params,
+  opt_state,
+  x_NGK,
+  ys_SN,
+  order_TB,
+  mean_GK,
+  std_GK,
+  whiten_GKK,
+  l2_L,
+  label_scale_S,
+  *,
+  layout,
+  learning_rate,
+  total_steps,
+  groups,
+):
   """Minibatch Adam over the words in order_TB (T steps of B words), cosine-decayed over total_steps,
   for the groups in range(*groups) of x_NGK (params and statistics hold just those groups)."""
   opt = _optimizer(learning_rate, total_steps)
@@ -218,7 +243,7 @@ def _refine(params, opt_state, x_NGK, ys_SN, order_TB, mean_GK, std_GK, whiten_G
 
   def step(carry, idx_B):
     params, opt_state = carry
-    xs_GBK = jnp.transpose((x_NGK[idx_B, groups[0]:groups[1]] - mean_GK) / std_GK, (1, 0, 2))
+    xs_GBK = jnp.transpose((x_NGK[idx_B, groups[0] : groups[1]] - mean_GK) / std_GK, (1, 0, 2))
     ys_SB = tuple(y_N[idx_B] for y_N in ys_SN)
     grads = grad_fn(params, xs_GBK, ys_SB, whiten_GKK, l2_L, label_scale_S, layout)
     updates, opt_state = opt.update(grads, opt_state, params)
@@ -229,10 +254,12 @@ def _refine(params, opt_state, x_NGK, ys_SN, order_TB, mean_GK, std_GK, whiten_G
 
 def _fork_columns(tree, layout_one, num_l2, total_one):
   """Copies every task's column block num_l2 times (arrays whose last axis is the packed columns)."""
+
   def fork(a):
     if getattr(a, "ndim", 0) == 0 or a.shape[-1] != total_one:
       return a
-    return jnp.concatenate([jnp.concatenate([a[..., off: off + c]] * num_l2, axis=-1) for off, c in layout_one], -1)
+    return jnp.concatenate([jnp.concatenate([a[..., off : off + c]] * num_l2, axis=-1) for off, c in layout_one], -1)
+
   return jax.tree_util.tree_map(fork, tree)
 
 
@@ -243,18 +270,28 @@ def _dev_correct(x_cGK, ys_Sc, mean_GK, std_GK, w_GKC, b_GC, layout, num_l2):
   logits = jnp.einsum("gbk,gkc->gbc", xs_GcK, w_GKC) + b_GC[:, None, :]
   out = []
   for (off, c), y_c in zip(layout, ys_Sc):
-    z = logits[:, :, off: off + num_l2 * c].reshape(*logits.shape[:2], num_l2, c)
+    z = logits[:, :, off : off + num_l2 * c].reshape(*logits.shape[:2], num_l2, c)
     hit = (jnp.argmax(z, -1) == y_c[None, :, None]) & (y_c >= 0)[None, :, None]
     out.append(hit.sum(1))
   return out
 
 
-def fit_softmax_probes(x_train_NGK, x_dev_NGK, specs: Sequence[ProbeSpec], *,
-                       l2_grid: Sequence[float] = DEFAULT_L2_GRID, seed: int = 0,
-                       refine_samples: int = 200_000, batch_size: int = 2048,
-                       learning_rate: float = 3e-2, fork_fraction: float = 0.25,
-                       cov_samples: int = 32768, lda_ridge: float = 1e-3,
-                       chunk: int = 8192, max_devices: int | None = None) -> FittedProbes:
+def fit_softmax_probes(
+  x_train_NGK,
+  x_dev_NGK,
+  specs: Sequence[ProbeSpec],
+  *,
+  l2_grid: Sequence[float] = DEFAULT_L2_GRID,
+  seed: int = 0,
+  refine_samples: int = 200_000,
+  batch_size: int = 2048,
+  learning_rate: float = 3e-2,
+  fork_fraction: float = 0.25,
+  cov_samples: int = 32768,
+  lda_ridge: float = 1e-3,
+  chunk: int = 8192,
+  max_devices: int | None = None,
+) -> FittedProbes:
   """Fits one softmax probe per (group, task) and picks its L2 on dev; see the module docstring.
 
   x_train_NGK / x_dev_NGK: float features (numpy or jax), G groups of K dims (heads: K = Dh; the
@@ -272,8 +309,8 @@ def fit_softmax_probes(x_train_NGK, x_dev_NGK, specs: Sequence[ProbeSpec], *,
   # Whitening A = (R + εI)^(-1/2) of the correlation matrix R, per group.
   evals, evecs = np.linalg.eigh(corr + 1e-6 * np.eye(k))
   evals = np.maximum(evals, 1e-4 * evals.max(-1, keepdims=True))
-  whiten = np.einsum("gkj,gj,glj->gkl", evecs, evals ** -0.5, evecs)
-  unwhiten = np.einsum("gkj,gj,glj->gkl", evecs, evals ** 0.5, evecs)
+  whiten = np.einsum("gkj,gj,glj->gkl", evecs, evals**-0.5, evecs)
+  unwhiten = np.einsum("gkj,gj,glj->gkl", evecs, evals**0.5, evecs)
 
   # Packed columns: first one block per task (shared phase at the weakest l2), later num_l2 blocks.
   offsets_one, total_one = _columns(specs, 1)
@@ -284,8 +321,8 @@ def fit_softmax_probes(x_train_NGK, x_dev_NGK, specs: Sequence[ProbeSpec], *,
   b0 = np.zeros((num_g, total_one), np.float32)
   for (off, c), (mu, prior) in zip(layout_one, per_task):
     w, b = _lda_start(corr, mu, prior, lda_ridge)
-    v0[:, :, off: off + c] = np.einsum("gkl,glc->gkc", unwhiten, w)
-    b0[:, off: off + c] = b
+    v0[:, :, off : off + c] = np.einsum("gkl,glc->gkc", unwhiten, w)
+    b0[:, off : off + c] = b
 
   n = x_train_NGK.shape[0]
   steps = refine_samples // batch_size
@@ -311,12 +348,32 @@ def fit_softmax_probes(x_train_NGK, x_dev_NGK, specs: Sequence[ProbeSpec], *,
     data = (tuple(put(np.asarray(s.y_train_N, np.int32)) for s in specs), put(order), put(label_scale))
     common = dict(learning_rate=learning_rate, total_steps=steps, groups=(0, g1 - g0))
     if steps - forked_steps > 0:
-      params, opt_state = _refine(params, opt_state, x_part, data[0], data[1][: steps - forked_steps], *stats,
-                                  put(l2_L[:1]), data[2], layout=layout_one, **common)
+      params, opt_state = _refine(
+        params,
+        opt_state,
+        x_part,
+        data[0],
+        data[1][: steps - forked_steps],
+        *stats,
+        put(l2_L[:1]),
+        data[2],
+        layout=layout_one,
+        **common,
+      )
     params, opt_state = _fork_columns((params, opt_state), layout_one, num_l2, total_one)
     if forked_steps > 0:
-      params, opt_state = _refine(params, opt_state, x_part, data[0], data[1][steps - forked_steps:], *stats,
-                                  put(l2_L), data[2], layout=layout, **common)
+      params, opt_state = _refine(
+        params,
+        opt_state,
+        x_part,
+        data[0],
+        data[1][steps - forked_steps :],
+        *stats,
+        put(l2_L),
+        data[2],
+        layout=layout,
+        **common,
+      )
     return jax.device_get(params)
 
   # Groups are independent: split them over the local devices (on a CPU host, run with
@@ -347,8 +404,16 @@ def fit_softmax_probes(x_train_NGK, x_dev_NGK, specs: Sequence[ProbeSpec], *,
     l2[s.name] = l2_L[best]
     dev_acc[s.name] = acc
     dev_best[s.name] = acc[np.arange(num_g), best]
-  return FittedProbes(mean.astype(np.float32), std.astype(np.float32), weights, biases, l2, dev_acc,
-                      dev_best, tuple(float(v) for v in l2_L))
+  return FittedProbes(
+    mean.astype(np.float32),
+    std.astype(np.float32),
+    weights,
+    biases,
+    l2,
+    dev_acc,
+    dev_best,
+    tuple(float(v) for v in l2_L),
+  )
 
 
 @jax.jit
@@ -363,6 +428,5 @@ def predict(fitted: FittedProbes, x_NGK, spec_name: str, *, chunk: int = 8192) -
     raise UserError(f"no fitted probe named {spec_name!r}; have {sorted(fitted.weights)}")
   w, b = jnp.asarray(fitted.weights[spec_name]), jnp.asarray(fitted.biases[spec_name])
   mean, std = jnp.asarray(fitted.mean_GK), jnp.asarray(fitted.std_GK)
-  out = [np.asarray(_predict_chunk(x, mean, std, w, b))[: int(wt.sum())]
-         for x, wt, _ in _chunks(x_NGK, [], chunk)]
+  out = [np.asarray(_predict_chunk(x, mean, std, w, b))[: int(wt.sum())] for x, wt, _ in _chunks(x_NGK, [], chunk)]
   return np.concatenate(out).astype(np.int32) if out else np.zeros((0, fitted.mean_GK.shape[0]), np.int32)

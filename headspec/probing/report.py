@@ -7,6 +7,7 @@ embedding output (layer -1) as a separate row. summary.md: per model, step and t
 heads with accuracy, 95% CI, control accuracy and selectivity, against the majority (or head-offset)
 baseline and the embedding layer.
 """
+
 from __future__ import annotations
 
 import csv
@@ -46,8 +47,15 @@ def _grid(rows: list[dict], key: str):
 
 def heatmap(rows: list[dict], title: str, path: pathlib.Path) -> None:
   """Writes the two-panel (accuracy, selectivity) layer × head heatmap of one (model, step, task, split)."""
-  fig, axes = plt.subplots(1, 2, figsize=(2 + 1.6 * (1 + max(1, len({r["head"] for r in rows}))), 1.5 + 0.55 * (
-      2 + len({r["layer"] for r in rows}))), squeeze=False)
+  fig, axes = plt.subplots(
+    1,
+    2,
+    figsize=(
+      2 + 1.6 * (1 + max(1, len({r["head"] for r in rows}))),
+      1.5 + 0.55 * (2 + len({r["layer"] for r in rows})),
+    ),
+    squeeze=False,
+  )
   for ax, key, cmap in zip(axes[0], ("accuracy", "selectivity"), ("viridis", "magma")):
     grid, residual, embedding = _grid(rows, key)
     L, H = grid.shape
@@ -76,15 +84,21 @@ def heatmap(rows: list[dict], title: str, path: pathlib.Path) -> None:
 
 
 def _fmt(r: dict) -> str:
-  return (f"{float(r['accuracy']):.3f} | [{float(r['ci_low']):.3f}, {float(r['ci_high']):.3f}] | "
-          f"{float(r['control_accuracy']):.3f} | {float(r['selectivity']):+.3f}")
+  return (
+    f"{float(r['accuracy']):.3f} | [{float(r['ci_low']):.3f}, {float(r['ci_high']):.3f}] | "
+    f"{float(r['control_accuracy']):.3f} | {float(r['selectivity']):+.3f}"
+  )
 
 
 def summary(rows: list[dict], baselines: list[dict], primary_split: str, top_k: int) -> str:
   """Markdown: for each model and step, per task, the top-k heads by selectivity on `primary_split`."""
-  lines = ["# Probing summary", "",
-           f"Split `{primary_split}`. selectivity = accuracy − control accuracy (Hewitt & Liang 2019); "
-           "95% bootstrap CIs over sentences. layer -1 = embeddings, head -1 = the layer's residual stream.", ""]
+  lines = [
+    "# Probing summary",
+    "",
+    f"Split `{primary_split}`. selectivity = accuracy − control accuracy (Hewitt & Liang 2019); "
+    "95% bootstrap CIs over sentences. layer -1 = embeddings, head -1 = the layer's residual stream.",
+    "",
+  ]
   base = {(b["task"], b["split"]): b for b in baselines}
   models = list(dict.fromkeys(r["model"] for r in rows))
   sections, most_selective = 0, []  # (model, step, task, row of the most selective head)
@@ -110,16 +124,25 @@ def summary(rows: list[dict], baselines: list[dict], primary_split: str, top_k: 
         if residual:
           best = max(residual, key=lambda r: float(r["accuracy"]))
           header += f", best residual layer {best['layer']} {float(best['accuracy']):.3f}"
-        lines += [header, "", "| layer | head | accuracy | 95% CI | control | selectivity |",
-                  "|---|---|---|---|---|---|"]
+        lines += [
+          header,
+          "",
+          "| layer | head | accuracy | 95% CI | control | selectivity |",
+          "|---|---|---|---|---|---|",
+        ]
         lines += [f"| {r['layer']} | {r['head']} | {_fmt(r)} |" for r in heads[:top_k]]
         lines.append("")
   if sections > 1:
-    lines += ["## Most selective head per task", "",
-              "| model | step | task | layer | head | accuracy | 95% CI | control | selectivity |",
-              "|---|---|---|---|---|---|---|---|---|"]
-    lines += [f"| {model} | {step} | {task} | {r['layer']} | {r['head']} | {_fmt(r)} |"
-              for model, step, task, r in most_selective]
+    lines += [
+      "## Most selective head per task",
+      "",
+      "| model | step | task | layer | head | accuracy | 95% CI | control | selectivity |",
+      "|---|---|---|---|---|---|---|---|---|",
+    ]
+    lines += [
+      f"| {model} | {step} | {task} | {r['layer']} | {r['head']} | {_fmt(r)} |"
+      for model, step, task, r in most_selective
+    ]
     lines.append("")
   return "\n".join(lines)
 
@@ -136,7 +159,10 @@ def write_report(out_dir, *, primary_split: str, top_k: int = 5) -> None:
   model = next((m for m in models if not m.endswith("-random")), models[0])
   step = max(int(r["step"]) for r in rows if r["model"] == model)
   for task in dict.fromkeys(r["task"] for r in rows):
-    sel = [r for r in rows if r["model"] == model and int(r["step"]) == step and r["task"] == task
-           and r["split"] == primary_split]
+    sel = [
+      r
+      for r in rows
+      if r["model"] == model and int(r["step"]) == step and r["task"] == task and r["split"] == primary_split
+    ]
     if sel:
       heatmap(sel, f"{model} step {step}: {task} probes on {primary_split}", out_dir / f"heatmap_{task}.png")

@@ -6,6 +6,7 @@ accuracy*_r = Σ correct words / Σ words over the drawn sentences, and report t
 percentiles. All groups share the same resamples, computed at once as counts_RS @ correct_SG, in
 float64 NumPy (a few milliseconds; no JAX needed).
 """
+
 from __future__ import annotations
 
 import numpy as np
@@ -25,8 +26,7 @@ def bootstrap_resample_counts(num_sentences: int, num_resamples: int, seed: int)
   return counts_RS
 
 
-def bootstrap_ci(correct_NG, sentence_index_N, *, num_resamples: int = 1000, seed: int = 0,
-                 confidence: float = 0.95):
+def bootstrap_ci(correct_NG, sentence_index_N, *, num_resamples: int = 1000, seed: int = 0, confidence: float = 0.95):
   """(accuracy_G, low_G, high_G): word accuracy and its percentile bootstrap CI over sentences.
 
   correct_NG: bool/0-1 per word and group; sentence_index_N: the sentence of each word (any ints).
@@ -36,8 +36,10 @@ def bootstrap_ci(correct_NG, sentence_index_N, *, num_resamples: int = 1000, see
     correct_NG = correct_NG[:, None]
   sentence_index_N = np.asarray(sentence_index_N)
   if correct_NG.shape[0] != sentence_index_N.shape[0] or correct_NG.shape[0] == 0:
-    raise UserError(f"bootstrap_ci: correct_NG {correct_NG.shape} and sentence_index_N "
-                    f"{sentence_index_N.shape} must be non-empty with the same N")
+    raise UserError(
+      f"bootstrap_ci: correct_NG {correct_NG.shape} and sentence_index_N "
+      f"{sentence_index_N.shape} must be non-empty with the same N"
+    )
   _, sent_N = np.unique(sentence_index_N, return_inverse=True)
   num_s = sent_N.max() + 1
   correct_SG = np.zeros((num_s, correct_NG.shape[1]))

@@ -9,42 +9,35 @@ sentences (stats.py) and Hewitt & Liang (2019) control tasks (controls.py):
 selectivity = accuracy − control accuracy. Rows go to RUN/probes/results.csv (DESIGN.md contract),
 majority/offset baselines to RUN/probes/baselines.csv, figures and summary.md via report.py.
 """
+
 from __future__ import annotations
 
-import csv
 import dataclasses
-import functools
 import os
 import pathlib
 import time
-from collections.abc import Callable
 
-import jax
 import ml_collections
 import numpy as np
-from flax import nnx
 
-from headspec import checkpoints, runs
+from headspec import tables, targets
 from headspec.data import treebank as treebank_lib
 from headspec.errors import UserError
-from headspec.model import Transformer
 from headspec.probing import arc as arc_lib
 from headspec.probing import controls, probe, report, stats
+from headspec.probing.align import POOLINGS
 from headspec.probing.defaults import TASKS
 from headspec.probing.features import CACHE_DTYPES, Features, extract_features
-from headspec.probing.align import POOLINGS
 
-COLUMNS = ("model", "step", "task", "layer", "head", "split", "accuracy", "ci_low", "ci_high",
-           "control_accuracy", "selectivity", "n")
-BASELINE_COLUMNS = ("task", "split", "baseline", "accuracy", "n")
 LABEL_TASKS = ("upos", "xpos", "deprel")
 ARC_MAX_SENTENCE_WORDS = arc_lib.PACK_WIDTH  # arc probes train on sentences that fit one packed row;
-                                            # evaluation uses every sentence
+# evaluation uses every sentence
 
 
 @dataclasses.dataclass
 class _Split:
   """One labelled treebank split. labels[task]: int ids (unseen-in-train labels get id C, never predicted)."""
+
   key: str
   words: list[tuple[str, ...]]
   labels: dict[str, np.ndarray]
@@ -65,15 +58,6 @@ class _Data:
   evals: list[_Split]
   classes: dict[str, list[str]]
   baselines: list[dict]
-
-
-@dataclasses.dataclass
-class _Job:
-  """One (model, step) to probe; `load` builds (model, tokenizer) when its turn comes."""
-  name: str
-  step: int
-  identity: dict
-  load: Callable
 
 
 def _label(sentence, task: str, subtypes: bool) -> tuple[str, ...]:
@@ -101,13 +85,15 @@ def _make_split(key, sentences, tasks, classes, train_counts, config) -> _Split:
     if task == "arc":
       continue
     index = {c: i for i, c in enumerate(classes[task])}
-    labels[task] = np.array([index.get(l, len(index)) for s in sentences for l in _label(s, task, p.deprel_subtypes)],
-                            np.int32)
+    labels[task] = np.array(
+      [index.get(l, len(index)) for s in sentences for l in _label(s, task, p.deprel_subtypes)], np.int32
+    )
     control[task] = controls.control_labels_N(flat_words, train_counts[task], config.seed)
   heads = [np.asarray(s.heads, np.int32) for s in sentences]
   sentence_N = np.repeat(np.arange(len(sentences)), [len(w) for w in words]).astype(np.int32)
-  return _Split(key, words, labels, control, heads, controls.control_heads(words, config.seed) if "arc" in tasks else [],
-                sentence_N)
+  return _Split(
+    key, words, labels, control, heads, controls.control_heads(words, config.seed) if "arc" in tasks else [], sentence_N
+  )
 
 
 def _check_config(config) -> None:
@@ -120,14 +106,15 @@ def _check_config(config) -> None:
     raise UserError(f"probe.pooling={p.pooling!r}: use one of {', '.join(POOLINGS)}")
   if p.cache_dtype not in CACHE_DTYPES:
     raise UserError(f"probe.cache_dtype={p.cache_dtype!r}: use one of {', '.join(CACHE_DTYPES)}")
-  if not config.data_dir:
-    raise UserError("no data directory: set HEADSPEC_DATA_DIR or --config.data_dir")
-  if not pathlib.Path(config.data_dir).is_dir():
-    raise UserError(f"data_dir {config.data_dir} does not exist (HEADSPEC_DATA_DIR / --config.data_dir)")
-  if (p.max_train_words < 0 or min(p.batch_tokens, p.bootstrap_resamples, p.arc_max_train_words, p.arc_epochs) < 1
-      or not len(p.l2_grid)):
-    raise UserError("probe.max_train_words must be >= 0; probe.batch_tokens, bootstrap_resamples, arc_max_train_words "
-                    "and arc_epochs >= 1; probe.l2_grid non-empty")
+  if (
+    p.max_train_words < 0
+    or min(p.batch_tokens, p.bootstrap_resamples, p.arc_max_train_words, p.arc_epochs) < 1
+    or not len(p.l2_grid)
+  ):
+    raise UserError(
+      "probe.max_train_words must be >= 0; probe.batch_tokens, bootstrap_resamples, arc_max_train_words "
+      "and arc_epochs >= 1; probe.l2_grid non-empty"
+    )
 
 
 def _tasks(config) -> tuple[str, ...]:
@@ -135,8 +122,8 @@ def _tasks(config) -> tuple[str, ...]:
   return tuple(x for x in t.split(",") if x) if isinstance(t, str) else tuple(t)
 
 
-def _splits_of(config, treebank: str, wanted) -> list[str]:
-  present = treebank_lib.available_splits(config.data_dir, treebank)
+def _splits_of(data_root, treebank: str, wanted) -> list[str]:
+  present = treebank_lib.available_splits(data_root, treebank)
   for split in wanted:
     if split not in treebank_lib.SPLITS:
       raise UserError(f"probe.eval_splits: unknown split {split!r} (use {', '.join(treebank_lib.SPLITS)})")
@@ -146,17 +133,20 @@ def _splits_of(config, treebank: str, wanted) -> list[str]:
 def load_data(config) -> _Data:
   """Reads and labels the train, dev and evaluation splits; every problem is a UserError before any work."""
   _check_config(config)
+  data_root = targets.data_dir(config, purpose="the treebank to probe on")
   p, tasks = config.probe, _tasks(config)
   tb = p.treebank
-  present = treebank_lib.available_splits(config.data_dir, tb)
+  present = treebank_lib.available_splits(data_root, tb)
   for needed in ("train", "dev"):
     if needed not in present:
-      raise UserError(f"treebank {tb} has no {needed} split under {config.data_dir}/ud/{tb} "
-                      f"(present: {', '.join(present) or 'none'}); probes are fitted on train and tuned on dev")
-  missing = [s for s in p.eval_splits if s not in _splits_of(config, tb, p.eval_splits)]
+      raise UserError(
+        f"treebank {tb} has no {needed} split under {data_root}/ud/{tb} "
+        f"(present: {', '.join(present) or 'none'}); probes are fitted on train and tuned on dev"
+      )
+  missing = [s for s in p.eval_splits if s not in _splits_of(data_root, tb, p.eval_splits)]
   if missing:
     raise UserError(f"probe.eval_splits: {tb} has no split(s) {', '.join(missing)} (present: {', '.join(present)})")
-  train = treebank_lib.load_split(config.data_dir, tb, "train")
+  train = treebank_lib.load_split(data_root, tb, "train")
   if p.max_train_words:
     train = _subsample(train, p.max_train_words, config.seed)
   classes, counts = {}, {}
@@ -168,18 +158,18 @@ def load_data(config) -> _Data:
       counts[task] = np.bincount([index[v] for v in values], minlength=len(classes[task]))
   make = lambda key, sents: _make_split(key, sents, tasks, classes, counts, config)
   train_split = make(f"{tb}/train", train)
-  loaded = {"dev": make(f"{tb}/dev", treebank_lib.load_split(config.data_dir, tb, "dev"))}
+  loaded = {"dev": make(f"{tb}/dev", treebank_lib.load_split(data_root, tb, "dev"))}
   evals = []
   for split in p.eval_splits:
     if split not in loaded:
-      loaded[split] = make(f"{tb}/{split}", treebank_lib.load_split(config.data_dir, tb, split))
+      loaded[split] = make(f"{tb}/{split}", treebank_lib.load_split(data_root, tb, split))
     evals.append(loaded[split])
   for extra in p.extra_treebanks:
-    extra_splits = _splits_of(config, extra, ("dev", "test"))
+    extra_splits = _splits_of(data_root, extra, ("dev", "test"))
     if not extra_splits:
-      raise UserError(f"probe.extra_treebanks: {extra} has no dev or test split under {config.data_dir}/ud/{extra}")
+      raise UserError(f"probe.extra_treebanks: {extra} has no dev or test split under {data_root}/ud/{extra}")
     for split in extra_splits:
-      evals.append(make(f"{extra}/{split}", treebank_lib.load_split(config.data_dir, extra, split)))
+      evals.append(make(f"{extra}/{split}", treebank_lib.load_split(data_root, extra, split)))
   if not evals:
     raise UserError("nothing to score: probe.eval_splits and probe.extra_treebanks are both empty")
   data = _Data(train_split, loaded["dev"], evals, classes, [])
@@ -198,8 +188,17 @@ def _baselines(data: _Data, tasks) -> list[dict]:
   for split in data.evals:
     for task in tasks:
       if task == "arc":
-        correct = [(np.where((np.arange(1, len(h) + 1) + offset >= 1) & (np.arange(1, len(h) + 1) + offset <= len(h)),
-                             np.arange(1, len(h) + 1) + offset, 0) == h) for h in split.heads]
+        correct = [
+          (
+            np.where(
+              (np.arange(1, len(h) + 1) + offset >= 1) & (np.arange(1, len(h) + 1) + offset <= len(h)),
+              np.arange(1, len(h) + 1) + offset,
+              0,
+            )
+            == h
+          )
+          for h in split.heads
+        ]
         acc = float(np.concatenate(correct).mean())
         rows.append(dict(task=task, split=split.key, baseline=f"offset{offset:+d}", accuracy=acc, n=split.num_words))
       else:
@@ -209,57 +208,10 @@ def _baselines(data: _Data, tasks) -> list[dict]:
   return rows
 
 
-def _pretrained_name(pretrained: str) -> str:
-  return pretrained if pretrained == "minilm" else pathlib.Path(pretrained).expanduser().resolve().name
-
-
-@functools.lru_cache(maxsize=4)
-def _random_init(cfg):
-  """(graphdef, jit(key) -> state) of `cfg` with fresh weights; compiled once per architecture (eager
-  initialisation, one compiled op per parameter, is slow on CPU)."""
-  graphdef, _ = nnx.split(nnx.eval_shape(lambda: Transformer(cfg, rngs=nnx.Rngs(params=0))))
-  return graphdef, jax.jit(lambda key: nnx.split(Transformer(cfg, rngs=nnx.Rngs(params=key)))[1])
-
-
-def _random_model(cfg, seed: int) -> Transformer:
-  """The architecture `cfg` with random weights, as `Transformer(cfg, rngs=nnx.Rngs(params=seed))` draws them."""
-  graphdef, init = _random_init(cfg)
-  return nnx.merge(graphdef, init(jax.random.key(seed)))
-
-
-def plan_jobs(config, workdir) -> list[_Job]:
-  """The (model, step) pairs to probe, checked (steps exist, pretrained name valid) before any work."""
+def plan_jobs(config, workdir) -> list[targets.Target]:
+  """The (model, step)s to probe, checked (steps exist, pretrained name valid) before any work."""
   p = config.probe
-  workdir = pathlib.Path(workdir)
-  jobs = []
-  if config.model.pretrained:
-    if str(p.steps) not in ("all", "last", "0"):
-      raise UserError(f"probe.steps={p.steps!r}: a pretrained model has only step 0 (use 'all', 'last' or 0)")
-    from headspec.pretrained import load_pretrained, minilm_dir
-
-    source = str(minilm_dir()) if config.model.pretrained == "minilm" else str(pathlib.Path(config.model.pretrained).expanduser().resolve())
-    if not pathlib.Path(source).is_dir():
-      raise UserError(f"model.pretrained={config.model.pretrained!r}: not a directory (use 'minilm' or a Hugging Face model directory)")
-    name = p.model_name or _pretrained_name(config.model.pretrained)
-    jobs.append(_Job(name, 0, {"pretrained": source}, lambda: load_pretrained(config.model.pretrained)))
-  else:
-    run_config = runs.read_config(workdir)
-    steps = runs.resolve_steps(workdir, ",".join(map(str, p.steps)) if isinstance(p.steps, (tuple, list)) else str(p.steps))
-    name = p.model_name or workdir.resolve().name
-    for step in steps:
-      ckpt = checkpoints.checkpoint_dir(workdir) / str(step)
-      identity = {"run": str(workdir.resolve()), "step": step, "model": run_config.model.to_dict(),
-                  "checkpoint_mtime_ns": ckpt.stat().st_mtime_ns if ckpt.exists() else 0}
-      jobs.append(_Job(name, step, identity, lambda step=step: runs.load_run_model(workdir, step)))
-  if p.random_baseline:
-    first = jobs[0]
-
-    def load_random(first=first):
-      model, tokenizer = first.load()
-      return _random_model(model.cfg, config.seed), tokenizer
-
-    jobs.append(_Job(f"{first.name}-random", 0, {"random_like": first.identity, "seed": config.seed}, load_random))
-  return jobs
+  return targets.plan(config, workdir, steps=p.steps, model_name=p.model_name, random_baseline=p.random_baseline)
 
 
 def _arc_correct(fitted, x_NGK, split: _Split, heads: list[np.ndarray]) -> np.ndarray:
@@ -275,7 +227,7 @@ def _feature_sources(cfg):
   return sources
 
 
-def probe_job(job: _Job, data: _Data, config, cache_dir: pathlib.Path, log=print) -> list[dict]:
+def probe_job(job: targets.Target, data: _Data, config, cache_dir: pathlib.Path, log=print) -> list[dict]:
   """Extracts features and fits and scores every probe of one (model, step); returns results.csv rows."""
   p, tasks = config.probe, _tasks(config)
   t0 = time.perf_counter()
@@ -284,13 +236,23 @@ def probe_job(job: _Job, data: _Data, config, cache_dir: pathlib.Path, log=print
   for split in [data.train, data.tune] + data.evals:
     if split.key not in feats:
       feats[split.key] = extract_features(
-          model, tokenizer, split.words, cache_dir=cache_dir, identity=job.identity,
-          name=f"{job.name}-step{job.step}-{split.key.replace('/', '-')}", pooling=p.pooling, dtype=p.cache_dtype,
-          batch_tokens=p.batch_tokens, log=log)
+        model,
+        tokenizer,
+        split.words,
+        cache_dir=cache_dir,
+        identity=job.identity,
+        name=f"{job.name}-step{job.step}-{split.key.replace('/', '-')}",
+        pooling=p.pooling,
+        dtype=p.cache_dtype,
+        batch_tokens=p.batch_tokens,
+        log=log,
+      )
   split_counts = {k: f.num_split_sentences for k, f in feats.items() if f.num_split_sentences}
   if split_counts:
-    log(f"  sentences longer than the context ({model.cfg.max_len} tokens), split into windows: "
-        + ", ".join(f"{k} {v}" for k, v in split_counts.items()))
+    log(
+      f"  sentences longer than the context ({model.cfg.max_len} tokens), split into windows: "
+      + ", ".join(f"{k} {v}" for k, v in split_counts.items())
+    )
   label_tasks = [t for t in tasks if t != "arc"]
   unseen_to_ignore = lambda y, c: np.where(y < c, y, -1)
   specs = []
@@ -305,13 +267,22 @@ def probe_job(job: _Job, data: _Data, config, cache_dir: pathlib.Path, log=print
   for layer, heads, read in _feature_sources(model.cfg):
     x_train, x_tune = read(feats[data.train.key]), read(feats[data.tune.key])
     if specs:
-      fitted = probe.fit_softmax_probes(x_train, x_tune, specs, l2_grid=tuple(p.l2_grid), seed=config.seed,
-                                        refine_samples=p.refine_samples)
+      fitted = probe.fit_softmax_probes(
+        x_train, x_tune, specs, l2_grid=tuple(p.l2_grid), seed=config.seed, refine_samples=p.refine_samples
+      )
     if "arc" in tasks:
-      fitted_arc = {kind: arc_lib.fit_arc_probes(x_train[arc_words], [getattr(data.train, kind)[i] for i in arc_train],
-                                                 x_tune, getattr(data.tune, kind), l2_grid=arc_lib.DEFAULT_ARC_L2_GRID,
-                                                 seed=config.seed, epochs=p.arc_epochs)
-                    for kind in ("heads", "control_heads")}
+      fitted_arc = {
+        kind: arc_lib.fit_arc_probes(
+          x_train[arc_words],
+          [getattr(data.train, kind)[i] for i in arc_train],
+          x_tune,
+          getattr(data.tune, kind),
+          l2_grid=arc_lib.DEFAULT_ARC_L2_GRID,
+          seed=config.seed,
+          epochs=p.arc_epochs,
+        )
+        for kind in ("heads", "control_heads")
+      }
     for split in data.evals:
       x = x_tune if split.key == data.tune.key else read(feats[split.key])
       for t in tasks:
@@ -321,14 +292,27 @@ def probe_job(job: _Job, data: _Data, config, cache_dir: pathlib.Path, log=print
         else:
           correct = probe.predict(fitted, x, t) == split.labels[t][:, None]
           control = probe.predict(fitted, x, f"{t}/control") == split.controls[t][:, None]
-        acc, low, high = stats.bootstrap_ci(correct, split.sentence_N, num_resamples=p.bootstrap_resamples,
-                                            seed=config.seed)
+        acc, low, high = stats.bootstrap_ci(
+          correct, split.sentence_N, num_resamples=p.bootstrap_resamples, seed=config.seed
+        )
         control_acc = control.mean(0)
         for g, head in enumerate(heads):
-          rows.append(dict(model=job.name, step=job.step, task=t, layer=layer, head=head, split=split.key,
-                           accuracy=float(acc[g]), ci_low=float(low[g]), ci_high=float(high[g]),
-                           control_accuracy=float(control_acc[g]), selectivity=float(acc[g] - control_acc[g]),
-                           n=int(split.num_words)))
+          rows.append(
+            dict(
+              model=job.name,
+              step=job.step,
+              task=t,
+              layer=layer,
+              head=head,
+              split=split.key,
+              accuracy=float(acc[g]),
+              ci_low=float(low[g]),
+              ci_high=float(high[g]),
+              control_accuracy=float(control_acc[g]),
+              selectivity=float(acc[g] - control_acc[g]),
+              n=int(split.num_words),
+            )
+          )
     x_train = x_tune = x = None  # freed before the next layer is read: one layer's features at a time
     what = "embeddings" if layer == -1 else f"layer {layer} {'heads' if heads[0] >= 0 else 'residual'}"
     log(f"  {job.name} step {job.step}: probed {what} ({time.perf_counter() - t0:.0f} s)")
@@ -345,44 +329,6 @@ def _subsample_indices(split: _Split, max_words: int, seed: int) -> np.ndarray:
   return np.sort(np.asarray(order[: max(1, int(np.searchsorted(lengths, max_words, side="right")))]))
 
 
-def _format(row: dict) -> dict:
-  out = dict(row)
-  for key in ("accuracy", "ci_low", "ci_high", "control_accuracy", "selectivity"):
-    out[key] = f"{row[key]:.6f}"
-  return out
-
-
-def read_results(path) -> list[dict]:
-  """Rows of a results.csv (values as strings)."""
-  path = pathlib.Path(path)
-  if not path.is_file():
-    return []
-  with open(path, newline="") as f:
-    reader = csv.DictReader(f)
-    if tuple(reader.fieldnames or ()) != COLUMNS:
-      raise UserError(f"{path}: columns {reader.fieldnames} are not the results.csv contract {','.join(COLUMNS)}")
-    return list(reader)
-
-
-def write_rows(path, rows: list[dict], columns=COLUMNS) -> None:
-  path = pathlib.Path(path)
-  tmp = path.with_suffix(".csv.tmp")
-  with open(tmp, "w", newline="") as f:
-    writer = csv.DictWriter(f, fieldnames=columns)
-    writer.writeheader()
-    writer.writerows(rows)
-  tmp.replace(path)
-
-
-def merge_results(path, new_rows: list[dict]) -> list[dict]:
-  """Existing rows of other (model, step)s, then the new rows: re-probing a step replaces its rows."""
-  replaced = {(r["model"], str(r["step"])) for r in new_rows}
-  kept = [r for r in read_results(path) if (r["model"], r["step"]) not in replaced]
-  rows = kept + [{k: str(v) for k, v in _format(r).items()} for r in new_rows]
-  write_rows(path, rows)
-  return rows
-
-
 def run_probe_suite(config: ml_collections.ConfigDict, workdir) -> pathlib.Path:
   """Probes per `config` (see probing/defaults.py) for the run in `workdir`; returns RUN/probes/results.csv."""
   workdir = pathlib.Path(workdir)
@@ -390,19 +336,22 @@ def run_probe_suite(config: ml_collections.ConfigDict, workdir) -> pathlib.Path:
   jobs = plan_jobs(config, workdir)  # checks steps / checkpoints before anything is written
   data = load_data(config)
   p = config.probe
-  print(f"probing {len(jobs)} model step(s) on {p.treebank}: train {data.train.num_words} words "
-        f"({len(data.train.words)} sentences), tasks {', '.join(_tasks(config))}, "
-        f"scored on {', '.join(s.key for s in data.evals)}", flush=True)
+  print(
+    f"probing {len(jobs)} model step(s) on {p.treebank}: train {data.train.num_words} words "
+    f"({len(data.train.words)} sentences), tasks {', '.join(_tasks(config))}, "
+    f"scored on {', '.join(s.key for s in data.evals)}",
+    flush=True,
+  )
   out_dir = workdir / "probes"
   cache_dir = out_dir / "cache"
   cache_dir.mkdir(parents=True, exist_ok=True)
-  results = out_dir / "results.csv"
+  results = tables.path_of(workdir, tables.PROBES)
+  tables.check_writable(workdir, tables.PROBES, tables.PROBE_BASELINES)
   for job in jobs:
     print(f"{job.name} step {job.step}", flush=True)
     rows = probe_job(job, data, config, cache_dir, log=lambda s: print(s, flush=True))
-    merge_results(results, rows)  # after each step, so an interrupted study keeps what it finished
-  write_rows(out_dir / "baselines.csv", [dict(r, accuracy=f"{r['accuracy']:.6f}") for r in data.baselines],
-             BASELINE_COLUMNS)
+    tables.merge(results, rows, tables.PROBES)  # after each step, so an interrupted study keeps what it finished
+  tables.write(tables.path_of(workdir, tables.PROBE_BASELINES), data.baselines, tables.PROBE_BASELINES)
   report.write_report(out_dir, primary_split=data.tune.key, top_k=p.top_k)
   print(f"wrote {results}, {out_dir / 'summary.md'} and heatmaps ({time.perf_counter() - t0:.0f} s)", flush=True)
   return results

@@ -1,6 +1,6 @@
 """Benchmark: every head's UPOS/XPOS/DEPREL probe in JAX vs scikit-learn, on EWT-sized synthetic features.
 
-  python -m analysis.bench_probe [--sklearn_heads=3] [--heads=72] [--train=200000] [--dev=25000]
+  python -m benchmarks.bench_probe [--sklearn_heads=3] [--heads=72] [--train=200000] [--dev=25000]
 
 Fits 72 heads × 3 tasks (17, 50, 37 classes) with headspec.probing.probe.fit_softmax_probes (default
 l2 grid, chosen on dev) and scikit-learn LogisticRegression (lbfgs, C=1, default max_iter=100) head by
@@ -8,6 +8,7 @@ head with joblib n_jobs=2. scikit-learn runs on --sklearn_heads heads and its ti
 linearly to all heads (the output says so). Prints one JSON object: wall and CPU seconds, speed-up,
 per-task mean and max |Δ dev accuracy| on the heads both fitted, and the machine.
 """
+
 import argparse
 import json
 import os
@@ -21,7 +22,7 @@ import numpy as np  # noqa: E402
 from sklearn.linear_model import LogisticRegression  # noqa: E402
 from sklearn.preprocessing import StandardScaler  # noqa: E402
 
-from analysis import synthetic_probe_data as synth  # noqa: E402
+from benchmarks import synthetic_probe_data as synth  # noqa: E402
 from headspec.probing import probe  # noqa: E402
 
 TASKS = (("upos", synth.NUM_UPOS), ("xpos", synth.NUM_XPOS), ("deprel", synth.NUM_DEPREL))
@@ -55,8 +56,10 @@ def main():
   n = args.train + args.dev
   labels = synth.synthetic_labels(n, np.random.default_rng(0))
   x = synth.synthetic_head_features(labels, args.heads, args.k, seed=0)
-  x_train, x_dev = x[: args.train], x[args.train:]
-  specs = [probe.ProbeSpec(name, c, labels[i][: args.train], labels[i][args.train:]) for i, (name, c) in enumerate(TASKS)]
+  x_train, x_dev = x[: args.train], x[args.train :]
+  specs = [
+    probe.ProbeSpec(name, c, labels[i][: args.train], labels[i][args.train :]) for i, (name, c) in enumerate(TASKS)
+  ]
   load_before = os.getloadavg()
 
   wall, cpu = time.time(), time.process_time()
@@ -68,7 +71,8 @@ def main():
   jobs = [(h, t) for h in heads for t in range(len(TASKS))]
   wall = time.time()
   results = joblib.Parallel(n_jobs=2)(
-      joblib.delayed(_sklearn_fit)(x_train[:, h], labels[t][: args.train], x_dev[:, h]) for h, t in jobs)
+    joblib.delayed(_sklearn_fit)(x_train[:, h], labels[t][: args.train], x_dev[:, h]) for h, t in jobs
+  )
   sk_wall = time.time() - wall
   sk_cpu = sum(r[1] for r in results)
   scale = args.heads / len(heads)
@@ -76,30 +80,44 @@ def main():
   deltas = {name: [] for name, _ in TASKS}
   for (h, t), (pred, _, _) in zip(jobs, results):
     name = TASKS[t][0]
-    deltas[name].append(100 * (jax_acc[name][h] - (pred == labels[t][args.train:]).mean()))
+    deltas[name].append(100 * (jax_acc[name][h] - (pred == labels[t][args.train :]).mean()))
   out = {
-      "probes": args.heads * len(TASKS),
-      "heads": args.heads, "k": args.k, "n_train": args.train, "n_dev": args.dev,
-      "tasks": {name: c for name, c in TASKS},
-      "l2_grid": list(fitted.l2_grid),
-      "jax_seconds": round(jax_wall, 1),
-      "jax_cpu_seconds": round(jax_cpu, 1),
-      "sklearn_heads_measured": [int(h) for h in heads],
-      "sklearn_seconds_measured": round(sk_wall, 1),
-      "sklearn_seconds": round(sk_wall * scale, 1),
-      "sklearn_seconds_note": f"extrapolated linearly from {len(heads)} of {args.heads} heads (x{scale:.1f}), joblib n_jobs=2",
-      "sklearn_cpu_seconds": round(sk_cpu * scale, 1),
-      "sklearn_max_iterations": max(r[2] for r in results),
-      "speedup_wall": round(sk_wall * scale / jax_wall, 1),
-      "speedup_cpu": round(sk_cpu * scale / jax_cpu, 1),
-      "dev_accuracy_delta_points": {
-          name: {"mean_abs": round(float(np.mean(np.abs(d))), 3), "max_abs": round(float(np.max(np.abs(d))), 3),
-                 "mean_signed": round(float(np.mean(d)), 3)} for name, d in deltas.items()},
-      "jax_dev_accuracy_range": {name: [round(float(a.min()), 3), round(float(a.max()), 3)] for name, a in jax_acc.items()},
-      "machine": {"cpu": _cpu_model(), "description": "2-core CPU" if os.cpu_count() == 2 else f"{os.cpu_count()}-core CPU", "cores": os.cpu_count(),
-                  "load_average_before": [round(v, 2) for v in load_before],
-                  "load_average_after": [round(v, 2) for v in os.getloadavg()],
-                  "jax_devices": os.environ.get("XLA_FLAGS", "")},
+    "probes": args.heads * len(TASKS),
+    "heads": args.heads,
+    "k": args.k,
+    "n_train": args.train,
+    "n_dev": args.dev,
+    "tasks": {name: c for name, c in TASKS},
+    "l2_grid": list(fitted.l2_grid),
+    "jax_seconds": round(jax_wall, 1),
+    "jax_cpu_seconds": round(jax_cpu, 1),
+    "sklearn_heads_measured": [int(h) for h in heads],
+    "sklearn_seconds_measured": round(sk_wall, 1),
+    "sklearn_seconds": round(sk_wall * scale, 1),
+    "sklearn_seconds_note": f"extrapolated linearly from {len(heads)} of {args.heads} heads (x{scale:.1f}), joblib n_jobs=2",
+    "sklearn_cpu_seconds": round(sk_cpu * scale, 1),
+    "sklearn_max_iterations": max(r[2] for r in results),
+    "speedup_wall": round(sk_wall * scale / jax_wall, 1),
+    "speedup_cpu": round(sk_cpu * scale / jax_cpu, 1),
+    "dev_accuracy_delta_points": {
+      name: {
+        "mean_abs": round(float(np.mean(np.abs(d))), 3),
+        "max_abs": round(float(np.max(np.abs(d))), 3),
+        "mean_signed": round(float(np.mean(d)), 3),
+      }
+      for name, d in deltas.items()
+    },
+    "jax_dev_accuracy_range": {
+      name: [round(float(a.min()), 3), round(float(a.max()), 3)] for name, a in jax_acc.items()
+    },
+    "machine": {
+      "cpu": _cpu_model(),
+      "description": "2-core CPU" if os.cpu_count() == 2 else f"{os.cpu_count()}-core CPU",
+      "cores": os.cpu_count(),
+      "load_average_before": [round(v, 2) for v in load_before],
+      "load_average_after": [round(v, 2) for v in os.getloadavg()],
+      "jax_devices": os.environ.get("XLA_FLAGS", ""),
+    },
   }
   print(json.dumps(out, indent=1))
 

@@ -5,6 +5,7 @@ DEPREL depends on UPOS. Each head mixes random projections of the three one-hot 
 word-type embedding at its own strengths, adds noise, and squashes with tanh (so class-conditional
 distributions are not Gaussian and logistic regression differs from LDA), then mixes dimensions.
 """
+
 import numpy as np
 
 NUM_UPOS, NUM_XPOS, NUM_DEPREL = 17, 50, 37
@@ -41,9 +42,13 @@ def synthetic_head_features(labels, num_groups: int, k: int, seed: int = 0, num_
   for i, g in enumerate(groups):
     grng = np.random.default_rng([seed, g])
     s_upos, s_xpos, s_dep, s_type = grng.uniform([0.2, 0.1, 0.2, 0.0], [1.6, 1.0, 1.2, 1.0])
-    h = (s_upos * grng.standard_normal((NUM_UPOS, k))[upos] + s_xpos * grng.standard_normal((NUM_XPOS, k))[xpos]
-         + s_dep * grng.standard_normal((NUM_DEPREL, k))[deprel]
-         + s_type * grng.standard_normal((num_types, k))[types] + grng.standard_normal((n, k)))
+    h = (
+      s_upos * grng.standard_normal((NUM_UPOS, k))[upos]
+      + s_xpos * grng.standard_normal((NUM_XPOS, k))[xpos]
+      + s_dep * grng.standard_normal((NUM_DEPREL, k))[deprel]
+      + s_type * grng.standard_normal((num_types, k))[types]
+      + grng.standard_normal((n, k))
+    )
     mix = grng.standard_normal((k, k)) / np.sqrt(k) + np.eye(k)
     x_NGK[:, i] = (np.tanh(h) @ mix).astype(np.float32)
   return x_NGK

@@ -1,6 +1,6 @@
 """Training throughput (tokens/s) and model FLOPs utilisation for a few model sizes; prints JSON.
 
-  python analysis/bench_train.py [--sizes=tiny,small,base] [--steps=10] [--dtype=float32]
+  python -m benchmarks.bench_train [--sizes=tiny,small,base] [--steps=10] [--dtype=float32]
 
 Runs the real step function (headspec.train.train_step, jit over all local devices) on random tokens.
 FLOPs per token follow Chowdhery et al. 2022 (PaLM), appendix B: 6·N + 12·L·T·H·K, where N counts the
@@ -17,7 +17,6 @@ import time
 
 import jax
 import jax.numpy as jnp
-import ml_collections
 import numpy as np
 from absl import app, flags
 from flax import nnx
@@ -28,16 +27,20 @@ from headspec.model import ModelConfig, Transformer
 from headspec.train import Objective, TrainState, make_optimizer, train_step
 
 SIZES = {  # layers, heads, d_model, d_head, d_ff, vocab, seq_len, batch
-    "tiny": (2, 4, 64, 16, 256, 1000, 64, 32),
-    "small": (4, 8, 256, 32, 1024, 8000, 128, 32),
-    "base": (6, 12, 384, 32, 1536, 8000, 128, 32),
+  "tiny": (2, 4, 64, 16, 256, 1000, 64, 32),
+  "small": (4, 8, 256, 32, 1024, 8000, 128, 32),
+  "base": (6, 12, 384, 32, 1536, 8000, 128, 32),
 }
 # Dense peak FLOP/s by device kind and compute dtype (vendor datasheets; bf16 tensor cores, fp32 = TF32).
 PEAK_FLOPS = {
-    ("NVIDIA H100 80GB HBM3", "bfloat16"): 989e12, ("NVIDIA H100 80GB HBM3", "float32"): 494e12,
-    ("NVIDIA H200", "bfloat16"): 989e12, ("NVIDIA H200", "float32"): 494e12,
-    ("NVIDIA A100-SXM4-80GB", "bfloat16"): 312e12, ("NVIDIA A100-SXM4-80GB", "float32"): 156e12,
-    ("TPU v4", "bfloat16"): 275e12, ("TPU v5 lite", "bfloat16"): 197e12,
+  ("NVIDIA H100 80GB HBM3", "bfloat16"): 989e12,
+  ("NVIDIA H100 80GB HBM3", "float32"): 494e12,
+  ("NVIDIA H200", "bfloat16"): 989e12,
+  ("NVIDIA H200", "float32"): 494e12,
+  ("NVIDIA A100-SXM4-80GB", "bfloat16"): 312e12,
+  ("NVIDIA A100-SXM4-80GB", "float32"): 156e12,
+  ("TPU v4", "bfloat16"): 275e12,
+  ("TPU v5 lite", "bfloat16"): 197e12,
 }
 
 _SIZES = flags.DEFINE_list("sizes", ["tiny", "small", "base"], "model sizes to run")
@@ -54,20 +57,38 @@ def flops_per_token(cfg: ModelConfig, seq_len: int) -> float:
 def bench(size: str, steps: int, dtype: str) -> dict:
   layers, heads, d_model, d_head, d_ff, vocab, seq_len, batch = SIZES[size]
   batch = max(batch, jax.device_count()) // jax.device_count() * jax.device_count()
-  cfg = ModelConfig(kind="decoder", vocab_size=vocab, num_layers=layers, num_heads=heads, d_model=d_model,
-                    d_head=d_head, d_ff=d_ff, max_len=seq_len, dtype=dtype)
+  cfg = ModelConfig(
+    kind="decoder",
+    vocab_size=vocab,
+    num_layers=layers,
+    num_heads=heads,
+    d_model=d_model,
+    d_head=d_head,
+    d_ff=d_ff,
+    max_len=seq_len,
+    dtype=dtype,
+  )
   train = train_config().train
   train.steps, train.warmup_steps = 1000, 10
   graphdef, params = nnx.split(Transformer(cfg, rngs=nnx.Rngs(0)))
   tx = make_optimizer(train)
   obj = Objective(kind="decoder", vocab_size=vocab, mask_id=0, num_layers=layers, num_heads=heads)
   mesh = parallel.data_mesh()
-  state = jax.device_put(TrainState(step=jnp.zeros((), jnp.int32), params=params, opt_state=tx.init(params)),
-                         parallel.replicated(mesh))
+  state = jax.device_put(
+    TrainState(step=jnp.zeros((), jnp.int32), params=params, opt_state=tx.init(params)), parallel.replicated(mesh)
+  )
   step = jax.jit(functools.partial(train_step, graphdef=graphdef, tx=tx, obj=obj), donate_argnums=0)
   rng = np.random.default_rng(0)
-  batches = [parallel.global_batch({"tokens": rng.integers(0, vocab, (batch, seq_len), dtype=np.int32),
-                                    "example_id": np.arange(batch, dtype=np.int32)}, mesh) for _ in range(2)]
+  batches = [
+    parallel.global_batch(
+      {
+        "tokens": rng.integers(0, vocab, (batch, seq_len), dtype=np.int32),
+        "example_id": np.arange(batch, dtype=np.int32),
+      },
+      mesh,
+    )
+    for _ in range(2)
+  ]
   key = jax.random.key(0)
   for i in range(2):  # compile and warm up
     state, metrics = step(state, batches[i % 2], key)
@@ -82,18 +103,30 @@ def bench(size: str, steps: int, dtype: str) -> dict:
   device = jax.devices()[0]
   peak = PEAK_FLOPS.get((device.device_kind, dtype))
   return {
-      "size": size, "layers": layers, "heads": heads, "d_model": d_model, "d_head": d_head, "seq_len": seq_len,
-      "batch": batch, "dtype": dtype, "params": int(sum(x.size for x in jax.tree.leaves(params))),
-      "tokens_per_second": round(tokens_per_second, 1), "flops_per_token": fpt,
-      "achieved_tflops": round(tokens_per_second * fpt / 1e12, 4),
-      "mfu": None if peak is None else round(tokens_per_second * fpt / (peak * jax.device_count()), 4),
+    "size": size,
+    "layers": layers,
+    "heads": heads,
+    "d_model": d_model,
+    "d_head": d_head,
+    "seq_len": seq_len,
+    "batch": batch,
+    "dtype": dtype,
+    "params": int(sum(x.size for x in jax.tree.leaves(params))),
+    "tokens_per_second": round(tokens_per_second, 1),
+    "flops_per_token": fpt,
+    "achieved_tflops": round(tokens_per_second * fpt / 1e12, 4),
+    "mfu": None if peak is None else round(tokens_per_second * fpt / (peak * jax.device_count()), 4),
   }
 
 
 def main(argv):
   device = jax.devices()[0]
-  machine = {"backend": jax.default_backend(), "device_kind": device.device_kind, "devices": jax.device_count(),
-             "cpu": platform.processor() or platform.machine()}
+  machine = {
+    "backend": jax.default_backend(),
+    "device_kind": device.device_kind,
+    "devices": jax.device_count(),
+    "cpu": platform.processor() or platform.machine(),
+  }
   results = [bench(size, _STEPS.value, _DTYPE.value) for size in _SIZES.value]
   print(json.dumps({"machine": machine, "results": results}, indent=1))
 

@@ -1,6 +1,6 @@
 """Cost of all diversity metrics next to the model's forward pass.
 
-  python analysis/bench_diversity.py [--sequences 40 --seq_len 256 --stream_batch 8 --repeats 3]
+  python -m benchmarks.bench_diversity [--sequences 40 --seq_len 256 --stream_batch 8 --repeats 3]
 
 6-layer, 8-head Transformer (d_model 256, d_head 32) over 40 × 256 = 10,240 tokens. Reports, after
 compilation: wall time of (a) the forward pass alone, (b) the forward pass capturing q, probs, z,
@@ -43,7 +43,9 @@ def _time(fn, *args, repeats: int) -> float:
 
 
 def bench_config(kind: str = "encoder") -> ModelConfig:
-  return ModelConfig(kind=kind, vocab_size=8192, num_layers=6, num_heads=8, d_model=256, d_head=32, d_ff=1024, max_len=512)
+  return ModelConfig(
+    kind=kind, vocab_size=8192, num_layers=6, num_heads=8, d_model=256, d_head=32, d_ff=1024, max_len=512
+  )
 
 
 def forward_cost(cfg: ModelConfig, tokens_BT, valid_BT, *, capture=(), repeats: int = 3):
@@ -64,8 +66,11 @@ def forward_cost(cfg: ModelConfig, tokens_BT, valid_BT, *, capture=(), repeats: 
 
 def metrics_cost(intermediates, valid_BT, *, causal: bool, repeats: int = 3):
   """Seconds and MiB of `diversity.compute` (all metrics, all layers, one jit-compiled call)."""
-  compiled = jax.jit(diversity.compute.__wrapped__, static_argnames="causal").lower(
-      intermediates, valid_BT, causal=causal).compile()
+  compiled = (
+    jax.jit(diversity.compute.__wrapped__, static_argnames="causal")
+    .lower(intermediates, valid_BT, causal=causal)
+    .compile()
+  )
   seconds = _time(lambda i, v: compiled(i, v), intermediates, valid_BT, repeats=repeats)
   return seconds, _memory_mib(compiled), compiled(intermediates, valid_BT)
 
@@ -74,7 +79,9 @@ def streaming_cost(intermediates, valid_BT, *, causal: bool, stream_batch: int, 
   """Seconds (all batches + finalize) and MiB (one `update` call) when streaming `stream_batch` sequences at a time."""
   fields = [getattr(intermediates, f) for f in ("q_LBTHK", "probs_LBHTS", "z_LBTHK", "head_out_LBTHD")]
   L, B, _, H, K = intermediates.z_LBTHK.shape
-  chunks = [([x[:, i:i + stream_batch] for x in fields], valid_BT[i:i + stream_batch]) for i in range(0, B, stream_batch)]
+  chunks = [
+    ([x[:, i : i + stream_batch] for x in fields], valid_BT[i : i + stream_batch]) for i in range(0, B, stream_batch)
+  ]
   update = jax.jit(diversity.update, static_argnames="causal")
   state0 = diversity.init(L, H, K)
   compiled = update.lower(state0, *chunks[0][0], chunks[0][1], causal=causal).compile()
@@ -108,17 +115,30 @@ def main():
   fwd_s, fwd_mib, _ = forward_cost(cfg, tokens_BT, valid_BT, repeats=args.repeats)
   cap_s, cap_mib, inter = forward_cost(cfg, tokens_BT, valid_BT, capture=diversity.CAPTURE, repeats=args.repeats)
   met_s, met_mib, metrics = metrics_cost(inter, valid_BT, causal=causal, repeats=args.repeats)
-  str_s, str_mib, streamed = streaming_cost(inter, valid_BT, causal=causal, stream_batch=args.stream_batch, repeats=args.repeats)
+  str_s, str_mib, streamed = streaming_cost(
+    inter, valid_BT, causal=causal, stream_batch=args.stream_batch, repeats=args.repeats
+  )
   gap = max(float(jnp.max(jnp.abs(metrics[k] - streamed[k]))) for k in metrics)
 
   results = {
-      "device": str(jax.devices()[0].device_kind), "tokens": int(valid_BT.sum()), "kind": args.kind,
-      "forward_s": fwd_s, "forward_mib": fwd_mib, "forward_capture_s": cap_s, "forward_capture_mib": cap_mib,
-      "metrics_s": met_s, "metrics_mib": met_mib, "streamed_s": str_s, "streamed_update_mib": str_mib,
-      "stream_batch": args.stream_batch, "max_abs_gap_streamed_vs_one_pass": gap,
+    "device": str(jax.devices()[0].device_kind),
+    "tokens": int(valid_BT.sum()),
+    "kind": args.kind,
+    "forward_s": fwd_s,
+    "forward_mib": fwd_mib,
+    "forward_capture_s": cap_s,
+    "forward_capture_mib": cap_mib,
+    "metrics_s": met_s,
+    "metrics_mib": met_mib,
+    "streamed_s": str_s,
+    "streamed_update_mib": str_mib,
+    "stream_batch": args.stream_batch,
+    "max_abs_gap_streamed_vs_one_pass": gap,
   }
-  print(f"{cfg.num_layers} layers × {cfg.num_heads} heads, d_model {cfg.d_model}, d_head {cfg.d_head}; "
-        f"{args.sequences}×{args.seq_len} ({results['tokens']} valid tokens), {args.kind}, {results['device']}")
+  print(
+    f"{cfg.num_layers} layers × {cfg.num_heads} heads, d_model {cfg.d_model}, d_head {cfg.d_head}; "
+    f"{args.sequences}×{args.seq_len} ({results['tokens']} valid tokens), {args.kind}, {results['device']}"
+  )
   print("| what | seconds | compiled memory, MiB: total (temporaries) |\n|---|---|---|")
   print(f"| forward pass alone | {fwd_s:.3f} | {fwd_mib} |")
   print(f"| forward pass + capture (q, probs, z, head_out) | {cap_s:.3f} | {cap_mib} |")

