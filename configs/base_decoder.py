@@ -12,5 +12,5 @@ from headspec.defaults import train_config
 
 def get_config(arg: str | None = None):
   c = train_config()
-  c.train.keep_steps = (100, 300, 1000, 3000)
+  c.train.keep_steps = (0, 100, 300, 1000, 3000)
   return c

@@ -13,5 +13,5 @@ def get_config(arg: str | None = None):
   c.model.kind = "encoder"
   c.model.pre_layernorm = False
   c.model.activation = "gelu_exact"
-  c.train.keep_steps = (100, 300, 1000, 3000)
+  c.train.keep_steps = (0, 100, 300, 1000, 3000)
   return c

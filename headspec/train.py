@@ -310,6 +310,8 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir, *, devices=No
   preemption = _Preemption()
   schedule = learning_rate_schedule(config.train)
   step = int(state.step)
+  if step == 0 and 0 in config.train.keep_steps:  # the initial parameters, for studies over training
+    _save(mngr, 0, host_state(), data_iter)
   last = {}
   tokens_per_step = config.train.batch_size * config.train.seq_len
   t0, steps_timed = time.perf_counter(), 0

@@ -11,9 +11,11 @@ import time
 import jax
 import numpy as np
 import pytest
+from flax import nnx
 
 from headspec import checkpoints, runs
 from headspec.errors import UserError
+from headspec.model import Transformer
 from headspec.quickstart import quickstart_config
 from headspec.train import train_and_evaluate
 
@@ -185,3 +187,17 @@ def test_cli_errors_are_one_line(tmp_path):
     assert len(lines) == 1 and lines[0].startswith("headspec: error:"), (args, done.stderr)
     assert "Traceback" not in done.stderr
   assert not (tmp_path / "w" / "checkpoints").exists()
+
+
+def test_step_0_in_keep_steps_saves_the_initial_parameters(synthetic_data_dir, tmp_path):
+  config = tiny_config(synthetic_data_dir, "decoder", steps=2)
+  config.train.keep_steps = (0,)
+  train_and_evaluate(config, tmp_path)
+  assert checkpoints.saved_steps(tmp_path) == [0, 2]
+  cfg = runs.model_config(config.model, runs.load_run_model(tmp_path, 0)[1].vocab_size, config.train.seq_len)
+  initial = jax.tree.leaves(Transformer(cfg, rngs=nnx.Rngs(params=config.seed)))
+  for saved, fresh in zip(_params(tmp_path, 0), initial):
+    np.testing.assert_array_equal(np.asarray(saved), np.asarray(fresh))
+  assert any(
+    not np.array_equal(np.asarray(a), np.asarray(b)) for a, b in zip(_params(tmp_path, 0), _params(tmp_path, 2))
+  )
