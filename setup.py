@@ -24,6 +24,8 @@ setup(
     "safetensors",
     "conllu>=6",
     "tensorboardX",
+    "etils[epath]",  # run and data directories (gs:// too)
+    "pyarrow",  # WikiText's parquet files (headspec data download text)
     "numpy",
     "scipy",
     "matplotlib",
@@ -32,7 +34,11 @@ setup(
   extras_require={
     "tf": ["tensorflow"],
     # torch pinned: the CPU build (an unpinned torch pulls a multi-GB CUDA build).
-    "test": ["pytest", "pytest-xdist", "ruff", "scikit-learn", "transformers>=4.45", "torch==2.13.0"],
+    # analysis/ scripts and the atlas without JAX: `pip install --no-deps -e . && pip install -e ".[analysis]"`
+    # needs only these (etils[epath] is headspec.tables' path layer).
+    "analysis": ["pandas", "matplotlib", "etils[epath]"],
+    # selenium: the atlas browser test (it also needs `apt-get install chromium chromium-driver`).
+    "test": ["pytest", "pytest-xdist", "ruff", "scikit-learn", "transformers>=4.45", "torch==2.13.0", "selenium"],
   },
   entry_points={"console_scripts": ["headspec=headspec.cli:run"]},
 )

@@ -19,7 +19,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from headspec import diversity
+from headspec.diversity import metrics as diversity
 from headspec.model import ModelConfig, Transformer
 
 

@@ -10,14 +10,8 @@ a minute on a 2-core CPU for the 2-layer quickstart models. Expect UPOS and depr
 majority baseline with positive selectivity, and the random model less selective.
 """
 
-from headspec.probing.defaults import probe_config
+from headspec.probing.defaults import synthetic_probe_config
 
 
 def get_config(arg: str | None = None):
-  c = probe_config()
-  c.data_dir = arg or "runs/quickstart/data"
-  c.probe.treebank = "synthetic"
-  c.probe.steps = "last"
-  c.probe.random_baseline = True
-  c.probe.bootstrap_resamples = 200
-  return c
+  return synthetic_probe_config(arg or "runs/quickstart/data")

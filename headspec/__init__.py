@@ -1,3 +1,95 @@
-"""headspec: attention-head specialization in JAX transformers."""
+"""headspec: attention-head specialization in JAX transformers.
+
+Importing `headspec` (or `headspec.tables`, `headspec.atlas`) imports no JAX: the package's own
+attributes are resolved lazily (PEP 562), so analysis scripts and the atlas run on a laptop with only
+the `analysis` extra (pandas, matplotlib). Submodules that need JAX (model, train, probing, ...) import
+it themselves when imported.
+"""
+
+from __future__ import annotations
+
+import importlib
 
 __version__ = "0.1.0"
+
+# name -> (module, attribute): loaded on first access.
+_LAZY = {
+  "build_atlas": ("headspec.atlas", "build_atlas"),
+  "TABLES": ("headspec.tables", "TABLES"),
+  # The notebook API (headspec/api.py, docs/api.md): these import JAX when first used.
+  "load": ("headspec.api", "load"),
+  "run": ("headspec.api", "run"),
+  "probe": ("headspec.api", "probe"),
+  "ablate": ("headspec.api", "ablate"),
+  "split_words": ("headspec.api", "split_words"),
+  "Loaded": ("headspec.api", "Loaded"),
+  "Captured": ("headspec.api", "Captured"),
+  "Ablation": ("headspec.api", "Ablation"),
+}
+
+__all__ = [
+  "Ablation",
+  "Captured",
+  "Loaded",
+  "TABLES",
+  "__version__",
+  "ablate",
+  "build_atlas",
+  "load",
+  "probe",
+  "read_table",
+  "read_tables",
+  "run",
+  "split_words",
+]
+
+
+def read_table(workdir, name: str):
+  """Table `name` of a run (a key of headspec.tables.TABLES: 'probes', 'diversity', 'ablation_heads',
+  ...) as a pandas DataFrame with the documented dtypes; UserError if the run has no such table."""
+  from headspec import tables
+  from headspec.errors import UserError
+
+  if name not in tables.TABLES:
+    raise UserError(f"no table {name!r}; choose from {', '.join(tables.TABLES)}")
+  table = tables.TABLES[name]
+  return tables.read_frame(tables.path_of(workdir, table), table)
+
+
+def read_tables(runs, name: str):
+  """Table `name` of several runs, concatenated, with a first column `run`: `runs` is a list of run
+  directories (`run` = each folder's name, or its path as given when two folders share a name) or a
+  dict {label: directory}. UserError naming the run that lacks the table."""
+  import os
+
+  import pandas as pd
+
+  if isinstance(runs, dict):
+    labelled = [(str(label), path) for label, path in runs.items()]
+  else:
+    paths = [os.fspath(p) for p in ([runs] if isinstance(runs, str | os.PathLike) else runs)]
+    names = [os.path.basename(os.path.normpath(os.path.abspath(p))) for p in paths]
+    labelled = list(zip(names if len(set(names)) == len(names) else paths, paths))
+  if not labelled:
+    from headspec.errors import UserError
+
+    raise UserError("read_tables: no run directories given")
+  frames = []
+  for label, path in labelled:
+    frame = read_table(path, name)
+    frame.insert(0, "run", pd.Series([label] * len(frame), dtype="string", index=frame.index))
+    frames.append(frame)
+  return pd.concat(frames, ignore_index=True)
+
+
+def __getattr__(name: str):
+  if name in _LAZY:
+    module, attribute = _LAZY[name]
+    value = getattr(importlib.import_module(module), attribute)
+    globals()[name] = value
+    return value
+  raise AttributeError(f"module 'headspec' has no attribute {name!r}")
+
+
+def __dir__():
+  return sorted(set(globals()) | set(_LAZY))

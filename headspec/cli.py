@@ -29,7 +29,11 @@ commands:
   train                        train a model (configs/base_decoder.py, base_encoder.py, quickstart.py)
   probe                        per-head probing suite over checkpoints (configs/probe_ewt.py)
   diversity                    head-diversity metrics over checkpoints
-  data download ud TREEBANK    fetch a Universal Dependencies treebank into the data directory"""
+  ablate                       head ablations, importance, pruning, L0 gates, causal probe test
+  atlas [--compare=RUN_B]      RUN/atlas.html: every head's numbers on one offline page (no --config)
+  attention                    Clark et al. syntax from attention, head roles, pictures
+  data download ud TREEBANK    fetch a Universal Dependencies treebank into the data directory
+  data download text CORPUS    fetch a language-model corpus (wikitext_103, wikitext_2) into the data directory"""
 
 # command -> "module:function"; each takes (config, workdir, args) and returns nothing.
 COMMANDS = {
@@ -37,9 +41,12 @@ COMMANDS = {
   "train": "headspec.commands:train",
   "probe": "headspec.commands:probe",
   "diversity": "headspec.commands:diversity",
+  "ablate": "headspec.commands:ablate",
+  "atlas": "headspec.commands:atlas",
+  "attention": "headspec.commands:attention",
   "data": "headspec.commands:data",
 }
-NEEDS_CONFIG = {"train", "probe", "diversity"}
+NEEDS_CONFIG = {"train", "probe", "diversity", "ablate", "attention"}
 
 
 class _Exit(Exception):
@@ -69,7 +76,7 @@ def main(argv: list[str]) -> int:
   try:
     _check_config_path(argv)
     try:
-      rest = FLAGS(argv, known_only=True)  # unknown flags stay in `rest`: `data download` has its own
+      rest = _parse(argv)  # unknown flags stay in `rest`: `data download` has its own
     except flags.Error as e:
       _fail(str(e).splitlines()[0])
     except (AttributeError, KeyError, TypeError, ValueError) as e:  # config_flags on a bad --config.key
@@ -105,6 +112,16 @@ def main(argv: list[str]) -> int:
   except KeyboardInterrupt:
     print("headspec: interrupted", file=sys.stderr)
     return 130
+
+
+def _parse(argv: list[str]) -> list[str]:
+  """FLAGS(argv). config_flags finds the --config.key overrides in sys.argv, not in the list it parses,
+  so sys.argv is `argv` while parsing: main() called in-process (tests, notebooks) applies them too."""
+  saved, sys.argv = sys.argv, list(argv)
+  try:
+    return FLAGS(argv, known_only=True)
+  finally:
+    sys.argv = saved
 
 
 def _check_config_path(argv: list[str]) -> None:

@@ -36,7 +36,7 @@ def probe(config, workdir, args) -> None:
 
 
 def diversity(config, workdir, args) -> None:
-  from headspec.diversity_run import run_diversity
+  from headspec.diversity.run import run_diversity
 
   if args:
     raise UserError(f"diversity takes no arguments, got {' '.join(args)}")
@@ -44,12 +44,58 @@ def diversity(config, workdir, args) -> None:
   print(f"diversity metrics: {results}; figures in {results.parent}")
 
 
+def atlas(config, workdir, args) -> None:
+  """`headspec atlas --workdir=RUN [--compare=RUN_B ...]`: writes RUN/atlas.html (no JAX, no --config)."""
+  from headspec.atlas import build_atlas
+
+  if not workdir:
+    raise UserError("atlas needs --workdir=RUN (a run directory with results tables)")
+  compare, rest = [], list(args)
+  while rest:
+    arg = rest.pop(0)
+    if arg.startswith("--compare="):
+      compare.append(arg.split("=", 1)[1])
+    elif arg == "--compare" and rest:
+      compare.append(rest.pop(0))
+    else:
+      raise UserError(f"atlas takes only --compare=RUN_B, got {arg}")
+  print(build_atlas(workdir, compare=compare))
+
+
+def ablate(config, workdir, args) -> None:
+  from headspec.ablation.run import run_ablation
+
+  if args:
+    raise UserError(f"ablate takes no arguments, got {' '.join(args)}")
+  out_dir = run_ablation(config, workdir)
+  print(f"ablation tables and figures: {out_dir}")
+
+
+def attention(config, workdir, args) -> None:
+  from headspec.attention.run import run_attention
+
+  if args:
+    raise UserError(f"attention takes no arguments, got {' '.join(args)}")
+  print(run_attention(config, workdir).read_text())
+
+
 def data(config, workdir, args) -> None:
-  """`headspec data download ud TREEBANK [--repo R] [--release R] [--base-url U] [--force]`."""
-  if len(args) < 3 or args[:2] != ["download", "ud"]:
-    raise UserError("usage: headspec data download ud TREEBANK [--repo UD_X-Y] [--release r2.14] [--force]")
+  """`headspec data download ud TREEBANK [--repo R] [--release R] [--splits S] [--base-url U] [--force]`
+  or `headspec data download text CORPUS [--sha256 FILE=HEX] [--base-url U] [--force]`."""
+  if len(args) < 3 or args[0] != "download" or args[1] not in ("ud", "text"):
+    raise UserError(
+      "usage: headspec data download ud TREEBANK [--release r2.16] [--splits dev,test] [--force] | "
+      "headspec data download text CORPUS [--force] (CORPUS: wikitext_103, wikitext_2)"
+    )
+  kind = args[1]
+  where = "DATA_DIR/ud/TREEBANK/" if kind == "ud" else "DATA_DIR/text/CORPUS/"
+  data_dir = os.fspath(targets.data_dir(config, purpose=f"files go to {where}", must_exist=False))
+  if kind == "text":
+    from headspec.data.text_download import main_download_text
+
+    print(main_download_text(args[2:], data_dir))
+    return
   from headspec.data.download import main_download
 
-  data_dir = targets.data_dir(config, purpose="files go to DATA_DIR/ud/TREEBANK/", must_exist=False)
-  for path in main_download(args[2:], os.fspath(data_dir)):
+  for path in main_download(args[2:], data_dir):
     print(path)

@@ -21,7 +21,9 @@ def train_config() -> ml_collections.ConfigDict:
   c.multihost = False  # call jax.distributed.initialize() (TPU pods, SLURM)
 
   c.data = ml_collections.ConfigDict()
-  c.data.corpus = "english_mix"  # a folder under data_dir/text/, or 'tfds:<catalog name>'
+  # A folder under data_dir/text/ ('wikitext_103', 'wikitext_2': `headspec data download text NAME`;
+  # any other: train.txt + valid.txt you write, docs/data.md), or 'tfds:<catalog name>'.
+  c.data.corpus = "wikitext_103"
   c.data.vocab_size = 8000  # SentencePiece vocabulary trained on the corpus
   c.data.tfds_dir = ""  # where TFDS builders write; '' = data_dir/tfds
 

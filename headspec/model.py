@@ -4,9 +4,17 @@ Attention is written out per head, because heads are the object of study: every 
 keys, values, attention map and context vector `Z_h = A_h V_h` can be returned, and a head mask
 scales `Z_h` before the output projection `W_O`.
 
-Shape glossary (used in every name in headspec, after penzai's model_parts.py):
-  B batch, T tokens (query positions), S source tokens (key positions), L layers, H heads,
-  D model width, K head width (Dh in prose), F feed-forward width, V vocabulary, N words, C classes.
+Shape glossary: the capital letters at the end of an array's name are its axes, one letter per axis,
+one meaning per letter throughout headspec (after penzai's model_parts.py):
+  B batch (rows of a batch, also rows of packed sentences)   T tokens (query positions)
+  S source tokens (key positions)   L layers   H heads   K head width (Dh in prose)   D model width
+  F feed-forward width   V vocabulary   Y token types   E a fused projection's output width (H·K)
+  X a last axis that is K or D (either works)   N words   U sentences   W words of one row or window
+  J candidate heads of a word (ROOT, then the W words)   C classes   G feature groups probed together
+  (a layer's H heads, or one residual stream)   A label sets fitted together (probe tasks and controls)
+  P L2 penalties tried (the grid)   R bootstrap resamples   I inner width (rank) of the arc probe
+  M head pairs i < j   O optimisation steps;   a digit is an axis of that size (u_BT3, w_D3E),
+  and a lowercase c a chunk of the N words streamed through a probe fit (x_cGK).
 So `q_BTHK` is a [batch, tokens, heads, head width] array and `probs_BHTS` an attention map.
 
 The architecture follows BERT (Devlin et al. 2019; post-LayerNorm, token types, embedding LayerNorm,
@@ -131,7 +139,7 @@ class Attention(nnx.Module):
     self.attention_dropout = nnx.Dropout(cfg.attention_dropout)
     self.dtype = jnp.dtype(cfg.dtype)
 
-  def __call__(self, x_BTD, mask_BTS, head_mask_BH, dropout_rngs, capture):
+  def __call__(self, x_BTD, mask_BTS, head_mask_BH, dropout_rngs, capture, replacement_BHK=None):
     dt = self.dtype
     q_BTHK = jnp.einsum("btd,dhk->bthk", x_BTD, self.w_q_DHK[...].astype(dt)) + self.b_q_HK[...].astype(dt)
     k_BSHK = jnp.einsum("bsd,dhk->bshk", x_BTD, self.w_k_DHK[...].astype(dt)) + self.b_k_HK[...].astype(dt)
@@ -143,6 +151,8 @@ class Attention(nnx.Module):
     dropped_BHTS = self.attention_dropout(probs_BHTS, deterministic=dropout_rngs is None, rngs=dropout_rngs)
     z_BTHK = jnp.einsum("bhts,bshk->bthk", dropped_BHTS.astype(dt), v_BSHK)
     masked_BTHK = z_BTHK * head_mask_BH[:, None, :, None].astype(dt)
+    if replacement_BHK is not None:  # Z_h·m + (1 − m)·r: mean ablation when r is the mean Z_h
+      masked_BTHK = masked_BTHK + ((1 - head_mask_BH)[:, :, None] * replacement_BHK)[:, None].astype(dt)
     out_BTD = jnp.einsum("bthk,hkd->btd", masked_BTHK, self.w_o_HKD[...].astype(dt)) + self.b_o_D[...].astype(dt)
     captured = {}
     for name, value in (("q", q_BTHK), ("k", k_BSHK), ("v", v_BSHK), ("probs", probs_BHTS), ("z", z_BTHK)):
@@ -181,13 +191,14 @@ class Block(nnx.Module):
     self.dropout = nnx.Dropout(cfg.dropout)
     self.pre_layernorm = cfg.pre_layernorm
 
-  def __call__(self, x_BTD, mask_BTS, head_mask_BH, dropout_rngs, capture):
+  def __call__(self, x_BTD, mask_BTS, head_mask_BH, dropout_rngs, capture, replacement_BHK=None):
     drop = lambda y: self.dropout(y, deterministic=dropout_rngs is None, rngs=dropout_rngs)
+    attend = lambda y: self.attention(y, mask_BTS, head_mask_BH, dropout_rngs, capture, replacement_BHK)
     if self.pre_layernorm:
-      attn_BTD, captured = self.attention(self.ln_attention(x_BTD), mask_BTS, head_mask_BH, dropout_rngs, capture)
+      attn_BTD, captured = attend(self.ln_attention(x_BTD))
       x_BTD = x_BTD + drop(attn_BTD)
       return x_BTD + drop(self.mlp(self.ln_mlp(x_BTD))), captured
-    attn_BTD, captured = self.attention(x_BTD, mask_BTS, head_mask_BH, dropout_rngs, capture)
+    attn_BTD, captured = attend(x_BTD)
     x_BTD = self.ln_attention(x_BTD + drop(attn_BTD))
     return self.ln_mlp(x_BTD + drop(self.mlp(x_BTD))), captured
 
@@ -239,45 +250,96 @@ class Transformer(nnx.Module):
     valid_BT: jax.Array | None = None,
     token_types_BT: jax.Array | None = None,
     head_mask: jax.Array | None = None,
+    head_replacement: jax.Array | None = None,
     capture: Collection[str] = (),
     dropout_rngs: nnx.Rngs | None = None,
+    output: str = "logits",
   ) -> tuple[jax.Array, Intermediates]:
     """Returns (logits_BTV in float32, Intermediates with the `capture`d fields, others None).
 
     valid_BT: True for real tokens; padded keys get zero attention. head_mask: [L,H] or per example
     [B,L,H], multiplies Z_h before W_O (1 keeps, 0 removes, between scales); it is traced data, so new
-    values never recompile, and the loss is differentiable in it. dropout_rngs: None for deterministic.
+    values never recompile, and the loss is differentiable in it. head_replacement: [L,H,K] or
+    [B,L,H,K], what a masked head outputs instead (Z_h·m + (1 − m)·r; see `from_embeddings`).
+    dropout_rngs: None for deterministic. output: 'logits' or 'hidden' (the final hidden state).
     """
     x_BTD = self.embed(tokens_BT, token_types_BT)
     return self.from_embeddings(
-      x_BTD, valid_BT=valid_BT, head_mask=head_mask, capture=capture, dropout_rngs=dropout_rngs
+      x_BTD,
+      valid_BT=valid_BT,
+      head_mask=head_mask,
+      head_replacement=head_replacement,
+      capture=capture,
+      dropout_rngs=dropout_rngs,
+      output=output,
     )
 
-  def from_embeddings(self, x_BTD, *, valid_BT=None, head_mask=None, capture=(), dropout_rngs=None):
-    """The forward pass after the embedding layer (for gradients with respect to input embeddings)."""
+  def from_layer(self, x_BTD, layer: int, **kwargs):
+    """Blocks `layer`.. on the residual stream `x_BTD` entering block `layer` (= `residual_LBTD[layer − 1]`
+    of a full pass, or the embeddings for layer 0): `from_embeddings(x_BTD, start_layer=layer, ...)`."""
+    return self.from_embeddings(x_BTD, start_layer=layer, **kwargs)
+
+  def from_embeddings(
+    self,
+    x_BTD,
+    *,
+    valid_BT=None,
+    head_mask=None,
+    head_replacement=None,
+    capture=(),
+    dropout_rngs=None,
+    start_layer: int = 0,
+    output: str = "logits",
+  ):
+    """The forward pass after the embedding layer (for gradients with respect to input embeddings).
+
+    head_replacement: [L,H,K] or per example [B,L,H,K], traced like head_mask: each head's output
+    becomes Z_h·m_h + (1 − m_h)·r_h before W_O, so m_h = 0 with r_h = the mean of Z_h over a data set
+    is mean ablation; None is r = 0 (plain masking). start_layer (a static int): `x_BTD` is the
+    residual stream entering block `start_layer` (the output of block start_layer − 1, as captured in
+    `residual_LBTD`), and only blocks start_layer.. run: the fast path for interventions that leave the
+    layers below unchanged; captured fields then stack those L − start_layer blocks only. output:
+    'logits' (float32 logits_BTV) or 'hidden' (the final hidden state h_BTD: after the final LayerNorm
+    of a pre-LN model, the last block's output otherwise, as Hugging Face's last_hidden_state).
+    """
     cfg = self.cfg
+    L, H = cfg.num_layers, cfg.num_heads
     unknown = set(capture) - set(CAPTURE_FIELDS)
     if unknown:
       raise UserError(f"unknown capture field(s) {sorted(unknown)}; choose from {CAPTURE_FIELDS}")
+    if output not in ("logits", "hidden") or not 0 <= start_layer < L:
+      raise UserError(f"output={output!r} must be 'logits' or 'hidden', start_layer={start_layer} in [0, {L})")
     B, T, _ = x_BTD.shape
     valid_BT = jnp.ones((B, T), bool) if valid_BT is None else valid_BT.astype(bool)
     mask_BTS = jnp.broadcast_to(valid_BT[:, None, :], (B, T, T))
     if cfg.kind == "decoder":
       mask_BTS = mask_BTS & jnp.tril(jnp.ones((T, T), bool))[None]
-    head_mask = jnp.ones((cfg.num_layers, cfg.num_heads)) if head_mask is None else jnp.asarray(head_mask)
-    head_mask_BLH = jnp.broadcast_to(head_mask, (B, cfg.num_layers, cfg.num_heads))
+    head_mask = jnp.ones((L, H)) if head_mask is None else jnp.asarray(head_mask)
+    if head_mask.shape not in ((L, H), (B, L, H)):
+      raise UserError(f"head_mask of shape {head_mask.shape}: expected [L,H]={[L, H]} or [B,L,H]={[B, L, H]}")
+    head_mask_BLH = jnp.broadcast_to(head_mask, (B, L, H))
+    replacement_BLHK = None
+    if head_replacement is not None:
+      head_replacement = jnp.asarray(head_replacement)
+      if head_replacement.shape not in ((L, H, cfg.d_head), (B, L, H, cfg.d_head)):
+        raise UserError(f"head_replacement of shape {head_replacement.shape}: expected [L,H,K] or [B,L,H,K]")
+      replacement_BLHK = jnp.broadcast_to(head_replacement, (B, L, H, cfg.d_head))
 
     per_layer = {name: [] for name in capture if name != "embeddings"}
     embeddings_BTD = x_BTD
-    x_BTD = self.embed_dropout(x_BTD, deterministic=dropout_rngs is None, rngs=dropout_rngs)
-    for layer, block in enumerate(self.blocks):
-      x_BTD, captured = block(x_BTD, mask_BTS, head_mask_BLH[:, layer], dropout_rngs, capture)
+    if start_layer == 0:
+      x_BTD = self.embed_dropout(x_BTD, deterministic=dropout_rngs is None, rngs=dropout_rngs)
+    for layer in range(start_layer, L):
+      replacement_BHK = None if replacement_BLHK is None else replacement_BLHK[:, layer]
+      x_BTD, captured = self.blocks[layer](
+        x_BTD, mask_BTS, head_mask_BLH[:, layer], dropout_rngs, capture, replacement_BHK
+      )
       for name, value in captured.items():
         per_layer[name].append(value)
       if "residual" in capture:
         per_layer["residual"].append(x_BTD)
     h_BTD = self.ln_final(x_BTD) if cfg.pre_layernorm else x_BTD
-    logits_BTV = self.unembed(h_BTD)
+    logits_BTV = h_BTD if output == "hidden" else self.unembed(h_BTD)
 
     suffix = {
       "q": "LBTHK",

@@ -2,7 +2,8 @@
 
 Generates the synthetic treebank and its text (headspec/data/synthetic.py), trains a small decoder and
 a small encoder on the text, probes every head of both (and of random-weights copies) on the treebank,
-and prints the probing summaries and what it wrote.
+analyses the decoder's attention maps, ablates every head of the decoder, writes the head atlas (decoder beside encoder), and prints the
+summaries and what it wrote.
 """
 
 from __future__ import annotations
@@ -47,7 +48,10 @@ def quickstart_config(kind: str = "decoder") -> ml_collections.ConfigDict:
 
 def run_quickstart(workdir, *, steps: int | None = None) -> dict[str, pathlib.Path]:
   """Writes WORKDIR/data (synthetic treebank + text) and the runs WORKDIR/{decoder,encoder}."""
-  from headspec.probing.suite import probe_quickstart  # after flags: keeps `headspec --help` fast
+  from headspec.ablation.run import ablate_quickstart  # after flags: keeps `headspec --help` fast
+  from headspec.atlas import build_atlas
+  from headspec.attention import attention_quickstart
+  from headspec.probing.suite import probe_quickstart
   from headspec.train import train_and_evaluate
 
   workdir = pathlib.Path(workdir)
@@ -65,9 +69,16 @@ def run_quickstart(workdir, *, steps: int | None = None) -> dict[str, pathlib.Pa
   for kind in ("decoder", "encoder"):
     print(f"probing every head of the {kind} on the synthetic treebank", flush=True)
     print(probe_quickstart(workdir / kind, data_dir), flush=True)
+  print("what the decoder's heads attend to (Clark et al. 2019 syntax, head roles, pictures)", flush=True)
+  print(attention_quickstart(workdir / "decoder", data_dir), flush=True)
+  print("ablating every head of the decoder (loss change, importance, pruning)", flush=True)
+  print(ablate_quickstart(workdir / "decoder", data_dir), flush=True)
+  atlas = build_atlas(workdir / "decoder", compare=[workdir / "encoder"])
+  written["atlas"] = atlas
   print("wrote:")
   for kind in ("decoder", "encoder"):
     for path in sorted((workdir / kind).glob("*")) + sorted((workdir / kind / "probes").glob("*")):
       if path.name not in ("cache", "probes"):
         print(f"  {path}")
+  print(f"the head atlas (open it in a browser): {atlas}")
   return written

@@ -7,20 +7,14 @@ loss (already multiplied by its weight), so `loss = task_loss + sum(terms.values
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from typing import Any
-
 import jax
 import jax.numpy as jnp
 
+from headspec.diversity.metrics import intermediate, unit
 from headspec.errors import UserError
 
 _EPS = 1e-12
-
-
-def _unit(x):
-  """x / ||x|| along the last axis, with zero vectors left at zero (gradient stays finite)."""
-  return x * jax.lax.rsqrt(jnp.maximum(jnp.sum(x * x, axis=-1, keepdims=True), _EPS))
+_NEEDED_BY = "disagreement regularization"
 
 
 def _token_mean(x_LBT, valid_BT):
@@ -38,7 +32,7 @@ def cosine_agreement(x_LBTHX, valid_BT, *, off_diagonal: bool = False):
   constant 1/H, no gradient); `off_diagonal=True` averages over the H(H−1) pairs i ≠ j instead.
   x_LBTHX: [L,B,T,H,·], e.g. v_LBTHK (subspace), z_LBTHK or head_out_LBTHD (output).
   """
-  u = _unit(x_LBTHX.astype(jnp.float32))
+  u = unit(x_LBTHX.astype(jnp.float32))
   H = u.shape[-2]
   total_LBT = jnp.sum(jnp.sum(u, axis=-2) ** 2, axis=-1)  # Σ_ij u_i·u_j = ||Σ_i u_i||², O(H) not O(H²)
   if off_diagonal:
@@ -64,13 +58,6 @@ def position_agreement(probs_LBHTS, valid_BT, *, off_diagonal: bool = False):
   return _token_mean(total_LBT / H**2, valid_BT)
 
 
-def _get(intermediates: Any, name: str):
-  value = intermediates[name] if isinstance(intermediates, Mapping) else getattr(intermediates, name)
-  if value is None:
-    raise UserError(f"disagreement regularization needs Intermediates.{name}; add {name.split('_')[0]!r} to capture")
-  return value
-
-
 def disagreement_terms(
   intermediates,
   valid_BT,
@@ -93,16 +80,16 @@ def disagreement_terms(
   terms = {}
   if w_subspace:
     terms["disagreement/subspace"] = w_subspace * cosine_agreement(
-      _get(intermediates, "v_LBTHK"), valid_BT, off_diagonal=off_diagonal
+      intermediate(intermediates, "v_LBTHK", _NEEDED_BY), valid_BT, off_diagonal=off_diagonal
     )
   if w_position:
     terms["disagreement/position"] = w_position * position_agreement(
-      _get(intermediates, "probs_LBHTS"), valid_BT, off_diagonal=off_diagonal
+      intermediate(intermediates, "probs_LBHTS", _NEEDED_BY), valid_BT, off_diagonal=off_diagonal
     )
   if w_output:
     name = "z_LBTHK" if output == "z" else "head_out_LBTHD"
     terms["disagreement/output"] = w_output * cosine_agreement(
-      _get(intermediates, name), valid_BT, off_diagonal=off_diagonal
+      intermediate(intermediates, name, _NEEDED_BY), valid_BT, off_diagonal=off_diagonal
     )
   return terms
 
@@ -127,7 +114,7 @@ def orthogonality_penalty(w_q_DHK, *, mode: str = "inter"):
     gram_HHKK = jnp.einsum("...dhk,...dgl->...hgkl", w, w)
     return jnp.sum(jnp.sum(gram_HHKK**2, axis=(-2, -1)) * (1.0 - jnp.eye(H)))
   if mode == "full":
-    w = _unit(jnp.swapaxes(w.reshape(*w.shape[:-2], H * K), -1, -2))  # [..., HK, D], unit rows
+    w = unit(jnp.swapaxes(w.reshape(*w.shape[:-2], H * K), -1, -2))  # [..., HK, D], unit rows
     gram = jnp.einsum("...id,...jd->...ij", w, w)
     return jnp.sum((gram - jnp.eye(H * K)) ** 2)
   raise UserError(f"orthogonality mode must be 'inter' or 'full', got {mode!r}")

@@ -133,7 +133,10 @@ def data_dir(config=None, run_config=None, *, purpose: str = "", must_exist: boo
   value = value or os.environ.get("HEADSPEC_DATA_DIR", "")
   why = f" ({purpose})" if purpose else ""
   if not value:
-    raise UserError(f"no data directory{why}: set HEADSPEC_DATA_DIR or --config.data_dir")
+    raise UserError(
+      f"no data directory{why}: set HEADSPEC_DATA_DIR or --config.data_dir, then get data with "
+      "`headspec data download text wikitext_103` or `headspec data download ud en_ewt` (docs/data.md)"
+    )
   path = epath.Path(value)
   if must_exist and not path.is_dir():
     raise UserError(f"data directory {value} does not exist{why} (HEADSPEC_DATA_DIR / --config.data_dir)")

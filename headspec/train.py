@@ -27,9 +27,10 @@ from absl import logging
 from flax import nnx
 from jax.experimental import multihost_utils
 
-from headspec import checkpoints, diversity, parallel, regularizers, runs, targets
+from headspec import checkpoints, parallel, regularizers, runs, targets
 from headspec.data import lm_pipeline, text_tfds
 from headspec.data import tokenizer as tokenizer_lib
+from headspec.diversity import metrics as diversity
 from headspec.errors import UserError
 from headspec.model import ModelConfig, Transformer
 from headspec.train_log import MetricsWriter
@@ -390,14 +391,14 @@ def _evaluator(config, graphdef, obj: Objective, valid_NT, eval_key):
 
 def _diversity_tracker(config, cfg: ModelConfig, graphdef, valid_NT):
   """Every `train.diversity_every` steps: head-diversity metrics on a fixed held-out batch, summarised
-  per layer (mean and variance over heads) under `diversity/` keys (headspec/diversity.py)."""
+  per layer (mean and variance over heads) under `diversity/` keys (headspec/diversity/metrics.py)."""
   if not config.train.diversity_every:
     return None
   rows_BT = valid_NT[: config.train.batch_size]
 
   @jax.jit
   def compute(params):
-    _, inter = nnx.merge(graphdef, params)(rows_BT, capture=("q", "probs", "z", "head_out"))
+    _, inter = nnx.merge(graphdef, params)(rows_BT, capture=diversity.CAPTURE)
     return diversity.compute(inter, jnp.ones(rows_BT.shape, bool), causal=cfg.kind == "decoder")
 
   def track(params):  # keys like diversity/js_distance/mean/layer0

@@ -1,4 +1,4 @@
-"""Test setup: 8 fake CPU devices (set before JAX starts) and the shared data directory."""
+"""Test setup: 8 fake CPU devices (set before JAX starts) and the data directory of the real-data tests."""
 
 import os
 
@@ -11,15 +11,63 @@ import pathlib  # noqa: E402
 
 import pytest  # noqa: E402
 
+# What the real-data tests read: treebank -> splits (UD r2.16, the release the development data matches).
+TEST_TREEBANKS = {"en_ewt": ("train", "dev", "test"), "en_gum": ("dev", "test")}
+
+
+def data_cache() -> pathlib.Path:
+  """Where the tests fetch the treebanks when HEADSPEC_DATA_DIR is unset: ~/.cache/headspec/data."""
+  return pathlib.Path(os.environ.get("XDG_CACHE_HOME") or pathlib.Path.home() / ".cache") / "headspec" / "data"
+
+
+def _missing(path: pathlib.Path) -> list[str]:
+  return [
+    f"ud/{tb}/{tb}-ud-{split}.conllu"
+    for tb, splits in TEST_TREEBANKS.items()
+    for split in splits
+    if not (path / "ud" / tb / f"{tb}-ud-{split}.conllu").is_file()
+  ]
+
+
+def fetch_command(path) -> str:
+  return (
+    f"export HEADSPEC_DATA_DIR={path}; headspec data download ud en_ewt && "
+    f"headspec data download ud en_gum --splits=dev,test"
+  )
+
 
 @pytest.fixture(scope="session")
 def data_dir() -> pathlib.Path:
-  """HEADSPEC_DATA_DIR (default ../shared/data); a missing data directory fails the test, never skips it."""
-  path = pathlib.Path(
-    os.environ.get("HEADSPEC_DATA_DIR", pathlib.Path(__file__).resolve().parents[2] / "shared" / "data")
-  )
-  if not (path / "ud" / "en_ewt").is_dir():
-    pytest.fail(f"HEADSPEC_DATA_DIR={path} has no ud/en_ewt: point HEADSPEC_DATA_DIR at the shared data")
+  """HEADSPEC_DATA_DIR (CI: the development data), which must hold the test treebanks; when it is unset,
+  ~/.cache/headspec/data, filled once through headspec's UD downloader. Fails (never skips) with one
+  line naming the command that gets the data."""
+  configured = os.environ.get("HEADSPEC_DATA_DIR")
+  path = pathlib.Path(configured or data_cache())
+  missing = _missing(path)
+  if missing and configured:
+    pytest.fail(f"HEADSPEC_DATA_DIR={path} lacks {missing[0]}; run: {fetch_command(path)}", pytrace=False)
+  if missing:
+    import fcntl  # POSIX; imported only where the tests fetch
+
+    from headspec.data.download import download_ud
+    from headspec.errors import UserError
+
+    path.mkdir(parents=True, exist_ok=True)
+    with open(path / ".tests-fetch.lock", "w") as lock:  # pytest-xdist workers fetch once, one at a time
+      fcntl.flock(lock, fcntl.LOCK_EX)
+      failure = None
+      try:
+        for treebank, splits in TEST_TREEBANKS.items():
+          if any(m.startswith(f"ud/{treebank}/") for m in _missing(path)):
+            download_ud(treebank, path, splits=splits, log=lambda _: None)
+      except UserError as e:
+        failure = str(e)
+    if failure:
+      pytest.fail(
+        f"no test treebanks in {path}, fetching failed ({failure}); run: {fetch_command(path)}", pytrace=False
+      )
+    if _missing(path):
+      pytest.fail(f"{path} lacks {_missing(path)[0]} after fetching; run: {fetch_command(path)}", pytrace=False)
   return path
 
 

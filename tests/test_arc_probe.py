@@ -56,8 +56,8 @@ def test_deterministic_given_seed():
   x_tr, h_tr, x_dev, h_dev = _split(x, h, lengths, 150)
   f1 = arc.fit_arc_probes(x_tr, h_tr, x_dev, h_dev, epochs=3, seed=7)
   f2 = arc.fit_arc_probes(x_tr, h_tr, x_dev, h_dev, epochs=3, seed=7)
-  np.testing.assert_array_equal(f1.a_GKR, f2.a_GKR)
-  np.testing.assert_array_equal(f1.dev_uas_GL, f2.dev_uas_GL)
+  np.testing.assert_array_equal(f1.a_GKI, f2.a_GKI)
+  np.testing.assert_array_equal(f1.dev_uas_GP, f2.dev_uas_GP)
 
 
 def test_packing_places_every_word_once_within_its_row():
@@ -90,8 +90,8 @@ def test_packed_prediction_matches_per_sentence_scoring():
   start = 0
   for n in lengths:
     for gi in range(g):
-      q = x[start : start + n, gi] @ fitted.a_GKR[gi]
-      s = np.concatenate([(q @ fitted.root_GR[gi])[:, None], q @ (x[start : start + n, gi] @ fitted.b_GKR[gi]).T], 1)
+      q = x[start : start + n, gi] @ fitted.a_GKI[gi]
+      s = np.concatenate([(q @ fitted.root_GI[gi])[:, None], q @ (x[start : start + n, gi] @ fitted.b_GKI[gi]).T], 1)
       np.testing.assert_array_equal(pred[start : start + n, gi], s.argmax(1))
     start += n
 

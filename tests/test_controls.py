@@ -57,9 +57,3 @@ def test_arc_control_heads():
   behaviours = controls.arc_behaviours([f"w{i}" for i in range(8000)], seed=1)
   freq = np.bincount(list(behaviours.values()), minlength=4) / 8000
   np.testing.assert_allclose(freq, 0.25, atol=0.02)
-  padded = controls.control_heads_BN(
-    [["A", "b", "c", "a"], ["b", "x", "PAD", "PAD"]], np.array([[2, 0, 2, 3], [0, 1, -1, -1]]), seed=0
-  )
-  np.testing.assert_array_equal(padded[0], heads[0])
-  np.testing.assert_array_equal(padded[1, :2], heads[1])
-  assert (padded[1, 2:] == -1).all()

@@ -1,4 +1,4 @@
-"""headspec.diversity: known answers, a float64 NumPy reference (plain loops), streaming, the model."""
+"""headspec.diversity.metrics: known answers, a float64 NumPy reference (plain loops), streaming, the model."""
 
 import itertools
 import math
@@ -8,7 +8,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from headspec import diversity
+from headspec.diversity import metrics as diversity
 
 L, B, T, H, K, D = 2, 3, 5, 3, 4, 6
 
@@ -195,3 +195,29 @@ def test_runs_on_model_intermediates(kind):
   want = numpy_reference(as_numpy, np.asarray(valid), causal=kind == "decoder")
   for name in diversity.METRICS:
     np.testing.assert_allclose(np.asarray(m[name]), want[name], rtol=1e-3, atol=1e-5, err_msg=name)
+
+
+def test_a_new_metric_is_one_registry_entry(monkeypatch):
+  """A toy metric (mean query norm per head) added as one `Metric` streams, finalizes and becomes table rows."""
+  toy = diversity.Metric(
+    "query_norm",
+    "head",
+    init=lambda L, H, K: {"sum": jnp.zeros((L, H))},
+    batch=lambda b: {"sum": jnp.einsum("bth,bt->h", jnp.linalg.norm(b.q_BTHK, axis=-1), b.w_BT)},
+    finalize=lambda sums, n: sums["sum"] / n,
+    basis_dependent=False,
+    doc="mean_t ||q_h(t)||",
+  )
+  monkeypatch.setitem(diversity.REGISTRY, toy.name, toy)
+  rng = np.random.default_rng(7)
+  batches = [random_batch(rng, b=b) for b in (2, 3)]
+  state = diversity.init(L, H, K)
+  for x, valid in batches:
+    state = diversity.update_jit(state, *to_jax(x).values(), jnp.asarray(valid))
+  got = diversity.finalize(state)
+  q = np.concatenate([x["q_LBTHK"] for x, _ in batches], axis=1)
+  valid = np.concatenate([v for _, v in batches])
+  want = np.linalg.norm(q, axis=-1)[:, valid].mean(1)  # [L, H]: over valid tokens
+  np.testing.assert_allclose(np.asarray(got["query_norm"]), want, rtol=1e-5)
+  assert set(got) == set(diversity.METRICS) | {"query_norm"}
+  assert sum(r[4] == "query_norm" for r in diversity.rows(got, step=0)) == L * H

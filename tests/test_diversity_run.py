@@ -12,8 +12,9 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from headspec import diversity, runs, tables
-from headspec.diversity_run import evaluation_tokens, read_results, run_diversity
+from headspec import runs, tables
+from headspec.diversity import metrics as diversity
+from headspec.diversity.run import evaluation_tokens, read_results, run_diversity
 from headspec.errors import UserError
 from headspec.pretrained import load_pretrained
 from headspec.quickstart import quickstart_config

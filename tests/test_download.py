@@ -1,12 +1,18 @@
-"""UD download against a local http.server: 404 splits skipped, validation, no overwrite."""
+"""Downloads against a local http.server on 127.0.0.1: UD treebanks (404 splits skipped, validation, no
+overwrite) and text corpora (pinned SHA-256, checksum mismatch, interrupted download, atomic folder)."""
 
+import dataclasses
 import functools
+import hashlib
 import http.server
+import json
+import re
 import threading
 
 import pytest
 
-from headspec.data import download, synthetic, treebank
+from headspec import cli
+from headspec.data import download, synthetic, text_download, text_tfds, treebank
 from headspec.errors import UserError
 
 
@@ -49,7 +55,7 @@ def test_download_skips_missing_split(server, source, tmp_path):
   base_url, root = server
   dev = (source / "synthetic-ud-dev.conllu").read_bytes()
   test = (source / "synthetic-ud-test.conllu").read_bytes()
-  _serve(root, "UD_English-EWT", "r2.14", {"en_ewt-ud-dev.conllu": dev, "en_ewt-ud-test.conllu": test})
+  _serve(root, "UD_English-EWT", "r2.16", {"en_ewt-ud-dev.conllu": dev, "en_ewt-ud-test.conllu": test})
   notices = []
   data_dir = tmp_path / "data"
   paths = download.download_ud("en_ewt", data_dir, base_url=base_url, log=notices.append)
@@ -65,7 +71,7 @@ def test_download_skips_missing_split(server, source, tmp_path):
 def test_no_overwrite_unless_forced(server, source, tmp_path):
   base_url, root = server
   dev = (source / "synthetic-ud-dev.conllu").read_bytes()
-  _serve(root, "UD_English-GUM", "r2.14", {"en_gum-ud-dev.conllu": dev})
+  _serve(root, "UD_English-GUM", "r2.16", {"en_gum-ud-dev.conllu": dev})
   target = tmp_path / "ud" / "en_gum" / "en_gum-ud-dev.conllu"
   target.parent.mkdir(parents=True)
   mine = (source / "synthetic-ud-test.conllu").read_bytes()
@@ -96,7 +102,7 @@ def test_explicit_repo_release_and_cli(server, source, tmp_path):
 
 def test_zero_files_is_an_error(server, tmp_path):
   base_url, _ = server
-  with pytest.raises(UserError, match=r"no en_ewt files found at .*/UD_English-EWT/r2.14/"):
+  with pytest.raises(UserError, match=r"no en_ewt files found at .*/UD_English-EWT/r2.16/"):
     download.download_ud("en_ewt", tmp_path, base_url=base_url, log=lambda _: None)
 
 
@@ -104,7 +110,7 @@ def test_invalid_download_is_not_kept(server, source, tmp_path):
   base_url, root = server
   dev = (source / "synthetic-ud-dev.conllu").read_text(encoding="utf-8")
   broken = dev.replace("\t0\troot\t", "\t1x\troot\t", 1)
-  _serve(root, "UD_English-EWT", "r2.14", {"en_ewt-ud-dev.conllu": broken.encode()})
+  _serve(root, "UD_English-EWT", "r2.16", {"en_ewt-ud-dev.conllu": broken.encode()})
   with pytest.raises(
     UserError,
     match=r"en_ewt-ud-dev.conllu: downloaded file is not valid "
@@ -117,3 +123,204 @@ def test_invalid_download_is_not_kept(server, source, tmp_path):
 def test_unreachable_server(tmp_path):
   with pytest.raises(UserError, match="download failed"):
     download.download_ud("en_ewt", tmp_path, base_url="http://127.0.0.1:9", timeout=5, log=lambda _: None)
+
+
+# ---- text corpora (headspec/data/text_download.py) ----
+
+REV = "0123456789abcdef0123456789abcdef01234567"
+TRAIN_ROWS = [
+  "",
+  " = Alpha Article = \n",
+  "",
+  " Alpha text , with WikiText @-@ style tokens . \n",
+  " = = Section = = \n",
+  " More alpha text . \n",
+]
+TRAIN_ROWS_2 = ["", " = Beta = \n", " Beta line one . \n", "", " Beta line two . \n", " = Gamma = \n", " G . \n"]
+VALID_ROWS = [" = Valid Article = \n", "", " Valid text . \n"]
+
+
+def _parquet_bytes(rows, tmp_path, name):
+  import pyarrow as pa
+  import pyarrow.parquet as pq
+
+  path = tmp_path / name
+  pq.write_table(pa.table({"text": rows}), path)
+  return path.read_bytes()
+
+
+@pytest.fixture()
+def wikitext(server, tmp_path):
+  """(base_url, served folder, TextSource) for a tiny WikiText-like corpus served at a pinned revision."""
+  base_url, root = server
+  blobs = {
+    "w/train-00000-of-00002.parquet": _parquet_bytes(TRAIN_ROWS, tmp_path, "a.parquet"),
+    "w/train-00001-of-00002.parquet": _parquet_bytes(TRAIN_ROWS_2, tmp_path, "b.parquet"),
+    "w/validation-00000-of-00001.parquet": _parquet_bytes(VALID_ROWS, tmp_path, "c.parquet"),
+  }
+  for path, data in blobs.items():
+    target = root / "Salesforce/wikitext/resolve" / REV / path
+    target.parent.mkdir(parents=True, exist_ok=True)
+    target.write_bytes(data)
+
+  def remote(path):
+    return text_download.RemoteFile(path, len(blobs[path]), hashlib.sha256(blobs[path]).hexdigest())
+
+  source = dataclasses.replace(
+    text_download.CORPORA["wikitext_103"],
+    name="tiny_wiki",
+    revision=REV,
+    files={
+      "train": (remote("w/train-00000-of-00002.parquet"), remote("w/train-00001-of-00002.parquet")),
+      "valid": (remote("w/validation-00000-of-00001.parquet"),),
+    },
+    rows={"train": len(TRAIN_ROWS) + len(TRAIN_ROWS_2), "valid": len(VALID_ROWS)},
+  )
+  return base_url, root, source
+
+
+def _download(source, data_dir, base_url, **kwargs):
+  return text_download.download_text(
+    "tiny-wiki", data_dir, base_url=base_url, sources={"tiny_wiki": source}, log=lambda _: None, **kwargs
+  )
+
+
+def _leftovers(data_dir):
+  return sorted(p.name for p in (data_dir / "text").iterdir())
+
+
+def test_wikitext_articles_become_documents():
+  docs = list(text_download.wikitext_documents(["x\n", " = A = \n", "", " a . \n", " = = S = = \n", " = B = \n"]))
+  assert docs == ["x", "= A =\na .\n= = S = =", "= B ="]
+  assert text_download.is_title(" = Valkyria Chronicles III = \n")
+  assert not text_download.is_title(" = = Gameplay = = ") and not text_download.is_title(" a = b = ")
+
+
+def test_text_download_writes_a_corpus_folder(wikitext, tmp_path):
+  base_url, _, source = wikitext
+  data_dir = tmp_path / "data"
+  folder = _download(source, data_dir, base_url)
+  assert folder == data_dir / "text" / "tiny_wiki" and _leftovers(data_dir) == ["tiny_wiki"]
+  assert (folder / "train.txt").read_text() == (
+    "= Alpha Article =\nAlpha text , with WikiText @-@ style tokens .\n= = Section = =\nMore alpha text .\n\n"
+    "= Beta =\nBeta line one .\nBeta line two .\n\n= Gamma =\nG .\n"
+  )
+  record = json.loads((folder / "SOURCE.json").read_text())
+  assert record["revision"] == REV and record["documents"] == {"train": 3, "valid": 1}
+  assert [f["sha256"] for f in record["files"]] == [f.sha256 for s in ("train", "valid") for f in source.files[s]]
+  assert record["files"][0]["url"] == f"{base_url}/Salesforce/wikitext/resolve/{REV}/w/train-00000-of-00002.parquet"
+  docs = text_tfds.load_documents(data_dir, "tiny_wiki", "valid", tfds_dir=tmp_path / "tfds")
+  assert list(docs) == ["= Valid Article =\nValid text ."]
+  # Present: kept without a request (the server could be gone); --force fetches again.
+  (folder / "train.txt").write_text("mine\n")
+  _download(source, data_dir, "http://127.0.0.1:9")
+  assert (folder / "train.txt").read_text() == "mine\n"
+  _download(source, data_dir, base_url, force=True)
+  assert (folder / "train.txt").read_text().startswith("= Alpha Article =")
+
+
+def test_checksum_mismatch_writes_nothing_and_keeps_the_old_corpus(wikitext, tmp_path):
+  base_url, root, source = wikitext
+  served = root / "Salesforce/wikitext/resolve" / REV / "w/train-00001-of-00002.parquet"
+  data = bytearray(served.read_bytes())
+  data[-40] ^= 0xFF  # same size, different bytes
+  served.write_bytes(bytes(data))
+  with pytest.raises(UserError, match=r"train-00001-of-00002.parquet: SHA-256 [0-9a-f]{64} does not match the pinned"):
+    _download(source, tmp_path, base_url)
+  assert _leftovers(tmp_path) == []  # no corpus folder, no partial folder
+  old = tmp_path / "text" / "tiny_wiki"
+  old.mkdir()
+  (old / "train.txt").write_text("old\n")
+  (old / "valid.txt").write_text("old\n")
+  with pytest.raises(UserError, match="does not match the pinned"):
+    _download(source, tmp_path, base_url, force=True)
+  assert _leftovers(tmp_path) == ["tiny_wiki"] and (old / "train.txt").read_text() == "old\n"
+
+
+class _TruncatingHandler(http.server.BaseHTTPRequestHandler):
+  """Promises the whole file, sends half of it and drops the connection."""
+
+  body = b""
+
+  def do_GET(self):  # noqa: N802
+    self.send_response(200)
+    self.send_header("Content-Length", str(len(self.body)))
+    self.end_headers()
+    self.wfile.write(self.body[: len(self.body) // 2])
+    self.wfile.flush()
+    self.close_connection = True
+
+  def log_message(self, *args):
+    pass
+
+
+def test_interrupted_download_leaves_nothing_half_written(wikitext, tmp_path):
+  _, root, source = wikitext
+  served = root / "Salesforce/wikitext/resolve" / REV / "w/train-00000-of-00002.parquet"
+  handler = type("H", (_TruncatingHandler,), {"body": served.read_bytes()})
+  httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+  threading.Thread(target=httpd.serve_forever, args=(0.05,), daemon=True).start()
+  try:
+    with pytest.raises(UserError, match=r"train-00000-of-00002.parquet: (connection closed after|download failed)"):
+      _download(source, tmp_path, f"http://127.0.0.1:{httpd.server_address[1]}", timeout=5)
+  finally:
+    httpd.shutdown()
+    httpd.server_close()
+  assert _leftovers(tmp_path) == []
+
+
+def test_unpinned_hash_refuses_before_any_download(wikitext, tmp_path):
+  base_url, _, source = wikitext
+  train = source.files["train"]
+  unpinned = dataclasses.replace(
+    source, files={**source.files, "train": (train[0], dataclasses.replace(train[1], sha256=None))}
+  )
+  with pytest.raises(
+    UserError, match=r"no verified SHA-256 for w/train-00001-of-00002.parquet .* --sha256=train-00001"
+  ):
+    _download(unpinned, tmp_path, "http://127.0.0.1:9")
+  assert not (tmp_path / "text").exists()
+  with pytest.raises(UserError, match="not a SHA-256"):
+    _download(unpinned, tmp_path, base_url, sha256={"train-00001-of-00002.parquet": "abc"})
+  with pytest.raises(UserError, match="differs from the pinned"):
+    _download(unpinned, tmp_path, base_url, sha256={"train-00000-of-00002.parquet": "0" * 64})
+  folder = _download(unpinned, tmp_path, base_url, sha256={"train-00001-of-00002.parquet": train[1].sha256})
+  assert (folder / "valid.txt").is_file()
+
+
+def test_wrong_row_count_is_rejected(wikitext, tmp_path):
+  base_url, _, source = wikitext
+  with pytest.raises(UserError, match=r"tiny_wiki train: 13 rows in the parquet files, expected 14"):
+    _download(dataclasses.replace(source, rows={"train": 14}), tmp_path, base_url)
+  assert _leftovers(tmp_path) == []
+
+
+def test_pinned_registry_and_cli(tmp_path, monkeypatch, capsys):
+  for source in text_download.CORPORA.values():
+    assert re.fullmatch(r"[0-9a-f]{40}", source.revision) and set(source.files) == {"train", "valid"}
+    for remote in (f for files in source.files.values() for f in files):
+      assert remote.sha256 is None or re.fullmatch(r"[0-9a-f]{64}", remote.sha256)
+      assert source.url(text_download.HF_DATASETS_URL, remote).startswith(
+        f"https://huggingface.co/datasets/Salesforce/wikitext/resolve/{source.revision}/wikitext-"
+      )
+  assert all(f.sha256 for files in text_download.CORPORA["wikitext_103"].files.values() for f in files)
+  assert text_download.download_command("wikitext-103") == "headspec data download text wikitext_103"
+  monkeypatch.setenv("HEADSPEC_DATA_DIR", str(tmp_path))
+  assert cli.main(["headspec", "data", "download", "text", "wikitext-2", "--base-url=http://127.0.0.1:9"]) == 2
+  err = capsys.readouterr().err.strip()
+  assert len(err.splitlines()) == 1 and "no verified SHA-256 for wikitext-2-raw-v1/train-00000-of-00001.parquet" in err
+  assert cli.main(["headspec", "data", "download", "text", "bogus"]) == 2
+  assert "unknown corpus 'bogus': downloadable are wikitext_103, wikitext_2" in capsys.readouterr().err
+
+
+def test_ud_splits_option(server, source, tmp_path):
+  base_url, root = server
+  files = {
+    f"en_gum-ud-{s}.conllu": (source / f"synthetic-ud-{s}.conllu").read_bytes() for s in ("train", "dev", "test")
+  }
+  _serve(root, "UD_English-GUM", "r2.16", files)
+  paths = download.main_download(["en_gum", "--splits=dev,test", f"--base-url={base_url}"], tmp_path)
+  assert [p.name for p in paths] == ["en_gum-ud-dev.conllu", "en_gum-ud-test.conllu"]
+  assert treebank.available_splits(tmp_path, "en_gum") == ["dev", "test"]
+  with pytest.raises(UserError, match="splits 'dev,valid': choose from train, dev, test"):
+    download.download_ud("en_gum", tmp_path, base_url=base_url, splits=("dev", "valid"))

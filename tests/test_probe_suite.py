@@ -11,7 +11,7 @@ from headspec.data.tokenizer import train_sentencepiece
 from headspec.defaults import train_config
 from headspec.errors import UserError
 from headspec.model import random_like
-from headspec.probing import report, suite
+from headspec.probing import report, suite, tasks
 from headspec.probing.defaults import probe_config
 
 CONTRACT = "model,step,task,layer,head,split,accuracy,ci_low,ci_high,control_accuracy,selectivity,n"
@@ -160,6 +160,23 @@ def test_summary_names_one_head_per_best_row():
   table = text[text.index("## Most selective head per task") :]
   assert "| m | 0 | upos | 1 | 1 | 0.600 | [0.590, 0.610] | 0.200 | +0.400 |" in table
   assert "0.900" not in table  # head 0 is the most accurate, not the most selective
+
+
+def test_a_new_task_is_one_registry_entry(ewt_part, tmp_path, monkeypatch):
+  """A toy word-labelling task, registered as one entry, runs through the whole suite like the built-in ones."""
+  data, texts = ewt_part
+  toy = tasks.LabelTask("capitalised", lambda sentence, config: tuple(str(w[:1].isupper()) for w in sentence.words))
+  monkeypatch.setitem(tasks.REGISTRY, toy.name, toy)
+  workdir = _make_run(tmp_path / "run", texts[:50])
+  config = _config(data)
+  config.probe.update(tasks=("capitalised",), eval_splits=("dev",), extra_treebanks=(), arc_max_train_words=1)
+  rows = _rows(suite.run_probe_suite(config, workdir))
+  assert len(rows) == 2 * 2 + 2 + 1 and {r["task"] for r in rows} == {"capitalised"}
+  assert all(0 <= float(r["control_accuracy"]) <= 1 for r in rows)
+  baseline = next(csv.DictReader(open(workdir / "probes/baselines.csv")))
+  assert baseline["task"] == "capitalised" and baseline["baseline"] == "majority" and float(baseline["accuracy"]) > 0.5
+  embedding = next(float(r["accuracy"]) for r in rows if r["layer"] == "-1")
+  assert embedding > float(baseline["accuracy"])  # word identity tells capitalisation
 
 
 @pytest.mark.parametrize(

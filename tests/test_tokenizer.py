@@ -11,8 +11,9 @@ from headspec.errors import UserError
 
 
 @pytest.fixture(scope="module")
-def valid_docs(data_dir):
-  return list(read_text_documents(data_dir / "text" / "english_mix" / "valid.txt"))
+def valid_docs(synthetic_data_dir):
+  """Documents of the synthetic text corpus (5-20 lines each; thousands of lines, real English words)."""
+  return list(read_text_documents(synthetic_data_dir / "text" / "synthetic" / "train.txt"))
 
 
 @pytest.fixture(scope="module")

@@ -130,9 +130,23 @@ def _as_str(value) -> str:
   return value.decode("utf-8") if isinstance(value, bytes) else str(value)
 
 
+def _missing_corpus_hint(corpus: str) -> str:
+  """How to get a corpus that is not there: its download command, or how to make a folder corpus."""
+  from headspec.data import text_download  # pylint: disable=g-import-not-at-top
+
+  command = text_download.download_command(corpus)
+  if command:
+    return f"get it with `{command}`"
+  known = " or ".join(text_download.CORPORA)
+  return (
+    f"make it: a folder with train.txt and valid.txt, documents separated by a blank line (docs/data.md); "
+    f"or download {known} with `headspec data download text NAME` and set --config.data.corpus=NAME"
+  )
+
+
 def _check_source(source_dir: pathlib.Path) -> None:
   if not source_dir.is_dir():
-    raise UserError(f"{source_dir}: corpus directory not found (expected train.txt and valid.txt in it)")
+    raise UserError(f"{source_dir}: corpus directory not found; {_missing_corpus_hint(source_dir.name)}")
   for split in SPLITS:
     path = _split_path(source_dir, split)
     if not path.is_file():

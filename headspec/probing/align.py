@@ -127,11 +127,16 @@ def align(sentences: Sequence[Sequence[str]], tokenizer, max_len: int, *, causal
   )
 
 
+def check_pooling(pooling: str) -> None:
+  """UserError unless `pooling` is one of POOLINGS (the one check of probe.pooling)."""
+  if pooling not in POOLINGS:
+    raise UserError(f"probe.pooling={pooling!r}: use one of {', '.join(POOLINGS)}")
+
+
 def pooling_matrix(start_BW: np.ndarray, end_BW: np.ndarray, num_tokens: int, pooling: str) -> np.ndarray:
   """[B, W, T] float32 weights that pool word w's pieces [start, end) of row b: a one-hot row on the first or
   last piece, or 1/len on each piece for `mean`. Padding words (start == end) get all-zero rows."""
-  if pooling not in POOLINGS:
-    raise UserError(f"probe.pooling={pooling!r}: use one of {', '.join(POOLINGS)}")
+  check_pooling(pooling)
   t_T = np.arange(num_tokens)
   start, end = start_BW[..., None], end_BW[..., None]
   real = end > start

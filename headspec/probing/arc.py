@@ -5,11 +5,17 @@ control tasks that attach a word to itself are expressible):
 
   s_ij = (A x̂_i) · (B x̂_j),   s_i,ROOT = (A x̂_i) · u,    p(head_i = j) = softmax_j s_ij
 
-with A, B ∈ R^{r×K} (low-rank bilinear form x̂_iᵀ Aᵀ B x̂_j; r = K gives the full bilinear probe of
-Hewitt & Manning 2019's "structural probe" family / Dozat & Manning 2017's biaffine scorer without
-its MLPs) and a learned root vector u. x̂ is the standardised feature (train mean/std).
-Trained with cross-entropy on the gold head + (λ/2)(‖A‖² + ‖B‖² + ‖u‖²), minibatch Adam; λ picked per
-group on dev from a grid (all grid values and all groups are trained together: vmap over both).
+with A, B ∈ R^{r×K} (a rank-r bilinear form x̂_iᵀ Aᵀ B x̂_j) and a learned root vector u. x̂ is the
+standardised feature (train mean/std). This is a bilinear HEAD-SELECTION probe: Dozat & Manning
+2017's biaffine arc scorer without its MLPs and bias terms, as used for the dependency-edge probe of
+Hewitt & Liang 2019 (§3.2). It is NOT Hewitt & Manning 2019's structural probe (which fits squared
+distances ‖B(h_i − h_j)‖² to tree distances and decodes a minimum spanning tree). The rank r is the
+same for every group (DEFAULT_ARC_RANK = 32: the head width of MiniLM; a full-rank form on a 384-wide
+residual stream has 2·384² parameters and memorises training sentences). No relative-position
+features are given: the probe sees only the two words' vectors.
+Trained with cross-entropy on the gold head + (λ/2)(‖A‖² + ‖B‖² + ‖u‖²), minibatch Adam with early
+stopping on dev loss; λ picked per group on dev UAS from a grid (all grid values and all groups are
+trained together, batched over both).
 Metric: UAS = fraction of words whose gold head gets the highest score (Clark et al. 2019 probe heads
 the same way, with attention weights instead of a learned score).
 
@@ -33,22 +39,28 @@ import optax
 from headspec.errors import UserError
 
 DEFAULT_ARC_L2_GRID = (1e-4, 1e-3, 1e-2)
+DEFAULT_ARC_RANK = 32  # the rank of A, B for every group (heads and residual streams alike), capped at K
 PACK_WIDTH = 64  # words per packed row; longer sentences get a row of their own (next power of two)
 
 
 @dataclasses.dataclass(frozen=True)
 class FittedArcProbes:
-  """Per group: a_GKR, b_GKR, root_GR (chosen l2), standardisation, l2 and dev UAS per grid value."""
+  """Per group: a_GKI, b_GKI, root_GI (chosen l2), standardisation, l2 and dev UAS per grid value."""
 
   mean_GK: np.ndarray
   std_GK: np.ndarray
-  a_GKR: np.ndarray
-  b_GKR: np.ndarray
-  root_GR: np.ndarray
+  a_GKI: np.ndarray
+  b_GKI: np.ndarray
+  root_GI: np.ndarray
   l2_G: np.ndarray
-  dev_uas_GL: np.ndarray
+  dev_uas_GP: np.ndarray
   dev_uas_G: np.ndarray
   l2_grid: tuple
+  train_uas_G: np.ndarray | None = None  # UAS of the chosen probe on its own training words (memorisation check)
+  dev_loss_G: np.ndarray | None = None  # its dev cross-entropy (nats per scored word) at the kept epoch
+  best_epoch_G: np.ndarray | None = None  # the epoch whose parameters were kept (lowest dev loss)
+  epochs_run: int = 0
+  rank: int = 0
 
 
 @dataclasses.dataclass(frozen=True)
@@ -74,41 +86,43 @@ def _width(longest: int) -> int:
   return max(PACK_WIDTH, 1 << max(0, int(longest) - 1).bit_length())
 
 
-def _pack(lengths_S: np.ndarray, width: int) -> _Packing:
+def _pack(lengths_U: np.ndarray, width: int) -> _Packing:
   """First-fit decreasing: longest sentence first, each into the first row with room.
 
   By hand: grain's first-fit packing iterates a dataset example by example to emit training batches;
   here the same placement must be reused for features, gold heads and predictions, so only the
   (row, column) of each word is wanted."""
-  lengths_S = np.asarray(lengths_S, np.int64)
-  free_R = np.zeros(len(lengths_S), np.int64)  # at most one row per sentence
-  row_S, start_S = np.zeros_like(lengths_S), np.zeros_like(lengths_S)
+  lengths_U = np.asarray(lengths_U, np.int64)
+  free_B = np.zeros(len(lengths_U), np.int64)  # at most one row per sentence
+  row_U, start_U = np.zeros_like(lengths_U), np.zeros_like(lengths_U)
   num_rows = 0
-  for s in np.argsort(-lengths_S, kind="stable"):
-    fits = np.flatnonzero(free_R[:num_rows] >= lengths_S[s])
+  for s in np.argsort(-lengths_U, kind="stable"):
+    fits = np.flatnonzero(free_B[:num_rows] >= lengths_U[s])
     r = int(fits[0]) if len(fits) else num_rows
     if r == num_rows:
-      free_R[r], num_rows = width, num_rows + 1
-    row_S[s], start_S[s] = r, width - free_R[r]
-    free_R[r] -= lengths_S[s]
-  sentence_N = np.repeat(np.arange(len(lengths_S)), lengths_S)
-  first_N = np.concatenate([[0], np.cumsum(lengths_S)[:-1]])[sentence_N]
-  start_N = start_S[sentence_N]
-  return _Packing(width, num_rows, row_S[sentence_N], start_N + np.arange(len(sentence_N)) - first_N, start_N)
+      free_B[r], num_rows = width, num_rows + 1
+    row_U[s], start_U[s] = r, width - free_B[r]
+    free_B[r] -= lengths_U[s]
+  sentence_N = np.repeat(np.arange(len(lengths_U)), lengths_U)
+  first_N = np.concatenate([[0], np.cumsum(lengths_U)[:-1]])[sentence_N]
+  start_N = start_U[sentence_N]
+  return _Packing(width, num_rows, row_U[sentence_N], start_N + np.arange(len(sentence_N)) - first_N, start_N)
 
 
 def _lengths_and_heads(heads: Sequence[np.ndarray], x_NGK, what: str) -> tuple[np.ndarray, np.ndarray]:
-  """(lengths_S, heads_N) of per-sentence gold heads (1-based, 0 = ROOT), checked against x_NGK."""
-  lengths_S = np.array([len(h) for h in heads], np.int64)
+  """(lengths_U, heads_N) of per-sentence gold heads (1-based, 0 = ROOT), checked against x_NGK."""
+  lengths_U = np.array([len(h) for h in heads], np.int64)
   heads_N = np.concatenate([np.asarray(h, np.int64) for h in heads]) if len(heads) else np.zeros(0, np.int64)
-  if x_NGK.ndim != 3 or x_NGK.shape[0] != len(heads_N) or not len(heads_N) or (lengths_S < 1).any():
+  if x_NGK.ndim != 3 or x_NGK.shape[0] != len(heads_N) or not len(heads_N) or (lengths_U < 1).any():
     raise UserError(
       f"arc probe {what}: need x_NGK with one row per word of the non-empty sentences; got "
       f"{x_NGK.shape} for {len(heads)} sentences of {len(heads_N)} words"
     )
-  if (heads_N < 0).any() or (heads_N > np.repeat(lengths_S, lengths_S)).any():
-    raise UserError(f"arc probe {what}: a head index is outside its sentence (heads are 1-based, 0 = ROOT)")
-  return lengths_S, heads_N
+  if (heads_N < -1).any() or (heads_N > np.repeat(lengths_U, lengths_U)).any():
+    raise UserError(
+      f"arc probe {what}: a head index is outside its sentence (heads are 1-based, 0 = ROOT, -1 = ignored)"
+    )
+  return lengths_U, heads_N
 
 
 def _candidates_N(packing: _Packing, heads_N) -> np.ndarray:
@@ -121,40 +135,41 @@ def _scores(params, xs_BWGK, sentence_BW):
   of the params, e.g. the l2 grid); a word's candidates are ROOT and the words of its own sentence
   (sentence_BW: first column of each word's sentence, -1 = empty). Written as einsums over all groups at
   once rather than vmapped per group: XLA's CPU backend runs the batched form about 1.5x faster."""
-  a_GKR, b_GKR, root_GR = params
-  q_GBWR = jnp.einsum("bwgk,...gkr->...gbwr", xs_BWGK, a_GKR)
-  k_GBWR = jnp.einsum("bwgk,...gkr->...gbwr", xs_BWGK, b_GKR)
-  s_GBWW = jnp.einsum("...bir,...bjr->...bij", q_GBWR, k_GBWR)
-  s_root_GBW = jnp.einsum("...gbwr,...gr->...gbw", q_GBWR, root_GR)
+  a_GKI, b_GKI, root_GI = params
+  q_GBWI = jnp.einsum("bwgk,...gkr->...gbwr", xs_BWGK, a_GKI)
+  k_GBWI = jnp.einsum("bwgk,...gkr->...gbwr", xs_BWGK, b_GKI)
+  s_GBWW = jnp.einsum("...bir,...bjr->...bij", q_GBWI, k_GBWI)
+  s_root_GBW = jnp.einsum("...gbwr,...gr->...gbw", q_GBWI, root_GI)
   s_GBWJ = jnp.concatenate([s_root_GBW[..., None], s_GBWW], axis=-1)
   same_BWW = (sentence_BW[:, :, None] == sentence_BW[:, None, :]) & (sentence_BW[:, None, :] >= 0)
   cand_BWJ = jnp.concatenate([jnp.ones_like(same_BWW[..., :1]), same_BWW], axis=-1)
   return jnp.where(cand_BWJ, s_GBWJ, -jnp.inf)
 
 
-def _loss_LG(params_LG, xs_BWGK, sentence_BW, gold_BW, l2_L, scale):
+def _loss_PG(params_PG, xs_BWGK, sentence_BW, gold_BW, l2_P, scale):
   """Penalised cross-entropy per (l2 value, group): scale · Σ_words −log p(gold) + (λ_l/2)‖params‖²."""
-  logp_LGBWJ = jax.nn.log_softmax(_scores(params_LG, xs_BWGK, sentence_BW), axis=-1)
-  gold_BWJ = jax.nn.one_hot(gold_BW, logp_LGBWJ.shape[-1], dtype=bool)  # all False for padding (gold -1)
+  logp_PGBWJ = jax.nn.log_softmax(_scores(params_PG, xs_BWGK, sentence_BW), axis=-1)
+  gold_BWJ = jax.nn.one_hot(gold_BW, logp_PGBWJ.shape[-1], dtype=bool)  # all False for padding (gold -1)
   # A one-hot select, not take_along_axis: the latter's gradient is a scatter, slow on XLA's CPU backend.
-  nll_LG = -jnp.where(gold_BWJ, logp_LGBWJ, 0.0).sum((-3, -2, -1)) * scale
-  squares_LG = sum(jnp.sum(jnp.square(p), axis=tuple(range(2, p.ndim))) for p in params_LG)
-  return nll_LG + 0.5 * l2_L[:, None] * squares_LG
+  nll_PG = -jnp.where(gold_BWJ, logp_PGBWJ, 0.0).sum((-3, -2, -1)) * scale
+  squares_PG = sum(jnp.sum(jnp.square(p), axis=tuple(range(2, p.ndim))) for p in params_PG)
+  return nll_PG + 0.5 * l2_P[:, None] * squares_PG
 
 
 def _standardise(x_BWGK, mean_GK, std_GK):
   return (x_BWGK - mean_GK) / std_GK
 
 
-@functools.partial(jax.jit, static_argnames=("epochs", "batch_rows", "learning_rate"))
-def _train(params, x_BWGK, sentence_BW, gold_BW, mean_GK, std_GK, l2_L, key, *, epochs, batch_rows, learning_rate):
+@functools.partial(jax.jit, static_argnames=("batch_rows", "learning_rate"))
+def _epoch(params, opt_state, x_BWGK, sentence_BW, gold_BW, mean_GK, std_GK, l2_P, key, *, batch_rows, learning_rate):
+  """One pass of minibatch Adam over the packed rows of one width (shuffled), all l2 values and groups."""
+  opt = optax.adam(learning_rate)
   num_b = x_BWGK.shape[0]
-  steps = num_b // batch_rows
-  opt = optax.adam(optax.cosine_decay_schedule(learning_rate, epochs * steps))
+  steps = max(num_b // batch_rows, 1)
   words_per_batch = jnp.maximum((gold_BW >= 0).sum() * batch_rows / num_b, 1.0)
 
   def total_loss(p, xs, sentence, gold):
-    return _loss_LG(p, xs, sentence, gold, l2_L, 1.0 / words_per_batch).sum()
+    return _loss_PG(p, xs, sentence, gold, l2_P, 1.0 / words_per_batch).sum()
 
   grad_fn = jax.grad(total_loss)
 
@@ -164,12 +179,48 @@ def _train(params, x_BWGK, sentence_BW, gold_BW, mean_GK, std_GK, l2_L, key, *, 
     updates, s = opt.update(grad_fn(p, xs, sentence_BW[idx], gold_BW[idx]), s, p)
     return (optax.apply_updates(p, updates), s), None
 
-  def epoch(carry, k):
-    order = jax.random.permutation(k, num_b)[: steps * batch_rows].reshape(steps, batch_rows)
-    return jax.lax.scan(step, carry, order)[0], None
+  order = jax.random.permutation(key, num_b)[: steps * batch_rows].reshape(steps, batch_rows)
+  return jax.lax.scan(step, (params, opt_state), order)[0]
 
-  (params, _), _ = jax.lax.scan(epoch, (params, opt.init(params)), jax.random.split(key, epochs))
-  return params
+
+@jax.jit
+def _nll_PG(params_PG, x_BWGK, sentence_BW, gold_BW, mean_GK, std_GK):
+  """Σ −log p(gold head) over the scored words of some packed rows, per (l2 value, group)."""
+  logp = jax.nn.log_softmax(_scores(params_PG, _standardise(x_BWGK, mean_GK, std_GK), sentence_BW), axis=-1)
+  gold_BWJ = jax.nn.one_hot(gold_BW, logp.shape[-1], dtype=bool)
+  return -jnp.where(gold_BWJ, logp, 0.0).sum((-3, -2, -1))
+
+
+def _buckets(lengths_U, heads_N):
+  """Sentences grouped by packed-row width (64, 128, ...): [(sentence ids, word ids, packing, gold grid)]."""
+  offsets_U = np.concatenate([[0], np.cumsum(lengths_U)[:-1]])
+  widths_U = np.array([_width(n) for n in lengths_U])
+  out = []
+  for width in np.unique(widths_U):
+    which_U = np.flatnonzero(widths_U == width)
+    words_N = np.concatenate([np.arange(offsets_U[s], offsets_U[s] + lengths_U[s]) for s in which_U])
+    packing = _pack(lengths_U[which_U], int(width))
+    gold = packing.grid(np.where(heads_N[words_N] < 0, -1, _candidates_N(packing, heads_N[words_N])), -1, np.int32)
+    out.append((which_U, words_N, packing, gold))
+  return out
+
+
+def _dev_nll(params, buckets, x_NGK, mean_GK, std_GK, chunk_words):
+  """Mean −log p(gold head) per (l2 value, group) over the scored words of a split."""
+  total, words = 0.0, 0
+  for _, words_N, packing, gold in buckets:
+    x_BWGK = packing.grid(x_NGK[words_N], 0.0, np.float32)
+    sentence_BW = packing.grid(packing.start_N, -1, np.int32)
+    rows = max(1, chunk_words // packing.width)
+    for r0 in range(0, packing.num_rows, rows):
+      x = np.zeros((rows,) + x_BWGK.shape[1:], np.float32)
+      sentence = np.full((rows, packing.width), -1, np.int32)
+      g = np.full((rows, packing.width), -1, np.int32)
+      n = min(rows, packing.num_rows - r0)
+      x[:n], sentence[:n], g[:n] = x_BWGK[r0 : r0 + n], sentence_BW[r0 : r0 + n], gold[r0 : r0 + n]
+      total = total + np.asarray(_nll_PG(params, x, sentence, g, mean_GK, std_GK), np.float64)
+    words += int((gold >= 0).sum())
+  return total / max(words, 1)
 
 
 @jax.jit
@@ -179,29 +230,29 @@ def _argmax_BWG(params_G, x_BWGK, sentence_BW, mean_GK, std_GK):
   return jnp.transpose(jnp.argmax(s_GBWJ, -1), (1, 2, 0)).astype(jnp.int32)
 
 
-def _predict(params_list, x_NGK, lengths_S, mean_GK, std_GK, chunk_words: int) -> list[np.ndarray]:
-  """pred_NG (0 = ROOT, 1-based) for each parameter set in params_list (each (a_GKR, b_GKR, root_GR)).
+def _predict(params_list, x_NGK, lengths_U, mean_GK, std_GK, chunk_words: int) -> list[np.ndarray]:
+  """pred_NG (0 = ROOT, 1-based) for each parameter set in params_list (each (a_GKI, b_GKI, root_GI)).
 
   Sentences up to PACK_WIDTH words are packed into rows of that width, longer ones into rows of the next
   power of two; rows are scored in chunks of a fixed shape (padded with empty rows) per width.
   """
   x_NGK = np.asarray(x_NGK)
-  offsets_S = np.concatenate([[0], np.cumsum(lengths_S)[:-1]])
-  widths_S = np.array([_width(n) for n in lengths_S])
+  offsets_U = np.concatenate([[0], np.cumsum(lengths_U)[:-1]])
+  widths_U = np.array([_width(n) for n in lengths_U])
   preds = [np.zeros(x_NGK.shape[:2], np.int32) for _ in params_list]
-  for width in np.unique(widths_S):
-    which_S = np.flatnonzero(widths_S == width)
-    words_N = np.concatenate([np.arange(offsets_S[s], offsets_S[s] + lengths_S[s]) for s in which_S])
-    packing = _pack(lengths_S[which_S], int(width))
-    x_RWGK = packing.grid(x_NGK[words_N], 0.0, np.float32)
-    sentence_RW = packing.grid(packing.start_N, -1, np.int32)
+  for width in np.unique(widths_U):
+    which_U = np.flatnonzero(widths_U == width)
+    words_N = np.concatenate([np.arange(offsets_U[s], offsets_U[s] + lengths_U[s]) for s in which_U])
+    packing = _pack(lengths_U[which_U], int(width))
+    x_BWGK = packing.grid(x_NGK[words_N], 0.0, np.float32)
+    sentence_BW = packing.grid(packing.start_N, -1, np.int32)
     rows = max(1, chunk_words // int(width))
     out = [np.zeros((packing.num_rows, int(width), x_NGK.shape[1]), np.int32) for _ in params_list]
     for r0 in range(0, packing.num_rows, rows):
-      x = np.zeros((rows,) + x_RWGK.shape[1:], np.float32)
+      x = np.zeros((rows,) + x_BWGK.shape[1:], np.float32)
       sentence = np.full((rows, int(width)), -1, np.int32)
       n = min(rows, packing.num_rows - r0)
-      x[:n], sentence[:n] = x_RWGK[r0 : r0 + n], sentence_RW[r0 : r0 + n]
+      x[:n], sentence[:n] = x_BWGK[r0 : r0 + n], sentence_BW[r0 : r0 + n]
       for o, params in zip(out, params_list):
         o[r0 : r0 + n] = np.asarray(_argmax_BWG(params, x, sentence, mean_GK, std_GK))[:n]
     for pred, o in zip(preds, out):
@@ -211,8 +262,10 @@ def _predict(params_list, x_NGK, lengths_S, mean_GK, std_GK, chunk_words: int) -
 
 
 def uas(pred_NG, heads_N) -> np.ndarray:
-  """Unlabelled attachment score per group: Σ[pred = gold] / #words."""
-  return (np.asarray(pred_NG) == np.asarray(heads_N)[:, None]).mean(0)
+  """Unlabelled attachment score per group: Σ[pred = gold] / #scored words (gold −1 = not scored)."""
+  heads_N = np.asarray(heads_N)
+  scored = heads_N >= 0
+  return (np.asarray(pred_NG)[scored] == heads_N[scored][:, None]).mean(0)
 
 
 def fit_arc_probes(
@@ -221,34 +274,42 @@ def fit_arc_probes(
   x_dev_NGK,
   heads_dev: Sequence[np.ndarray],
   *,
-  rank: int | None = None,
+  rank: int | None = DEFAULT_ARC_RANK,
   l2_grid: Sequence[float] = DEFAULT_ARC_L2_GRID,
   seed: int = 0,
   epochs: int = 10,
   batch_words: int = 512,
   learning_rate: float = 1e-2,
   chunk_words: int = 8192,
+  patience: int = 2,
+  train_uas: bool = True,
 ) -> FittedArcProbes:
   """Fits the bilinear arc probe for every group and l2 value; keeps the best l2 per group on dev.
 
   x_*_NGK: word features (sentences in order); heads_*: one array per sentence of gold heads (0 = ROOT,
-  1-based). Minibatches are `batch_words // width` packed rows. rank defaults to K (full bilinear form).
-  Deterministic given seed.
+  1-based; -1 = a word neither trained on nor scored, e.g. punctuation). Every training sentence is
+  used (rows of 64 words, longer sentences in rows of the next power of two). rank: the rank r of
+  A, B (the same for every group, capped at K; None = K, the full bilinear form). Early stopping as in
+  Hewitt & Liang's control-tasks code: after every epoch the dev loss of every (l2, group) probe is
+  measured and its parameters with the lowest dev loss are kept; training stops after `patience`
+  epochs in which no probe improved, or after `epochs`. Then the l2 with the best dev UAS is kept per
+  group. Minibatches are `batch_words // width` packed rows. Deterministic given seed.
   """
-  x_train_NGK, x_dev_NGK = np.asarray(x_train_NGK), np.asarray(x_dev_NGK)
-  lengths_S, heads_N = _lengths_and_heads(heads_train, x_train_NGK, "train")
-  lengths_dev_S, heads_dev_N = _lengths_and_heads(heads_dev, x_dev_NGK, "dev")
+  x_train_NGK, x_dev_NGK = np.asarray(x_train_NGK, np.float32), np.asarray(x_dev_NGK, np.float32)
+  lengths_U, heads_N = _lengths_and_heads(heads_train, x_train_NGK, "train")
+  lengths_dev_U, heads_dev_N = _lengths_and_heads(heads_dev, x_dev_NGK, "dev")
   if x_dev_NGK.shape[1:] != x_train_NGK.shape[1:]:
     raise UserError(f"arc probe: train and dev features differ in G, K: {x_train_NGK.shape}, {x_dev_NGK.shape}")
   _, num_g, k = x_train_NGK.shape
-  rank = k if rank is None else rank
+  rank = k if rank is None else min(int(rank), k)
+  from headspec.probing.probe import floored_std  # the one standardisation of every probe
+
   words = np.asarray(x_train_NGK, np.float64)
-  mean, std = words.mean(0), words.std(0)
-  std = np.where(std > 1e-6 * max(std.max(), 1e-30), std, 1.0)
-  packing = _pack(lengths_S, _width(int(lengths_S.max())))
-  batch_rows = min(max(1, batch_words // packing.width), packing.num_rows)
-  l2_L = np.asarray(sorted(l2_grid), np.float32)
-  num_l = len(l2_L)
+  mean = words.mean(0)
+  std = floored_std(mean, words.std(0))
+  words = None
+  l2_P = np.asarray(sorted(l2_grid), np.float32)
+  num_l = len(l2_P)
   k_a, k_b, _, k_train = jax.random.split(jax.random.PRNGKey(seed), 4)
   init = lambda key, shape: jax.random.normal(key, shape) / np.sqrt(shape[-2])
   params = (
@@ -257,42 +318,78 @@ def fit_arc_probes(
     jnp.zeros((num_l, num_g, rank)),
   )
   mean_j, std_j = jnp.asarray(mean, jnp.float32), jnp.asarray(std, jnp.float32)
-  params = _train(
-    params,
-    packing.grid(x_train_NGK, 0.0, np.float32),
-    packing.grid(packing.start_N, -1, np.int32),
-    packing.grid(_candidates_N(packing, heads_N), -1, np.int32),
-    mean_j,
-    std_j,
-    jnp.asarray(l2_L),
-    k_train,
-    epochs=epochs,
-    batch_rows=batch_rows,
-    learning_rate=learning_rate,
+  opt = optax.adam(learning_rate)
+  opt_state = opt.init(params)
+  train_buckets = [
+    (packing.grid(x_train_NGK[words_N], 0.0, np.float32), packing.grid(packing.start_N, -1, np.int32), gold, packing)
+    for _, words_N, packing, gold in _buckets(lengths_U, heads_N)
+  ]
+  dev_buckets = _buckets(lengths_dev_U, heads_dev_N)
+  best = jax.device_get(params)
+  best_loss = np.full((num_l, num_g), np.inf)
+  best_epoch = np.zeros((num_l, num_g), np.int32)
+  since, epoch = 0, 0
+  for epoch, key in enumerate(jax.random.split(k_train, max(epochs, 1)), start=1):
+    for b, (x_BWGK, sentence_BW, gold_BW, packing) in enumerate(train_buckets):
+      batch_rows = min(max(1, batch_words // packing.width), packing.num_rows)
+      params, opt_state = _epoch(
+        params,
+        opt_state,
+        x_BWGK,
+        sentence_BW,
+        gold_BW,
+        mean_j,
+        std_j,
+        jnp.asarray(l2_P),
+        jax.random.fold_in(key, b),
+        batch_rows=batch_rows,
+        learning_rate=learning_rate,
+      )
+    loss = _dev_nll(params, dev_buckets, x_dev_NGK, mean_j, std_j, chunk_words)
+    better = loss < best_loss - 1e-4
+    if better.any():
+      host = jax.device_get(params)
+      best = tuple(np.where(better.reshape(better.shape + (1,) * (h.ndim - 2)), h, o) for h, o in zip(host, best))
+      best_loss = np.where(better, loss, best_loss)
+      best_epoch = np.where(better, epoch, best_epoch)
+      since = 0
+    else:
+      since += 1
+      if since >= patience:
+        break
+  preds_P = _predict(
+    [tuple(jnp.asarray(p[l]) for p in best) for l in range(num_l)], x_dev_NGK, lengths_dev_U, mean_j, std_j, chunk_words
   )
-  preds_L = _predict(
-    [tuple(p[l] for p in params) for l in range(num_l)], x_dev_NGK, lengths_dev_S, mean_j, std_j, chunk_words
-  )
-  dev_uas_GL = np.stack([uas(p, heads_dev_N) for p in preds_L], axis=1)
-  best_G = num_l - 1 - np.argmax(dev_uas_GL[:, ::-1], axis=1)
+  dev_uas_GP = np.stack([uas(p, heads_dev_N) for p in preds_P], axis=1)
+  best_G = num_l - 1 - np.argmax(dev_uas_GP[:, ::-1], axis=1)
   pick = lambda p: np.asarray(p)[best_G, np.arange(num_g)]
+  chosen = tuple(pick(p) for p in best)
+  train_uas_G = np.full(num_g, np.nan)
+  if train_uas:
+    pred = _predict([tuple(jnp.asarray(p) for p in chosen)], x_train_NGK, lengths_U, mean_j, std_j, chunk_words)[0]
+    train_uas_G = uas(pred, heads_N)
   return FittedArcProbes(
     mean.astype(np.float32),
     std.astype(np.float32),
-    pick(params[0]),
-    pick(params[1]),
-    pick(params[2]),
-    l2_L[best_G],
-    dev_uas_GL,
-    dev_uas_GL[np.arange(num_g), best_G],
-    tuple(float(v) for v in l2_L),
+    chosen[0],
+    chosen[1],
+    chosen[2],
+    l2_P[best_G],
+    dev_uas_GP,
+    dev_uas_GP[np.arange(num_g), best_G],
+    tuple(float(v) for v in l2_P),
+    train_uas_G,
+    best_loss[best_G, np.arange(num_g)],
+    best_epoch[best_G, np.arange(num_g)],
+    epoch,
+    rank,
   )
 
 
-def predict_heads(fitted: FittedArcProbes, x_NGK, lengths_S, *, chunk_words: int = 8192) -> np.ndarray:
+def predict_heads(fitted: FittedArcProbes, x_NGK, lengths_U, *, chunk_words: int = 8192) -> np.ndarray:
   """Predicted head pred_NG (0 = ROOT, 1-based within its sentence) per word and group."""
-  lengths_S = np.asarray(lengths_S, np.int64)
-  if np.asarray(x_NGK).shape[0] != lengths_S.sum():
-    raise UserError(f"arc probe: {np.asarray(x_NGK).shape[0]} word features for sentences of {lengths_S.sum()} words")
-  params = (jnp.asarray(fitted.a_GKR), jnp.asarray(fitted.b_GKR), jnp.asarray(fitted.root_GR))
-  return _predict([params], x_NGK, lengths_S, jnp.asarray(fitted.mean_GK), jnp.asarray(fitted.std_GK), chunk_words)[0]
+  lengths_U = np.asarray(lengths_U, np.int64)
+  if np.asarray(x_NGK).shape[0] != lengths_U.sum():
+    raise UserError(f"arc probe: {np.asarray(x_NGK).shape[0]} word features for sentences of {lengths_U.sum()} words")
+  params = (jnp.asarray(fitted.a_GKI), jnp.asarray(fitted.b_GKI), jnp.asarray(fitted.root_GI))
+  return _predict([params], x_NGK, lengths_U, jnp.asarray(fitted.mean_GK), jnp.asarray(fitted.std_GK), chunk_words)[0]

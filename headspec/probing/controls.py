@@ -7,9 +7,11 @@ the probe, is responsible for.
 
 - Labelling tasks (upos, xpos, deprel): each lowercased word type gets one label drawn from the task's
   empirical label distribution on train, once, with a seed.
-- Dependency arcs: each lowercased type gets one of four behaviours, uniformly, as in the authors'
-  code (control-tasks/probing-internal/task.py, CorruptedEdgePositionTask): attach to ROOT (head 0),
-  to itself, to the first word, or to the last word of its sentence.
+- Dependency arcs (Hewitt & Liang 2019, §3.2, "dependency edge prediction"): each word type (case
+  kept) draws once, uniformly, one of three behaviours: attach to itself, to the first word, or to the
+  last word of its sentence. Punctuation can be left out of training and scoring for task and control
+  alike (`ignore`). The earlier variant of this module (lowercased types, a fourth behaviour "attach
+  to ROOT") is kept as control='four_behaviours'.
 
 The draw for a type depends only on (seed, type): a hash of both is the uniform variate, so a type
 gets the same control label in every sentence and every split, whichever vocabulary is passed.
@@ -67,35 +69,46 @@ def control_labels_N(words_N: Sequence[str], label_counts, seed: int) -> np.ndar
   return np.asarray([table[w.lower()] for w in words_N], np.int32)
 
 
-def arc_behaviours(types: Iterable[str], seed: int) -> dict[str, int]:
-  """Maps every lowercased type to one of ARC_ROOT, ARC_SELF, ARC_FIRST, ARC_LAST, uniformly."""
+ARC_CONTROLS = ("hewitt_liang", "four_behaviours")
+
+
+def arc_behaviours(types: Iterable[str], seed: int, control: str = "four_behaviours") -> dict[str, int]:
+  """Maps every type to a behaviour, uniformly: 'hewitt_liang': ARC_SELF, ARC_FIRST or ARC_LAST, the
+  type taken as written (case kept); 'four_behaviours': ARC_ROOT, ARC_SELF, ARC_FIRST or ARC_LAST, the
+  type lowercased (this module's earlier control)."""
+  if control not in ARC_CONTROLS:
+    raise UserError(f"arc control {control!r}: use one of {', '.join(ARC_CONTROLS)}")
+  choices = (ARC_SELF, ARC_FIRST, ARC_LAST) if control == "hewitt_liang" else (ARC_ROOT, ARC_SELF, ARC_FIRST, ARC_LAST)
   out = {}
   for t in types:
-    key = t.lower()
+    key = t if control == "hewitt_liang" else t.lower()
     if key not in out:
-      out[key] = min(int(_type_uniform(key, seed, "arc") * NUM_ARC_BEHAVIOURS), NUM_ARC_BEHAVIOURS - 1)
+      # the hash lowercases its input, so case is kept by salting with the exact spelling
+      u = _type_uniform(key, seed, "arc" if control == "four_behaviours" else f"arc-hl\x1f{key}")
+      out[key] = choices[min(int(u * len(choices)), len(choices) - 1)]
   return out
 
 
-def control_heads(sentences: Sequence[Sequence[str]], seed: int) -> list[np.ndarray]:
-  """Control head of every word, 1-based with 0 = ROOT (CoNLL-U HEAD convention), per sentence."""
-  table = arc_behaviours((w for s in sentences for w in s), seed)
+def control_heads(
+  sentences: Sequence[Sequence[str]], seed: int, *, control: str = "hewitt_liang", ignore=None
+) -> list[np.ndarray]:
+  """Control head of every word, 1-based with 0 = ROOT (CoNLL-U HEAD convention), per sentence.
+
+  control='hewitt_liang' (default): Hewitt & Liang 2019, §3.2 ("dependency edge prediction" control):
+  each word type, case kept, draws once one of three behaviours — attach to itself, to the sentence's
+  first word or to its last word. control='four_behaviours': the earlier variant, lowercased types,
+  with attach-to-ROOT as a fourth behaviour. ignore: optional per-sentence boolean masks (e.g.
+  punctuation); an ignored word gets head -1 (neither trained on nor scored), as its gold head does.
+  """
+  table = arc_behaviours((w for s in sentences for w in s), seed, control)
   out = []
-  for words in sentences:
+  for u, words in enumerate(sentences):
     n = len(words)
     heads = np.empty(n, np.int32)
     for i, w in enumerate(words):
-      behaviour = table[w.lower()]
+      behaviour = table[w if control == "hewitt_liang" else w.lower()]
       heads[i] = {ARC_ROOT: 0, ARC_SELF: i + 1, ARC_FIRST: 1, ARC_LAST: n}[behaviour]
+    if ignore is not None:
+      heads[np.asarray(ignore[u], bool)] = -1
     out.append(heads)
-  return out
-
-
-def control_heads_BN(words_BN: Sequence[Sequence[str]], heads_BN: np.ndarray, seed: int) -> np.ndarray:
-  """control_heads for a padded batch: heads_BN's -1 padding is kept, words beyond it ignored."""
-  heads_BN = np.asarray(heads_BN)
-  lengths = (heads_BN >= 0).sum(1)
-  out = np.full_like(heads_BN, -1)
-  for b, h in enumerate(control_heads([list(w[:n]) for w, n in zip(words_BN, lengths)], seed)):
-    out[b, : len(h)] = h
   return out

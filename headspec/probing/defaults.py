@@ -1,13 +1,13 @@
 """Every `headspec probe` config key with its default. configs/probe_*.py start from `probe_config()` and
-override what they change, so each key is declared (and documented) once."""
+override what they change, so each key is declared (and documented) once; `synthetic_probe_config` is
+configs/probe_synthetic.py and what `headspec quickstart` probes with."""
 
 from __future__ import annotations
 
 import ml_collections
 
 from headspec.defaults import data_dir_default
-
-TASKS = ("upos", "xpos", "deprel", "arc")
+from headspec.probing.tasks import REGISTRY
 
 
 def probe_config() -> ml_collections.ConfigDict:
@@ -19,7 +19,7 @@ def probe_config() -> ml_collections.ConfigDict:
   c.model.pretrained = ""  # 'minilm' or a Hugging Face directory: probe it (step 0) instead of WORKDIR's checkpoints
 
   c.probe = ml_collections.ConfigDict()
-  c.probe.tasks = TASKS  # any of 'upos', 'xpos', 'deprel', 'arc'
+  c.probe.tasks = tuple(REGISTRY)  # any of probing/tasks.py's: 'upos', 'xpos', 'deprel', 'arc'
   c.probe.treebank = "en_ewt"  # probes are fitted on its train split and tuned on its dev split
   c.probe.eval_splits = ("dev", "test")  # splits of probe.treebank the probes are scored on
   c.probe.extra_treebanks = ()  # cross-domain: scored on their dev/test splits that exist (e.g. 'en_gum')
@@ -39,4 +39,15 @@ def probe_config() -> ml_collections.ConfigDict:
   c.probe.batch_tokens = 4096  # padded tokens per forward batch when extracting features
   c.probe.cache_dtype = "float16"  # features on disk in probes/cache/: 'float16' | 'float32'
   c.probe.top_k = 5  # heads listed per task in summary.md
+  return c
+
+
+def synthetic_probe_config(data_dir: str) -> ml_collections.ConfigDict:
+  """The quickstart's probe study: the synthetic treebank in `data_dir`, the last step and random weights."""
+  c = probe_config()
+  c.data_dir = data_dir
+  c.probe.treebank = "synthetic"
+  c.probe.steps = "last"
+  c.probe.random_baseline = True
+  c.probe.bootstrap_resamples = 200
   return c

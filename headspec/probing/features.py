@@ -75,9 +75,21 @@ class Features:
     """[N, D] residual stream after block `layer`; layer -1 is the embedding output."""
     return self._read("embeddings") if layer == -1 else self._read(f"residual_{layer}")
 
-  def embeddings(self) -> np.ndarray:
-    """[N, D] the input to block 0 (probing reports it as layer -1)."""
-    return self._read("embeddings")
+
+def resolve_pooling(pooling: str, kind: str) -> str:
+  """probe.pooling 'auto' → 'last' for decoders (a causal model's last piece is the only one that has
+  read the whole word), 'first' for encoders; any other value is returned as is."""
+  if pooling == "auto":
+    return "last" if kind == "decoder" else "first"
+  return pooling
+
+
+def check_options(pooling: str, dtype: str) -> None:
+  """UserError unless `pooling` is 'auto' or one of align.POOLINGS and `dtype` one of CACHE_DTYPES."""
+  if pooling != "auto":
+    align_lib.check_pooling(pooling)
+  if dtype not in CACHE_DTYPES:
+    raise UserError(f"probe.cache_dtype={dtype!r}: use one of {', '.join(CACHE_DTYPES)}")
 
 
 def words_fingerprint(sentences: Sequence[Sequence[str]]) -> str:
@@ -179,10 +191,7 @@ def extract_features(
   pretrained weights' path; for random models the seed); with the words, pooling and dtype it keys the cache.
   name: a readable prefix for the cache folder (e.g. `minilm-step0-en_ewt-train`).
   """
-  if dtype not in CACHE_DTYPES:
-    raise UserError(f"probe.cache_dtype={dtype!r}: use one of {', '.join(CACHE_DTYPES)}")
-  if pooling not in align_lib.POOLINGS:
-    raise UserError(f"probe.pooling={pooling!r}: use one of {', '.join(align_lib.POOLINGS)}")
+  check_options(pooling, dtype)
   if not sentences:
     raise UserError(f"{name}: no sentences to extract features from")
   cfg = model.cfg

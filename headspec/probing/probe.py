@@ -24,7 +24,7 @@ the data about twice in all:
      (W = R^(-1/2) V, R the feature correlation), which conditions the feature side of the Hessian
      (Böhning 1992 bounds it by ½(I − 11ᵀ/C) ⊗ R). The l2 grid is a warm-started path: all grid values
      share the first (1 − fork_fraction) of the steps at the weakest l2, then each value continues
-     from there with its own penalty (so the grid costs 1 + fork_fraction·(L − 1) times one fit).
+     from there with its own penalty (so the grid costs 1 + fork_fraction·(P − 1) times one fit, P grid values).
 Groups are independent, so they are split over the local JAX devices and fitted concurrently; a CPU
 device runs one program at a time on one core, so on a CPU host set
 XLA_FLAGS=--xla_force_host_platform_device_count=<cores> before JAX starts to use every core.
@@ -48,6 +48,8 @@ import scipy.sparse
 from headspec.errors import UserError
 
 DEFAULT_L2_GRID = (1e-5, 1e-4, 1e-3)
+DEFAULT_TOL = 1e-5  # L-BFGS stops a probe when its objective changes (and is predicted to change) by less, relatively
+DEFAULT_MAX_ITER = 100  # L-BFGS iterations at most (each one pass over the training words)
 _EMPTY_CLASS_BIAS = -30.0  # log-prior of a class absent from train: never predicted
 
 
@@ -66,7 +68,10 @@ class FittedProbes:
   """Fitted probes: per task `weights[name]` W_GKC and `biases[name]` b_GC act on standardised x.
 
   `l2[name]` (G,) is the chosen penalty per group; `dev_accuracy[name]` (G, len(l2_grid)) the dev
-  accuracy of every grid value, `dev_accuracy_best[name]` (G,) the chosen one.
+  accuracy of every grid value, `dev_accuracy_best[name]` (G,) the chosen one. For the chosen probe:
+  `train_objective[name]` (G,) its final penalised train objective (nats per word + penalty),
+  `iterations[name]` (G,) its L-BFGS iterations, `converged[name]` (G,) whether it met the tolerance;
+  `start[name]` (G,) 'lda' or 'prior' (the start that scored the lower objective on a subset).
   """
 
   mean_GK: np.ndarray
@@ -77,6 +82,10 @@ class FittedProbes:
   dev_accuracy: dict
   dev_accuracy_best: dict
   l2_grid: tuple
+  train_objective: dict = dataclasses.field(default_factory=dict)
+  iterations: dict = dataclasses.field(default_factory=dict)
+  converged: dict = dataclasses.field(default_factory=dict)
+  start: dict = dataclasses.field(default_factory=dict)
 
 
 def _check(x_train_NGK, x_dev_NGK, specs):
@@ -104,13 +113,28 @@ def _second_moment(x_cGK, shift_GK):
   return jnp.einsum("gck,gcl->gkl", xg_GcK, xg_GcK)
 
 
+def floored_std(mean, std):
+  """The one standard deviation used everywhere (standardising, whitening, the LDA start, arc probes).
+
+  A feature is treated as constant (std 1, so x̂ = x − mean ≈ 0) only when its spread is below float
+  resolution of its own magnitude (std ≤ 1e-6·|mean|, or exactly 0); anything else keeps its own std,
+  however small, so standardised logistic regression stays invariant to rescaling a feature (a feature
+  multiplied by 1e-7 is standardised to the same x̂ as before).
+  """
+  mean, std = np.asarray(mean, np.float64), np.asarray(std, np.float64)
+  return np.where(std > 1e-6 * np.abs(mean) + 1e-30, std, 1.0)
+
+
 def _statistics(x_NGK, specs, chunk, cov_samples):
-  """mean, std, correlation of x (float64) and per-task standardised class means / priors.
+  """mean, floored std (float64), the correlation of x̂ and per-task standardised class means / priors.
 
   One streaming pass in NumPy (XLA's CPU reductions and scatters are slower here): shifted sums and
   sums of squares, and class sums as a sparse one-hot product (nnz = N, so no factor C). The K×K
-  correlation only whitens and shapes the LDA start, so it uses an evenly strided subset of about
-  cov_samples words (a full pass would cost K times more than everything else here).
+  second moment of x̂ = (x − mean)/std only whitens and shapes the LDA start, so it uses an evenly
+  strided subset of about cov_samples words (a full pass would cost K times more than everything else
+  here); it is standardised with the SAME mean and std as everything else (not the subset's own), so
+  a near-constant feature cannot blow up one matrix and not the others. Also returns the subset's
+  indices (the start is checked on them).
   """
   n = x_NGK.shape[0]
   shift_GK = np.asarray(x_NGK[: min(n, 1024)], np.float64).mean(0).astype(np.float32)
@@ -135,20 +159,20 @@ def _statistics(x_NGK, specs, chunk, cov_samples):
       sums[i] = sums[i] + np.asarray(onehot @ flat, np.float64)
   m1 = s1 / n
   mean = shift_GK + m1
-  std = np.sqrt(np.maximum(s2 / n - m1**2, 0.0))
-  std = np.where(std > 1e-6 * max(std.max(), 1e-30), std, 1.0)  # constant features stay unscaled
-  sub = np.asarray(x_NGK[:: max(1, n // cov_samples)], np.float32)
-  sub_m1 = sub.mean(0, dtype=np.float64) - shift_GK
-  cov = np.asarray(_second_moment(sub, shift_GK), np.float64) / len(sub) - np.einsum("gk,gl->gkl", sub_m1, sub_m1)
-  sub_std = np.sqrt(np.maximum(np.einsum("gkk->gk", cov), 1e-30))
-  corr = cov / (sub_std[:, :, None] * sub_std[:, None, :])
+  std = floored_std(mean, np.sqrt(np.maximum(s2 / n - m1**2, 0.0)))
+  sub_idx = np.arange(0, n, max(1, n // cov_samples))
+  sub = np.asarray(x_NGK[sub_idx], np.float32)
+  sub_m1 = (sub.mean(0, dtype=np.float64) - mean) / std
+  scale = (1.0 / std).astype(np.float32)
+  cov = np.asarray(_second_moment(sub * scale, (mean * scale).astype(np.float32)), np.float64) / len(sub)
+  corr = cov - np.einsum("gk,gl->gkl", sub_m1, sub_m1)  # covariance of x̂ on the subset (≈ correlation)
   per_task = []
   for spec, cs, cc in zip(specs, sums, counts):
     cs = cs.reshape(spec.num_classes, *mean.shape)
     # class means in standardised coordinates; empty classes get mean 0 and prior 0
     mu_CGK = (cs / np.maximum(cc, 1.0)[:, None, None] - mean) / std * (cc > 0)[:, None, None]
     per_task.append((mu_CGK, cc / cc.sum()))
-  return mean, std, corr, per_task
+  return mean, std, corr, per_task, sub_idx
 
 
 def _chunks(x_NGK, ys, chunk):
@@ -171,16 +195,35 @@ def _chunks(x_NGK, ys, chunk):
 
 
 def _lda_start(corr_GKK, mu_CGK, prior_C, ridge):
-  """Fisher LDA weights in standardised coordinates: W = Σ_w⁻¹ μ_c, b = log π_c − ½ μ_cᵀ W_c."""
+  """Fisher LDA weights in standardised coordinates: W = Σ_w⁻¹ μ_c, b = log π_c − ½ μ_cᵀ W_c.
+
+  Σ_w = Σ − Σ_c π_c (μ_c − μ̄)(μ_c − μ̄)ᵀ is a difference of two estimates (the total from a subset,
+  the class means from every word), so it can come out indefinite: its eigenvalues are clipped at 0
+  before the ridge is added (a negative one would flip or blow up the start)."""
   mbar_GK = np.einsum("c,cgk->gk", prior_C, mu_CGK)
   d_CGK = mu_CGK - mbar_GK
   within_GKK = corr_GKK - np.einsum("c,cgk,cgl->gkl", prior_C, d_CGK, d_CGK)
-  k = corr_GKK.shape[-1]
-  w_GKC = np.linalg.solve(within_GKK + ridge * np.eye(k), np.transpose(mu_CGK, (1, 2, 0)))
+  evals, evecs = np.linalg.eigh(0.5 * (within_GKK + np.swapaxes(within_GKK, -1, -2)))
+  inv = 1.0 / (np.maximum(evals, 0.0) + ridge)
+  w_GKC = np.einsum("gkj,gj,glj,cgl->gkc", evecs, inv, evecs, mu_CGK)
   quad_GC = np.einsum("cgk,gkc->gc", mu_CGK, w_GKC)
-  b_GC = np.where(prior_C > 0, np.log(np.maximum(prior_C, 1e-300)), _EMPTY_CLASS_BIAS) - 0.5 * quad_GC
+  b_GC = _prior_bias(prior_C)[None, :] - 0.5 * quad_GC
   b_GC = b_GC - b_GC.max(-1, keepdims=True)
   return w_GKC, b_GC
+
+
+def _prior_bias(prior_C):
+  """log π_c: the class-prior-only model (W = 0), the start the LDA start must beat."""
+  return np.where(prior_C > 0, np.log(np.maximum(prior_C, 1e-300)), _EMPTY_CLASS_BIAS)
+
+
+@functools.partial(jax.jit, static_argnames=("num_classes",))
+def _objective_G(xs_GnK, y_n, w_GKC, b_GC, l2, *, num_classes):
+  """Penalised objective per group on a (sub)set of words: mean CE over labelled words + (λ/2)‖W‖²."""
+  z = jnp.einsum("gnk,gkc->gnc", xs_GnK, w_GKC) + b_GC[:, None, :]
+  nll = jax.nn.logsumexp(z, -1) - jnp.take_along_axis(z, jnp.maximum(y_n, 0)[None, :, None], -1)[..., 0]
+  mask = (y_n >= 0).astype(z.dtype)
+  return (nll * mask).sum(1) / jnp.maximum(mask.sum(), 1.0) + 0.5 * l2 * jnp.square(w_GKC).sum((1, 2))
 
 
 def _columns(specs, num_l2):
@@ -197,20 +240,20 @@ def _logits_GBC(xs_GBK, whiten_GKK, v_GKC, b_GC):
   return jnp.einsum("gbk,gkc->gbc", xs_GBK, w_GKC) + b_GC[:, None, :]
 
 
-def _loss(params, xs_GBK, ys_SB, whiten_GKK, l2_L, label_scale_S, layout):
+def _loss(params, xs_GBK, ys_AB, whiten_GKK, l2_P, label_scale_A, layout):
   """Σ over tasks and L2 values of the mean cross-entropy + (λ/2)‖W‖² (exact, per column block)."""
   v_GKC, b_GC = params
   logits_GBC = _logits_GBC(xs_GBK, whiten_GKK, v_GKC, b_GC)
   w_GKC = jnp.einsum("gkl,glc->gkc", whiten_GKK, v_GKC)
   total = 0.0
-  num_l2 = l2_L.shape[0]
-  for (off, c), y_B, scale in zip(layout, ys_SB, label_scale_S):
-    z_GBLC = logits_GBC[:, :, off : off + num_l2 * c].reshape(*logits_GBC.shape[:2], num_l2, c)
-    lse_GBL = jax.nn.logsumexp(z_GBLC, axis=-1)
-    picked_GBL = jnp.take_along_axis(z_GBLC, jnp.maximum(y_B, 0)[None, :, None, None], axis=-1)[..., 0]
-    nll = ((lse_GBL - picked_GBL) * (y_B >= 0)[None, :, None]).sum() * scale
-    w_GKLC = w_GKC[:, :, off : off + num_l2 * c].reshape(*w_GKC.shape[:2], num_l2, c)
-    total = total + nll + 0.5 * jnp.einsum("l,gklc->", l2_L, jnp.square(w_GKLC))
+  num_l2 = l2_P.shape[0]
+  for (off, c), y_B, scale in zip(layout, ys_AB, label_scale_A):
+    z_GBPC = logits_GBC[:, :, off : off + num_l2 * c].reshape(*logits_GBC.shape[:2], num_l2, c)
+    lse_GBP = jax.nn.logsumexp(z_GBPC, axis=-1)
+    picked_GBP = jnp.take_along_axis(z_GBPC, jnp.maximum(y_B, 0)[None, :, None, None], axis=-1)[..., 0]
+    nll = ((lse_GBP - picked_GBP) * (y_B >= 0)[None, :, None]).sum() * scale
+    w_GKPC = w_GKC[:, :, off : off + num_l2 * c].reshape(*w_GKC.shape[:2], num_l2, c)
+    total = total + nll + 0.5 * jnp.einsum("l,gklc->", l2_P, jnp.square(w_GKPC))
   return total
 
 
@@ -223,20 +266,20 @@ def _refine(
   params,
   opt_state,
   x_NGK,
-  ys_SN,
-  order_TB,
+  ys_AN,
+  order_OB,
   mean_GK,
   std_GK,
   whiten_GKK,
-  l2_L,
-  label_scale_S,
+  l2_P,
+  label_scale_A,
   *,
   layout,
   learning_rate,
   total_steps,
   groups,
 ):
-  """Minibatch Adam over the words in order_TB (T steps of B words), cosine-decayed over total_steps,
+  """Minibatch Adam over the words in order_OB (T steps of B words), cosine-decayed over total_steps,
   for the groups in range(*groups) of x_NGK (params and statistics hold just those groups)."""
   opt = _optimizer(learning_rate, total_steps)
   grad_fn = jax.grad(_loss)
@@ -244,12 +287,12 @@ def _refine(
   def step(carry, idx_B):
     params, opt_state = carry
     xs_GBK = jnp.transpose((x_NGK[idx_B, groups[0] : groups[1]] - mean_GK) / std_GK, (1, 0, 2))
-    ys_SB = tuple(y_N[idx_B] for y_N in ys_SN)
-    grads = grad_fn(params, xs_GBK, ys_SB, whiten_GKK, l2_L, label_scale_S, layout)
+    ys_AB = tuple(y_N[idx_B] for y_N in ys_AN)
+    grads = grad_fn(params, xs_GBK, ys_AB, whiten_GKK, l2_P, label_scale_A, layout)
     updates, opt_state = opt.update(grads, opt_state, params)
     return (optax.apply_updates(params, updates), opt_state), None
 
-  return jax.lax.scan(step, (params, opt_state), order_TB)[0]
+  return jax.lax.scan(step, (params, opt_state), order_OB)[0]
 
 
 def _fork_columns(tree, layout_one, num_l2, total_one):
@@ -264,16 +307,170 @@ def _fork_columns(tree, layout_one, num_l2, total_one):
 
 
 @functools.partial(jax.jit, static_argnames=("layout", "num_l2"))
-def _dev_correct(x_cGK, ys_Sc, mean_GK, std_GK, w_GKC, b_GC, layout, num_l2):
-  """Per task: correct-prediction counts (G, L) and labelled-word counts for one chunk."""
+def _dev_correct(x_cGK, ys_Ac, mean_GK, std_GK, w_GKC, b_GC, layout, num_l2):
+  """Per task: correct-prediction counts (G, P) and labelled-word counts for one chunk."""
   xs_GcK = jnp.transpose((x_cGK - mean_GK) / std_GK, (1, 0, 2))
   logits = jnp.einsum("gbk,gkc->gbc", xs_GcK, w_GKC) + b_GC[:, None, :]
   out = []
-  for (off, c), y_c in zip(layout, ys_Sc):
+  for (off, c), y_c in zip(layout, ys_Ac):
     z = logits[:, :, off : off + num_l2 * c].reshape(*logits.shape[:2], num_l2, c)
     hit = (jnp.argmax(z, -1) == y_c[None, :, None]) & (y_c >= 0)[None, :, None]
     out.append(hit.sum(1))
   return out
+
+
+def _block_map(layout, num_l2):
+  """block_T: the probe (task, l2) index q = a·P + l of every packed column (layout: per-P blocks)."""
+  block_T = []
+  for a, (_, c) in enumerate(layout):
+    for l in range(num_l2):
+      block_T += [a * num_l2 + l] * c
+  return np.asarray(block_T, np.int32)
+
+
+def _per_probe(a_GT, onehot_TQ):
+  return a_GT @ onehot_TQ
+
+
+def _vdot(p, q, onehot_TQ):
+  """Per-probe inner product (G, Q) of two packed parameter pairs (v_GKT, b_GT)."""
+  return _per_probe((p[0] * q[0]).sum(1) + p[1] * q[1], onehot_TQ)
+
+
+def _scale(s_GQ, p, block_T):
+  s_GT = s_GQ[:, block_T]
+  return (p[0] * s_GT[:, None, :], p[1] * s_GT)
+
+
+def _axpy(s_GQ, p, q, block_T):
+  """q + s·p per probe."""
+  sp = _scale(s_GQ, p, block_T)
+  return (q[0] + sp[0], q[1] + sp[1])
+
+
+@functools.partial(jax.jit, static_argnames=("layout", "num_l2", "with_grad"))
+def _full_objective(
+  params, x_CcGK, ys_ACc, mean_GK, std_GK, whiten_GKK, l2_P, inv_count_A, onehot_TQ, *, layout, num_l2, with_grad
+):
+  """Exact penalised objective f_GQ of every probe (mean CE over its labelled train words + (λ/2)‖W‖²),
+  and its gradient, over all training words: one pass, chunk by chunk (value and gradient accumulated
+  per chunk, so no chunk's logits outlive it)."""
+
+  def ce_sum(p, xs_GBK, ys_AB):
+    logits_GBT = _logits_GBC(xs_GBK, whiten_GKK, p[0], p[1])
+    out = []
+    for (off, c), y_B, inv in zip(layout, ys_AB, inv_count_A):
+      z = logits_GBT[:, :, off : off + num_l2 * c].reshape(*logits_GBT.shape[:2], num_l2, c)
+      lse = jax.nn.logsumexp(z, axis=-1)
+      picked = jnp.take_along_axis(z, jnp.maximum(y_B, 0)[None, :, None, None], axis=-1)[..., 0]
+      out.append(((lse - picked) * (y_B >= 0)[None, :, None]).sum(1) * inv)  # (G, P)
+    f_GQ = jnp.concatenate(out, axis=1)
+    return f_GQ.sum(), f_GQ
+
+  def penalty(p):
+    w_GKT = jnp.einsum("gkl,glc->gkc", whiten_GKK, p[0])
+    l2_T = jnp.concatenate([jnp.repeat(l2_P, c) for _, c in layout])
+    f_GQ = _per_probe(0.5 * l2_T * jnp.square(w_GKT).sum(1), onehot_TQ)
+    return f_GQ.sum(), f_GQ
+
+  def body(carry, chunk):
+    x_cGK, ys = chunk
+    xs_GcK = jnp.transpose((x_cGK - mean_GK) / std_GK, (1, 0, 2))
+    if with_grad:
+      (_, f_GQ), g = jax.value_and_grad(ce_sum, has_aux=True)(params, xs_GcK, ys)
+      return (carry[0] + f_GQ, jax.tree_util.tree_map(jnp.add, carry[1], g)), None
+    return (carry[0] + ce_sum(params, xs_GcK, ys)[1], carry[1]), None
+
+  zero_f = jnp.zeros((mean_GK.shape[0], onehot_TQ.shape[1]), jnp.float32)
+  zero_g = jax.tree_util.tree_map(jnp.zeros_like, params)
+  (f_GQ, g), _ = jax.lax.scan(body, (zero_f, zero_g), (x_CcGK, ys_ACc))
+  if with_grad:
+    (_, pen_GQ), pen_g = jax.value_and_grad(penalty, has_aux=True)(params)
+    return f_GQ + pen_GQ, jax.tree_util.tree_map(jnp.add, g, pen_g)
+  return f_GQ + penalty(params)[1], None
+
+
+def _lbfgs(evaluate, params, block_T, onehot_TQ, *, tol, max_iter, memory=10, min_iter=3):
+  """Full-batch L-BFGS (Nocedal & Wright 2006, Alg. 7.4/7.5), one independent problem per probe.
+
+  Every probe (group g, task × l2 block q) has its own direction, curvature pairs, Armijo backtracking
+  step and stopping test, but all probes share each pass over the data (`evaluate(params) -> f_GQ,
+  grad`). A probe stops when its last step lowered the objective by less than tol·|f| and its
+  predicted remaining decrease is below tol·|f| too (after at least min_iter iterations), or when no
+  step lowers it; the loop ends when every probe has stopped or after max_iter iterations.
+  Returns (params, f_GQ, iterations_GQ, converged_GQ).
+  """
+  f, g = evaluate(params)
+  f, g = np.asarray(f, np.float64), g
+  shape = f.shape
+  done = np.zeros(shape, bool)
+  iters = np.zeros(shape, np.int32)
+  last_decrease = np.full(shape, np.inf)
+  history = []  # (s, y, rho_GQ)
+  for _ in range(max_iter):
+    if done.all():
+      break
+    # two-loop recursion, per probe
+    q, alphas = g, []
+    for s, y, rho in reversed(history):
+      alpha = rho * _vdot(s, q, onehot_TQ)
+      q = _axpy(-alpha, y, q, block_T)
+      alphas.append(alpha)
+    if history:
+      s, y, rho = history[-1]
+      yy = _vdot(y, y, onehot_TQ)
+      gamma = jnp.where((rho > 0) & (yy > 0), _vdot(s, y, onehot_TQ) / jnp.maximum(yy, 1e-30), 1.0)
+    else:
+      gamma = jnp.ones(shape, jnp.float32)
+    r = _scale(gamma, q, block_T)
+    for (s, y, rho), alpha in zip(history, reversed(alphas)):
+      beta = rho * _vdot(y, r, onehot_TQ)
+      r = _axpy(alpha - beta, s, r, block_T)
+    d = (-r[0], -r[1])
+    slope = np.asarray(_vdot(g, d, onehot_TQ), np.float64)
+    bad = ~(slope < 0)
+    if bad.any():  # not a descent direction: steepest descent for that probe
+      bad_j = jnp.asarray(bad)
+      d = (
+        jnp.where(bad_j[:, block_T][:, None, :], -g[0], d[0]),
+        jnp.where(bad_j[:, block_T], -g[1], d[1]),
+      )
+      slope = np.asarray(_vdot(g, d, onehot_TQ), np.float64)
+    # Stopping test (per probe): the last step lowered f by less than tol·|f| AND the quasi-Newton
+    # decrement −½ gᵀd (≈ f − f*, Boyd & Vandenberghe 2004, §9.5) is below tol·|f| too, after at
+    # least `min_iter` iterations (so the curvature pairs say something).
+    small = (last_decrease <= tol * np.abs(f)) & (-0.5 * slope <= tol * np.abs(f)) & (iters >= min_iter)
+    done |= small
+    if done.all():
+      break
+    t = np.where(done, 0.0, 1.0)
+    accepted = done.copy()
+    for _ in range(12):  # Armijo backtracking, per probe
+      trial = _axpy(jnp.asarray(t, jnp.float32), d, params, block_T)
+      f_new, g_new = evaluate(trial)
+      f_new = np.asarray(f_new, np.float64)
+      # (slack: the float32 objective is summed over many words, resolution ~1e-6 relative)
+      ok = np.isfinite(f_new) & (f_new <= f + 1e-4 * t * slope + 1e-6 * np.abs(f))
+      accepted |= ok
+      if accepted.all():
+        break
+      t = np.where(accepted, t, 0.5 * t)
+    t = np.where(accepted, t, 0.0)  # no step lowers the objective: the probe stops where it is
+    if not accepted.all():
+      trial = _axpy(jnp.asarray(t, jnp.float32), d, params, block_T)
+      f_new, g_new = evaluate(trial)
+      f_new = np.asarray(f_new, np.float64)
+    s = (trial[0] - params[0], trial[1] - params[1])
+    y = (g_new[0] - g[0], g_new[1] - g[1])
+    sy = _vdot(s, y, onehot_TQ)
+    rho = jnp.where(sy > 1e-12, 1.0 / jnp.maximum(sy, 1e-12), 0.0)
+    history = (history + [(s, y, rho)])[-memory:]
+    moving = ~done
+    iters += moving
+    last_decrease = np.where(moving, f - f_new, last_decrease)
+    params, f, g = trial, np.where(done, f, f_new), g_new
+    done |= moving & (t == 0)
+  return params, f, iters, done
 
 
 def fit_softmax_probes(
@@ -291,24 +488,30 @@ def fit_softmax_probes(
   lda_ridge: float = 1e-3,
   chunk: int = 8192,
   max_devices: int | None = None,
+  tol: float = DEFAULT_TOL,
+  max_iter: int = DEFAULT_MAX_ITER,
+  pass_chunk: int = 4096,
 ) -> FittedProbes:
   """Fits one softmax probe per (group, task) and picks its L2 on dev; see the module docstring.
 
   x_train_NGK / x_dev_NGK: float features (numpy or jax), G groups of K dims (heads: K = Dh; the
   residual stream: K = D, call again). Adam takes refine_samples / batch_size steps over shuffled
-  training words (several passes only if refine_samples > N); 0 gives the closed-form LDA probe.
-  Deterministic given `seed`.
+  training words (several passes only if refine_samples > N; 0: none), then full-batch L-BFGS runs
+  every (group, task, l2) probe until an iteration lowers its penalised objective by less than
+  tol (relative), at most max_iter iterations (0: no L-BFGS). A probe whose final objective is above
+  its start's or the class-prior-only model's is refitted from the class prior; if that fails too,
+  RuntimeError. Deterministic given `seed`.
   """
   _check(x_train_NGK, x_dev_NGK, specs)
   specs = tuple(specs)
-  l2_L = np.asarray(sorted(l2_grid), np.float32)
-  num_l2 = len(l2_L)
-  mean, std, corr, per_task = _statistics(x_train_NGK, specs, chunk, cov_samples)
+  l2_P = np.asarray(sorted(l2_grid), np.float32)
+  num_l2 = len(l2_P)
+  mean, std, corr, per_task, sub_idx = _statistics(x_train_NGK, specs, chunk, cov_samples)
   num_g, k = mean.shape
 
-  # Whitening A = (R + εI)^(-1/2) of the correlation matrix R, per group.
+  # Whitening A = (R + εI)^(-1/2) of the feature covariance R (of x̂), per group.
   evals, evecs = np.linalg.eigh(corr + 1e-6 * np.eye(k))
-  evals = np.maximum(evals, 1e-4 * evals.max(-1, keepdims=True))
+  evals = np.maximum(evals, 1e-4 * np.maximum(evals.max(-1, keepdims=True), 1e-12))
   whiten = np.einsum("gkj,gj,glj->gkl", evecs, evals**-0.5, evecs)
   unwhiten = np.einsum("gkj,gj,glj->gkl", evecs, evals**0.5, evecs)
 
@@ -319,10 +522,27 @@ def fit_softmax_probes(
   layout = tuple((off, s.num_classes) for off, s in zip(offsets, specs))
   v0 = np.zeros((num_g, k, total_one), np.float32)
   b0 = np.zeros((num_g, total_one), np.float32)
-  for (off, c), (mu, prior) in zip(layout_one, per_task):
+  xs_sub = jnp.asarray(
+    np.transpose((np.asarray(x_train_NGK[sub_idx], np.float32) - mean) / std, (1, 0, 2)), jnp.float32
+  )
+  starts = {}
+  for s, (off, c), (mu, prior) in zip(specs, layout_one, per_task):
     w, b = _lda_start(corr, mu, prior, lda_ridge)
-    v0[:, :, off : off + c] = np.einsum("gkl,glc->gkc", unwhiten, w)
-    b0[:, off : off + c] = b
+    prior_b = np.broadcast_to(_prior_bias(prior), b.shape)
+    y_sub = jnp.asarray(np.asarray(s.y_train_N)[sub_idx], jnp.int32)
+    f_lda, f_prior = (
+      np.asarray(
+        _objective_G(
+          xs_sub, y_sub, jnp.asarray(ww, jnp.float32), jnp.asarray(bb, jnp.float32), float(l2_P[0]), num_classes=c
+        )
+      )
+      for ww, bb in ((w, b), (np.zeros_like(w), prior_b))
+    )
+    use_lda = np.isfinite(f_lda) & (f_lda <= f_prior)  # else the class-prior start (W = 0)
+    starts[s.name] = np.where(use_lda, "lda", "prior")
+    v0[:, :, off : off + c] = np.einsum("gkl,glc->gkc", unwhiten, w) * use_lda[:, None, None]
+    b0[:, off : off + c] = np.where(use_lda[:, None], b, prior_b)
+  xs_sub = None
 
   n = x_train_NGK.shape[0]
   steps = refine_samples // batch_size
@@ -333,48 +553,112 @@ def fit_softmax_probes(
     keys = jax.random.split(jax.random.PRNGKey(seed), -(-steps * batch_size // n))
     order = np.concatenate([np.asarray(jax.random.permutation(key, n)) for key in keys])[: steps * batch_size]
     order = order.reshape(steps, batch_size)
-    frac_labelled = [max((np.asarray(s.y_train_N) >= 0).mean(), 1e-12) for s in specs]
-    label_scale = np.asarray([1.0 / (batch_size * f) for f in frac_labelled], np.float32)
+  frac_labelled = [max((np.asarray(s.y_train_N) >= 0).mean(), 1e-12) for s in specs]
+  label_scale = np.asarray([1.0 / (batch_size * f) for f in frac_labelled], np.float32)
+  inv_count = np.asarray([1.0 / max((np.asarray(s.y_train_N) >= 0).sum(), 1) for s in specs], np.float32)
+  # the class-prior-only model's objective (W = 0, b = log prior): the train label entropy
+  prior_objective = np.asarray([-(pr[pr > 0] * np.log(pr[pr > 0])).sum() for _, pr in per_task], np.float64).repeat(
+    num_l2
+  )
+  block_T = _block_map(layout, num_l2)
+  onehot_TQ = np.eye(len(specs) * num_l2, dtype=np.float32)[block_T]
+  prior_b0 = np.concatenate([np.tile(_prior_bias(pr), num_l2) for _, pr in per_task]).astype(np.float32)
 
   def fit_groups(g0, g1, device):
-    """Both phases for groups g0..g1-1 on one device (a CPU device runs one program at a time)."""
+    """Adam, then L-BFGS, for groups g0..g1-1 on one device (a CPU device runs one program at a time)."""
     put = lambda a: jax.device_put(a, device)
     params = (put(v0[g0:g1]), put(b0[g0:g1]))
     opt_state = opt.init(params)
-    if steps == 0:
-      return jax.device_get(_fork_columns(params, layout_one, num_l2, total_one))
     stats = tuple(put(np.asarray(a[g0:g1], np.float32)) for a in (mean, std, whiten))
-    x_part = put(np.asarray(x_train_NGK[:, g0:g1], np.float32))
-    data = (tuple(put(np.asarray(s.y_train_N, np.int32)) for s in specs), put(order), put(label_scale))
-    common = dict(learning_rate=learning_rate, total_steps=steps, groups=(0, g1 - g0))
-    if steps - forked_steps > 0:
-      params, opt_state = _refine(
-        params,
-        opt_state,
-        x_part,
-        data[0],
-        data[1][: steps - forked_steps],
-        *stats,
-        put(l2_L[:1]),
-        data[2],
-        layout=layout_one,
-        **common,
+    x_part = np.asarray(x_train_NGK[:, g0:g1], np.float32)
+    ys = [np.asarray(s.y_train_N, np.int32) for s in specs]
+    # the full-batch passes read the training words in chunks of pass_chunk (the last padded, label -1)
+    c = min(pass_chunk, n)
+    pad = -n % c
+    x_chunks = put(
+      np.concatenate([x_part, np.zeros((pad,) + x_part.shape[1:], np.float32)]).reshape(-1, c, *x_part.shape[1:])
+    )
+    y_chunks = tuple(put(np.concatenate([y, np.full(pad, -1, np.int32)]).reshape(-1, c)) for y in ys)
+    full = functools.partial(
+      _full_objective,
+      x_CcGK=x_chunks,
+      ys_ACc=y_chunks,
+      mean_GK=stats[0],
+      std_GK=stats[1],
+      whiten_GKK=stats[2],
+      l2_P=put(l2_P),
+      inv_count_A=put(inv_count),
+      onehot_TQ=put(onehot_TQ),
+      layout=layout,
+      num_l2=num_l2,
+    )
+    f_start = np.asarray(full(_fork_columns(params, layout_one, num_l2, total_one), with_grad=False)[0], np.float64)
+    if steps > 0:
+      x_dev = put(x_part)
+      data = (tuple(put(y) for y in ys), put(order), put(label_scale))
+      common = dict(learning_rate=learning_rate, total_steps=steps, groups=(0, g1 - g0))
+      if steps - forked_steps > 0:
+        params, opt_state = _refine(
+          params,
+          opt_state,
+          x_dev,
+          data[0],
+          data[1][: steps - forked_steps],
+          *stats,
+          put(l2_P[:1]),
+          data[2],
+          layout=layout_one,
+          **common,
+        )
+      params, opt_state = _fork_columns((params, opt_state), layout_one, num_l2, total_one)
+      if forked_steps > 0:
+        params, opt_state = _refine(
+          params,
+          opt_state,
+          x_dev,
+          data[0],
+          data[1][steps - forked_steps :],
+          *stats,
+          put(l2_P),
+          data[2],
+          layout=layout,
+          **common,
+        )
+      x_dev = None
+    else:
+      params = _fork_columns(params, layout_one, num_l2, total_one)
+    evaluate = lambda p: full(p, with_grad=True)
+    if max_iter > 0:
+      params, f, iters, conv = _lbfgs(evaluate, params, block_T, put(onehot_TQ), tol=tol, max_iter=max_iter)
+    else:
+      f, iters, conv = (
+        np.asarray(full(params, with_grad=False)[0], np.float64),
+        np.zeros(f_start.shape, np.int32),
+        np.zeros(f_start.shape, bool),
       )
-    params, opt_state = _fork_columns((params, opt_state), layout_one, num_l2, total_one)
-    if forked_steps > 0:
-      params, opt_state = _refine(
-        params,
-        opt_state,
-        x_part,
-        data[0],
-        data[1][steps - forked_steps :],
-        *stats,
-        put(l2_L),
-        data[2],
-        layout=layout,
-        **common,
+    # Success is decided on the penalised objective, never on accuracy (an uninformative group
+    # legitimately sits at the majority rate): the fit must end no worse than its start and than the
+    # class-prior-only model.
+    bound = np.minimum(f_start, prior_objective[None, :])
+    failed = ~(f <= bound + 1e-4 * np.abs(bound) + 1e-6)
+    if failed.any() and max_iter > 0:
+      fail_T = jnp.asarray(failed[:, block_T])
+      restart = (
+        jnp.where(fail_T[:, None, :], 0.0, params[0]),
+        jnp.where(fail_T, put(prior_b0)[None, :], params[1]),
       )
-    return jax.device_get(params)
+      params2, f2, iters2, conv2 = _lbfgs(evaluate, restart, block_T, put(onehot_TQ), tol=tol, max_iter=max_iter)
+      params = (jnp.where(fail_T[:, None, :], params2[0], params[0]), jnp.where(fail_T, params2[1], params[1]))
+      f, iters, conv = np.where(failed, f2, f), np.where(failed, iters + iters2, iters), np.where(failed, conv2, conv)
+      failed = ~(f <= bound + 1e-4 * np.abs(bound) + 1e-6)
+    if failed.any():
+      g_bad, q_bad = np.argwhere(failed)[0]
+      raise RuntimeError(
+        f"softmax probe fit failed for {failed.sum()} probe(s), e.g. group {g0 + g_bad}, task "
+        f"{specs[q_bad // num_l2].name}, l2 {l2_P[q_bad % num_l2]:g}: objective {f[g_bad, q_bad]:.6g} is above "
+        f"min(start {f_start[g_bad, q_bad]:.6g}, class prior {prior_objective[q_bad]:.6g})"
+      )
+    return jax.device_get(params) + (f, iters, conv)
 
   # Groups are independent: split them over the local devices (on a CPU host, run with
   # XLA_FLAGS=--xla_force_host_platform_device_count=<cores> to use every core).
@@ -383,6 +667,7 @@ def fit_softmax_probes(
   with concurrent.futures.ThreadPoolExecutor(len(devices)) as pool:
     parts = list(pool.map(fit_groups, bounds[:-1], bounds[1:], devices))
   params = tuple(jnp.concatenate([p[i] for p in parts]) for i in range(2))
+  f_GQ, iters_GQ, conv_GQ = (np.concatenate([p[i] for p in parts]) for i in (2, 3, 4))
   mean_j, std_j = jnp.asarray(mean, jnp.float32), jnp.asarray(std, jnp.float32)
   whiten_j = jnp.asarray(whiten, jnp.float32)
   w_GKC = jnp.einsum("gkl,glc->gkc", whiten_j, params[0])
@@ -395,15 +680,20 @@ def fit_softmax_probes(
       h += np.asarray(c)
   w_np, b_np = np.asarray(w_GKC), np.asarray(b_GC)
   weights, biases, l2, dev_acc, dev_best = {}, {}, {}, {}, {}
-  for s, (off, c), h in zip(specs, layout, hits):
+  objective, iterations, converged = {}, {}, {}
+  for a, (s, (off, c), h) in enumerate(zip(specs, layout, hits)):
     acc = h / max((np.asarray(s.y_dev_N) >= 0).sum(), 1)
     best = num_l2 - 1 - np.argmax(acc[:, ::-1], axis=1)
     cols = off + best[:, None] * c + np.arange(c)[None, :]  # (G, C)
     weights[s.name] = np.take_along_axis(w_np, cols[:, None, :], axis=2)
     biases[s.name] = np.take_along_axis(b_np, cols, axis=1)
-    l2[s.name] = l2_L[best]
+    l2[s.name] = l2_P[best]
     dev_acc[s.name] = acc
     dev_best[s.name] = acc[np.arange(num_g), best]
+    q = a * num_l2 + best
+    objective[s.name] = f_GQ[np.arange(num_g), q]
+    iterations[s.name] = iters_GQ[np.arange(num_g), q]
+    converged[s.name] = conv_GQ[np.arange(num_g), q]
   return FittedProbes(
     mean.astype(np.float32),
     std.astype(np.float32),
@@ -412,7 +702,11 @@ def fit_softmax_probes(
     l2,
     dev_acc,
     dev_best,
-    tuple(float(v) for v in l2_L),
+    tuple(float(v) for v in l2_P),
+    objective,
+    iterations,
+    converged,
+    starts,
   )
 
 

@@ -1,9 +1,9 @@
-"""Confidence intervals and baselines for probe accuracies.
+"""Confidence intervals, baselines and sentence subsamples for probes.
 
 Bootstrap over sentences (Efron & Tibshirani 1993; resampling units are sentences because words in a
-sentence are not independent, as in Koehn 2004 for MT): draw S sentences with replacement R times,
+sentence are not independent, as in Koehn 2004 for MT): draw the U sentences with replacement R times,
 accuracy*_r = Σ correct words / Σ words over the drawn sentences, and report the 2.5 and 97.5
-percentiles. All groups share the same resamples, computed at once as counts_RS @ correct_SG, in
+percentiles. All groups share the same resamples, computed at once as counts_RU @ correct_UG, in
 float64 NumPy (a few milliseconds; no JAX needed).
 """
 
@@ -15,22 +15,28 @@ from headspec.errors import UserError
 
 
 def bootstrap_resample_counts(num_sentences: int, num_resamples: int, seed: int) -> np.ndarray:
-  """counts_RS: how often each sentence is drawn in each resample (rows of a multinomial draw).
+  """counts_RU: how often each sentence is drawn in each resample (rows of a multinomial draw).
 
-  Drawn as rng.integers(0, S, size=(R, S)) with np.random.default_rng(seed) and counted, so a
+  Drawn as rng.integers(0, U, size=(R, U)) with np.random.default_rng(seed) and counted, so a
   reference loop can reproduce the same resamples.
   """
-  idx_RS = np.random.default_rng(seed).integers(0, num_sentences, size=(num_resamples, num_sentences))
-  counts_RS = np.zeros((num_resamples, num_sentences), np.float64)
-  np.add.at(counts_RS, (np.arange(num_resamples)[:, None], idx_RS), 1.0)
-  return counts_RS
+  idx_RU = np.random.default_rng(seed).integers(0, num_sentences, size=(num_resamples, num_sentences))
+  counts_RU = np.zeros((num_resamples, num_sentences), np.float64)
+  np.add.at(counts_RU, (np.arange(num_resamples)[:, None], idx_RU), 1.0)
+  return counts_RU
 
 
-def bootstrap_ci(correct_NG, sentence_index_N, *, num_resamples: int = 1000, seed: int = 0, confidence: float = 0.95):
+def bootstrap_ci(
+  correct_NG, sentence_index_N, *, num_resamples: int = 1000, seed: int = 0, confidence: float = 0.95, weight_N=None
+):
   """(accuracy_G, low_G, high_G): word accuracy and its percentile bootstrap CI over sentences.
 
-  correct_NG: bool/0-1 per word and group; sentence_index_N: the sentence of each word (any ints).
+  correct_NG: bool/0-1 per word and group; sentence_index_N: the sentence of each word (any ints);
+  weight_N: 1 for scored words, 0 for ignored ones (default: every word is scored).
   """
+  if weight_N is not None:
+    correct_NG = np.asarray(correct_NG, np.float64)
+    return _paired_ci(correct_NG, sentence_index_N, num_resamples, seed, confidence, weight_N, "bootstrap_ci")
   correct_NG = np.asarray(correct_NG, np.float64)
   if correct_NG.ndim == 1:
     correct_NG = correct_NG[:, None]
@@ -42,14 +48,72 @@ def bootstrap_ci(correct_NG, sentence_index_N, *, num_resamples: int = 1000, see
     )
   _, sent_N = np.unique(sentence_index_N, return_inverse=True)
   num_s = sent_N.max() + 1
-  correct_SG = np.zeros((num_s, correct_NG.shape[1]))
-  np.add.at(correct_SG, sent_N, correct_NG)
-  words_S = np.bincount(sent_N, minlength=num_s).astype(np.float64)
-  counts_RS = bootstrap_resample_counts(num_s, num_resamples, seed)
-  acc_RG = (counts_RS @ correct_SG) / (counts_RS @ words_S)[:, None]
+  correct_UG = np.zeros((num_s, correct_NG.shape[1]))
+  np.add.at(correct_UG, sent_N, correct_NG)
+  words_U = np.bincount(sent_N, minlength=num_s).astype(np.float64)
+  counts_RU = bootstrap_resample_counts(num_s, num_resamples, seed)
+  acc_RG = (counts_RU @ correct_UG) / (counts_RU @ words_U)[:, None]
   alpha = (1.0 - confidence) / 2.0
   low_G, high_G = np.percentile(acc_RG, [100 * alpha, 100 * (1 - alpha)], axis=0)
-  return correct_SG.sum(0) / words_S.sum(), low_G, high_G
+  return correct_UG.sum(0) / words_U.sum(), low_G, high_G
+
+
+def _sentence_sums(values_NG, sentence_index_N, what):
+  values_NG = np.asarray(values_NG, np.float64)
+  if values_NG.ndim == 1:
+    values_NG = values_NG[:, None]
+  sentence_index_N = np.asarray(sentence_index_N)
+  if values_NG.shape[0] != sentence_index_N.shape[0] or values_NG.shape[0] == 0:
+    raise UserError(
+      f"{what}: per-word values {values_NG.shape} and sentence_index_N {sentence_index_N.shape} must be "
+      "non-empty with the same N"
+    )
+  _, sent_N = np.unique(sentence_index_N, return_inverse=True)
+  num_s = sent_N.max() + 1
+  sums_UG = np.zeros((num_s, values_NG.shape[1]))
+  np.add.at(sums_UG, sent_N, values_NG)
+  return sums_UG, sent_N, num_s
+
+
+def bootstrap_selectivity(
+  correct_NG, control_correct_NG, sentence_index_N, *, num_resamples=1000, seed=0, confidence=0.95, weight_N=None
+):
+  """(selectivity_G, low_G, high_G): accuracy − control accuracy and its paired percentile bootstrap CI.
+
+  The task and the control probe are scored on the SAME resampled sentences in every resample
+  (counts_RU from `bootstrap_resample_counts(U, R, seed)`, as `bootstrap_ci` draws them), so the
+  interval is for the difference, not two independent intervals. weight_N: 1 for scored words, 0 for
+  ignored ones (e.g. punctuation for arcs); default all 1. This interval covers the sampling of
+  EVALUATION sentences only: the variance of the probe fit and of the control task's random label
+  draw is measured by repeating the study over seeds and training subsamples (docs/probing_core.md).
+  """
+  diff_NG = np.asarray(correct_NG, np.float64) - np.asarray(control_correct_NG, np.float64)
+  return _paired_ci(diff_NG, sentence_index_N, num_resamples, seed, confidence, weight_N, "bootstrap_selectivity")
+
+
+def paired_difference_ci(a_NG, b_NG, sentence_index_N, *, num_resamples=1000, seed=0, confidence=0.95, weight_N=None):
+  """(diff_G, low_G, high_G): mean_words(a − b) with a paired percentile bootstrap CI over sentences.
+
+  a, b: per-word scores (0/1 correct, or correct − control-correct for selectivity) of two predictors
+  on the same words, e.g. the two most selective heads; both are resampled with the same sentences.
+  """
+  diff_NG = np.asarray(a_NG, np.float64) - np.asarray(b_NG, np.float64)
+  return _paired_ci(diff_NG, sentence_index_N, num_resamples, seed, confidence, weight_N, "paired_difference_ci")
+
+
+def _paired_ci(diff_NG, sentence_index_N, num_resamples, seed, confidence, weight_N, what):
+  if diff_NG.ndim == 1:
+    diff_NG = diff_NG[:, None]
+  weight_N = np.ones(diff_NG.shape[0]) if weight_N is None else np.asarray(weight_N, np.float64)
+  sums_UG, sent_N, num_s = _sentence_sums(diff_NG * weight_N[:, None], sentence_index_N, what)
+  words_U = np.bincount(sent_N, weights=weight_N, minlength=num_s)
+  if words_U.sum() <= 0:
+    raise UserError(f"{what}: no scored word")
+  counts_RU = bootstrap_resample_counts(num_s, num_resamples, seed)
+  est_RG = (counts_RU @ sums_UG) / np.maximum(counts_RU @ words_U, 1e-300)[:, None]
+  alpha = (1.0 - confidence) / 2.0
+  low_G, high_G = np.percentile(est_RG, [100 * alpha, 100 * (1 - alpha)], axis=0)
+  return sums_UG.sum(0) / words_U.sum(), low_G, high_G
 
 
 def majority_baseline(y_train_N, y_eval_N) -> float:
@@ -59,3 +123,20 @@ def majority_baseline(y_train_N, y_eval_N) -> float:
   if train.size == 0 or evaluated.size == 0:
     raise UserError("majority_baseline: no labelled word in train or eval")
   return float((evaluated == np.bincount(train).argmax()).mean())
+
+
+def subsample(lengths_U, max_words: int, seed: int, *, max_length: int | None = None) -> np.ndarray:
+  """Sorted indices of a seeded random subset of whole sentences with about `max_words` words in all.
+
+  Sentences are taken in the order of one permutation (np.random.default_rng(seed)) until the next
+  would pass `max_words` (at least one is taken). With `max_length`, only sentences of at most that
+  many words are candidates (all of them, in a second permutation, if none is that short).
+  """
+  lengths_U = np.asarray(lengths_U, np.int64)
+  rng = np.random.default_rng(seed)
+  order_U = rng.permutation(len(lengths_U))
+  if max_length is not None:
+    fitting_U = order_U[lengths_U[order_U] <= max_length]
+    order_U = fitting_U if len(fitting_U) else rng.permutation(len(lengths_U))
+  cumulative_U = np.cumsum(lengths_U[order_U])
+  return np.sort(order_U[: max(1, int(np.searchsorted(cumulative_U, max_words, side="right")))])

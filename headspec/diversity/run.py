@@ -3,10 +3,10 @@
 For each requested step (`config.steps` of a `headspec train` workdir, or step 0 of
 `config.model.pretrained`), the model reads a fixed evaluation set (the first `config.num_tokens`
 tokens of the run's own validation rows, as training packed them) in batches of `config.batch_size`
-rows; `headspec.diversity` accumulates the metrics under one jit-compiled update per batch, so memory
-is bounded by the batch and the O(L·H²·K²) accumulators, not by the evaluation set. Results go to
-RUN/diversity/results.csv (docs/outputs.md contract `step,layer,head_i,head_j,metric,value`; rows of
-recomputed steps are replaced, others kept) and the figures of headspec/diversity_plots.py.
+rows; headspec/diversity/metrics.py accumulates the metrics under one jit-compiled update per batch, so
+memory is bounded by the batch and the O(L·H²·K²) accumulators, not by the evaluation set. Results go
+to RUN/diversity/results.csv (docs/outputs.md contract `step,layer,head_i,head_j,metric,value`; rows of
+recomputed steps are replaced, others kept) and the figures of headspec/diversity/plots.py.
 """
 
 from __future__ import annotations
@@ -22,12 +22,12 @@ import ml_collections
 import numpy as np
 from flax import nnx
 
-from headspec import diversity, diversity_plots, runs, tables, targets
+from headspec import runs, tables, targets
 from headspec.data import lm_pipeline, text_tfds
 from headspec.data.tokenizer import load_tokenizer
+from headspec.diversity import metrics, plots
+from headspec.diversity.defaults import SAMPLES
 from headspec.errors import UserError
-
-SAMPLES = ("first", "random")
 
 
 def _check_config(config: ml_collections.ConfigDict) -> None:
@@ -110,21 +110,21 @@ def _batches(tokens_NT, valid_NT, batch_size: int):
 
 @functools.partial(jax.jit, static_argnames=("graphdef", "causal"), donate_argnames="state")
 def _stream_update(params, state, tokens_BT, valid_BT, *, graphdef, causal: bool):
-  """Forward pass capturing q, probs, z, head_out, then one `diversity.update`."""
-  _, inter = nnx.merge(graphdef, params)(tokens_BT, valid_BT=valid_BT, capture=diversity.CAPTURE)
-  return diversity.update_from(state, inter, valid_BT, causal=causal)
+  """Forward pass capturing `metrics.CAPTURE`, then one `metrics.update`."""
+  _, inter = nnx.merge(graphdef, params)(tokens_BT, valid_BT=valid_BT, capture=metrics.CAPTURE)
+  return metrics.update_from(state, inter, valid_BT, causal=causal)
 
 
 def model_metrics(model, tokens_NT, valid_NT, batch_size: int) -> dict[str, np.ndarray]:
   """All metrics of `model` over the evaluation set, streamed in batches: {name: [L,H,H] or [L,H]}."""
   cfg = model.cfg
   graphdef, params = nnx.split(model)
-  state = diversity.init(cfg.num_layers, cfg.num_heads, cfg.d_head)
+  state = metrics.init(cfg.num_layers, cfg.num_heads, cfg.d_head)
   for tokens_BT, valid_BT in _batches(tokens_NT, valid_NT, batch_size):  # compiled once per model shape
     state = _stream_update(
       params, state, jnp.asarray(tokens_BT), jnp.asarray(valid_BT), graphdef=graphdef, causal=cfg.kind == "decoder"
     )
-  return {k: np.asarray(v) for k, v in jax.device_get(diversity.finalize(state)).items()}
+  return {k: np.asarray(v) for k, v in jax.device_get(metrics.finalize(state)).items()}
 
 
 def read_results(path) -> list[tuple[int, int, int, int, str, float]]:
@@ -158,11 +158,11 @@ def run_diversity(config: ml_collections.ConfigDict, workdir) -> pathlib.Path:
   for job in jobs:
     t0 = time.perf_counter()
     step = job.step
-    metrics = model_metrics(job.load()[0], tokens_NT, valid_NT, config.batch_size)
+    values = model_metrics(job.load()[0], tokens_NT, valid_NT, config.batch_size)
     tables.merge(
-      results, [dict(zip(tables.DIVERSITY.columns, r)) for r in diversity.rows(metrics, step)], tables.DIVERSITY
+      results, [dict(zip(tables.DIVERSITY.columns, r)) for r in metrics.rows(values, step)], tables.DIVERSITY
     )
-    print(f"  step {step}: {len(next(iter(metrics.values())))} layers in {time.perf_counter() - t0:.1f} s", flush=True)
-  for path in diversity_plots.plot_all(read_results(results), out_dir):
+    print(f"  step {step}: {len(next(iter(values.values())))} layers in {time.perf_counter() - t0:.1f} s", flush=True)
+  for path in plots.plot_all(read_results(results), out_dir):
     print(f"  wrote {path}", flush=True)
   return results

@@ -16,7 +16,7 @@ from matplotlib import animation, ticker
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
-from headspec.diversity import HEAD_METRICS, METRICS, PAIR_METRICS
+from headspec.diversity.metrics import HEAD_METRICS, METRICS, PAIR_METRICS, REGISTRY
 
 GIF_METRIC = "output_dissimilarity"
 _LOG_Y_SPAN = 100.0  # log y-axis when a metric's positive values span at least two decades
@@ -42,11 +42,17 @@ def tables(rows) -> dict[str, dict[int, np.ndarray]]:
 
 
 def layer_means(arr: np.ndarray) -> np.ndarray:
-  """[L]: mean over heads, or over off-diagonal pairs i ≠ j (as diversity.summarize)."""
+  """[L]: mean over heads, or over off-diagonal pairs i ≠ j (as metrics.summarize)."""
   if arr.ndim == 3:
     H = arr.shape[-1]
     return arr[:, ~np.eye(H, dtype=bool)].mean(-1)
   return arr.mean(-1)
+
+
+def _title(metric: str) -> str:
+  """The metric's name in words, marked when it compares heads' own coordinates (`Metric.basis_dependent`)."""
+  basis = metric in REGISTRY and REGISTRY[metric].basis_dependent
+  return metric.replace("_", " ") + (" (basis-dependent)" if basis else "")
 
 
 def _figure(nrows: int, ncols: int, width: float, height: float):
@@ -79,17 +85,17 @@ def plot_curves(data, path) -> pathlib.Path:
     ax.set_visible(False)
   for ax, name in zip(axes.flat, names):
     steps = sorted(data[name])
-    means_SL = np.stack([layer_means(data[name][s]) for s in steps])
-    colors = [f"C{l % 10}" for l in range(means_SL.shape[1])]
-    for l in range(means_SL.shape[1]):
-      ax.plot(steps, means_SL[:, l], marker="o", markersize=3, color=colors[l], label=f"layer {l}")
+    means_by_step = np.stack([layer_means(data[name][s]) for s in steps])
+    colors = [f"C{l % 10}" for l in range(means_by_step.shape[1])]
+    for l in range(means_by_step.shape[1]):
+      ax.plot(steps, means_by_step[:, l], marker="o", markersize=3, color=colors[l], label=f"layer {l}")
     _set_step_axis(ax, steps)
-    finite = means_SL[np.isfinite(means_SL)]
+    finite = means_by_step[np.isfinite(means_by_step)]
     if finite.size and finite.min() > 0 and finite.max() / finite.min() >= _LOG_Y_SPAN:
       ax.set_yscale("log")
     else:
       ax.ticklabel_format(axis="y", useOffset=False)  # plain values, not "1e-5 + 2.5388"
-    ax.set_title(name.replace("_", " "), fontsize=10)
+    ax.set_title(_title(name), fontsize=10)
     ax.set_xlabel("step")
     ax.grid(alpha=0.3)
   axes.flat[0].legend(fontsize=7)

@@ -1,0 +1,326 @@
+"""Causal test of probe selectivity: do the heads a probe finds most selective matter for the task?
+
+For each label task (upos, xpos, deprel; arc probes are bilinear and not refitted here) with rows in
+RUN/probes/results.csv: heads are ranked by selectivity (accuracy − control accuracy, Hewitt & Liang
+2019) on the treebank's DEV split, and the effect is measured on its TEST split, so selection and
+measurement never share data. For k = 1, 2, 4, ... up to half of the heads:
+  selective             the k most selective heads are ablated;
+  random_layer_matched  for each seed, as many heads per layer as the selective set has in that layer,
+                        drawn uniformly from that layer's heads (the selective ones included).
+Ablation is MEAN ablation (Z_h replaced by its mean over the probe's training tokens). Metrics:
+  probe_accuracy        a probe on the LAST layer's residual stream, re-extracted with the heads ablated,
+                        REFITTED on ablated train features (l2 chosen on ablated dev) and scored on ablated
+                        test: whether the information is still linearly decodable (primary);
+  probe_accuracy_fixed  the probe fitted on unablated features, scored on ablated test features;
+  loss_delta            LM loss change on the LM evaluation set (only for a model with a trained LM head);
+  *_vs_random           selective minus the mean over random seeds, with a PAIRED bootstrap CI over test
+                        sentences (LM: sequences): a CI entirely below 0 for probe accuracy (above 0 for
+                        loss) means the selective heads matter more than random heads of the same layers.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+
+from headspec import tables
+from headspec.ablation import core, evalset, metrics
+from headspec.data import treebank as treebank_lib
+from headspec.errors import UserError
+from headspec.probing import align as align_lib
+from headspec.probing import probe, stats
+from headspec.probing.features import bucket_length
+
+LABEL_TASKS = ("upos", "xpos", "deprel")
+
+
+@dataclasses.dataclass(frozen=True)
+class Selectivity:
+  """Dev-split selectivity [L,H] of each task's probes on heads, for one (model, step)."""
+
+  treebank: str
+  by_task: dict
+
+
+def read_selectivity(workdir, model_name: str, step: int, num_layers: int, num_heads: int) -> Selectivity | None:
+  """Per-head dev selectivity of (model, step) from RUN/probes/results.csv; None when it has none.
+
+  A file whose head rows do not cover exactly this model's L layers × H heads is a UserError.
+  """
+  path = tables.path_of(workdir, tables.PROBES)
+  rows = [r for r in tables.read(path, tables.PROBES) if r["model"] == model_name and int(r["step"]) == step]
+  heads = [r for r in rows if int(r["head"]) >= 0 and int(r["layer"]) >= 0]
+  if not heads:
+    return None
+  dev = [r for r in heads if r["split"].endswith("/dev")]
+  if not dev:
+    raise UserError(f"{path}: no dev-split rows for {model_name} step {step} (selectivity is ranked on dev)")
+  treebank = dev[0]["split"].split("/")[0]
+  by_task = {}
+  for r in dev:
+    if r["split"] != f"{treebank}/dev":
+      continue
+    layer, head = int(r["layer"]), int(r["head"])
+    if layer >= num_layers or head >= num_heads:
+      raise UserError(
+        f"{path}: {model_name} step {step} has a probe on layer {layer} head {head}, but the model has "
+        f"{num_layers} layers × {num_heads} heads (results of another model?)"
+      )
+    by_task.setdefault(r["task"], np.full((num_layers, num_heads), np.nan))[layer, head] = float(r["selectivity"])
+  for task, sel in by_task.items():
+    if np.isnan(sel).any():
+      raise UserError(
+        f"{path}: {model_name} step {step} task {task}: probes on {int((~np.isnan(sel)).sum())} heads, the model "
+        f"has {num_layers} layers × {num_heads} heads"
+      )
+  return Selectivity(treebank, by_task)
+
+
+def ks(num_heads_total: int) -> list[int]:
+  """1, 2, 4, ... up to half of all heads."""
+  out, k = [], 1
+  while k <= num_heads_total // 2:
+    out.append(k)
+    k *= 2
+  return out
+
+
+def selective_mask(selectivity_LH, k: int) -> np.ndarray:
+  order = np.argsort(-np.asarray(selectivity_LH).ravel(), kind="stable")[:k]
+  mask = np.ones(np.size(selectivity_LH), np.float32)
+  mask[order] = 0.0
+  return mask.reshape(np.shape(selectivity_LH))
+
+
+def layer_matched_mask(selective_LH, seed: int) -> np.ndarray:
+  """As many heads per layer as `selective_LH` removes there, drawn uniformly from that layer's heads."""
+  rng = np.random.default_rng(seed)
+  mask = np.ones_like(selective_LH)
+  for l, count in enumerate((selective_LH == 0).sum(1)):
+    mask[l, rng.choice(mask.shape[1], int(count), replace=False)] = 0.0
+  return mask
+
+
+@dataclasses.dataclass
+class _Split:
+  words: list
+  labels: np.ndarray
+  sentence_N: np.ndarray
+  batches: list  # (tokens_BT, valid_BT, pool_BWT, word index per (b, w) or -1)
+  windows: list
+
+
+def _subsample(sentences, max_words: int, seed: int):
+  if max_words <= 0:
+    return sentences
+  order = np.random.default_rng(seed).permutation(len(sentences))
+  lengths = np.cumsum([len(sentences[i].words) for i in order])
+  keep = order[: max(1, int(np.searchsorted(lengths, max_words, side="right")))]
+  return [sentences[i] for i in sorted(keep)]
+
+
+def _label(sentence, task):
+  return (
+    sentence.upos
+    if task == "upos"
+    else sentence.xpos
+    if task == "xpos"
+    else tuple(d.split(":")[0] for d in sentence.deprels)
+  )
+
+
+def _make_split(sentences, task, index, tokenizer, max_len, causal, pooling, batch_tokens) -> _Split:
+  words = [s.words for s in sentences]
+  labels = np.array([index.get(x, len(index)) for s in sentences for x in _label(s, task)], np.int32)
+  al = align_lib.align(words, tokenizer, max_len, causal=causal)
+  by_window = np.argsort(al.word_window_N, kind="stable")
+  bounds = np.searchsorted(al.word_window_N[by_window], np.arange(len(al.windows) + 1))
+  lengths = np.array([len(w) for w in al.windows])
+  buckets = np.array([bucket_length(n, max_len) for n in lengths])
+  batches = []
+  for T in np.unique(buckets):
+    idx = np.flatnonzero(buckets == T)
+    B = max(1, batch_tokens // int(T))
+    for start in range(0, len(idx), B):
+      chunk = idx[start : start + B]
+      tokens_BT = np.full((B, T), tokenizer.pad_id, np.int32)
+      valid_BT = np.zeros((B, T), bool)
+      start_BW, end_BW = np.zeros((B, T), np.int64), np.zeros((B, T), np.int64)
+      word_BW = np.full((B, T), -1, np.int64)
+      for b, w in enumerate(chunk):
+        tokens_BT[b, : lengths[w]] = al.windows[w]
+        valid_BT[b, : lengths[w]] = True
+        mine = by_window[bounds[w] : bounds[w + 1]]
+        start_BW[b, : len(mine)], end_BW[b, : len(mine)] = al.word_start_N[mine], al.word_end_N[mine]
+        word_BW[b, : len(mine)] = mine
+      batches.append((tokens_BT, valid_BT, align_lib.pooling_matrix(start_BW, end_BW, int(T), pooling), word_BW))
+  return _Split(words, labels, al.word_sentence_N, batches, al.windows)
+
+
+@functools.lru_cache(maxsize=4)
+def _last_residual(graphdef):
+  @jax.jit
+  def forward(params, tokens_BT, valid_BT, pool_BWT, mask_LH, replacement_LHK):
+    h_BTD, _ = nnx.merge(graphdef, params)(
+      tokens_BT, valid_BT=valid_BT, head_mask=mask_LH, head_replacement=replacement_LHK, capture=(), output="hidden"
+    )
+    return jnp.einsum("bwt,btd->bwd", pool_BWT, h_BTD.astype(jnp.float32))
+
+  return forward
+
+
+def word_features(model, split: _Split, mask_LH, replacement_LHK) -> np.ndarray:
+  """[N, D] the last block's output (the last layer's residual stream) per word, pooled from its pieces.
+
+  A pre-LN model's final LayerNorm is applied (the hidden state its LM head reads); probing's residual
+  features of the last layer are the block output before it, which a probe on standardised features
+  sees up to a per-word scale.
+  """
+  graphdef, params = nnx.split(model)
+  fn = _last_residual(graphdef)
+  out = np.zeros((len(split.labels), model.cfg.d_model), np.float32)
+  mask, repl = jnp.asarray(mask_LH, jnp.float32), jnp.asarray(replacement_LHK, jnp.float32)
+  for tokens_BT, valid_BT, pool_BWT, word_BW in split.batches:
+    x = np.asarray(fn(params, tokens_BT, valid_BT, pool_BWT, mask, repl))
+    real = word_BW >= 0
+    out[word_BW[real]] = x[real]
+  return out
+
+
+@dataclasses.dataclass
+class TaskData:
+  task: str
+  num_classes: int
+  train: _Split
+  dev: _Split
+  test: _Split
+
+
+def load_task_data(data_root, treebank: str, tasks, tokenizer, model_cfg, config) -> list[TaskData]:
+  """Train/dev/test of `treebank`, subsampled to `causal.max_*_words` whole sentences, labelled per task."""
+  c = config.causal
+  present = treebank_lib.available_splits(data_root, treebank)
+  for needed in ("train", "dev", "test"):
+    if needed not in present:
+      raise UserError(f"causal test: treebank {treebank} has no {needed} split under {data_root}/ud/{treebank}")
+  splits = {
+    s: _subsample(treebank_lib.load_split(data_root, treebank, s), n, config.seed)
+    for s, n in (("train", c.max_train_words), ("dev", c.max_eval_words), ("test", c.max_eval_words))
+  }
+  out = []
+  for task in tasks:
+    classes = sorted({x for s in splits["train"] for x in _label(s, task)})
+    index = {x: i for i, x in enumerate(classes)}
+    made = {
+      s: _make_split(
+        splits[s], task, index, tokenizer, model_cfg.max_len, model_cfg.kind == "decoder", c.pooling, c.batch_tokens
+      )
+      for s in splits
+    }
+    out.append(TaskData(task, len(classes), made["train"], made["dev"], made["test"]))
+  return out
+
+
+def _fit(x_train, x_dev, data: TaskData, config):
+  c = data.num_classes
+  spec = probe.ProbeSpec(
+    data.task, c, data.train.labels, np.where(data.dev.labels < c, data.dev.labels, -1).astype(np.int32)
+  )
+  return probe.fit_softmax_probes(
+    x_train[:, None], x_dev[:, None], [spec], l2_grid=tuple(config.causal.l2_grid), seed=config.seed,
+    refine_samples=config.causal.refine_samples,
+  )  # fmt: skip
+
+
+def _boot(correct_NG, sentence_N, resamples: int, seed: int) -> np.ndarray:
+  """[R, G] accuracies of the same sentence resamples for every group (paired)."""
+  correct_NG = np.asarray(correct_NG, np.float64)
+  _, sent = np.unique(sentence_N, return_inverse=True)
+  S = sent.max() + 1
+  correct_SG = np.zeros((S, correct_NG.shape[1]))
+  np.add.at(correct_SG, sent, correct_NG)
+  words_S = np.bincount(sent, minlength=S).astype(np.float64)
+  counts_RS = stats.bootstrap_resample_counts(S, resamples, seed)
+  return (counts_RS @ correct_SG) / (counts_RS @ words_S)[:, None]
+
+
+def causal_rows(model, data: TaskData, selectivity_LH, lm_set, lm_replacement, config, progress=None) -> list[dict]:
+  """causal.csv rows (without model, step, kind) for one task; see the module docstring."""
+  c = config.causal
+  R, seed = config.bootstrap_resamples, config.seed
+  L, H = selectivity_LH.shape
+  train_set = evalset.sentence_embedding_set(
+    data.train.windows, pad_id=0, max_len=model.cfg.max_len, batch_tokens=c.batch_tokens
+  )
+  mean_z, _ = core.head_statistics(model, train_set)  # Z_h averaged over the probe's training tokens
+  ones = np.ones((L, H), np.float32)
+  feats = lambda split, mask: word_features(model, split, mask, mean_z)
+  base = [feats(s, ones) for s in (data.train, data.dev, data.test)]
+  fixed = _fit(base[0], base[1], data, config)
+  test_labels = data.test.labels
+  correct = lambda fitted, x: probe.predict(fitted, x[:, None], data.task)[:, 0] == test_labels
+  rows = []
+
+  def row(k, selection, seed_value, metric, value, low, high):
+    rows.append(
+      dict(task=data.task, k=k, selection=selection, seed=seed_value, metric=metric, value=float(value),
+           ci_low=float(low), ci_high=float(high))
+    )  # fmt: skip
+
+  base_correct = correct(fixed, base[2])
+  acc, low, high = stats.bootstrap_ci(base_correct, data.test.sentence_N, num_resamples=R, seed=seed)
+  for metric in ("probe_accuracy", "probe_accuracy_fixed"):
+    row(0, "selective", -1, metric, acc[0], low[0], high[0])
+  for k in ks(L * H):
+    sel = selective_mask(selectivity_LH, k)
+    masks = [sel] + [layer_matched_mask(sel, seed + 1000 * k + s) for s in range(c.random_seeds)]
+    refit_cols, fixed_cols = [], []
+    for mask in masks:
+      x = [feats(s, mask) for s in (data.train, data.dev, data.test)]
+      refit_cols.append(correct(_fit(x[0], x[1], data, config), x[2]))
+      fixed_cols.append(correct(fixed, x[2]))
+      if progress is not None:
+        progress.update(1)
+    for metric, cols in (("probe_accuracy", refit_cols), ("probe_accuracy_fixed", fixed_cols)):
+      correct_NG = np.stack(cols, 1)
+      boot_RG = _boot(correct_NG, data.test.sentence_N, R, seed)
+      value_G = correct_NG.mean(0)
+      low_G, high_G = np.percentile(boot_RG, [2.5, 97.5], axis=0)
+      for g in range(len(masks)):
+        row(k, "selective" if g == 0 else "random_layer_matched", -1 if g == 0 else g - 1, metric, value_G[g],
+            low_G[g], high_G[g])  # fmt: skip
+      diff_R = boot_RG[:, 0] - boot_RG[:, 1:].mean(1)
+      row(
+        k, "selective", -1, f"{metric}_vs_random", value_G[0] - value_G[1:].mean(), *np.percentile(diff_R, [2.5, 97.5])
+      )
+    if lm_set is not None:
+      full, *ablated = core.run_masks(model, lm_set, [ones] + masks, lm_replacement)
+      d = metrics.deltas("lm", full, np.stack(ablated), resamples=R, seed=seed, return_boot=True)
+      value_G, low_G, high_G, boot_RG = d["loss_delta"]
+      for g in range(len(masks)):
+        row(k, "selective" if g == 0 else "random_layer_matched", -1 if g == 0 else g - 1, "loss_delta",
+            value_G[g], low_G[g], high_G[g])  # fmt: skip
+      diff_R = boot_RG[:, 0] - boot_RG[:, 1:].mean(1)
+      row(
+        k, "selective", -1, "loss_delta_vs_random", value_G[0] - value_G[1:].mean(), *np.percentile(diff_R, [2.5, 97.5])
+      )
+  return rows
+
+
+def verdicts(rows: list[dict]) -> list[str]:
+  """One line per (task, k): whether the selective heads matter more than layer-matched random ones."""
+  lines = []
+  for r in rows:
+    if r["metric"] == "probe_accuracy_vs_random":
+      more = r["ci_high"] < 0
+      lines.append(
+        f"{r['task']} k={r['k']}: refitted probe accuracy, selective − random = {r['value']:+.4f} "
+        f"[{r['ci_low']:+.4f}, {r['ci_high']:+.4f}]: selective heads "
+        + ("matter MORE than random heads of the same layers" if more else "do not matter more (CI reaches 0)")
+      )
+  return lines

@@ -1,0 +1,10 @@
+"""The atlas: one self-contained HTML page per run (RUN/atlas.html) to browse every head's numbers.
+
+`build_atlas(workdir, compare=())` reads the run's tables (headspec.tables; no JAX) and writes the page;
+`headspec atlas --workdir=RUN [--compare=RUN_B]` calls it. See docs/atlas.md.
+"""
+
+from headspec.atlas.data import atlas_data, run_data
+from headspec.atlas.page import PAGE_NAME, build_atlas, render, write_page
+
+__all__ = ["PAGE_NAME", "atlas_data", "build_atlas", "render", "run_data", "write_page"]

@@ -1,0 +1,375 @@
+"""A run's results tables -> the JSON the atlas page draws (pure Python: no JAX, no pandas, no NumPy).
+
+The page needs, per run, the layer × head grid shape, one entry per *metric* (a number per head, at one
+or more steps, optionally with a 95% CI and notes), the heads' role labels and best-matched dependency
+relations, and the attention pictures found under RUN/attention/. Tables are read only through
+`headspec.tables.read`; a run may have any subset of them.
+
+Metric ids are shared across runs so `--compare` can show the same metric side by side: the run's own
+model (its primary model) has plain ids, its random-weights control (`<model>-random`) gets the suffix
+`@random`, any other model `@<name>`.
+"""
+
+from __future__ import annotations
+
+import base64
+import collections
+import json
+import math
+import pathlib
+import re
+
+from headspec import tables
+from headspec.errors import UserError
+
+# Per-head tables the atlas draws (the others are per-run curves, drawn by analysis/ scripts).
+HEAD_TABLES = (
+  tables.PROBES,
+  tables.MDL,
+  tables.DIVERSITY,
+  tables.ABLATION_HEADS,
+  tables.ABLATION_GATES,
+  tables.ABLATION_INTERACTIONS,
+  tables.CLARK,
+  tables.ROLES,
+  tables.LABELS,
+)
+# Attention pictures embedded at most (base64 grows them by a third): the page must stay openable.
+MAX_IMAGE_BYTES = 24 * 2**20
+TOP_RELATIONS = 5
+TOP_INTERACTIONS = 5
+
+_DIVERGING = {"selectivity", "loss_delta", "accuracy_delta", "interaction"}
+_HEAD_IN_NAME = re.compile(r"(?:^|[^a-z0-9])(?:l|layer)[_-]?(\d+)[_-]?(?:h|head)[_-]?(\d+)(?=[^0-9]|$)", re.I)
+
+
+def _num(value: str):
+  """A CSV cell as a JSON number; NaN and empty cells as None (JSON has no NaN)."""
+  try:
+    x = float(value)
+  except (TypeError, ValueError):
+    return None
+  return x if math.isfinite(x) else None
+
+
+def _short_split(split: str) -> str:
+  return split.rsplit("/", 1)[-1]
+
+
+class _Metric:
+  """One colourable quantity: value (and CI, notes) per (step, layer, head)."""
+
+  def __init__(self, mid: str, group: str, label: str, description: str, *, diverging=False, categorical=False):
+    self.spec = {
+      "id": mid,
+      "group": group,
+      "label": label,
+      "description": description,
+      "diverging": diverging or any(k in mid for k in _DIVERGING),
+      "categorical": categorical,
+    }
+    self.cells: dict[int, dict[tuple[int, int], dict]] = collections.defaultdict(dict)
+
+  def set(self, step: int, layer: int, head: int, value, ci=None, note: str = "") -> None:
+    cell = {"v": value}
+    if ci is not None and ci[0] is not None and ci[1] is not None:
+      cell["ci"] = list(ci)
+    if note:
+      cell["note"] = note
+    self.cells[step][(layer, head)] = cell
+
+  def to_json(self, num_layers: int, num_heads: int) -> dict:
+    steps = sorted(self.cells)
+    grids = {}
+    for step in steps:
+      grid = [[None] * num_heads for _ in range(num_layers)]
+      for (layer, head), cell in self.cells[step].items():
+        grid[layer][head] = cell
+      grids[str(step)] = grid
+    return dict(self.spec, steps=steps, grids=grids)
+
+
+class _RunData:
+  def __init__(self, workdir: pathlib.Path):
+    self.workdir = workdir
+    self.rows = {t.path: tables.read(tables.path_of(workdir, t), t) for t in HEAD_TABLES}
+    self.primary = self._primary_model()
+    self.metrics: dict[str, _Metric] = {}
+    self.extras: dict[str, dict] = {}  # "layer,head" -> {role, relations, interactions, images}
+    self.layer_notes: dict[str, dict] = {}  # metric id -> {"residual": {step: [L]}, "embedding": {step: x}}
+
+  def _primary_model(self) -> str:
+    counts = collections.Counter(
+      r["model"] for rows in self.rows.values() for r in rows if "model" in r and not r["model"].endswith("-random")
+    )
+    return counts.most_common(1)[0][0] if counts else self.workdir.name
+
+  def _suffix(self, model: str) -> str:
+    if model == self.primary:
+      return ""
+    if model == f"{self.primary}-random":
+      return "@random"
+    return f"@{model}"
+
+  def _model_label(self, model: str) -> str:
+    suffix = self._suffix(model)
+    return "" if not suffix else " — random-weights control" if suffix == "@random" else f" — model {model}"
+
+  def metric(self, mid: str, group: str, label: str, description: str, **kw) -> _Metric:
+    if mid not in self.metrics:
+      self.metrics[mid] = _Metric(mid, group, label, description, **kw)
+    return self.metrics[mid]
+
+  def extra(self, layer: int, head: int) -> dict:
+    return self.extras.setdefault(f"{layer},{head}", {})
+
+  # --- one reader per table ---------------------------------------------------------------------------
+  def probes(self) -> None:
+    for r in self.rows[tables.PROBES.path]:
+      layer, head, step = int(r["layer"]), int(r["head"]), int(r["step"])
+      task, split, sfx = r["task"], r["split"], self._suffix(r["model"])
+      ml = self._model_label(r["model"])
+      n = f"n={r['n']} words"
+      acc = self.metric(
+        f"probe/{task}/{split}/accuracy{sfx}",
+        "Probe accuracy",
+        f"{task} accuracy · {_short_split(split)}{ml}",
+        f"Accuracy of the {task} probe on {split} (95% bootstrap CI over sentences).",
+      )
+      sel = self.metric(
+        f"probe/{task}/{split}/selectivity{sfx}",
+        "Probe selectivity",
+        f"{task} selectivity · {_short_split(split)}{ml}",
+        f"Selectivity on {split}: accuracy − control-task accuracy (Hewitt & Liang 2019).",
+      )
+      a, lo, hi, c = (_num(r[k]) for k in ("accuracy", "ci_low", "ci_high", "control_accuracy"))
+      control = f"control {c:.3f}" if c is not None else ""
+      if layer < 0 or head < 0:  # the embedding output or a layer's residual stream: beside the grid
+        for m, v in ((acc, a), (sel, _num(r["selectivity"]))):
+          notes = self.layer_notes.setdefault(m.spec["id"], {"residual": {}, "embedding": {}})
+          if layer < 0:
+            notes["embedding"][str(step)] = v
+          else:
+            notes["residual"].setdefault(str(step), {})[str(layer)] = v
+        continue
+      acc.set(step, layer, head, a, (lo, hi), f"{control}; {n}")
+      sel.set(step, layer, head, _num(r["selectivity"]), None, f"accuracy {a:.3f} − {control}" if a is not None else "")
+
+  def mdl(self) -> None:
+    for r in self.rows[tables.MDL.path]:
+      layer, head = int(r["layer"]), int(r["head"])
+      if layer < 0 or head < 0:
+        continue
+      m = self.metric(
+        f"mdl/{r['task']}/compression{self._suffix(r['model'])}",
+        "Probe MDL",
+        f"{r['task']} MDL compression{self._model_label(r['model'])}",
+        "Online-code compression (uniform bits / codelength bits; Voita & Titov 2020).",
+      )
+      control = _num(r["control_compression"])
+      m.set(int(r["step"]), layer, head, _num(r["compression"]), None, f"control {control:.3f}" if control else "")
+
+  def diversity(self) -> None:
+    pairs = collections.defaultdict(list)  # (metric, step, layer, head) -> values against the layer's other heads
+    for r in self.rows[tables.DIVERSITY.path]:
+      step, layer, i, j = int(r["step"]), int(r["layer"]), int(r["head_i"]), int(r["head_j"])
+      name = r["metric"]
+      if j == -1:
+        self.metric(
+          f"diversity/{name}",
+          "Diversity (per head)",
+          name.replace("_", " "),
+          f"{name} of the head (docs/diversity.md).",
+        ).set(step, layer, i, _num(r["value"]))
+      elif i != j:
+        pairs[(name, step, layer, i)].append(_num(r["value"]))
+    for (name, step, layer, head), values in sorted(pairs.items()):
+      values = [v for v in values if v is not None]
+      self.metric(
+        f"diversity/{name}/mean_other",
+        "Diversity (mean over the layer's other heads)",
+        f"{name.replace('_', ' ')} · mean vs other heads",
+        f"Mean {name} between this head and each other head of its layer (docs/diversity.md).",
+      ).set(step, layer, head, sum(values) / len(values) if values else None, None, f"over {len(values)} heads")
+
+  def ablation(self) -> None:
+    for r in self.rows[tables.ABLATION_HEADS.path]:
+      self.metric(
+        f"ablation/{r['method']}/{r['metric']}{self._suffix(r['model'])}",
+        "Ablation",
+        f"{r['method']} · {r['metric'].replace('_', ' ')}{self._model_label(r['model'])}",
+        f"Ablation method {r['method']}, metric {r['metric']} (docs/ablation.md); 95% CI where measured.",
+      ).set(int(r["step"]), int(r["layer"]), int(r["head"]), _num(r["value"]), (_num(r["ci_low"]), _num(r["ci_high"])))
+    for r in self.rows[tables.ABLATION_GATES.path]:
+      self.metric(
+        f"gates/{r['penalty']}/open{self._suffix(r['model'])}",
+        "Ablation",
+        f"gate open probability · penalty {r['penalty']}{self._model_label(r['model'])}",
+        "Probability the head's L0 gate is open after training the gates (Voita et al. 2019).",
+      ).set(
+        int(r["step"]),
+        int(r["layer"]),
+        int(r["head"]),
+        _num(r["gate_open_probability"]),
+        None,
+        f"{r['heads_kept']} heads kept; {r['metric']} {r['value']}",
+      )
+    by_head = collections.defaultdict(list)
+    for r in self.rows[tables.ABLATION_INTERACTIONS.path]:
+      if r["model"] != self.primary:
+        continue
+      a, b = (int(r["layer_a"]), int(r["head_a"])), (int(r["layer_b"]), int(r["head_b"]))
+      item = {"metric": r["metric"], "step": int(r["step"]), "interaction": _num(r["interaction"])}
+      item.update(joint=_num(r["joint"]), sum_of_singles=_num(r["sum_of_singles"]))
+      by_head[a].append(dict(item, other=list(b)))
+      by_head[b].append(dict(item, other=list(a)))
+    for (layer, head), items in by_head.items():
+      items.sort(key=lambda x: -abs(x["interaction"] or 0))
+      self.extra(layer, head)["interactions"] = items[:TOP_INTERACTIONS]
+
+  def attention(self) -> None:
+    baselines = {}
+    for r in tables.read(tables.path_of(self.workdir, tables.CLARK_BASELINES), tables.CLARK_BASELINES):
+      if r["model"] == self.primary:
+        key = (int(r["step"]), r["split"], r["relation"], r["direction"])
+        baselines[key] = {"offset": int(r["offset"]), "accuracy": _num(r["accuracy"])}
+    best = collections.defaultdict(list)
+    for r in self.rows[tables.CLARK.path]:
+      step, layer, head = int(r["step"]), int(r["layer"]), int(r["head"])
+      rel, direction, split = r["relation"], r["direction"], r["split"]
+      arrow = "dep→head" if direction == "dependent_to_head" else "head→dep"
+      base = baselines.get((step, split, rel, direction))
+      note = f"best fixed offset {base['offset']:+d}: {base['accuracy']:.3f}" if base and base["accuracy"] else ""
+      note = "; ".join(x for x in (note, f"n={r['n']}") if x)
+      self.metric(
+        f"clark/{split}/{rel}/{direction}{self._suffix(r['model'])}",
+        "Clark et al. accuracy",
+        f"{rel} {arrow} · {_short_split(split)}{self._model_label(r['model'])}",
+        f"Fraction of {rel} words whose most-attended word is their {'head' if arrow == 'dep→head' else 'dependent'}"
+        f" (Clark et al. 2019), on {split}.",
+      ).set(step, layer, head, _num(r["accuracy"]), None, note)
+      if r["model"] == self.primary and rel != "all":
+        best[(layer, head)].append(
+          {
+            "relation": rel,
+            "direction": arrow,
+            "split": split,
+            "step": step,
+            "accuracy": _num(r["accuracy"]),
+            "baseline": base,
+          }
+        )
+    for (layer, head), items in best.items():
+      last = max(x["step"] for x in items)
+      items = [x for x in items if x["step"] == last]
+      items.sort(key=lambda x: -(x["accuracy"] or 0))
+      self.extra(layer, head)["relations"] = items[:TOP_RELATIONS]
+    for r in self.rows[tables.ROLES.path]:
+      self.metric(
+        f"role/{r['data']}/{r['role']}{self._suffix(r['model'])}",
+        "Attention roles",
+        f"{r['role'].replace('_', ' ')} score · {r['data']}{self._model_label(r['model'])}",
+        f"Score of role {r['role']} measured on {r['data']} input (docs/attention.md), 95% CI.",
+      ).set(int(r["step"]), int(r["layer"]), int(r["head"]), _num(r["score"]), (_num(r["ci_low"]), _num(r["ci_high"])))
+    for r in self.rows[tables.LABELS.path]:
+      self.metric(
+        f"label{self._suffix(r['model'])}",
+        "Attention roles",
+        f"role label{self._model_label(r['model'])}",
+        "The head's role label and the rule that gave it (docs/attention.md).",
+        categorical=True,
+      ).set(int(r["step"]), int(r["layer"]), int(r["head"]), r["label"], None, r["rule"])
+
+  def images(self) -> tuple[list[dict], int]:
+    """Attention pictures under RUN/attention/ (any PNG, any name) as data: URIs; the per-head ones (a
+    name with layer and head numbers, e.g. `L3H5`, `layer3_head5`) go to the head's card."""
+    folder = self.workdir / "attention"
+    run_level, budget, skipped = [], MAX_IMAGE_BYTES, 0
+    for path in sorted(folder.rglob("*.png")) if folder.is_dir() else ():
+      size = path.stat().st_size
+      if size > budget:
+        skipped += 1
+        continue
+      budget -= size
+      image = {"name": str(path.relative_to(folder)), "src": _data_uri(path)}
+      match = _HEAD_IN_NAME.search(path.stem)
+      if match:
+        layer, head = int(match.group(1)), int(match.group(2))
+        self.extra(layer, head).setdefault("images", []).append(image)
+      else:
+        run_level.append(image)
+    return run_level, skipped
+
+  def training(self) -> list[dict]:
+    """(step, loss) points from metrics.jsonl (not a table: one JSON object per line)."""
+    path = self.workdir / "metrics.jsonl"
+    if not path.is_file():
+      return []
+    points = []
+    for line in path.read_text().splitlines():
+      try:
+        record = json.loads(line)
+      except json.JSONDecodeError:
+        continue  # a line cut by an interrupted run
+      if isinstance(record, dict) and "step" in record and _num(record.get("loss")) is not None:
+        points.append({"step": int(record["step"]), "loss": _num(record["loss"])})
+    return points
+
+
+def _data_uri(path: pathlib.Path) -> str:
+  return "data:image/png;base64," + base64.b64encode(path.read_bytes()).decode("ascii")
+
+
+def _shape(run: _RunData) -> tuple[int, int]:
+  layers, heads = [0], [0]
+  for metric in run.metrics.values():
+    for cells in metric.cells.values():
+      for layer, head in cells:
+        layers.append(layer)
+        heads.append(head)
+  return max(layers) + 1, max(heads) + 1
+
+
+def run_data(workdir) -> dict:
+  """The page's JSON for one run directory. Raises UserError if it is not a directory or has no
+  per-head table at all."""
+  workdir = pathlib.Path(workdir)
+  if not workdir.is_dir():
+    raise UserError(f"{workdir}: no such run directory")
+  run = _RunData(workdir)
+  if not any(run.rows.values()):
+    names = ", ".join(t.path for t in HEAD_TABLES)
+    raise UserError(
+      f"{workdir}: no results tables ({names}); run `headspec probe`, `diversity`, `ablate` or `attention` first"
+    )
+  run.probes()
+  run.mdl()
+  run.diversity()
+  run.ablation()
+  run.attention()
+  num_layers, num_heads = _shape(run)
+  images, skipped = run.images()
+  found = [t.path for t in HEAD_TABLES if run.rows[t.path]]
+  return {
+    "name": workdir.name,
+    "path": str(workdir.resolve()),
+    "model": run.primary,
+    "layers": num_layers,
+    "heads": num_heads,
+    "tables": found,
+    "metrics": [m.to_json(num_layers, num_heads) for m in run.metrics.values()],
+    "layer_notes": run.layer_notes,
+    "heads_extra": run.extras,
+    "images": images,
+    "images_skipped": skipped,
+    "training": run.training(),
+  }
+
+
+def atlas_data(workdir, compare=()) -> dict:
+  """The JSON blob of the page: one entry per run, the first the run the page is written into."""
+  compare = list(compare)
+  for other in compare:
+    if not pathlib.Path(other).is_dir():
+      raise UserError(f"--compare: no such run directory {other}")
+  return {"runs": [run_data(w) for w in [workdir, *compare]]}

@@ -1,0 +1,90 @@
+"""Every `headspec attention` config key with its default. configs/attention_ewt.py starts from
+`attention_config()` and overrides what it changes, so each key is declared (and documented) once;
+`synthetic_attention_config` is what `attention_quickstart` runs."""
+
+from __future__ import annotations
+
+import ml_collections
+
+from headspec.attention.clark import ARC_SETS
+from headspec.attention.roles import LABELS, check_labels
+from headspec.defaults import data_dir_default
+from headspec.errors import UserError
+
+
+def attention_config() -> ml_collections.ConfigDict:
+  c = ml_collections.ConfigDict()
+  c.seed = 0  # bootstrap resamples
+  c.data_dir = data_dir_default()  # holds ud/<treebank>/; '' = the run's own data_dir, then HEADSPEC_DATA_DIR
+  c.steps = "last"  # 'all' | 'last' | comma-separated saved steps ('100,1000'); pretrained models: step 0
+  c.model_name = ""  # the `model` column; '' = the pretrained name or the workdir's folder name
+  c.treebank = "en_ewt"  # data_dir/ud/<treebank>/ with the splits below
+  c.select_split = "dev"  # best heads and baseline offsets are chosen here (also the split roles are scored on)
+  c.report_split = "test"  # ... and reported here ('' = only the selection split)
+  c.max_sentences = 0  # 0: every sentence of a split; else its first N (tests, quick looks)
+  c.batch_tokens = 2048  # padded tokens per forward batch (memory: L·H·batch_tokens·T attention weights)
+
+  c.model = ml_collections.ConfigDict()
+  c.model.pretrained = ""  # 'minilm' or a Hugging Face directory: its step 0 instead of WORKDIR's checkpoints
+
+  c.clark = ml_collections.ConfigDict()
+  c.clark.min_count = 100  # relations with at least this many non-root arcs in the selection split (Clark et al.)
+  c.clark.relations = ()  # () = every relation reaching min_count; else only these (subtype-free names, 'all')
+  c.clark.arcs = "auto"  # 'auto': decoders on reachable arcs, encoders on all | 'reachable': both | 'all' (encoders)
+  c.clark.max_offset = 5  # baselines: fixed relative offsets k in -max_offset..max_offset, k != 0
+
+  c.roles = ml_collections.ConfigDict()
+  c.roles.labels = LABELS  # labels to assign, any of roles.LABELS
+  c.roles.positional_min = 0.9  # Voita et al. 2019: argmax on one relative position (±1) for >= 90% of queries
+  c.roles.delimiter_min = 0.5  # attention on special tokens + punctuation (Clark et al. 2019 §3)
+  c.roles.broad_min = 0.8  # entropy / uniform-attention entropy at or above: `broad`
+  c.roles.focused_max = 0.3  # ... at or below: `focused`
+  c.roles.rare_word_min = 0.5  # argmax on the least frequent visible word for >= this share of queries
+  c.roles.syntactic_margin_min = 0.1  # best relation's Clark accuracy minus its offset baseline
+  c.roles.frequency_corpus = ""  # '' = the run's training corpus (pretrained: <treebank> train split);
+  #                                'treebank' = <treebank> train; else a folder under data_dir/text/
+  c.roles.bootstrap_resamples = 1000  # resamples of sentences for the 95% CIs
+
+  c.pictures = ml_collections.ConfigDict()
+  c.pictures.split = "dev"  # the example sentences come from this split of <treebank>
+  c.pictures.sentences = (0, 1, 2)  # their indices in it ('()' = no pictures)
+  c.pictures.line_layer = -1  # the layer of the line view; -1 = the middle layer (L // 2)
+  c.pictures.max_words = 40  # words shown per sentence (longer ones are cut in the picture only)
+  c.pictures.flow_max_tokens = 24  # rollout + flow for the first example sentence with at most this many tokens
+  return c
+
+
+def names(value) -> tuple[str, ...]:
+  """A tuple of names from a config value: ('a', 'b'), 'a,b' or ('a,b',) (how a command-line override arrives)."""
+  items = [value] if isinstance(value, str) else list(value)
+  return tuple(x.strip() for item in items for x in str(item).split(",") if x.strip())
+
+
+def check_config(config) -> None:
+  """Every value `run_attention` reads; UserError on the first bad one (before any model runs). Name
+  lists given as 'a,b' on the command line are split into tuples here."""
+  c = config
+  c.roles.labels = names(c.roles.labels)
+  c.clark.relations = names(c.clark.relations)
+  check_labels(c.roles.labels)
+  if c.clark.arcs not in ARC_SETS:
+    raise UserError(f"clark.arcs={c.clark.arcs!r}: use one of {', '.join(ARC_SETS)}")
+  if c.clark.min_count < 1 or c.clark.max_offset < 1:
+    raise UserError("clark.min_count and clark.max_offset must be >= 1")
+  if c.batch_tokens < 1 or c.roles.bootstrap_resamples < 1 or c.max_sentences < 0:
+    raise UserError("batch_tokens and roles.bootstrap_resamples must be >= 1, max_sentences >= 0")
+  if not c.select_split:
+    raise UserError("select_split must name a split (dev)")
+  if any(int(i) < 0 for i in c.pictures.sentences):
+    raise UserError(f"pictures.sentences={tuple(c.pictures.sentences)}: indices must be >= 0")
+
+
+def synthetic_attention_config(data_dir: str) -> ml_collections.ConfigDict:
+  """The quickstart's attention study: the synthetic treebank in `data_dir`, the last step, small bars."""
+  c = attention_config()
+  c.data_dir = data_dir
+  c.treebank = "synthetic"
+  c.clark.min_count = 20
+  c.roles.bootstrap_resamples = 200
+  c.pictures.sentences = (0, 1)
+  return c

@@ -1,0 +1,269 @@
+"""`headspec attention`: Clark et al. (2019) syntax-from-attention tables, head roles and attention pictures.
+
+For each (model, step) of `targets.plan` (a pretrained model at step 0, or a run's saved steps), every
+word of the treebank's selection split (dev) and report split (test) is run through the model once;
+word-level attention is reduced on device (words.py), scored per relation, direction and head against
+fixed-offset baselines (clark.py), turned into head roles with bootstrap CIs and labels (roles.py), and a
+few example sentences are drawn (pictures.py, with rollout and flow from flow.py). Writes, under RUN/:
+  attention/clark.csv, clark_baselines.csv, roles.csv, labels.csv   (headspec/tables.py contracts; the
+      rows of each (model, step) computed are replaced, others kept)
+  attention/clark_summary.md        best head per relation: chosen on dev, reported on test
+  attention/pictures/<model>-step<step>/   see pictures.py
+Every input problem (no treebank, a relation filter matching nothing, an unknown role label, a table
+with other columns, a word longer than any window) is a UserError before anything is written.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import pathlib
+import shutil
+import time
+
+import numpy as np
+
+from headspec import runs, tables, targets
+from headspec.attention import clark as clark_lib
+from headspec.attention import flow as flow_lib
+from headspec.attention import pictures as pictures_lib
+from headspec.attention import report
+from headspec.attention import roles as roles_lib
+from headspec.attention import words as words_lib
+from headspec.attention.defaults import check_config
+from headspec.data import treebank as treebank_lib
+from headspec.errors import UserError
+
+OUT = "attention"
+TABLES = (tables.CLARK, tables.CLARK_BASELINES, tables.ROLES, tables.LABELS)
+
+
+@dataclasses.dataclass
+class Split:
+  key: str  # '<treebank>/<split>'
+  sentences: list
+  arcs: clark_lib.Arcs
+  punct_N: np.ndarray
+
+
+@dataclasses.dataclass
+class Data:
+  select: Split
+  report: Split | None
+  relations: list[str]
+  examples: list[tuple[str, ...]]
+  frequencies: dict
+  frequency_source: str
+
+
+def _split(data_dir, treebank: str, split: str, max_sentences: int) -> Split:
+  sentences = treebank_lib.load_split(data_dir, treebank, split)
+  if max_sentences:
+    sentences = sentences[:max_sentences]
+  punct = np.array([u == "PUNCT" for s in sentences for u in s.upos], bool)
+  return Split(f"{treebank}/{split}", sentences, clark_lib.split_arcs(sentences), punct)
+
+
+def word_frequencies(config, run_config, data_dir) -> tuple[dict, str]:
+  """Lower-cased word counts for the rare-word role, and where they come from (roles.frequency_corpus)."""
+  name = config.roles.frequency_corpus
+  if not name:
+    corpus = run_config.data.corpus if run_config is not None else ""
+    name = corpus if corpus and not corpus.startswith("tfds:") else "treebank"
+  if name == "treebank":
+    sentences = treebank_lib.load_split(data_dir, config.treebank, "train")
+    return roles_lib.count_words(" ".join(s.words) for s in sentences), f"{config.treebank}/train"
+  roots = [pathlib.Path(data_dir)] + ([pathlib.Path(run_config.data_dir)] if run_config and run_config.data_dir else [])
+  for root in roots:
+    path = root / "text" / name / "train.txt"
+    if path.is_file():
+      with open(path, encoding="utf-8") as f:
+        return roles_lib.count_words(f), f"text/{name}/train.txt"
+  raise UserError(
+    f"roles.frequency_corpus={name!r}: no text/{name}/train.txt under {', '.join(map(str, roots))} "
+    "(name a corpus folder, or 'treebank' for the treebank's train split)"
+  )
+
+
+def load_data(config, data_dir, run_config) -> Data:
+  """The splits, relations, example sentences and word frequencies; every problem a UserError."""
+  select = _split(data_dir, config.treebank, config.select_split, config.max_sentences)
+  report_split = None
+  if config.report_split and config.report_split != config.select_split:
+    report_split = _split(data_dir, config.treebank, config.report_split, config.max_sentences)
+  relations = clark_lib.relation_set(
+    select.arcs, min_count=config.clark.min_count, wanted=tuple(config.clark.relations), where=select.key
+  )
+  examples = []
+  if len(config.pictures.sentences):
+    pool = treebank_lib.load_split(data_dir, config.treebank, config.pictures.split)
+    for i in config.pictures.sentences:
+      if int(i) >= len(pool):
+        raise UserError(
+          f"pictures.sentences: {config.treebank}/{config.pictures.split} has {len(pool)} sentences, not {i + 1}"
+        )
+      examples.append(pool[int(i)].words)
+  frequencies, source = word_frequencies(config, run_config, data_dir)
+  return Data(select, report_split, relations, examples, frequencies, source)
+
+
+def _safe(name: str) -> str:
+  return "".join(c if c.isalnum() or c in "-_." else "_" for c in name)
+
+
+def draw_pictures(model, tokenizer, examples, folder: pathlib.Path, config, *, log=print) -> None:
+  """Every picture of pictures.py for one (model, step), written to a temporary folder, then swapped in."""
+  p = config.pictures
+  L = model.cfg.num_layers
+  layer = L // 2 if p.line_layer < 0 else int(p.line_layer)
+  if layer >= L:
+    raise UserError(f"pictures.line_layer={p.line_layer}: the model has layers 0..{L - 1}")
+  tmp = folder.with_name(f".{folder.name}.tmp-{os.getpid()}")
+  shutil.rmtree(tmp, ignore_errors=True)
+  tmp.mkdir(parents=True)
+  maps = words_lib.sentence_maps(model, tokenizer, examples)
+  pictures_lib.head_pictures(maps, examples, tmp, max_words=p.max_words)
+  for i, (attn_LHNN, _) in enumerate(maps):
+    pictures_lib.line_view(
+      attn_LHNN[layer],
+      examples[i],
+      tmp / f"lines_sentence{i}_layer{layer}.png",
+      title=f"sentence {i}, layer {layer}",
+      max_words=p.max_words,
+    )
+  chosen = None
+  for i, words in enumerate(examples):
+    probs_LHTT, tokens = words_lib.token_maps(model, tokenizer, words)
+    if len(tokens) <= p.flow_max_tokens:
+      chosen = (i, probs_LHTT, tokens, flow_lib.flow(probs_LHTT))
+      break
+  if chosen is None:  # no example short enough for flow: rollout of the first one only
+    probs_LHTT, tokens = words_lib.token_maps(model, tokenizer, examples[0])
+    chosen = (0, probs_LHTT, tokens, None)
+    log(f"  attention flow skipped: no example sentence has <= {p.flow_max_tokens} tokens (pictures.flow_max_tokens)")
+  i, probs_LHTT, tokens, flow_TT = chosen
+  pictures_lib.rollout_flow_picture(
+    flow_lib.rollout(probs_LHTT)[-1],
+    flow_TT,
+    tokens,
+    tmp / f"rollout_flow_sentence{i}.png",
+    title=f"sentence {i}: attention rollout and flow at the last layer (Abnar & Zuidema 2020)",
+  )
+  arrays = {}
+  for i, (words, (attn_LHNN, special_LHN)) in enumerate(zip(examples, maps)):
+    arrays[f"words_{i}"], arrays[f"attn_{i}"], arrays[f"special_{i}"] = np.array(words), attn_LHNN, special_LHN
+  np.savez_compressed(tmp / "maps.npz", **arrays)
+  shutil.rmtree(folder, ignore_errors=True)
+  tmp.rename(folder)
+
+
+def analyse_job(job: targets.Target, data: Data, config, out_dir: pathlib.Path, *, log=print):
+  """Tables' rows and the summary section of one (model, step); draws its pictures."""
+  t0 = time.perf_counter()
+  model, tokenizer = job.load()
+  causal = model.cfg.kind == "decoder"
+  c = config.clark
+  scores, stats = {}, {}
+  for split in [data.select] + ([data.report] if data.report else []):
+    names = [s.sent_id for s in split.sentences]
+    stats[split.key] = words_lib.word_stats(
+      model,
+      tokenizer,
+      [s.words for s in split.sentences],
+      split.punct_N,
+      batch_tokens=config.batch_tokens,
+      names=names,
+      log=log,
+    )
+    scores[split.key] = clark_lib.score_split(
+      stats[split.key].argmax_other_LHN,
+      split.arcs,
+      data.relations,
+      causal=causal,
+      arc_set=c.arcs,
+      max_offset=c.max_offset,
+    )
+  log(f"  {job.name} step {job.step}: attention read ({time.perf_counter() - t0:.1f} s)")
+  select = scores[data.select.key]
+  chosen = {key: clark_lib.best_offset(b) for key, b in select.baseline.items()}
+  clark_rows, baseline_rows = [], []
+  for key, s in scores.items():
+    clark_rows += clark_lib.clark_rows(s, model=job.name, step=job.step, split=key)
+    baseline_rows += clark_lib.baseline_rows(s, chosen, model=job.name, step=job.step, split=key)
+  ws = stats[data.select.key]
+  freq_N = np.array([data.frequencies.get(w.lower(), 0) for s in data.select.sentences for w in s.words], np.float64)
+  bootstrap = dict(num_resamples=config.roles.bootstrap_resamples, seed=config.seed)
+  out, info = roles_lib.role_scores(ws, freq_N, select, data.select.arcs, min_count=c.min_count, **bootstrap)
+  role_rows = roles_lib.role_rows(out, model=job.name, step=job.step)
+  label_rows = roles_lib.label_rows(
+    out, info, config.roles, model=job.name, step=job.step, frequency_source=data.frequency_source
+  )
+  log(f"  {job.name} step {job.step}: Clark tables and roles ({time.perf_counter() - t0:.1f} s)")
+  if data.examples:
+    draw_pictures(
+      model, tokenizer, data.examples, out_dir / "pictures" / f"{_safe(job.name)}-step{job.step}", config, log=log
+    )
+    log(f"  {job.name} step {job.step}: pictures ({time.perf_counter() - t0:.1f} s)")
+  report_split = data.report or data.select
+  section = report.job_section(
+    job,
+    model.cfg.kind,
+    config,
+    data.select.key,
+    select,
+    data.report.key if data.report else "",
+    scores[data.report.key] if data.report else None,
+    report_split.arcs,
+    chosen,
+  )
+  return dict(clark=clark_rows, baselines=baseline_rows, roles=role_rows, labels=label_rows), section
+
+
+def run_attention(config, workdir) -> pathlib.Path:
+  """Every table, summary and picture of this module's docstring; returns RUN/attention/clark_summary.md."""
+  if not workdir:
+    raise UserError("attention needs --workdir=DIR (a training run, or any folder with --config.model.pretrained)")
+  workdir = pathlib.Path(workdir)
+  t0 = time.perf_counter()
+  check_config(config)
+  jobs = targets.plan(config, workdir, steps=config.steps, model_name=config.model_name)
+  if config.clark.arcs == "all" and any(j.kind == "decoder" for j in jobs):
+    raise UserError(
+      "clark.arcs='all' cannot score a decoder: it never sees a word to its right ('auto' scores reachable arcs)"
+    )
+  run_config = None if config.model.pretrained else runs.read_config(workdir)
+  data_dir = targets.data_dir(config, run_config, purpose=f"the treebank ud/{config.treebank}")
+  tables.check_writable(workdir, *TABLES)
+  data = load_data(config, data_dir, run_config)
+  print(
+    f"attention of {len(jobs)} model step(s) on {data.select.key} ({len(data.select.sentences)} sentences)"
+    + (f" and {data.report.key} ({len(data.report.sentences)})" if data.report else "")
+    + f"; relations: {', '.join(data.relations)}",
+    flush=True,
+  )
+  out_dir = workdir / OUT
+  sections = []
+  for job in jobs:
+    print(f"{job.name} step {job.step}", flush=True)
+    rows, section = analyse_job(job, data, config, out_dir, log=lambda s: print(s, flush=True))
+    for table, name in zip(TABLES, ("clark", "baselines", "roles", "labels")):
+      tables.merge(tables.path_of(workdir, table), rows[name], table)  # after each step: an interruption keeps it
+    sections.append(section)
+  path = out_dir / "clark_summary.md"
+  tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+  tmp.write_text(report.summary(sections, data.frequency_source))
+  tmp.replace(path)
+  print(
+    f"wrote {out_dir}/{{clark,clark_baselines,roles,labels}}.csv, {path.name}, pictures/ "
+    f"({time.perf_counter() - t0:.0f} s)",
+    flush=True,
+  )
+  return path
+
+
+def attention_quickstart(run_dir, data_dir) -> str:
+  """`headspec attention` on a quickstart run (its last step) with the synthetic treebank in `data_dir`;
+  returns clark_summary.md. Seconds on a CPU."""
+  from headspec.attention.defaults import synthetic_attention_config
+
+  return run_attention(synthetic_attention_config(os.fspath(data_dir)), run_dir).read_text()

@@ -1,0 +1,381 @@
+"""Word-level attention (Clark et al. 2019, §4.1), reduced on device so only word-level numbers leave it.
+
+A sentence's words are aligned to the model's sub-word pieces, and long sentences cut into windows, by
+headspec/probing/align.py (the same alignment and windows as probing). For one window, with `to_WT[w,t]
+= 1` when token t is a piece of word w and `from_WT = to_WT / (pieces of w)`:
+
+  attn_WW = from_WT · A_TS · to_WTᵀ      attention FROM a word = mean of its pieces' rows,
+                                          attention TO a word   = sum of its pieces' columns
+  special_W = from_WT · A_TS · s_S       the share of each word's attention on the special tokens
+                                          ([CLS]/[SEP] of BERT, a BOS prefix), kept for the delimiter role
+
+Special tokens get no row or column of their own in the word map; each row of `attn_WW` plus
+`special_W` sums to 1. A word's row is taken from the window align.py assigns it (where it has the most
+context: encoders the larger min(left, right), decoders the most left context); in that row, words of
+the sentence outside that window get 0 (the model never saw them together). Words with more pieces
+than the context holds would be cut: no window can hold them, so they are refused (UserError).
+
+Everything a score needs is computed per query word under `jax.jit` (`query_stats`): the most-attended
+other word (Clark §4.2), the most-attended column (Voita et al. 2019), the mass on the previous / same /
+next word, on specials and on punctuation (Clark §3), and the entropy of the row (Clark §3). Only
+these [L, H, words] arrays are copied back; full word maps only for the few example sentences.
+
+Shape letters (headspec/model.py's glossary): L layers, B windows of a batch, H heads, T/S tokens, W words
+of one window — used twice for a word map, `attn_LBHWW[l, b, h, w, v]` = how much word w attends to
+word v of the same window — and N words of a split (query words) or of one sentence (`attn_LHNN`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+from collections.abc import Callable, Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+
+from headspec.errors import UserError
+from headspec.probing import align as align_lib
+from headspec.probing.features import bucket_length
+
+STAT_FIELDS = ("prev", "self", "next", "special", "punct", "entropy")
+
+
+def pool_words(probs_LBHTS, to_BWT, special_BT):
+  """Token attention -> word attention (Clark et al. 2019 §4.1: sum over a word's columns, mean over its rows).
+
+  Returns (attn_LBHWW, special_LBHW: Σ over special columns, special_plogp_LBHW: Σ p·log p over the
+  special columns, special_max_LBHW: the largest single special column). Padding words (no pieces) get
+  zero rows and columns.
+  """
+  f32 = jnp.float32
+  to_BWT = to_BWT.astype(f32)
+  from_BWT = to_BWT / jnp.maximum(to_BWT.sum(-1, keepdims=True), 1.0)
+  rows_LBHWS = jnp.einsum("bwt,lbhts->lbhws", from_BWT, probs_LBHTS.astype(f32))
+  attn_LBHWW = jnp.einsum("lbhws,bvs->lbhwv", rows_LBHWS, to_BWT)
+  special_LBHWS = rows_LBHWS * special_BT.astype(f32)[None, :, None, None, :]
+  special_plogp_LBHW = jax.scipy.special.xlogy(special_LBHWS, special_LBHWS).sum(-1)
+  return attn_LBHWW, special_LBHWS.sum(-1), special_plogp_LBHW, special_LBHWS.max(-1)
+
+
+def query_stats(attn_LBHWW, special_LBHW, special_plogp_LBHW, special_max_LBHW, punct_BW, word_valid_BW, causal):
+  """Per query word w of every head: what the scores read (window-local word indices).
+
+  argmax_other: argmax_{v visible, v != w} attn[w, v] (Clark et al. 2019 §4.2), -1 when no other visible
+    word gets any weight (a decoder's first word);
+  argmax_any: argmax over every column, the word itself and the special tokens included (Voita et al.
+    2019), -1 when a special token gets the most;
+  prev / self / next: attn[w, w-1], attn[w, w], attn[w, w+1] (Clark §3, here between words);
+  special: the mass on special tokens; punct: Σ_v attn[w, v]·punct[v] (Clark §3);
+  entropy: -Σ p log p over the words and the special tokens (nats; Clark §3).
+  `causal`: a decoder's word sees only words v <= w.
+  """
+  W = attn_LBHWW.shape[-1]
+  q_W1, k_1W = jnp.arange(W)[:, None], jnp.arange(W)[None, :]
+  visible_BWW = word_valid_BW[:, :, None] & word_valid_BW[:, None, :]
+  if causal:
+    visible_BWW = visible_BWW & (k_1W <= q_W1)[None]
+  other_BWW = visible_BWW & (k_1W != q_W1)[None]
+  masked = jnp.where(other_BWW[None, :, None], attn_LBHWW, -1.0)
+  argmax_other = jnp.where(masked.max(-1) > 0, masked.argmax(-1), -1)
+  seen = jnp.where(visible_BWW[None, :, None], attn_LBHWW, -1.0)
+  argmax_any = jnp.where(seen.max(-1) >= special_max_LBHW, seen.argmax(-1), -1)
+  zero = jnp.zeros(attn_LBHWW.shape[:-1][:-1] + (1,), attn_LBHWW.dtype)
+  prev = jnp.concatenate([zero, jnp.diagonal(attn_LBHWW, offset=-1, axis1=-2, axis2=-1)], -1)
+  nxt = jnp.concatenate([jnp.diagonal(attn_LBHWW, offset=1, axis1=-2, axis2=-1), zero], -1)
+  entropy = -(jax.scipy.special.xlogy(attn_LBHWW, attn_LBHWW).sum(-1) + special_plogp_LBHW)
+  return dict(
+    argmax_other=argmax_other.astype(jnp.int32),
+    argmax_any=argmax_any.astype(jnp.int32),
+    prev=prev,
+    self=jnp.diagonal(attn_LBHWW, axis1=-2, axis2=-1),
+    next=nxt,
+    special=special_LBHW,
+    punct=jnp.einsum("lbhwv,bv->lbhw", attn_LBHWW, punct_BW.astype(attn_LBHWW.dtype)),
+    entropy=entropy,
+  )
+
+
+@functools.lru_cache(maxsize=8)
+def _forward(graphdef, causal: bool, maps: bool):
+  """jit(state, batch...) -> query_stats (maps=False) or (attn_LBHWW, special_LBHW) (maps=True)."""
+
+  @jax.jit
+  def forward(state, tokens_BT, valid_BT, to_BWT, special_BT, punct_BW, word_valid_BW):
+    _, inter = nnx.merge(graphdef, state)(tokens_BT, valid_BT=valid_BT, capture=("probs",))
+    pooled = pool_words(inter.probs_LBHTS, to_BWT, special_BT)
+    if maps:
+      return pooled[0], pooled[1]
+    return query_stats(*pooled, punct_BW, word_valid_BW, causal)
+
+  return forward
+
+
+@dataclasses.dataclass(frozen=True)
+class WordStats:
+  """`query_stats` of every word of a split, in word order (N words), as sentence-global word indices.
+
+  argmax_other_LHN / argmax_any_LHN: the index n of the chosen word in the split (-1: none / a special
+  token); the other fields [L, H, N] float32 (STAT_FIELDS). window_first_N / window_end_N: the words
+  [first, end) of the window the word's row comes from; word_sentence_N: its sentence;
+  sentence_first_U: the index of each sentence's first word; visible_specials_N: special tokens the
+  word can attend to (all of them for encoders, the prefix for decoders).
+  """
+
+  argmax_other_LHN: np.ndarray
+  argmax_any_LHN: np.ndarray
+  values: dict
+  window_first_N: np.ndarray
+  window_end_N: np.ndarray
+  word_sentence_N: np.ndarray
+  sentence_first_U: np.ndarray
+  visible_specials_N: np.ndarray
+  causal: bool
+  num_split_sentences: int
+
+  @property
+  def num_words(self) -> int:
+    return len(self.word_sentence_N)
+
+  def visible_words_N(self) -> np.ndarray:
+    """How many words each query word can attend to (itself included)."""
+    n_N = np.arange(self.num_words)
+    return (n_N + 1 - self.window_first_N) if self.causal else (self.window_end_N - self.window_first_N)
+
+
+@dataclasses.dataclass(frozen=True)
+class _Windows:
+  """align.Alignment plus, per window, its words' global indices and piece counts."""
+
+  al: align_lib.Alignment
+  first_word_of_window: np.ndarray  # global index of the window's first word
+  counts_N: np.ndarray  # pieces per word
+  sentence_first_U: np.ndarray
+
+
+def _align(sentences: Sequence[Sequence[str]], tokenizer, max_len: int, causal: bool, names=None) -> _Windows:
+  al = align_lib.align(sentences, tokenizer, max_len, causal=causal)
+  counts_N = (al.word_end_N - al.word_start_N).astype(np.int64)
+  if al.num_truncated_words:
+    context = max_len - len(tokenizer.prefix_ids) - len(tokenizer.suffix_ids)
+    first = int(np.flatnonzero(counts_N >= context)[0])
+    u = int(al.word_sentence_N[first])
+    name = names[u] if names is not None else f"#{u}"
+    raise UserError(
+      f"{al.num_truncated_words} word(s) have more sub-word pieces than the model's context holds "
+      f"({context} tokens after special tokens), so no window can hold them (first: sentence {name}, "
+      f"word {first - int(np.searchsorted(al.word_sentence_N, u))}); drop those sentences or use a longer model"
+    )
+  sentence_first_U = np.searchsorted(al.word_sentence_N, np.arange(len(sentences))).astype(np.int64)
+  first_word = sentence_first_U[al.window_sentence] + al.window_words[:, 0]
+  return _Windows(al, first_word.astype(np.int64), counts_N, sentence_first_U)
+
+
+def _batch_inputs(win: _Windows, windows, T: int, B: int, tokenizer, punct_N):
+  """Padded model inputs and word matrices of `windows` (indices into al.windows)."""
+  al = win.al
+  prefix = len(tokenizer.prefix_ids)
+  tokens_BT = np.full((B, T), tokenizer.pad_id, np.int32)
+  valid_BT = np.zeros((B, T), bool)
+  special_BT = np.zeros((B, T), bool)
+  to_BWT = np.zeros((B, T, T), np.float32)
+  punct_BW = np.zeros((B, T), bool)
+  word_valid_BW = np.zeros((B, T), bool)
+  for b, w in enumerate(windows):
+    ids = al.windows[w]
+    tokens_BT[b, : len(ids)] = ids
+    valid_BT[b, : len(ids)] = True
+    special_BT[b, :prefix] = True
+    special_BT[b, len(ids) - len(tokenizer.suffix_ids) : len(ids)] = True
+    s, e = al.window_words[w]
+    first = win.first_word_of_window[w]
+    counts = win.counts_N[first : first + (e - s)]
+    starts = prefix + np.concatenate([[0], np.cumsum(counts)[:-1]]).astype(np.int64)
+    for k, (a, c) in enumerate(zip(starts, counts)):
+      to_BWT[b, k, a : a + c] = 1.0
+    word_valid_BW[b, : e - s] = True
+    punct_BW[b, : e - s] = punct_N[first : first + (e - s)]
+  return tokens_BT, valid_BT, to_BWT, special_BT, punct_BW, word_valid_BW
+
+
+def _schedule(win: _Windows, max_len: int, batch_tokens: int):
+  """(T, B, windows) batches: windows grouped by power-of-two length bucket (one compile per bucket)."""
+  lengths = np.array([len(w) for w in win.al.windows])
+  buckets = np.array([bucket_length(n, max_len) for n in lengths])
+  batches = []
+  for T in np.unique(buckets):
+    inside = np.flatnonzero(buckets == T)
+    B = max(1, batch_tokens // int(T))
+    batches += [(int(T), B, inside[i : i + B]) for i in range(0, len(inside), B)]
+  return batches
+
+
+def word_stats(
+  model,
+  tokenizer,
+  sentences: Sequence[Sequence[str]],
+  punct_N: np.ndarray,
+  *,
+  batch_tokens: int = 2048,
+  names: Sequence[str] | None = None,
+  log: Callable[[str], None] | None = None,
+) -> WordStats:
+  """`query_stats` of every word of `sentences` (each a sequence of word strings).
+
+  punct_N: True for the punctuation words (UPOS PUNCT), in word order. names: sentence ids for errors.
+  """
+  if not sentences:
+    raise UserError("no sentences to read attention from")
+  cfg = model.cfg
+  causal = cfg.kind == "decoder"
+  win = _align(sentences, tokenizer, cfg.max_len, causal, names)
+  al = win.al
+  N, L, H = al.num_words, cfg.num_layers, cfg.num_heads
+  punct_N = np.asarray(punct_N, bool)
+  if len(punct_N) != N:
+    raise ValueError(f"punct_N has {len(punct_N)} entries for {N} words")
+  graphdef, state = nnx.split(model)
+  forward = _forward(graphdef, causal, False)
+  argmax_other = np.full((L, H, N), -1, np.int32)
+  argmax_any = np.full((L, H, N), -1, np.int32)
+  values = {f: np.zeros((L, H, N), np.float32) for f in STAT_FIELDS}
+  by_window = np.argsort(al.word_window_N, kind="stable")
+  bounds = np.searchsorted(al.word_window_N[by_window], np.arange(len(al.windows) + 1))
+
+  def dispatch(T, B, windows):
+    return forward(state, *_batch_inputs(win, windows, T, B, tokenizer, punct_N)), windows
+
+  def collect(out, windows):
+    out = jax.device_get(out)
+    b_idx, w_idx, n_idx = [], [], []
+    for b, w in enumerate(windows):
+      mine = by_window[bounds[w] : bounds[w + 1]]  # words whose row comes from window w
+      b_idx.append(np.full(len(mine), b))
+      w_idx.append(mine - win.first_word_of_window[w])
+      n_idx.append(mine)
+    b_idx, w_idx, n_idx = (np.concatenate(x).astype(np.int64) for x in (b_idx, w_idx, n_idx))
+    first = win.first_word_of_window[al.word_window_N[n_idx]]
+    for name, target in (("argmax_other", argmax_other), ("argmax_any", argmax_any)):
+      local = np.moveaxis(out[name][:, b_idx, :, w_idx], 0, -1)  # [L, H, K]
+      target[:, :, n_idx] = np.where(local >= 0, local + first, -1)
+    for f in STAT_FIELDS:
+      values[f][:, :, n_idx] = np.moveaxis(out[f][:, b_idx, :, w_idx], 0, -1)
+
+  pending = None
+  for T, B, windows in _schedule(win, cfg.max_len, batch_tokens):  # dispatch the next before reading back
+    current = dispatch(T, B, windows)
+    if pending is not None:
+      collect(*pending)
+    pending = current
+  if pending is not None:
+    collect(*pending)
+  window_first_N = win.first_word_of_window[al.word_window_N]
+  window_end_N = window_first_N + (al.window_words[al.word_window_N, 1] - al.window_words[al.word_window_N, 0])
+  visible = len(tokenizer.prefix_ids) + (0 if causal else len(tokenizer.suffix_ids))
+  if log:
+    log(f"  attention of {len(sentences)} sentences, {N} words ({al.num_split_sentences} split into windows)")
+  return WordStats(
+    argmax_other_LHN=argmax_other,
+    argmax_any_LHN=argmax_any,
+    values=values,
+    window_first_N=window_first_N,
+    window_end_N=window_end_N,
+    word_sentence_N=al.word_sentence_N.astype(np.int64),
+    sentence_first_U=win.sentence_first_U,
+    visible_specials_N=np.full(N, visible, np.int64),
+    causal=causal,
+    num_split_sentences=al.num_split_sentences,
+  )
+
+
+def stats_from_maps(maps, punct_N, *, causal: bool = False, num_specials: int = 2) -> WordStats:
+  """`WordStats` of given word maps [(attn_LHNN, special_LHN)], one window per sentence, as `word_stats`
+  computes them on device (`query_stats`); the special mass counts as one special token. For
+  hand-built maps (tests) and for `sentence_maps` output."""
+  argmax_other, argmax_any, values, first = [], [], {f: [] for f in STAT_FIELDS}, 0
+  sentence_first, window_first, window_end, sentence = [], [], [], []
+  for u, (attn_LHNN, special_LHN) in enumerate(maps):
+    N = attn_LHNN.shape[-1]
+    s = jnp.asarray(special_LHN, jnp.float32)[:, None]
+    out = jax.device_get(
+      query_stats(
+        jnp.asarray(attn_LHNN, jnp.float32)[:, None],
+        s,
+        jax.scipy.special.xlogy(s, s),
+        s,
+        jnp.asarray(punct_N[first : first + N])[None],
+        jnp.ones((1, N), bool),
+        causal,
+      )
+    )
+    argmax_other.append(np.where(out["argmax_other"][:, 0] >= 0, out["argmax_other"][:, 0] + first, -1))
+    argmax_any.append(np.where(out["argmax_any"][:, 0] >= 0, out["argmax_any"][:, 0] + first, -1))
+    for f in STAT_FIELDS:
+      values[f].append(out[f][:, 0])
+    sentence_first.append(first)
+    window_first += [first] * N
+    window_end += [first + N] * N
+    sentence += [u] * N
+    first += N
+  return WordStats(
+    argmax_other_LHN=np.concatenate(argmax_other, -1).astype(np.int32),
+    argmax_any_LHN=np.concatenate(argmax_any, -1).astype(np.int32),
+    values={f: np.concatenate(v, -1) for f, v in values.items()},
+    window_first_N=np.asarray(window_first, np.int64),
+    window_end_N=np.asarray(window_end, np.int64),
+    word_sentence_N=np.asarray(sentence, np.int64),
+    sentence_first_U=np.asarray(sentence_first, np.int64),
+    visible_specials_N=np.full(first, 0 if causal else num_specials, np.int64),
+    causal=causal,
+    num_split_sentences=0,
+  )
+
+
+def sentence_maps(model, tokenizer, sentences: Sequence[Sequence[str]]) -> list[tuple[np.ndarray, np.ndarray]]:
+  """Word-level maps of a few sentences: [(attn_LHNN, special_LHN)] with N the sentence's words.
+
+  Row n comes from the window align.py assigns word n (columns outside that window are 0), as in
+  `word_stats`. For pictures and examples; a split's scores use `word_stats`.
+  """
+  cfg = model.cfg
+  win = _align(sentences, tokenizer, cfg.max_len, cfg.kind == "decoder")
+  al = win.al
+  graphdef, state = nnx.split(model)
+  forward = _forward(graphdef, cfg.kind == "decoder", True)
+  L, H = cfg.num_layers, cfg.num_heads
+  out = []
+  for u, words in enumerate(sentences):
+    N, first_u = len(words), int(win.sentence_first_U[u])
+    attn_LHNN = np.zeros((L, H, N, N), np.float32)
+    special_LHN = np.zeros((L, H, N), np.float32)
+    for w in np.flatnonzero(al.window_sentence == u):
+      T = bucket_length(len(al.windows[w]), cfg.max_len)
+      attn, special = jax.device_get(forward(state, *_batch_inputs(win, [w], T, 1, tokenizer, np.zeros(al.num_words))))
+      s, e = al.window_words[w]
+      rows = np.flatnonzero(al.word_window_N[first_u : first_u + N] == w)  # this window's rows
+      attn_LHNN[:, :, rows, s:e] = attn[:, 0][:, :, rows - s, : e - s]
+      special_LHN[:, :, rows] = special[:, 0][:, :, rows - s]
+    out.append((attn_LHNN, special_LHN))
+  return out
+
+
+def token_maps(model, tokenizer, words: Sequence[str]) -> tuple[np.ndarray, list[str]]:
+  """(probs_LHTT, token labels) of one sentence's first window, special tokens included: the input of
+  attention rollout and flow (headspec/attention/flow.py)."""
+  cfg = model.cfg
+  al = align_lib.align([list(words)], tokenizer, cfg.max_len, causal=cfg.kind == "decoder")
+  ids = al.windows[0]
+  graphdef, state = nnx.split(model)
+  _, inter = jax.jit(lambda s, t: nnx.merge(graphdef, s)(t, capture=("probs",)))(state, ids[None])
+  probs_LHTT = np.asarray(jax.device_get(inter.probs_LBHTS))[:, 0]
+  return probs_LHTT, [token_label(tokenizer, int(i)) for i in ids]
+
+
+def token_label(tokenizer, token_id: int) -> str:
+  """A token's text for figure labels (Hugging Face: its vocabulary entry, e.g. [CLS]; else decoded)."""
+  backend = getattr(tokenizer, "backend", None)
+  if backend is not None and backend.id_to_token(token_id) is not None:
+    return backend.id_to_token(token_id)
+  return tokenizer.decode([token_id]).strip() or f"<{token_id}>"

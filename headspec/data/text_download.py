@@ -1,0 +1,355 @@
+"""Fetch public language-model corpora into headspec's corpus folder format.
+
+`headspec data download text <corpus> [--force] [--sha256=FILE=HEX ...]` writes
+DATA_DIR/text/<corpus>/{train,valid}.txt (documents separated by a blank line, docs/data.md) and
+SOURCE.json (where every byte came from). The sources are parquet files of a Hugging Face dataset
+repository fetched over plain HTTPS at one pinned commit (`.../resolve/<revision>/<path>`), each
+checked against the size and SHA-256 recorded here before anything is converted. Everything is built in
+a hidden `.<corpus>.*.partial` folder beside the target and moved into place only when complete and
+validated, so an interrupted or corrupt download never looks like a corpus.
+
+WikiText (Merity et al. 2016) rows are the lines of the original files. An article starts at its
+title heading ` = Title = ` (one `=` each side; sections are ` = = Section = = `) and becomes one
+document: its non-blank lines, stripped, heading lines included verbatim. The raw variants are used
+(no `<unk>`); WikiText's own tokenization (` @-@ `, spaces around punctuation) is kept as it is.
+
+A file whose SHA-256 could not be read from the dataset repository's public metadata has `sha256=None`
+here: the download refuses to start until `--sha256=FILE=HEX` supplies one (see docs/data.md).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import http.client
+import json
+import os
+import pathlib
+import re
+import shutil
+import sys
+import tempfile
+import urllib.error
+import urllib.request
+from collections.abc import Iterable, Iterator
+
+from headspec.errors import UserError
+
+HF_DATASETS_URL = "https://huggingface.co/datasets"
+SPLITS = ("train", "valid")  # headspec's corpus splits (text_tfds.SPLITS)
+_HEX64 = re.compile(r"^[0-9a-f]{64}$")
+_CHUNK = 1 << 20
+
+
+@dataclasses.dataclass(frozen=True)
+class RemoteFile:
+  """One file of a dataset repository: its path there, byte size and SHA-256 (None: not verified)."""
+
+  path: str
+  size: int | None
+  sha256: str | None
+
+
+@dataclasses.dataclass(frozen=True)
+class TextSource:
+  """A downloadable corpus: parquet files (one `text` column) of `repo` at commit `revision`."""
+
+  name: str
+  repo: str
+  revision: str
+  files: dict  # split ('train' | 'valid') -> tuple[RemoteFile, ...], read in order
+  rows: dict  # split -> parquet rows over its files (the dataset card's num_examples); {} = unchecked
+  download_size: str
+  text_size: str
+  license: str
+  description: str
+
+  def url(self, base_url: str, remote: RemoteFile) -> str:
+    return f"{base_url.rstrip('/')}/{self.repo}/resolve/{self.revision}/{remote.path}"
+
+  def page(self, remote: RemoteFile) -> str:
+    """The file's page on huggingface.co, whose 'Git LFS Details' show its SHA-256 and size."""
+    return f"{HF_DATASETS_URL}/{self.repo}/blob/{self.revision}/{remote.path}"
+
+
+# Salesforce/wikitext at b08601e04326c79dfdd32d625aee71d232d685c3 ("Convert dataset to Parquet (#8)",
+# 2024-01-04; still the files on `main`). WikiText-103 SHA-256 values: the files' LFS pointers as the
+# repository's pages show them ("Git LFS Details"); byte sizes: other projects' manifests pinned to this
+# revision, matching the pages' rounded sizes. The download checks both. Provenance: docs/data.md.
+WIKITEXT_REPO = "Salesforce/wikitext"
+WIKITEXT_REVISION = "b08601e04326c79dfdd32d625aee71d232d685c3"
+_WIKITEXT_VALID = (
+  "validation-00000-of-00001.parquet",
+  657_209,
+  "204929b7ff9d6184953f867dedb860e40aa69c078fc1e54b3baaa8fb28511c4c",
+)
+
+CORPORA = {
+  "wikitext_103": TextSource(
+    name="wikitext_103",
+    repo=WIKITEXT_REPO,
+    revision=WIKITEXT_REVISION,
+    files={
+      "train": (
+        RemoteFile(
+          "wikitext-103-raw-v1/train-00000-of-00002.parquet",
+          156_987_808,
+          "74da360f23826045b3e6ac6375411fdb15f003030aa74f2596ed08b857cb9212",
+        ),
+        RemoteFile(
+          "wikitext-103-raw-v1/train-00001-of-00002.parquet",
+          157_088_770,
+          "ba090ac30dbf5461e8dcbdd1a1b8e6f3cf9c2c756d64f0c1220450acd514f720",
+        ),
+      ),
+      "valid": (RemoteFile("wikitext-103-raw-v1/" + _WIKITEXT_VALID[0], *_WIKITEXT_VALID[1:]),),
+    },
+    rows={"train": 1_801_350, "valid": 3_760},
+    download_size="315 MB",
+    text_size="about 540 MB",
+    license="CC BY-SA 3.0 / GFDL (Wikipedia text)",
+    description="WikiText-103 (raw): about 28k Wikipedia Good and Featured articles, 103M words",
+  ),
+  "wikitext_2": TextSource(
+    name="wikitext_2",
+    repo=WIKITEXT_REPO,
+    revision=WIKITEXT_REVISION,
+    files={
+      # The train file's SHA-256 was not available from public metadata when this was pinned: the
+      # download asks for --sha256=train-00000-of-00001.parquet=HEX (from the file's page) instead.
+      "train": (RemoteFile("wikitext-2-raw-v1/train-00000-of-00001.parquet", None, None),),
+      # WikiText-2 and -103 share their validation articles; the parquet files are byte-identical.
+      "valid": (RemoteFile("wikitext-2-raw-v1/" + _WIKITEXT_VALID[0], *_WIKITEXT_VALID[1:]),),
+    },
+    rows={"train": 36_718, "valid": 3_760},
+    download_size="7 MB",
+    text_size="about 11 MB",
+    license="CC BY-SA 3.0 / GFDL (Wikipedia text)",
+    description="WikiText-2 (raw): 600 Wikipedia articles, 2M words (a subset of WikiText-103)",
+  ),
+}
+
+
+def canonical_name(name: str) -> str:
+  """'wikitext-103' and 'WikiText_103' name the corpus folder 'wikitext_103'."""
+  return name.strip().lower().replace("-", "_")
+
+
+def download_command(corpus: str) -> str | None:
+  """`headspec data download text <corpus>` for a known corpus name, else None."""
+  name = canonical_name(corpus)
+  return f"headspec data download text {name}" if name in CORPORA else None
+
+
+def is_title(line: str) -> bool:
+  """A WikiText article heading ` = Title = ` (not a section heading ` = = Section = = `)."""
+  s = line.strip()
+  return len(s) > 4 and s.startswith("= ") and s.endswith(" =") and not s.startswith("= =") and not s.endswith("= =")
+
+
+def wikitext_documents(rows: Iterable[str]) -> Iterator[str]:
+  """Articles of WikiText rows (lines of the original files): non-blank lines, stripped, from one
+  title heading to the next, joined by '\\n'. Lines before the first title form a document too."""
+  lines: list[str] = []
+  for row in rows:
+    for line in (row or "").split("\n"):
+      line = line.strip()
+      if not line:
+        continue
+      if lines and is_title(line):
+        yield "\n".join(lines)
+        lines = []
+      lines.append(line)
+  if lines:
+    yield "\n".join(lines)
+
+
+def _fetch_verified(url: str, dest: pathlib.Path, remote: RemoteFile, sha256: str, timeout: float) -> None:
+  """Streams url into dest, hashing as it goes; a short, oversized or altered file is a UserError."""
+  request = urllib.request.Request(url, headers={"User-Agent": "headspec-data-download"})
+  digest, size, length = hashlib.sha256(), 0, None
+  try:
+    with urllib.request.urlopen(request, timeout=timeout) as response, open(dest, "wb") as out:
+      length = response.headers.get("Content-Length")
+      while chunk := response.read(_CHUNK):
+        out.write(chunk)
+        digest.update(chunk)
+        size += len(chunk)
+        if remote.size is not None and size > remote.size:
+          raise UserError(f"{url}: more than the pinned {remote.size} bytes; not the pinned file")
+  except urllib.error.HTTPError as e:
+    raise UserError(f"{url}: HTTP {e.code} {e.reason}") from None
+  except (urllib.error.URLError, http.client.HTTPException, OSError) as e:
+    reason = getattr(e, "reason", None) or e.__class__.__name__
+    raise UserError(f"{url}: download failed ({reason})") from None
+  if length is not None and length.isdigit() and size != int(length):
+    raise UserError(f"{url}: connection closed after {size} of {length} bytes (interrupted download)")
+  if remote.size is not None and size != remote.size:
+    raise UserError(f"{url}: {size} bytes, expected the pinned {remote.size}")
+  if digest.hexdigest() != sha256:
+    raise UserError(f"{url}: SHA-256 {digest.hexdigest()} does not match the pinned {sha256}")
+
+
+def _pyarrow():
+  """(pyarrow, pyarrow.parquet); installed with tensorflow-datasets, imported only here."""
+  try:
+    import pyarrow  # pylint: disable=g-import-not-at-top
+    import pyarrow.parquet  # pylint: disable=g-import-not-at-top
+  except ImportError:
+    raise UserError("reading parquet needs pyarrow: pip install pyarrow") from None
+  return pyarrow, pyarrow.parquet
+
+
+def _parquet_rows(paths: list[pathlib.Path]) -> Iterator[str]:
+  _, pq = _pyarrow()
+  for path in paths:
+    for batch in pq.ParquetFile(path).iter_batches(batch_size=8192, columns=["text"]):
+      yield from batch.column(0).to_pylist()
+
+
+def _check_parquet(source: TextSource, split: str, paths: list[pathlib.Path]) -> None:
+  """Each file must be parquet with a string column `text`; the split's row count must match."""
+  pa, pq = _pyarrow()
+  rows = 0
+  for path in paths:
+    try:
+      meta = pq.ParquetFile(path)
+    except (pa.ArrowException, OSError) as e:
+      raise UserError(f"{path.name}: not a readable parquet file ({e})") from None
+    field = meta.schema_arrow.get_field_index("text")
+    if field < 0 or not pa.types.is_string(meta.schema_arrow.field(field).type):
+      raise UserError(f"{path.name}: no string column 'text' (columns: {', '.join(meta.schema_arrow.names)})")
+    rows += meta.metadata.num_rows
+  expected = source.rows.get(split)
+  if expected is not None and rows != expected:
+    raise UserError(f"{source.name} {split}: {rows} rows in the parquet files, expected {expected}")
+
+
+def _write_documents(documents: Iterable[str], path: pathlib.Path) -> int:
+  count = 0
+  with open(path, "w", encoding="utf-8") as out:
+    for count, doc in enumerate(documents, start=1):
+      if count > 1:
+        out.write("\n")
+      out.write(doc + "\n")
+  return count
+
+
+def _hashes(source: TextSource, overrides: dict[str, str]) -> dict[str, str]:
+  """Remote path -> SHA-256 to check: the pinned values, plus --sha256 for the files that have none."""
+  by_name = {pathlib.PurePosixPath(f.path).name: f for files in source.files.values() for f in files}
+  by_path = {f.path: f for f in by_name.values()}
+  hashes = {}
+  for key, value in overrides.items():
+    remote = by_path.get(key) or by_name.get(key)
+    if remote is None:
+      raise UserError(f"--sha256={key}=...: {source.name} has no file {key} (files: {', '.join(by_name)})")
+    if not _HEX64.match(value.lower()):
+      raise UserError(f"--sha256={key}={value}: not a SHA-256 (64 hex digits)")
+    if remote.sha256 is not None and remote.sha256 != value.lower():
+      raise UserError(f"--sha256={key}: differs from the pinned {remote.sha256}; the pinned value stands")
+    hashes[remote.path] = value.lower()
+  for remote in by_path.values():
+    if remote.sha256 is not None:
+      hashes[remote.path] = remote.sha256
+    elif remote.path not in hashes:
+      name = pathlib.PurePosixPath(remote.path).name
+      raise UserError(
+        f"{source.name}: no verified SHA-256 for {remote.path} at revision {source.revision[:12]}, so nothing "
+        f"is downloaded; read it under 'Git LFS Details' at {source.page(remote)} and pass --sha256={name}=HEX"
+      )
+  return hashes
+
+
+def download_text(
+  corpus: str,
+  data_dir,
+  *,
+  base_url: str = HF_DATASETS_URL,
+  force: bool = False,
+  sha256: dict[str, str] | None = None,
+  timeout: float = 60.0,
+  sources: dict[str, TextSource] | None = None,
+  log=print,
+) -> pathlib.Path:
+  """Builds data_dir/text/<corpus>/ from its pinned, verified source files; returns the folder.
+
+  An existing corpus (train.txt and valid.txt present) is kept unless `force`. `sha256` maps a file
+  name (or repository path) to its SHA-256 for files that have no pinned value.
+  """
+  sources = CORPORA if sources is None else sources
+  name = canonical_name(corpus)
+  source = sources.get(name)
+  if source is None:
+    raise UserError(
+      f"unknown corpus {corpus!r}: downloadable are {', '.join(sorted(sources))}; any other corpus is a folder "
+      f"DATA_DIR/text/<name>/ with train.txt and valid.txt (documents separated by a blank line)"
+    )
+  hashes = _hashes(source, sha256 or {})  # before any network or file-system work
+  root = pathlib.Path(data_dir) / "text"
+  target = root / name
+  if target.exists() and not force:
+    if all((target / f"{s}.txt").is_file() for s in SPLITS):
+      log(f"{target} exists; kept (use --force to replace it)")
+      return target
+    raise UserError(f"{target} exists but lacks train.txt or valid.txt; --force replaces it")
+  root.mkdir(parents=True, exist_ok=True)
+  for stale in root.glob(f".{name}.*.partial"):  # left by a killed earlier run
+    shutil.rmtree(stale, ignore_errors=True)
+  staging = pathlib.Path(tempfile.mkdtemp(dir=root, prefix=f".{name}.", suffix=".partial"))
+  try:
+    corpus_dir = staging / name
+    corpus_dir.mkdir()
+    record = {"corpus": name, "repository": source.repo, "revision": source.revision, "files": [], "documents": {}}
+    for split in SPLITS:
+      paths = []
+      for remote in source.files[split]:
+        url = source.url(base_url, remote)
+        log(f"{url}: downloading ({'?' if remote.size is None else f'{remote.size / 1e6:.1f} MB'})")
+        path = staging / pathlib.PurePosixPath(remote.path).name
+        _fetch_verified(url, path, remote, hashes[remote.path], timeout)
+        paths.append(path)
+        record["files"].append({"url": url, "bytes": path.stat().st_size, "sha256": hashes[remote.path]})
+      _check_parquet(source, split, paths)
+      count = _write_documents(wikitext_documents(_parquet_rows(paths)), corpus_dir / f"{split}.txt")
+      if count == 0:
+        raise UserError(f"{source.name} {split}: no documents in the downloaded files")
+      record["documents"][split] = count
+      log(f"{target / f'{split}.txt'}: {count} documents")
+    record["conversion"] = "one document per article (from a ' = Title = ' heading to the next), lines stripped"
+    (corpus_dir / "SOURCE.json").write_text(json.dumps(record, indent=2) + "\n", encoding="utf-8")
+    if target.exists():  # --force: swap, so that the old corpus stays whole until the new one is in place
+      old = staging / ".replaced"
+      os.replace(target, old)
+    os.replace(corpus_dir, target)
+  finally:
+    shutil.rmtree(staging, ignore_errors=True)
+  return target
+
+
+def main_download_text(args: list[str], data_dir) -> pathlib.Path:
+  """CLI entry: `headspec data download text <corpus> [--force] [--sha256 FILE=HEX] [--base-url URL]`."""
+  from headspec.data.download import _ArgumentParser  # pylint: disable=g-import-not-at-top
+
+  parser = _ArgumentParser(
+    prog="headspec data download text", description="Fetch a public LM corpus into DATA_DIR/text/<corpus>/."
+  )
+  parser.add_argument("corpus", help=f"one of {', '.join(sorted(CORPORA))}")
+  parser.add_argument("--sha256", action="append", default=[], metavar="FILE=HEX", help="for unpinned files")
+  parser.add_argument("--base-url", default=HF_DATASETS_URL)
+  parser.add_argument("--force", action="store_true", help="replace an existing corpus folder")
+  options = parser.parse_args(args)
+  overrides = {}
+  for item in options.sha256:
+    key, sep, value = item.partition("=")
+    if not sep:
+      raise UserError(f"--sha256={item}: use --sha256=FILE=HEX")
+    overrides[key.strip()] = value.strip()
+  return download_text(
+    options.corpus,
+    data_dir,
+    base_url=options.base_url,
+    force=options.force,
+    sha256=overrides,
+    log=lambda line: print(line, file=sys.stderr),
+  )

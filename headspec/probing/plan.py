@@ -1,0 +1,38 @@
+"""What a probe study will do, checked before any work: its config, its (model, step)s, its feature groups."""
+
+from __future__ import annotations
+
+from headspec import targets
+from headspec.errors import UserError
+from headspec.probing import features
+from headspec.probing import tasks as tasks_lib
+
+
+def check_config(config) -> None:
+  """Every `probe.*` value a study reads (tasks, pooling, cache dtype, sizes); UserError on the first bad one."""
+  p = config.probe
+  tasks_lib.from_config(config)
+  features.check_options(p.pooling, p.cache_dtype)
+  if (
+    p.max_train_words < 0
+    or min(p.batch_tokens, p.bootstrap_resamples, p.arc_max_train_words, p.arc_epochs) < 1
+    or not len(p.l2_grid)
+  ):
+    raise UserError(
+      "probe.max_train_words must be >= 0; probe.batch_tokens, bootstrap_resamples, arc_max_train_words "
+      "and arc_epochs >= 1; probe.l2_grid non-empty"
+    )
+
+
+def plan_jobs(config, workdir) -> list[targets.Target]:
+  """The (model, step)s to probe, checked (steps exist, pretrained name valid) before any work."""
+  p = config.probe
+  return targets.plan(config, workdir, steps=p.steps, model_name=p.model_name, random_baseline=p.random_baseline)
+
+
+def feature_sources(cfg):
+  """(layer, heads, reader(features) -> x_NGK) for every layer's heads (G = H groups of K), then every
+  residual stream (G = 1 group of D; layer -1 is the embeddings): the rows of results.csv."""
+  sources = [(l, list(range(cfg.num_heads)), lambda f, l=l: f.z(l)) for l in range(cfg.num_layers)]
+  sources += [(l, [-1], lambda f, l=l: f.residual(l)[:, None, :]) for l in range(-1, cfg.num_layers)]
+  return sources

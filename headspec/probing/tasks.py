@@ -1,0 +1,195 @@
+"""Probe tasks: what a probe predicts for each word, its control task, its baseline, its fitter and scorer.
+
+Every task is ONE entry of `REGISTRY` (docs/probing.md, "Adding a probe task"). A `Task` provides:
+
+  vocabulary(train_sentences, config) -> what the task learns from the train split alone (its classes
+      and their counts; for arcs the most frequent head offset), passed to the methods below;
+  labels(sentences, vocab, config) -> the gold labels of a split, in the form `score` reads;
+  control(sentences, vocab, config) -> the Hewitt & Liang (2019) control labels of a split (controls.py);
+  baseline(vocab, train_gold, gold) -> (baseline name, accuracy) for probes/baselines.csv;
+  fit(tasks, x_train_NGK, x_tune_NGK, data, config) -> {task name: fitted}: fits the probes of every
+      task in `tasks` (all share this `fit`, so tasks that can share one pass over the features, like
+      the softmax tasks, are fitted together) for the G feature groups of one layer, on data.train with
+      the L2 penalty picked on data.tune (`data` is a labels.Data);
+  score(fitted, x_NGK, split) -> (correct_NG, control_correct_NG): per word and group, whether the
+      probe and the control probe are right on `split`.
+
+The built-in tasks: 'upos', 'xpos', 'deprel' (softmax probes, probe.py; words labelled with a class
+never seen in train count as wrong, never predicted) and 'arc' (bilinear head-selection probe, arc.py).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Sequence
+
+import numpy as np
+
+from headspec.errors import UserError
+from headspec.probing import controls, stats
+
+
+def _flat_words(sentences) -> list[str]:
+  return [w for s in sentences for w in s.words]
+
+
+@dataclasses.dataclass(frozen=True)
+class Vocabulary:
+  """A label task's classes (sorted) and their counts on train: label id c is classes[c]."""
+
+  classes: list[str]
+  counts_C: np.ndarray
+
+
+def fit_softmax(tasks, x_train_NGK, x_tune_NGK, data, config) -> dict:
+  """One `probe.fit_softmax_probes` for every softmax task and its control (labels unseen in train
+  are ignored on tune); every task maps to the same FittedProbes, read by the task's name."""
+  from headspec.probing import probe
+
+  train, tune = data.train, data.tune
+  specs = []
+  for task in tasks:
+    c = len(data.vocab[task.name].classes)
+    tune_y = tune.labels[task.name]
+    specs.append(probe.ProbeSpec(task.name, c, train.labels[task.name], np.where(tune_y < c, tune_y, -1)))
+    specs.append(probe.ProbeSpec(f"{task.name}/control", c, train.controls[task.name], tune.controls[task.name]))
+  p = config.probe
+  fitted = probe.fit_softmax_probes(
+    x_train_NGK, x_tune_NGK, specs, l2_grid=tuple(p.l2_grid), seed=config.seed, refine_samples=p.refine_samples
+  )
+  return {task.name: fitted for task in tasks}
+
+
+@dataclasses.dataclass(frozen=True)
+class LabelTask:
+  """A word-labelling task: `read(sentence, config)` gives each word's label (a string)."""
+
+  name: str
+  read: Callable
+  fit = staticmethod(fit_softmax)
+
+  def vocabulary(self, train_sentences, config) -> Vocabulary:
+    values = [v for s in train_sentences for v in self.read(s, config)]
+    classes = sorted(set(values))
+    index = {c: i for i, c in enumerate(classes)}
+    return Vocabulary(classes, np.bincount([index[v] for v in values], minlength=len(classes)))
+
+  def labels(self, sentences, vocab: Vocabulary, config) -> np.ndarray:
+    """label ids, int32 [N]; a label unseen in train gets id C (never predicted, so always wrong)."""
+    index = {c: i for i, c in enumerate(vocab.classes)}
+    return np.array([index.get(v, len(index)) for s in sentences for v in self.read(s, config)], np.int32)
+
+  def control(self, sentences, vocab: Vocabulary, config) -> np.ndarray:
+    return controls.control_labels_N(_flat_words(sentences), vocab.counts_C, config.seed)
+
+  def baseline(self, vocab, train_gold, gold) -> tuple[str, float]:
+    return "majority", stats.majority_baseline(train_gold, gold)
+
+  def score(self, fitted, x_NGK, split) -> tuple[np.ndarray, np.ndarray]:
+    from headspec.probing import probe
+
+    correct = probe.predict(fitted, x_NGK, self.name) == split.labels[self.name][:, None]
+    control = probe.predict(fitted, x_NGK, f"{self.name}/control") == split.controls[self.name][:, None]
+    return correct, control
+
+
+def _deprels(sentence, config) -> tuple[str, ...]:
+  if config.probe.deprel_subtypes:
+    return sentence.deprels
+  return tuple(d.split(":")[0] for d in sentence.deprels)
+
+
+def _offset_heads(lengths, offset: int) -> list[np.ndarray]:
+  """Head of word i = i + offset (1-based), or ROOT (0) when that falls outside the sentence."""
+  out = []
+  for n in lengths:
+    i = np.arange(1, n + 1)
+    out.append(np.where((i + offset >= 1) & (i + offset <= n), i + offset, 0))
+  return out
+
+
+def fit_arc(tasks, x_train_NGK, x_tune_NGK, data, config) -> dict:
+  """The bilinear arc probe and its control, trained on about `probe.arc_max_train_words` words of
+  train sentences that fit one packed row (arc.PACK_WIDTH words); L2 from arc.DEFAULT_ARC_L2_GRID."""
+  from headspec.probing import arc
+
+  p, train, tune = config.probe, data.train, data.tune
+  lengths_U = np.array([len(w) for w in train.words])
+  chosen_U = stats.subsample(lengths_U, p.arc_max_train_words, config.seed, max_length=arc.PACK_WIDTH)
+  chosen_N = np.isin(train.sentence_N, chosen_U)
+  out = {}
+  for task in tasks:
+    out[task.name] = tuple(
+      arc.fit_arc_probes(
+        x_train_NGK[chosen_N],
+        [heads[u] for u in chosen_U],
+        x_tune_NGK,
+        tune_heads,
+        l2_grid=arc.DEFAULT_ARC_L2_GRID,
+        seed=config.seed,
+        epochs=p.arc_epochs,
+      )
+      for heads, tune_heads in (
+        (train.labels[task.name], tune.labels[task.name]),
+        (train.controls[task.name], tune.controls[task.name]),
+      )
+    )
+  return out
+
+
+@dataclasses.dataclass(frozen=True)
+class ArcTask:
+  """Unlabelled dependency arcs: each word's head (1-based, 0 = ROOT), one int32 array per sentence."""
+
+  name: str = "arc"
+  fit = staticmethod(fit_arc)
+
+  def vocabulary(self, train_sentences, config) -> int:
+    """The most frequent non-zero head offset (head − word) on train: the offset baseline's offset."""
+    offsets = np.concatenate(
+      [np.where(h > 0, h - np.arange(1, len(h) + 1), 0) for h in self.labels(train_sentences, None, config)]
+    )
+    values, freq = np.unique(offsets[offsets != 0], return_counts=True)
+    return int(values[np.argmax(freq)])
+
+  def labels(self, sentences, vocab, config) -> list[np.ndarray]:
+    return [np.asarray(s.heads, np.int32) for s in sentences]
+
+  def control(self, sentences, vocab, config) -> list[np.ndarray]:
+    return controls.control_heads([s.words for s in sentences], config.seed)
+
+  def baseline(self, offset: int, train_gold, gold) -> tuple[str, float]:
+    predicted = _offset_heads([len(h) for h in gold], offset)
+    return f"offset{offset:+d}", float(np.concatenate([p == h for p, h in zip(predicted, gold)]).mean())
+
+  def score(self, fitted, x_NGK, split) -> tuple[np.ndarray, np.ndarray]:
+    from headspec.probing import arc
+
+    lengths = [len(w) for w in split.words]
+    gold, control = split.labels[self.name], split.controls[self.name]
+    return tuple(
+      arc.predict_heads(f, x_NGK, lengths) == np.concatenate(heads)[:, None]
+      for f, heads in zip(fitted, (gold, control))
+    )
+
+
+REGISTRY: dict = {
+  t.name: t
+  for t in (
+    LabelTask("upos", lambda sentence, config: sentence.upos),
+    LabelTask("xpos", lambda sentence, config: sentence.xpos),
+    LabelTask("deprel", _deprels),
+    ArcTask(),
+  )
+}
+"""Every probe task by name; `probe.tasks` in a config picks among them (probing/defaults.py)."""
+
+
+def from_config(config) -> list:
+  """The tasks named by `config.probe.tasks` (a sequence, or comma-separated text), in that order."""
+  value = config.probe.tasks
+  names: Sequence[str] = tuple(t for t in value.split(",") if t) if isinstance(value, str) else tuple(value)
+  unknown = [t for t in names if t not in REGISTRY]
+  if unknown or not names:
+    raise UserError(f"probe.tasks: unknown task(s) {unknown or names!r}; choose from {', '.join(REGISTRY)}")
+  return [REGISTRY[t] for t in names]
