@@ -38,7 +38,19 @@ setup(
     # needs only these (etils[epath] is headspec.tables' path layer).
     "analysis": ["pandas", "matplotlib", "etils[epath]"],
     # selenium: the atlas browser test (it also needs `apt-get install chromium chromium-driver`).
-    "test": ["pytest", "pytest-xdist", "ruff", "scikit-learn", "transformers>=4.45", "torch==2.13.0", "selenium"],
+    # nbclient, ipykernel, nbformat: tests/test_notebooks.py re-executes docs/notebooks on a Jupyter kernel.
+    "test": [
+      "pytest",
+      "pytest-xdist",
+      "ruff",
+      "scikit-learn",
+      "transformers>=4.45",
+      "torch==2.13.0",
+      "selenium",
+      "nbclient",
+      "ipykernel",
+      "nbformat",
+    ],
   },
   entry_points={"console_scripts": ["headspec=headspec.cli:run"]},
 )

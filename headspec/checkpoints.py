@@ -6,18 +6,20 @@ specialization over training), through orbax's preservation policies.
 
 from __future__ import annotations
 
-import pathlib
 from collections.abc import Sequence
 
 import jax
 import orbax.checkpoint as ocp
+from etils import epath
 from orbax.checkpoint import checkpoint_managers
 
+from headspec import remote
 from headspec.errors import UserError
 
 
-def checkpoint_dir(workdir) -> pathlib.Path:
-  return pathlib.Path(workdir).resolve() / "checkpoints"
+def checkpoint_dir(workdir) -> epath.Path:
+  """WORKDIR/checkpoints; gs:// and other remote workdirs stay URLs (orbax writes them natively)."""
+  return remote.run_path(workdir) / "checkpoints"
 
 
 def manager(

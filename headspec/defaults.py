@@ -34,6 +34,7 @@ def train_config() -> ml_collections.ConfigDict:
   c.model.d_model = 256
   c.model.d_head = 32  # may differ from d_model / num_heads
   c.model.d_ff = 1024
+  c.model.mlp = True  # False: attention-only decoder/encoder (no MLP sublayers; d_ff is then ignored)
   c.model.dropout = 0.1
   c.model.attention_dropout = 0.1
   c.model.pre_layernorm = True

@@ -66,6 +66,7 @@ class ModelConfig:
   type_vocab_size: int = 0  # BERT token types; 0 for none
   embedding_layernorm: bool = False  # BERT normalises the summed embeddings
   dtype: str = "float32"  # compute dtype; parameters stay float32
+  mlp: bool = True  # False: attention-only blocks (Elhage et al. 2021), no MLP sublayer, d_ff ignored
 
   def __post_init__(self):
     checks = [
@@ -181,13 +182,18 @@ def _layernorm(cfg: ModelConfig, rngs: nnx.Rngs) -> nnx.LayerNorm:
 
 
 class Block(nnx.Module):
-  """Attention and MLP sublayers with residuals; pre-LN (GPT-2) or post-LN (BERT) by config."""
+  """Attention and MLP sublayers with residuals; pre-LN (GPT-2) or post-LN (BERT) by config; without the
+  MLP sublayer when `ModelConfig.mlp` is False (attention-only)."""
 
   def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs):
+    # Created in this order so that a seed draws the same weights as before the attention-only option.
     self.attention = Attention(cfg, rngs=rngs)
-    self.mlp = MLP(cfg, rngs=rngs)
+    self.has_mlp = cfg.mlp
+    if cfg.mlp:  # an attention-only model has no MLP sublayer and no LayerNorm before it
+      self.mlp = MLP(cfg, rngs=rngs)
     self.ln_attention = _layernorm(cfg, rngs)
-    self.ln_mlp = _layernorm(cfg, rngs)
+    if cfg.mlp:
+      self.ln_mlp = _layernorm(cfg, rngs)
     self.dropout = nnx.Dropout(cfg.dropout)
     self.pre_layernorm = cfg.pre_layernorm
 
@@ -197,9 +203,13 @@ class Block(nnx.Module):
     if self.pre_layernorm:
       attn_BTD, captured = attend(self.ln_attention(x_BTD))
       x_BTD = x_BTD + drop(attn_BTD)
+      if not self.has_mlp:
+        return x_BTD, captured
       return x_BTD + drop(self.mlp(self.ln_mlp(x_BTD))), captured
     attn_BTD, captured = attend(x_BTD)
     x_BTD = self.ln_attention(x_BTD + drop(attn_BTD))
+    if not self.has_mlp:
+      return x_BTD, captured
     return self.ln_mlp(x_BTD + drop(self.mlp(x_BTD))), captured
 
 

@@ -9,6 +9,8 @@ Both paths run the same step function (headspec/train.py); only how arrays are l
 
 from __future__ import annotations
 
+import os
+
 import jax
 import numpy as np
 from absl import logging
@@ -21,16 +23,51 @@ PARALLELISMS = ("jit", "pmap")
 
 
 def initialize_distributed(multihost: bool) -> None:
-  """Starts `jax.distributed` on multi-host runs (TPU pods, SLURM); a no-op on one host.
+  """Starts `jax.distributed` on multi-process runs (TPU pods, SLURM, several GPU hosts); a no-op otherwise.
 
-  On Cloud TPU and SLURM, `jax.distributed.initialize()` finds the coordinator by itself; elsewhere set
-  JAX_COORDINATOR_ADDRESS, JAX_NUM_PROCESSES and JAX_PROCESS_ID (launch/ has examples).
+  On Cloud TPU and under SLURM (`srun`), `jax.distributed.initialize()` finds the coordinator, the
+  process count and this process's id by itself. Elsewhere set JAX_COORDINATOR_ADDRESS (host:port of
+  process 0), JAX_NUM_PROCESSES and JAX_PROCESS_ID (headspec/launch.py does). CPU processes exchange
+  gradients over gloo (TCP), so the same code runs as several processes on one machine (the tests).
+  Idempotent: a second call in the same process does nothing.
   """
-  if multihost:
-    jax.distributed.initialize()
-    logging.info(
-      "process %d of %d, %d local devices", jax.process_index(), jax.process_count(), jax.local_device_count()
-    )
+  if not multihost or jax.distributed.is_initialized():
+    return
+  if jax.config.jax_cpu_collectives_implementation is None:  # only the CPU backend reads it
+    jax.config.update("jax_cpu_collectives_implementation", "gloo")
+  kwargs = {}
+  for key, env in (("num_processes", "JAX_NUM_PROCESSES"), ("process_id", "JAX_PROCESS_ID")):
+    if os.environ.get(env):
+      try:
+        kwargs[key] = int(os.environ[env])
+      except ValueError:
+        raise UserError(f"{env}={os.environ[env]!r}: must be an integer") from None
+  try:
+    jax.distributed.initialize(**kwargs)
+  except (ValueError, RuntimeError) as e:
+    raise UserError(
+      f"config.multihost=True, but jax.distributed could not start ({str(e).splitlines()[0]}); on neither "
+      "Cloud TPU nor SLURM, set JAX_COORDINATOR_ADDRESS, JAX_NUM_PROCESSES and JAX_PROCESS_ID"
+    ) from None
+  logging.info("process %d of %d, %d local devices", jax.process_index(), jax.process_count(), jax.local_device_count())
+
+
+def is_lead() -> bool:
+  """Whether this process writes the run's single-writer files (config.json, metrics, tokenizer)."""
+  return jax.process_index() == 0
+
+
+def any_process(flag: bool) -> bool:
+  """True on every process when `flag` is True on any (one small all-gather); `flag` itself on one process.
+
+  Multi-process runs stop on a SIGTERM only when all processes agree at the same step, so they all
+  save the same checkpoint and no process waits forever in a collective the others have left.
+  """
+  if jax.process_count() == 1:
+    return flag
+  from jax.experimental import multihost_utils
+
+  return bool(np.any(multihost_utils.process_allgather(np.array(flag, np.int32))))
 
 
 def check_batch_size(global_batch_size: int, parallelism: str) -> int:

@@ -3,13 +3,12 @@
 from __future__ import annotations
 
 import json
-import pathlib
 
 import jax
 import ml_collections
 from flax import nnx
 
-from headspec import checkpoints
+from headspec import checkpoints, remote
 from headspec.data.tokenizer import Tokenizer, load_tokenizer
 from headspec.errors import UserError
 from headspec.model import ModelConfig, Transformer
@@ -46,12 +45,16 @@ def model_config(model: ml_collections.ConfigDict, vocab_size: int, max_len: int
     tie_embeddings=model.tie_embeddings,
     activation=model.activation,
     dtype=model.dtype,
+    mlp=model.get("mlp", True),  # run configs written before the option have MLPs
   )
 
 
-def write_config(workdir, config: ml_collections.ConfigDict) -> None:
-  """Writes WORKDIR/config.json, refusing a workdir whose checkpoints belong to a different model shape."""
-  workdir = pathlib.Path(workdir)
+def write_config(workdir, config: ml_collections.ConfigDict, *, is_lead: bool = True) -> None:
+  """Writes WORKDIR/config.json, refusing a workdir whose checkpoints belong to a different model shape.
+
+  Every process checks; only the lead process (`is_lead`) writes, so processes of one run never race.
+  """
+  workdir = remote.run_path(workdir)
   path = workdir / "config.json"
   if path.is_file() and checkpoints.saved_steps(workdir):
     old = json.loads(path.read_text())["model"]
@@ -61,14 +64,13 @@ def write_config(workdir, config: ml_collections.ConfigDict) -> None:
           f"{workdir} holds checkpoints of a different model: model.{key} is {old.get(key)!r} there, "
           f"{config.model[key]!r} in this config (use a new --workdir)"
         )
-  workdir.mkdir(parents=True, exist_ok=True)
-  tmp = path.with_suffix(".json.tmp")
-  tmp.write_text(config.to_json_best_effort(indent=1, sort_keys=True) + "\n")
-  tmp.replace(path)
+  if is_lead:
+    workdir.mkdir(parents=True, exist_ok=True)
+    remote.write_bytes_atomic(path, (config.to_json_best_effort(indent=1, sort_keys=True) + "\n").encode())
 
 
 def read_config(workdir) -> ml_collections.ConfigDict:
-  path = pathlib.Path(workdir) / "config.json"
+  path = remote.run_path(workdir) / "config.json"
   if not path.is_file():
     raise UserError(f"{path}: not a headspec run directory (no config.json); train one first")
   return ml_collections.ConfigDict(json.loads(path.read_text()))
@@ -77,7 +79,7 @@ def read_config(workdir) -> ml_collections.ConfigDict:
 def load_run_model(workdir, step: int) -> tuple[Transformer, Tokenizer]:
   """The model of a `headspec train` workdir with the parameters saved at `step`, and its tokenizer."""
   config = read_config(workdir)
-  tokenizer = load_tokenizer(pathlib.Path(workdir) / "tokenizer")
+  tokenizer = load_tokenizer(remote.run_path(workdir) / "tokenizer")
   cfg = model_config(config.model, tokenizer.vocab_size, config.train.seq_len)
   abstract = nnx.eval_shape(lambda: Transformer(cfg, rngs=nnx.Rngs(0)))
   graphdef, abstract_params = nnx.split(abstract)
@@ -89,7 +91,7 @@ def resolve_steps(workdir, steps: str) -> list[int]:
   """'all' | 'last' | a comma-separated list of steps -> saved steps, each checked to exist."""
   saved = checkpoints.saved_steps(workdir)
   if not saved:
-    raise UserError(f"{pathlib.Path(workdir) / 'checkpoints'}: no checkpoint (run `headspec train` first)")
+    raise UserError(f"{checkpoints.checkpoint_dir(workdir)}: no checkpoint (run `headspec train` first)")
   if steps == "all":
     return saved
   if steps == "last":

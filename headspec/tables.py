@@ -54,6 +54,14 @@ PROBES = _table(
   ints="step,layer,head,n",
   floats="accuracy,ci_low,ci_high,control_accuracy,selectivity",
 )
+PROBE_SELECTIVITY = _table(
+  "probes/selectivity.csv",
+  "model,step,task,layer,head,split,selectivity,selectivity_ci_low,selectivity_ci_high,"
+  "dev_rank,delta_next,delta_next_ci_low,delta_next_ci_high,n",
+  "model,step",
+  ints="step,layer,head,dev_rank,n",
+  floats="selectivity,selectivity_ci_low,selectivity_ci_high,delta_next,delta_next_ci_low,delta_next_ci_high",
+)
 PROBE_BASELINES = _table("probes/baselines.csv", "task,split,baseline,accuracy,n", "task,split", "n", "accuracy")
 MDL = _table(
   "probes/mdl.csv",
@@ -140,6 +148,7 @@ TABLES: dict[str, Table] = {
   for t in (
     PROBES,
     PROBE_BASELINES,
+    PROBE_SELECTIVITY,
     MDL,
     DIVERSITY,
     ABLATION_HEADS,

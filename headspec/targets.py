@@ -79,19 +79,24 @@ def run_targets(workdir, steps, *, name: str = "") -> list[Target]:
   workdir = epath.Path(workdir)
   run_config = runs.read_config(workdir)  # "not a run directory" before "no checkpoints"
   resolved = runs.resolve_steps(workdir, steps_text(steps))
-  name = name or epath.Path(os.path.abspath(workdir)).name
+  name = name or _absolute(workdir).name
   targets = []
   for step in resolved:
     ckpt = checkpoints.checkpoint_dir(workdir) / str(step)
     identity = {
-      "run": os.path.abspath(workdir),
+      "run": os.fspath(_absolute(workdir)),
       "step": step,
       "model": run_config.model.to_dict(),
-      "checkpoint_mtime_ns": ckpt.stat().st_mtime_ns if ckpt.exists() else 0,
+      "checkpoint_mtime": epath.Path(ckpt).stat().mtime if epath.Path(ckpt).exists() else 0,
     }
     load = functools.partial(runs.load_run_model, workdir, step)
     targets.append(Target(name, step, identity, load, lm_head=True, kind=run_config.model.kind))
   return targets
+
+
+def _absolute(path) -> epath.Path:
+  """A local path made absolute; a URL (gs://...) as it is."""
+  return epath.Path(path) if "://" in os.fspath(path) else epath.Path(os.path.abspath(path))
 
 
 def random_target(like: Target, seed: int) -> Target:

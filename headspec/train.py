@@ -13,7 +13,6 @@ from __future__ import annotations
 import dataclasses
 import functools
 import math
-import pathlib
 import signal
 import time
 
@@ -24,10 +23,11 @@ import ml_collections
 import numpy as np
 import optax
 from absl import logging
+from etils import epath
 from flax import nnx
 from jax.experimental import multihost_utils
 
-from headspec import checkpoints, parallel, regularizers, runs, targets
+from headspec import checkpoints, parallel, regularizers, remote, runs, targets
 from headspec.data import lm_pipeline, text_tfds
 from headspec.data import tokenizer as tokenizer_lib
 from headspec.diversity import metrics as diversity
@@ -196,7 +196,7 @@ def objective(config: ml_collections.ConfigDict, tokenizer) -> Objective:
   )
 
 
-def prepare_data(config: ml_collections.ConfigDict, workdir: pathlib.Path):
+def prepare_data(config: ml_collections.ConfigDict, workdir: epath.Path):
   """Tokenizer (trained once, kept in WORKDIR/tokenizer) and the packed train/valid token rows.
 
   Multi-host: process 0 trains the tokenizer and writes the token caches into the shared workdir first;
@@ -252,9 +252,9 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir, *, devices=No
 
   devices: the devices to train on (default: all); tests pass one device to compare layouts.
   """
-  workdir = pathlib.Path(workdir).resolve()
+  workdir = remote.run_path(workdir)  # local: absolute; gs://...: stays a URL
   parallel.initialize_distributed(config.multihost)
-  runs.write_config(workdir, config)
+  runs.write_config(workdir, config, is_lead=parallel.is_lead())
   local_batch = parallel.check_batch_size(config.train.batch_size, config.parallelism)
   devices = list(devices or jax.devices())
   tokenizer, train_NT, valid_NT = prepare_data(config, workdir)
@@ -307,7 +307,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir, *, devices=No
 
   evaluate = _evaluator(config, graphdef, obj, valid_NT, eval_key)
   div_probe = _diversity_tracker(config, cfg, graphdef, valid_NT)
-  writer = MetricsWriter(workdir, is_lead=jax.process_index() == 0)
+  writer = MetricsWriter(workdir, is_lead=parallel.is_lead())
   preemption = _Preemption()
   schedule = learning_rate_schedule(config.train)
   step = int(state.step)
@@ -316,8 +316,9 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir, *, devices=No
   last = {}
   tokens_per_step = config.train.batch_size * config.train.seq_len
   t0, steps_timed = time.perf_counter(), 0
+  stop = False
   try:
-    while step < config.train.steps and not preemption.requested:
+    while step < config.train.steps and not stop:
       batch = next_batch()
       if pmap:
         new_state, metrics = p_step(run_state, batch, base_key)
@@ -353,8 +354,10 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir, *, devices=No
         writer.write({"step": step, **div_probe(host_state().params)})
       if step % config.train.checkpoint_every == 0 or step == config.train.steps or step in config.train.keep_steps:
         _save(mngr, step, host_state(), data_iter)
-    if preemption.requested:
+      stop = parallel.any_process(preemption.requested)  # every process stops after the same step
+    if stop:
       _save(mngr, step, host_state(), data_iter)
+      print(f"preempted: saved step {step} in {mngr.directory}; the same command resumes from it", flush=True)
   finally:
     preemption.restore()
     mngr.wait_until_finished()

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
-# Train on this machine (CPU, or every local GPU/TPU chip: data-parallel over all local devices).
-#   launch/local.sh configs/base_decoder.py runs/decoder [--config.key=value ...]
-set -euo pipefail
-config=${1:?config file}; workdir=${2:?workdir}; shift 2
-: "${HEADSPEC_DATA_DIR:?set HEADSPEC_DATA_DIR to the folder holding text/ and ud/}"
-exec headspec train --config="$config" --workdir="$workdir" "$@"
+# Any headspec command, a study or a sweep on this machine (thin wrapper over headspec/launch.py).
+#   launch/local.sh -- train --config=configs/base_decoder.py --workdir=runs/decoder
+#   launch/local.sh --study --config=configs/quickstart.py --workdir=runs/study
+#   launch/local.sh --processes=2 -- train ...          # two jax.distributed processes on this machine
+# Add --dry-run to print the commands and start nothing.
+exec python -m headspec.launch local "$@"

@@ -104,3 +104,20 @@ def test_rejects_heads_beyond_sentence_and_mismatched_features():
     arc.fit_arc_probes(x, bad, x, h, epochs=1)
   with pytest.raises(UserError, match="one row per word"):
     arc.fit_arc_probes(x[:-1], h, x, h, epochs=1)
+
+
+def test_fixed_rank_early_stopping_train_uas_and_ignored_words():
+  """Rank is fixed (capped at K) for every group; the dev-loss early stopping keeps an epoch and reports
+  train UAS beside dev; heads of -1 are neither trained on nor scored."""
+  rng = np.random.default_rng(5)
+  lengths = rng.integers(3, 12, 120)
+  heads = [np.where(rng.random(n) < 0.2, -1, rng.integers(0, n + 1, n)) for n in lengths]
+  x = rng.standard_normal((int(lengths.sum()), 2, 40)).astype(np.float32)
+  split = int(lengths[:100].sum())
+  fitted = arc.fit_arc_probes(x[:split], heads[:100], x[split:], heads[100:], epochs=3, l2_grid=(1e-3,))
+  assert fitted.rank == 32 and fitted.a_GKI.shape == (2, 40, 32)
+  assert fitted.train_uas_G.shape == (2,) and np.isfinite(fitted.train_uas_G).all()
+  assert 1 <= fitted.best_epoch_G.min() and fitted.best_epoch_G.max() <= fitted.epochs_run <= 3
+  gold = np.concatenate(heads[100:])
+  pred = arc.predict_heads(fitted, x[split:], lengths[100:])
+  np.testing.assert_allclose(arc.uas(pred, gold), (pred[gold >= 0] == gold[gold >= 0][:, None]).mean(0))

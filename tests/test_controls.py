@@ -47,13 +47,43 @@ def test_mapping_counts_and_bad_counts():
 
 def test_arc_control_heads():
   sents = [["A", "b", "c", "a"], ["b", "x"]]
-  heads = controls.control_heads(sents, seed=0)
-  table = controls.arc_behaviours([w for s in sents for w in s], seed=0)
+  heads = controls.control_heads(sents, seed=0, control="four_behaviours")
+  table = controls.arc_behaviours([w for s in sents for w in s], seed=0, control="four_behaviours")
   for words, h in zip(sents, heads):
     n = len(words)
     for i, w in enumerate(words):
       expected = {controls.ARC_ROOT: 0, controls.ARC_SELF: i + 1, controls.ARC_FIRST: 1, controls.ARC_LAST: n}
       assert h[i] == expected[table[w.lower()]]
-  behaviours = controls.arc_behaviours([f"w{i}" for i in range(8000)], seed=1)
+  behaviours = controls.arc_behaviours([f"w{i}" for i in range(8000)], seed=1, control="four_behaviours")
   freq = np.bincount(list(behaviours.values()), minlength=4) / 8000
   np.testing.assert_allclose(freq, 0.25, atol=0.02)
+
+
+def test_hewitt_liang_arc_control_three_behaviours_case_kept_and_ignore():
+  words = [f"w{i}" for i in range(600)] + [f"W{i}" for i in range(600)]
+  table = controls.arc_behaviours(words, seed=0, control="hewitt_liang")
+  values = np.array(list(table.values()))
+  assert set(values) == {controls.ARC_SELF, controls.ARC_FIRST, controls.ARC_LAST}  # never ROOT
+  for b in (controls.ARC_SELF, controls.ARC_FIRST, controls.ARC_LAST):
+    assert abs((values == b).mean() - 1 / 3) < 0.06
+  differs = np.mean([table[f"w{i}"] != table[f"W{i}"] for i in range(600)])
+  assert 0.55 < differs < 0.78  # 'W' and 'w' are different types (2/3 expected to differ)
+  sentences = [["The", "dog", ",", "the", "cat"], ["dog", "runs", "."]]
+  heads = controls.control_heads(sentences, 0, ignore=[[0, 0, 1, 0, 0], [0, 0, 1]])
+  assert heads[0][2] == -1 and heads[1][2] == -1
+  for sentence, h in zip(sentences, heads):
+    for i, (w, head) in enumerate(zip(sentence, h)):
+      if head >= 0:
+        assert head == {controls.ARC_SELF: i + 1, controls.ARC_FIRST: 1, controls.ARC_LAST: len(sentence)}[table_of(w)]
+
+
+def table_of(word):
+  return controls.arc_behaviours([word], 0, control="hewitt_liang")[word]
+
+
+def test_four_behaviour_arc_control_is_kept_as_an_option():
+  table = controls.arc_behaviours([f"w{i}" for i in range(400)], 0, control="four_behaviours")
+  assert controls.ARC_ROOT in set(table.values())
+  assert controls.arc_behaviours(["The"], 0, control="four_behaviours") == controls.arc_behaviours(
+    ["the"], 0, control="four_behaviours"
+  )

@@ -49,6 +49,7 @@ def numpy_reference(x, valid, causal):
       res["query_orthogonality"][l, i, j] = np.mean([cos(q[l, b, t, i], q[l, b, t, j]) ** 2 for b, t in tokens])
       res["context_nonorthogonality"][l, i, j] = np.mean([cos(z[l, b, t, i], z[l, b, t, j]) ** 2 for b, t in tokens])
       res["output_dissimilarity"][l, i, j] = -np.mean([cos(out[l, b, t, i], out[l, b, t, j]) for b, t in tokens])
+      res["output_nonorthogonality"][l, i, j] = np.mean([cos(out[l, b, t, i], out[l, b, t, j]) ** 2 for b, t in tokens])
       js = []
       for b, t in tokens:
         p, r = probs[l, b, i, t], probs[l, b, j, t]
@@ -221,3 +222,40 @@ def test_a_new_metric_is_one_registry_entry(monkeypatch):
   np.testing.assert_allclose(np.asarray(got["query_norm"]), want, rtol=1e-5)
   assert set(got) == set(diversity.METRICS) | {"query_norm"}
   assert sum(r[4] == "query_norm" for r in diversity.rows(got, step=0)) == L * H
+
+
+def test_basis_free_metrics_are_unchanged_by_an_invertible_change_of_head_basis():
+  """(W_V, W_O) is fixed only up to an invertible M per head (Z_h → Z_h M, W_O → M⁻¹ W_O) and (W_Q, W_K)
+  likewise (q → q M): attention and Z_h W_O^h stay the same. A random INVERTIBLE (not orthogonal) M must
+  leave every metric not marked basis_dependent unchanged, and change the basis-dependent ones."""
+  from headspec.diversity import metrics as m
+
+  rng = np.random.default_rng(0)
+  L, B, T, H, K, D = 1, 2, 6, 3, 4, 8
+  q = rng.standard_normal((L, B, T, H, K)).astype(np.float32)
+  z = rng.standard_normal((L, B, T, H, K)).astype(np.float32)
+  w_o = rng.standard_normal((H, K, D)).astype(np.float32)
+  logits = rng.standard_normal((L, B, H, T, T))
+  probs = (np.exp(logits) / np.exp(logits).sum(-1, keepdims=True)).astype(np.float32)
+  valid = np.ones((B, T), bool)
+  mix = rng.standard_normal((H, K, K)) + 2 * np.eye(K)  # invertible, far from orthogonal
+  mix = mix * rng.uniform(0.2, 5.0, (H, 1, K))
+  head_out = np.einsum("lbthk,hkd->lbthd", z, w_o)
+  z2 = np.einsum("lbthk,hkj->lbthj", z, mix).astype(np.float32)
+  w_o2 = np.einsum("hjk,hkd->hjd", np.linalg.inv(mix), w_o)
+  head_out2 = np.einsum("lbthk,hkd->lbthd", z2, w_o2).astype(np.float32)
+  q2 = np.einsum("lbthk,hkj->lbthj", q, mix).astype(np.float32)
+  np.testing.assert_allclose(head_out2, head_out, rtol=1e-3, atol=1e-4)
+  fields = ("q_LBTHK", "probs_LBHTS", "z_LBTHK", "head_out_LBTHD")
+  a = m.compute(dict(zip(fields, (q, probs, z, head_out.astype(np.float32)))), valid)
+  b = m.compute(dict(zip(fields, (q2, probs, z2, head_out2))), valid)
+  for name, metric in m.REGISTRY.items():
+    if metric.basis_dependent:
+      assert not np.allclose(a[name], b[name], atol=1e-3), name
+    else:
+      np.testing.assert_allclose(a[name], b[name], rtol=1e-3, atol=1e-4, err_msg=name)
+  assert {n for n, x in m.REGISTRY.items() if x.basis_dependent} == {
+    "query_orthogonality",
+    "context_nonorthogonality",
+    "linear_cka",
+  }

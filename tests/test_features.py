@@ -146,3 +146,12 @@ def test_bad_inputs(setup, tmp_path):
   with pytest.raises(UserError, match="no sentences"):
     features_lib.extract_features(model, tokenizer, [], cache_dir=tmp_path, identity={})
   assert not list(tmp_path.iterdir())
+
+
+def test_auto_pooling_is_last_for_decoders_first_for_encoders():
+  from headspec.probing import features as features_lib
+
+  assert features_lib.resolve_pooling("auto", "decoder") == "last"
+  assert features_lib.resolve_pooling("auto", "encoder") == "first"
+  assert features_lib.resolve_pooling("mean", "decoder") == "mean"
+  features_lib.check_options("auto", "float16")

@@ -84,3 +84,93 @@ def test_user_errors():
     probe.fit_softmax_probes(x, x, [probe.ProbeSpec("a", 2, np.full(10, 5), y)])
   with pytest.raises(UserError):
     probe.fit_softmax_probes(x, x[:, :1], [probe.ProbeSpec("a", 2, y, y)])
+
+
+def _toy(seed=0, n=3000, k=6, classes=4, strength=1.0):
+  rng = np.random.default_rng(seed)
+  y = rng.integers(0, classes, n).astype(np.int32)
+  x = (strength * rng.standard_normal((classes, 1, k))[y] + rng.standard_normal((n, 1, k))).astype(np.float32)
+  return x, y
+
+
+def _sklearn_objective(x_NK, y_N, l2):
+  """scikit-learn's converged penalised objective (mean CE + λ/2 ‖W‖², standardised x, bias free)."""
+  xs = StandardScaler().fit_transform(np.asarray(x_NK, np.float64))
+  ref = LogisticRegression(C=1.0 / (l2 * len(y_N)), max_iter=20000, tol=1e-12).fit(xs, y_N)
+  p = ref.predict_proba(xs)[np.arange(len(y_N)), np.searchsorted(ref.classes_, y_N)]
+  return -np.log(p).mean() + 0.5 * l2 * np.square(ref.coef_).sum()
+
+
+def test_scale_invariance_of_a_tiny_feature():
+  """Standardised logistic regression does not care about a feature's scale: multiplying an informative
+  feature by 1e-7 (it used to be floored to 'constant' and dropped) leaves dev accuracy unchanged."""
+  x, y = _toy()
+  spec = [probe.ProbeSpec("a", 4, y[:2400], y[2400:])]
+  small = x.copy()
+  small[:, 0, 0] *= 1e-7
+  small[:, 0, 1] = 1e4 + small[:, 0, 1]  # and a large offset on another one
+  fits = [probe.fit_softmax_probes(v[:2400], v[2400:], spec, refine_samples=4096, batch_size=256) for v in (x, small)]
+  assert fits[0].dev_accuracy_best["a"][0] == pytest.approx(fits[1].dev_accuracy_best["a"][0], abs=2e-3)
+  assert fits[1].std_GK[0, 0] == pytest.approx(1e-7 * fits[0].std_GK[0, 0], rel=1e-3)
+
+
+def test_bad_start_falls_back_to_the_class_prior(monkeypatch):
+  """A start worse than the class-prior-only model (here a corrupted LDA start) is replaced by it, and the
+  fit still ends at or below min(start, prior) objective."""
+  x, y = _toy(1, n=2000)
+
+  original = probe._lda_start
+  monkeypatch.setattr(probe, "_lda_start", lambda *a: (lambda w, b: (-1e3 * w, b))(*original(*a)))
+  fitted = probe.fit_softmax_probes(x[:1600], x[1600:], [probe.ProbeSpec("a", 4, y[:1600], y[1600:])])
+  assert fitted.start["a"][0] == "prior"
+  assert fitted.dev_accuracy_best["a"][0] > 0.5
+
+
+def test_uninformative_group_sits_at_the_prior_without_failing():
+  """Labels independent of the features (a control task, a random model): no failure, objective no worse
+  than the class prior's, accuracy about the majority rate."""
+  rng = np.random.default_rng(2)
+  x = rng.standard_normal((3000, 2, 5)).astype(np.float32)
+  x[:, 1, :] = 1.0 + 1e-9 * rng.standard_normal((3000, 5))  # (numerically) constant group
+  y = rng.choice(3, 3000, p=[0.6, 0.3, 0.1]).astype(np.int32)
+  fitted = probe.fit_softmax_probes(x[:2500], x[2500:], [probe.ProbeSpec("a", 3, y[:2500], y[2500:])])
+  prior = np.bincount(y[:2500]) / 2500
+  entropy = -(prior * np.log(prior)).sum()
+  assert (fitted.train_objective["a"] <= entropy + 1e-4).all()
+  assert np.abs(fitted.dev_accuracy_best["a"] - (y[2500:] == 0).mean()).max() < 0.05
+
+
+def test_lda_start_with_indefinite_within_class_matrix_is_finite():
+  rng = np.random.default_rng(3)
+  mu = rng.standard_normal((3, 1, 4)) * 3  # class means larger than the (subset) covariance allows
+  corr = np.eye(4)[None] * 0.1
+  w, b = probe._lda_start(corr, mu, np.array([0.5, 0.3, 0.2]), 1e-3)
+  assert np.isfinite(w).all() and np.isfinite(b).all()
+
+
+def test_suite_defaults_reach_the_sklearn_objective():
+  """The suite's default settings (probing/defaults.py) end within 1e-3 (relative) of scikit-learn's
+  converged penalised objective on a small problem, and record their iterations and convergence."""
+  from headspec.probing.defaults import probe_config
+
+  p = probe_config().probe
+  rng = np.random.default_rng(4)
+  n, g, k, c = 3000, 2, 8, 5
+  y = rng.integers(0, c, n).astype(np.int32)
+  x = (rng.standard_normal((c, g, k))[y] * np.array([1.0, 0.3])[None, :, None] + rng.standard_normal((n, g, k))).astype(
+    np.float32
+  )
+  fitted = probe.fit_softmax_probes(
+    x[:2500],
+    x[2500:],
+    [probe.ProbeSpec("a", c, y[:2500], y[2500:])],
+    l2_grid=tuple(p.l2_grid),
+    refine_samples=p.refine_samples,
+    tol=p.tol,
+    max_iter=p.max_iter,
+  )
+  for group in range(g):
+    ref = _sklearn_objective(x[:2500, group], y[:2500], float(fitted.l2["a"][group]))
+    ours = fitted.train_objective["a"][group]
+    assert abs(ours - ref) <= 1e-3 * ref, (group, ours, ref)
+    assert fitted.converged["a"][group] and fitted.iterations["a"][group] >= 1

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import ml_collections
 
+from headspec.ablation.config import induction_causal_config
 from headspec.attention.clark import ARC_SETS
 from headspec.attention.roles import LABELS, check_labels
 from headspec.defaults import data_dir_default
@@ -18,7 +19,8 @@ def attention_config() -> ml_collections.ConfigDict:
   c.data_dir = data_dir_default()  # holds ud/<treebank>/; '' = the run's own data_dir, then HEADSPEC_DATA_DIR
   c.steps = "last"  # 'all' | 'last' | comma-separated saved steps ('100,1000'); pretrained models: step 0
   c.model_name = ""  # the `model` column; '' = the pretrained name or the workdir's folder name
-  c.treebank = "en_ewt"  # data_dir/ud/<treebank>/ with the splits below
+  c.treebank = "en_ewt"  # data_dir/ud/<treebank>/ with the splits below; '' = no treebank analyses (Clark
+  #                        tables, treebank roles, pictures): only the induction scores below
   c.select_split = "dev"  # best heads and baseline offsets are chosen here (also the split roles are scored on)
   c.report_split = "test"  # ... and reported here ('' = only the selection split)
   c.max_sentences = 0  # 0: every sentence of a split; else its first N (tests, quick looks)
@@ -51,6 +53,23 @@ def attention_config() -> ml_collections.ConfigDict:
   c.pictures.line_layer = -1  # the layer of the line view; -1 = the middle layer (L // 2)
   c.pictures.max_words = 40  # words shown per sentence (longer ones are cut in the picture only)
   c.pictures.flow_max_tokens = 24  # rollout + flow for the first example sentence with at most this many tokens
+
+  # Induction heads (Olsson et al. 2022) and their parts: headspec/attention/induction.py, docs/attention.md.
+  c.induction = ml_collections.ConfigDict()
+  c.induction.enabled = "auto"  # 'auto': decoders yes, encoders skipped | 'on' (an encoder is an error) | 'off'
+  c.induction.n = 50  # repeat length of [BOS] r_1..r_n r_1..r_n (2n + 1 tokens must fit the context)
+  c.induction.num_sequences = 200  # repeated random sequences (one seeded draw, the same at every step)
+  c.induction.seed = 0  # their draw (the bootstrap uses `seed`)
+  c.induction.batch_size = 50  # sequences per compiled forward
+  c.induction.natural_text = True  # also score attention on natural text (the run's evaluation split)
+  c.induction.num_tokens = 16384  # natural text: the first num_tokens tokens of that split (whole rows)
+  c.induction.corpus = "wikitext_103"  # pretrained decoders: the valid split of data_dir/text/<corpus>
+  c.induction.seq_len = 128  # pretrained decoders: tokens per natural-text row
+  c.induction.icl = True  # ICL score and loss by position on natural text (needs a trained LM head)
+  c.induction.label_min = 0.4  # label previous_token / duplicate_token / induction at score >= (repeated_random)
+  c.induction.copying_min = 0.4  # label copying at copying score >= (weights)
+  c.induction.formation_threshold = 0.4  # formation window: the best induction score crosses this
+  c.induction.causal = induction_causal_config()  # top-k induction heads ablated (headspec/ablation/config.py)
   return c
 
 
@@ -77,6 +96,19 @@ def check_config(config) -> None:
     raise UserError("select_split must name a split (dev)")
   if any(int(i) < 0 for i in c.pictures.sentences):
     raise UserError(f"pictures.sentences={tuple(c.pictures.sentences)}: indices must be >= 0")
+  i = c.induction
+  i.enabled = {"true": "on", "false": "off"}.get(str(i.enabled).lower(), str(i.enabled).lower())
+  if i.enabled not in ("auto", "on", "off"):
+    raise UserError(f"induction.enabled={i.enabled!r}: use 'auto', 'on' or 'off'")
+  if i.n < 1 or i.num_sequences < 2 or i.batch_size < 1 or i.num_tokens < 1 or i.seq_len < 2:
+    raise UserError("induction.n, batch_size, num_tokens must be >= 1, num_sequences >= 2, seq_len >= 2")
+  i.causal.methods = names(i.causal.methods)
+  bad = [m for m in i.causal.methods if m not in ("zero", "mean")]
+  if bad or any(int(k) < 1 for k in i.causal.ks) or i.causal.random_seeds < 1 or i.causal.num_sequences < 2:
+    raise UserError(
+      "induction.causal: methods from zero, mean; ks >= 1; random_seeds >= 1; num_sequences >= 2 "
+      f"(got methods={tuple(i.causal.methods)}, ks={tuple(i.causal.ks)})"
+    )
 
 
 def synthetic_attention_config(data_dir: str) -> ml_collections.ConfigDict:

@@ -9,6 +9,11 @@ few example sentences are drawn (pictures.py, with rollout and flow from flow.py
       rows of each (model, step) computed are replaced, others kept)
   attention/clark_summary.md        best head per relation: chosen on dev, reported on test
   attention/pictures/<model>-step<step>/   see pictures.py
+For decoders (`induction.enabled`, 'auto' by default) the induction step also runs at every step
+(headspec/attention/induction_run.py): previous-token, duplicate-token, induction and copying scores
+into roles.csv / labels.csv, the ICL score into attention/icl.csv, the top-k induction heads' causal
+check into ablation/causal.csv (kind=induction), and, over two or more steps, induction_formation.png
+and induction_summary.md. `treebank=''` runs only that step.
 Every input problem (no treebank, a relation filter matching nothing, an unknown role label, a table
 with other columns, a word longer than any window) is a UserError before anything is written.
 """
@@ -26,8 +31,8 @@ import numpy as np
 from headspec import runs, tables, targets
 from headspec.attention import clark as clark_lib
 from headspec.attention import flow as flow_lib
+from headspec.attention import induction_run, report
 from headspec.attention import pictures as pictures_lib
-from headspec.attention import report
 from headspec.attention import roles as roles_lib
 from headspec.attention import words as words_lib
 from headspec.attention.defaults import check_config
@@ -36,6 +41,7 @@ from headspec.errors import UserError
 
 OUT = "attention"
 TABLES = (tables.CLARK, tables.CLARK_BASELINES, tables.ROLES, tables.LABELS)
+INDUCTION_TABLES = (tables.ROLES, tables.LABELS, tables.ICL, tables.ABLATION_CAUSAL)
 
 
 @dataclasses.dataclass
@@ -220,45 +226,71 @@ def analyse_job(job: targets.Target, data: Data, config, out_dir: pathlib.Path, 
 
 
 def run_attention(config, workdir) -> pathlib.Path:
-  """Every table, summary and picture of this module's docstring; returns RUN/attention/clark_summary.md."""
+  """Every table, summary and picture of this module's docstring; returns RUN/attention/clark_summary.md
+  (with treebank='': induction_summary.md)."""
   if not workdir:
     raise UserError("attention needs --workdir=DIR (a training run, or any folder with --config.model.pretrained)")
   workdir = pathlib.Path(workdir)
   t0 = time.perf_counter()
   check_config(config)
   jobs = targets.plan(config, workdir, steps=config.steps, model_name=config.model_name)
-  if config.clark.arcs == "all" and any(j.kind == "decoder" for j in jobs):
+  treebank = bool(config.treebank)
+  induction = induction_run.wanted(config, jobs)
+  if not treebank and not induction:
+    raise UserError("treebank='' and no induction step (encoders, or induction.enabled='off'): nothing to analyse")
+  if treebank and config.clark.arcs == "all" and any(j.kind == "decoder" for j in jobs):
     raise UserError(
       "clark.arcs='all' cannot score a decoder: it never sees a word to its right ('auto' scores reachable arcs)"
     )
   run_config = None if config.model.pretrained else runs.read_config(workdir)
-  data_dir = targets.data_dir(config, run_config, purpose=f"the treebank ud/{config.treebank}")
-  tables.check_writable(workdir, *TABLES)
-  data = load_data(config, data_dir, run_config)
-  print(
-    f"attention of {len(jobs)} model step(s) on {data.select.key} ({len(data.select.sentences)} sentences)"
-    + (f" and {data.report.key} ({len(data.report.sentences)})" if data.report else "")
-    + f"; relations: {', '.join(data.relations)}",
-    flush=True,
-  )
+  tables.check_writable(workdir, *TABLES, *(INDUCTION_TABLES if induction else ()))
+  data = ind_data = None
+  if treebank:
+    data_dir = targets.data_dir(config, run_config, purpose=f"the treebank ud/{config.treebank}")
+    data = load_data(config, data_dir, run_config)
+    print(
+      f"attention of {len(jobs)} model step(s) on {data.select.key} ({len(data.select.sentences)} sentences)"
+      + (f" and {data.report.key} ({len(data.report.sentences)})" if data.report else "")
+      + f"; relations: {', '.join(data.relations)}",
+      flush=True,
+    )
+  if induction:
+    ind_data = induction_run.load_data(config, workdir, jobs, log=lambda s: print(s, flush=True))
+    print(
+      f"induction scores of {len(jobs)} model step(s): {len(ind_data.repeated_NT)} repeated random sequences "
+      f"(n={ind_data.n})" + (f"; natural text: {ind_data.natural_source}" if ind_data.natural_source else ""),
+      flush=True,
+    )
   out_dir = workdir / OUT
   sections = []
+  log = lambda s: print(s, flush=True)
   for job in jobs:
     print(f"{job.name} step {job.step}", flush=True)
-    rows, section = analyse_job(job, data, config, out_dir, log=lambda s: print(s, flush=True))
-    for table, name in zip(TABLES, ("clark", "baselines", "roles", "labels")):
-      tables.merge(tables.path_of(workdir, table), rows[name], table)  # after each step: an interruption keeps it
-    sections.append(section)
-  path = out_dir / "clark_summary.md"
-  tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-  tmp.write_text(report.summary(sections, data.frequency_source))
-  tmp.replace(path)
-  print(
-    f"wrote {out_dir}/{{clark,clark_baselines,roles,labels}}.csv, {path.name}, pictures/ "
-    f"({time.perf_counter() - t0:.0f} s)",
-    flush=True,
-  )
-  return path
+    rows = {}
+    if treebank:
+      rows, section = analyse_job(job, data, config, out_dir, log=log)
+      for table, name in zip(TABLES[:2], ("clark", "baselines")):
+        tables.merge(tables.path_of(workdir, table), rows[name], table)  # after each step: an interruption keeps it
+      sections.append(section)
+    model, _ = job.load()
+    L, H = model.cfg.num_layers, model.cfg.num_heads
+    ind_rows = induction_run.analyse(job, model, ind_data, config, log=log) if induction else {}
+    treebank_rows = dict(roles=rows["roles"], labels=rows["labels"]) if treebank else None
+    induction_run.write(workdir, ind_rows, L, H, job.name, job.step, with_treebank_rows=treebank_rows)
+  written = []
+  if treebank:
+    path = out_dir / "clark_summary.md"
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    tmp.write_text(report.summary(sections, data.frequency_source))
+    tmp.replace(path)
+    written.append("{clark,clark_baselines,roles,labels}.csv, clark_summary.md, pictures/")
+  summary = None
+  if induction:
+    for name in dict.fromkeys(j.name for j in jobs):
+      summary = induction_run.formation(workdir, name, config.induction.formation_threshold, log=log)
+    written.append("roles.csv, labels.csv, icl.csv, induction_summary.md (induction), ablation/causal.csv")
+  print(f"wrote {out_dir}/: {'; '.join(written)} ({time.perf_counter() - t0:.0f} s)", flush=True)
+  return out_dir / "clark_summary.md" if treebank else summary
 
 
 def attention_quickstart(run_dir, data_dir) -> str:

@@ -8,14 +8,16 @@ JSON dict, so it goes into an orbax checkpoint and training resumes on exactly t
 
 from __future__ import annotations
 
+import io
 import logging
 import os
-import pathlib
 from collections.abc import Iterable
 
 import grain
 import numpy as np
+from etils import epath
 
+from headspec import remote
 from headspec.data.tokenizer import Tokenizer
 from headspec.errors import UserError
 
@@ -38,10 +40,11 @@ def pack_tokens(
 
   With `cache_path`, the token stream is saved there as .npy and read back on later calls (for any
   seq_len); the cache belongs to one tokenizer, so keep it beside that tokenizer (e.g. in the run dir).
+  `cache_path` may be a URL (gs://...): the cache is then one object, written whole.
   """
-  cache = None if cache_path is None else pathlib.Path(cache_path)
+  cache = None if cache_path is None else epath.Path(cache_path)
   if cache is not None and cache.is_file():
-    stream = np.load(cache)
+    stream = np.load(io.BytesIO(cache.read_bytes()))
     if stream.ndim != 1 or stream.dtype != np.int32 or (stream.size and stream.max() >= tokenizer.vocab_size):
       raise UserError(
         f"{cache}: token cache does not fit this tokenizer (vocab_size {tokenizer.vocab_size}); "
@@ -51,9 +54,9 @@ def pack_tokens(
     stream = tokenize_stream(documents, tokenizer)
     if cache is not None:
       cache.parent.mkdir(parents=True, exist_ok=True)
-      partial = cache.with_name(cache.name + ".partial.npy")
-      np.save(partial, stream)
-      os.replace(partial, cache)  # atomic: an interrupted run never leaves a truncated cache
+      buffer = io.BytesIO()
+      np.save(buffer, stream)
+      remote.write_bytes_atomic(cache, buffer.getvalue())  # an interrupted run never leaves a truncated cache
   num_rows = stream.size // seq_len
   if num_rows == 0:
     raise UserError(f"LM data: the corpus has {stream.size} tokens, fewer than one row of seq_len={seq_len}")

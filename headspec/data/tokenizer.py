@@ -11,12 +11,12 @@ import importlib
 import io
 import json
 import os
-import pathlib
 from collections.abc import Callable, Iterable, Sequence
 from typing import Protocol, runtime_checkable
 
 import numpy as np
 import sentencepiece as spm
+from etils import epath
 
 from headspec.errors import UserError
 
@@ -55,8 +55,8 @@ class SentencePieceTokenizer:
   suffix_ids: tuple[int, ...] = ()
 
   def __init__(self, model_file: str | os.PathLike):
-    self.model_file = pathlib.Path(model_file)
-    self._sp = spm.SentencePieceProcessor(model_file=os.fspath(model_file))
+    self.model_file = epath.Path(model_file)  # local or a URL (gs://...): read as bytes either way
+    self._sp = spm.SentencePieceProcessor(model_proto=self.model_file.read_bytes())
     self.vocab_size: int = self._sp.vocab_size()
     self.pad_id: int = self._sp.pad_id()
     self.unk_id: int = self._sp.unk_id()
@@ -157,7 +157,7 @@ def train_sentencepiece(
     )
   except RuntimeError as e:  # e.g. vocab_size larger than the sample supports
     raise UserError(f"tokenizer training (vocab_size={vocab_size}): {str(e).strip().splitlines()[-1]}") from None
-  out_dir = pathlib.Path(out_dir)
+  out_dir = epath.Path(out_dir)
   out_dir.mkdir(parents=True, exist_ok=True)
   (out_dir / SPM_MODEL_FILE).write_bytes(model.getvalue())
   tokenizer = SentencePieceTokenizer(out_dir / SPM_MODEL_FILE)
@@ -178,25 +178,25 @@ def train_sentencepiece(
   return tokenizer
 
 
-def _load_sentencepiece(tokenizer_dir: pathlib.Path, info: dict) -> SentencePieceTokenizer:
+def _load_sentencepiece(tokenizer_dir: epath.Path, info: dict) -> SentencePieceTokenizer:
   return SentencePieceTokenizer(tokenizer_dir / info["model_file"])
 
 
 # kind -> loader(tokenizer_dir, info) or "module:function" (imported on first use, so no import cycles).
-_LOADERS: dict[str, Callable[[pathlib.Path, dict], Tokenizer] | str] = {
+_LOADERS: dict[str, Callable[[epath.Path, dict], Tokenizer] | str] = {
   "sentencepiece": _load_sentencepiece,
   "huggingface": "headspec.data.hf_tokenizer:load_saved",  # imported pretrained models (BERT, GPT-2)
 }
 
 
-def register_tokenizer_kind(kind: str, loader: Callable[[pathlib.Path, dict], Tokenizer] | str) -> None:
+def register_tokenizer_kind(kind: str, loader: Callable[[epath.Path, dict], Tokenizer] | str) -> None:
   """Lets `load_tokenizer` read directories whose json says `"kind": kind`."""
   _LOADERS[kind] = loader
 
 
 def load_tokenizer(tokenizer_dir: str | os.PathLike) -> Tokenizer:
   """The tokenizer saved in `tokenizer_dir` (by `train_sentencepiece` or a registered kind)."""
-  tokenizer_dir = pathlib.Path(tokenizer_dir)
+  tokenizer_dir = epath.Path(tokenizer_dir)
   info_path = tokenizer_dir / INFO_FILE
   if not info_path.is_file():
     raise UserError(f"{info_path}: no tokenizer here (train one, or point at a run's tokenizer/ folder)")

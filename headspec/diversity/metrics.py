@@ -18,13 +18,17 @@ jit-compiled call. docs/diversity.md, "Adding a diversity metric", shows an entr
 Metrics (`finalize` returns [L,H,H] for 'pair' metrics, [L,H] for 'head' metrics):
   query_orthogonality       [L,H,H] mean_t cos²(q_i(t), q_j(t))             (lower = more diverse)
   context_nonorthogonality  [L,H,H] mean_t cos²(Z_i(t), Z_j(t))             (higher = more redundant)
+  output_nonorthogonality   [L,H,H] mean_t cos²(Z_i W_O^i(t), Z_j W_O^j(t)) (its basis-free counterpart)
   output_dissimilarity      [L,H,H] −mean_t cos(Z_i W_O^i(t), Z_j W_O^j(t)) (higher = more diverse)
   js_distance               [L,H,H] mean_t sqrt(JS₂(A_i[t,:], A_j[t,:]))    (in [0,1])
   linear_cka                [L,H,H] linear CKA between Z_i and Z_j over tokens
   attention_variance        [L,H]   mean_t Var_{s∈supp(t)} A_h[t,s]         (0 = uniform)
   attention_entropy         [L,H]   mean_t −Σ_s A_h[t,s] ln A_h[t,s]        (nats)
   attention_distance        [L,H]   mean_t Σ_s A_h[t,s] |t − s|
-where mean_t is over valid query tokens of the whole evaluation set. Each formula's source is in
+where mean_t is over valid query tokens of the whole evaluation set. query_orthogonality,
+context_nonorthogonality and linear_cka (on Z_h) are BASIS-DEPENDENT (Metric.basis_dependent): they
+change under the invertible reparameterisations that leave the model's function unchanged; the
+attention metrics, output_dissimilarity and output_nonorthogonality (on Z_h W_O^h) do not. Each formula's source is in
 the docstring of the function computing it.
 """
 
@@ -71,8 +75,12 @@ class Metric:
   batch(Batch) -> {sum name: this layer's contribution, without the L axis} (traced under lax.map).
   finalize(sums, n) -> [L,H,H] or [L,H]: the metric from its sums and n = max(valid tokens seen, 1).
   merge(sums, contribution, n_seen, n_batch) -> sums: how a batch joins the sums (default: addition).
-  basis_dependent: True if the value changes when a head's K coordinates are rotated (with W_O^h
-    counter-rotated: the same model); such metrics compare coordinates, not what heads represent.
+  basis_dependent: True if the value can change between two parameterisations of the SAME model. A
+    head's (W_V, W_O) is fixed only up to an invertible M: Z_h → Z_h M, W_O^h → M⁻¹ W_O^h (and (W_Q, W_K)
+    likewise: q → q M, k → k M⁻ᵀ), which leaves attention and Z_h W_O^h unchanged; metrics on q or Z_h
+    (cosines, and linear CKA, which is invariant to orthogonal M and isotropic scaling only) change
+    with M, so they compare coordinates, not what heads compute. Metrics on attention maps or on the
+    head outputs Z_h W_O^h are basis-free.
   doc: one line, shown in docs and figures.
   """
 
@@ -274,6 +282,14 @@ REGISTRY: dict[str, Metric] = {
       doc="−mean_t cos(Z_i W_O^i(t), Z_j W_O^j(t)); higher = more diverse",
     ),
     Metric(
+      "output_nonorthogonality",
+      "pair",
+      init=_pair_sum,
+      batch=lambda b: {"sum": _cosine_sum(b.head_out_BTHD, b.w_BT, squared=True)},
+      finalize=_mean,
+      doc="mean_t cos²(Z_i W_O^i(t), Z_j W_O^j(t)); basis-free counterpart of context_nonorthogonality",
+    ),
+    Metric(
       "js_distance",
       "pair",
       init=_pair_sum,
@@ -288,7 +304,8 @@ REGISTRY: dict[str, Metric] = {
       batch=lambda b: _cka_batch(b.z_BTHK, b.w_BT),
       merge=_merge_moments,
       finalize=lambda sums, n: jax.vmap(linear_cka)(sums["comoment"]),
-      doc="linear CKA between Z_i and Z_j over tokens; 1 = same representation",
+      basis_dependent=True,
+      doc="linear CKA between Z_i and Z_j over tokens; 1 = same representation (basis-dependent: see Metric)",
     ),
     Metric(
       "attention_variance",

@@ -22,7 +22,7 @@ import ml_collections
 import numpy as np
 from flax import nnx
 
-from headspec import runs, tables, targets
+from headspec import remote, runs, tables, targets
 from headspec.data import lm_pipeline, text_tfds
 from headspec.data.tokenizer import load_tokenizer
 from headspec.diversity import metrics, plots
@@ -62,7 +62,7 @@ def evaluation_tokens(config: ml_collections.ConfigDict, workdir, tokenizer) -> 
   data_dir/text/<config.corpus>, cut into rows of config.seq_len with the tokenizer's special tokens
   ([CLS] ... [SEP] for BERT) around each.
   """
-  workdir = pathlib.Path(workdir)
+  workdir = remote.run_path(workdir)
   if config.model.pretrained:
     data_dir = targets.data_dir(config, purpose="the evaluation text")
     docs = text_tfds.load_documents(data_dir, config.corpus, "valid", tfds_dir=targets.tfds_dir(data_dir))
@@ -143,7 +143,7 @@ def run_diversity(config: ml_collections.ConfigDict, workdir) -> pathlib.Path:
   """
   if not workdir:
     raise UserError("diversity needs --workdir=DIR (a training run, or any folder with --config.model.pretrained)")
-  workdir = pathlib.Path(workdir)
+  workdir = remote.run_path(workdir)
   _check_config(config)
   jobs = targets.plan(config, workdir, steps=config.steps)
   tokenizer = jobs[0].load()[1] if config.model.pretrained else load_tokenizer(workdir / "tokenizer")
@@ -163,6 +163,9 @@ def run_diversity(config: ml_collections.ConfigDict, workdir) -> pathlib.Path:
       results, [dict(zip(tables.DIVERSITY.columns, r)) for r in metrics.rows(values, step)], tables.DIVERSITY
     )
     print(f"  step {step}: {len(next(iter(values.values())))} layers in {time.perf_counter() - t0:.1f} s", flush=True)
-  for path in plots.plot_all(read_results(results), out_dir):
-    print(f"  wrote {path}", flush=True)
+  figures = remote.LocalMirror(out_dir, "diversity-figures")  # matplotlib needs local files; uploaded whole
+  for path in plots.plot_all(read_results(results), figures.local):
+    print(f"  wrote {out_dir / pathlib.Path(path).relative_to(figures.local) if figures.remote else path}", flush=True)
+  figures.sync()
+  figures.cleanup()
   return results

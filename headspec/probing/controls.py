@@ -72,7 +72,7 @@ def control_labels_N(words_N: Sequence[str], label_counts, seed: int) -> np.ndar
 ARC_CONTROLS = ("hewitt_liang", "four_behaviours")
 
 
-def arc_behaviours(types: Iterable[str], seed: int, control: str = "four_behaviours") -> dict[str, int]:
+def arc_behaviours(types: Iterable[str], seed: int, control: str = "hewitt_liang") -> dict[str, int]:
   """Maps every type to a behaviour, uniformly: 'hewitt_liang': ARC_SELF, ARC_FIRST or ARC_LAST, the
   type taken as written (case kept); 'four_behaviours': ARC_ROOT, ARC_SELF, ARC_FIRST or ARC_LAST, the
   type lowercased (this module's earlier control)."""

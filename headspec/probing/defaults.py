@@ -26,15 +26,27 @@ def probe_config() -> ml_collections.ConfigDict:
   c.probe.steps = "all"  # 'all' | 'last' | comma-separated steps ('100,1000'); pretrained models: step 0
   c.probe.model_name = ""  # the `model` column; '' = the pretrained name or the workdir's folder name
   c.probe.deprel_subtypes = False  # keep 'nmod:poss' as is (True) or strip to 'nmod' (False)
-  c.probe.pooling = "first"  # a word's vector from its 'first' | 'last' | 'mean' sub-word piece(s)
+  c.probe.pooling = (
+    "auto"  # a word's vector from its 'first' | 'last' | 'mean' piece(s); 'auto': last for decoders, first for encoders
+  )
   c.probe.max_train_words = 0  # 0: all; else a seeded random subset of whole train sentences of about this many words
   c.probe.random_baseline = False  # also probe the same architecture with random weights (model name + '-random')
   c.probe.l2_grid = (1e-5, 1e-4, 1e-3)  # L2 penalties λ tried per probe; the best on dev is kept
   c.probe.refine_samples = (
     200_000  # training words Adam visits after the closed-form LDA start (several passes if N is smaller; 0: LDA only)
   )
-  c.probe.arc_max_train_words = 20000  # arc probes train on about this many words of train sentences <= 64 words
-  c.probe.arc_epochs = 10  # passes of the arc probes over their training sentences
+  c.probe.tol = 1e-5  # L-BFGS stops a softmax probe when its objective changes by less (relative; probe.py)
+  c.probe.max_iter = 100  # L-BFGS iterations at most per softmax probe (each one pass over train)
+  c.probe.arc_max_train_words = (
+    0  # 0: arc probes train on every train sentence; else a seeded subset of about this many words
+  )
+  c.probe.arc_epochs = 10  # at most this many passes of the arc probes over train (early stopping on dev loss)
+  c.probe.arc_patience = 2  # stop after this many epochs in which no arc probe's dev loss improved
+  c.probe.arc_rank = 32  # rank of the bilinear arc probe, the same for every group (capped at the group's width)
+  c.probe.arc_l2_grid = (1e-4, 1e-3, 1e-2)  # L2 penalties tried per arc probe; the best dev UAS is kept
+  c.probe.arc_control = "hewitt_liang"  # 'hewitt_liang' (self / first / last word per type) | 'four_behaviours'
+  c.probe.arc_ignore_punct = True  # leave punctuation (UPOS PUNCT) out of arc training and scoring, task and control
+  c.probe.mdl = False  # also write probes/mdl.csv: Voita & Titov (2020) online codelength per group, task and control
   c.probe.bootstrap_resamples = 1000  # resamples of sentences for the 95% confidence intervals
   c.probe.batch_tokens = 4096  # padded tokens per forward batch when extracting features
   c.probe.cache_dtype = "float16"  # features on disk in probes/cache/: 'float16' | 'float32'

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from headspec import targets
 from headspec.errors import UserError
-from headspec.probing import features
+from headspec.probing import controls, features
 from headspec.probing import tasks as tasks_lib
 
 
@@ -14,14 +14,19 @@ def check_config(config) -> None:
   tasks_lib.from_config(config)
   features.check_options(p.pooling, p.cache_dtype)
   if (
-    p.max_train_words < 0
-    or min(p.batch_tokens, p.bootstrap_resamples, p.arc_max_train_words, p.arc_epochs) < 1
+    min(p.max_train_words, p.arc_max_train_words, p.get("max_iter", 0)) < 0
+    or min(p.batch_tokens, p.bootstrap_resamples, p.arc_epochs, p.get("arc_rank", 1), p.get("arc_patience", 1)) < 1
     or not len(p.l2_grid)
+    or not len(p.get("arc_l2_grid", (1,)))
+    or not p.get("tol", 1.0) > 0
   ):
     raise UserError(
-      "probe.max_train_words must be >= 0; probe.batch_tokens, bootstrap_resamples, arc_max_train_words "
-      "and arc_epochs >= 1; probe.l2_grid non-empty"
+      "probe.max_train_words, arc_max_train_words and max_iter must be >= 0; probe.batch_tokens, "
+      "bootstrap_resamples, arc_epochs, arc_rank and arc_patience >= 1; probe.tol > 0; probe.l2_grid and "
+      "probe.arc_l2_grid non-empty"
     )
+  if p.get("arc_control", "hewitt_liang") not in controls.ARC_CONTROLS:
+    raise UserError(f"probe.arc_control={p.arc_control!r}: use one of {', '.join(controls.ARC_CONTROLS)}")
 
 
 def plan_jobs(config, workdir) -> list[targets.Target]:

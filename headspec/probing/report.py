@@ -1,11 +1,13 @@
 """Figures and summary of a probing run, read only from probes/results.csv and probes/baselines.csv.
 
-heatmap_<task>.png: for the latest step of the first model in results.csv, on the primary split, two
+heatmap_<task>.png: for the latest step of the first model in results.csv, on the primary split (the
+test split when it was scored: chosen on dev, reported on test), two
 panels (accuracy, selectivity = accuracy − control accuracy, Hewitt & Liang 2019), each a layer × head
 grid annotated with its values, with the residual stream (head -1) as a separate column and the
 embedding output (layer -1) as a separate row. summary.md: per model, step and task, the most selective
-heads with accuracy, 95% CI, control accuracy and selectivity, against the majority (or head-offset)
-baseline and the embedding layer.
+heads ranked on dev and reported on test, with accuracy, 95% CI, control accuracy and selectivity, the
+paired selectivity CIs of probes/selectivity.csv, against the majority (or head-offset) baseline and
+the embedding layer; and the MDL table when probes/mdl.csv exists.
 """
 
 from __future__ import annotations
@@ -90,27 +92,61 @@ def _fmt(r: dict) -> str:
   )
 
 
-def summary(rows: list[dict], baselines: list[dict], primary_split: str, top_k: int) -> str:
-  """Markdown: for each model and step, per task, the top-k heads by selectivity on `primary_split`."""
+def _selectivity(path: pathlib.Path) -> dict:
+  rows = _read(path)
+  return {(r["model"], r["step"], r["task"], r["layer"], r["head"], r["split"]): r for r in rows}
+
+
+def summary(
+  rows: list[dict],
+  baselines: list[dict],
+  primary_split: str,
+  top_k: int,
+  select_split: str | None = None,
+  selectivity: dict | None = None,
+) -> str:
+  """Markdown: for each model and step, per task, the top-k heads by selectivity on `select_split`
+  (the dev split the probes were tuned on; default primary_split), reported on `primary_split` (test),
+  with their dev selectivity beside; `selectivity` (probes/selectivity.csv rows by key) adds the paired
+  CI of each head's selectivity and of its difference to the next-ranked head."""
+  select_split = select_split or primary_split
+  selectivity = selectivity or {}
   lines = [
     "# Probing summary",
     "",
-    f"Split `{primary_split}`. selectivity = accuracy − control accuracy (Hewitt & Liang 2019); "
-    "95% bootstrap CIs over sentences. layer -1 = embeddings, head -1 = the layer's residual stream.",
+    f"Heads ranked by selectivity on `{select_split}` (where L2 was chosen), reported on `{primary_split}`. "
+    "selectivity = accuracy − control accuracy (Hewitt & Liang 2019); 95% bootstrap CIs over sentences "
+    "(selectivity: task and control on the same resampled sentences; Δ next: paired difference to the "
+    "next head in the dev ranking). layer -1 = embeddings, head -1 = the layer's residual stream.",
     "",
   ]
   base = {(b["task"], b["split"]): b for b in baselines}
   models = list(dict.fromkeys(r["model"] for r in rows))
   sections, most_selective = 0, []  # (model, step, task, row of the most selective head)
+
+  def extra(r):
+    s = selectivity.get((r["model"], r["step"], r["task"], r["layer"], r["head"], r["split"]))
+    if not s:
+      return " | |"
+    ci = f"[{float(s['selectivity_ci_low']):+.3f}, {float(s['selectivity_ci_high']):+.3f}]"
+    d = float(s["delta_next"])
+    dn = "" if d != d else f"{d:+.3f} [{float(s['delta_next_ci_low']):+.3f}, {float(s['delta_next_ci_high']):+.3f}]"
+    return f" {ci} | {dn} |"
+
   for model in models:
     steps = sorted({int(r["step"]) for r in rows if r["model"] == model})
     for step in steps:
       sections += 1
       lines += [f"## {model}, step {step}", ""]
-      sel = [r for r in rows if r["model"] == model and int(r["step"]) == step and r["split"] == primary_split]
+      mine = [r for r in rows if r["model"] == model and int(r["step"]) == step]
+      sel = [r for r in mine if r["split"] == primary_split]
+      dev = {(r["task"], r["layer"], r["head"]): float(r["selectivity"]) for r in mine if r["split"] == select_split}
       for task in dict.fromkeys(r["task"] for r in sel):
         task_rows = [r for r in sel if r["task"] == task]
-        heads = sorted((r for r in task_rows if int(r["head"]) >= 0), key=lambda r: -float(r["selectivity"]))
+        heads = sorted(
+          (r for r in task_rows if int(r["head"]) >= 0),
+          key=lambda r: -dev.get((task, r["layer"], r["head"]), float(r["selectivity"])),
+        )
         if heads:
           most_selective.append((model, step, task, heads[0]))
         residual = [r for r in task_rows if int(r["head"]) == -1 and int(r["layer"]) >= 0]
@@ -127,10 +163,14 @@ def summary(rows: list[dict], baselines: list[dict], primary_split: str, top_k: 
         lines += [
           header,
           "",
-          "| layer | head | accuracy | 95% CI | control | selectivity |",
-          "|---|---|---|---|---|---|",
+          "| layer | head | accuracy | 95% CI | control | selectivity | dev selectivity | selectivity 95% CI | Δ next [95% CI] |",
+          "|---|---|---|---|---|---|---|---|---|",
         ]
-        lines += [f"| {r['layer']} | {r['head']} | {_fmt(r)} |" for r in heads[:top_k]]
+        lines += [
+          f"| {r['layer']} | {r['head']} | {_fmt(r)} | {dev.get((task, r['layer'], r['head']), float('nan')):+.3f} |"
+          + extra(r)
+          for r in heads[:top_k]
+        ]
         lines.append("")
   if sections > 1:
     lines += [
@@ -147,12 +187,17 @@ def summary(rows: list[dict], baselines: list[dict], primary_split: str, top_k: 
   return "\n".join(lines)
 
 
-def write_report(out_dir, *, primary_split: str, top_k: int = 5) -> None:
-  """summary.md and heatmap_<task>.png in out_dir (a run's probes/ folder) from its CSVs."""
+def write_report(out_dir, *, primary_split: str, top_k: int = 5, select_split: str | None = None) -> None:
+  """summary.md and heatmap_<task>.png (on primary_split) in out_dir (a run's probes/ folder) from its CSVs;
+  heads are ranked on select_split (default primary_split)."""
   out_dir = pathlib.Path(out_dir)
   rows = _read(out_dir / "results.csv")
   baselines = _read(out_dir / "baselines.csv")
-  (out_dir / "summary.md").write_text(summary(rows, baselines, primary_split, top_k))
+  text = summary(rows, baselines, primary_split, top_k, select_split, _selectivity(out_dir / "selectivity.csv"))
+  mdl = _read(out_dir / "mdl.csv")
+  if mdl:
+    text += mdl_summary(mdl)
+  (out_dir / "summary.md").write_text(text)
   if not rows:
     return
   models = list(dict.fromkeys(r["model"] for r in rows))
@@ -166,3 +211,21 @@ def write_report(out_dir, *, primary_split: str, top_k: int = 5) -> None:
     ]
     if sel:
       heatmap(sel, f"{model} step {step}: {task} probes on {primary_split}", out_dir / f"heatmap_{task}.png")
+
+
+def mdl_summary(rows: list[dict]) -> str:
+  """Markdown: per model, step and task, the groups with the highest MDL compression (Voita & Titov 2020)."""
+  lines = ["## MDL (online code, Voita & Titov 2020)", ""]
+  lines += [
+    "| model | step | task | layer | head | codelength (kbits) | compression | control compression |",
+    "|---|---|---|---|---|---|---|---|",
+  ]
+  keys = dict.fromkeys((r["model"], r["step"], r["task"]) for r in rows)
+  for model, step, task in keys:
+    mine = [r for r in rows if (r["model"], r["step"], r["task"]) == (model, step, task)]
+    for r in sorted(mine, key=lambda r: -float(r["compression"]))[:3]:
+      lines.append(
+        f"| {model} | {step} | {task} | {r['layer']} | {r['head']} | {float(r['codelength_bits']) / 1e3:.1f} | "
+        f"{float(r['compression']):.2f} | {float(r['control_compression']):.2f} |"
+      )
+  return "\n".join(lines + [""])

@@ -17,19 +17,89 @@ import pathlib
 import time
 
 import ml_collections
+import numpy as np
 
 from headspec import tables, targets
 from headspec.errors import UserError
+from headspec.probing import features as features_lib
 from headspec.probing import labels, plan, report, stats
 from headspec.probing import tasks as tasks_lib
 from headspec.probing.features import Features, extract_features
 
 
-def probe_job(job: targets.Target, data: labels.Data, config, cache_dir: pathlib.Path, log=print) -> list[dict]:
-  """Extracts features and fits and scores every probe of one (model, step); returns results.csv rows."""
+def _scored(task, fitted, x, split):
+  """(correct_NG, control_NG, weight_N) of a task's score (weight 1 = scored; tasks may leave it out)."""
+  out = task.score(fitted, x, split)
+  correct, control = out[0], out[1]
+  weight = np.asarray(out[2], np.float64) if len(out) > 2 else np.ones(correct.shape[0])
+  return correct, control, weight
+
+
+def selectivity_rows(job, per_word: dict, tune_key: str, config) -> list[dict]:
+  """probes/selectivity.csv rows: per (task, split, head group) the selectivity with its paired
+  bootstrap CI (task and control scored on the same resampled sentences), each head's rank by
+  selectivity on the tune (dev) split among the heads (layer, head >= 0), and the paired difference to
+  the head ranked next on dev, on the same split: a CI that excludes 0 says the dev ranking of the
+  two holds on that split beyond sentence sampling."""
+  p, rows = config.probe, []
+  for (task, split_key), (groups, d_NG, weight_N, sentence_N) in per_word.items():
+    sel, low, high = stats.bootstrap_selectivity(
+      d_NG, np.zeros_like(d_NG), sentence_N, num_resamples=p.bootstrap_resamples, seed=config.seed, weight_N=weight_N
+    )
+    heads = [i for i, (layer, head) in enumerate(groups) if head >= 0]
+    tune = per_word.get((task, tune_key))
+    rank = {}
+    if tune is not None and heads:
+      tw = tune[2]
+      tune_sel = (tune[1][:, heads] * tw[:, None]).sum(0) / max(tw.sum(), 1e-300)
+      order = [heads[i] for i in np.argsort(-tune_sel, kind="stable")]
+      rank = {g: r + 1 for r, g in enumerate(order)}
+      nxt = {order[r]: order[r + 1] for r in range(len(order) - 1)}
+    delta = {}
+    if rank and len(rank) > 1:
+      a = [g for g in rank if g in nxt]
+      dd, dl, dh = stats.paired_difference_ci(
+        d_NG[:, a],
+        d_NG[:, [nxt[g] for g in a]],
+        sentence_N,
+        num_resamples=p.bootstrap_resamples,
+        seed=config.seed,
+        weight_N=weight_N,
+      )
+      delta = {g: (dd[i], dl[i], dh[i]) for i, g in enumerate(a)}
+    nan = float("nan")
+    for g, (layer, head) in enumerate(groups):
+      dn = delta.get(g, (nan, nan, nan))
+      rows.append(
+        dict(
+          model=job.name,
+          step=job.step,
+          task=task,
+          layer=layer,
+          head=head,
+          split=split_key,
+          selectivity=float(sel[g]),
+          selectivity_ci_low=float(low[g]),
+          selectivity_ci_high=float(high[g]),
+          dev_rank=rank.get(g, -1),
+          delta_next=float(dn[0]),
+          delta_next_ci_low=float(dn[1]),
+          delta_next_ci_high=float(dn[2]),
+          n=int(weight_N.sum()),
+        )
+      )
+  return rows
+
+
+def probe_job(
+  job: targets.Target, data: labels.Data, config, cache_dir: pathlib.Path, log=print, selectivity: list | None = None
+) -> list[dict]:
+  """Extracts features and fits and scores every probe of one (model, step); returns results.csv rows
+  (and appends probes/selectivity.csv rows to `selectivity` when given)."""
   p, tasks = config.probe, tasks_lib.from_config(config)
   t0 = time.perf_counter()
   model, tokenizer = job.load()
+  pooling = features_lib.resolve_pooling(p.pooling, model.cfg.kind)
   feats: dict[str, Features] = {}
   for split in [data.train, data.tune] + data.evals:
     if split.key not in feats:
@@ -40,7 +110,7 @@ def probe_job(job: targets.Target, data: labels.Data, config, cache_dir: pathlib
         cache_dir=cache_dir,
         identity=job.identity,
         name=f"{job.name}-step{job.step}-{split.key.replace('/', '-')}",
-        pooling=p.pooling,
+        pooling=pooling,
         dtype=p.cache_dtype,
         batch_tokens=p.batch_tokens,
         log=log,
@@ -55,19 +125,33 @@ def probe_job(job: targets.Target, data: labels.Data, config, cache_dir: pathlib
   for task in tasks:
     fitters.setdefault(task.fit, []).append(task)
   rows = []
+  per_word: dict = {}  # (task, split) -> (groups, correct − control per word and group (int8), weight_N, sentence_N)
+  score_splits = {s.key: s for s in data.evals}
+  score_splits.setdefault(data.tune.key, data.tune)  # dev is always scored for the rankings
   for layer, heads, read in plan.feature_sources(model.cfg):
     x_train, x_tune = read(feats[data.train.key]), read(feats[data.tune.key])
     fitted = {}
     for fit, members in fitters.items():
       fitted.update(fit(members, x_train, x_tune, data, config))
-    for split in data.evals:
+    what = "embeddings" if layer == -1 else f"layer {layer} {'heads' if heads[0] >= 0 else 'residual'}"
+    for task in tasks:
+      line = tasks_lib.fit_report(task.name, fitted[task.name])
+      if line:
+        log(f"    {what} {line}")
+    for split in score_splits.values():
       x = x_tune if split.key == data.tune.key else read(feats[split.key])
       for task in tasks:
-        correct, control = task.score(fitted[task.name], x, split)
+        correct, control, weight = _scored(task, fitted[task.name], x, split)
+        d = np.asarray(correct, np.int8) - np.asarray(control, np.int8)
+        key = (task.name, split.key)
+        groups, d_old, _, _ = per_word.get(key, ([], np.zeros((len(weight), 0), np.int8), None, None))
+        per_word[key] = (groups + [(layer, h) for h in heads], np.concatenate([d_old, d], 1), weight, split.sentence_N)
+        if split.key not in {s.key for s in data.evals}:
+          continue
         acc, low, high = stats.bootstrap_ci(
-          correct, split.sentence_N, num_resamples=p.bootstrap_resamples, seed=config.seed
+          correct, split.sentence_N, num_resamples=p.bootstrap_resamples, seed=config.seed, weight_N=weight
         )
-        control_acc = control.mean(0)
+        control_acc = (np.asarray(control, np.float64) * weight[:, None]).sum(0) / max(weight.sum(), 1e-300)
         for g, head in enumerate(heads):
           rows.append(
             dict(
@@ -82,13 +166,22 @@ def probe_job(job: targets.Target, data: labels.Data, config, cache_dir: pathlib
               ci_high=float(high[g]),
               control_accuracy=float(control_acc[g]),
               selectivity=float(acc[g] - control_acc[g]),
-              n=int(split.num_words),
+              n=int(weight.sum()),
             )
           )
     x_train = x_tune = x = fitted = None  # freed before the next layer is read: one layer's features at a time
-    what = "embeddings" if layer == -1 else f"layer {layer} {'heads' if heads[0] >= 0 else 'residual'}"
     log(f"  {job.name} step {job.step}: probed {what} ({time.perf_counter() - t0:.0f} s)")
+  if selectivity is not None:
+    eval_keys = {s.key for s in data.evals}
+    selectivity += [r for r in selectivity_rows(job, per_word, data.tune.key, config) if r["split"] in eval_keys]
   return rows
+
+
+def report_split(data: labels.Data) -> str:
+  """The split summaries, heatmaps and rankings report: the treebank's test split when it is
+  evaluated (probes are chosen on dev, so dev numbers are optimistic), else the dev split."""
+  test = data.tune.key.rsplit("/", 1)[0] + "/test"
+  return test if any(s.key == test for s in data.evals) else data.tune.key
 
 
 def run_probe_suite(config: ml_collections.ConfigDict, workdir) -> pathlib.Path:
@@ -109,13 +202,15 @@ def run_probe_suite(config: ml_collections.ConfigDict, workdir) -> pathlib.Path:
   cache_dir = out_dir / "cache"
   cache_dir.mkdir(parents=True, exist_ok=True)
   results = tables.path_of(workdir, tables.PROBES)
-  tables.check_writable(workdir, tables.PROBES, tables.PROBE_BASELINES)
+  tables.check_writable(workdir, tables.PROBES, tables.PROBE_BASELINES, tables.PROBE_SELECTIVITY)
   for job in jobs:
     print(f"{job.name} step {job.step}", flush=True)
-    rows = probe_job(job, data, config, cache_dir, log=lambda s: print(s, flush=True))
+    selectivity: list = []
+    rows = probe_job(job, data, config, cache_dir, log=lambda s: print(s, flush=True), selectivity=selectivity)
     tables.merge(results, rows, tables.PROBES)  # after each step, so an interrupted study keeps what it finished
+    tables.merge(tables.path_of(workdir, tables.PROBE_SELECTIVITY), selectivity, tables.PROBE_SELECTIVITY)
   tables.write(tables.path_of(workdir, tables.PROBE_BASELINES), data.baselines, tables.PROBE_BASELINES)
-  report.write_report(out_dir, primary_split=data.tune.key, top_k=p.top_k)
+  report.write_report(out_dir, primary_split=report_split(data), select_split=data.tune.key, top_k=p.top_k)
   print(f"wrote {results}, {out_dir / 'summary.md'} and heatmaps ({time.perf_counter() - t0:.0f} s)", flush=True)
   return results
 

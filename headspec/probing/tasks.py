@@ -11,8 +11,9 @@ Every task is ONE entry of `REGISTRY` (docs/probing.md, "Adding a probe task"). 
       task in `tasks` (all share this `fit`, so tasks that can share one pass over the features, like
       the softmax tasks, are fitted together) for the G feature groups of one layer, on data.train with
       the L2 penalty picked on data.tune (`data` is a labels.Data);
-  score(fitted, x_NGK, split) -> (correct_NG, control_correct_NG): per word and group, whether the
-      probe and the control probe are right on `split`.
+  score(fitted, x_NGK, split) -> (correct_NG, control_correct_NG[, scored_N]): per word and group,
+      whether the probe and the control probe are right on `split`; an optional third value marks the
+      words that are scored (arcs leave punctuation out when `probe.arc_ignore_punct`).
 
 The built-in tasks: 'upos', 'xpos', 'deprel' (softmax probes, probe.py; words labelled with a class
 never seen in train count as wrong, never predicted) and 'arc' (bilinear head-selection probe, arc.py).
@@ -55,9 +56,41 @@ def fit_softmax(tasks, x_train_NGK, x_tune_NGK, data, config) -> dict:
     specs.append(probe.ProbeSpec(f"{task.name}/control", c, train.controls[task.name], tune.controls[task.name]))
   p = config.probe
   fitted = probe.fit_softmax_probes(
-    x_train_NGK, x_tune_NGK, specs, l2_grid=tuple(p.l2_grid), seed=config.seed, refine_samples=p.refine_samples
+    x_train_NGK,
+    x_tune_NGK,
+    specs,
+    l2_grid=tuple(p.l2_grid),
+    seed=config.seed,
+    refine_samples=p.refine_samples,
+    tol=p.get("tol", probe.DEFAULT_TOL),
+    max_iter=p.get("max_iter", probe.DEFAULT_MAX_ITER),
   )
   return {task.name: fitted for task in tasks}
+
+
+def fit_report(task_name: str, fitted) -> str:
+  """One log line on how a task's fits went (softmax: objective, L-BFGS iterations, convergence;
+  arcs: train and dev UAS, kept epoch), '' if the fitter records nothing."""
+  if isinstance(fitted, tuple):  # arcs: (task probe, control probe)
+    f, c = fitted
+    if f.train_uas_G is None:
+      return ""
+    return (
+      f"{task_name}: rank {f.rank}, epochs run {f.epochs_run} (kept {f.best_epoch_G.min()}-{f.best_epoch_G.max()}); "
+      f"train UAS {np.nanmin(f.train_uas_G):.3f}-{np.nanmax(f.train_uas_G):.3f}, dev UAS "
+      f"{f.dev_uas_G.min():.3f}-{f.dev_uas_G.max():.3f}; control train {np.nanmax(c.train_uas_G):.3f} / dev "
+      f"{c.dev_uas_G.max():.3f} (max over groups)"
+    )
+  parts = []
+  for name in (task_name, f"{task_name}/control"):
+    if name in fitted.train_objective:
+      obj, it, conv = fitted.train_objective[name], fitted.iterations[name], fitted.converged[name]
+      prior = int((fitted.start[name] == "prior").sum()) if name in fitted.start else 0
+      parts.append(
+        f"{name}: train objective {obj.min():.4f}-{obj.max():.4f}, L-BFGS iterations {it.min()}-{it.max()}, "
+        f"converged {int(conv.sum())}/{conv.size}" + (f", {prior} prior start(s)" if prior else "")
+      )
+  return "; ".join(parts)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -108,15 +141,27 @@ def _offset_heads(lengths, offset: int) -> list[np.ndarray]:
   return out
 
 
+def _ignore_punct(config) -> bool:
+  return bool(config.probe.get("arc_ignore_punct", True))
+
+
+def _punct(sentence) -> np.ndarray:
+  return np.asarray([u == "PUNCT" for u in sentence.upos], bool)
+
+
 def fit_arc(tasks, x_train_NGK, x_tune_NGK, data, config) -> dict:
-  """The bilinear arc probe and its control, trained on about `probe.arc_max_train_words` words of
-  train sentences that fit one packed row (arc.PACK_WIDTH words); L2 from arc.DEFAULT_ARC_L2_GRID."""
+  """The bilinear arc probe and its control, trained on every train sentence (or, with
+  `probe.arc_max_train_words` > 0, a seeded subset of about that many words of sentences that fit one
+  packed row); rank `probe.arc_rank`, L2 from `probe.arc_l2_grid`, early stopping on dev loss."""
   from headspec.probing import arc
 
   p, train, tune = config.probe, data.train, data.tune
   lengths_U = np.array([len(w) for w in train.words])
-  chosen_U = stats.subsample(lengths_U, p.arc_max_train_words, config.seed, max_length=arc.PACK_WIDTH)
-  chosen_N = np.isin(train.sentence_N, chosen_U)
+  if p.arc_max_train_words:
+    chosen_U = stats.subsample(lengths_U, p.arc_max_train_words, config.seed, max_length=arc.PACK_WIDTH)
+    chosen_N = np.isin(train.sentence_N, chosen_U)
+  else:
+    chosen_U, chosen_N = np.arange(len(lengths_U)), slice(None)
   out = {}
   for task in tasks:
     out[task.name] = tuple(
@@ -125,9 +170,11 @@ def fit_arc(tasks, x_train_NGK, x_tune_NGK, data, config) -> dict:
         [heads[u] for u in chosen_U],
         x_tune_NGK,
         tune_heads,
-        l2_grid=arc.DEFAULT_ARC_L2_GRID,
+        rank=p.get("arc_rank", arc.DEFAULT_ARC_RANK),
+        l2_grid=tuple(p.get("arc_l2_grid", arc.DEFAULT_ARC_L2_GRID)),
         seed=config.seed,
         epochs=p.arc_epochs,
+        patience=p.get("arc_patience", 2),
       )
       for heads, tune_heads in (
         (train.labels[task.name], tune.labels[task.name]),
@@ -153,24 +200,40 @@ class ArcTask:
     return int(values[np.argmax(freq)])
 
   def labels(self, sentences, vocab, config) -> list[np.ndarray]:
-    return [np.asarray(s.heads, np.int32) for s in sentences]
+    """Gold heads; with `probe.arc_ignore_punct`, punctuation words (UPOS PUNCT) get -1 (not scored)."""
+    out = []
+    for s in sentences:
+      heads = np.asarray(s.heads, np.int32).copy()
+      if _ignore_punct(config):
+        heads[_punct(s)] = -1
+      out.append(heads)
+    return out
 
   def control(self, sentences, vocab, config) -> list[np.ndarray]:
-    return controls.control_heads([s.words for s in sentences], config.seed)
+    return controls.control_heads(
+      [s.words for s in sentences],
+      config.seed,
+      control=config.probe.get("arc_control", "hewitt_liang"),
+      ignore=[_punct(s) for s in sentences] if _ignore_punct(config) else None,
+    )
 
   def baseline(self, offset: int, train_gold, gold) -> tuple[str, float]:
     predicted = _offset_heads([len(h) for h in gold], offset)
-    return f"offset{offset:+d}", float(np.concatenate([p == h for p, h in zip(predicted, gold)]).mean())
+    hit = np.concatenate([p == h for p, h in zip(predicted, gold)])
+    scored = np.concatenate(gold) >= 0
+    return f"offset{offset:+d}", float(hit[scored].mean())
 
-  def score(self, fitted, x_NGK, split) -> tuple[np.ndarray, np.ndarray]:
+  def score(self, fitted, x_NGK, split) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(correct_NG, control_correct_NG, scored_N): ignored words (head -1) are not scored."""
     from headspec.probing import arc
 
     lengths = [len(w) for w in split.words]
     gold, control = split.labels[self.name], split.controls[self.name]
-    return tuple(
+    correct, control_correct = (
       arc.predict_heads(f, x_NGK, lengths) == np.concatenate(heads)[:, None]
       for f, heads in zip(fitted, (gold, control))
     )
+    return correct, control_correct, np.concatenate(gold) >= 0
 
 
 REGISTRY: dict = {

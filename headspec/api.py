@@ -1,0 +1,575 @@
+"""The Python API for notebooks: load a model, run sentences through it, probe and ablate its heads.
+
+Each function is a thin, typed face over what the commands themselves call, so that a notebook and
+`headspec probe` / `headspec ablate` / `headspec attention` give the same numbers (docs/api.md):
+
+  load(source, step=None)        targets.pretrained_target / targets.run_targets (the commands' planner)
+  run(model, sentences, ...)     Transformer.__call__ with capture; words ↔ pieces by probing/align.py;
+                                 word-level attention by attention/words.pool_words (Clark et al. 2019)
+  probe(model, task, ...)        probing: labels.load_data, then suite.probe_job (the command's job for one
+                                 model step), keeping the rows asked for (as in probes/results.csv)
+  ablate(model, heads, ...)      ablation: run.evaluation_set, core.run_one, core.head_statistics, metrics
+  read_table / read_tables       headspec/__init__.py (no JAX)
+
+Shape letters are headspec/model.py's glossary: L layers, H heads, K head width, D model width, T/S tokens
+(pieces, special tokens included), N words, V vocabulary.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import functools
+import json
+import os
+import pathlib
+import re
+import tempfile
+import uuid
+from collections.abc import Iterator, Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+
+from headspec import targets
+from headspec.errors import UserError
+
+Head = tuple[int, int]  # (layer, head)
+
+
+# --------------------------------------------------------------------------------------------- load
+
+
+@dataclasses.dataclass(frozen=True)
+class Loaded:
+  """A model, its tokenizer and the target it was loaded from (name, step, cache identity, LM head).
+
+  Unpacks as `model, tokenizer = headspec.load(...)`.
+  """
+
+  model: object
+  tokenizer: object
+  target: targets.Target | None = None
+  _cache: dict = dataclasses.field(default_factory=dict, repr=False, compare=False)
+
+  @property
+  def name(self) -> str:
+    """The tables' `model` column: 'minilm', the directory's or the run folder's name."""
+    return self.target.name if self.target else "model"
+
+  @property
+  def step(self) -> int:
+    return self.target.step if self.target else 0
+
+  @property
+  def lm_head(self) -> bool:
+    """Whether the LM head is trained (False for all-MiniLM-L6-v2: its logits and LM losses mean nothing)."""
+    return self.target.lm_head if self.target else True
+
+  @property
+  def cfg(self):
+    return self.model.cfg
+
+  def __iter__(self) -> Iterator:
+    return iter((self.model, self.tokenizer))
+
+
+def _is_run_dir(path: pathlib.Path) -> bool:
+  """A `headspec train` run directory: its config.json is a headspec training config (model and train)."""
+  config = path / "config.json"
+  if not config.is_file():
+    return False
+  try:
+    data = json.loads(config.read_text())
+  except (OSError, ValueError):
+    return False
+  return isinstance(data, dict) and "train" in data and "kind" in data.get("model", {})
+
+
+def load(source: str | os.PathLike, step: int | None = None) -> Loaded:
+  """A model and its tokenizer: 'minilm', a Hugging Face-format directory (BERT or GPT-2, step 0), or a
+  `headspec train` run directory at `step` (its last saved step by default).
+
+  Goes through the commands' planner (headspec/targets.py), so the name, step and cache identity are
+  the ones the commands write. Anything else (no such directory, a step the run does not have, a step
+  other than 0 for a pretrained model) is one headspec.errors.UserError (a ValueError).
+  """
+  if step is not None and (isinstance(step, bool) or not isinstance(step, int | np.integer)):
+    raise UserError(f"load: step={step!r} must be an int or None (the last saved step)")
+  text = os.fspath(source)
+  path = pathlib.Path(os.path.expanduser(text))
+  if text != "minilm" and not path.is_dir():
+    raise UserError(
+      f"load({text!r}): no such directory; give 'minilm', a Hugging Face model directory or a headspec run directory"
+    )
+  if text != "minilm" and _is_run_dir(path):
+    (target,) = targets.run_targets(path, "last" if step is None else int(step))
+  else:
+    if step not in (None, 0):
+      raise UserError(f"load({text!r}, step={step}): a pretrained model has only step 0")
+    target = targets.pretrained_target(text)
+  model, tokenizer = target.load()
+  return Loaded(model, tokenizer, target)
+
+
+def _loaded(model_or_loaded) -> Loaded:
+  """A Loaded from `load(...)`'s result or a (model, tokenizer) pair."""
+  if isinstance(model_or_loaded, Loaded):
+    return model_or_loaded
+  if isinstance(model_or_loaded, tuple) and len(model_or_loaded) == 2 and hasattr(model_or_loaded[0], "cfg"):
+    return Loaded(*model_or_loaded)
+  raise ValueError(
+    f"expected headspec.load(...)'s result or a (model, tokenizer) pair, got {type(model_or_loaded).__name__}"
+  )
+
+
+# ---------------------------------------------------------------------------------------- heads
+
+
+def _check_heads(cfg, heads, what: str = "heads") -> list[Head]:
+  """`heads` as a list of (layer, head) in range; ValueError naming the first bad one."""
+  L, H = cfg.num_layers, cfg.num_heads
+  out = []
+  for item in heads:
+    if not (isinstance(item, Sequence) and len(item) == 2 and all(isinstance(v, int | np.integer) for v in item)):
+      raise ValueError(f"{what}: {item!r} is not a (layer, head) pair of ints")
+    layer, head = int(item[0]), int(item[1])
+    if not 0 <= layer < L:
+      raise ValueError(f"{what}: layer {layer} of {item!r} is out of range; the model has layers 0..{L - 1}")
+    if not 0 <= head < H:
+      raise ValueError(f"{what}: head {head} of {item!r} is out of range; the model has heads 0..{H - 1}")
+    out.append((layer, head))
+  return out
+
+
+def _head_mask(cfg, head_mask) -> np.ndarray:
+  """[L,H] float32 mask: None (all ones), an [L,H] array, or a list of (layer, head) pairs to remove."""
+  L, H = cfg.num_layers, cfg.num_heads
+  if head_mask is None:
+    return np.ones((L, H), np.float32)
+  if isinstance(head_mask, np.ndarray | jax.Array):
+    if np.shape(head_mask) != (L, H):
+      raise ValueError(f"head_mask of shape {np.shape(head_mask)}: expected [L, H] = [{L}, {H}]")
+    return np.asarray(head_mask, np.float32)
+  mask = np.ones((L, H), np.float32)
+  for layer, head in _check_heads(cfg, head_mask, "head_mask"):
+    mask[layer, head] = 0.0
+  return mask
+
+
+# ------------------------------------------------------------------------------------------ run
+
+_WORD = re.compile(r"\w+(?:['’-]\w+)*|[^\w\s]")
+
+
+def split_words(text: str) -> list[str]:
+  """Words of a text as `run` splits it: runs of letters/digits (with inner ' or -), and each punctuation mark."""
+  return _WORD.findall(text)
+
+
+def _sentences(sentences) -> list[list[str]]:
+  """Text, a list of texts, or a list of word lists -> word lists; ValueError naming an empty word or sentence."""
+  if isinstance(sentences, str):
+    sentences = [sentences]
+  if not isinstance(sentences, Sequence) or not len(sentences):
+    raise ValueError("sentences: give a text, a list of texts or a list of word lists (none given)")
+  out = []
+  for u, sentence in enumerate(sentences):
+    if isinstance(sentence, str):
+      words = split_words(sentence)
+    elif isinstance(sentence, Sequence):
+      words = list(sentence)
+      for n, word in enumerate(words):
+        if not isinstance(word, str) or not word.strip():
+          raise ValueError(f"sentence {u}: word {n} is {word!r}; every word must be a non-empty string")
+    else:
+      raise ValueError(f"sentence {u}: {type(sentence).__name__} is neither a text nor a list of words")
+    if not words:
+      raise ValueError(f"sentence {u}: no words")
+    out.append(words)
+  return out
+
+
+@dataclasses.dataclass(frozen=True)
+class Captured:
+  """One sentence through the model (numpy arrays, float32).
+
+  Pieces (the model's tokens, the tokenizer's special tokens included; T of them):
+    pieces: each piece's text; tokens_T: their ids; logits_TV: the LM head's logits (meaningless where
+    the LM head is untrained, `Loaded.lm_head` False, e.g. all-MiniLM-L6-v2);
+    probs_LHTS: each head's attention map A_h; z_LTHK: each head's context vector Z_h = A_h V_h (before
+    the head mask and W_O); residual_LTD: the residual stream after each block; embeddings_TD: block 0's input.
+  Words (N of them; word n is pieces [piece_start_N[n], piece_end_N[n])):
+    words; z_NLHK, residual_NLD, embeddings_ND: pooled from each word's pieces per `pooling` (as probing's
+    features: 'first', 'last' or 'mean', as resolved from 'auto'); attention_LHNN[l, h, n, m]: how much word n attends to word m
+    (mean over n's pieces of the sum over m's pieces: the attention analyses' pooling, Clark et al. 2019
+    §4.1); special_LHN: each word's attention on the special tokens (each row of attention plus special sums to 1).
+  """
+
+  words: list[str]
+  pieces: list[str]
+  tokens_T: np.ndarray
+  piece_start_N: np.ndarray
+  piece_end_N: np.ndarray
+  logits_TV: np.ndarray
+  probs_LHTS: np.ndarray
+  z_LTHK: np.ndarray
+  residual_LTD: np.ndarray
+  embeddings_TD: np.ndarray
+  z_NLHK: np.ndarray
+  residual_NLD: np.ndarray
+  embeddings_ND: np.ndarray
+  attention_LHNN: np.ndarray
+  special_LHN: np.ndarray
+  pooling: str
+
+  def head_attention(self, layer: int, head: int) -> np.ndarray:
+    """[N, N] word-level attention of one head (ValueError when out of range)."""
+    L, H = self.attention_LHNN.shape[:2]
+    _check_heads(_Shape(L, H), [(layer, head)], "head_attention")
+    return self.attention_LHNN[layer, head]
+
+
+@dataclasses.dataclass(frozen=True)
+class _Shape:
+  num_layers: int
+  num_heads: int
+
+
+@functools.lru_cache(maxsize=8)
+def _capture_forward(graphdef):
+  """jit(state, tokens_BT, valid_BT, head_mask_LH, to_BWT, special_BT) -> (logits, Intermediates, word maps)."""
+  from headspec.attention import words as words_lib
+
+  @jax.jit
+  def forward(state, tokens_BT, valid_BT, head_mask_LH, to_BWT, special_BT):
+    model = nnx.merge(graphdef, state)
+    logits_BTV, inter = model(
+      tokens_BT, valid_BT=valid_BT, head_mask=head_mask_LH, capture=("probs", "z", "residual", "embeddings")
+    )
+    attn_LBHWW, special_LBHW, _, _ = words_lib.pool_words(inter.probs_LBHTS, to_BWT, special_BT)
+    return logits_BTV, inter, attn_LBHWW, special_LBHW
+
+  return forward
+
+
+def run(model, sentences, head_mask=None, *, pooling: str = "auto") -> list[Captured]:
+  """Runs sentences through a model and returns, per sentence, its captured activations (`Captured`).
+
+  model: `load(...)`'s result or a (model, tokenizer) pair. sentences: a text, a list of texts (split
+  into words by `split_words`) or a list of word lists (e.g. a treebank's words). head_mask: None, an
+  [L,H] array (1 keeps a head, 0 removes it, between scales its Z_h), or a list of (layer, head) to
+  remove. pooling: how word vectors come from their pieces: 'first', 'last', 'mean', or 'auto' (probing's
+  default: 'last' for decoders, 'first' for encoders; features.resolve_pooling). A sentence must fit the model's context in one window (ValueError otherwise); an empty
+  word or sentence, or a layer/head out of range, is a ValueError naming it.
+  """
+  from headspec.attention import words as words_lib
+  from headspec.probing import align as align_lib
+  from headspec.probing.features import bucket_length, resolve_pooling
+
+  loaded = _loaded(model)
+  net, tokenizer = loaded.model, loaded.tokenizer
+  cfg = net.cfg
+  pooling = resolve_pooling(pooling, cfg.kind)
+  align_lib.check_pooling(pooling)
+  word_lists = _sentences(sentences)
+  mask_LH = _head_mask(cfg, head_mask)
+  al = align_lib.align(word_lists, tokenizer, cfg.max_len, causal=cfg.kind == "decoder")
+  prefix, suffix = len(tokenizer.prefix_ids), len(tokenizer.suffix_ids)
+  for u, words in enumerate(word_lists):
+    windows = np.flatnonzero(al.window_sentence == u)
+    if len(windows) > 1 or al.num_truncated_words:
+      pieces = sum(len(p) for p in tokenizer.word_pieces(words))
+      raise ValueError(
+        f"sentence {u}: {len(words)} words, {pieces} pieces do not fit the model's context of {cfg.max_len} "
+        f"tokens ({prefix + suffix} of them special); split it (probe() and the commands use windows)"
+      )
+  graphdef, state = nnx.split(net)
+  forward = _capture_forward(graphdef)
+  out = []
+  for u, words in enumerate(word_lists):
+    ids = al.windows[u]
+    T, N = len(ids), len(words)
+    P = bucket_length(T, cfg.max_len)  # padded length: one compile per power of two
+    tokens = np.full((1, P), tokenizer.pad_id, np.int32)
+    tokens[0, :T] = ids
+    valid = np.zeros((1, P), bool)
+    valid[0, :T] = True
+    first = int(np.searchsorted(al.word_sentence_N, u))
+    start_N, end_N = al.word_start_N[first : first + N], al.word_end_N[first : first + N]
+    to_BWT = np.zeros((1, P, P), np.float32)
+    for n, (a, b) in enumerate(zip(start_N, end_N)):
+      to_BWT[0, n, a:b] = 1.0
+    special_BT = np.zeros((1, P), bool)
+    special_BT[0, :prefix] = True
+    special_BT[0, T - suffix : T] = True
+    logits, inter, attn, special = jax.device_get(forward(state, tokens, valid, mask_LH, to_BWT, special_BT))
+    start_BW, end_BW = np.zeros((1, P), np.int64), np.zeros((1, P), np.int64)
+    start_BW[0, :N], end_BW[0, :N] = start_N, end_N
+    pool_NT = align_lib.pooling_matrix(start_BW, end_BW, P, pooling)[0, :N]
+    z_LTHK = np.asarray(inter.z_LBTHK[:, 0], np.float32)
+    residual_LTD = np.asarray(inter.residual_LBTD[:, 0], np.float32)
+    embeddings_TD = np.asarray(inter.embeddings_BTD[0], np.float32)
+    out.append(
+      Captured(
+        words=list(words),
+        pieces=[words_lib.token_label(tokenizer, int(i)) for i in ids],
+        tokens_T=np.asarray(ids),
+        piece_start_N=np.asarray(start_N, np.int64),
+        piece_end_N=np.asarray(end_N, np.int64),
+        logits_TV=np.asarray(logits[0, :T], np.float32),
+        probs_LHTS=np.asarray(inter.probs_LBHTS[:, 0, :, :T, :T], np.float32),
+        z_LTHK=z_LTHK[:, :T],
+        residual_LTD=residual_LTD[:, :T],
+        embeddings_TD=embeddings_TD[:T],
+        z_NLHK=np.einsum("nt,lthk->nlhk", pool_NT, z_LTHK),
+        residual_NLD=np.einsum("nt,ltd->nld", pool_NT, residual_LTD),
+        embeddings_ND=pool_NT @ embeddings_TD,
+        attention_LHNN=np.asarray(attn[:, 0, :, :N, :N], np.float32),
+        special_LHN=np.asarray(special[:, 0, :, :N], np.float32),
+        pooling=pooling,
+      )
+    )
+  return out
+
+
+# ---------------------------------------------------------------------------------------- probe
+
+
+def _probe_config(loaded: Loaded, task: str, config, options: dict):
+  from headspec.probing import plan
+  from headspec.probing.defaults import probe_config
+
+  c = probe_config() if config is None else config.copy_and_resolve_references()
+  c.probe.tasks = (task,)
+  for key, value in options.items():
+    if value is None:
+      continue
+    if key in ("seed", "data_dir"):
+      c[key] = os.fspath(value) if key == "data_dir" else value
+    elif key in c.probe:
+      c.probe[key] = tuple(value) if isinstance(value, list) else value
+    else:
+      raise ValueError(f"probe: unknown option {key!r}; options are the probe.* keys of probing/defaults.py")
+  plan.check_config(c)
+  return c
+
+
+def _cache_dir(loaded: Loaded, cache_dir) -> pathlib.Path:
+  """The feature cache: `cache_dir`, else a run's own RUN/probes/cache (shared with `headspec probe`),
+  else a temporary folder of this process."""
+  if cache_dir is not None:
+    return pathlib.Path(cache_dir)
+  if loaded.target is not None and "run" in loaded.target.identity:
+    return pathlib.Path(loaded.target.identity["run"]) / "probes" / "cache"
+  return _temporary_cache()
+
+
+@functools.cache
+def _temporary_cache() -> pathlib.Path:
+  return pathlib.Path(tempfile.mkdtemp(prefix="headspec-features-"))
+
+
+@contextlib.contextmanager
+def _only_sources(keep):
+  """While active, probing/plan.feature_sources (what suite.probe_job fits: every layer's heads, every
+  residual stream) yields only the sources with keep(layer, heads): the command's job, unchanged, on
+  the layers asked for. Each source is fitted exactly as in a full run (a head with its layer's other
+  heads), so rows are unchanged. TODO(probing): replace with a `sources=` argument of probe_job."""
+  from headspec.probing import plan
+
+  full = plan.feature_sources
+  plan.feature_sources = lambda cfg: [s for s in full(cfg) if keep(s[0], s[1])]
+  try:
+    yield
+  finally:
+    plan.feature_sources = full
+
+
+def probe(
+  model,
+  task: str,
+  heads: Sequence[Head] | None = None,
+  *,
+  layer: int | None = None,
+  treebank: str | None = None,
+  eval_splits: Sequence[str] | None = None,
+  max_train_words: int | None = None,
+  data_dir: str | os.PathLike | None = None,
+  seed: int | None = None,
+  config=None,
+  cache_dir: str | os.PathLike | None = None,
+  log=None,
+  **options,
+):
+  """Fits and scores one task's probes on chosen heads and/or one layer's residual stream, with the
+  Hewitt & Liang control task and 95% bootstrap CIs: a pandas DataFrame with probes/results.csv's
+  columns and dtypes, one row per (head or residual stream, evaluation split).
+
+  It runs the command's own job (labels.load_data, then probing/suite.probe_job: feature extraction and
+  cache, every layer's fit and score, bootstrap CIs) and keeps the rows asked for, so a head's row
+  EQUALS its row of probes/results.csv written with the same config. Only the layers asked for are
+  fitted (a head with its layer's other heads, as the command fits it); subsample train
+  (max_train_words) for quick looks. model: `load(...)`'s result or a (model, tokenizer) pair. task: 'upos', 'xpos',
+  'deprel' or 'arc'. heads: (layer, head) pairs; layer: a residual stream (-1: the embeddings); at least
+  one of the two. config: a probe config (probing/defaults.py, configs/probe_*.py) to start from;
+  treebank, eval_splits, max_train_words (a seeded subsample of whole train sentences of about that
+  many words: faster, and says so in no other way, so report it), data_dir, seed and any probe.* key
+  given as a keyword (l2_grid=..., refine_samples=..., pooling=..., bootstrap_resamples=...) override it.
+  cache_dir: the feature cache (default: a run's RUN/probes/cache, else a temporary folder).
+  """
+  import pandas as pd
+
+  from headspec import tables
+  from headspec.probing import labels, suite
+
+  loaded = _loaded(model)
+  cfg = loaded.model.cfg
+  if heads is None and layer is None:
+    raise ValueError("probe: give heads=[(layer, head), ...] and/or layer=L (a residual stream; -1: embeddings)")
+  chosen = _check_heads(cfg, heads or [])
+  if layer is not None and not (isinstance(layer, int | np.integer) and -1 <= layer < cfg.num_layers):
+    raise ValueError(
+      f"probe: layer {layer!r} is out of range; the model has layers -1 (embeddings)..{cfg.num_layers - 1}"
+    )
+  options.update(
+    treebank=treebank, eval_splits=eval_splits, max_train_words=max_train_words, data_dir=data_dir, seed=seed
+  )
+  c = _probe_config(loaded, task, config, options)
+  data = labels.load_data(c)
+  if loaded.target is not None:  # the already loaded model, under the target's name and cache identity
+    job = dataclasses.replace(loaded.target, load=lambda: (loaded.model, loaded.tokenizer))
+    cache = _cache_dir(loaded, cache_dir)
+  else:
+    identity = {"unsaved_model": uuid.uuid4().hex}
+    job = targets.Target("model", 0, identity, lambda: (loaded.model, loaded.tokenizer), kind=cfg.kind)
+    cache = pathlib.Path(cache_dir) if cache_dir is not None else _temporary_cache()
+  cache.mkdir(parents=True, exist_ok=True)
+  head_layers = {l for l, _ in chosen}
+  with _only_sources(lambda l, heads: l in head_layers if heads[0] >= 0 else l == layer):
+    rows = suite.probe_job(job, data, c, cache, log=log or (lambda line: None))  # the command's own job
+  wanted = set(chosen) | ({(int(layer), -1)} if layer is not None else set())
+  rows = [r for r in rows if (r["layer"], r["head"]) in wanted]
+  table = tables.PROBES
+  frame = pd.DataFrame(rows, columns=list(table.columns))
+  frame = frame.astype({col: "int64" for col in table.int_columns} | {col: "float64" for col in table.float_columns})
+  for column in set(table.columns) - set(table.int_columns) - set(table.float_columns):
+    frame[column] = frame[column].astype("string")
+  frame.attrs["baselines"] = [b for b in data.baselines if b["task"] == c.probe.tasks[0]]
+  frame.attrs["train_words"] = int(data.train.num_words)
+  return frame
+
+
+# --------------------------------------------------------------------------------------- ablate
+
+
+@dataclasses.dataclass(frozen=True)
+class Ablation:
+  """One ablation of a set of heads, scored as `headspec ablate` scores it (docs/ablation.md).
+
+  metric: 'loss_delta' (a model with a trained LM head: ablated − unablated LM loss on the same tokens)
+  or 'embedding_shift' (without one: mean 1 − cos between ablated and unablated sentence embeddings);
+  value, ci_low, ci_high: it with its 95% bootstrap CI over evaluation sequences. before / after: the
+  unablated and ablated LM loss and accuracy (or embedding_shift 0 and value); deltas: every delta metric
+  as (value, ci_low, ci_high); evaluation: what was scored.
+  """
+
+  heads: tuple[Head, ...]
+  method: str
+  metric: str
+  value: float
+  ci_low: float
+  ci_high: float
+  before: dict
+  after: dict
+  deltas: dict
+  evaluation: str
+
+
+def _ablate_config(loaded: Loaded, config, options: dict):
+  from headspec.ablation.config import ablate_config
+  from headspec.ablation.run import check_config
+
+  c = ablate_config() if config is None else config.copy_and_resolve_references()
+  for key, value in options.items():
+    if value is None:
+      continue
+    if key not in c:
+      raise ValueError(f"ablate: unknown option {key!r}; options are the keys of ablation/config.py")
+    c[key] = os.fspath(value) if key == "data_dir" else value
+  if loaded.target is not None and "pretrained" in loaded.target.identity:
+    c.model.pretrained = loaded.target.identity["pretrained"]
+  check_config(c)
+  return c
+
+
+def ablate(
+  model,
+  heads: Sequence[Head],
+  *,
+  method: str = "zero",
+  num_tokens: int | None = None,
+  data_dir: str | os.PathLike | None = None,
+  seed: int | None = None,
+  config=None,
+  **options,
+) -> Ablation:
+  """Removes `heads` (a list of (layer, head), together) and measures the change on `headspec ablate`'s
+  evaluation set: LM loss change for a model with a trained LM head, embedding_shift otherwise (MiniLM).
+
+  model: `load(...)`'s result (the evaluation set is the run's validation rows, a pretrained LM's
+  `corpus` text, or the treebank sentences for a model without LM head, as the command reads them).
+  method: 'zero' (Z_h = 0) or 'mean' (Z_h = its mean over the evaluation tokens). config: an ablate
+  config to start from (ablation/config.py); num_tokens, data_dir, seed and any other of its keys given
+  as keywords (num_sentences=, bootstrap_resamples=, batch_size=, ...) override it. The result for one
+  head equals that head's `zero`/`mean` row of ablation/heads.csv up to float32 rounding (the command's
+  sweep runs the layers above the head from a cached residual stream; see tests/test_api.py).
+  """
+  from headspec.ablation import core, metrics
+  from headspec.ablation.run import evaluation_set
+
+  loaded = _loaded(model)
+  if loaded.target is None:
+    raise ValueError(
+      "ablate: needs headspec.load(...)'s result (its evaluation set depends on where the model is from)"
+    )
+  if method not in ("zero", "mean"):
+    raise ValueError(f"ablate: method={method!r}; use 'zero' or 'mean'")
+  net, cfg = loaded.model, loaded.model.cfg
+  chosen = _check_heads(cfg, heads)
+  if not chosen:
+    raise ValueError("ablate: no heads given; heads=[(layer, head), ...]")
+  options.update(num_tokens=num_tokens, data_dir=data_dir, seed=seed)
+  c = _ablate_config(loaded, config, options)
+  workdir = loaded.target.identity.get("run", "")
+  key = ("evalset", c.to_json(sort_keys=True))
+  if key not in loaded._cache:
+    es = evaluation_set(c, workdir, loaded.target, loaded.tokenizer, cfg)
+    loaded._cache[key] = (es, core.head_statistics(net, es)[0])
+  es, mean_z = loaded._cache[key]
+  zero = core.zero_replacement(net)
+  ones = np.ones((cfg.num_layers, cfg.num_heads), np.float32)
+  mask = ones.copy()
+  for l, h in chosen:
+    mask[l, h] = 0.0
+  full = core.run_one(net, es, ones, zero)
+  ablated = core.run_one(net, es, mask, zero if method == "zero" else jnp.asarray(mean_z))
+  d = metrics.deltas(es.kind, full, ablated[None], resamples=c.bootstrap_resamples, seed=c.seed)
+  deltas = {name: tuple(float(v[0]) for v in values) for name, values in d.items()}
+  metric = "loss_delta" if es.kind == "lm" else "embedding_shift"
+  before = metrics.values(es.kind, full, full)
+  after = metrics.values(es.kind, ablated, full)
+  return Ablation(
+    heads=tuple(chosen),
+    method=method,
+    metric=metric,
+    value=deltas[metric][0],
+    ci_low=deltas[metric][1],
+    ci_high=deltas[metric][2],
+    before={k: float(v) for k, v in before.items()},
+    after={k: float(v) for k, v in after.items()},
+    deltas=deltas,
+    evaluation=es.description,
+  )

@@ -1,0 +1,353 @@
+"""The induction step of `headspec attention` (decoders): scores, labels, ICL, the causal check, formation.
+
+Per (model, step) of `targets.plan` (headspec/attention/run.py calls `analyse`):
+  attention/roles.csv    data=repeated_random (previous_token, duplicate_token, induction),
+                         data=natural_text (the same three on the run's evaluation split),
+                         data=weights (copying), with 95% bootstrap CIs over sequences (copying: NaN CIs)
+  attention/labels.csv   previous_token / duplicate_token / induction at score >= induction.label_min on
+                         repeated_random, copying at >= induction.copying_min (each rule names its threshold)
+  attention/icl.csv      loss_at_position (every position of the natural-text rows) and icl_score
+                         (loss at the late position − at the early one, `induction.icl_positions`)
+  ablation/causal.csv    kind=induction: the top-k induction heads ablated (headspec/ablation/causal.py)
+After every step (`formation`): attention/induction_formation.png (per-head induction and previous-token
+scores, the ICL score and the training loss of metrics.jsonl on one step axis) and
+attention/induction_summary.md (the formation window) when two or more steps have scores.
+Rows of the other analyses in the same files (treebank roles, Clark labels, probe_selective causal
+rows) are kept: `merge_parts`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import pathlib
+import time
+
+import ml_collections
+import numpy as np
+
+from headspec import tables, targets
+from headspec.ablation import causal as causal_lib
+from headspec.attention import induction as ind
+from headspec.errors import UserError
+
+ENCODER_REFUSAL = (
+  "induction.enabled='on': induction scores need a decoder; {name} is an encoder, which sees the whole "
+  "sequence (a query in the first repeat already attends to the second), so previous-token, duplicate and "
+  "induction attention mean something else there (set induction.enabled='auto' or 'off')"
+)
+
+
+def wanted(config, jobs) -> bool:
+  """Whether the induction step runs; induction.enabled='on' on an encoder is one UserError line."""
+  e = config.induction.enabled
+  if e == "off":
+    return False
+  encoders = [j for j in jobs if j.kind != "decoder"]
+  if encoders and e == "on":
+    raise UserError(ENCODER_REFUSAL.format(name=encoders[0].name))
+  return not encoders
+
+
+@dataclasses.dataclass
+class Data:
+  repeated_NT: np.ndarray
+  specials: np.ndarray
+  prefix: int  # tokens before r_1 (the BOS)
+  n: int  # the repeat length used: induction.n, or what fits the context
+  natural_NT: np.ndarray | None
+  natural_valid_NT: np.ndarray | None
+  natural_source: str
+
+
+def load_data(config, workdir, jobs, *, log=print) -> Data:
+  """The repeated random sequences and the natural-text rows; every problem a UserError before any work.
+  A context shorter than [BOS] + 2·induction.n tokens gets the largest n that fits (said in one line)."""
+  i = config.induction
+  model, tokenizer = jobs[0].load()
+  T = model.cfg.max_len
+  bos = ind.bos_ids(tokenizer)
+  n = i.n
+  if len(bos) + 2 * n > T:
+    n = (T - len(bos)) // 2
+    if n < 2:
+      raise UserError(f"induction: a context of {T} tokens holds no repeated sequence ([BOS] + 2n with n >= 2)")
+    log(f"induction.n={i.n}: [BOS] + 2n tokens exceed the context of {T}; using n={n}")
+  specials = ind.special_ids(tokenizer)
+  repeated = ind.repeated_random_tokens(
+    tokenizer.vocab_size, specials, n=n, count=i.num_sequences, seed=i.seed, bos=bos
+  )
+  natural, valid, source = None, None, ""
+  if i.natural_text or (i.icl and any(j.lm_head for j in jobs)):
+    from headspec.diversity.run import evaluation_tokens  # the evaluation split every analysis reads
+
+    c = ml_collections.ConfigDict(
+      dict(
+        num_tokens=i.num_tokens,
+        sample="first",
+        seed=config.seed,
+        corpus=i.corpus,
+        seq_len=min(i.seq_len, T),
+        data_dir=config.data_dir,
+        model=dict(pretrained=config.model.pretrained),
+      )
+    )
+    natural, valid = evaluation_tokens(c, workdir, tokenizer)
+    source = f"text/{i.corpus} valid" if config.model.pretrained else "the run's validation rows"
+    source += f", {int(valid.sum())} tokens in rows of {natural.shape[1]}"
+  return Data(repeated, specials, len(bos), n, natural, valid, source)
+
+
+def _role_rows(out: dict, data: str, *, model: str, step: int) -> list[dict]:
+  rows = []
+  for role, (score, low, high) in out.items():
+    for l, h in np.ndindex(*score.shape):
+      rows.append(dict(model=model, step=step, data=data, layer=l, head=h, role=role, score=float(score[l, h]),
+                       ci_low=float(low[l, h]), ci_high=float(high[l, h])))  # fmt: skip
+  return rows
+
+
+def label_rows(scores: dict, config, *, model: str, step: int, n: int) -> list[dict]:
+  """labels.csv rows of the induction roles (a head meeting none gets no row here; `combine_labels`)."""
+  i = config.induction
+  rows = []
+  L, H = scores["copying"][0].shape
+  for l, h in np.ndindex(L, H):
+    for role in ind.ATTENTION_ROLES:
+      value = scores[role][0][l, h]
+      if value >= i.label_min:
+        rule = (
+          f"{role} score {value:.3f} on repeated random tokens (n={n}) >= {i.label_min:.2f} "
+          f"({ind.SOURCES[role]}; docs/attention.md)"
+        )
+        rows.append(dict(model=model, step=step, layer=l, head=h, label=role, rule=rule))
+    value = scores["copying"][0][l, h]
+    if value >= i.copying_min:
+      rule = (
+        f"copying score Re(Σλ)/Σ|λ| = {value:.3f} of the OV circuit (direct path from tokens) >= "
+        f"{i.copying_min:.2f} (Elhage et al. 2021)"
+      )
+      rows.append(dict(model=model, step=step, layer=l, head=h, label="copying", rule=rule))
+  return rows
+
+
+def combine_labels(rows: list[dict], L: int, H: int, model: str, step: int) -> list[dict]:
+  """A head's rows of every analysis: its 'none' row dropped when another label exists, one added when
+  it has no row at all."""
+  by = {}
+  for r in rows:
+    by.setdefault((int(r["layer"]), int(r["head"])), []).append(r)
+  out = []
+  for l, h in np.ndindex(L, H):
+    got = by.get((l, h), [])
+    real = [r for r in got if r["label"] != "none"]
+    out += real or got[:1] or [dict(model=model, step=step, layer=l, head=h, label="none", rule="no rule met")]
+  return out
+
+
+def merge_parts(workdir, table: tables.Table, new_rows: list[dict], mine) -> list[dict]:
+  """`tables.merge`, keeping the existing rows of the same keys that `mine(row)` says another analysis
+  wrote (a table's key is (model, step): merging alone would drop them)."""
+  path = tables.path_of(workdir, table)
+  keys = {tuple(str(r[c]) for c in table.key) for r in new_rows}
+  kept = [r for r in tables.read(path, table) if tuple(r[c] for c in table.key) in keys and not mine(r)]
+  return tables.merge(path, kept + new_rows, table)
+
+
+def analyse(job: targets.Target, model, data: Data, config, *, log=print) -> dict:
+  """Rows of one (model, step): {'roles', 'labels', 'icl', 'causal'} (module docstring)."""
+  i, R, seed = config.induction, config.roles.bootstrap_resamples, config.seed
+  t0 = time.perf_counter()
+  tag = f"  {job.name} step {job.step}"
+  rep = ind.run(model, data.repeated_NT, np.ones(data.repeated_NT.shape, bool), data.specials, batch_size=i.batch_size)
+  scores = ind.attention_scores(rep, resamples=R, seed=seed)
+  L, H = scores["induction"][0].shape
+  nan = np.full((L, H), np.nan)
+  copying = ind.copying_scores(model)
+  roles = _role_rows(scores, "repeated_random", model=job.name, step=job.step)
+  roles += _role_rows({"copying": (copying, nan, nan)}, "weights", model=job.name, step=job.step)
+  first, second = ind.repeat_losses(rep.nll_NT, data.n, data.prefix)
+  best = np.unravel_index(np.nanargmax(scores["induction"][0]), (L, H))
+  log(
+    f"{tag}: repeated random tokens (n={data.n}): best induction head L{best[0]}H{best[1]} "
+    f"{scores['induction'][0][best]:.3f}, best previous-token {np.nanmax(scores['previous_token'][0]):.3f}; "
+    f"loss first repeat {first.mean():.3f}, second {second.mean():.3f} ({time.perf_counter() - t0:.1f} s)"
+  )
+  icl_rows = []
+  if data.natural_NT is not None:
+    nat = ind.run(model, data.natural_NT, data.natural_valid_NT, data.specials, batch_size=i.batch_size)
+    if i.natural_text:
+      roles += _role_rows(
+        ind.attention_scores(nat, resamples=R, seed=seed), "natural_text", model=job.name, step=job.step
+      )
+    if i.icl and job.lm_head:
+      pos, value, low, high = ind.loss_by_position(nat.nll_NT, data.natural_valid_NT, resamples=R, seed=seed)
+      for p, v, lo, hi in zip(pos, value, low, high):
+        icl_rows.append(dict(model=job.name, step=job.step, kind="loss_at_position", position=int(p), value=v,
+                             ci_low=lo, ci_high=hi))  # fmt: skip
+      early, late = ind.icl_positions(data.natural_NT.shape[1])
+      v, lo, hi = ind.icl_score(nat.nll_NT, data.natural_valid_NT, early, late, resamples=R, seed=seed)
+      icl_rows.append(
+        dict(model=job.name, step=job.step, kind="icl_score", position="", value=v, ci_low=lo, ci_high=hi)
+      )
+      log(f"{tag}: ICL score loss(token {late}) − loss(token {early}) = {v:+.3f} [{lo:+.3f}, {hi:+.3f}]")
+    elif i.icl:
+      log(f"{tag}: ICL score skipped: {job.name} has no trained LM head (its losses mean nothing)")
+  causal_rows = []
+  c = i.causal
+  if c.enabled and job.lm_head:
+    tokens = data.repeated_NT[: c.num_sequences]
+    causal_rows = causal_lib.induction_rows(
+      model, tokens, data.n, data.prefix, scores["induction"][0], c, resamples=R, seed=seed
+    )
+    for r in causal_rows:
+      r.update(model=job.name, step=job.step, kind="induction")
+    for line in causal_lib.induction_verdicts(causal_rows):
+      log(f"{tag}: {line}")
+  elif c.enabled:
+    log(f"{tag}: induction causal check skipped: no trained LM head")
+  all_scores = dict(scores, copying=(copying, nan, nan))
+  labels = label_rows(all_scores, config, model=job.name, step=job.step, n=data.n)
+  log(f"{tag}: induction step done ({time.perf_counter() - t0:.1f} s)")
+  return dict(roles=roles, labels=labels, icl=icl_rows, causal=causal_rows)
+
+
+def write(workdir, rows: dict, L: int, H: int, model: str, step: int, *, with_treebank_rows: dict | None = None):
+  """Merges one step's rows; `with_treebank_rows`: the Clark/roles rows of the same step, written together."""
+  tb = with_treebank_rows or {}
+  ours_role = lambda r: r["data"] in ind.DATA or (bool(tb) and r["data"] == "treebank")
+  roles = tb.get("roles", []) + rows.get("roles", [])
+  merge_parts(workdir, tables.ROLES, roles, ours_role)
+  path = tables.path_of(workdir, tables.LABELS)
+  ours_label = lambda r: r["label"] in ind.LABELS or bool(tb)
+  keys = (str(model), str(step))
+  kept = [r for r in tables.read(path, tables.LABELS) if (r["model"], r["step"]) == keys and not ours_label(r)]
+  labels = combine_labels(kept + tb.get("labels", []) + rows.get("labels", []), L, H, model, step)
+  tables.merge(path, labels, tables.LABELS)
+  if rows.get("icl"):
+    tables.merge(tables.path_of(workdir, tables.ICL), rows["icl"], tables.ICL)
+  if rows.get("causal"):
+    merge_parts(workdir, tables.ABLATION_CAUSAL, rows["causal"], lambda r: r["kind"] == "induction")
+
+
+# --- formation over training ---
+
+
+def training_loss(workdir) -> tuple[np.ndarray, np.ndarray]:
+  """(steps, loss) of the training records in RUN/metrics.jsonl (empty when there is none)."""
+  path = pathlib.Path(workdir) / "metrics.jsonl"
+  steps, loss = [], []
+  if path.is_file():
+    for line in path.read_text().splitlines():
+      try:
+        rec = json.loads(line)
+      except json.JSONDecodeError:
+        continue
+      if "loss" in rec and "step" in rec:
+        steps.append(int(rec["step"]))
+        loss.append(float(rec["loss"]))
+  return np.asarray(steps), np.asarray(loss)
+
+
+def formation(workdir, model: str, threshold: float, *, log=print) -> pathlib.Path:
+  """attention/induction_summary.md (best heads per step; the formation window) and, with two or more
+  steps scored, induction_formation.png of `model`, from the tables and metrics.jsonl. Returns the .md."""
+  workdir = pathlib.Path(workdir)
+  roles = [
+    r
+    for r in tables.read(tables.path_of(workdir, tables.ROLES), tables.ROLES)
+    if r["model"] == model and r["data"] == "repeated_random"
+  ]
+  steps = sorted({int(r["step"]) for r in roles})
+  L = 1 + max(int(r["layer"]) for r in roles)
+  H = 1 + max(int(r["head"]) for r in roles)
+  score = {role: np.full((len(steps), L, H), np.nan) for role in ("induction", "previous_token")}
+  index = {s: n for n, s in enumerate(steps)}
+  for r in roles:
+    if r["role"] in score:
+      score[r["role"]][index[int(r["step"])], int(r["layer"]), int(r["head"])] = float(r["score"])
+  best_S = np.nanmax(score["induction"].reshape(len(steps), -1), axis=1)
+  lo, hi = ind.formation_window(steps, best_S, threshold)
+  icl = [
+    r
+    for r in tables.read(tables.path_of(workdir, tables.ICL), tables.ICL)
+    if r["model"] == model and r["kind"] == "icl_score"
+  ]
+  icl.sort(key=lambda r: int(r["step"]))
+  out = workdir / "attention"
+  out.mkdir(parents=True, exist_ok=True)
+  if len(steps) >= 2:
+    _figure(out / "induction_formation.png", model, steps, score, icl, training_loss(workdir), threshold, lo, hi)
+  if len(steps) < 2:
+    window = "needs two or more analysed steps (steps='all' on a run with train.keep_steps)"
+  elif hi is None:
+    window = f"the best induction score never reaches {threshold:.2f} (max {np.nanmax(best_S):.3f})"
+  elif lo is None:
+    window = f"the best induction score is already >= {threshold:.2f} at the first analysed step {hi}"
+  else:
+    window = f"between step {lo} and step {hi} the best induction score crosses {threshold:.2f} (and stays above)"
+  lines = [
+    f"# Induction heads: {model}",
+    "",
+    f"Formation window (best head's induction score on repeated random tokens vs {threshold:.2f}): {window}.",
+    "",
+    "| step | best induction (head) | best previous-token (head) | ICL score |",
+    "|---:|---|---|---:|",
+  ]
+  icl_by = {int(r["step"]): float(r["value"]) for r in icl}
+  for n, s in enumerate(steps):
+    bi = np.unravel_index(np.nanargmax(score["induction"][n]), (L, H))
+    bp = np.unravel_index(np.nanargmax(score["previous_token"][n]), (L, H))
+    lines.append(
+      f"| {s} | {score['induction'][n][bi]:.3f} (L{bi[0]}H{bi[1]}) | {score['previous_token'][n][bp]:.3f} "
+      f"(L{bp[0]}H{bp[1]}) | {icl_by.get(s, float('nan')):+.3f} |"
+    )
+  md = out / "induction_summary.md"
+  md.write_text("\n".join(lines) + "\n")
+  log(f"  {model}: formation window: {window}")
+  return md
+
+
+def _figure(png, model, steps, score, icl, loss_curve, threshold, lo, hi) -> None:
+  """Per-head induction and previous-token scores, the ICL score and the training loss against step."""
+  loss_steps, loss = loss_curve
+  L, H = score["induction"].shape[1:]
+  import matplotlib
+
+  matplotlib.use("Agg")
+  import matplotlib.pyplot as plt
+
+  fig, axes = plt.subplots(3, 1, figsize=(8, 9), sharex=True)
+  x = np.asarray(steps, float)
+  cmap = plt.get_cmap("viridis")
+  for l in range(L):
+    for h in range(H):
+      color = cmap(l / max(L - 1, 1))
+      axes[0].plot(x, score["induction"][:, l, h], color=color, lw=1, alpha=0.8)
+      axes[0].plot(x, score["previous_token"][:, l, h], color=color, lw=0.8, ls="--", alpha=0.6)
+  axes[0].axhline(threshold, color="grey", lw=0.8, ls=":")
+  axes[0].set_ylabel("score on repeated random tokens")
+  axes[0].set_title(f"{model}: induction (solid) and previous-token (dashed) per head, colour = layer")
+  if icl:
+    xs = np.array([int(r["step"]) for r in icl], float)
+    v = np.array([float(r["value"]) for r in icl])
+    axes[1].plot(xs, v, "o-", color="C1")
+    axes[1].fill_between(
+      xs, [float(r["ci_low"]) for r in icl], [float(r["ci_high"]) for r in icl], color="C1", alpha=0.2
+    )
+  axes[1].axhline(0, color="grey", lw=0.8)
+  axes[1].set_ylabel("ICL score (nats)\nlate − early token loss")
+  if len(loss):
+    axes[2].plot(loss_steps, loss, color="C3", lw=1)
+  axes[2].set_ylabel("training loss")
+  axes[2].set_xlabel("step")
+  for ax in axes:
+    ax.set_xscale("symlog", linthresh=max(1.0, float(min(s for s in steps if s > 0) if any(steps) else 1)))
+    if lo is not None and hi is not None:
+      ax.axvspan(lo, hi, color="gold", alpha=0.25)
+  fig.tight_layout()
+  tmp = png.with_name(f".{png.name}.tmp-{os.getpid()}.png")
+  fig.savefig(tmp, dpi=110)
+  plt.close(fig)
+  tmp.replace(png)

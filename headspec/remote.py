@@ -1,0 +1,110 @@
+"""Run directories on local disk or in object storage (`gs://bucket/run`), through `etils.epath`.
+
+`run_path(workdir)` is the one place a `--workdir` becomes a path: a local path is made absolute (as
+before), a URL keeps its scheme (never pathlib's resolve(), which turns `gs://b/x` into a local folder
+named `gs:`), and an unknown scheme is one UserError line. Object stores cannot append to or rename an
+object, so writers here either write an object whole (`write_bytes`: atomic on GCS) or keep a local
+copy on scratch disk and upload it whole (`LocalMirror`). Orbax checkpoints go to the URL directly
+(tensorstore speaks gs:// itself).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import pathlib
+import shutil
+import tempfile
+
+from etils import epath
+
+from headspec.errors import UserError
+
+# URL schemes etils.epath reads and writes (gs: gcsfs or tf.io.gfile; s3: s3fs; az: adlfs).
+SCHEMES = ("gs", "s3", "az")
+
+
+def scheme_of(path) -> str | None:
+  """'gs' for 'gs://b/x'; None for a local path."""
+  text = os.fspath(path) if not isinstance(path, str) else path
+  head, sep, _ = text.partition("://")
+  return head if sep and "/" not in head else None
+
+
+def check_url(path, what: str = "--workdir") -> None:
+  """UserError (one line) for a URL whose scheme epath cannot write to."""
+  scheme = scheme_of(path)
+  if scheme is not None and scheme not in SCHEMES:
+    raise UserError(
+      f"{what}={path}: unknown URL scheme {scheme}://; use a local path or one of "
+      f"{', '.join(s + '://' for s in SCHEMES)}"
+    )
+
+
+def is_remote(path) -> bool:
+  return scheme_of(str(path)) is not None
+
+
+def run_path(workdir) -> epath.Path:
+  """A run directory as an epath.Path: local paths absolute with symlinks resolved, URLs as given."""
+  text = str(workdir)
+  check_url(text)
+  if is_remote(text):
+    return epath.Path(text.rstrip("/"))
+  return epath.Path(os.path.realpath(os.path.expanduser(text)))
+
+
+def scratch_dir(path, purpose: str) -> pathlib.Path:
+  """A local folder standing in for remote `path` (HEADSPEC_SCRATCH, default the temp dir): caches,
+  TensorBoard event files before upload, figures before upload. The same URL gets the same folder."""
+  root = pathlib.Path(os.environ.get("HEADSPEC_SCRATCH") or pathlib.Path(tempfile.gettempdir()) / "headspec-scratch")
+  digest = hashlib.sha1(str(path).encode()).hexdigest()[:12]
+  out = root / f"{purpose}-{digest}"
+  out.mkdir(parents=True, exist_ok=True)
+  return out
+
+
+def write_bytes_atomic(path, data: bytes) -> None:
+  """Writes `path` whole: local through a temp file and rename, remote as one object (atomic on GCS)."""
+  path = epath.Path(path)
+  if is_remote(path):
+    path.write_bytes(data)
+    return
+  path.parent.mkdir(parents=True, exist_ok=True)
+  tmp = path.with_name(path.name + ".tmp")
+  tmp.write_bytes(data)
+  tmp.replace(path)
+
+
+class LocalMirror:
+  """A local folder whose files are uploaded to a remote folder on `sync()` (each file whole).
+
+  For writers that need a real file (TensorBoard's event writer, matplotlib): they write to `.local`;
+  `sync()` copies what changed since the last sync. A local target needs no mirror: `.local` is it.
+  """
+
+  def __init__(self, target, purpose: str):
+    self.target = epath.Path(target)
+    self.remote = is_remote(self.target)
+    self.local = scratch_dir(self.target, purpose) if self.remote else pathlib.Path(os.fspath(self.target))
+    self.local.mkdir(parents=True, exist_ok=True)
+    self._sent: dict[str, tuple[int, int]] = {}
+
+  def sync(self) -> list[epath.Path]:
+    if not self.remote:
+      return []
+    sent = []
+    for file in sorted(p for p in self.local.rglob("*") if p.is_file()):
+      rel = file.relative_to(self.local).as_posix()
+      stamp = (file.stat().st_size, file.stat().st_mtime_ns)
+      if self._sent.get(rel) != stamp:
+        dest = self.target / rel
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        dest.write_bytes(file.read_bytes())
+        self._sent[rel] = stamp
+        sent.append(dest)
+    return sent
+
+  def cleanup(self) -> None:
+    if self.remote:
+      shutil.rmtree(self.local, ignore_errors=True)

@@ -1,0 +1,311 @@
+"""The notebook API (headspec/api.py): every function against the command-line path it fronts.
+
+Known answers: `probe` rows = probes/results.csv rows of `headspec probe` with the same config; `ablate`
+= ablation/heads.csv rows of `headspec ablate`; `run`'s word-level attention = the attention analyses'
+`sentence_maps`, its word vectors = probing's cached features; `read_table` DataFrames write back to
+the exact bytes of the CSVs. Plus every bad input: one clear ValueError (UserError) naming it.
+"""
+
+import os
+import pathlib
+import subprocess
+import sys
+
+import jax.numpy as jnp
+import numpy as np
+import pandas as pd
+import pytest
+
+import headspec
+from headspec import api, runs, tables
+from headspec.errors import UserError
+from headspec.quickstart import quickstart_config
+from headspec.train import train_and_evaluate
+
+REPO = pathlib.Path(__file__).resolve().parents[1]
+L, H = 2, 4
+STEPS = [2, 4]
+
+
+@pytest.fixture(scope="module")
+def run_dir(synthetic_data_dir, tmp_path_factory):
+  """A tiny decoder trained 4 steps on the synthetic text, checkpoints at steps 2 and 4."""
+  c = quickstart_config("decoder")
+  c.data_dir = str(synthetic_data_dir)
+  c.data.vocab_size = 512
+  c.model.num_layers, c.model.num_heads, c.model.d_model, c.model.d_head, c.model.d_ff = L, H, 32, 8, 64
+  c.train.steps, c.train.batch_size, c.train.seq_len = 4, 8, 32
+  c.train.eval_every = c.train.diversity_every = 0
+  c.train.checkpoint_every = 100
+  c.train.keep_steps = (2,)
+  workdir = tmp_path_factory.mktemp("runs") / "tiny"
+  train_and_evaluate(c, workdir)
+  assert runs.resolve_steps(workdir, "all") == STEPS
+  return workdir
+
+
+def probe_config(data_dir):
+  from headspec.probing.defaults import synthetic_probe_config
+
+  c = synthetic_probe_config(str(data_dir))
+  c.probe.update(
+    tasks=("upos",), eval_splits=("dev",), random_baseline=False, max_train_words=2000, refine_samples=4096
+  )
+  c.probe.update(l2_grid=(1e-4, 1e-2), bootstrap_resamples=100, batch_tokens=1024)
+  return c
+
+
+# --------------------------------------------------------------------------------------------- load
+
+
+def test_load_run_and_steps(run_dir):
+  loaded = headspec.load(run_dir)
+  assert (loaded.name, loaded.step, loaded.lm_head) == ("tiny", 4, True)
+  model, tokenizer = loaded  # unpacks
+  assert model.cfg.num_layers == L and tokenizer.vocab_size == model.cfg.vocab_size
+  assert headspec.load(str(run_dir), step=2).step == 2
+  (target,) = api.targets.run_targets(run_dir, "2")
+  assert headspec.load(run_dir, step=2).target.identity == target.identity  # the commands' planner
+
+
+@pytest.mark.parametrize(
+  "source,step,message",
+  [
+    ("run", 3, r"step\(s\) \[3\] not saved"),
+    ("run", "last", "must be an int"),
+    ("/nonexistent/model", None, "no such directory"),
+    ("minilm", 5, "only step 0"),
+    ("empty", None, "config.json"),
+  ],
+)
+def test_load_bad_input(run_dir, tmp_path, source, step, message):
+  (tmp_path / "empty").mkdir()
+  source = {"run": run_dir, "empty": tmp_path / "empty"}.get(source, source)
+  with pytest.raises(UserError, match=message) as e:
+    headspec.load(source, step)
+  assert isinstance(e.value, ValueError) and "\n" not in str(e.value)
+
+
+def test_load_minilm():
+  loaded = headspec.load("minilm")
+  assert (loaded.name, loaded.step, loaded.lm_head, loaded.target.kind) == ("minilm", 0, False, "encoder")
+  assert (loaded.cfg.num_layers, loaded.cfg.num_heads) == (6, 12)
+
+
+# ---------------------------------------------------------------------------------------------- run
+
+
+def test_run_matches_the_analyses(run_dir, tmp_path):
+  from headspec.attention.words import sentence_maps
+  from headspec.probing.features import extract_features
+
+  loaded = headspec.load(run_dir)
+  model, tokenizer = loaded
+  sentences = [["the", "dog", "saw", "a", "cat", "."], "a cat saw the dog."]
+  out = headspec.run(loaded, sentences)
+  assert [c.words for c in out] == [sentences[0], ["a", "cat", "saw", "the", "dog", "."]]  # text split into words
+  c = out[0]
+  N, T = len(c.words), len(c.pieces)
+  assert c.z_NLHK.shape == (N, L, H, 8) and c.residual_NLD.shape == (N, L, 32) and c.embeddings_ND.shape == (N, 32)
+  assert c.attention_LHNN.shape == (L, H, N, N) and c.probs_LHTS.shape == (L, H, T, T)
+  assert c.logits_TV.shape == (T, model.cfg.vocab_size) and c.z_LTHK.shape == (L, T, H, 8)
+
+  # Word-level attention: exactly the attention analyses' pooling.
+  for captured, (attn_LHNN, special_LHN) in zip(out, sentence_maps(model, tokenizer, [s.words for s in out])):
+    np.testing.assert_array_equal(captured.attention_LHNN, attn_LHNN)
+    np.testing.assert_array_equal(captured.special_LHN, special_LHN)
+  np.testing.assert_allclose(c.attention_LHNN.sum(-1) + c.special_LHN, 1.0, atol=1e-5)
+  np.testing.assert_array_equal(c.head_attention(1, 3), c.attention_LHNN[1, 3])
+
+  # Word vectors: probing's features (float32 cache), first piece of each word.
+  feats = extract_features(
+    model, tokenizer, [c.words], cache_dir=tmp_path, identity={"t": 1}, pooling="last", dtype="float32", log=None
+  )
+  assert c.pooling == "last"  # 'auto' is probing's: the last piece for a decoder
+  for l in range(L):
+    np.testing.assert_allclose(c.z_NLHK[:, l], feats.z(l), atol=1e-5)
+    np.testing.assert_allclose(c.residual_NLD[:, l], feats.residual(l), atol=1e-5)
+  np.testing.assert_allclose(c.embeddings_ND, feats.residual(-1), atol=1e-5)
+
+  # Pieces: the model's own forward pass.
+  logits, inter = model(jnp.asarray(c.tokens_T)[None], capture=("probs", "z"))
+  np.testing.assert_allclose(c.logits_TV, np.asarray(logits[0]), atol=1e-4)
+  np.testing.assert_allclose(c.probs_LHTS, np.asarray(inter.probs_LBHTS[:, 0]), atol=1e-6)
+  assert c.tokens_T[c.piece_start_N[1]] == tokenizer.word_pieces(c.words)[1][0]
+
+  # A head mask as (layer, head) pairs = the model's head_mask: layer 0 unchanged, layer 1 changed.
+  masked = headspec.run(loaded, [c.words], head_mask=[(0, 1)])[0]
+  mask = np.ones((L, H), np.float32)
+  mask[0, 1] = 0
+  np.testing.assert_array_equal(masked.probs_LHTS, headspec.run(loaded, [c.words], head_mask=mask)[0].probs_LHTS)
+  np.testing.assert_allclose(masked.probs_LHTS[0], c.probs_LHTS[0], atol=1e-6)
+  assert np.abs(masked.probs_LHTS[1] - c.probs_LHTS[1]).max() > 1e-4
+  assert headspec.run(loaded, [c.words], pooling="mean")[0].z_NLHK.shape == c.z_NLHK.shape
+
+
+@pytest.mark.parametrize(
+  "sentences,kwargs,message",
+  [
+    ([["the", "", "dog"]], {}, r"sentence 0: word 1 is ''"),
+    (["the dog", ["a", "  "]], {}, r"sentence 1: word 1"),
+    (["the dog", "   "], {}, "sentence 1: no words"),
+    ([], {}, "none given"),
+    (["the dog"], {"head_mask": [(2, 0)]}, r"layer 2 of \(2, 0\) is out of range"),
+    (["the dog"], {"head_mask": [(0, 4)]}, r"head 4 of \(0, 4\) is out of range"),
+    (["the dog"], {"head_mask": np.ones((3, 4))}, r"head_mask of shape \(3, 4\)"),
+    (["the dog"], {"pooling": "max"}, "pooling"),
+    ([" ".join(["dog"] * 40)], {}, "do not fit the model's context of 32"),
+  ],
+)
+def test_run_bad_input(run_dir, sentences, kwargs, message):
+  loaded = headspec.load(run_dir)
+  with pytest.raises(ValueError, match=message):
+    headspec.run(loaded, sentences, **kwargs)
+
+
+def test_head_attention_out_of_range(run_dir):
+  c = headspec.run(headspec.load(run_dir), "the dog")[0]
+  with pytest.raises(ValueError, match="head 4"):
+    c.head_attention(0, 4)
+  with pytest.raises(ValueError, match="expected headspec.load"):
+    headspec.run(headspec.load(run_dir).model, "the dog")
+
+
+# -------------------------------------------------------------------------------------------- probe
+
+
+def test_probe_equals_the_cli_row(run_dir, synthetic_data_dir, tmp_path):
+  """api.probe's rows are results.csv's rows of the same config, to the written digit, from a fresh
+  feature cache (recomputed, not read back)."""
+  from headspec.probing.suite import run_probe_suite
+
+  config = probe_config(synthetic_data_dir)
+  results = run_probe_suite(config, run_dir)
+  csv_rows = tables.read(results, tables.PROBES)
+  frame = headspec.probe(headspec.load(run_dir), "upos", heads=[(1, 2), (0, 0)], layer=0, config=config,
+                         cache_dir=tmp_path)  # fmt: skip
+  assert list(frame.columns) == list(tables.PROBES.columns)
+  assert [(r.layer, r.head) for r in frame.itertuples()] == [(0, 0), (1, 2), (0, -1)]  # results.csv's order
+  for row in frame.to_dict("records"):
+    written = tables.format_row(row, tables.PROBES)
+    match = [r for r in csv_rows if (r["layer"], r["head"]) == (written["layer"], written["head"])]
+    assert match == [written]
+  # The DataFrame equals read_table's rows, dtypes included.
+  table = headspec.read_table(run_dir, "probes")
+  wanted = [(0, 0), (1, 2), (0, -1)]
+  picked = table[[(l, h) in wanted for l, h in zip(table.layer, table["head"])]].reset_index(drop=True)
+  pd.testing.assert_frame_equal(frame.round(6), picked, check_exact=False, atol=5e-7)
+  assert frame.attrs["baselines"][0]["baseline"] == "majority"
+
+
+def test_probe_options_and_bad_input(run_dir, synthetic_data_dir):
+  loaded = headspec.load(run_dir)
+  config = probe_config(synthetic_data_dir)
+  frame = headspec.probe(loaded, "upos", layer=-1, config=config, max_train_words=300, bootstrap_resamples=50)
+  assert frame["head"].tolist() == [-1] and frame.layer.tolist() == [-1] and frame.attrs["train_words"] <= 400
+  for kwargs, message in [
+    ({}, "give heads"),
+    ({"heads": [(2, 0)]}, r"layer 2 of \(2, 0\) is out of range"),
+    ({"heads": [(0, -1)]}, r"head -1 of \(0, -1\) is out of range"),
+    ({"heads": [0]}, "not a \\(layer, head\\) pair"),
+    ({"layer": 2}, "layer 2 is out of range"),
+    ({"layer": 0, "treebank": "en_nope"}, "en_nope"),
+    ({"layer": 0, "colour": 1}, "unknown option 'colour'"),
+    ({"layer": 0, "pooling": "max"}, "pooling"),
+  ]:
+    with pytest.raises(ValueError, match=message):
+      headspec.probe(loaded, "upos", config=config, **kwargs)
+  with pytest.raises(ValueError, match="unknown task"):
+    headspec.probe(loaded, "ner", layer=0, config=config)
+
+
+# ------------------------------------------------------------------------------------------- ablate
+
+
+def test_ablate_equals_the_cli_row(run_dir, synthetic_data_dir):
+  from headspec.ablation.config import ablate_config
+  from headspec.ablation.run import run_ablation
+
+  config = ablate_config()
+  config.update(steps="last", methods="zero,mean", num_tokens=300, batch_size=4, bootstrap_resamples=100)
+  config.data_dir = str(synthetic_data_dir)
+  run_ablation(config, run_dir)
+  heads = headspec.read_table(run_dir, "ablation_heads")
+  loaded = headspec.load(run_dir)
+  for method, (l, h) in (("zero", (1, 2)), ("mean", (0, 3))):
+    result = headspec.ablate(loaded, [(l, h)], method=method, config=config)
+    assert result.metric == "loss_delta" and result.heads == ((l, h),)
+    for metric, (value, low, high) in result.deltas.items():
+      row = heads[(heads.method == method) & (heads.layer == l) & (heads["head"] == h) & (heads.metric == metric)]
+      assert len(row) == 1
+      # heads.csv is written to 6 decimals; the command's sweep reruns the layers above from a cache.
+      np.testing.assert_allclose([value, low, high], row[["value", "ci_low", "ci_high"]].to_numpy()[0], atol=2e-6)
+    assert result.after["loss"] - result.before["loss"] == pytest.approx(result.value, abs=1e-9)
+  both = headspec.ablate(loaded, [(0, 0), (1, 1)], config=config)
+  assert both.value != 0 and "scored tokens" in both.evaluation
+  for kwargs, message in [
+    ({"heads": [(0, 9)]}, r"head 9 of \(0, 9\) is out of range"),
+    ({"heads": [(5, 0)]}, r"layer 5 of \(5, 0\) is out of range"),
+    ({"heads": []}, "no heads"),
+    ({"heads": [(0, 0)], "method": "mode"}, "method='mode'"),
+    ({"heads": [(0, 0)], "colour": 1}, "unknown option 'colour'"),
+  ]:
+    with pytest.raises(ValueError, match=message):
+      headspec.ablate(loaded, config=config, **kwargs)
+  with pytest.raises(ValueError, match="needs headspec.load"):
+    headspec.ablate(tuple(loaded), [(0, 0)])
+
+
+# ------------------------------------------------------------------------------------------- tables
+
+
+def test_tables_round_trip_exactly(run_dir, tmp_path):
+  """read_table's DataFrame, written back by the table writer, is the CSV byte for byte; read_tables
+  stacks runs with a `run` column; a missing table or run is one UserError."""
+  from headspec.diversity.run import run_diversity
+
+  sys.path.insert(0, str(REPO / "configs"))
+  import diversity as diversity_config  # configs/diversity.py
+
+  dconfig = diversity_config.get_config(None)
+  dconfig.update(num_tokens=64, batch_size=4, steps="all")
+  run_diversity(dconfig, run_dir)
+  written = [n for n, t in tables.TABLES.items() if tables.path_of(run_dir, t).exists()]
+  assert {"probes", "probes_baselines", "ablation_heads", "diversity"} <= set(written)
+  for name in written:
+    table = tables.TABLES[name]
+    frame = headspec.read_table(run_dir, name)
+    tables.write(tmp_path / "copy.csv", frame.to_dict("records"), table)
+    assert (tmp_path / "copy.csv").read_bytes() == tables.path_of(run_dir, table).read_bytes(), name
+
+  other = tmp_path / "other"
+  (other / "probes").mkdir(parents=True)
+  (other / "probes/results.csv").write_bytes((run_dir / "probes/results.csv").read_bytes())
+  both = headspec.read_tables([run_dir, other], "probes")
+  one = headspec.read_table(run_dir, "probes")
+  assert list(both.columns) == ["run", *tables.PROBES.columns] and len(both) == 2 * len(one)
+  assert both.run.tolist() == ["tiny"] * len(one) + ["other"] * len(one)
+  pd.testing.assert_frame_equal(both[both.run == "other"].drop(columns="run").reset_index(drop=True), one)
+  assert headspec.read_tables({"a": run_dir}, "probes").run.unique().tolist() == ["a"]
+  with pytest.raises(UserError, match=f"{other}/ablation/heads.csv: no such table"):
+    headspec.read_tables([run_dir, other], "ablation_heads")
+  with pytest.raises(UserError, match="no table 'probe'"):
+    headspec.read_tables([run_dir], "probe")
+  with pytest.raises(UserError, match="no run directories"):
+    headspec.read_tables([], "probes")
+
+  # Reading tables needs no JAX.
+  code = (
+    "import sys, headspec\n"
+    "frame = headspec.read_tables([sys.argv[1], sys.argv[2]], 'probes')\n"
+    "assert len(frame) > 0 and 'jax' not in sys.modules and 'flax' not in sys.modules\n"
+  )
+  subprocess.run([sys.executable, "-c", code, str(run_dir), str(other)], check=True, env=dict(os.environ))
+
+
+def test_public_names():
+  assert {"load", "run", "probe", "ablate", "read_table", "read_tables"} <= set(headspec.__all__)
+  for name in headspec.__all__:
+    assert getattr(headspec, name) is not None
+  code = "import sys, headspec; headspec.read_table; headspec.TABLES; assert 'jax' not in sys.modules"
+  subprocess.run([sys.executable, "-c", code], check=True)

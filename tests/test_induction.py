@@ -1,0 +1,286 @@
+"""Induction-head scores with known answers: hand-built attention maps, OV circuits with known eigenvalues,
+the ICL positions, the formation window, the attention-only model option, and `headspec attention`'s
+induction step end to end on a tiny decoder (tables, labels, ICL, causal rows, encoder refusal)."""
+
+import csv
+
+import jax
+import numpy as np
+import pytest
+from flax import nnx
+
+from headspec import runs, tables
+from headspec.attention import induction as ind
+from headspec.attention import induction_run
+from headspec.attention.defaults import attention_config
+from headspec.attention.run import run_attention
+from headspec.errors import UserError
+from headspec.model import ModelConfig, Transformer
+from headspec.quickstart import quickstart_config
+from headspec.train import train_and_evaluate
+
+N_REP, COUNT, V = 6, 4, 40
+
+
+def _tokens():
+  return ind.repeated_random_tokens(V, [0, 1, 2], n=N_REP, count=COUNT, seed=0, bos=(2,))
+
+
+def _map(offset_of_query) -> np.ndarray:
+  """[B, T, T] attention putting all weight on key offset_of_query(i) (i itself when None/invalid)."""
+  T = 1 + 2 * N_REP
+  a = np.zeros((COUNT, T, T))
+  for i in range(T):
+    j = offset_of_query(i)
+    a[:, i, j if j is not None and 0 <= j <= i else i] = 1.0
+  return a
+
+
+def test_repeated_random_tokens():
+  x = _tokens()
+  assert x.shape == (COUNT, 1 + 2 * N_REP) and (x[:, 0] == 2).all()
+  assert (x[:, 1 : 1 + N_REP] == x[:, 1 + N_REP :]).all()
+  assert all(len(set(row[1 : 1 + N_REP])) == N_REP for row in x) and not np.isin(x[:, 1:], [0, 1, 2]).any()
+  assert (ind.repeated_random_tokens(V, [0, 1, 2], n=N_REP, count=COUNT, seed=0, bos=(2,)) == x).all()
+  with pytest.raises(UserError, match="induction.n"):
+    ind.repeated_random_tokens(5, [0, 1, 2], n=3, count=1, seed=0)
+
+
+@pytest.mark.parametrize(
+  "role,offset",
+  [
+    ("previous_token", lambda i: i - 1),
+    ("duplicate_token", lambda i: i - N_REP if i > N_REP else None),
+    ("induction", lambda i: i - N_REP + 1 if i > N_REP else None),
+  ],
+)
+def test_hand_built_maps_score_one_on_their_detector(role, offset):
+  a = _map(offset)[None, :, None]  # [L=1, B, H=1, T, S]
+  scores = ind.pattern_scores_of_maps(a, _tokens(), specials=[0, 1, 2])
+  for other, value in scores.items():
+    if other == role:
+      assert value[0, 0] == pytest.approx(1.0)
+    elif not (role == "previous_token" and other == "induction"):
+      assert value[0, 0] == pytest.approx(0.0, abs=1e-6)
+  if role == "previous_token":  # i−1 is i−n+1 only for n = 2: a previous-token map is not an induction map
+    assert scores["induction"][0, 0] == pytest.approx(0.0, abs=1e-6)
+
+
+def test_uniform_map_scores_the_mean_share():
+  T = 1 + 2 * N_REP
+  a = np.tril(np.ones((T, T)))
+  a = np.broadcast_to(a / a.sum(1, keepdims=True), (COUNT, T, T))[None, :, None]
+  s = ind.pattern_scores_of_maps(a, _tokens(), specials=[0, 1, 2])
+  expected = np.mean([1.0 / (i + 1) for i in range(N_REP + 1, T)])
+  assert s["induction"][0, 0] == pytest.approx(expected) and s["duplicate_token"][0, 0] == pytest.approx(expected)
+
+
+def test_copying_score_identity_and_negation():
+  rng = np.random.default_rng(0)
+  D, K = 6, 6
+  w_e = rng.normal(size=(10, D))
+  q, _ = np.linalg.qr(rng.normal(size=(D, D)))  # W_V W_O = I: the OV circuit is W_E W_U, PSD for W_U = W_Eᵀ
+  assert ind.copying_score(np.ones(5)) == 1.0 and ind.copying_score(-np.ones(5)) == -1.0
+  assert ind.copying_score(ind.ov_eigenvalues(w_e, q, q.T, w_e.T)) == pytest.approx(1.0)
+  assert ind.copying_score(ind.ov_eigenvalues(w_e, q, -q.T, w_e.T)) == pytest.approx(-1.0)
+  assert ind.copying_score(ind.ov_eigenvalues(np.eye(K), np.eye(K), np.eye(K), np.eye(K))) == 1.0
+
+
+def test_kxk_route_equals_vxv_eigenvalues():
+  rng = np.random.default_rng(1)
+  V_, D, K = 12, 8, 3
+  args = rng.normal(size=(V_, D)), rng.normal(size=(D, K)), rng.normal(size=(K, D)), rng.normal(size=(D, V_))
+  small = np.sort_complex(ind.ov_eigenvalues(*args))
+  full = ind.ov_eigenvalues_full(*args)
+  full = np.sort_complex(full[np.argsort(-np.abs(full))[:K]])  # the K non-zero ones
+  np.testing.assert_allclose(small, full, rtol=1e-6, atol=1e-8)
+  assert np.abs(np.sort(np.abs(ind.ov_eigenvalues_full(*args)))[: V_ - K]).max() < 1e-8
+
+
+def _tiny(mlp=True, **kw):
+  cfg = ModelConfig(kind="decoder", vocab_size=V, num_layers=2, num_heads=2, d_model=8, d_head=4, d_ff=16, max_len=16,
+                    mlp=mlp, **kw)  # fmt: skip
+  return Transformer(cfg, rngs=nnx.Rngs(params=0))
+
+
+def test_copying_scores_of_a_model_fold_the_layernorm_gains():
+  model = _tiny()
+  block = model.blocks[1]
+  w_e = np.asarray(model.token_embed_VD[...])
+  g1 = np.linspace(0.5, 2.0, 8)
+  gf = np.linspace(2.0, 0.5, 8)
+  block.ln_attention.scale[...] = g1
+  model.ln_final.scale[...] = gf
+  w_v = np.asarray(block.attention.w_v_DHK[...])[:, 1]
+  w_o = np.asarray(block.attention.w_o_HKD[...])[1]
+  expected = ind.copying_score(ind.ov_eigenvalues_full(w_e, g1[:, None] * w_v, w_o, gf[:, None] * w_e.T))
+  assert ind.copying_scores(model)[1, 1] == pytest.approx(expected, abs=1e-6)
+
+
+def test_attention_only_model():
+  model = _tiny(mlp=False)
+  assert not hasattr(model.blocks[0], "mlp") and not hasattr(model.blocks[0], "ln_mlp")
+  n_params = sum(x.size for x in jax.tree.leaves(nnx.state(model, nnx.Param)))
+  assert n_params < sum(x.size for x in jax.tree.leaves(nnx.state(_tiny(), nnx.Param)))
+  logits, inter = model(np.asarray(_tokens()[:, :12]), capture=("probs",))
+  assert logits.shape == (COUNT, 12, V) and inter.probs_LBHTS.shape == (2, COUNT, 2, 12, 12)
+
+
+def test_run_matches_the_maps_of_the_model():
+  model = _tiny()
+  x = _tokens()
+  p = ind.run(model, x, np.ones(x.shape, bool), np.array([0, 1, 2]), batch_size=3)  # a padded last batch
+  _, inter = model(x, capture=("probs",))
+  direct = ind.pattern_scores_of_maps(np.asarray(inter.probs_LBHTS), x, [0, 1, 2])
+  scores = ind.attention_scores(p, resamples=50, seed=0)
+  for role in ind.ATTENTION_ROLES:
+    np.testing.assert_allclose(scores[role][0], direct[role], rtol=1e-5)
+    assert (scores[role][1] <= scores[role][0] + 1e-9).all() and (scores[role][0] <= scores[role][2] + 1e-9).all()
+
+
+def test_icl_positions_and_scores():
+  assert ind.icl_positions(512) == (50, 500)
+  assert ind.icl_positions(128) == (12, 125)
+  nll = np.tile(np.linspace(3.0, 1.0, 16), (20, 1)) + np.random.default_rng(0).normal(0, 0.01, (20, 16))
+  value, low, high = ind.icl_score(nll, np.ones((20, 16), bool), 2, 14, resamples=200, seed=0)
+  assert value == pytest.approx(nll[:, 13].mean() - nll[:, 1].mean()) and low <= value <= high and value < -1.5
+  pos, mean, _, _ = ind.loss_by_position(nll, np.ones((20, 16), bool), resamples=50, seed=0)
+  assert list(pos) == list(range(1, 16)) and mean[0] == pytest.approx(nll[:, 0].mean())
+
+
+def test_formation_window():
+  steps = [0, 10, 30, 100, 300]
+  assert ind.formation_window(steps, [0.0, 0.1, 0.2, 0.7, 0.9], 0.4) == (30, 100)
+  assert ind.formation_window(steps, [0.0, 0.5, 0.2, 0.7, 0.9], 0.4) == (30, 100)  # crosses for good at 100
+  assert ind.formation_window(steps, [0.0] * 5, 0.4) == (None, None)
+  assert ind.formation_window(steps, [0.5] * 5, 0.4) == (None, 0)
+
+
+def test_combine_labels():
+  rows = [
+    dict(model="m", step=1, layer=0, head=0, label="none", rule="x"),
+    dict(model="m", step=1, layer=0, head=0, label="induction", rule="y"),
+  ]
+  out = induction_run.combine_labels(rows, 1, 2, "m", 1)
+  assert [(r["head"], r["label"]) for r in out] == [(0, "induction"), (1, "none")]
+
+
+# --- `headspec attention` end to end on a tiny decoder ---
+
+
+@pytest.fixture(scope="module")
+def run_dir(synthetic_data_dir, tmp_path_factory):
+  c = quickstart_config("decoder")
+  c.data_dir = str(synthetic_data_dir)
+  c.data.vocab_size = 512
+  c.model.num_layers, c.model.num_heads, c.model.d_model, c.model.d_head, c.model.d_ff = 2, 2, 32, 8, 64
+  c.model.mlp = False
+  c.train.steps, c.train.batch_size, c.train.seq_len = 4, 8, 40
+  c.train.eval_every = c.train.diversity_every = 0
+  c.train.checkpoint_every = 100
+  c.train.keep_steps = (0, 2)
+  workdir = tmp_path_factory.mktemp("induction_run")
+  train_and_evaluate(c, workdir)
+  assert runs.resolve_steps(workdir, "all") == [0, 2, 4]
+  assert runs.read_config(workdir).model.mlp is False
+  return workdir
+
+
+def _config(**induction):
+  c = attention_config()
+  c.treebank = ""
+  c.steps = "all"
+  c.roles.bootstrap_resamples = 50
+  c.induction.n = 50  # too long for the 40-token context: n = 19 is used
+  c.induction.num_sequences = 20
+  c.induction.num_tokens = 400
+  c.induction.causal.num_sequences = 10
+  c.induction.causal.random_seeds = 2
+  for k, v in induction.items():
+    c.induction[k] = v
+  return c
+
+
+def _read(path):
+  with open(path, newline="") as f:
+    return list(csv.DictReader(f))
+
+
+def test_attention_command_induction_step(run_dir, capsys):
+  # rows another analysis wrote for the same (model, step) are kept
+  tables.merge(
+    tables.path_of(run_dir, tables.ABLATION_CAUSAL),
+    [
+      dict(
+        model=run_dir.name,
+        step=4,
+        kind="probe_selective",
+        task="upos",
+        k=1,
+        selection="selective",
+        seed=-1,
+        metric="probe_accuracy",
+        value=0.5,
+        ci_low=0.4,
+        ci_high=0.6,
+      )
+    ],  # fmt: skip
+    tables.ABLATION_CAUSAL,
+  )
+  summary = run_attention(_config(), run_dir)
+  out = capsys.readouterr().out
+  assert "using n=19" in out and "formation window" in out
+  assert summary.name == "induction_summary.md" and "Formation window" in summary.read_text()
+  assert (run_dir / "attention" / "induction_formation.png").is_file()
+  roles = _read(run_dir / "attention" / "roles.csv")
+  assert {(r["data"], r["role"]) for r in roles} == {
+    *(("repeated_random", r) for r in ind.ATTENTION_ROLES),
+    *(("natural_text", r) for r in ind.ATTENTION_ROLES),
+    ("weights", "copying"),
+  }
+  assert {r["step"] for r in roles} == {"0", "2", "4"} and len(roles) == 3 * 7 * 4
+  for r in roles:
+    if r["data"] != "weights":
+      assert float(r["ci_low"]) - 1e-9 <= float(r["score"]) <= float(r["ci_high"]) + 1e-9
+    assert -1.0 - 1e-9 <= float(r["score"]) <= 1.0 + 1e-9
+  labels = _read(run_dir / "attention" / "labels.csv")
+  assert {(r["step"], r["layer"], r["head"]) for r in labels} == {
+    (str(s), str(l), str(h)) for s in (0, 2, 4) for l in range(2) for h in range(2)
+  }
+  icl = _read(run_dir / "attention" / "icl.csv")
+  assert {r["kind"] for r in icl} == {"loss_at_position", "icl_score"}
+  assert all(r["position"] == "" for r in icl if r["kind"] == "icl_score")
+  assert sorted(int(r["position"]) for r in icl if r["kind"] == "loss_at_position" and r["step"] == "4") == list(
+    range(1, 40)
+  )
+  causal = _read(run_dir / "ablation" / "causal.csv")
+  assert {r["kind"] for r in causal if r["step"] == "4"} == {"probe_selective", "induction"}
+  ours = [r for r in causal if r["kind"] == "induction"]
+  assert {r["task"] for r in ours} == {"repeated_random/zero", "repeated_random/mean"}
+  assert {int(r["k"]) for r in ours} == {1, 2, 4} and {r["metric"] for r in ours} == set(
+    __import__("headspec.ablation.causal", fromlist=["x"]).INDUCTION_METRICS
+  )
+  # re-running one step replaces its rows only
+  before = len(_read(run_dir / "attention" / "roles.csv"))
+  c = _config()
+  c.steps = "4"
+  run_attention(c, run_dir)
+  assert len(_read(run_dir / "attention" / "roles.csv")) == before
+
+
+def test_encoder_refused_with_one_line(run_dir, monkeypatch):
+  from headspec import targets
+
+  real = targets.run_targets
+
+  def as_encoder(*a, **k):
+    import dataclasses
+
+    return [dataclasses.replace(t, kind="encoder") for t in real(*a, **k)]
+
+  monkeypatch.setattr(targets, "run_targets", as_encoder)
+  with pytest.raises(UserError, match="need a decoder") as e:
+    run_attention(_config(enabled="on"), run_dir)
+  assert "\n" not in str(e.value)
+  with pytest.raises(UserError, match="nothing to analyse"):
+    run_attention(_config(), run_dir)  # 'auto' skips encoders; without a treebank nothing is left

@@ -1,0 +1,169 @@
+"""Launchers: the exact commands each prints with --dry-run, bad input as one line, and sweeps' tables."""
+
+import json
+import os
+import shlex
+import subprocess
+import sys
+
+import pytest
+
+from headspec import launch, sweeps
+from headspec.errors import UserError
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def dry(*argv, env=None):
+  """(exit code, stdout, stderr) of `python -m headspec.launch ... --dry-run` in the repo."""
+  done = subprocess.run(
+    [sys.executable, "-m", "headspec.launch", *argv],
+    cwd=REPO,
+    capture_output=True,
+    text=True,
+    env={**os.environ, "HEADSPEC_DATA_DIR": "/data", **(env or {})},
+    timeout=60,
+  )
+  return done.returncode, done.stdout, done.stderr
+
+
+def commands(out: str) -> list[tuple[str, list[str]]]:
+  lines = out.strip().splitlines()
+  return [(lines[i].removeprefix("# host: "), shlex.split(lines[i + 1])) for i in range(0, len(lines), 2)]
+
+
+def test_local_any_command_and_two_processes():
+  code, out, _ = dry(
+    "local", "--dry-run", "--processes=2", "--", "train", "--config=configs/quickstart.py", "--workdir=r"
+  )
+  assert code == 0
+  (h0, c0), (h1, c1) = commands(out)
+  assert (h0, h1) == ("local process 0 of 2", "local process 1 of 2")
+  assert "JAX_PROCESS_ID=0" in c0 and "JAX_PROCESS_ID=1" in c1 and "JAX_NUM_PROCESSES=2" in c0
+  port = [a for a in c0 if a.startswith("JAX_COORDINATOR_ADDRESS=")]
+  assert port and port[0].startswith("JAX_COORDINATOR_ADDRESS=127.0.0.1:") and port[0] in c1
+  assert c0[-6:] == [
+    "-m",
+    "headspec",
+    "train",
+    "--config=configs/quickstart.py",
+    "--workdir=r",
+    "--config.multihost=True",
+  ]
+  code, out, _ = dry("local", "--dry-run", "--processes=2", "--", "atlas", "--workdir=r")  # analyses: one process
+  assert (
+    code == 0
+    and [h for h, _ in commands(out)] == ["local"]
+    and commands(out)[0][1][-3:] == ["headspec", "atlas", "--workdir=r"]
+  )
+
+
+def test_study_is_train_then_every_analysis_at_every_kept_step():
+  code, out, _ = dry(
+    "multi-gpu",
+    "--dry-run",
+    "--study",
+    "--config=configs/base_decoder.py",
+    "--workdir=runs/s",
+    "--",
+    "--config.train.steps=100",
+  )
+  assert code == 0
+  cmds = [c for _, c in commands(out)]
+  assert [c[c.index("headspec") + 1] for c in cmds] == ["train", "probe", "diversity", "attention", "ablate"]
+  assert "XLA_PYTHON_CLIENT_MEM_FRACTION=0.9" in cmds[0]
+  assert cmds[0][-3:] == ["--workdir=runs/s", "--config.train.steps=100", "--config.model.dtype=bfloat16"]
+  assert "--config.probe.steps=all" in cmds[1] and all("--config.steps=all" in c for c in cmds[2:])
+  assert all("--workdir=runs/s" in c for c in cmds)
+
+
+def test_slurm_sweep_is_a_job_array_with_signal_and_requeue():
+  code, out, _ = dry(
+    "slurm", "--dry-run", "--nodes=2", "--gpus-per-node=4", "--grid=train.regularizers.drophead=0,0.1", "--seeds=0,1",
+    "--config=configs/base_decoder.py", "--workdir=/shared/dh",
+  )  # fmt: skip
+  assert code == 0
+  for line in (
+    "#SBATCH --nodes=2",
+    "#SBATCH --array=0-3",
+    "#SBATCH --signal=B:USR1@120",
+    "#SBATCH --requeue",
+    "#SBATCH --gpus-per-node=4",
+  ):
+    assert line in out.splitlines(), line
+  assert "scontrol requeue" in out and 'kill -TERM "$step_pid"' in out
+  trains = [line.split() for line in out.splitlines() if "headspec train" in line]
+  assert len(trains) == 4
+  first = trains[0]
+  assert first[:5] == ["run", "srun", "--nodes=2", "--ntasks-per-node=1", "--kill-on-bad-exit=1"]
+  assert "--workdir=/shared/dh/drophead=0,seed=0" in first and "--config.multihost=True" in first
+  assert "--config.train.regularizers.drophead=0" in first and "--config.seed=0" in first
+  assert "--workdir=/shared/dh/drophead=0.1,seed=1" in trains[3]
+  assert out.count("python -m headspec.sweeps summarize /shared/dh") == 4
+
+
+def test_tpu_creates_installs_a_wheel_stages_data_and_runs_on_every_worker():
+  code, out, _ = dry(
+    "tpu", "--dry-run", "--create", "--accelerator-type=v4-16", "--runtime-version=tpu-ubuntu2204-base",
+    "--data=gs://b/data", "--study", "--analyses=probe", "--config=configs/base_decoder.py", "--workdir=gs://b/run",
+    env={"TPU_NAME": "pod", "ZONE": "us-central2-b"},
+  )  # fmt: skip
+  assert code == 0, _
+  steps = commands(out)
+  assert steps[0][1][:6] == ["gcloud", "compute", "tpus", "tpu-vm", "create", "pod"]
+  assert "--accelerator-type=v4-16" in steps[0][1]
+  assert steps[1][1][-6:] == ["wheel", "--no-deps", "-q", "-w", "dist", "."]
+  remote = {h: [] for h, _ in steps}
+  for host, cmd in steps:
+    remote[host].append(next((a.removeprefix("--command=") for a in cmd if a.startswith("--command=")), ""))
+  every = remote["every TPU worker"]
+  assert any("pip install -q -U 'jax[tpu]' ~/headspec/headspec-0.1.0-py3-none-any.whl" in c for c in every)
+  assert any("gcloud storage rsync --recursive gs://b/data ~/headspec/data" in c for c in every)
+  train = [c for c in every if "headspec train" in c][0]
+  assert (
+    "--workdir=gs://b/run" in train
+    and "--config.multihost=True" in train
+    and "HEADSPEC_DATA_DIR=~/headspec/data" in train
+  )
+  assert "git clone" not in out
+  assert [c for c in remote["TPU worker 0"] if "headspec probe" in c]
+
+
+@pytest.mark.parametrize(
+  "argv, env, message",
+  [
+    (["tpu", "--dry-run", "--", "train", "--config=configs/base_decoder.py", "--workdir=gs://b/r"], {"TPU_NAME": "", "ZONE": ""}, "needs --tpu-name"),
+    (["tpu", "--dry-run", "--create", "--data=gs://b/d", "--", "train"], {"TPU_NAME": "t", "ZONE": "z"}, "--accelerator-type"),
+    (["local", "--dry-run", "--grid=train.nope=1,2", "--config=configs/base_decoder.py", "--workdir=x"], {}, "unknown config key 'train.nope'"),
+    (["local", "--dry-run", "--", "train", "--config=configs/base_decoder.py", "--workdir=ftp://h/run"], {}, "unknown URL scheme ftp://"),
+    (["slurm", "--grid=seed=1", "--config=configs/base_decoder.py", "--workdir=hdfs://x"], {}, "unknown URL scheme hdfs://"),
+    (["nowhere"], {}, "invalid choice"),
+  ],
+)  # fmt: skip
+def test_bad_input_is_one_line_and_starts_nothing(tmp_path, argv, env, message):
+  code, out, err = dry(*argv, env=env)
+  assert code == 2 and out == "" and len(err.strip().splitlines()) == 1 and message in err, err
+  assert not os.path.exists(os.path.join(REPO, "dist", "never")) and not (tmp_path / "x").exists()
+
+
+def test_sweep_names_table_and_summary(tmp_path):
+  from headspec.quickstart import quickstart_config
+
+  runs = sweeps.expand(
+    quickstart_config("decoder"), sweeps.parse_grid(["train.regularizers.drophead=0,0.2"], "3"), tmp_path
+  )
+  assert [r.name for r in runs] == ["drophead=0,seed=3", "drophead=0.2,seed=3"]
+  sweeps.write_plan(tmp_path, runs)
+  os.makedirs(runs[1].workdir)
+  with open(os.path.join(runs[1].workdir, "metrics.jsonl"), "w") as f:
+    f.write(json.dumps({"step": 5, "loss": 2.5}) + "\n" + json.dumps({"step": 5, "eval/loss": 2.75}) + "\n")
+  table = sweeps.summarize(tmp_path).read_text().splitlines()
+  assert table[0] == "name,workdir,overrides,step,loss,eval_loss"
+  assert table[2].endswith(",5,2.500000,2.750000") and table[1].endswith(",,,")
+  with pytest.raises(UserError, match="unknown config key"):
+    sweeps.expand(quickstart_config("decoder"), [("model.nope", ["1"])], tmp_path)
+
+
+def test_build_raises_user_error_in_process():
+  with pytest.raises(UserError, match="nothing to run"):
+    launch.build(["local"])

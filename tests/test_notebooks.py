@@ -1,0 +1,89 @@
+"""docs/notebooks re-executed top to bottom on a real Jupyter kernel (nbclient + ipykernel).
+
+A notebook fails when a cell raises, or when its outputs no longer match the recorded ones in kind:
+per code cell, whether it shows a figure, the columns of each table it shows, and whether it has a
+result at all (text, timings and numbers may change; streams are ignored). The notebooks are kept with
+their outputs so they render as pages; re-record them after an intended change by executing and saving.
+"""
+
+import html.parser
+import os
+import pathlib
+import time
+
+import pytest
+
+nbformat = pytest.importorskip("nbformat")
+nbclient = pytest.importorskip("nbclient")
+
+NOTEBOOKS = sorted((pathlib.Path(__file__).resolve().parents[1] / "docs" / "notebooks").glob("*.ipynb"))
+
+
+class _Columns(html.parser.HTMLParser):
+  """The header cells of a pandas DataFrame's HTML (its columns, and the index name if any)."""
+
+  def __init__(self):
+    super().__init__()
+    self.columns, self._in_head, self._in_th = [], False, False
+
+  def handle_starttag(self, tag, attrs):
+    self._in_head |= tag == "thead"
+    self._in_th = self._in_head and tag == "th"
+    if self._in_th:
+      self.columns.append("")
+
+  def handle_endtag(self, tag):
+    self._in_head &= tag != "thead"
+    self._in_th &= tag != "th"
+
+  def handle_data(self, data):
+    if self._in_th:
+      self.columns[-1] += data.strip()
+
+
+def kinds(cell) -> list:
+  """What a code cell shows, in kind: ('figure',), ('table', columns) or ('result',) per output."""
+  out = []
+  for output in cell.get("outputs", []):
+    if output["output_type"] == "error":
+      out.append(("error", output["ename"]))
+    if output["output_type"] not in ("display_data", "execute_result"):
+      continue  # streams: logs and timings
+    data = output.get("data", {})
+    if "image/png" in data or "image/svg+xml" in data:
+      out.append(("figure",))
+    elif "dataframe" in data.get("text/html", ""):
+      parser = _Columns()
+      parser.feed(data["text/html"])
+      out.append(("table", tuple(parser.columns)))
+    else:
+      out.append(("result",))
+  return out
+
+
+def test_notebooks_are_kept_with_outputs():
+  assert len(NOTEBOOKS) == 4
+  for path in NOTEBOOKS:
+    cells = [c for c in nbformat.read(path, as_version=4).cells if c.cell_type == "code"]
+    assert all(c.get("execution_count") for c in cells), f"{path.name}: execute and save it with its outputs"
+    shown = [k[0] for c in cells for k in kinds(c)]
+    assert "figure" in shown or "table" in shown, f"{path.name}: no figure or table recorded"
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.stem)
+def test_notebook_runs_and_outputs_match(path, tmp_path):
+  if not os.environ.get("HEADSPEC_DATA_DIR"):
+    pytest.fail("HEADSPEC_DATA_DIR is unset: the notebooks read the treebanks from it", pytrace=False)
+  recorded = nbformat.read(path, as_version=4)
+  fresh = nbformat.read(path, as_version=4)
+  t0 = time.perf_counter()
+  client = nbclient.NotebookClient(
+    fresh, timeout=600, kernel_name="python3", resources={"metadata": {"path": str(tmp_path)}}
+  )
+  client.execute()  # raises CellExecutionError when a cell raises
+  seconds = time.perf_counter() - t0
+  print(f"{path.name}: {seconds:.0f} s")
+  for i, (old, new) in enumerate(zip(recorded.cells, fresh.cells)):
+    if old.cell_type == "code":
+      assert kinds(new) == kinds(old), f"{path.name}, cell {i}: outputs {kinds(new)}, recorded {kinds(old)}"
