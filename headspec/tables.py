@@ -231,13 +231,17 @@ def _sort_value(value: str):
     return (1, 0, value)
 
 
-def merge(path, new_rows: list[dict], table: Table) -> list[dict[str, str]]:
+def merge(path, new_rows: list[dict], table: Table, *, others=None) -> list[dict[str, str]]:
   """Replaces the rows whose key (`table.key`) matches any new row's, keeps the others; rows are
   ordered by key (numbers numerically), each key's rows in the order they were written. Returns the
-  table as written."""
+  table as written.
+
+  `others(row) -> bool`, for a table two analyses write (ablation/causal.csv, attention/roles.csv): the
+  existing rows of a replaced key for which it is true belong to the other analysis and are kept.
+  """
   new = [format_row(r, table) for r in new_rows]
   replaced = {_key_of(r, table) for r in new}
-  kept = [r for r in read(path, table) if _key_of(r, table) not in replaced]
+  kept = [r for r in read(path, table) if _key_of(r, table) not in replaced or (others is not None and others(r))]
   rows = sorted(kept + new, key=lambda r: [_sort_value(v) for v in _key_of(r, table)])
   write(path, rows, table)
   return rows

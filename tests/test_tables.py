@@ -74,3 +74,27 @@ def test_every_table_has_unique_columns_and_its_key_among_them():
     assert len(set(table.columns)) == len(table.columns), name
     assert set(table.key) <= set(table.columns), name
     assert set(table.int_columns) | set(table.float_columns) <= set(table.columns), name
+
+
+def test_merge_keeps_the_rows_another_analysis_wrote_for_the_same_key(tmp_path):
+  path = tmp_path / "causal.csv"
+  row = lambda kind, value: dict(
+    model="m",
+    step=1,
+    kind=kind,
+    task="upos",
+    k=1,
+    selection="selective",
+    seed=-1,
+    metric="loss_delta",
+    value=value,
+    ci_low=value,
+    ci_high=value,
+  )
+  tables.merge(path, [row("induction", 0.5)], tables.ABLATION_CAUSAL)
+  tables.merge(
+    path, [row("probe_selective", 0.1)], tables.ABLATION_CAUSAL, others=lambda r: r["kind"] != "probe_selective"
+  )
+  assert sorted(r["kind"] for r in tables.read(path, tables.ABLATION_CAUSAL)) == ["induction", "probe_selective"]
+  tables.merge(path, [row("probe_selective", 0.2)], tables.ABLATION_CAUSAL)  # without `others`: replaced whole
+  assert [r["value"] for r in tables.read(path, tables.ABLATION_CAUSAL)] == ["0.200000"]

@@ -361,7 +361,8 @@ def run_ablation(config: ml_collections.ConfigDict, workdir) -> pathlib.Path:
     rows = ablate_job(job, model, sets[job.lm_head], config, plan, task_cache, tokenizer)
     for table in TABLES:
       if rows[table.path]:
-        tables.merge(tables.path_of(workdir, table), rows[table.path], table)
+        others = (lambda r: r["kind"] != "probe_selective") if table is tables.ABLATION_CAUSAL else None
+        tables.merge(tables.path_of(workdir, table), rows[table.path], table, others=others)
     for path in _figures(out_dir, job, rows, model.cfg.num_layers, model.cfg.num_heads):
       print(f"  wrote {path}", flush=True)
   print(f"ablate: tables in {out_dir} ({time.perf_counter() - t0:.0f} s)", flush=True)

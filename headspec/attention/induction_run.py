@@ -149,10 +149,7 @@ def combine_labels(rows: list[dict], L: int, H: int, model: str, step: int) -> l
 def merge_parts(workdir, table: tables.Table, new_rows: list[dict], mine) -> list[dict]:
   """`tables.merge`, keeping the existing rows of the same keys that `mine(row)` says another analysis
   wrote (a table's key is (model, step): merging alone would drop them)."""
-  path = tables.path_of(workdir, table)
-  keys = {tuple(str(r[c]) for c in table.key) for r in new_rows}
-  kept = [r for r in tables.read(path, table) if tuple(r[c] for c in table.key) in keys and not mine(r)]
-  return tables.merge(path, kept + new_rows, table)
+  return tables.merge(tables.path_of(workdir, table), new_rows, table, others=lambda r: not mine(r))
 
 
 def analyse(job: targets.Target, model, data: Data, config, *, log=print) -> dict:
