@@ -30,7 +30,7 @@ def browser():
 
   chrome, driver = _binaries()
   if not chrome or not driver:
-    pytest.skip(INSTALL)
+    pytest.fail(INSTALL, pytrace=False) if os.environ.get("CI") else pytest.skip(INSTALL)  # .ci/run installs it
   options = webdriver.ChromeOptions()
   options.binary_location = chrome
   for arg in ("--headless=new", "--no-sandbox", "--disable-dev-shm-usage", "--disable-gpu", "--window-size=1400,1000"):
