@@ -79,3 +79,26 @@ def synthetic_data_dir(tmp_path_factory) -> pathlib.Path:
   out = tmp_path_factory.mktemp("synthetic")
   write_synthetic(out, num_train=600, num_dev=150, num_test=150, num_text_sentences=6000)
   return out
+
+
+@pytest.fixture(scope="session")
+def train_tiny_decoder(synthetic_data_dir, tmp_path_factory):
+  """`train(steps, keep_steps, name)` -> the run directory of a 2-layer, 4-head decoder (d_model 32, rows of
+  32 tokens) trained on the synthetic text, with checkpoints at `keep_steps` and the last step."""
+  from headspec.quickstart import quickstart_config
+  from headspec.train import train_and_evaluate
+
+  def train(steps: int, keep_steps=(), name: str = "run") -> pathlib.Path:
+    c = quickstart_config("decoder")
+    c.data_dir = str(synthetic_data_dir)
+    c.data.vocab_size = 512
+    c.model.num_layers, c.model.num_heads, c.model.d_model, c.model.d_head, c.model.d_ff = 2, 4, 32, 8, 64
+    c.train.steps, c.train.batch_size, c.train.seq_len = steps, 8, 32
+    c.train.eval_every = c.train.diversity_every = 0
+    c.train.checkpoint_every = 100
+    c.train.keep_steps = tuple(keep_steps)
+    workdir = tmp_path_factory.mktemp("runs") / name
+    train_and_evaluate(c, workdir)
+    return workdir
+
+  return train

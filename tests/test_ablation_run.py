@@ -12,8 +12,6 @@ from headspec import runs, tables
 from headspec.ablation import core, gates, metrics, pruning
 from headspec.ablation.run import ablate_quickstart, evaluation_set, run_ablation
 from headspec.cli import main
-from headspec.quickstart import quickstart_config
-from headspec.train import train_and_evaluate
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "configs"))
@@ -23,18 +21,9 @@ L, H = 2, 4
 
 
 @pytest.fixture(scope="module")
-def run_dir(synthetic_data_dir, tmp_path_factory):
+def run_dir(train_tiny_decoder):
   """A tiny decoder trained 30 steps (checkpoints 20 and 30) on the synthetic text."""
-  c = quickstart_config("decoder")
-  c.data_dir = str(synthetic_data_dir)
-  c.data.vocab_size = 512
-  c.model.num_layers, c.model.num_heads, c.model.d_model, c.model.d_head, c.model.d_ff = L, H, 32, 8, 64
-  c.train.steps, c.train.batch_size, c.train.seq_len = 30, 8, 32
-  c.train.eval_every = c.train.diversity_every = 0
-  c.train.checkpoint_every = 100
-  c.train.keep_steps = (20,)
-  workdir = tmp_path_factory.mktemp("run")
-  train_and_evaluate(c, workdir)
+  workdir = train_tiny_decoder(30, (20,))
   return workdir
 
 

@@ -19,8 +19,6 @@ import pytest
 import headspec
 from headspec import api, runs, tables
 from headspec.errors import UserError
-from headspec.quickstart import quickstart_config
-from headspec.train import train_and_evaluate
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 L, H = 2, 4
@@ -28,18 +26,9 @@ STEPS = [2, 4]
 
 
 @pytest.fixture(scope="module")
-def run_dir(synthetic_data_dir, tmp_path_factory):
+def run_dir(train_tiny_decoder):
   """A tiny decoder trained 4 steps on the synthetic text, checkpoints at steps 2 and 4."""
-  c = quickstart_config("decoder")
-  c.data_dir = str(synthetic_data_dir)
-  c.data.vocab_size = 512
-  c.model.num_layers, c.model.num_heads, c.model.d_model, c.model.d_head, c.model.d_ff = L, H, 32, 8, 64
-  c.train.steps, c.train.batch_size, c.train.seq_len = 4, 8, 32
-  c.train.eval_every = c.train.diversity_every = 0
-  c.train.checkpoint_every = 100
-  c.train.keep_steps = (2,)
-  workdir = tmp_path_factory.mktemp("runs") / "tiny"
-  train_and_evaluate(c, workdir)
+  workdir = train_tiny_decoder(4, (2,), name="tiny")
   assert runs.resolve_steps(workdir, "all") == STEPS
   return workdir
 
@@ -174,13 +163,27 @@ def test_head_attention_out_of_range(run_dir):
 # -------------------------------------------------------------------------------------------- probe
 
 
-def test_probe_equals_the_cli_row(run_dir, synthetic_data_dir, tmp_path):
-  """api.probe's rows are results.csv's rows of the same config, to the written digit, from a fresh
-  feature cache (recomputed, not read back)."""
+@pytest.fixture(scope="module")
+def cli_tables(run_dir, synthetic_data_dir):
+  """The command-line path on run_dir: `headspec probe` and `headspec ablate` (zero, mean) tables, written
+  once for every test that compares with them (whichever xdist worker runs it)."""
+  from headspec.ablation.config import ablate_config
+  from headspec.ablation.run import run_ablation
   from headspec.probing.suite import run_probe_suite
 
+  run_probe_suite(probe_config(synthetic_data_dir), run_dir)
+  config = ablate_config()
+  config.update(steps="last", methods="zero,mean", num_tokens=300, batch_size=4, bootstrap_resamples=100)
+  config.data_dir = str(synthetic_data_dir)
+  run_ablation(config, run_dir)
+  return config
+
+
+def test_probe_equals_the_cli_row(run_dir, synthetic_data_dir, tmp_path, cli_tables):
+  """api.probe's rows are results.csv's rows of the same config, to the written digit, from a fresh
+  feature cache (recomputed, not read back)."""
   config = probe_config(synthetic_data_dir)
-  results = run_probe_suite(config, run_dir)
+  results = tables.path_of(run_dir, tables.PROBES)
   csv_rows = tables.read(results, tables.PROBES)
   frame = headspec.probe(headspec.load(run_dir), "upos", heads=[(1, 2), (0, 0)], layer=0, config=config,
                          cache_dir=tmp_path)  # fmt: skip
@@ -222,14 +225,8 @@ def test_probe_options_and_bad_input(run_dir, synthetic_data_dir):
 # ------------------------------------------------------------------------------------------- ablate
 
 
-def test_ablate_equals_the_cli_row(run_dir, synthetic_data_dir):
-  from headspec.ablation.config import ablate_config
-  from headspec.ablation.run import run_ablation
-
-  config = ablate_config()
-  config.update(steps="last", methods="zero,mean", num_tokens=300, batch_size=4, bootstrap_resamples=100)
-  config.data_dir = str(synthetic_data_dir)
-  run_ablation(config, run_dir)
+def test_ablate_equals_the_cli_row(run_dir, cli_tables):
+  config = cli_tables
   heads = headspec.read_table(run_dir, "ablation_heads")
   loaded = headspec.load(run_dir)
   for method, (l, h) in (("zero", (1, 2)), ("mean", (0, 3))):
@@ -259,7 +256,7 @@ def test_ablate_equals_the_cli_row(run_dir, synthetic_data_dir):
 # ------------------------------------------------------------------------------------------- tables
 
 
-def test_tables_round_trip_exactly(run_dir, tmp_path):
+def test_tables_round_trip_exactly(run_dir, tmp_path, cli_tables):
   """read_table's DataFrame, written back by the table writer, is the CSV byte for byte; read_tables
   stacks runs with a `run` column; a missing table or run is one UserError."""
   from headspec.diversity.run import run_diversity

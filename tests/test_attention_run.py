@@ -12,26 +12,15 @@ from headspec.attention import attention_quickstart
 from headspec.attention.defaults import attention_config
 from headspec.attention.roles import ROLES
 from headspec.attention.run import run_attention
-from headspec.quickstart import quickstart_config
-from headspec.train import train_and_evaluate
 
 L, H = 2, 4
 CONFIG = str(pathlib.Path(__file__).resolve().parents[1] / "configs" / "attention_ewt.py")
 
 
 @pytest.fixture(scope="module")
-def run_dir(synthetic_data_dir, tmp_path_factory):
+def run_dir(train_tiny_decoder):
   """A tiny decoder (context 32 tokens: long synthetic sentences are split into windows), steps 2 and 4."""
-  c = quickstart_config("decoder")
-  c.data_dir = str(synthetic_data_dir)
-  c.data.vocab_size = 512
-  c.model.num_layers, c.model.num_heads, c.model.d_model, c.model.d_head, c.model.d_ff = L, H, 32, 8, 64
-  c.train.steps, c.train.batch_size, c.train.seq_len = 4, 8, 32
-  c.train.eval_every = c.train.diversity_every = 0
-  c.train.checkpoint_every = 100
-  c.train.keep_steps = (2,)
-  workdir = tmp_path_factory.mktemp("run")
-  train_and_evaluate(c, workdir)
+  workdir = train_tiny_decoder(4, (2,))
   assert runs.resolve_steps(workdir, "all") == [2, 4]
   return workdir
 

@@ -17,8 +17,6 @@ from headspec.diversity import metrics as diversity
 from headspec.diversity.run import evaluation_tokens, read_results, run_diversity
 from headspec.errors import UserError
 from headspec.pretrained import load_pretrained
-from headspec.quickstart import quickstart_config
-from headspec.train import train_and_evaluate
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "configs"))
@@ -29,18 +27,9 @@ L, H = 2, 4
 
 
 @pytest.fixture(scope="module")
-def run_dir(synthetic_data_dir, tmp_path_factory):
+def run_dir(train_tiny_decoder):
   """A tiny decoder trained 6 steps, checkpoints kept at 1, 2, 4 and 6."""
-  c = quickstart_config("decoder")
-  c.data_dir = str(synthetic_data_dir)
-  c.data.vocab_size = 512
-  c.model.num_layers, c.model.num_heads, c.model.d_model, c.model.d_head, c.model.d_ff = L, H, 32, 8, 64
-  c.train.steps, c.train.batch_size, c.train.seq_len = 6, 8, 32
-  c.train.eval_every = c.train.diversity_every = 0
-  c.train.checkpoint_every = 100
-  c.train.keep_steps = (1, 2, 4)
-  workdir = tmp_path_factory.mktemp("run")
-  train_and_evaluate(c, workdir)
+  workdir = train_tiny_decoder(6, (1, 2, 4))
   assert runs.resolve_steps(workdir, "all") == STEPS
   return workdir
 
