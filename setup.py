@@ -27,6 +27,8 @@ setup(
     "etils[epath]",  # run and data directories (gs:// too)
     "pyarrow",  # WikiText's parquet files (headspec data download text)
     "numpy",
+    "networkx",  # attention flow (max-flow, Abnar & Zuidema 2020)
+    "pandas",  # results tables as DataFrames (headspec.read_table, the API)
     "scipy",
     "matplotlib",
     "tqdm",
