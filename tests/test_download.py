@@ -303,12 +303,15 @@ def test_pinned_registry_and_cli(tmp_path, monkeypatch, capsys):
       assert source.url(text_download.HF_DATASETS_URL, remote).startswith(
         f"https://huggingface.co/datasets/Salesforce/wikitext/resolve/{source.revision}/wikitext-"
       )
-  assert all(f.sha256 for files in text_download.CORPORA["wikitext_103"].files.values() for f in files)
+  for source in text_download.CORPORA.values():
+    assert all(f.sha256 and f.size for files in source.files.values() for f in files), source.name
   assert text_download.download_command("wikitext-103") == "headspec data download text wikitext_103"
   monkeypatch.setenv("HEADSPEC_DATA_DIR", str(tmp_path))
+  # Nothing listens on port 9: one line naming the file that could not be fetched, nothing written.
   assert cli.main(["headspec", "data", "download", "text", "wikitext-2", "--base-url=http://127.0.0.1:9"]) == 2
-  err = capsys.readouterr().err.strip()
-  assert len(err.splitlines()) == 1 and "no verified SHA-256 for wikitext-2-raw-v1/train-00000-of-00001.parquet" in err
+  err = capsys.readouterr().err.strip().splitlines()[-1]  # progress lines, then the one error line
+  assert err.startswith("headspec: error: ") and "train-00000-of-00001.parquet: download failed" in err, err
+  assert not (tmp_path / "text" / "wikitext_2").exists()
   assert cli.main(["headspec", "data", "download", "text", "bogus"]) == 2
   assert "unknown corpus 'bogus': downloadable are wikitext_103, wikitext_2" in capsys.readouterr().err
 

@@ -13,8 +13,8 @@ title heading ` = Title = ` (one `=` each side; sections are ` = = Section = = `
 document: its non-blank lines, stripped, heading lines included verbatim. The raw variants are used
 (no `<unk>`); WikiText's own tokenization (` @-@ `, spaces around punctuation) is kept as it is.
 
-A file whose SHA-256 could not be read from the dataset repository's public metadata has `sha256=None`
-here: the download refuses to start until `--sha256=FILE=HEX` supplies one (see docs/data.md).
+Every file of the shipped corpora is pinned. A source added with `sha256=None` (no public value found)
+makes the download refuse to start until `--sha256=FILE=HEX` supplies one (see docs/data.md).
 """
 
 from __future__ import annotations
@@ -74,8 +74,9 @@ class TextSource:
 
 # Salesforce/wikitext at b08601e04326c79dfdd32d625aee71d232d685c3 ("Convert dataset to Parquet (#8)",
 # 2024-01-04; still the files on `main`). WikiText-103 SHA-256 values: the files' LFS pointers as the
-# repository's pages show them ("Git LFS Details"); byte sizes: other projects' manifests pinned to this
-# revision, matching the pages' rounded sizes. The download checks both. Provenance: docs/data.md.
+# repository's pages show them ("Git LFS Details"); byte sizes (and WikiText-2's train SHA-256): other
+# projects' manifests pinned to this revision, matching the pages' rounded sizes. The download checks
+# both. Provenance: docs/data.md.
 WIKITEXT_REPO = "Salesforce/wikitext"
 WIKITEXT_REVISION = "b08601e04326c79dfdd32d625aee71d232d685c3"
 _WIKITEXT_VALID = (
@@ -115,9 +116,14 @@ CORPORA = {
     repo=WIKITEXT_REPO,
     revision=WIKITEXT_REVISION,
     files={
-      # The train file's SHA-256 was not available from public metadata when this was pinned: the
-      # download asks for --sha256=train-00000-of-00001.parquet=HEX (from the file's page) instead.
-      "train": (RemoteFile("wikitext-2-raw-v1/train-00000-of-00001.parquet", None, None),),
+      # SHA-256 and size from several independent public manifests pinned to this revision (docs/data.md).
+      "train": (
+        RemoteFile(
+          "wikitext-2-raw-v1/train-00000-of-00001.parquet",
+          6_357_543,
+          "e83889baabc497075506f91975be5fac0d45c5290b6b20582c8cd1e853d0c9f7",
+        ),
+      ),
       # WikiText-2 and -103 share their validation articles; the parquet files are byte-identical.
       "valid": (RemoteFile("wikitext-2-raw-v1/" + _WIKITEXT_VALID[0], *_WIKITEXT_VALID[1:]),),
     },
