@@ -67,4 +67,5 @@ def train_config() -> ml_collections.ConfigDict:
   c.train.regularizers.query_orthogonality = 0.0  # inter-head orthogonality of W_Q
   c.train.regularizers.drophead = 0.0  # DropHead p (Zhou et al. 2020)
   c.train.regularizers.drophead_schedule = "constant"  # 'constant' | 'v' (scheduled DropHead)
+  c.train.regularizers.drophead_turn = 0.5  # 'v': the turning point, a fraction of train.steps (Zhou et al. §3.2)
   return c

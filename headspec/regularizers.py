@@ -144,8 +144,10 @@ def drophead_rate(step, total_steps: int, p_max: float, schedule: str = "constan
   p_max·(1 − step/τ) for step < τ and p_max·(step − τ)/(total − τ) after, τ = turn·total_steps.
   Motivation in the paper: drop heads hard early, while a few heads would otherwise come to dominate
   (Voita et al. 2019), and regularize increasingly late in training (curriculum dropout). The paper's
-  turning point is a hyperparameter; turn=0.5 (the midpoint) is our default.
+  turning point is a hyperparameter: `train.regularizers.drophead_turn` (default 0.5, the midpoint).
   """
+  if not 0.0 < turn < 1.0:
+    raise UserError(f"train.regularizers.drophead_turn must be in (0, 1), got {turn}")
   step = jnp.asarray(step, jnp.float32)
   if schedule == "constant":
     return jnp.full_like(step, p_max)

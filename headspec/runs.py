@@ -24,7 +24,10 @@ SHAPE_KEYS = (
   "positions",
   "tie_embeddings",
   "pre_layernorm",
+  "mlp",
 )
+# What a key means in a config.json written before the key existed.
+SHAPE_DEFAULTS = {"mlp": True}
 
 
 def model_config(model: ml_collections.ConfigDict, vocab_size: int, max_len: int) -> ModelConfig:
@@ -45,7 +48,7 @@ def model_config(model: ml_collections.ConfigDict, vocab_size: int, max_len: int
     tie_embeddings=model.tie_embeddings,
     activation=model.activation,
     dtype=model.dtype,
-    mlp=model.get("mlp", True),  # run configs written before the option have MLPs
+    mlp=model.get("mlp", SHAPE_DEFAULTS["mlp"]),  # run configs written before the option have MLPs
   )
 
 
@@ -59,10 +62,11 @@ def write_config(workdir, config: ml_collections.ConfigDict, *, is_lead: bool = 
   if path.is_file() and checkpoints.saved_steps(workdir):
     old = json.loads(path.read_text())["model"]
     for key in SHAPE_KEYS:
-      if old.get(key) != config.model[key]:
+      there, here = old.get(key, SHAPE_DEFAULTS.get(key)), config.model.get(key, SHAPE_DEFAULTS.get(key))
+      if there != here:
         raise UserError(
-          f"{workdir} holds checkpoints of a different model: model.{key} is {old.get(key)!r} there, "
-          f"{config.model[key]!r} in this config (use a new --workdir)"
+          f"{workdir} holds checkpoints of a different model: model.{key} is {there!r} there, "
+          f"{here!r} in this config (use a new --workdir)"
         )
   if is_lead:
     workdir.mkdir(parents=True, exist_ok=True)

@@ -57,6 +57,7 @@ class Objective:
   query_orthogonality: float = 0.0
   drophead: float = 0.0  # DropHead p_max (Zhou et al. 2020)
   drophead_schedule: str = "constant"
+  drophead_turn: float = 0.5  # the V schedule's turning point, a fraction of total_steps
   total_steps: int = 1
   num_layers: int = 1
   num_heads: int = 1
@@ -126,7 +127,9 @@ def train_step(state: TrainState, batch, base_key, *, graphdef, tx, obj: Objecti
     dropout_key = jax.random.fold_in(dropout_key, jax.lax.axis_index(axis_name))
   head_mask, logged = None, {}
   if obj.drophead:
-    rate = regularizers.drophead_rate(state.step, obj.total_steps, obj.drophead, obj.drophead_schedule)
+    rate = regularizers.drophead_rate(
+      state.step, obj.total_steps, obj.drophead, obj.drophead_schedule, turn=obj.drophead_turn
+    )
     head_mask = regularizers.drophead_mask(
       jax.random.fold_in(dropout_key, 1), rate, inputs_BT.shape[0], obj.num_layers, obj.num_heads
     )
@@ -190,6 +193,7 @@ def objective(config: ml_collections.ConfigDict, tokenizer) -> Objective:
     query_orthogonality=reg.query_orthogonality,
     drophead=reg.drophead,
     drophead_schedule=reg.drophead_schedule,
+    drophead_turn=reg.get("drophead_turn", 0.5),
     total_steps=config.train.steps,
     num_layers=config.model.num_layers,
     num_heads=config.model.num_heads,

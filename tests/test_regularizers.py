@@ -165,3 +165,19 @@ def test_drophead_rate_schedules():
   assert float(regularizers.drophead_rate(100, 1000, 0.2, "v", turn=0.2)) == pytest.approx(0.1)
   with pytest.raises(UserError):
     regularizers.drophead_rate(0, 10, 0.1, "cosine")
+  with pytest.raises(UserError, match="drophead_turn must be in"):
+    regularizers.drophead_rate(0, 10, 0.1, "v", turn=1.0)
+
+
+def test_drophead_turn_is_a_config_key():
+  from types import SimpleNamespace
+
+  from headspec import defaults, train
+
+  config = defaults.train_config()
+  config.train.steps, config.train.regularizers.drophead = 1000, 0.2
+  config.train.regularizers.drophead_schedule, config.train.regularizers.drophead_turn = "v", 0.2
+  obj = train.objective(config, SimpleNamespace(vocab_size=50, mask_id=4, unk_id=1))
+  assert obj.drophead_turn == 0.2
+  rate = regularizers.drophead_rate(100, obj.total_steps, obj.drophead, obj.drophead_schedule, turn=obj.drophead_turn)
+  assert float(rate) == pytest.approx(0.1)  # halfway down to the turn at step 200

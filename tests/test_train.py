@@ -167,6 +167,10 @@ def test_workdir_with_another_model_shape_is_refused(synthetic_data_dir, tmp_pat
   config.model.d_model = 48
   with pytest.raises(UserError, match="different model: model.d_model"):
     train_and_evaluate(config, tmp_path)
+  config.model.d_model = json.loads((tmp_path / "config.json").read_text())["model"]["d_model"]
+  config.model.mlp = False  # attention-only: other parameters, same sizes
+  with pytest.raises(UserError, match="different model: model.mlp is True there, False in this config"):
+    train_and_evaluate(config, tmp_path)
   after = {p: p.read_bytes() for p in tmp_path.rglob("*") if p.is_file()}
   assert before == after
 
