@@ -145,12 +145,17 @@ class Attention(nnx.Module):
     q_BTHK = jnp.einsum("btd,dhk->bthk", x_BTD, self.w_q_DHK[...].astype(dt)) + self.b_q_HK[...].astype(dt)
     k_BSHK = jnp.einsum("bsd,dhk->bshk", x_BTD, self.w_k_DHK[...].astype(dt)) + self.b_k_HK[...].astype(dt)
     v_BSHK = jnp.einsum("bsd,dhk->bshk", x_BTD, self.w_v_DHK[...].astype(dt)) + self.b_v_HK[...].astype(dt)
-    scale = 1.0 / jnp.sqrt(jnp.float32(q_BTHK.shape[-1]))
-    logits_BHTS = jnp.einsum("bthk,bshk->bhts", q_BTHK, k_BSHK).astype(jnp.float32) * scale
-    logits_BHTS = jnp.where(mask_BTS[:, None], logits_BHTS, jnp.finfo(jnp.float32).min)
-    probs_BHTS = jax.nn.softmax(logits_BHTS, axis=-1)
-    dropped_BHTS = self.attention_dropout(probs_BHTS, deterministic=dropout_rngs is None, rngs=dropout_rngs)
-    z_BTHK = jnp.einsum("bhts,bshk->bthk", dropped_BHTS.astype(dt), v_BSHK)
+    scale = q_BTHK.shape[-1] ** -0.5
+    dropout_on = dropout_rngs is not None and self.attention_dropout.rate > 0
+    probs_BHTS = None
+    if "probs" in capture or dropout_on:  # the explicit per-head path: A_h is needed, or dropped out
+      logits_BHTS = jnp.einsum("bthk,bshk->bhts", q_BTHK, k_BSHK).astype(jnp.float32) * scale
+      logits_BHTS = jnp.where(mask_BTS[:, None], logits_BHTS, jnp.finfo(jnp.float32).min)
+      probs_BHTS = jax.nn.softmax(logits_BHTS, axis=-1)
+      dropped_BHTS = self.attention_dropout(probs_BHTS, deterministic=dropout_rngs is None, rngs=dropout_rngs)
+      z_BTHK = jnp.einsum("bhts,bshk->bthk", dropped_BHTS.astype(dt), v_BSHK)
+    else:  # fused (cuDNN's flash attention on GPU where it applies, XLA elsewhere); still per head
+      z_BTHK = jax.nn.dot_product_attention(q_BTHK, k_BSHK, v_BSHK, mask=mask_BTS[:, None], scale=scale)
     masked_BTHK = z_BTHK * head_mask_BH[:, None, :, None].astype(dt)
     if replacement_BHK is not None:  # Z_h·m + (1 − m)·r: mean ablation when r is the mean Z_h
       masked_BTHK = masked_BTHK + ((1 - head_mask_BH)[:, :, None] * replacement_BHK)[:, None].astype(dt)
