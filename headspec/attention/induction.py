@@ -78,6 +78,32 @@ def repeated_random_tokens(vocab_size: int, specials, *, n: int, count: int, see
   return np.concatenate([bos_NB, r_NR, r_NR], axis=1).astype(np.int32)
 
 
+def varied_repeat_batch(
+  rng: np.random.Generator, count: int, seq_len: int, vocab_size: int, specials, *, lengths, bos=(2,)
+):
+  """[count, seq_len] training rows `BOS p_1 … p_m r_1 … r_n r_1 … r_n f_1 …` with n drawn from `lengths`,
+  a random-length random prefix p (m uniform in 0 … seq_len − len(bos) − 2n) and random filler f, every
+  token of a row distinct (drawn without replacement from the non-special vocabulary), so the second
+  repeat is predictable only in context. Varying n and the repeat's start keeps a one-layer model from
+  solving the task by attending to a fixed offset (`repeated_random_tokens` has one n and no prefix)."""
+  allowed = np.setdiff1d(np.arange(vocab_size), np.asarray(specials, np.int64))
+  lengths = np.asarray(lengths, np.int64)
+  body = seq_len - len(bos)
+  if lengths.min() < 1 or 2 * lengths.max() > body or body - lengths.min() > len(allowed):
+    raise UserError(
+      f"lengths {lengths.min()}…{lengths.max()}: 2n must fit {body} tokens after BOS, and the rest of a row in the vocabulary"
+    )
+  rows = np.empty((count, seq_len), np.int64)
+  rows[:, : len(bos)] = bos
+  for row in rows:
+    n = int(rng.choice(lengths))
+    m = int(rng.integers(0, body - 2 * n + 1))
+    tokens = rng.choice(allowed, body - n, replace=False)
+    r, others = tokens[:n], tokens[n:]
+    row[len(bos) :] = np.concatenate([others[:m], r, r, others[m:]])
+  return rows.astype(np.int32)
+
+
 def pattern_masks(tokens_BT, valid_BT, ordinary_BT):
   """[3, B, T, S] which keys each score sums over, and [3, B, T] which queries it averages over
   (previous_token, duplicate_token, induction; module docstring). `ordinary_BT`: not a special token."""
