@@ -30,6 +30,9 @@ SIZES = {  # layers, heads, d_model, d_head, d_ff, vocab, seq_len, batch
   "tiny": (2, 4, 64, 16, 256, 1000, 64, 32),
   "small": (4, 8, 256, 32, 1024, 8000, 128, 32),
   "base": (6, 12, 384, 32, 1536, 8000, 128, 32),
+  # The GPU sizes of the speed issue (BERT-base and -large shapes; nanoGPT's benchmark has no dropout either).
+  "gpu_base": (12, 12, 768, 64, 3072, 32000, 512, 32),
+  "gpu_large": (24, 16, 1024, 64, 4096, 32000, 512, 32),
 }
 # Dense peak FLOP/s by device kind and compute dtype (vendor datasheets; bf16 tensor cores, fp32 = TF32).
 PEAK_FLOPS = {

@@ -1,0 +1,154 @@
+"""Every benchmark in one command; rewrites BENCHMARKS.md with the machine and each benchmark's figures.
+
+  python -m benchmarks [--only=train,probe] [--full] [--out=BENCHMARKS.md]
+
+Runs each `benchmarks.bench_*` module in its own process (so one's compilation cache or memory does not
+flatter the next), reads the JSON object it prints last, and writes one section per benchmark: the exact
+command, its wall time and every number it reported, flattened (`results.0.tokens_per_second`). The
+ratios are the benchmarks' own (headspec against scikit-learn, the compiled sweep against a per-mask
+loop, ...), measured in the same process run. Default arguments are sized for a 2-core CPU; `--full`
+uses each benchmark's own defaults plus the GPU training sizes (bfloat16). Benchmarks that need the
+development data (MiniLM × EWT) read HEADSPEC_DATA_DIR and are skipped with the reason when it is unset.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import platform
+import subprocess
+import sys
+import time
+from importlib import metadata
+
+# name -> (CPU-sized arguments, --full arguments, needs HEADSPEC_DATA_DIR)
+BENCHMARKS = {
+  "train": (
+    ["--sizes=tiny,small", "--steps=5"],
+    ["--sizes=tiny,small,base,gpu_base,gpu_large", "--dtype=bfloat16"],
+    False,
+  ),
+  "probe": (["--heads=12", "--train=50000", "--dev=10000", "--sklearn_heads=2"], [], False),
+  "diversity": (["--sequences=16", "--repeats=2"], [], False),
+  "induction": ([], [], False),
+  "ablation": (["--skip_minilm"], [], False),
+  "attention": (["--max_sentences=200"], [], True),
+}
+VERSIONS = ("jax", "jaxlib", "flax", "optax", "numpy", "scikit-learn", "torch", "transformers")
+
+
+def last_json(stdout: str) -> dict:
+  """The last JSON object a benchmark printed (they print one, indented, at the end)."""
+  lines = stdout.splitlines()
+  for i in range(len(lines) - 1, -1, -1):
+    if lines[i].startswith("{"):
+      try:
+        return json.loads("\n".join(lines[i:]))
+      except json.JSONDecodeError:
+        continue
+  raise ValueError("no JSON object in the benchmark's output")
+
+
+def flatten(value, prefix: str = "") -> list[tuple[str, object]]:
+  if isinstance(value, dict):
+    return [item for k, v in value.items() for item in flatten(v, f"{prefix}.{k}" if prefix else str(k))]
+  if isinstance(value, list) and any(isinstance(v, (dict, list)) for v in value):
+    return [item for i, v in enumerate(value) for item in flatten(v, f"{prefix}.{i}")]
+  return [(prefix, value)]
+
+
+def machine() -> dict:
+  import jax
+
+  devices = jax.devices()
+  versions = {}
+  for name in VERSIONS:
+    try:
+      versions[name] = metadata.version(name)
+    except metadata.PackageNotFoundError:
+      pass
+  return {
+    "device": f"{len(devices)} × {devices[0].device_kind} ({devices[0].platform})",
+    "host": f"{platform.machine()}, {os.cpu_count()} CPU cores, {platform.system()} {platform.release()}",
+    "python": platform.python_version(),
+    "versions": versions,
+  }
+
+
+def run(name: str, args: list[str]) -> dict:
+  command = [sys.executable, "-m", f"benchmarks.bench_{name}", *args]
+  t0 = time.perf_counter()
+  done = subprocess.run(command, capture_output=True, text=True)
+  wall = time.perf_counter() - t0
+  entry = {"command": " ".join(["python -m", f"benchmarks.bench_{name}", *args]), "wall_s": round(wall, 1)}
+  if done.returncode != 0:
+    entry["error"] = (done.stderr.strip().splitlines() or ["(no output)"])[-1]
+    return entry
+  entry["result"] = last_json(done.stdout)
+  return entry
+
+
+def markdown(info: dict, entries: dict, full: bool) -> str:
+  out = [
+    "# Benchmarks",
+    "",
+    f"Written by `python -m benchmarks{' --full' if full else ''}` on {info['date']}. Every figure below was",
+    "measured in that run on this machine; rerun the command to refresh it (see benchmarks/__main__.py).",
+    "",
+    f"- device: {info['device']}",
+    f"- host: {info['host']}; Python {info['python']}",
+    "- versions: " + ", ".join(f"{k} {v}" for k, v in info["versions"].items()),
+    "",
+  ]
+  for name, entry in entries.items():
+    out += [f"## {name}", "", f"`{entry['command']}` — {entry['wall_s']} s wall", ""]
+    if "skipped" in entry:
+      out += [f"Skipped: {entry['skipped']}", ""]
+      continue
+    if "error" in entry:
+      out += [f"Failed: {entry['error']}", ""]
+      continue
+    out += ["| figure | value |", "|---|---|"]
+    out += [f"| {k} | {v} |" for k, v in flatten(entry["result"])]
+    out.append("")
+  return "\n".join(out)
+
+
+def main(argv=None) -> int:
+  parser = argparse.ArgumentParser(prog="python -m benchmarks", description=__doc__.splitlines()[0])
+  parser.add_argument("--only", default="", help=f"comma-separated subset of {','.join(BENCHMARKS)}")
+  parser.add_argument("--full", action="store_true", help="each benchmark's full size (a GPU machine)")
+  parser.add_argument("--out", default="BENCHMARKS.md")
+  args = parser.parse_args(argv)
+  names = [n for n in args.only.split(",") if n] or list(BENCHMARKS)
+  unknown = sorted(set(names) - set(BENCHMARKS))
+  if unknown:
+    print(f"python -m benchmarks: error: unknown benchmark(s) {', '.join(unknown)}; known: {', '.join(BENCHMARKS)}")
+    return 2
+  info = {**machine(), "date": datetime.date.today().isoformat()}
+  entries = {}
+  for name in names:
+    quick, full_args, needs_data = BENCHMARKS[name]
+    chosen = full_args if args.full else quick
+    if needs_data and not os.environ.get("HEADSPEC_DATA_DIR"):
+      entries[name] = {
+        "command": f"python -m benchmarks.bench_{name} {' '.join(chosen)}".strip(),
+        "wall_s": 0.0,
+        "skipped": "needs HEADSPEC_DATA_DIR (the EWT treebank: `headspec data download ud en_ewt`)",
+      }
+      continue
+    print(f"benchmark {name} ...", flush=True)
+    entries[name] = run(name, chosen)
+    print(
+      f"  {entries[name]['wall_s']} s" + (f"  FAILED: {entries[name]['error']}" if "error" in entries[name] else "")
+    )
+  with open(args.out, "w") as f:  # a local report file, not a run directory
+    f.write(markdown(info, entries, args.full))
+  print(f"wrote {args.out}")
+  return 1 if any("error" in e for e in entries.values()) else 0
+
+
+if __name__ == "__main__":
+  sys.exit(main())

@@ -1,0 +1,36 @@
+"""`python -m benchmarks`: reading each benchmark's JSON, the report it writes, and bad input."""
+
+import subprocess
+import sys
+
+import benchmarks.__main__ as runner
+
+
+def test_last_json_and_flatten():
+  out = 'compiling...\n{"a": 1}\nlog line\n{\n "results": [{"size": "tiny", "mfu": null}],\n "speedup": 2.5\n}\n'
+  parsed = runner.last_json(out)
+  assert parsed == {"results": [{"size": "tiny", "mfu": None}], "speedup": 2.5}
+  assert runner.flatten(parsed) == [("results.0.size", "tiny"), ("results.0.mfu", None), ("speedup", 2.5)]
+
+
+def test_markdown_names_the_machine_and_every_figure():
+  info = {"date": "2026-11-23", "device": "2 × cpu (cpu)", "host": "x86_64", "python": "3.11", "versions": {"jax": "0"}}
+  entries = {
+    "probe": {"command": "python -m benchmarks.bench_probe", "wall_s": 3.0, "result": {"speedup": 7.0}},
+    "attention": {"command": "python -m benchmarks.bench_attention", "wall_s": 0.0, "skipped": "needs data"},
+    "train": {"command": "python -m benchmarks.bench_train", "wall_s": 1.0, "error": "boom"},
+  }
+  text = runner.markdown(info, entries, full=False)
+  assert "2 × cpu (cpu)" in text and "| speedup | 7.0 |" in text
+  assert "Skipped: needs data" in text and "Failed: boom" in text
+
+
+def test_unknown_benchmark_is_refused(tmp_path):
+  done = subprocess.run(
+    [sys.executable, "-m", "benchmarks", "--only=nope", f"--out={tmp_path / 'B.md'}"],
+    capture_output=True,
+    text=True,
+    cwd=runner.__file__.rsplit("/benchmarks/", 1)[0],
+  )
+  assert done.returncode == 2 and "unknown benchmark(s) nope" in done.stdout
+  assert not (tmp_path / "B.md").exists()
