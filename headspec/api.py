@@ -363,7 +363,9 @@ def _cache_dir(loaded: Loaded, cache_dir) -> pathlib.Path:
   if cache_dir is not None:
     return pathlib.Path(cache_dir)
   if loaded.target is not None and "run" in loaded.target.identity:
-    return pathlib.Path(loaded.target.identity["run"]) / "probes" / "cache"
+    from headspec.probing.features import run_cache_dir
+
+    return run_cache_dir(loaded.target.identity["run"])  # local scratch for a gs:// run
   return _temporary_cache()
 
 

@@ -1,7 +1,9 @@
 """`headspec <command> --config=configs/NAME.py[:ARG] --workdir=DIR [--config.key=value ...]`.
 
 Thin: parses flags, loads the config, calls the command's library function. Errors a user can cause
-(headspec.errors.UserError, bad flags or config keys) print one line to stderr and exit with status 2.
+(headspec.errors.UserError, bad flags or config keys, a --workdir URL of an unknown scheme) print one
+line to stderr and exit with status 2. `headspec launch TARGET ...` is headspec/launch.py's command line
+(`python -m headspec.launch TARGET ...`), passed on as it is.
 """
 
 from __future__ import annotations
@@ -32,6 +34,7 @@ commands:
   ablate                       head ablations, importance, pruning, L0 gates, causal probe test
   atlas [--compare=RUN_B]      RUN/atlas.html: every head's numbers on one offline page (no --config)
   attention                    Clark et al. syntax from attention, head roles, pictures
+  launch TARGET [...] -- CMD   run a command, study or sweep: local, multi-gpu, slurm, tpu (docs/scale.md)
   data download ud TREEBANK    fetch a Universal Dependencies treebank into the data directory
   data download text CORPUS    fetch a language-model corpus (wikitext_103, wikitext_2) into the data directory"""
 
@@ -72,6 +75,8 @@ def use_every_cpu_core() -> None:
 
 
 def main(argv: list[str]) -> int:
+  if len(argv) > 1 and argv[1] == "launch":  # its own options (--config, --workdir mean a study's), its own parser
+    return _launch(argv[2:])
   use_every_cpu_core()
   try:
     _check_config_path(argv)
@@ -90,8 +95,10 @@ def main(argv: list[str]) -> int:
       print(USAGE)
       return 0 if args else 2
     command, args = args[0], args[1:]
+    if command == "launch":
+      _fail("launch comes first, before any option: headspec launch TARGET [options] [-- COMMAND ARGS]")
     if command not in COMMANDS:
-      _fail(f"unknown command {command!r}; choose from {', '.join(COMMANDS)}")
+      _fail(f"unknown command {command!r}; choose from {', '.join(COMMANDS)}, launch")
     try:
       config = _CONFIG.value
     except (flags.Error, FileNotFoundError, OSError) as e:
@@ -100,6 +107,10 @@ def main(argv: list[str]) -> int:
       _fail(f"{command} needs --config=configs/NAME.py")
     if command in NEEDS_CONFIG | {"train"} and not _WORKDIR.value:
       _fail(f"{command} needs --workdir=DIR")
+    if _WORKDIR.value:
+      from headspec import remote
+
+      remote.check_url(_WORKDIR.value)  # gs://, s3://, az:// or a local path; anything else before any work
     _quiet_libraries(_VERBOSE.value)
     module, function = COMMANDS[command].split(":")
     getattr(importlib.import_module(module), function)(config, _WORKDIR.value, args)
@@ -109,6 +120,17 @@ def main(argv: list[str]) -> int:
     return 2
   except _Exit as e:
     return e.args[0]
+  except KeyboardInterrupt:
+    print("headspec: interrupted", file=sys.stderr)
+    return 130
+
+
+def _launch(args: list[str]) -> int:
+  """`headspec launch ARGS` = `python -m headspec.launch ARGS` (same output, same one-line errors, exit 2)."""
+  from headspec import launch
+
+  try:
+    return launch.main(args, prog="headspec launch")
   except KeyboardInterrupt:
     print("headspec: interrupted", file=sys.stderr)
     return 130

@@ -1,8 +1,10 @@
 """Launchers: run any headspec command, a study or a sweep on this machine, a multi-GPU host, SLURM or Cloud TPU.
 
-  python -m headspec.launch TARGET [options] [--dry-run] -- COMMAND ARGS...      # any headspec command
-  python -m headspec.launch TARGET [options] --study --config=C --workdir=W [-- TRAIN OVERRIDES]
-  python -m headspec.launch TARGET [options] --grid KEY=V1,V2 [--seeds 0,1] [--study] --config=C --workdir=ROOT
+  headspec launch TARGET [options] [--dry-run] -- COMMAND ARGS...      # any headspec command
+  headspec launch TARGET [options] --study --config=C --workdir=W [-- TRAIN OVERRIDES]
+  headspec launch TARGET [options] --grid KEY=V1,V2 [--seeds 0,1] [--study] --config=C --workdir=ROOT
+
+(`python -m headspec.launch ...` is the same command line.)
 
 TARGET: local (this machine; --processes N runs N jax.distributed processes on it), multi-gpu (one
 host, every GPU), slurm (an sbatch script: srun on every node, SIGTERM before the time limit, requeue;
@@ -66,8 +68,8 @@ class _Parser(argparse.ArgumentParser):
     raise UserError(message)
 
 
-def _parser() -> argparse.ArgumentParser:
-  p = _Parser(prog="python -m headspec.launch", description=__doc__.split("\n\n")[0])
+def _parser(prog: str = "python -m headspec.launch") -> argparse.ArgumentParser:
+  p = _Parser(prog=prog, description=__doc__.split("\n\n")[0])
   p.add_argument("target", choices=TARGETS)
   p.add_argument("--dry-run", action="store_true", help="print the commands per host, start nothing")
   p.add_argument("--study", action="store_true", help="train, then every analysis at the kept checkpoints")
@@ -366,13 +368,13 @@ def tpu_steps(opts, plans) -> list[Step]:
 # -- entry point -------------------------------------------------------------------------------------------
 
 
-def build(argv: list[str]):
+def build(argv: list[str], prog: str = "python -m headspec.launch"):
   """(opts, steps or sbatch script text, sweep runs) for argv; raises UserError on bad input."""
   rest = []
   if "--" in argv:
     i = argv.index("--")
     argv, rest = argv[:i], argv[i + 1 :]
-  opts = _parser().parse_args(argv)
+  opts = _parser(prog).parse_args(argv)
   plans, sweep_runs = plan_runs(opts, rest)
   if opts.target in ("local", "multi-gpu"):
     return opts, local_steps(opts, plans), sweep_runs
@@ -383,9 +385,11 @@ def build(argv: list[str]):
   return opts, tpu_steps(opts, plans), sweep_runs
 
 
-def main(argv: list[str]) -> int:
+def main(argv: list[str], prog: str = "python -m headspec.launch") -> int:
+  """The launcher's command line (`python -m headspec.launch ARGS`, `headspec launch ARGS`): argv without
+  the program name; `prog` names it in --help."""
   try:
-    opts, work, sweep_runs = build(argv)
+    opts, work, sweep_runs = build(argv, prog)
   except UserError as e:
     print(f"headspec launch: error: {e}", file=sys.stderr)
     return 2

@@ -4,13 +4,16 @@
 before), a URL keeps its scheme (never pathlib's resolve(), which turns `gs://b/x` into a local folder
 named `gs:`), and an unknown scheme is one UserError line. Object stores cannot append to or rename an
 object, so writers here either write an object whole (`write_bytes`: atomic on GCS) or keep a local
-copy on scratch disk and upload it whole (`LocalMirror`). Orbax checkpoints go to the URL directly
-(tensorstore speaks gs:// itself).
+copy on scratch disk and upload it whole (`LocalMirror`); figures are drawn in memory and written whole
+(`save_figure`). What must be a real local file (feature caches: memory-mapped and appended to) lives on
+scratch (`scratch_dir`, under HEADSPEC_SCRATCH). Orbax checkpoints go to the URL directly (tensorstore
+speaks gs:// itself).
 """
 
 from __future__ import annotations
 
 import hashlib
+import io
 import os
 import pathlib
 import shutil
@@ -54,6 +57,12 @@ def run_path(workdir) -> epath.Path:
   return epath.Path(os.path.realpath(os.path.expanduser(text)))
 
 
+def native_path(path) -> pathlib.Path | epath.Path:
+  """What a command returns to its caller: a `pathlib.Path` for a local path (as before remote run
+  directories: `.stat().st_size` and every other pathlib call keep working), an `epath.Path` for a URL."""
+  return epath.Path(path) if is_remote(path) else pathlib.Path(os.fspath(path))
+
+
 def scratch_dir(path, purpose: str) -> pathlib.Path:
   """A local folder standing in for remote `path` (HEADSPEC_SCRATCH, default the temp dir): caches,
   TensorBoard event files before upload, figures before upload. The same URL gets the same folder."""
@@ -65,15 +74,47 @@ def scratch_dir(path, purpose: str) -> pathlib.Path:
 
 
 def write_bytes_atomic(path, data: bytes) -> None:
-  """Writes `path` whole: local through a temp file and rename, remote as one object (atomic on GCS)."""
+  """Writes `path` whole: local through a temp file beside it and rename, remote as one object (atomic on GCS)."""
   path = epath.Path(path)
   if is_remote(path):
     path.write_bytes(data)
     return
   path.parent.mkdir(parents=True, exist_ok=True)
-  tmp = path.with_name(path.name + ".tmp")
+  tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
   tmp.write_bytes(data)
   tmp.replace(path)
+
+
+def save_figure(fig, path, **savefig_kwargs) -> epath.Path:
+  """`fig.savefig` to a local or remote path, whole: a local file is drawn beside it and renamed, a remote
+  one is drawn in memory and written as one object (matplotlib cannot write to a URL). The format is
+  the file's suffix (default png). Returns the path."""
+  path = epath.Path(path)
+  fmt = path.suffix.lstrip(".") or "png"
+  if is_remote(path):
+    buffer = io.BytesIO()
+    fig.savefig(buffer, format=fmt, **savefig_kwargs)
+    path.write_bytes(buffer.getvalue())
+    return path
+  tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+  fig.savefig(os.fspath(tmp), format=fmt, **savefig_kwargs)
+  tmp.replace(path)
+  return path
+
+
+def files_under(folder) -> list[epath.Path]:
+  """Every file under `folder` (local or remote; [] when it does not exist), sorted. epath's rglob refuses
+  `**` on every backend, so this walks the tree."""
+  folder = epath.Path(folder)
+  if not folder.is_dir():
+    return []
+  scheme, files = scheme_of(folder), []
+  for root, _, names in folder.walk():
+    root = os.fspath(root)
+    if scheme and "://" not in root:  # fsspec (gcsfs, s3fs) walks without the scheme
+      root = f"{scheme}://{root}"
+    files += [epath.Path(root) / name for name in names]
+  return sorted(files)
 
 
 class LocalMirror:

@@ -2,6 +2,7 @@
 
 import json
 import os
+import re
 import shlex
 import subprocess
 import sys
@@ -14,10 +15,11 @@ from headspec.errors import UserError
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
-def dry(*argv, env=None):
-  """(exit code, stdout, stderr) of `python -m headspec.launch ... --dry-run` in the repo."""
+def dry(*argv, env=None, module=("headspec.launch",)):
+  """(exit code, stdout, stderr) of `python -m headspec.launch ... --dry-run` in the repo (with
+  module=("headspec", "launch"): `headspec launch ...`, the console script's form)."""
   done = subprocess.run(
-    [sys.executable, "-m", "headspec.launch", *argv],
+    [sys.executable, "-m", *module, *argv],
     cwd=REPO,
     capture_output=True,
     text=True,
@@ -144,6 +146,44 @@ def test_bad_input_is_one_line_and_starts_nothing(tmp_path, argv, env, message):
   code, out, err = dry(*argv, env=env)
   assert code == 2 and out == "" and len(err.strip().splitlines()) == 1 and message in err, err
   assert not os.path.exists(os.path.join(REPO, "dist", "never")) and not (tmp_path / "x").exists()
+
+
+@pytest.mark.parametrize(
+  "argv",
+  [
+    ["local", "--dry-run", "--", "train", "--config=configs/quickstart.py", "--workdir=gs://b/run"],
+    ["local", "--dry-run", "--processes=2", "--", "train", "--config=configs/quickstart.py", "--workdir=r"],
+    ["slurm", "--dry-run", "--nodes=2", "--study", "--config=configs/base_decoder.py", "--workdir=/shared/s"],
+    ["nowhere"],
+    ["local", "--dry-run", "--", "probe", "--config=configs/probe_ewt.py", "--workdir=ftp://h/run"],
+  ],
+)  # fmt: skip
+def test_headspec_launch_is_the_module_form(argv):
+  """`headspec launch ARGS` prints what `python -m headspec.launch ARGS` prints (ports aside: each
+  picks a free one), fails the same way (one line, exit 2), and leaves the CLI's XLA_FLAGS alone."""
+  port = lambda text: re.sub(r"127\.0\.0\.1:\d+", "127.0.0.1:PORT", text)
+  env = {"XLA_FLAGS": ""}
+  code, out, err = dry(*argv, env=env, module=("headspec", "launch"))
+  want_code, want_out, want_err = dry(*argv, env=env)
+  assert (code, port(out), err) == (want_code, port(want_out), want_err)
+  if code:
+    assert code == 2 and out == "" and len(err.strip().splitlines()) == 1 and err.startswith("headspec launch: error:")
+  else:
+    assert out.startswith("# host: ")
+
+
+def test_headspec_launch_in_process(capsys):
+  from headspec import cli
+
+  assert cli.main(["headspec", "launch", "local", "--dry-run", "--", "atlas", "--workdir=r"]) == 0
+  assert commands(capsys.readouterr().out)[0][1][-3:] == ["headspec", "atlas", "--workdir=r"]
+  assert cli.main(["headspec", "launch"]) == 2
+  assert capsys.readouterr().err.strip().splitlines() == [
+    "headspec launch: error: the following arguments are required: target"
+  ]
+  assert cli.main(["headspec", "--verbose", "launch", "local"]) == 2  # launch's options are its own
+  err = capsys.readouterr().err.strip().splitlines()
+  assert len(err) == 1 and "launch comes first" in err[0]
 
 
 def test_sweep_names_table_and_summary(tmp_path):

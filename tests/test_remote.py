@@ -23,7 +23,10 @@ from headspec.quickstart import quickstart_config
 from headspec.train_log import MetricsWriter
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
-OWNED = ["train.py", "train_log.py", "checkpoints.py", "runs.py", "remote.py", "sweeps.py", "data/lm_pipeline.py", "data/tokenizer.py", "diversity/run.py"]  # fmt: skip
+OWNED = ["train.py", "train_log.py", "checkpoints.py", "runs.py", "remote.py", "sweeps.py", "data/lm_pipeline.py", "data/tokenizer.py", "diversity/run.py",
+         "data/hf_tokenizer.py", "probing/suite.py", "probing/report.py", "probing/features.py", "attention/run.py",
+         "attention/pictures.py", "attention/induction_run.py", "ablation/run.py", "ablation/plots.py", "atlas/data.py",
+         "atlas/page.py"]  # fmt: skip
 
 
 def test_unknown_scheme_is_one_user_error_and_urls_are_not_local_folders():
@@ -34,29 +37,68 @@ def test_unknown_scheme_is_one_user_error_and_urls_are_not_local_folders():
 
 
 def test_no_local_only_calls_on_run_paths():
-  """A supplement to the tests below: run directories never meet pathlib's resolve() or builtin open()."""
+  """A supplement to the tests below: run directories never meet pathlib's resolve(), builtin open(),
+  `pathlib.Path(workdir)` or a savefig of their own (figures go through remote.save_figure)."""
   for name in OWNED:
     text = (REPO / "headspec" / name).read_text()
     assert not re.search(r"pathlib\.Path\([^)]*\)\.resolve\(\)", text), name
     assert not re.search(r"(?<![.\w])open\(", text), name
+    assert not re.search(r"pathlib\.Path\((workdir|run_dir|out_dir|folder)\)", text), name
+    assert name == "remote.py" or ".savefig(" not in text, name
 
 
 def _mock_gcs(root: pathlib.Path):
-  """gs://... -> root/...; appending to an object fails, as it does on GCS."""
+  """gs://... -> root/...; appending to an object fails, as it does on GCS; writing an object needs no
+  folder; glob answers URLs and walk answers roots without the scheme, as gcsfs does."""
+  root = os.fspath(root)
 
   def local(path):
     p = os.fspath(path)
     return os.path.join(root, p[len("gs://") :]) if p.startswith("gs://") else p
 
+  def url(path):  # a local answer back into the bucket's terms
+    p = os.fspath(path)
+    return "gs://" + os.path.relpath(p, root) if p.startswith(root + os.sep) else p
+
   def open_(fn, path, mode="r", **kw):
     assert "a" not in mode, f"append to an object: {path}"
-    os.makedirs(os.path.dirname(local(path)), exist_ok=True)
+    if os.fspath(path).startswith("gs://") and ("w" in mode or "x" in mode):
+      os.makedirs(os.path.dirname(local(path)), exist_ok=True)
     return fn(local(path), mode, **kw)
 
+  def glob(fn, pattern):
+    found = fn(local(pattern))
+    return [url(p) for p in found] if os.fspath(pattern).startswith("gs://") else found
+
+  def walk(fn, top, **kw):
+    for where, dirs, files in fn(local(top), **kw):
+      yield (url(where).removeprefix("gs://") if os.fspath(top).startswith("gs://") else where), dirs, files
+
   wrap = lambda fn, path, *a, **kw: fn(local(path), *a, **kw)
+  wrap2 = lambda fn, path, dst, *a, **kw: fn(local(path), local(dst), *a, **kw)
   return epath_testing.mock_epath(
-    open=open_, exists=wrap, isdir=wrap, listdir=wrap, makedirs=wrap, mkdir=wrap, glob=wrap, remove=wrap, stat=wrap
-  )
+    open=open_, exists=wrap, isdir=wrap, listdir=wrap, makedirs=wrap, mkdir=wrap, glob=glob, walk=walk,
+    remove=wrap, rmtree=wrap, stat=wrap, rename=wrap2, replace=wrap2, copy=wrap2,
+  )  # fmt: skip
+
+
+def _tiny_bert_tokenizer():
+  import tokenizers
+  from tokenizers import models, pre_tokenizers
+
+  from headspec.data.hf_tokenizer import HFTokenizer
+
+  vocab = {t: i for i, t in enumerate(["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", "the", "cat"])}
+  backend = tokenizers.Tokenizer(models.WordPiece(vocab, unk_token="[UNK]"))
+  backend.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
+  specials = {
+    "pad_token": "[PAD]",
+    "unk_token": "[UNK]",
+    "sep_token": "[SEP]",
+    "cls_token": "[CLS]",
+    "mask_token": "[MASK]",
+  }
+  return HFTokenizer(backend, "bert", specials, "a test vocabulary")
 
 
 def test_writers_on_a_gs_workdir_write_objects_whole(synthetic_data_dir, tmp_path, monkeypatch):
@@ -75,6 +117,11 @@ def test_writers_on_a_gs_workdir_write_objects_whole(synthetic_data_dir, tmp_pat
     )
     again = tokenizer_lib.load_tokenizer("gs://bkt/run/tokenizer")
     assert again.encode("the cat") == tok.encode("the cat")
+    hf = _tiny_bert_tokenizer()
+    hf.save(workdir / "hf_tokenizer")  # an imported model's tokenizer (kind huggingface)
+    hf_again = tokenizer_lib.load_tokenizer("gs://bkt/run/hf_tokenizer")
+    assert hf_again.encode("the cat sat") == hf.encode("the cat sat") == [5, 6, 1]
+    assert hf_again.prefix_ids == (2,) and hf_again.suffix_ids == (3,)
     rows = lm_pipeline.pack_tokens(["the cat sat"] * 50, tok, 8, cache_path=workdir / "cache" / "t.npy")
     np.testing.assert_array_equal(lm_pipeline.pack_tokens([], tok, 8, cache_path=workdir / "cache" / "t.npy"), rows)
     for segment in range(2):  # a run and its resumed segment: the second keeps the first's lines
@@ -85,6 +132,121 @@ def test_writers_on_a_gs_workdir_write_objects_whole(synthetic_data_dir, tmp_pat
   assert [json.loads(line)["step"] for line in lines] == [1, 2]
   assert list((bucket / "bkt/run").glob("events.out.tfevents.*")), "TensorBoard events uploaded"
   assert not (tmp_path / "gs:").exists()
+
+
+def _tiny_decoder(data_dir):
+  """conftest.train_tiny_decoder's config: 2 layers of 4 heads, d_model 32, rows of 32 tokens."""
+  c = quickstart_config("decoder")
+  c.data_dir = str(data_dir)
+  c.data.vocab_size = 512
+  c.model.num_layers, c.model.num_heads, c.model.d_model, c.model.d_head, c.model.d_ff = 2, 4, 32, 8, 64
+  c.train.steps, c.train.batch_size, c.train.seq_len = 4, 8, 32
+  c.train.eval_every = c.train.diversity_every = 0
+  c.train.checkpoint_every, c.train.keep_steps = 100, (2,)
+  return c
+
+
+def _analysis_configs(data_dir):
+  """Small probe, diversity, attention and ablate configs (as in test_api, test_diversity_run,
+  test_attention_run and test_ablation_run)."""
+  import importlib.util
+
+  from headspec.ablation.config import ablate_config
+  from headspec.attention.defaults import synthetic_attention_config
+  from headspec.probing.defaults import synthetic_probe_config
+
+  probe = synthetic_probe_config(str(data_dir))
+  probe.probe.update(tasks=("upos",), eval_splits=("dev",), random_baseline=False, max_train_words=500)
+  probe.probe.update(refine_samples=0, max_iter=20, l2_grid=(1e-3,), bootstrap_resamples=50, batch_tokens=1024)
+  spec = importlib.util.spec_from_file_location("_diversity_config", REPO / "configs" / "diversity.py")
+  module = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(module)
+  diversity = module.get_config(None)
+  diversity.update(num_tokens=300, batch_size=4, steps="last")
+  attention = synthetic_attention_config(str(data_dir))
+  attention.update(steps="all", max_sentences=20, report_split="")
+  attention.pictures.sentences = (0,)
+  attention.clark.min_count, attention.roles.bootstrap_resamples = 5, 20
+  attention.induction.update(num_sequences=10, num_tokens=300)
+  attention.induction.causal.enabled = False
+  ablate = ablate_config()
+  ablate.update(steps="last", methods="zero,importance,pruning", num_tokens=256, batch_size=4, bootstrap_resamples=50)
+  ablate.pruning.update(rankings="importance,random", random_seeds=2)
+  ablate.data_dir = str(data_dir)
+  return probe, diversity, attention, ablate
+
+
+@pytest.mark.slow
+def test_every_analysis_on_a_gs_workdir(synthetic_data_dir, tmp_path, monkeypatch, capsys):
+  """train, probe, diversity, attention, ablate and atlas on gs://bkt/run (the epath mock): tables and
+  figures land in the bucket, whole; the feature cache on local scratch (HEADSPEC_SCRATCH), not in the
+  bucket; no local folder `gs:` anywhere."""
+  from headspec import checkpoints, cli
+  from headspec.ablation.run import run_ablation
+  from headspec.attention.run import run_attention
+  from headspec.diversity.run import run_diversity
+  from headspec.probing import features
+  from headspec.probing.suite import run_probe_suite
+  from headspec.train import train_and_evaluate
+
+  monkeypatch.chdir(tmp_path)
+  scratch = tmp_path / "scratch"
+  monkeypatch.setenv("HEADSPEC_SCRATCH", str(scratch))
+  bucket = tmp_path / "bucket"
+  url = "gs://bkt/run"
+
+  def checkpoint_dir(workdir):  # orbax writes gs:// through tensorstore, which the epath mock cannot reach
+    assert str(remote.run_path(workdir)) == url
+    return epath.Path(tmp_path / "orbax" / "checkpoints")
+
+  monkeypatch.setattr(checkpoints, "checkpoint_dir", checkpoint_dir)
+  probe, diversity, attention, ablate = _analysis_configs(synthetic_data_dir)
+  with _mock_gcs(bucket):
+    train_and_evaluate(_tiny_decoder(synthetic_data_dir), url)
+    assert runs.resolve_steps(url, "all") == [2, 4]
+    assert run_probe_suite(probe, url) == epath.Path(f"{url}/probes/results.csv")
+    run_diversity(diversity, url)
+    assert str(run_attention(attention, url)) == f"{url}/attention/clark_summary.md"
+    run_ablation(ablate, url)
+    assert cli.main(["headspec", "atlas", f"--workdir={url}"]) == 0
+    cache = features.run_cache_dir(url)
+  out = capsys.readouterr().out
+  run = bucket / "bkt" / "run"
+  files = {p.relative_to(run).as_posix() for p in run.rglob("*") if p.is_file()}
+  for name in [
+    "config.json", "metrics.jsonl", "tokenizer/headspec_tokenizer.json",
+    "probes/results.csv", "probes/baselines.csv", "probes/selectivity.csv", "probes/summary.md",
+    "probes/heatmap_upos.png", "diversity/results.csv",
+    "attention/clark.csv", "attention/clark_baselines.csv", "attention/roles.csv", "attention/labels.csv",
+    "attention/icl.csv", "attention/clark_summary.md", "attention/induction_summary.md",
+    "attention/induction_formation.png", "attention/pictures/run-step4/maps.npz",
+    "attention/pictures/run-step4/L1H3.png", "attention/pictures/run-step2/lines_sentence0_layer1.png",
+    "ablation/heads.csv", "ablation/pruning.csv", "ablation/heads_run_step4.png",
+    "ablation/pruning_run_step4.png", "atlas.html",
+  ]:  # fmt: skip
+    assert name in files, name
+  assert any(n.startswith("diversity/") and n.endswith(".png") for n in files)
+  assert not [n for n in files if ".tmp" in n or n.startswith("probes/cache")], "no temporary files, no cache"
+  assert cache.is_relative_to(scratch) and list(cache.glob("run-step4-synthetic-train-*/z_0.npy"))
+  for png in (run / "probes/heatmap_upos.png", run / "attention/pictures/run-step4/L0H0.png"):
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+  page = (run / "atlas.html").read_text()
+  assert "L1H3.png" in page and "data:image/png;base64," in page and '"path":"gs://bkt/run"' in page
+  assert f"{url}/atlas.html" in out
+  assert not (tmp_path / "gs:").exists() and not (REPO / "gs:").exists()
+
+
+def test_a_workdir_of_an_unknown_scheme_is_one_line_and_writes_nothing(tmp_path, monkeypatch, capsys):
+  from headspec import cli
+
+  monkeypatch.chdir(tmp_path)
+  config = f"--config={REPO / 'configs' / 'probe_synthetic.py'}"
+  for argv in (["probe", config, "--workdir=ftp://x/y"], ["atlas", "--workdir=ftp://x/y"]):
+    assert cli.main(["headspec", *argv]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("headspec: error: --workdir=ftp://x/y: unknown URL scheme ftp://"), err
+    assert len(err.strip().splitlines()) == 1
+  assert not list(tmp_path.iterdir()) and not (REPO / "ftp:").exists()
 
 
 def _free_port():

@@ -4,28 +4,30 @@ One file per (model, step) and figure: heads_<tag>.png (layer × head heatmaps o
 of heads.csv), pruning_<tag>.png (metric vs fraction pruned per ranking; random: mean with min–max band
 over seeds), gates_<tag>.png (heads kept vs held-out loss over λ), causal_<tag>.png (probe accuracy vs k,
 selective vs layer-matched random), interactions_<tag>.png (pair matrix and a graph of the strongest
-pairs, spring layout from networkx). <tag> = <model>_step<step>.
+pairs, spring layout from networkx). <tag> = <model>_step<step>. A path may be a URL (gs://...): each
+figure is written whole (headspec.remote.save_figure).
 """
 
 from __future__ import annotations
-
-import pathlib
 
 import matplotlib
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
+from etils import epath  # noqa: E402
+
+from headspec import remote  # noqa: E402
 
 
-def _save(fig, path: pathlib.Path) -> pathlib.Path:
+def _save(fig, path) -> epath.Path:
   fig.tight_layout()
-  fig.savefig(path, dpi=110)
+  path = remote.save_figure(fig, path, dpi=110)
   plt.close(fig)
   return path
 
 
-def heads(rows: list[dict], L: int, H: int, path) -> pathlib.Path:
+def heads(rows: list[dict], L: int, H: int, path) -> epath.Path:
   panels = sorted({(r["method"], r["metric"]) for r in rows})
   cols = min(3, len(panels))
   fig, axes = plt.subplots(
@@ -41,10 +43,10 @@ def heads(rows: list[dict], L: int, H: int, path) -> pathlib.Path:
     fig.colorbar(im, ax=ax)
   for ax in axes.ravel()[len(panels) :]:
     ax.axis("off")
-  return _save(fig, pathlib.Path(path))
+  return _save(fig, path)
 
 
-def pruning(rows: list[dict], path) -> pathlib.Path:
+def pruning(rows: list[dict], path) -> epath.Path:
   metrics = sorted({r["metric"] for r in rows})
   fig, axes = plt.subplots(1, len(metrics), figsize=(5 * len(metrics), 3.8), squeeze=False)
   for ax, metric in zip(axes[0], metrics):
@@ -64,10 +66,10 @@ def pruning(rows: list[dict], path) -> pathlib.Path:
         ax.plot(fractions, [float(v[0]) for v in by], marker="o", ms=3, label=ranking)
     ax.set(xlabel="fraction of heads pruned", ylabel=metric)
     ax.legend(fontsize=7)
-  return _save(fig, pathlib.Path(path))
+  return _save(fig, path)
 
 
-def gates(rows: list[dict], path) -> pathlib.Path:
+def gates(rows: list[dict], path) -> epath.Path:
   summary = {}
   for r in rows:
     if int(r["layer"]) == -1:
@@ -79,10 +81,10 @@ def gates(rows: list[dict], path) -> pathlib.Path:
   for x in lams:
     ax.annotate(f"λ={x:g}", (summary[x]["heads_kept"], summary[x]["loss"]), fontsize=7)
   ax.set(xlabel="heads kept (ẑ > 0)", ylabel="held-out LM loss", title="L0 gates")
-  return _save(fig, pathlib.Path(path))
+  return _save(fig, path)
 
 
-def causal(rows: list[dict], path) -> pathlib.Path:
+def causal(rows: list[dict], path) -> epath.Path:
   tasks = sorted({r["task"] for r in rows})
   fig, axes = plt.subplots(1, len(tasks), figsize=(4.5 * len(tasks), 3.6), squeeze=False)
   for ax, task in zip(axes[0], tasks):
@@ -101,10 +103,10 @@ def causal(rows: list[dict], path) -> pathlib.Path:
     ax.fill_between(ks, [min(v) for v in rand], [max(v) for v in rand], color="0.85")
     ax.set(xscale="log", xlabel="heads ablated (k)", ylabel="refitted probe accuracy (test)", title=task)
     ax.legend(fontsize=7)
-  return _save(fig, pathlib.Path(path))
+  return _save(fig, path)
 
 
-def interactions(rows: list[dict], path) -> pathlib.Path:
+def interactions(rows: list[dict], path) -> epath.Path:
   import networkx as nx
 
   heads = sorted(
@@ -138,4 +140,4 @@ def interactions(rows: list[dict], path) -> pathlib.Path:
   )  # fmt: skip
   ax2.set_title("strongest quarter of pairs (red > 0, blue < 0)")
   ax2.axis("off")
-  return _save(fig, pathlib.Path(path))
+  return _save(fig, path)

@@ -6,7 +6,8 @@ their rows go through `tables.merge` into RUN/ablation/{heads,pruning,gates,caus
 (docs/outputs.md), figures beside them (plots.py). Everything a user can get wrong (unknown method or
 ranking, a run without checkpoints, probe results of another architecture, L0 gates on a model without
 a trained LM head, a foreign table file) is a UserError raised before any computation or write.
-Formulas and sources: docs/ablation.md and each module's docstring.
+Formulas and sources: docs/ablation.md and each module's docstring. RUN may be a URL (gs://bucket/run):
+tables and figures are written there whole.
 """
 
 from __future__ import annotations
@@ -17,9 +18,10 @@ import time
 
 import ml_collections
 import numpy as np
+from etils import epath
 from tqdm import tqdm
 
-from headspec import runs, tables, targets
+from headspec import remote, runs, tables, targets
 from headspec.ablation import causal, core, gates, interactions, metrics, plots, pruning
 from headspec.ablation import evalset as evalset_lib
 from headspec.errors import UserError
@@ -116,7 +118,7 @@ def prepare(config, workdir) -> _Plan:
   """All the checks: config values, targets, writable tables, gates vs LM head, probe results vs model."""
   if not workdir:
     raise UserError("ablate needs --workdir=DIR (a training run, or any folder with --config.model.pretrained)")
-  workdir = pathlib.Path(workdir)
+  workdir = remote.run_path(workdir)
   methods, rankings = check_config(config)
   jobs = targets.plan(
     config, workdir, steps=config.steps, model_name=config.model_name, random_baseline=config.random_baseline
@@ -330,7 +332,7 @@ def _causal(model, lm_set, mean_z, config, plan, selectivity, cache, tokenizer, 
   return rows
 
 
-def _figures(out_dir: pathlib.Path, job, rows: dict, L: int, H: int) -> list[pathlib.Path]:
+def _figures(out_dir, job, rows: dict, L: int, H: int) -> list[epath.Path]:
   tag = f"{job.name}_step{job.step}"
   made = []
   draw = [
@@ -346,10 +348,10 @@ def _figures(out_dir: pathlib.Path, job, rows: dict, L: int, H: int) -> list[pat
   return made
 
 
-def run_ablation(config: ml_collections.ConfigDict, workdir) -> pathlib.Path:
+def run_ablation(config: ml_collections.ConfigDict, workdir) -> pathlib.Path | epath.Path:
   """Every requested stage at every requested step; returns RUN/ablation/ (tables and figures)."""
   plan = prepare(config, workdir)
-  workdir = pathlib.Path(workdir)
+  workdir = remote.run_path(workdir)
   out_dir = workdir / "ablation"
   t0 = time.perf_counter()
   print(f"ablate: {len(plan.jobs)} model step(s), methods {', '.join(plan.methods)}", flush=True)
@@ -366,7 +368,7 @@ def run_ablation(config: ml_collections.ConfigDict, workdir) -> pathlib.Path:
     for path in _figures(out_dir, job, rows, model.cfg.num_layers, model.cfg.num_heads):
       print(f"  wrote {path}", flush=True)
   print(f"ablate: tables in {out_dir} ({time.perf_counter() - t0:.0f} s)", flush=True)
-  return out_dir
+  return remote.native_path(out_dir)
 
 
 def ablate_quickstart(run_dir, data_dir) -> str:

@@ -7,7 +7,8 @@ relations, and the attention pictures found under RUN/attention/. Tables are rea
 
 Metric ids are shared across runs so `--compare` can show the same metric side by side: the run's own
 model (its primary model) has plain ids, its random-weights control (`<model>-random`) gets the suffix
-`@random`, any other model `@<name>`.
+`@random`, any other model `@<name>`. A run directory may be a URL (gs://bucket/run): everything is
+read through etils.epath.
 """
 
 from __future__ import annotations
@@ -16,10 +17,11 @@ import base64
 import collections
 import json
 import math
-import pathlib
 import re
 
-from headspec import tables
+from etils import epath
+
+from headspec import remote, tables
 from headspec.errors import UserError
 
 # Per-head tables the atlas draws (the others are per-run curves, drawn by analysis/ scripts).
@@ -90,7 +92,7 @@ class _Metric:
 
 
 class _RunData:
-  def __init__(self, workdir: pathlib.Path):
+  def __init__(self, workdir: epath.Path):
     self.workdir = workdir
     self.rows = {t.path: tables.read(tables.path_of(workdir, t), t) for t in HEAD_TABLES}
     self.primary = self._primary_model()
@@ -285,13 +287,13 @@ class _RunData:
     name with layer and head numbers, e.g. `L3H5`, `layer3_head5`) go to the head's card."""
     folder = self.workdir / "attention"
     run_level, budget, skipped = [], MAX_IMAGE_BYTES, 0
-    for path in sorted(folder.rglob("*.png")) if folder.is_dir() else ():
-      size = path.stat().st_size
+    for path in (p for p in remote.files_under(folder) if p.suffix == ".png"):
+      size = path.stat().length
       if size > budget:
         skipped += 1
         continue
       budget -= size
-      image = {"name": str(path.relative_to(folder)), "src": _data_uri(path)}
+      image = {"name": path.relative_to(folder).as_posix(), "src": _data_uri(path)}
       match = _HEAD_IN_NAME.search(path.stem)
       if match:
         layer, head = int(match.group(1)), int(match.group(2))
@@ -316,7 +318,7 @@ class _RunData:
     return points
 
 
-def _data_uri(path: pathlib.Path) -> str:
+def _data_uri(path: epath.Path) -> str:
   return "data:image/png;base64," + base64.b64encode(path.read_bytes()).decode("ascii")
 
 
@@ -333,7 +335,7 @@ def _shape(run: _RunData) -> tuple[int, int]:
 def run_data(workdir) -> dict:
   """The page's JSON for one run directory. Raises UserError if it is not a directory or has no
   per-head table at all."""
-  workdir = pathlib.Path(workdir)
+  workdir = remote.run_path(workdir)
   if not workdir.is_dir():
     raise UserError(f"{workdir}: no such run directory")
   run = _RunData(workdir)
@@ -352,7 +354,7 @@ def run_data(workdir) -> dict:
   found = [t.path for t in HEAD_TABLES if run.rows[t.path]]
   return {
     "name": workdir.name,
-    "path": str(workdir.resolve()),
+    "path": str(workdir),  # local: absolute, symlinks resolved (remote.run_path)
     "model": run.primary,
     "layers": num_layers,
     "heads": num_heads,
@@ -370,6 +372,7 @@ def atlas_data(workdir, compare=()) -> dict:
   """The JSON blob of the page: one entry per run, the first the run the page is written into."""
   compare = list(compare)
   for other in compare:
-    if not pathlib.Path(other).is_dir():
+    remote.check_url(other, "--compare")
+    if not remote.run_path(other).is_dir():
       raise UserError(f"--compare: no such run directory {other}")
   return {"runs": [run_data(w) for w in [workdir, *compare]]}

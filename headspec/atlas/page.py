@@ -1,5 +1,5 @@
 """The atlas page: one self-contained HTML file (inline CSS, inline vanilla JS, the data as one JSON blob,
-images as data: URIs) written atomically to RUN/atlas.html.
+images as data: URIs) written atomically to RUN/atlas.html (RUN may be a URL, gs://bucket/run: one object).
 
 Why hand-written HTML + vanilla JS rather than Vega-Lite: the page is a coloured layer × head grid, a
 menu, a step slider and a card per head. In plain DOM code that is a few hundred lines with nothing to
@@ -18,6 +18,9 @@ import json
 import os
 import pathlib
 
+from etils import epath
+
+from headspec import remote
 from headspec.atlas.data import atlas_data
 
 PAGE_NAME = "atlas.html"
@@ -40,17 +43,14 @@ def render(data: dict) -> str:
   )
 
 
-def write_page(path, text: str) -> pathlib.Path:
-  """Writes `text` to `path` atomically (a temporary file beside it, then renamed)."""
-  path = pathlib.Path(path)
-  path.parent.mkdir(parents=True, exist_ok=True)
-  tmp = path.parent / f".{path.name}.tmp-{os.getpid()}"
-  tmp.write_text(text, encoding="utf-8")
-  tmp.replace(path)
-  return path
+def write_page(path, text: str) -> pathlib.Path | epath.Path:
+  """Writes `text` to `path` atomically (locally a temporary file beside it, then renamed; remote: one object)."""
+  path = epath.Path(path)
+  remote.write_bytes_atomic(path, text.encode("utf-8"))
+  return remote.native_path(path)
 
 
-def build_atlas(workdir, compare=()) -> pathlib.Path:
+def build_atlas(workdir, compare=()) -> pathlib.Path | epath.Path:
   """Writes WORKDIR/atlas.html (with the runs in `compare` side by side) and returns its path.
 
   Raises headspec.errors.UserError if WORKDIR has no results table, or a compared run does not exist
@@ -59,7 +59,7 @@ def build_atlas(workdir, compare=()) -> pathlib.Path:
   if isinstance(compare, (str, os.PathLike)):
     compare = [compare]
   data = atlas_data(workdir, compare)
-  return write_page(pathlib.Path(workdir) / PAGE_NAME, render(data))
+  return write_page(remote.run_path(workdir) / PAGE_NAME, render(data))
 
 
 _TEMPLATE = """<!DOCTYPE html>

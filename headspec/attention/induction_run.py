@@ -20,14 +20,13 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import os
-import pathlib
 import time
 
 import ml_collections
 import numpy as np
+from etils import epath
 
-from headspec import tables, targets
+from headspec import remote, tables, targets
 from headspec.ablation import causal as causal_lib
 from headspec.attention import induction as ind
 from headspec.errors import UserError
@@ -233,7 +232,7 @@ def write(workdir, rows: dict, L: int, H: int, model: str, step: int, *, with_tr
 
 def training_loss(workdir) -> tuple[np.ndarray, np.ndarray]:
   """(steps, loss) of the training records in RUN/metrics.jsonl (empty when there is none)."""
-  path = pathlib.Path(workdir) / "metrics.jsonl"
+  path = remote.run_path(workdir) / "metrics.jsonl"
   steps, loss = [], []
   if path.is_file():
     for line in path.read_text().splitlines():
@@ -247,10 +246,10 @@ def training_loss(workdir) -> tuple[np.ndarray, np.ndarray]:
   return np.asarray(steps), np.asarray(loss)
 
 
-def formation(workdir, model: str, threshold: float, *, log=print) -> pathlib.Path:
+def formation(workdir, model: str, threshold: float, *, log=print) -> epath.Path:
   """attention/induction_summary.md (best heads per step; the formation window) and, with two or more
   steps scored, induction_formation.png of `model`, from the tables and metrics.jsonl. Returns the .md."""
-  workdir = pathlib.Path(workdir)
+  workdir = remote.run_path(workdir)
   roles = [
     r
     for r in tables.read(tables.path_of(workdir, tables.ROLES), tables.ROLES)
@@ -344,7 +343,5 @@ def _figure(png, model, steps, score, icl, loss_curve, threshold, lo, hi) -> Non
     if lo is not None and hi is not None:
       ax.axvspan(lo, hi, color="gold", alpha=0.25)
   fig.tight_layout()
-  tmp = png.with_name(f".{png.name}.tmp-{os.getpid()}.png")
-  fig.savefig(tmp, dpi=110)
+  remote.save_figure(fig, png, dpi=110)  # locally beside it, then renamed; remote: one object
   plt.close(fig)
-  tmp.replace(png)

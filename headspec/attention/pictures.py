@@ -11,14 +11,16 @@
                             over tokens, special tokens included (headspec/attention/flow.py)
   maps.npz                  the example maps themselves: words_{i}, attn_{i} [L, H, N, N], special_{i} [L, H, N]
 
-Matplotlib with the Agg backend; nothing here needs JAX.
+Matplotlib with the Agg backend; nothing here needs JAX. Paths may be local or URLs (gs://...): each
+file is written whole (headspec.remote.save_figure).
 """
 
 from __future__ import annotations
 
-import pathlib
-
 import numpy as np
+from etils import epath
+
+from headspec import remote
 
 
 def _pyplot():
@@ -34,10 +36,10 @@ def _short(word: str, width: int = 12) -> str:
   return word if len(word) <= width else word[: width - 1] + "…"
 
 
-def head_pictures(maps, words_list, out_dir, *, max_words: int = 40, dpi: int = 72) -> list[pathlib.Path]:
+def head_pictures(maps, words_list, out_dir, *, max_words: int = 40, dpi: int = 72) -> list[epath.Path]:
   """L{l}H{h}.png for every head: the example sentences' word maps side by side (first `max_words` words)."""
   plt = _pyplot()
-  out_dir = pathlib.Path(out_dir)
+  out_dir = epath.Path(out_dir)
   out_dir.mkdir(parents=True, exist_ok=True)
   L, H = maps[0][0].shape[:2]
   paths = []
@@ -61,9 +63,7 @@ def head_pictures(maps, words_list, out_dir, *, max_words: int = 40, dpi: int = 
       fig.suptitle(
         f"layer {l} head {h}: word-level attention, rows attend to columns (colour scale 0 to max)", fontsize=9
       )
-      path = out_dir / f"L{l}H{h}.png"
-      fig.savefig(path, dpi=dpi, bbox_inches="tight")
-      paths.append(path)
+      paths.append(remote.save_figure(fig, out_dir / f"L{l}H{h}.png", dpi=dpi, bbox_inches="tight"))
   plt.close(fig)
   return paths
 
@@ -94,9 +94,9 @@ def line_view(attn_HNN, words, path, *, title: str = "", min_weight: float = 0.1
   handles = [plt.Line2D([], [], color=colours[h], label=f"head {h}") for h in range(H)]
   ax.legend(handles=handles, fontsize=6, loc="upper center", bbox_to_anchor=(0.5, 0.0), ncol=min(H, 6), frameon=False)
   ax.set_title(title, fontsize=8)
-  fig.savefig(path, dpi=dpi, bbox_inches="tight")
+  path = remote.save_figure(fig, path, dpi=dpi, bbox_inches="tight")
   plt.close(fig)
-  return pathlib.Path(path)
+  return path
 
 
 def rollout_flow_picture(rollout_TT, flow_TT, tokens, path, *, title: str = "", dpi: int = 80):
@@ -113,6 +113,6 @@ def rollout_flow_picture(rollout_TT, flow_TT, tokens, path, *, title: str = "", 
     ax.set_yticks(range(T), labels, fontsize=6)
     ax.set_title(name, fontsize=8)
   fig.suptitle(title, fontsize=9)
-  fig.savefig(path, dpi=dpi, bbox_inches="tight")
+  path = remote.save_figure(fig, path, dpi=dpi, bbox_inches="tight")
   plt.close(fig)
-  return pathlib.Path(path)
+  return path

@@ -14,6 +14,7 @@ For decoders (`induction.enabled`, 'auto' by default) the induction step also ru
 into roles.csv / labels.csv, the ICL score into attention/icl.csv, the top-k induction heads' causal
 check into ablation/causal.csv (kind=induction), and, over two or more steps, induction_formation.png
 and induction_summary.md. `treebank=''` runs only that step.
+RUN may be a URL (gs://bucket/run): tables, summaries, pictures and maps.npz are written there whole.
 Every input problem (no treebank, a relation filter matching nothing, an unknown role label, a table
 with other columns, a word longer than any window) is a UserError before anything is written.
 """
@@ -21,14 +22,16 @@ with other columns, a word longer than any window) is a UserError before anythin
 from __future__ import annotations
 
 import dataclasses
+import io
 import os
 import pathlib
 import shutil
 import time
 
 import numpy as np
+from etils import epath
 
-from headspec import runs, tables, targets
+from headspec import remote, runs, tables, targets
 from headspec.attention import clark as clark_lib
 from headspec.attention import flow as flow_lib
 from headspec.attention import induction_run, report
@@ -83,7 +86,7 @@ def word_frequencies(config, run_config, data_dir) -> tuple[dict, str]:
   for root in roots:
     path = root / "text" / name / "train.txt"
     if path.is_file():
-      with open(path, encoding="utf-8") as f:
+      with path.open(encoding="utf-8") as f:
         return roles_lib.count_words(f), f"text/{name}/train.txt"
   raise UserError(
     f"roles.frequency_corpus={name!r}: no text/{name}/train.txt under {', '.join(map(str, roots))} "
@@ -117,26 +120,33 @@ def _safe(name: str) -> str:
   return "".join(c if c.isalnum() or c in "-_." else "_" for c in name)
 
 
-def draw_pictures(model, tokenizer, examples, folder: pathlib.Path, config, *, log=print) -> None:
-  """Every picture of pictures.py for one (model, step), written to a temporary folder, then swapped in."""
+def draw_pictures(model, tokenizer, examples, folder, config, *, log=print) -> None:
+  """Every picture of pictures.py for one (model, step): locally written to a temporary folder, then
+  swapped in; in a remote folder (gs://...) each file is written whole in place, then the files of an
+  earlier drawing that this one did not write are removed (an object store has no folder to swap)."""
   p = config.pictures
   L = model.cfg.num_layers
   layer = L // 2 if p.line_layer < 0 else int(p.line_layer)
   if layer >= L:
     raise UserError(f"pictures.line_layer={p.line_layer}: the model has layers 0..{L - 1}")
-  tmp = folder.with_name(f".{folder.name}.tmp-{os.getpid()}")
-  shutil.rmtree(tmp, ignore_errors=True)
-  tmp.mkdir(parents=True)
+  folder = epath.Path(folder)
+  in_place = remote.is_remote(folder)
+  tmp = folder if in_place else folder.with_name(f".{folder.name}.tmp-{os.getpid()}")
+  if not in_place:
+    shutil.rmtree(tmp, ignore_errors=True)
+  tmp.mkdir(parents=True, exist_ok=True)
   maps = words_lib.sentence_maps(model, tokenizer, examples)
-  pictures_lib.head_pictures(maps, examples, tmp, max_words=p.max_words)
+  written = pictures_lib.head_pictures(maps, examples, tmp, max_words=p.max_words)
   for i, (attn_LHNN, _) in enumerate(maps):
-    pictures_lib.line_view(
-      attn_LHNN[layer],
-      examples[i],
-      tmp / f"lines_sentence{i}_layer{layer}.png",
-      title=f"sentence {i}, layer {layer}",
-      max_words=p.max_words,
-    )
+    written += [
+      pictures_lib.line_view(
+        attn_LHNN[layer],
+        examples[i],
+        tmp / f"lines_sentence{i}_layer{layer}.png",
+        title=f"sentence {i}, layer {layer}",
+        max_words=p.max_words,
+      )
+    ]
   chosen = None
   for i, words in enumerate(examples):
     probs_LHTT, tokens = words_lib.token_maps(model, tokenizer, words)
@@ -148,22 +158,32 @@ def draw_pictures(model, tokenizer, examples, folder: pathlib.Path, config, *, l
     chosen = (0, probs_LHTT, tokens, None)
     log(f"  attention flow skipped: no example sentence has <= {p.flow_max_tokens} tokens (pictures.flow_max_tokens)")
   i, probs_LHTT, tokens, flow_TT = chosen
-  pictures_lib.rollout_flow_picture(
-    flow_lib.rollout(probs_LHTT)[-1],
-    flow_TT,
-    tokens,
-    tmp / f"rollout_flow_sentence{i}.png",
-    title=f"sentence {i}: attention rollout and flow at the last layer (Abnar & Zuidema 2020)",
+  written.append(
+    pictures_lib.rollout_flow_picture(
+      flow_lib.rollout(probs_LHTT)[-1],
+      flow_TT,
+      tokens,
+      tmp / f"rollout_flow_sentence{i}.png",
+      title=f"sentence {i}: attention rollout and flow at the last layer (Abnar & Zuidema 2020)",
+    )
   )
   arrays = {}
   for i, (words, (attn_LHNN, special_LHN)) in enumerate(zip(examples, maps)):
     arrays[f"words_{i}"], arrays[f"attn_{i}"], arrays[f"special_{i}"] = np.array(words), attn_LHNN, special_LHN
-  np.savez_compressed(tmp / "maps.npz", **arrays)
+  buffer = io.BytesIO()
+  np.savez_compressed(buffer, **arrays)
+  remote.write_bytes_atomic(tmp / "maps.npz", buffer.getvalue())
+  if in_place:
+    names = {"maps.npz", *(epath.Path(path).name for path in written)}
+    for old in remote.files_under(folder):
+      if old.relative_to(folder).as_posix() not in names:
+        old.unlink(missing_ok=True)
+    return
   shutil.rmtree(folder, ignore_errors=True)
   tmp.rename(folder)
 
 
-def analyse_job(job: targets.Target, data: Data, config, out_dir: pathlib.Path, *, log=print):
+def analyse_job(job: targets.Target, data: Data, config, out_dir, *, log=print):
   """Tables' rows and the summary section of one (model, step); draws its pictures."""
   t0 = time.perf_counter()
   model, tokenizer = job.load()
@@ -225,12 +245,12 @@ def analyse_job(job: targets.Target, data: Data, config, out_dir: pathlib.Path, 
   return dict(clark=clark_rows, baselines=baseline_rows, roles=role_rows, labels=label_rows), section
 
 
-def run_attention(config, workdir) -> pathlib.Path:
+def run_attention(config, workdir) -> pathlib.Path | epath.Path:
   """Every table, summary and picture of this module's docstring; returns RUN/attention/clark_summary.md
   (with treebank='': induction_summary.md)."""
   if not workdir:
     raise UserError("attention needs --workdir=DIR (a training run, or any folder with --config.model.pretrained)")
-  workdir = pathlib.Path(workdir)
+  workdir = remote.run_path(workdir)
   t0 = time.perf_counter()
   check_config(config)
   jobs = targets.plan(config, workdir, steps=config.steps, model_name=config.model_name)
@@ -279,10 +299,7 @@ def run_attention(config, workdir) -> pathlib.Path:
     induction_run.write(workdir, ind_rows, L, H, job.name, job.step, with_treebank_rows=treebank_rows)
   written = []
   if treebank:
-    path = out_dir / "clark_summary.md"
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    tmp.write_text(report.summary(sections, data.frequency_source))
-    tmp.replace(path)
+    remote.write_bytes_atomic(out_dir / "clark_summary.md", report.summary(sections, data.frequency_source).encode())
     written.append("{clark,clark_baselines,roles,labels}.csv, clark_summary.md, pictures/")
   summary = None
   if induction:
@@ -290,7 +307,7 @@ def run_attention(config, workdir) -> pathlib.Path:
       summary = induction_run.formation(workdir, name, config.induction.formation_threshold, log=log)
     written.append("roles.csv, labels.csv, icl.csv, induction_summary.md (induction), ablation/causal.csv")
   print(f"wrote {out_dir}/: {'; '.join(written)} ({time.perf_counter() - t0:.0f} s)", flush=True)
-  return out_dir / "clark_summary.md" if treebank else summary
+  return remote.native_path(out_dir / "clark_summary.md" if treebank else summary)
 
 
 def attention_quickstart(run_dir, data_dir) -> str:

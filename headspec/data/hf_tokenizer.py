@@ -4,7 +4,8 @@
 tokenizer the way transformers' fast-tokenizer converter does: BERT WordPiece from `vocab.txt` (lowercasing,
 accent stripping and Chinese-character splitting from `tokenizer_config.json`), GPT-2 byte-level BPE from
 `vocab.json` + `merges.txt`. The result implements headspec's `Tokenizer` protocol
-(headspec/data/tokenizer.py); `save` writes it into a run's `tokenizer/` folder as kind `huggingface`.
+(headspec/data/tokenizer.py); `save` writes it into a run's `tokenizer/` folder as kind `huggingface`,
+and `load_saved` reads it back, both through etils.epath (a run's folder may be a URL, gs://bucket/run).
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ import pathlib
 from collections.abc import Sequence
 
 import tokenizers
+from etils import epath
 from tokenizers import decoders, models, normalizers, pre_tokenizers
 
 from headspec.data.tokenizer import INFO_FILE, register_tokenizer_kind
@@ -80,10 +82,11 @@ class HFTokenizer:
     return self.backend.decode([int(i) for i in ids], skip_special_tokens=True)
 
   def save(self, out_dir: str | os.PathLike) -> None:
-    """Writes tokenizer.json and headspec_tokenizer.json (kind `huggingface`) for `load_tokenizer`."""
-    out_dir = pathlib.Path(out_dir)
+    """Writes tokenizer.json and headspec_tokenizer.json (kind `huggingface`) for `load_tokenizer`; each
+    file whole (`out_dir` may be a URL)."""
+    out_dir = epath.Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
-    self.backend.save(os.fspath(out_dir / TOKENIZER_JSON))
+    (out_dir / TOKENIZER_JSON).write_bytes(self.backend.to_str(pretty=True).encode())  # as backend.save(path)
     info = dict(
       kind="huggingface", family=self.family, specials=self.specials, vocab_size=self.vocab_size, source=self.source
     )
@@ -93,16 +96,17 @@ class HFTokenizer:
     return f"HFTokenizer({self.source}, family={self.family}, vocab_size={self.vocab_size})"
 
 
-def load_saved(tokenizer_dir: pathlib.Path, info: dict) -> HFTokenizer:
-  """Loader for `headspec.data.tokenizer.load_tokenizer` (kind `huggingface`, written by `HFTokenizer.save`)."""
-  path = pathlib.Path(tokenizer_dir) / TOKENIZER_JSON
+def load_saved(tokenizer_dir, info: dict) -> HFTokenizer:
+  """Loader for `headspec.data.tokenizer.load_tokenizer` (kind `huggingface`, written by `HFTokenizer.save`);
+  `tokenizer_dir` may be a URL."""
+  path = epath.Path(tokenizer_dir) / TOKENIZER_JSON
   return HFTokenizer(_from_file(path), info["family"], info["specials"], str(path))
 
 
 register_tokenizer_kind("huggingface", "headspec.data.hf_tokenizer:load_saved")
 
 
-def _read_json(path: pathlib.Path) -> dict:
+def _read_json(path) -> dict:
   try:
     return json.loads(path.read_text())
   except (OSError, json.JSONDecodeError) as e:
@@ -114,9 +118,14 @@ def _token_text(value) -> str | None:
   return value.get("content") if isinstance(value, dict) else value
 
 
-def _from_file(path: pathlib.Path) -> tokenizers.Tokenizer:
+def _from_file(path) -> tokenizers.Tokenizer:
+  """A tokenizer.json, read through etils.epath (local or a URL)."""
   try:
-    return tokenizers.Tokenizer.from_file(os.fspath(path))
+    text = epath.Path(path).read_bytes().decode("utf-8")
+  except (OSError, UnicodeDecodeError) as e:
+    raise UserError(f"{path}: not a readable tokenizers JSON file ({e})") from None
+  try:
+    return tokenizers.Tokenizer.from_str(text)
   except Exception as e:  # tokenizers raises a bare Exception on malformed files
     raise UserError(f"{path}: not a readable tokenizers JSON file ({str(e).splitlines()[0]})") from None
 

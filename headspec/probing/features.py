@@ -10,6 +10,9 @@ array of the whole split is ever held), one file per layer, in processing order;
 reads one layer back in word order. The files form a cache at `cache_dir/<name>-<hash>/`, keyed by the
 model identity and step, the words of the split (so any change of file or subsample is a new key),
 pooling, dtype and this module's FORMAT_VERSION; a second run reads it instead of recomputing.
+The cache is always on local disk (it is memory-mapped and appended to, which object stores cannot
+do): a remote `cache_dir` (`gs://bucket/run/probes/cache`) stands for a folder on local scratch
+(`headspec.remote.scratch_dir`, under HEADSPEC_SCRATCH); `run_cache_dir(workdir)` is a run's.
 """
 
 from __future__ import annotations
@@ -29,6 +32,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
+from headspec import remote
 from headspec.errors import UserError
 from headspec.probing import align as align_lib
 
@@ -74,6 +78,19 @@ class Features:
   def residual(self, layer: int) -> np.ndarray:
     """[N, D] residual stream after block `layer`; layer -1 is the embedding output."""
     return self._read("embeddings") if layer == -1 else self._read(f"residual_{layer}")
+
+
+def run_cache_dir(workdir) -> pathlib.Path:
+  """A run's feature cache: RUN/probes/cache for a local run; for a remote one (gs://...) a folder on
+  local scratch standing for it (HEADSPEC_SCRATCH, default the temp dir; the same URL, the same folder)."""
+  return local_cache_dir(remote.run_path(workdir) / "probes" / "cache")
+
+
+def local_cache_dir(path) -> pathlib.Path:
+  """`path` as a local folder: itself when local, its scratch stand-in when it is a URL."""
+  if remote.is_remote(path):
+    return remote.scratch_dir(path, "features")
+  return pathlib.Path(os.fspath(path))
 
 
 def resolve_pooling(pooling: str, kind: str) -> str:
@@ -128,7 +145,7 @@ class _NpyAppender:
   full-size array or memory map of it is ever resident."""
 
   def __init__(self, path: pathlib.Path, shape: tuple[int, ...], dtype: np.dtype):
-    self.file = open(path, "wb")
+    self.file = pathlib.Path(path).open("wb")  # local scratch or a local run: appended to
     self.dtype = np.dtype(dtype)
     np.lib.format.write_array_header_2_0(
       self.file, {"descr": np.lib.format.dtype_to_descr(self.dtype), "fortran_order": False, "shape": shape}
@@ -190,12 +207,13 @@ def extract_features(
   identity: what makes the model's computation unique (run directory, step, model config, or the
   pretrained weights' path; for random models the seed); with the words, pooling and dtype it keys the cache.
   name: a readable prefix for the cache folder (e.g. `minilm-step0-en_ewt-train`).
+  cache_dir: a local folder; a URL (gs://...) is cached on local scratch instead (`local_cache_dir`).
   """
   check_options(pooling, dtype)
   if not sentences:
     raise UserError(f"{name}: no sentences to extract features from")
   cfg = model.cfg
-  cache_dir = pathlib.Path(cache_dir)
+  cache_dir = local_cache_dir(cache_dir)
   folder = cache_dir / _cache_name(identity, name, sentences, pooling, dtype, cfg.max_len)
   if (folder / _META).is_file():
     return _load(folder, from_cache=True)

@@ -7,26 +7,30 @@ grid annotated with its values, with the residual stream (head -1) as a separate
 embedding output (layer -1) as a separate row. summary.md: per model, step and task, the most selective
 heads ranked on dev and reported on test, with accuracy, 95% CI, control accuracy and selectivity, the
 paired selectivity CIs of probes/selectivity.csv, against the majority (or head-offset) baseline and
-the embedding layer; and the MDL table when probes/mdl.csv exists.
+the embedding layer; and the MDL table when probes/mdl.csv exists. The probes/ folder may be a URL
+(gs://bucket/run/probes): every file is read and written whole through etils.epath.
 """
 
 from __future__ import annotations
 
 import csv
-import pathlib
+import io
 
 import matplotlib
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
+from etils import epath  # noqa: E402
+
+from headspec import remote  # noqa: E402
 
 
-def _read(path: pathlib.Path) -> list[dict]:
+def _read(path) -> list[dict]:
+  path = epath.Path(path)
   if not path.is_file():
     return []
-  with open(path, newline="") as f:
-    return list(csv.DictReader(f))
+  return list(csv.DictReader(io.StringIO(path.read_text(), newline="")))
 
 
 def _grid(rows: list[dict], key: str):
@@ -47,7 +51,7 @@ def _grid(rows: list[dict], key: str):
   return grid, residual, embedding
 
 
-def heatmap(rows: list[dict], title: str, path: pathlib.Path) -> None:
+def heatmap(rows: list[dict], title: str, path) -> None:
   """Writes the two-panel (accuracy, selectivity) layer × head heatmap of one (model, step, task, split)."""
   fig, axes = plt.subplots(
     1,
@@ -81,7 +85,7 @@ def heatmap(rows: list[dict], title: str, path: pathlib.Path) -> None:
     fig.colorbar(image, ax=ax, fraction=0.046, pad=0.04)
   fig.suptitle(title, fontsize=10)
   fig.tight_layout()
-  fig.savefig(path, dpi=110)
+  remote.save_figure(fig, path, dpi=110)
   plt.close(fig)
 
 
@@ -92,7 +96,7 @@ def _fmt(r: dict) -> str:
   )
 
 
-def _selectivity(path: pathlib.Path) -> dict:
+def _selectivity(path) -> dict:
   rows = _read(path)
   return {(r["model"], r["step"], r["task"], r["layer"], r["head"], r["split"]): r for r in rows}
 
@@ -190,14 +194,14 @@ def summary(
 def write_report(out_dir, *, primary_split: str, top_k: int = 5, select_split: str | None = None) -> None:
   """summary.md and heatmap_<task>.png (on primary_split) in out_dir (a run's probes/ folder) from its CSVs;
   heads are ranked on select_split (default primary_split)."""
-  out_dir = pathlib.Path(out_dir)
+  out_dir = epath.Path(out_dir)
   rows = _read(out_dir / "results.csv")
   baselines = _read(out_dir / "baselines.csv")
   text = summary(rows, baselines, primary_split, top_k, select_split, _selectivity(out_dir / "selectivity.csv"))
   mdl = _read(out_dir / "mdl.csv")
   if mdl:
     text += mdl_summary(mdl)
-  (out_dir / "summary.md").write_text(text)
+  remote.write_bytes_atomic(out_dir / "summary.md", text.encode())
   if not rows:
     return
   models = list(dict.fromkeys(r["model"] for r in rows))

@@ -7,7 +7,9 @@ head-selection probe for arcs, arc.py) are fitted on the treebank's train split 
 dev split (labels.py reads and labels the splits), and scored on the evaluation splits with 95%
 bootstrap CIs over sentences (stats.py) and Hewitt & Liang (2019) control tasks (controls.py):
 selectivity = accuracy − control accuracy. Rows go to RUN/probes/results.csv (docs/outputs.md
-contract), baselines to RUN/probes/baselines.csv, figures and summary.md via report.py.
+contract), baselines to RUN/probes/baselines.csv, figures and summary.md via report.py. RUN may be a
+URL (gs://bucket/run): tables and figures go there whole, the feature cache to local scratch
+(features.run_cache_dir).
 """
 
 from __future__ import annotations
@@ -18,8 +20,9 @@ import time
 
 import ml_collections
 import numpy as np
+from etils import epath
 
-from headspec import tables, targets
+from headspec import remote, tables, targets
 from headspec.errors import UserError
 from headspec.probing import features as features_lib
 from headspec.probing import labels, plan, report, stats
@@ -184,9 +187,9 @@ def report_split(data: labels.Data) -> str:
   return test if any(s.key == test for s in data.evals) else data.tune.key
 
 
-def run_probe_suite(config: ml_collections.ConfigDict, workdir) -> pathlib.Path:
+def run_probe_suite(config: ml_collections.ConfigDict, workdir) -> pathlib.Path | epath.Path:
   """Probes per `config` (see probing/defaults.py) for the run in `workdir`; returns RUN/probes/results.csv."""
-  workdir = pathlib.Path(workdir)
+  workdir = remote.run_path(workdir)
   t0 = time.perf_counter()
   plan.check_config(config)
   jobs = plan.plan_jobs(config, workdir)  # checks steps / checkpoints before anything is written
@@ -199,7 +202,7 @@ def run_probe_suite(config: ml_collections.ConfigDict, workdir) -> pathlib.Path:
     flush=True,
   )
   out_dir = workdir / "probes"
-  cache_dir = out_dir / "cache"
+  cache_dir = features_lib.run_cache_dir(workdir)  # local: RUN/probes/cache; remote: local scratch
   cache_dir.mkdir(parents=True, exist_ok=True)
   results = tables.path_of(workdir, tables.PROBES)
   tables.check_writable(workdir, tables.PROBES, tables.PROBE_BASELINES, tables.PROBE_SELECTIVITY)
@@ -212,7 +215,7 @@ def run_probe_suite(config: ml_collections.ConfigDict, workdir) -> pathlib.Path:
   tables.write(tables.path_of(workdir, tables.PROBE_BASELINES), data.baselines, tables.PROBE_BASELINES)
   report.write_report(out_dir, primary_split=report_split(data), select_split=data.tune.key, top_k=p.top_k)
   print(f"wrote {results}, {out_dir / 'summary.md'} and heatmaps ({time.perf_counter() - t0:.0f} s)", flush=True)
-  return results
+  return remote.native_path(results)
 
 
 def main(config: ml_collections.ConfigDict, workdir) -> None:
@@ -220,7 +223,7 @@ def main(config: ml_collections.ConfigDict, workdir) -> None:
   if not workdir:
     raise UserError("probe needs --workdir=DIR (a training run, or any folder with --config.model.pretrained)")
   results = run_probe_suite(config, workdir)
-  print((pathlib.Path(results).parent / "summary.md").read_text())
+  print((epath.Path(results).parent / "summary.md").read_text())
 
 
 def probe_quickstart(run_dir, data_dir) -> str:
@@ -228,4 +231,4 @@ def probe_quickstart(run_dir, data_dir) -> str:
   from headspec.probing.defaults import synthetic_probe_config
 
   results = run_probe_suite(synthetic_probe_config(os.fspath(data_dir)), run_dir)
-  return (pathlib.Path(results).parent / "summary.md").read_text()
+  return (epath.Path(results).parent / "summary.md").read_text()
