@@ -70,6 +70,14 @@ MDL = _table(
   ints="step,layer,head,n",
   floats="codelength_bits,uniform_bits,compression,control_codelength_bits,control_compression",
 )
+COMPLEXITY = _table(
+  "probes/complexity.csv",
+  "model,step,task,layer,head,split,l2,accuracy,control_accuracy,selectivity,n",
+  "model,step",
+  ints="step,layer,head,n",
+  floats="l2,accuracy,control_accuracy,selectivity",
+  float_format="r",
+)
 DIVERSITY = _table(
   "diversity/results.csv",
   "step,layer,head_i,head_j,metric,value",
@@ -150,6 +158,7 @@ TABLES: dict[str, Table] = {
     PROBE_BASELINES,
     PROBE_SELECTIVITY,
     MDL,
+    COMPLEXITY,
     DIVERSITY,
     ABLATION_HEADS,
     ABLATION_PRUNING,

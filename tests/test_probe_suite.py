@@ -6,7 +6,7 @@ import pathlib
 import pytest
 from flax import nnx
 
-from headspec import checkpoints, runs
+from headspec import checkpoints, runs, tables
 from headspec.data.tokenizer import train_sentencepiece
 from headspec.defaults import train_config
 from headspec.errors import UserError
@@ -136,8 +136,22 @@ def test_suite_on_ewt_part(ewt_part, tmp_path, capsys):
   config.probe.steps = "all"
   config.probe.random_baseline = False
   config.probe.tasks = ("upos",)
+  config.probe.complexity = True  # also the complexity sweep: every λ of the grid, task and control
   suite.run_probe_suite(config, workdir)
   rows2 = _rows(results)
+  sweep = tables.read(workdir / "probes/complexity.csv", tables.COMPLEXITY)
+  assert len(sweep) == 2 * groups * len(config.probe.l2_grid)  # steps 5 and 9
+  assert {float(r["l2"]) for r in sweep} == set(config.probe.l2_grid) and {r["split"] for r in sweep} == {"en_ewt/dev"}
+  chosen = {
+    (r["step"], r["layer"], r["head"]): float(r["accuracy"])
+    for r in rows2
+    if r["split"] == "en_ewt/dev" and r["model"] == "run" and r["task"] == "upos"
+  }
+  assert len(chosen) == 2 * groups
+  for key, acc in chosen.items():  # the reported dev accuracy is the sweep's best λ for that group
+    best = max(float(r["accuracy"]) for r in sweep if (r["step"], r["layer"], r["head"]) == key)
+    assert acc == pytest.approx(best, abs=1e-6)
+  assert (workdir / "probes/complexity_upos.png").stat().st_size > 1000
   assert {(r["model"], r["step"]) for r in rows2} == {("run", "5"), ("run", "9"), ("run-random", "0")}
   assert len([r for r in rows2 if r["step"] == "9"]) == groups * 3  # step 9 now has only upos rows
   assert len([r for r in rows2 if r["model"] == "run-random"]) == 4 * groups * 3  # untouched

@@ -46,6 +46,7 @@ def probe_config() -> ml_collections.ConfigDict:
   c.probe.arc_l2_grid = (1e-4, 1e-3, 1e-2)  # L2 penalties tried per arc probe; the best dev UAS is kept
   c.probe.arc_control = "hewitt_liang"  # 'hewitt_liang' (self / first / last word per type) | 'four_behaviours'
   c.probe.arc_ignore_punct = True  # leave punctuation (UPOS PUNCT) out of arc training and scoring, task and control
+  c.probe.complexity = False  # also write probes/complexity.csv: every λ's dev accuracy (Hewitt & Liang 2019)
   c.probe.mdl = False  # also write probes/mdl.csv: Voita & Titov (2020) online codelength per group, task and control
   c.probe.bootstrap_resamples = 1000  # resamples of sentences for the 95% confidence intervals
   c.probe.batch_tokens = 4096  # padded tokens per forward batch when extracting features

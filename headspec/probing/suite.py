@@ -24,6 +24,7 @@ from etils import epath
 
 from headspec import remote, tables, targets
 from headspec.errors import UserError
+from headspec.probing import complexity as complexity_lib
 from headspec.probing import features as features_lib
 from headspec.probing import labels, plan, report, stats
 from headspec.probing import tasks as tasks_lib
@@ -95,10 +96,17 @@ def selectivity_rows(job, per_word: dict, tune_key: str, config) -> list[dict]:
 
 
 def probe_job(
-  job: targets.Target, data: labels.Data, config, cache_dir: pathlib.Path, log=print, selectivity: list | None = None
+  job: targets.Target,
+  data: labels.Data,
+  config,
+  cache_dir: pathlib.Path,
+  log=print,
+  selectivity: list | None = None,
+  complexity: list | None = None,
 ) -> list[dict]:
   """Extracts features and fits and scores every probe of one (model, step); returns results.csv rows
-  (and appends probes/selectivity.csv rows to `selectivity` when given)."""
+  (and appends probes/selectivity.csv rows to `selectivity`, probes/complexity.csv rows of the softmax
+  tasks to `complexity`, when given)."""
   p, tasks = config.probe, tasks_lib.from_config(config)
   t0 = time.perf_counter()
   model, tokenizer = job.load()
@@ -136,6 +144,14 @@ def probe_job(
     fitted = {}
     for fit, members in fitters.items():
       fitted.update(fit(members, x_train, x_tune, data, config))
+    if complexity is not None:
+      for task in tasks:
+        if task.fit is tasks_lib.fit_softmax:
+          y, c = np.asarray(data.tune.labels[task.name]), len(data.vocab[task.name].classes)
+          n = int(((y >= 0) & (y < c)).sum())  # as fit_softmax scores dev: classes unseen in train ignored
+          complexity += complexity_lib.complexity_rows(
+            job.name, job.step, task.name, layer, heads, fitted[task.name], data.tune.key, n
+          )
     what = "embeddings" if layer == -1 else f"layer {layer} {'heads' if heads[0] >= 0 else 'residual'}"
     for task in tasks:
       line = tasks_lib.fit_report(task.name, fitted[task.name])
@@ -205,15 +221,28 @@ def run_probe_suite(config: ml_collections.ConfigDict, workdir) -> pathlib.Path 
   cache_dir = features_lib.run_cache_dir(workdir)  # local: RUN/probes/cache; remote: local scratch
   cache_dir.mkdir(parents=True, exist_ok=True)
   results = tables.path_of(workdir, tables.PROBES)
-  tables.check_writable(workdir, tables.PROBES, tables.PROBE_BASELINES, tables.PROBE_SELECTIVITY)
+  tables.check_writable(
+    workdir,
+    tables.PROBES,
+    tables.PROBE_BASELINES,
+    tables.PROBE_SELECTIVITY,
+    *([tables.COMPLEXITY] if p.get("complexity", False) else []),
+  )
   for job in jobs:
     print(f"{job.name} step {job.step}", flush=True)
     selectivity: list = []
-    rows = probe_job(job, data, config, cache_dir, log=lambda s: print(s, flush=True), selectivity=selectivity)
+    complexity = [] if p.get("complexity", False) else None
+    rows = probe_job(
+      job, data, config, cache_dir, log=lambda s: print(s, flush=True), selectivity=selectivity, complexity=complexity
+    )
     tables.merge(results, rows, tables.PROBES)  # after each step, so an interrupted study keeps what it finished
     tables.merge(tables.path_of(workdir, tables.PROBE_SELECTIVITY), selectivity, tables.PROBE_SELECTIVITY)
+    if complexity is not None:
+      tables.merge(tables.path_of(workdir, tables.COMPLEXITY), complexity, tables.COMPLEXITY)
   tables.write(tables.path_of(workdir, tables.PROBE_BASELINES), data.baselines, tables.PROBE_BASELINES)
   report.write_report(out_dir, primary_split=report_split(data), select_split=data.tune.key, top_k=p.top_k)
+  if p.get("complexity", False):
+    complexity_lib.write_figures(out_dir)
   print(f"wrote {results}, {out_dir / 'summary.md'} and heatmaps ({time.perf_counter() - t0:.0f} s)", flush=True)
   return remote.native_path(results)
 
