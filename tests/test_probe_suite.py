@@ -137,6 +137,7 @@ def test_suite_on_ewt_part(ewt_part, tmp_path, capsys):
   config.probe.random_baseline = False
   config.probe.tasks = ("upos",)
   config.probe.complexity = True  # also the complexity sweep: every λ of the grid, task and control
+  config.probe.mdl, config.probe.mdl_fractions = True, (0.1, 0.5, 1.0)  # and MDL (a short schedule here)
   suite.run_probe_suite(config, workdir)
   rows2 = _rows(results)
   sweep = tables.read(workdir / "probes/complexity.csv", tables.COMPLEXITY)
@@ -152,6 +153,12 @@ def test_suite_on_ewt_part(ewt_part, tmp_path, capsys):
     best = max(float(r["accuracy"]) for r in sweep if (r["step"], r["layer"], r["head"]) == key)
     assert acc == pytest.approx(best, abs=1e-6)
   assert (workdir / "probes/complexity_upos.png").stat().st_size > 1000
+  codes = tables.read(workdir / "probes/mdl.csv", tables.MDL)
+  assert len(codes) == 2 * groups and {r["task"] for r in codes} == {"upos"}
+  for r in codes:  # finite codes; the task compresses better than its control on some group
+    assert 0 < float(r["codelength_bits"]) and float(r["uniform_bits"]) > 0 and int(r["n"]) > 1000
+  assert max(float(r["compression"]) - float(r["control_compression"]) for r in codes) > 0
+  assert "MDL" in (workdir / "probes/summary.md").read_text()
   assert {(r["model"], r["step"]) for r in rows2} == {("run", "5"), ("run", "9"), ("run-random", "0")}
   assert len([r for r in rows2 if r["step"] == "9"]) == groups * 3  # step 9 now has only upos rows
   assert len([r for r in rows2 if r["model"] == "run-random"]) == 4 * groups * 3  # untouched
@@ -210,6 +217,7 @@ def test_a_new_task_is_one_registry_entry(ewt_part, tmp_path, monkeypatch):
     (lambda c: setattr(c.probe, "pooling", "max"), "pooling"),
     (lambda c: setattr(c, "data_dir", "/nonexistent/data"), "does not exist"),
     (lambda c: c.probe.update(eval_splits=(), extra_treebanks=()), "nothing to score"),
+    (lambda c: setattr(c.probe, "mdl_fractions", (0.5, 0.25, 1.0)), "mdl_fractions"),
   ],
 )
 def test_bad_input_is_one_line_and_writes_nothing(ewt_part, tmp_path_factory, change, message):

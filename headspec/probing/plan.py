@@ -25,6 +25,9 @@ def check_config(config) -> None:
       "bootstrap_resamples, arc_epochs, arc_rank and arc_patience >= 1; probe.tol > 0; probe.l2_grid and "
       "probe.arc_l2_grid non-empty"
     )
+  fractions = [float(f) for f in p.get("mdl_fractions", (1.0,))]
+  if not fractions or fractions[-1] != 1.0 or any(not 0 <= a < b for a, b in zip([0.0] + fractions, fractions)):
+    raise UserError(f"probe.mdl_fractions={tuple(fractions)}: increasing fractions in (0, 1] ending at 1.0")
   if p.get("arc_control", "hewitt_liang") not in controls.ARC_CONTROLS:
     raise UserError(f"probe.arc_control={p.arc_control!r}: use one of {', '.join(controls.ARC_CONTROLS)}")
 

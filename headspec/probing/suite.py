@@ -26,7 +26,7 @@ from headspec import remote, tables, targets
 from headspec.errors import UserError
 from headspec.probing import complexity as complexity_lib
 from headspec.probing import features as features_lib
-from headspec.probing import labels, plan, report, stats
+from headspec.probing import labels, mdl, plan, report, stats
 from headspec.probing import tasks as tasks_lib
 from headspec.probing.features import Features, extract_features
 
@@ -103,10 +103,11 @@ def probe_job(
   log=print,
   selectivity: list | None = None,
   complexity: list | None = None,
+  mdl_out: list | None = None,
 ) -> list[dict]:
   """Extracts features and fits and scores every probe of one (model, step); returns results.csv rows
   (and appends probes/selectivity.csv rows to `selectivity`, probes/complexity.csv rows of the softmax
-  tasks to `complexity`, when given)."""
+  tasks to `complexity` and probes/mdl.csv rows of the label tasks to `mdl_out`, when given)."""
   p, tasks = config.probe, tasks_lib.from_config(config)
   t0 = time.perf_counter()
   model, tokenizer = job.load()
@@ -188,6 +189,18 @@ def probe_job(
               n=int(weight.sum()),
             )
           )
+    if mdl_out is not None:
+      label_tasks = {
+        t.name: (data.train.labels[t.name], data.train.controls[t.name], len(data.vocab[t.name].classes))
+        for t in tasks
+        if isinstance(t, tasks_lib.LabelTask)
+      }
+      if label_tasks:
+        fractions = tuple(p.get("mdl_fractions", mdl.DEFAULT_FRACTIONS))
+        mdl_out += mdl.mdl_rows(
+          job.name, job.step, layer, heads, x_train, label_tasks, fractions=fractions, seed=config.seed
+        )
+        log(f"    {what} MDL: online codes of {', '.join(label_tasks)} and their controls")
     x_train = x_tune = x = fitted = None  # freed before the next layer is read: one layer's features at a time
     log(f"  {job.name} step {job.step}: probed {what} ({time.perf_counter() - t0:.0f} s)")
   if selectivity is not None:
@@ -227,18 +240,29 @@ def run_probe_suite(config: ml_collections.ConfigDict, workdir) -> pathlib.Path 
     tables.PROBE_BASELINES,
     tables.PROBE_SELECTIVITY,
     *([tables.COMPLEXITY] if p.get("complexity", False) else []),
+    *([tables.MDL] if p.get("mdl", False) else []),
   )
   for job in jobs:
     print(f"{job.name} step {job.step}", flush=True)
     selectivity: list = []
     complexity = [] if p.get("complexity", False) else None
+    mdl_rows = [] if p.get("mdl", False) else None
     rows = probe_job(
-      job, data, config, cache_dir, log=lambda s: print(s, flush=True), selectivity=selectivity, complexity=complexity
+      job,
+      data,
+      config,
+      cache_dir,
+      log=lambda s: print(s, flush=True),
+      selectivity=selectivity,
+      complexity=complexity,
+      mdl_out=mdl_rows,
     )
     tables.merge(results, rows, tables.PROBES)  # after each step, so an interrupted study keeps what it finished
     tables.merge(tables.path_of(workdir, tables.PROBE_SELECTIVITY), selectivity, tables.PROBE_SELECTIVITY)
     if complexity is not None:
       tables.merge(tables.path_of(workdir, tables.COMPLEXITY), complexity, tables.COMPLEXITY)
+    if mdl_rows is not None:
+      tables.merge(tables.path_of(workdir, tables.MDL), mdl_rows, tables.MDL)
   tables.write(tables.path_of(workdir, tables.PROBE_BASELINES), data.baselines, tables.PROBE_BASELINES)
   report.write_report(out_dir, primary_split=report_split(data), select_split=data.tune.key, top_k=p.top_k)
   if p.get("complexity", False):
