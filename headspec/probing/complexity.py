@@ -16,8 +16,6 @@ probe's complexity is its rank (`probe.arc_rank`).
 
 from __future__ import annotations
 
-import os
-
 import numpy as np
 
 from headspec import remote, tables
@@ -81,10 +79,8 @@ def figure(rows: list[dict], path) -> None:
   r = rows[0]
   fig.suptitle(f"{r['model']} step {r['step']} — {r['task']}: complexity sweep on {r['split']} (Hewitt & Liang 2019)")
   fig.tight_layout()
-  mirror = remote.LocalMirror(os.fspath(remote.run_path(path).parent), "complexity-figures")
-  fig.savefig(mirror.local / os.path.basename(os.fspath(path)), dpi=100)
+  remote.save_figure(fig, path, dpi=100)
   plt.close(fig)
-  mirror.sync()
 
 
 _METRICS = ("accuracy", "control_accuracy", "selectivity")
