@@ -34,7 +34,8 @@ commands:
   ablate                       head ablations, importance, pruning, L0 gates, causal probe test
   atlas [--compare=RUN_B]      RUN/atlas.html: every head's numbers on one offline page (no --config)
   attention                    Clark et al. syntax from attention, head roles, pictures
-  launch TARGET [...] -- CMD   run a command, study or sweep: local, multi-gpu, slurm, tpu (docs/scale.md)
+  study --workdir=ROOT         an experiment's tables and figures across runs (ROOT/study/; no --config)
+  launch TARGET [...] -- CMD   run a command, study, sweep or experiment: local, multi-gpu, slurm, tpu (docs/scale.md)
   data download ud TREEBANK    fetch a Universal Dependencies treebank into the data directory
   data download text CORPUS    fetch a language-model corpus (wikitext_103, wikitext_2) into the data directory"""
 
@@ -47,6 +48,7 @@ COMMANDS = {
   "ablate": "headspec.commands:ablate",
   "atlas": "headspec.commands:atlas",
   "attention": "headspec.commands:attention",
+  "study": "headspec.commands:study",
   "data": "headspec.commands:data",
 }
 NEEDS_CONFIG = {"train", "probe", "diversity", "ablate", "attention"}

@@ -24,6 +24,9 @@ def train(config, workdir, args) -> None:
   if not config.model.pretrained:
     targets.data_dir(config, purpose="the training corpus")
   final = train_and_evaluate(config, workdir)
+  if "step" not in final:  # resumed at train.steps: nothing left to do
+    print(f"already trained to step {config.train.steps}; run directory {workdir}")
+    return
   print(f"trained to step {final.get('step')}: loss {final.get('loss', float('nan')):.4f}; run directory {workdir}")
 
 
@@ -77,6 +80,17 @@ def attention(config, workdir, args) -> None:
   if args:
     raise UserError(f"attention takes no arguments, got {' '.join(args)}")
   print(run_attention(config, workdir).read_text())
+
+
+def study(config, workdir, args) -> None:
+  """`headspec study --workdir=ROOT`: ROOT/study/ from an experiment's runs (headspec/study.py; no --config)."""
+  from headspec.study import write_study
+
+  if not workdir:
+    raise UserError("study needs --workdir=ROOT (an experiment folder: headspec launch ... --experiment=...)")
+  if args:
+    raise UserError(f"study takes no arguments, got {' '.join(args)}")
+  print(write_study(workdir).read_text())
 
 
 def data(config, workdir, args) -> None:

@@ -3,6 +3,7 @@
   headspec launch TARGET [options] [--dry-run] -- COMMAND ARGS...      # any headspec command
   headspec launch TARGET [options] --study --config=C --workdir=W [-- TRAIN OVERRIDES]
   headspec launch TARGET [options] --grid KEY=V1,V2 [--seeds 0,1] [--study] --config=C --workdir=ROOT
+  headspec launch TARGET [options] --experiment=configs/experiments/NAME.py[:ARG] --workdir=ROOT
 
 (`python -m headspec.launch ...` is the same command line.)
 
@@ -13,7 +14,9 @@ wheel built here, data staged on every worker, training on all workers, analyses
 
 A study is train, then probe, diversity, attention and ablate at every kept checkpoint, as one
 submission. A sweep is one run (or study) per grid point and seed, each in ROOT/<name> (`drophead=0.1,seed=1`),
-with ROOT/sweep.csv listing them and, after each run, their last losses (headspec/sweeps.py).
+with ROOT/sweep.csv listing them and, after each run, their last losses (headspec/sweeps.py). An
+experiment is the runs, analyses and reference models its config's `experiment()` lists, then `headspec
+study` on ROOT; its stages are resumable: the same command again skips what finished (headspec/experiments.py).
 `--dry-run` prints the exact commands per host and starts nothing. Bad input is one line, exit 2.
 """
 
@@ -29,7 +32,7 @@ import socket
 import subprocess
 import sys
 
-from headspec import remote, sweeps
+from headspec import experiments, remote, sweeps
 from headspec.errors import UserError
 
 TARGETS = ("local", "multi-gpu", "slurm", "tpu")
@@ -73,6 +76,7 @@ def _parser(prog: str = "python -m headspec.launch") -> argparse.ArgumentParser:
   p.add_argument("target", choices=TARGETS)
   p.add_argument("--dry-run", action="store_true", help="print the commands per host, start nothing")
   p.add_argument("--study", action="store_true", help="train, then every analysis at the kept checkpoints")
+  p.add_argument("--experiment", default="", help="configs/experiments/NAME.py[:ARG]: its runs, analyses, report")
   p.add_argument("--analyses", default="probe,diversity,attention,ablate", help="a study's analyses, in order")
   for name, (default, _) in ANALYSES.items():
     p.add_argument(f"--{name}-config", default=default, help=f"config of a study's {name} stage")
@@ -102,14 +106,76 @@ def _parser(prog: str = "python -m headspec.launch") -> argparse.ArgumentParser:
   return p
 
 
-def _load_config(spec: str):
+def _load_module(spec: str, flag: str = "--config"):
   path, _, arg = spec.partition(":")
   if not os.path.isfile(path):
-    raise UserError(f"--config: no such config file {path}")
+    raise UserError(f"{flag}: no such config file {path}")
   module_spec = importlib.util.spec_from_file_location("_headspec_launch_config", path)
   module = importlib.util.module_from_spec(module_spec)
   module_spec.loader.exec_module(module)
-  return module.get_config(arg or None) if arg else module.get_config()
+  return module, arg or None
+
+
+def _load_config(spec: str):
+  module, arg = _load_module(spec)
+  return module.get_config(arg) if arg else module.get_config()
+
+
+def load_experiment(spec: str) -> experiments.Experiment:
+  """The Experiment of `spec` (configs/experiments/NAME.py[:ARG]), its config specs checked to load."""
+  module, arg = _load_module(spec, "--experiment")
+  if not hasattr(module, "experiment"):
+    raise UserError(f"--experiment={spec}: the file defines no experiment(arg) (configs/experiments/)")
+  try:
+    exp = module.experiment(arg)
+    for config in [r.config for r in exp.runs] + [c for _, c in exp.analyses] + [c for _, _, c in exp.references]:
+      if config:  # '' for a command without a config (atlas)
+        _load_config(config)
+  except (AttributeError, KeyError, TypeError, ValueError) as e:
+    raise UserError(f"--experiment={spec}: {e}") from None
+  experiments.check(exp, f"--experiment={spec}")
+  return exp
+
+
+def experiment_plans(opts, rest: list[str]) -> list[list[Stage]]:
+  """One plan (a single job, in order): every run's training then its analyses, the references, the report."""
+  if not opts.workdir:
+    raise UserError("an experiment needs --workdir=ROOT (every run goes to ROOT/<run>)")
+  defaults = _parser().parse_args([opts.target])
+  given = [
+    f"--{name.replace('_', '-')}"
+    for name in ("study", "grid", "seeds", "config", "analyses", *(f"{a}_config" for a in ANALYSES))
+    if getattr(opts, name) != getattr(defaults, name)
+  ]
+  if given:
+    raise UserError(f"--experiment takes its runs and analyses from the experiment file: drop {', '.join(given)}")
+  if opts.target == "tpu" and not remote.is_remote(opts.workdir):
+    raise UserError("a TPU experiment needs a gs:// --workdir (the report runs on worker 0 and reads every run)")
+  for a in rest:
+    if not a.startswith("--config."):
+      raise UserError(f"an experiment takes only --config.KEY=VALUE train overrides after --, got {a}")
+  remote.check_url(opts.workdir)
+  exp = load_experiment(opts.experiment)
+  root = opts.workdir.rstrip("/")
+  plans = []
+  for run in exp.runs:
+    workdir = f"{root}/{run.name}"
+    stages = [Stage(("train", f"--config={run.config}", f"--workdir={workdir}", *rest), distributed=True)]
+    for command, config in exp.analyses:
+      args = (command, *([f"--config={config}"] if config else []), f"--workdir={workdir}")
+      stages.append(Stage(("@stage", *experiments.stage_argv(root, f"{run.name}-{command}", args))))
+    plans.append(stages)
+  last = [
+    Stage(
+      (
+        "@stage",
+        *experiments.stage_argv(root, f"{name}-{command}", (command, f"--config={config}", f"--workdir={root}/{name}")),
+      )
+    )
+    for name, command, config in exp.references
+  ]
+  last.append(Stage(("study", f"--workdir={root}")))
+  return [[stage for stages in plans for stage in stages] + last]  # one job: the report needs every run
 
 
 def _flag(args, name: str) -> str | None:
@@ -123,6 +189,8 @@ def _flag(args, name: str) -> str | None:
 
 def plan_runs(opts, rest: list[str]) -> tuple[list[list[Stage]], list[sweeps.Run]]:
   """The runs of a submission (each a list of stages, run in order) and, for a sweep, its Runs."""
+  if opts.experiment:
+    return experiment_plans(opts, rest), []
   study_or_sweep = opts.study or opts.grid or opts.seeds
   if not study_or_sweep:
     if not rest:
@@ -162,6 +230,8 @@ def plan_runs(opts, rest: list[str]) -> tuple[list[list[Stage]], list[sweeps.Run
 def _headspec(stage: Stage, python: str = "python") -> list[str]:
   if stage.args[0] == "@summarize":
     return [python, "-m", "headspec.sweeps", "summarize", stage.args[1]]
+  if stage.args[0] == "@stage":
+    return [python, "-m", "headspec.experiments", *stage.args[1:]]
   return [python, "-m", "headspec", *stage.args]
 
 
@@ -217,9 +287,16 @@ def run_local(steps: list[Step]) -> int:
     n = int(steps[i].host.rsplit(" ", 1)[1]) if steps[i].host.startswith("local process") else 1
     groups.append(steps[i : i + n])
     i += n
+  signalled = []
   for group in groups:
     procs = [subprocess.Popen(list(s.argv), env={**os.environ, **dict(s.env)}) for s in group]
-    forward = lambda signum, frame, procs=procs: [p.send_signal(signum) for p in procs if p.poll() is None]
+
+    def forward(signum, frame, procs=procs):
+      signalled.append(signum)
+      for p in procs:
+        if p.poll() is None:
+          p.send_signal(signum)
+
     previous = {s: signal.signal(s, forward) for s in (signal.SIGTERM, signal.SIGINT)}
     try:
       codes = [p.wait() for p in procs]
@@ -228,6 +305,9 @@ def run_local(steps: list[Step]) -> int:
         signal.signal(s, handler)
     if any(codes):
       return next(c for c in codes if c)
+    if signalled:  # training saved and exited 0: the steps after it (analyses of a half-trained run) wait
+      print("headspec launch: stopped by a signal; the same command resumes", file=sys.stderr)
+      return 128 + signalled[0]
   return 0
 
 
@@ -385,6 +465,14 @@ def build(argv: list[str], prog: str = "python -m headspec.launch"):
   return opts, tpu_steps(opts, plans), sweep_runs
 
 
+def _write_plans(opts, sweep_runs) -> None:
+  """ROOT/sweep.csv or ROOT/experiment.json, before anything starts."""
+  if sweep_runs:
+    print(sweeps.write_plan(opts.workdir, sweep_runs))
+  if opts.experiment:
+    print(experiments.write_plan(opts.workdir, load_experiment(opts.experiment), opts.experiment))
+
+
 def main(argv: list[str], prog: str = "python -m headspec.launch") -> int:
   """The launcher's command line (`python -m headspec.launch ARGS`, `headspec launch ARGS`): argv without
   the program name; `prog` names it in --help."""
@@ -403,15 +491,13 @@ def main(argv: list[str], prog: str = "python -m headspec.launch") -> int:
     os.makedirs(os.path.dirname(script) or ".", exist_ok=True)
     with open(script, "w") as f:  # a local file: the script sbatch reads, not a run directory
       f.write(work)
-    if sweep_runs:
-      print(sweeps.write_plan(opts.workdir, sweep_runs))
+    _write_plans(opts, sweep_runs)
     return subprocess.call(["sbatch", script])
   if opts.dry_run:
     for step in work:
       print(f"# host: {step.host}\n{step.text()}")
     return 0
-  if sweep_runs:
-    print(sweeps.write_plan(opts.workdir, sweep_runs))
+  _write_plans(opts, sweep_runs)
   if opts.target == "tpu":
     for step in work:
       code = subprocess.call(list(step.argv), env={**os.environ, **dict(step.env)})

@@ -1,0 +1,162 @@
+"""The study: when does head specialization emerge, and do the specialized heads matter? (docs/study.md)
+
+One command runs all of it (headspec/experiments.py; resumable: run it again after an interruption):
+
+  headspec launch local --experiment=configs/experiments/specialization.py:small --workdir=runs/spec_small
+  headspec launch multi-gpu --experiment=configs/experiments/specialization.py --workdir=runs/spec
+
+Every run is a 6-layer, 8-head causal decoder (dropout 0.1: the setting of the diversity seed notes) on
+`english_mix` from HEADSPEC_DATA_DIR, with checkpoints on a log-spaced schedule from step 0. Conditions:
+`baseline` (3 seeds), `drophead` (DropHead p=0.1, Zhou et al. 2020) and `disagreement` (Li et al. 2018's
+output disagreement, weight 0.01), 3 seeds each in the full setting. At every kept step: the probe suite
+on EWT (upos, xpos, deprel, arc; controls, bootstrap CIs), the diversity metrics, the attention analyses
+(Clark table on the arcs a decoder sees, head roles, previous-token and induction scores); at the last
+step the ablation suite with the causal test of specialization, then the run's head atlas (atlas.html);
+all-MiniLM-L6-v2 through the same probe suite and Clark table; then `headspec study` writes ROOT/study/
+(tables, figures, summary.md).
+
+Arguments (comma-separated, any order):
+  small            the CPU smoke setting: d_model 128, 800 steps of 16×64 tokens (0.8M tokens), steps 0, 30,
+                   200, 800 kept, one seed per condition, probes on 4k EWT training words. Under an hour on a
+                   2-core CPU in all (measured in docs/study.md). It tests the pipeline; it is far too short
+                   to show induction heads, and one seed per condition cannot compare conditions.
+  condition=NAME   baseline | drophead | disagreement (training configs)
+  seed=N           the training seed
+  probe | diversity | attention | ablate     the analysis config of that stage instead of a training config
+  minilm           with probe or attention: the same analysis of all-MiniLM-L6-v2
+
+Full setting (GPU): d_model 256, d_ff 1024, 3,000 steps of 32×256 tokens (25M tokens per run), steps 0,
+10, 30, 100, 300, 1000, 3000 kept, 9 runs. Learning rate 1e-3 (warmup, then cosine decay), tuned from the
+seed notes' 1e-2 with batch 32: in the small setting (seed 0, 800 steps) 1e-2 ended at validation loss
+6.14 nats/token and 1e-3 at 5.85 (docs/study.md). Expect more than one 45-minute GPU session (an ESTIMATE, not measured: no GPU
+was lent to this project): run the same command again and it resumes at the first unfinished stage.
+"""
+
+from headspec.defaults import train_config
+
+CONDITIONS = {  # condition -> train.regularizers overrides
+  "baseline": {},
+  "drophead": {"drophead": 0.1},
+  "disagreement": {"output": 0.01},
+}
+KEEP = (0, 10, 30, 100, 300, 1000, 3000)
+KEEP_SMALL = (0, 30, 200, 800)
+ANALYSES = ("probe", "diversity", "attention", "ablate")
+
+
+def _args(arg):
+  out = {"small": False, "condition": "baseline", "seed": 0, "stage": "", "minilm": False}
+  for a in [a.strip() for a in (arg or "").split(",") if a.strip()]:
+    key, _, value = a.partition("=")
+    if a == "small":
+      out["small"] = True
+    elif a == "minilm":
+      out["minilm"] = True
+    elif a in ANALYSES:
+      out["stage"] = a
+    elif key == "condition" and value in CONDITIONS:
+      out["condition"] = value
+    elif key == "seed" and value.lstrip("-").isdigit():
+      out["seed"] = int(value)
+    else:
+      raise ValueError(
+        f"configs/experiments/specialization.py: bad argument {a!r} (use small, condition={'|'.join(CONDITIONS)}, "
+        f"seed=N, {', '.join(ANALYSES)}, minilm)"
+      )
+  return out
+
+
+def experiment(arg: str | None = None):
+  """The runs, analyses and references of the study (headspec/experiments.py runs them in order)."""
+  from headspec.experiments import Experiment, Run
+
+  small = _args(arg)["small"]
+  me = "configs/experiments/specialization.py"
+  tag = "small," if small else ""
+  seeds = (0,) if small else (0, 1, 2)
+  runs = tuple(
+    Run(f"{condition}_s{seed}", f"{me}:{tag}condition={condition},seed={seed}", condition, seed)
+    for condition in CONDITIONS
+    for seed in seeds
+  )
+  return Experiment(
+    runs=runs,
+    analyses=tuple((a, f"{me}:{tag}{a}") for a in ANALYSES) + (("atlas", ""),),
+    references=tuple(("minilm", a, f"{me}:{tag}{a},minilm") for a in ("probe", "attention")),
+  )
+
+
+def get_config(arg: str | None = None):
+  a = _args(arg)
+  if a["stage"]:
+    return _analysis_config(a["stage"], a["small"], a["minilm"])
+  if a["minilm"]:
+    raise ValueError("configs/experiments/specialization.py: 'minilm' goes with probe or attention")
+  c = train_config()
+  c.seed = a["seed"]
+  c.data.corpus = "english_mix"
+  c.model.num_layers, c.model.num_heads = 6, 8
+  c.model.dropout = c.model.attention_dropout = 0.1
+  for key, value in CONDITIONS[a["condition"]].items():
+    c.train.regularizers[key] = value
+  c.train.learning_rate = 1e-3
+  if a["small"]:
+    c.data.vocab_size = 4000
+    c.model.d_model, c.model.d_head, c.model.d_ff = 128, 16, 512
+    c.train.steps, c.train.batch_size, c.train.seq_len = 800, 16, 64
+    c.train.warmup_steps = 50
+    c.train.log_every, c.train.eval_every, c.train.eval_batches = 20, 200, 10
+    c.train.checkpoint_every, c.train.keep_steps = 800, KEEP_SMALL
+  else:
+    c.train.steps, c.train.batch_size, c.train.seq_len = 3000, 32, 256
+    c.train.warmup_steps = 300
+    c.train.log_every, c.train.eval_every = 50, 500
+    c.train.checkpoint_every, c.train.keep_steps = 1000, KEEP
+  return c
+
+
+def _analysis_config(stage: str, small: bool, minilm: bool):
+  if stage == "probe":
+    from headspec.probing.defaults import probe_config
+
+    c = probe_config()
+    c.probe.treebank = "en_ewt"
+    if small:  # fewer words, penalties, iterations and resamples: about 2 minutes a step on 2 cores
+      c.probe.max_train_words = c.probe.arc_max_train_words = 4000
+      c.probe.l2_grid, c.probe.arc_l2_grid = (1e-4, 1e-3), (1e-3, 1e-2)
+      c.probe.max_iter, c.probe.arc_epochs = 50, 4
+      c.probe.bootstrap_resamples = 200
+  elif stage == "diversity":
+    from headspec.diversity.defaults import diversity_config
+
+    c = diversity_config()
+    c.num_tokens = 4096 if small else 10000
+  elif stage == "attention":
+    from headspec.attention.defaults import attention_config
+
+    c = attention_config()
+    c.steps = "all"
+    c.clark.arcs = "reachable"  # what a decoder can see, for the trained runs and MiniLM alike (docs/attention.md)
+    if small:
+      c.max_sentences = 300
+      c.clark.min_count = 50
+      c.roles.bootstrap_resamples = 200
+      c.pictures.sentences = (0,)
+      c.induction.n = 25  # [BOS] + 50 tokens in the 64-token context
+      c.induction.num_tokens = 4096
+  else:
+    from headspec.ablation.config import ablate_config
+
+    c = ablate_config()
+    c.steps = "last"
+    c.methods = "zero,mean,importance,pruning,causal"
+    c.pruning.rankings = "importance,ablation,probe,random"
+    if small:
+      c.num_tokens = 4096
+      c.bootstrap_resamples = 200
+      c.pruning.random_seeds = 3
+  if minilm:
+    if stage not in ("probe", "attention"):
+      raise ValueError(f"configs/experiments/specialization.py: 'minilm' goes with probe or attention, not {stage}")
+    c.model.pretrained = "minilm"
+  return c

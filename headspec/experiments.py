@@ -1,0 +1,122 @@
+"""Experiments: many runs, the same analyses on each, reference models, then one report; resumable.
+
+An experiment config (configs/experiments/NAME.py) defines `experiment(arg) -> Experiment` beside its
+`get_config(arg)`. `headspec launch TARGET --experiment=configs/experiments/NAME.py[:ARG] --workdir=ROOT`
+turns it into stages, in order:
+
+  train ROOT/<run>, then every analysis of ROOT/<run>     run by run (training resumes from its last
+                                                          checkpoint when the command is run again)
+  <analysis> ROOT/<reference>                             pretrained reference models (e.g. MiniLM)
+  study ROOT                                              headspec/study.py: tables and figures across runs
+
+ROOT/experiment.json lists the runs (name, condition, seed, config) for the report. Every stage but
+training goes through `python -m headspec.experiments stage MARKER -- COMMAND ARGS`, which skips the stage
+when ROOT/stages/MARKER.done holds the same command line and writes it when the stage succeeds, so
+running the same command again after an interruption picks up at the first unfinished stage (training
+picks up at its last checkpoint: it has its own resume). A marker of another command line (a changed
+config) does not count: that stage runs again.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import sys
+
+from etils import epath
+
+from headspec import remote
+from headspec.errors import UserError
+
+PLAN = "experiment.json"
+STAGES = "stages"
+
+
+@dataclasses.dataclass(frozen=True)
+class Run:
+  """One training run of an experiment: ROOT/<name>, trained with `config` (configs/...py:ARGS)."""
+
+  name: str
+  config: str
+  condition: str
+  seed: int
+
+
+@dataclasses.dataclass(frozen=True)
+class Experiment:
+  """`analyses`: (command, config spec) run on every run's directory in order ('' for a command that takes
+  no config, such as atlas); `references`: (name, command, config spec) run once on ROOT/<name>
+  (pretrained models, compared with the runs)."""
+
+  runs: tuple[Run, ...]
+  analyses: tuple[tuple[str, str], ...]
+  references: tuple[tuple[str, str, str], ...] = ()
+
+
+def check(experiment: Experiment, where: str) -> None:
+  names = [r.name for r in experiment.runs]
+  if not names:
+    raise UserError(f"{where}: experiment() lists no runs")
+  if len(set(names)) != len(names) or {name for name, _, _ in experiment.references} & set(names):
+    raise UserError(f"{where}: two runs (or a run and a reference) share a name, so they would share a folder")
+  stages = [c for c, _ in experiment.analyses] + [f"{n}-{c}" for n, c, _ in experiment.references]
+  if len(set(stages)) != len(stages):
+    raise UserError(f"{where}: a command is listed twice for the same runs, so their stage markers would collide")
+
+
+def stage_argv(root: str, marker: str, args: tuple[str, ...]) -> tuple[str, ...]:
+  """The arguments of `python -m headspec.experiments stage ...` for one resumable stage."""
+  return ("stage", f"{root}/{STAGES}/{marker}.done", "--", *args)
+
+
+def write_plan(root, experiment: Experiment, spec: str) -> epath.Path:
+  """ROOT/experiment.json: the experiment's config spec and its runs and references."""
+  path = remote.run_path(root) / PLAN
+  path.parent.mkdir(parents=True, exist_ok=True)
+  text = json.dumps(
+    dict(
+      experiment=spec,
+      runs=[dataclasses.asdict(r) for r in experiment.runs],
+      references=sorted({name for name, _, _ in experiment.references}),
+    ),
+    indent=1,
+  )
+  remote.write_bytes_atomic(path, text.encode())
+  return path
+
+
+def read_plan(root) -> dict:
+  path = remote.run_path(root) / PLAN
+  if not path.exists():
+    raise UserError(f"{path}: not an experiment folder (the launcher writes experiment.json when it starts one)")
+  return json.loads(path.read_text())
+
+
+def run_stage(marker: str, argv: list[str]) -> int:
+  """Runs `headspec ARGV` unless MARKER holds the same arguments; writes them to MARKER when it exits 0."""
+  from headspec import cli
+
+  done = epath.Path(marker)
+  text = " ".join(argv)
+  if done.exists():
+    if done.read_text().strip() == text:
+      print(f"done already ({done}): headspec {text}", flush=True)
+      return 0
+    print(f"{done} was written by another command line: running this stage again", flush=True)
+  print(f"stage: headspec {text}", flush=True)
+  code = cli.main(["headspec", *argv])
+  if code == 0:
+    done.parent.mkdir(parents=True, exist_ok=True)
+    remote.write_bytes_atomic(done, (text + "\n").encode())
+  return code
+
+
+def main(argv: list[str]) -> int:
+  if len(argv) < 4 or argv[1] != "stage" or argv[3] != "--":
+    print("usage: python -m headspec.experiments stage MARKER -- COMMAND ARGS", file=sys.stderr)
+    return 2
+  return run_stage(argv[2], argv[4:])
+
+
+if __name__ == "__main__":
+  sys.exit(main(sys.argv))

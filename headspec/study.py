@@ -1,0 +1,505 @@
+"""`headspec study --workdir=ROOT`: an experiment's results across runs, steps and conditions (docs/study.md).
+
+Reads ROOT/experiment.json (the runs, their condition and seed) and every run's tables, and writes
+ROOT/study/: the tables below as CSV, figures, and summary.md. Only measured values; heads are always
+chosen on dev and reported on test (the maximum over 48 noisy dev estimates is biased upwards on dev).
+
+  training.csv    per run and logged step: the training loss and, where evaluated, the validation loss.
+  emergence.csv   per run, step, task: the best head (highest dev selectivity, probes/selectivity.csv
+                  dev_rank 1), its test selectivity and paired 95% CI; the median head's test selectivity
+                  (best − median: how far one head stands out from the others); `selective_heads`, the heads whose
+                  test selectivity CI lies above 0 (uncorrected for the 48 comparisons: a count to follow
+                  over steps, not a test); `above_init_heads`, the heads whose CI lies above the best
+                  head of the same run at step 0 (its untrained weights: random features already
+                  tell word types apart, so they are slightly selective); the best residual stream (chosen on dev) for reference.
+  layers.csv      per run and task: the first kept step at which each layer has a head above init.
+  diversity.csv   per run, step, metric: the mean over layers and head pairs (or heads) of
+                  diversity/results.csv.
+  roles.csv       per run and step: the best previous-token, duplicate-token and induction scores of any
+                  head on repeated random sequences (attention/roles.csv, data=repeated_random).
+  causal.csv      per run and task at the last step: ablating the k most selective heads vs k
+                  layer-matched random heads (ablation/causal.csv `*_vs_random` rows, paired CIs).
+  rankings.csv    per run and task at the last step: Spearman's ρ between head importance (Michel et al.
+                  2019, ablation/heads.csv method=importance) and test selectivity, with a permutation
+                  p-value (10,000 shuffles of the heads).
+  reference.csv   the best head's test selectivity per task and the best head's Clark accuracy per
+                  relation (chosen on dev, on test) for each run's last step and each reference model
+                  (all-MiniLM-L6-v2), beside the best fixed-offset baseline and n (test words or arcs).
+
+Per condition, summary.md gives the mean over seeds and the range (min to max) of each figure.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+
+import numpy as np
+from etils import epath
+
+from headspec import experiments, remote, tables
+from headspec.errors import UserError
+
+OUT = "study"
+TASKS = ("upos", "xpos", "deprel", "arc")
+ROLES = ("previous_token", "duplicate_token", "induction")
+
+
+COLUMNS = {  # every study table's columns (docs/outputs.md), so that an empty table still has its header
+  "training": "run,condition,seed,step,loss,eval_loss",
+  "emergence": "run,condition,seed,step,task,best_layer,best_head,selectivity,ci_low,ci_high,median_selectivity,"
+  "selective_heads,"
+  "above_init_heads,init_best,heads,"
+  "residual_layer,residual_selectivity",
+  "layers": "run,condition,seed,task,layer,first_step",
+  "diversity": "run,condition,seed,step,metric,value",
+  "roles": "run,condition,seed,step,role,layer,head,score",
+  "causal": "run,condition,seed,step,task,k,metric,value,ci_low,ci_high",
+  "rankings": "run,condition,seed,step,task,spearman,p_value,heads",
+  "reference": "run,condition,kind,what,layer,head,value,baseline,n",
+}
+
+
+def _frame(workdir, table):
+  """The table of a run or reference folder without random-weights controls (`<model>-random` rows)."""
+  path = tables.path_of(workdir, table)
+  if not path.exists():
+    return None
+  frame = tables.read_frame(path, table)
+  return frame[~frame["model"].str.endswith("-random")] if "model" in frame else frame
+
+
+def _splits(frame, path: str):
+  """The tune (dev) and report (test) splits of the probe's treebank, e.g. en_ewt/dev, en_ewt/test."""
+  splits = sorted(set(frame["split"]))
+  dev = next((s for s in splits if s.endswith("/dev")), None)
+  test = dev and next((s for s in splits if s == dev.rsplit("/", 1)[0] + "/test"), None)
+  if not test:
+    raise UserError(f"{path}: no dev and test split of one treebank (the study chooses on dev, reports test)")
+  return dev, test
+
+
+def _best(frame, column: str):
+  """The row with the largest `column` (NaN ignored), or None."""
+  frame = frame.dropna(subset=[column])
+  return None if frame.empty else frame.loc[frame[column].idxmax()]
+
+
+def training(run: dict, workdir) -> list[dict]:
+  """The training and validation losses of metrics.jsonl, one row per logged step."""
+  path = epath.Path(workdir) / "metrics.jsonl"
+  if not path.exists():
+    return []
+  by_step: dict[int, dict] = {}
+  for line in path.read_text().splitlines():
+    try:
+      record = json.loads(line)
+      int(record["step"])
+    except (ValueError, KeyError, TypeError):  # a line cut short by an interruption
+      continue
+    row = by_step.setdefault(int(record["step"]), dict(**run, step=int(record["step"]), loss=np.nan, eval_loss=np.nan))
+    for key, column in (("loss", "loss"), ("eval/loss", "eval_loss")):
+      if key in record:
+        row[column] = float(record[key])
+  return [by_step[s] for s in sorted(by_step)]
+
+
+def emergence(run: dict, workdir) -> tuple[list[dict], list[dict]]:
+  """(emergence rows, layers rows) of one run from probes/selectivity.csv."""
+  sel = _frame(workdir, tables.PROBE_SELECTIVITY)
+  if sel is None:
+    return [], []
+  dev, test = _splits(sel, os.fspath(tables.path_of(workdir, tables.PROBE_SELECTIVITY)))
+  rows, first = [], {}
+  at_init = sel[(sel["step"] == 0) & (sel["split"] == test) & (sel["head"] >= 0)]
+  init_best = at_init.groupby("task")["selectivity"].max().to_dict()  # NaN below when step 0 was not kept
+  for (step, task), g in sel.groupby(["step", "task"]):
+    heads = g[(g["split"] == test) & (g["head"] >= 0)]
+    best = heads[heads["dev_rank"] == 1]
+    if best.empty:
+      continue
+    best = best.iloc[0]
+    selective = heads[heads["selectivity_ci_low"] > 0]
+    threshold = init_best.get(task, np.nan)
+    above_init = heads[heads["selectivity_ci_low"] > threshold]
+    resid_dev = _best(g[(g["split"] == dev) & (g["head"] < 0) & (g["layer"] >= 0)], "selectivity")
+    resid = dict(residual_layer=np.nan, residual_selectivity=np.nan)
+    if resid_dev is not None:
+      r = g[(g["split"] == test) & (g["head"] < 0) & (g["layer"] == resid_dev["layer"])]
+      if not r.empty:
+        resid = dict(residual_layer=int(resid_dev["layer"]), residual_selectivity=r.iloc[0]["selectivity"])
+    rows.append(
+      dict(
+        **run,
+        step=int(step),
+        task=task,
+        best_layer=int(best["layer"]),
+        best_head=int(best["head"]),
+        selectivity=best["selectivity"],
+        ci_low=best["selectivity_ci_low"],
+        ci_high=best["selectivity_ci_high"],
+        median_selectivity=heads["selectivity"].median(),
+        selective_heads=len(selective),
+        above_init_heads=len(above_init) if np.isfinite(threshold) else np.nan,
+        init_best=threshold,
+        heads=len(heads),
+        **resid,
+      )
+    )
+    for layer in sorted(set(above_init["layer"])):
+      first.setdefault((task, int(layer)), int(step))
+  layers = [dict(**run, task=t, layer=layer, first_step=s) for (t, layer), s in sorted(first.items())]
+  return rows, layers
+
+
+def diversity(run: dict, workdir) -> list[dict]:
+  frame = _frame(workdir, tables.DIVERSITY)
+  if frame is None:
+    return []
+  off_diagonal = frame[(frame["head_j"] < 0) | (frame["head_i"] != frame["head_j"])]
+  means = off_diagonal.groupby(["step", "metric"])["value"].mean()
+  return [dict(**run, step=int(s), metric=m, value=v) for (s, m), v in means.items()]
+
+
+def roles(run: dict, workdir) -> list[dict]:
+  frame = _frame(workdir, tables.ROLES)
+  if frame is None:
+    return []
+  frame = frame[(frame["data"] == "repeated_random") & frame["role"].isin(ROLES)]
+  out = []
+  for (step, role), g in frame.groupby(["step", "role"]):
+    best = _best(g, "score")
+    if best is None:
+      continue
+    out.append(
+      dict(**run, step=int(step), role=role, layer=int(best["layer"]), head=int(best["head"]), score=best["score"])
+    )
+  return out
+
+
+def causal(run: dict, workdir) -> list[dict]:
+  frame = _frame(workdir, tables.ABLATION_CAUSAL)
+  if frame is None:
+    return []
+  frame = frame[(frame["kind"] == "probe_selective") & frame["metric"].str.endswith("_vs_random")]
+  frame = frame[frame["step"] == frame["step"].max()]
+  return [
+    dict(
+      **run,
+      step=int(r["step"]),
+      task=r["task"],
+      k=int(r["k"]),
+      metric=r["metric"],
+      value=r["value"],
+      ci_low=r["ci_low"],
+      ci_high=r["ci_high"],
+    )
+    for _, r in frame.iterrows()
+  ]
+
+
+def spearman(x, y, *, permutations: int = 10000, seed: int = 0) -> tuple[float, float]:
+  """Spearman's ρ (Pearson correlation of ranks, ties averaged) and its two-sided permutation p-value."""
+  import pandas as pd
+
+  rx = pd.Series(x).rank().to_numpy()
+  ry = pd.Series(y).rank().to_numpy()
+  rx, ry = (rx - rx.mean()) / (rx.std() or 1.0), (ry - ry.mean()) / (ry.std() or 1.0)
+  rho = float(np.mean(rx * ry))
+  rng = np.random.default_rng(seed)
+  shuffled = np.array([np.mean(rx * ry[rng.permutation(len(ry))]) for _ in range(permutations)])
+  p = (1 + np.sum(np.abs(shuffled) >= abs(rho) - 1e-12)) / (permutations + 1)
+  return rho, float(p)
+
+
+def rankings(run: dict, workdir) -> list[dict]:
+  heads, sel = _frame(workdir, tables.ABLATION_HEADS), _frame(workdir, tables.PROBE_SELECTIVITY)
+  if heads is None or sel is None or heads.empty:
+    return []
+  step = int(heads["step"].max())
+  importance = heads[(heads["step"] == step) & (heads["method"] == "importance")]
+  _, test = _splits(sel, os.fspath(tables.path_of(workdir, tables.PROBE_SELECTIVITY)))
+  out = []
+  for task, g in sel[(sel["step"] == step) & (sel["split"] == test) & (sel["head"] >= 0)].groupby("task"):
+    merged = importance.merge(g, on=["layer", "head"])
+    if len(merged) < 3:
+      continue
+    rho, p = spearman(merged["value"], merged["selectivity"])
+    out.append(dict(**run, step=step, task=task, spearman=rho, p_value=p, heads=len(merged)))
+  return out
+
+
+def reference(name: str, workdir, condition: str) -> list[dict]:
+  """Best head per probe task and per Clark relation (chosen on dev, reported on test) at the last step."""
+  out = []
+  sel = _frame(workdir, tables.PROBE_SELECTIVITY)
+  if sel is not None and not sel.empty:
+    sel = sel[sel["step"] == sel["step"].max()]
+    _, test = _splits(sel, os.fspath(tables.path_of(workdir, tables.PROBE_SELECTIVITY)))
+    for task, g in sel[(sel["split"] == test) & (sel["dev_rank"] == 1)].groupby("task"):
+      r = g.iloc[0]
+      out.append(
+        dict(
+          run=name,
+          condition=condition,
+          kind="probe_selectivity",
+          what=task,
+          layer=int(r["layer"]),
+          head=int(r["head"]),
+          value=r["selectivity"],
+          baseline=np.nan,
+          n=int(r["n"]),
+        )
+      )
+  clark, base = _frame(workdir, tables.CLARK), _frame(workdir, tables.CLARK_BASELINES)
+  if clark is not None and base is not None and not clark.empty:
+    step = clark["step"].max()
+    clark, base = clark[clark["step"] == step], base[base["step"] == step]
+    dev, test = _splits(clark, os.fspath(tables.path_of(workdir, tables.CLARK)))
+    for (relation, direction), g in clark.groupby(["relation", "direction"]):
+      best = _best(g[g["split"] == dev], "accuracy")
+      if best is None:
+        continue
+      t = g[(g["split"] == test) & (g["layer"] == best["layer"]) & (g["head"] == best["head"])]
+      b = base[(base["split"] == test) & (base["relation"] == relation) & (base["direction"] == direction)]
+      if t.empty:
+        continue
+      out.append(
+        dict(
+          run=name,
+          condition=condition,
+          kind=f"clark/{direction}",
+          what=relation,
+          layer=int(best["layer"]),
+          head=int(best["head"]),
+          value=t.iloc[0]["accuracy"],
+          baseline=b["accuracy"].max() if not b.empty else np.nan,
+          n=int(t.iloc[0]["n"]),
+        )
+      )
+  return out
+
+
+def collect(root) -> dict:
+  """Every study table of ROOT as a list of rows: {name: rows}."""
+  plan = experiments.read_plan(root)
+  root = remote.run_path(root)
+  out = {k: [] for k in ("training", "emergence", "layers", "diversity", "roles", "causal", "rankings", "reference")}
+  for r in plan["runs"]:
+    run = dict(run=r["name"], condition=r["condition"], seed=r["seed"])
+    workdir = root / r["name"]
+    out["training"] += training(run, workdir)
+    rows, layers = emergence(run, workdir)
+    out["emergence"] += rows
+    out["layers"] += layers
+    out["diversity"] += diversity(run, workdir)
+    out["roles"] += roles(run, workdir)
+    out["causal"] += causal(run, workdir)
+    out["rankings"] += rankings(run, workdir)
+    out["reference"] += reference(r["name"], workdir, r["condition"])
+  for name in plan.get("references", []):
+    out["reference"] += reference(name, root / name, "reference")
+  if not out["emergence"]:
+    raise UserError(f"{root}: no run has probes/selectivity.csv yet (run the experiment's probe stages first)")
+  return out
+
+
+def _by_condition(frame, keys: list[str], value: str):
+  """Mean over seeds and the min..max range, per condition and `keys`."""
+  g = frame.groupby(["condition", *keys])[value]
+  return g.agg(["mean", "min", "max", "count"]).reset_index()
+
+
+def _markdown(frame, floats: str = ".3f") -> str:
+  cols = list(frame.columns)
+  lines = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
+  for _, r in frame.iterrows():
+    cells = [format(v, floats) if isinstance(v, float) else str(v) for v in r]
+    lines.append("| " + " | ".join(cells) + " |")
+  return "\n".join(lines)
+
+
+def _figures(frames: dict, out: epath.Path) -> list[str]:
+  import matplotlib
+
+  matplotlib.use("Agg")
+  import matplotlib.pyplot as plt
+
+  written = []
+  colors = {c: f"C{i}" for i, c in enumerate(sorted(set(frames["emergence"]["condition"])))}
+
+  def x_of(steps):  # log-spaced steps with step 0 drawn at 1
+    return np.maximum(np.asarray(steps, float), 1.0)
+
+  em = frames["emergence"]
+  tasks = [t for t in TASKS if t in set(em["task"])]
+  fig, axes = plt.subplots(2, len(tasks), figsize=(4 * len(tasks), 6.5), squeeze=False)
+  for j, task in enumerate(tasks):
+    for _run, g in em[em["task"] == task].groupby("run"):
+      g = g.sort_values("step")
+      c = colors[g["condition"].iloc[0]]
+      axes[0, j].plot(x_of(g["step"]), g["selectivity"], "o-", color=c, ms=3, lw=1, label=g["condition"].iloc[0])
+      axes[0, j].fill_between(x_of(g["step"]), g["ci_low"], g["ci_high"], color=c, alpha=0.12)
+      axes[1, j].plot(x_of(g["step"]), g["above_init_heads"], "o-", color=c, ms=3, lw=1)
+    axes[0, j].set_title(f"{task}: best head (dev-chosen), test")
+    axes[0, j].axhline(0, color="gray", lw=0.5)
+    axes[1, j].set_xlabel("training step (0 drawn at 1)")
+    for ax in axes[:, j]:
+      ax.set_xscale("log")
+  axes[0, 0].set_ylabel("selectivity (accuracy − control)")
+  axes[1, 0].set_ylabel("heads above step 0's best (CI)")
+  handles, labels = axes[0, 0].get_legend_handles_labels()
+  unique = dict(zip(labels, handles))
+  axes[0, 0].legend(unique.values(), unique.keys(), fontsize=8)
+  fig.tight_layout()
+  remote.save_figure(fig, out / "emergence.png", dpi=110)
+  plt.close(fig)
+  written.append("emergence.png")
+
+  div = frames["diversity"]
+  if len(div):
+    metrics = sorted(set(div["metric"]))
+    cols = 3
+    rows_ = -(-len(metrics) // cols)
+    fig, axes = plt.subplots(rows_, cols, figsize=(4.2 * cols, 3 * rows_), squeeze=False)
+    for ax, metric in zip(axes.flat, metrics):
+      for _run, g in div[div["metric"] == metric].groupby("run"):
+        g = g.sort_values("step")
+        ax.plot(x_of(g["step"]), g["value"], "o-", ms=3, lw=1, color=colors[g["condition"].iloc[0]])
+      ax.set_title(metric, fontsize=9)
+      ax.set_xscale("log")
+    for ax in list(axes.flat)[len(metrics) :]:
+      ax.axis("off")
+    fig.tight_layout()
+    remote.save_figure(fig, out / "diversity.png", dpi=110)
+    plt.close(fig)
+    written.append("diversity.png")
+
+  tr = frames["training"]
+  if len(tr):
+    fig, ax = plt.subplots(figsize=(5.5, 3.5))
+    for _run, g in tr.groupby("run"):
+      c = colors.get(g["condition"].iloc[0], "k")
+      ax.plot(g["step"], g["loss"], lw=0.8, color=c, alpha=0.6, label=g["condition"].iloc[0])
+      ev = g.dropna(subset=["eval_loss"])
+      ax.plot(ev["step"], ev["eval_loss"], "o--", ms=3, lw=1, color=c)
+    ax.set_xlabel("training step")
+    ax.set_ylabel("loss (nats/token): train —, validation o--")
+    handles, labels = ax.get_legend_handles_labels()
+    unique = dict(zip(labels, handles))
+    ax.legend(unique.values(), unique.keys(), fontsize=8)
+    fig.tight_layout()
+    remote.save_figure(fig, out / "loss.png", dpi=110)
+    plt.close(fig)
+    written.append("loss.png")
+
+  ro = frames["roles"]
+  if len(ro):
+    fig, axes = plt.subplots(1, len(ROLES), figsize=(4 * len(ROLES), 3.2), squeeze=False)
+    for ax, role in zip(axes[0], ROLES):
+      for _run, g in ro[ro["role"] == role].groupby("run"):
+        g = g.sort_values("step")
+        ax.plot(x_of(g["step"]), g["score"], "o-", ms=3, lw=1, color=colors[g["condition"].iloc[0]])
+      ax.set_title(f"best {role} score (repeated random)", fontsize=9)
+      ax.set_xscale("log")
+      ax.set_ylim(0, 1)
+    fig.tight_layout()
+    remote.save_figure(fig, out / "roles.png", dpi=110)
+    plt.close(fig)
+    written.append("roles.png")
+  return written
+
+
+def write_study(root) -> epath.Path:
+  """ROOT/study/{*.csv, *.png, summary.md}; returns the summary's path."""
+  import pandas as pd
+
+  rows = collect(root)
+  out = remote.run_path(root) / OUT
+  out.mkdir(parents=True, exist_ok=True)
+  frames = {k: pd.DataFrame(v, columns=COLUMNS[k].split(",")) for k, v in rows.items()}
+  for name, frame in frames.items():
+    remote.write_bytes_atomic(out / f"{name}.csv", frame.to_csv(index=False, float_format="%.6g").encode())
+  figures = _figures(frames, out)
+  em = frames["emergence"]
+  last = em[em["step"] == em.groupby("run")["step"].transform("max")]
+  tr = frames["training"]
+  final = tr.dropna(subset=["eval_loss"]).groupby("run").tail(1) if len(tr) else tr
+  parts = [
+    f"# Study: {os.fspath(root)}",
+    "",
+    "Every number below is measured in this experiment's runs; heads are chosen on dev and reported on test.",
+    "Per condition: the mean over seeds, the range (min, max) and the number of seeds.",
+    "",
+    *(
+      ["## Last validation loss (nats/token)", _markdown(final[["run", "condition", "seed", "step", "eval_loss"]]), ""]
+      if len(final)
+      else []
+    ),
+    "## Best head's test selectivity by step",
+    _markdown(_by_condition(em, ["task", "step"], "selectivity")),
+    "",
+    "## Best head minus median head (test selectivity), by step: how far one head stands out",
+    _markdown(_by_condition(em.assign(gap=em["selectivity"] - em["median_selectivity"]), ["task", "step"], "gap")),
+    "",
+    "## Heads with test selectivity CI above 0, by step",
+    _markdown(_by_condition(em, ["task", "step"], "selective_heads"), ".1f"),
+    "",
+    "## Heads whose selectivity CI lies above the best head of the untrained model (step 0), by step",
+    _markdown(_by_condition(em, ["task", "step"], "above_init_heads"), ".1f"),
+    "",
+    "## At the last step: best head vs best residual stream (test selectivity)",
+    _markdown(
+      last[
+        ["run", "task", "best_layer", "best_head", "selectivity", "ci_low", "ci_high"]
+        + [c for c in ("residual_layer", "residual_selectivity") if c in last]
+      ]
+    ),
+  ]
+  if len(frames["layers"]):
+    parts += ["", "## First step with a head above step 0's best, per layer", _markdown(frames["layers"])]
+  if len(frames["diversity"]):
+    d = frames["diversity"]
+    steps = sorted(set(d["step"]))
+    parts += [
+      "",
+      "## Diversity (mean over layers and head pairs), first and last step",
+      _markdown(_by_condition(d[d["step"].isin([steps[0], steps[-1]])], ["metric", "step"], "value"), ".4f"),
+    ]
+  if len(frames["roles"]):
+    parts += [
+      "",
+      "## Best previous-token / duplicate-token / induction score by step",
+      _markdown(_by_condition(frames["roles"], ["role", "step"], "score")),
+    ]
+  if len(frames["causal"]):
+    c = frames["causal"]
+    parts += [
+      "",
+      "## Causal test: k most selective heads vs k layer-matched random heads (ablated − random)",
+      _markdown(
+        c[c["metric"] == "probe_accuracy_vs_random"][["run", "task", "k", "value", "ci_low", "ci_high"]], ".4f"
+      ),
+    ]
+  if len(frames["rankings"]):
+    parts += [
+      "",
+      "## Importance ranking vs selectivity ranking (Spearman ρ, permutation p)",
+      _markdown(frames["rankings"][["run", "task", "spearman", "p_value", "heads"]]),
+    ]
+  if len(frames["reference"]):
+    ref = frames["reference"]
+    wide = ref.pivot_table(index=["kind", "what"], columns="run", values="value", aggfunc="first")
+    wide["baseline"] = ref.groupby(["kind", "what"])["baseline"].first()
+    wide["n (test, first run)"] = ref.groupby(["kind", "what"])["n"].first()
+    parts += [
+      "",
+      "## Runs' last step and reference models: the best head's test value (chosen on dev)",
+      "probe_selectivity: selectivity; clark/*: attention accuracy on the arcs both models see, beside the best "
+      "fixed offset (baseline). Layers and heads: study/reference.csv.",
+      _markdown(wide.reset_index()),
+    ]
+  parts += ["", "Figures: " + ", ".join(figures), ""]
+  summary = out / "summary.md"
+  remote.write_bytes_atomic(summary, "\n".join(parts).encode())
+  return summary

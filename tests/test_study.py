@@ -1,0 +1,240 @@
+"""The study: its experiment config, the launcher's resumable experiment stages, and `headspec study`'s tables."""
+
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from headspec import experiments, launch, study, tables
+from headspec.ablation.run import check_config as check_ablate
+from headspec.attention.defaults import check_config as check_attention
+from headspec.diversity.run import _check_config as check_diversity
+from headspec.probing.plan import check_config as check_probe
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+SPEC = "configs/experiments/specialization.py"
+
+
+def _module():
+  spec = importlib.util.spec_from_file_location("specialization", os.path.join(REPO, SPEC))
+  module = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(module)
+  return module
+
+
+@pytest.mark.parametrize("small", ["", "small,"])
+def test_experiment_config_every_stage_checks(small):
+  m = _module()
+  for condition in m.CONDITIONS:
+    c = m.get_config(f"{small}condition={condition},seed=2")
+    assert (c.seed, c.model.num_layers, c.model.num_heads, c.data.corpus) == (2, 6, 8, "english_mix")
+    assert 0 in c.train.keep_steps and c.train.steps in c.train.keep_steps
+  assert m.get_config(f"{small}condition=drophead").train.regularizers.drophead > 0
+  assert m.get_config(f"{small}condition=disagreement").train.regularizers.output > 0
+  for stage, check in (("probe", check_probe), ("attention", check_attention), ("diversity", check_diversity)):
+    check(m.get_config(f"{small}{stage}"))
+  check_ablate(m.get_config(f"{small}ablate"))
+  exp = m.experiment(small.rstrip(","))
+  seeds = 1 if small else 3  # the full setting: 3 seeds per condition (claims that compare conditions need them)
+  assert all(sum(r.condition == c for r in exp.runs) == seeds for c in m.CONDITIONS)
+  with pytest.raises(ValueError, match="bad argument 'conditon=x'"):
+    m.get_config("conditon=x")
+
+
+def _dry(*argv):
+  done = subprocess.run(
+    [sys.executable, "-m", "headspec.launch", *argv],
+    cwd=REPO,
+    capture_output=True,
+    text=True,
+    env={**os.environ, "HEADSPEC_DATA_DIR": "/data"},
+    timeout=60,
+  )
+  return done.returncode, done.stdout, done.stderr
+
+
+def test_launch_experiment_plans_every_stage_in_order():
+  code, out, err = _dry("local", "--dry-run", f"--experiment={SPEC}:small", "--workdir=root")
+  assert code == 0, err
+  lines = [line for line in out.splitlines() if not line.startswith("#")]
+  runs = [r.name for r in _module().experiment("small").runs]
+  assert len(lines) == len(runs) * 6 + 2 + 1  # train, 4 analyses, atlas per run; 2 MiniLM analyses; report
+  first = lines[:6]
+  assert "headspec train" in first[0] and f"--workdir=root/{runs[0]}" in first[0]
+  for line, analysis in zip(first[1:], ("probe", "diversity", "attention", "ablate", "atlas")):
+    assert f"headspec.experiments stage root/stages/{runs[0]}-{analysis}.done -- {analysis}" in line
+  assert first[5].endswith(f"-- atlas --workdir=root/{runs[0]}")  # no --config: atlas takes none
+  assert "minilm-probe.done -- probe" in lines[-3] and "--workdir=root/minilm" in lines[-3]
+  assert lines[-1].endswith("headspec study --workdir=root")
+
+
+@pytest.mark.parametrize(
+  "argv, message",
+  [
+    ([f"--experiment={SPEC}:smal", "--workdir=r"], "bad argument 'smal'"),
+    (["--experiment=configs/quickstart.py", "--workdir=r"], "defines no experiment"),
+    ([f"--experiment={SPEC}", "--workdir=r", "--study"], "drop --study"),
+    ([f"--experiment={SPEC}"], "needs --workdir"),
+  ],
+)
+def test_launch_experiment_bad_input_is_one_line(argv, message):
+  code, out, err = _dry("local", "--dry-run", *argv)
+  assert code == 2 and message in err and len(err.strip().splitlines()) == 1 and not out
+
+
+def test_stage_runs_once_and_records_only_success(tmp_path, monkeypatch):
+  from headspec import cli
+
+  calls = []
+  codes = iter([1, 0])
+  monkeypatch.setattr(cli, "main", lambda argv: calls.append(argv) or next(codes))
+  marker = tmp_path / "stages" / "r-probe.done"
+  assert experiments.run_stage(str(marker), ["probe", "--workdir=r"]) == 1  # failed: no marker, runs again
+  assert not marker.exists()
+  assert experiments.run_stage(str(marker), ["probe", "--workdir=r"]) == 0
+  assert marker.read_text() == "probe --workdir=r\n"
+  assert experiments.run_stage(str(marker), ["probe", "--workdir=r"]) == 0  # done already: not run again
+  assert len(calls) == 2
+
+
+def test_spearman_and_permutation_p():
+  x = np.arange(20.0)
+  rho, p = study.spearman(x, x**3)
+  assert rho == pytest.approx(1.0) and p < 0.001
+  rho, _ = study.spearman(x, -x)
+  assert rho == pytest.approx(-1.0)
+  rng = np.random.default_rng(0)
+  rho, p = study.spearman(rng.normal(size=48), rng.normal(size=48))
+  assert abs(rho) < 0.4 and p > 0.01
+
+
+def _selectivity_rows(model, step, dev_test_by_head):
+  """selectivity.csv rows: {(layer, head): (dev, test, test_ci_low)}; dev_rank from dev."""
+  order = sorted((k for k in dev_test_by_head if k[1] >= 0), key=lambda k: -dev_test_by_head[k][0])
+  rows = []
+  for (layer, head), (dev, test, low) in dev_test_by_head.items():
+    rank = order.index((layer, head)) + 1 if head >= 0 else -1
+    for split, value, lo in (("en_ewt/dev", dev, dev - 0.01), ("en_ewt/test", test, low)):
+      rows.append(
+        dict(
+          model=model, step=step, task="upos", layer=layer, head=head, split=split, selectivity=value,
+          selectivity_ci_low=lo, selectivity_ci_high=value + 0.01, dev_rank=rank, delta_next=np.nan,
+          delta_next_ci_low=np.nan, delta_next_ci_high=np.nan, n=100,
+        )
+      )  # fmt: skip
+  return rows
+
+
+def test_study_chooses_on_dev_reports_test_and_counts_selective_heads(tmp_path):
+  root = tmp_path / "exp"
+  exp = experiments.Experiment(runs=(experiments.Run("baseline_s0", "c.py", "baseline", 0),), analyses=())
+  experiments.write_plan(root, exp, "c.py")
+  run = root / "baseline_s0"
+  # step 0: nothing selective; step 100: head (1,0) best on dev but (1,1) best on test; layer 0 selective too
+  step0 = {
+    (0, 0): (0.01, 0.0, -0.02),
+    (0, 1): (0.0, 0.01, -0.01),
+    (1, 0): (0.02, 0.0, -0.03),
+    (1, 1): (0.0, 0.0, -0.01),
+  }
+  step100 = {
+    (0, 0): (0.05, 0.04, 0.01),
+    (0, 1): (0.0, 0.0, -0.01),
+    (1, 0): (0.30, 0.20, 0.15),
+    (1, 1): (0.1, 0.35, 0.3),
+  }
+  step100[(1, -1)] = (0.5, 0.45, 0.4)  # a residual stream: never the best head
+  rows = _selectivity_rows("baseline_s0", 0, step0) + _selectivity_rows("baseline_s0", 100, step100)
+  tables.write(tables.path_of(run, tables.PROBE_SELECTIVITY), rows, tables.PROBE_SELECTIVITY)
+  div = [  # the diagonal is 0 and must not pull the mean down
+    dict(step=s, layer=0, head_i=i, head_j=j, metric="js_distance", value=0.0 if i == j else v)
+    for s, v in ((0, 0.1), (100, 0.5))
+    for i in range(2)
+    for j in range(2)
+  ]
+  tables.write(tables.path_of(run, tables.DIVERSITY), div, tables.DIVERSITY)
+  lines = [{"step": 50, "loss": 6.5}, {"step": 100, "loss": 6.0}, {"step": 100, "eval/loss": 6.1}]
+  (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in lines))
+
+  summary = study.write_study(root)
+  out = root / "study"
+  em = pd.read_csv(out / "emergence.csv")
+  last = em[em["step"] == 100].iloc[0]
+  assert (last["best_layer"], last["best_head"]) == (1, 0)  # dev's choice, not test's (1, 1)
+  assert last["selectivity"] == pytest.approx(0.20)
+  assert last["median_selectivity"] == pytest.approx((0.04 + 0.20) / 2)  # of the 4 heads' test values
+  assert last["selective_heads"] == 3 and last["heads"] == 4  # (0,0), (1,0), (1,1) have test CI > 0
+  assert last["init_best"] == pytest.approx(0.01)  # step 0's best test selectivity, (0, 1)
+  assert last["above_init_heads"] == 2  # (1,0) and (1,1): CI low above 0.01; (0,0)'s is 0.01, not above
+  assert last["residual_layer"] == 1 and last["residual_selectivity"] == pytest.approx(0.45)
+  assert em[em["step"] == 0].iloc[0]["selective_heads"] == 0
+  layers = pd.read_csv(out / "layers.csv")
+  assert sorted(zip(layers["layer"], layers["first_step"])) == [(1, 100)]
+  d = pd.read_csv(out / "diversity.csv")
+  assert d.set_index("step")["value"].to_dict() == pytest.approx({0: 0.1, 100: 0.5})
+  tr = pd.read_csv(out / "training.csv")
+  assert tr[["step", "loss"]].values.tolist() == [[50, 6.5], [100, 6.0]] and tr["eval_loss"].iloc[1] == 6.1
+  for figure in ("emergence.png", "diversity.png", "loss.png"):
+    assert (out / figure).exists()
+  text = summary.read_text()
+  assert "Best head's test selectivity by step" in text and "| baseline | upos | 100 | 0.200 |" in text
+
+
+def test_study_without_probe_results_is_one_line(tmp_path):
+  exp = experiments.Experiment(runs=(experiments.Run("a", "c.py", "baseline", 0),), analyses=())
+  experiments.write_plan(tmp_path, exp, "c.py")
+  done = subprocess.run(
+    [sys.executable, "-m", "headspec", "study", f"--workdir={tmp_path}"], capture_output=True, text=True, cwd=REPO
+  )
+  assert done.returncode == 2 and "no run has probes/selectivity.csv" in done.stderr
+  assert len(done.stderr.strip().splitlines()) == 1
+  assert json.loads((tmp_path / "experiment.json").read_text())["runs"][0]["name"] == "a"
+
+
+def test_launch_experiment_loads_through_the_library():
+  exp = launch.load_experiment(f"{SPEC}:small")
+  assert {r.condition for r in exp.runs} == {"baseline", "drophead", "disagreement"}
+
+
+def test_stage_with_another_command_line_runs_again(tmp_path, monkeypatch):
+  from headspec import cli
+
+  calls = []
+  monkeypatch.setattr(cli, "main", lambda argv: calls.append(argv) or 0)
+  marker = tmp_path / "m.done"
+  experiments.run_stage(str(marker), ["probe", "--config=a.py:small,probe"])
+  experiments.run_stage(str(marker), ["probe", "--config=a.py:probe"])  # the config changed: not done
+  assert len(calls) == 2 and marker.read_text() == "probe --config=a.py:probe\n"
+
+
+@pytest.mark.parametrize(
+  "argv, message",
+  [
+    (["local", "--analyses=probe"], "drop --analyses"),
+    (["local", "--probe-config=configs/probe_minilm_ewt.py"], "drop --probe-config"),
+    (["tpu", "--tpu-name=t", "--zone=z", "--data=gs://b/d"], "needs a gs:// --workdir"),
+  ],
+)
+def test_launch_experiment_refuses_what_it_would_ignore(argv, message):
+  code, out, err = _dry(*argv, "--dry-run", f"--experiment={SPEC}:small", "--workdir=r")
+  assert code == 2 and message in err and len(err.strip().splitlines()) == 1
+
+
+def test_local_launcher_stops_after_a_signal(tmp_path):
+  """A SIGTERM while training runs: training saves and exits 0, and the analyses after it do not start."""
+  # like training: it handles SIGTERM (saves a checkpoint) and exits 0
+  kill_parent = (
+    "import os, signal; signal.signal(signal.SIGTERM, signal.SIG_IGN); os.kill(os.getppid(), signal.SIGTERM)"
+  )
+  after = tmp_path / "analysis-ran"
+  steps = [
+    launch.Step("local", (sys.executable, "-c", kill_parent)),
+    launch.Step("local", (sys.executable, "-c", f"open({str(after)!r}, 'w')")),
+  ]
+  assert launch.run_local(steps) == 128 + 15
+  assert not after.exists()
