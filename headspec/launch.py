@@ -157,25 +157,18 @@ def experiment_plans(opts, rest: list[str]) -> list[list[Stage]]:
   remote.check_url(opts.workdir)
   exp = load_experiment(opts.experiment)
   root = opts.workdir.rstrip("/")
-  plans = []
+
+  def resumable(name: str, command: str, config: str) -> Stage:  # `command` on ROOT/<name>, with its marker
+    args = (command, *([f"--config={config}"] if config else []), f"--workdir={root}/{name}")
+    return Stage(("@stage", *experiments.stage_argv(root, f"{name}-{command}", args)))
+
+  stages = []
   for run in exp.runs:
-    workdir = f"{root}/{run.name}"
-    stages = [Stage(("train", f"--config={run.config}", f"--workdir={workdir}", *rest), distributed=True)]
-    for command, config in exp.analyses:
-      args = (command, *([f"--config={config}"] if config else []), f"--workdir={workdir}")
-      stages.append(Stage(("@stage", *experiments.stage_argv(root, f"{run.name}-{command}", args))))
-    plans.append(stages)
-  last = [
-    Stage(
-      (
-        "@stage",
-        *experiments.stage_argv(root, f"{name}-{command}", (command, f"--config={config}", f"--workdir={root}/{name}")),
-      )
-    )
-    for name, command, config in exp.references
-  ]
-  last.append(Stage(("study", f"--workdir={root}")))
-  return [[stage for stages in plans for stage in stages] + last]  # one job: the report needs every run
+    stages.append(Stage(("train", f"--config={run.config}", f"--workdir={root}/{run.name}", *rest), distributed=True))
+    stages += [resumable(run.name, command, config) for command, config in exp.analyses]
+  stages += [resumable(name, command, config) for name, command, config in exp.references]
+  stages.append(Stage(("study", f"--workdir={root}")))
+  return [stages]  # one job: the report needs every run
 
 
 def _flag(args, name: str) -> str | None:
