@@ -86,7 +86,10 @@ def run(name: str, args: list[str]) -> dict:
   if done.returncode != 0:
     entry["error"] = (done.stderr.strip().splitlines() or ["(no output)"])[-1]
     return entry
-  entry["result"] = last_json(done.stdout)
+  try:
+    entry["result"] = last_json(done.stdout)
+  except ValueError as e:  # a benchmark that printed no JSON: recorded, the others still run
+    entry["error"] = str(e)
   return entry
 
 

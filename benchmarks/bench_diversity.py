@@ -148,6 +148,7 @@ def main():
   if args.json:
     with open(args.json, "w") as f:
       json.dump(results, f, indent=1)
+  print(json.dumps(results))  # last, for `python -m benchmarks`
 
 
 if __name__ == "__main__":
