@@ -331,6 +331,18 @@ def _figures(frames: dict, out: epath.Path) -> list[str]:
   def x_of(steps):  # log-spaced steps with step 0 drawn at 1
     return np.maximum(np.asarray(steps, float), 1.0)
 
+  def per_run(ax, frame, y: str) -> None:  # one line per run, coloured by its condition, over log steps
+    for _run, g in frame.groupby("run"):
+      g = g.sort_values("step")
+      ax.plot(x_of(g["step"]), g[y], "o-", ms=3, lw=1, color=colors[g["condition"].iloc[0]])
+    ax.set_xscale("log")
+
+  def save(fig, name: str) -> None:
+    fig.tight_layout()
+    remote.save_figure(fig, out / name, dpi=110)
+    plt.close(fig)
+    written.append(name)
+
   em = frames["emergence"]
   tasks = [t for t in TASKS if t in set(em["task"])]
   fig, axes = plt.subplots(2, len(tasks), figsize=(4 * len(tasks), 6.5), squeeze=False)
@@ -351,10 +363,7 @@ def _figures(frames: dict, out: epath.Path) -> list[str]:
   handles, labels = axes[0, 0].get_legend_handles_labels()
   unique = dict(zip(labels, handles))
   axes[0, 0].legend(unique.values(), unique.keys(), fontsize=8)
-  fig.tight_layout()
-  remote.save_figure(fig, out / "emergence.png", dpi=110)
-  plt.close(fig)
-  written.append("emergence.png")
+  save(fig, "emergence.png")
 
   div = frames["diversity"]
   if len(div):
@@ -363,17 +372,11 @@ def _figures(frames: dict, out: epath.Path) -> list[str]:
     rows_ = -(-len(metrics) // cols)
     fig, axes = plt.subplots(rows_, cols, figsize=(4.2 * cols, 3 * rows_), squeeze=False)
     for ax, metric in zip(axes.flat, metrics):
-      for _run, g in div[div["metric"] == metric].groupby("run"):
-        g = g.sort_values("step")
-        ax.plot(x_of(g["step"]), g["value"], "o-", ms=3, lw=1, color=colors[g["condition"].iloc[0]])
+      per_run(ax, div[div["metric"] == metric], "value")
       ax.set_title(metric, fontsize=9)
-      ax.set_xscale("log")
     for ax in list(axes.flat)[len(metrics) :]:
       ax.axis("off")
-    fig.tight_layout()
-    remote.save_figure(fig, out / "diversity.png", dpi=110)
-    plt.close(fig)
-    written.append("diversity.png")
+    save(fig, "diversity.png")
 
   tr = frames["training"]
   if len(tr):
@@ -388,25 +391,16 @@ def _figures(frames: dict, out: epath.Path) -> list[str]:
     handles, labels = ax.get_legend_handles_labels()
     unique = dict(zip(labels, handles))
     ax.legend(unique.values(), unique.keys(), fontsize=8)
-    fig.tight_layout()
-    remote.save_figure(fig, out / "loss.png", dpi=110)
-    plt.close(fig)
-    written.append("loss.png")
+    save(fig, "loss.png")
 
   ro = frames["roles"]
   if len(ro):
     fig, axes = plt.subplots(1, len(ROLES), figsize=(4 * len(ROLES), 3.2), squeeze=False)
     for ax, role in zip(axes[0], ROLES):
-      for _run, g in ro[ro["role"] == role].groupby("run"):
-        g = g.sort_values("step")
-        ax.plot(x_of(g["step"]), g["score"], "o-", ms=3, lw=1, color=colors[g["condition"].iloc[0]])
+      per_run(ax, ro[ro["role"] == role], "score")
       ax.set_title(f"best {role} score (repeated random)", fontsize=9)
-      ax.set_xscale("log")
       ax.set_ylim(0, 1)
-    fig.tight_layout()
-    remote.save_figure(fig, out / "roles.png", dpi=110)
-    plt.close(fig)
-    written.append("roles.png")
+    save(fig, "roles.png")
   return written
 
 
