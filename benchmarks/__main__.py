@@ -35,6 +35,7 @@ BENCHMARKS = {
   "induction": ([], [], False),
   "ablation": (["--skip_minilm"], [], False),
   "attention": (["--max_sentences=200"], [], True),
+  "extract": (["--split=dev"], ["--split=train"], True),
 }
 VERSIONS = ("jax", "jaxlib", "flax", "optax", "numpy", "scikit-learn", "torch", "transformers")
 

@@ -241,16 +241,19 @@ class Transformer(nnx.Module):
       self.unembed_DV = _normal(rngs, (cfg.d_model, cfg.vocab_size))
     self.unembed_bias_V = _zeros((cfg.vocab_size,))
 
-  def embed(self, tokens_BT, token_types_BT=None):
+  def embed(self, tokens_BT, token_types_BT=None, positions_BT=None):
+    """Token (+ position, + type) embeddings. positions_BT: each token's position (default 0..T−1 in
+    every row; packed rows restart it at every sequence)."""
     cfg, dt = self.cfg, jnp.dtype(self.cfg.dtype)
     T = tokens_BT.shape[1]
-    if T > cfg.max_len:
+    if positions_BT is None and T > cfg.max_len:
       raise UserError(f"sequence length {T} exceeds model.max_len={cfg.max_len}")
     x_BTD = jnp.take(self.token_embed_VD[...], tokens_BT, axis=0)
-    if cfg.positions == "learned":
-      x_BTD = x_BTD + self.position_embed_TD[...][None, :T]
-    else:  # Vaswani et al. 2017, §3.4: embeddings scaled by sqrt(D) to the sinusoids' unit amplitude
-      x_BTD = x_BTD * jnp.sqrt(jnp.float32(cfg.d_model)) + sinusoidal_positions(T, cfg.d_model)[None]
+    table_TD = self.position_embed_TD[...] if cfg.positions == "learned" else None
+    if table_TD is None:  # Vaswani et al. 2017, §3.4: embeddings scaled by sqrt(D) to the sinusoids' unit amplitude
+      table_TD = sinusoidal_positions(cfg.max_len if positions_BT is not None else T, cfg.d_model)
+      x_BTD = x_BTD * jnp.sqrt(jnp.float32(cfg.d_model))
+    x_BTD = x_BTD + (table_TD[None, :T] if positions_BT is None else jnp.take(table_TD, positions_BT, axis=0))
     if cfg.type_vocab_size:
       types_BT = jnp.zeros_like(tokens_BT) if token_types_BT is None else token_types_BT
       x_BTD = x_BTD + jnp.take(self.type_embed_YD[...], types_BT, axis=0)
@@ -264,6 +267,8 @@ class Transformer(nnx.Module):
     *,
     valid_BT: jax.Array | None = None,
     token_types_BT: jax.Array | None = None,
+    positions_BT: jax.Array | None = None,
+    segment_BT: jax.Array | None = None,
     head_mask: jax.Array | None = None,
     head_replacement: jax.Array | None = None,
     capture: Collection[str] = (),
@@ -277,11 +282,15 @@ class Transformer(nnx.Module):
     values never recompile, and the loss is differentiable in it. head_replacement: [L,H,K] or
     [B,L,H,K], what a masked head outputs instead (Z_h·m + (1 − m)·r; see `from_embeddings`).
     dropout_rngs: None for deterministic. output: 'logits' or 'hidden' (the final hidden state).
+    Packed rows (several sequences side by side in one row): positions_BT restarts at each sequence
+    and segment_BT (int, equal within a sequence) keeps attention inside it, so each sequence's
+    outputs are those of running it alone.
     """
-    x_BTD = self.embed(tokens_BT, token_types_BT)
+    x_BTD = self.embed(tokens_BT, token_types_BT, positions_BT)
     return self.from_embeddings(
       x_BTD,
       valid_BT=valid_BT,
+      segment_BT=segment_BT,
       head_mask=head_mask,
       head_replacement=head_replacement,
       capture=capture,
@@ -299,6 +308,7 @@ class Transformer(nnx.Module):
     x_BTD,
     *,
     valid_BT=None,
+    segment_BT=None,
     head_mask=None,
     head_replacement=None,
     capture=(),
@@ -327,6 +337,8 @@ class Transformer(nnx.Module):
     B, T, _ = x_BTD.shape
     valid_BT = jnp.ones((B, T), bool) if valid_BT is None else valid_BT.astype(bool)
     mask_BTS = jnp.broadcast_to(valid_BT[:, None, :], (B, T, T))
+    if segment_BT is not None:  # packed rows: a token attends within its own sequence only
+      mask_BTS = mask_BTS & (segment_BT[:, :, None] == segment_BT[:, None, :])
     if cfg.kind == "decoder":
       mask_BTS = mask_BTS & jnp.tril(jnp.ones((T, T), bool))[None]
     head_mask = jnp.ones((L, H)) if head_mask is None else jnp.asarray(head_mask)

@@ -4,6 +4,7 @@ packed layout scores each word against exactly its own sentence."""
 import numpy as np
 import pytest
 
+from headspec import packing
 from headspec.errors import UserError
 from headspec.probing import arc
 
@@ -62,7 +63,7 @@ def test_deterministic_given_seed():
 
 def test_packing_places_every_word_once_within_its_row():
   lengths = np.random.default_rng(0).integers(1, 65, 300)
-  p = arc._pack(lengths, 64)
+  p = packing.first_fit(lengths, 64)
   cells = p.row_N * p.width + p.col_N
   assert len(np.unique(cells)) == lengths.sum()  # no two words share a cell
   assert (p.col_N < 64).all() and (p.col_N >= p.start_N).all()

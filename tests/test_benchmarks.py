@@ -1,5 +1,6 @@
 """`python -m benchmarks`: reading each benchmark's JSON, the report it writes, and bad input."""
 
+import os
 import subprocess
 import sys
 
@@ -34,3 +35,20 @@ def test_unknown_benchmark_is_refused(tmp_path):
   )
   assert done.returncode == 2 and "unknown benchmark(s) nope" in done.stdout
   assert not (tmp_path / "B.md").exists()
+
+
+def test_extraction_benchmark_matches_transformers(data_dir):
+  """bench_extract on 40 EWT sentences: packed headspec extraction and Hugging Face's PyTorch model give
+  the same residual streams (float16 on both sides), and every figure is reported."""
+  done = subprocess.run(
+    [sys.executable, "-m", "benchmarks.bench_extract", "--max_sentences=40", "--lengths=16", "--repeats=1"],
+    capture_output=True,
+    text=True,
+    cwd=runner.__file__.rsplit("/benchmarks/", 1)[0],
+    env=dict(os.environ, HEADSPEC_DATA_DIR=str(data_dir)),
+  )
+  assert done.returncode == 0, done.stderr[-2000:]
+  result = runner.last_json(done.stdout)
+  assert result["max_abs_diff_residual"] < 0.02  # float16 storage of values up to ~10
+  assert result["sentences"].startswith("en_ewt/dev: 40 sentences")
+  assert result["headspec_words_per_s"] > 0 and result["torch_words_per_s"] > 0 and result["scaling"][0]["length"] == 16

@@ -1,6 +1,7 @@
 """Word features equal a direct model call at the right positions, with windows, pooling and the cache."""
 
 import dataclasses
+import json
 
 import jax
 import numpy as np
@@ -105,6 +106,23 @@ def test_features_equal_direct_model_call(setup, tmp_path, kind, pooling, specia
       )
     np.testing.assert_allclose(embeddings[n], np.asarray(inter.embeddings_BTD[0, pos]).mean(0), atol=1e-5)
   assert z[0].shape == (al.num_words, 3, 5) and residual[1].shape == (al.num_words, 24)
+
+
+def test_features_do_not_depend_on_the_devices(setup, tmp_path):
+  """Batches dealt over every local device (8 CPU devices in the tests) give the same bytes as one device."""
+  tokenizer, sentences = setup
+  assert len(jax.local_devices()) > 1
+  model = _model("encoder", tokenizer.vocab_size)
+  kw = dict(identity={"test": "devices"}, dtype="float32", batch_tokens=64, log=None)
+  many = features_lib.extract_features(model, tokenizer, sentences, cache_dir=tmp_path / "many", **kw)
+  one = features_lib.extract_features(
+    model, tokenizer, sentences, cache_dir=tmp_path / "one", devices=jax.local_devices()[:1], **kw
+  )
+  for l in range(2):
+    np.testing.assert_array_equal(many.z(l), one.z(l))
+    np.testing.assert_array_equal(many.residual(l), one.residual(l))
+  np.testing.assert_array_equal(many.residual(-1), one.residual(-1))
+  assert json.loads((many.path / "meta.json").read_text())["devices"] == len(jax.local_devices())
 
 
 def test_cache_is_reused_and_keyed(setup, tmp_path, monkeypatch):

@@ -60,6 +60,33 @@ def test_fused_attention_matches_the_explicit_path(kind):
     np.testing.assert_allclose(a, b, atol=1e-4, rtol=1e-4)
 
 
+@pytest.mark.parametrize("kind,positions", [("encoder", "learned"), ("decoder", "learned"), ("decoder", "sinusoidal")])
+def test_packed_rows_equal_each_sequence_alone(kind, positions):
+  """Three sequences side by side in one row (positions restarting, segments keeping attention apart)
+  give each sequence's own logits and Z_h, as run alone; the rest of the row is padding."""
+  model = make(kind, positions=positions)
+  lengths, width = (5, 3, 6), 16
+  tokens, positions_T, segment_T = np.zeros(width, np.int32), np.zeros(width, np.int32), np.zeros(width, np.int32)
+  start = 0
+  for i, n in enumerate(lengths):
+    tokens[start : start + n] = TOKENS[0, :n] if i != 1 else TOKENS[1, :n]
+    positions_T[start : start + n], segment_T[start : start + n] = np.arange(n), i + 1
+    start += n
+  packed, p_inter = model(
+    tokens[None],
+    valid_BT=(segment_T > 0)[None],
+    positions_BT=positions_T[None],
+    segment_BT=segment_T[None],
+    capture=("z",),
+  )
+  start = 0
+  for n in lengths:
+    alone, a_inter = model(jnp.asarray(tokens[None, start : start + n]), capture=("z",))
+    np.testing.assert_allclose(packed[0, start : start + n], alone[0], atol=2e-5)
+    np.testing.assert_allclose(p_inter.z_LBTHK[:, 0, start : start + n], a_inter.z_LBTHK[:, 0], atol=2e-5)
+    start += n
+
+
 @pytest.mark.parametrize("kind", ["encoder", "decoder"])
 def test_z_through_w_o_reproduces_attention_output(kind):
   """sum_h Z_h W_O^h + b_O equals what the attention sublayer adds, recomputed from its input."""

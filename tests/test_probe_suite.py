@@ -289,3 +289,37 @@ def test_trained_model_has_selective_heads(tmp_path):
     trained_sel = max(float(r["selectivity"]) for r in heads("decoder", task))
     random_sel = max(float(r["selectivity"]) for r in heads("decoder-random", task))
     assert trained_sel > 0.05 and trained_sel > random_sel + 0.05
+
+
+def test_interrupted_suite_resumes_at_the_next_feature_source(ewt_part, tmp_path, monkeypatch):
+  """A suite killed after two feature sources keeps them (probes/cache/*.partial-*/) and, run again,
+  fits only the rest; its tables equal an uninterrupted run's. The folder is gone once the job is whole."""
+  data, texts = ewt_part
+  config = _config(data)
+  config.probe.tasks = ("upos", "arc")
+  whole = suite.run_probe_suite(config, _make_run(tmp_path / "whole" / "run", texts))
+  workdir = _make_run(tmp_path / "resumed" / "run", texts)  # the same name: the model column
+  real, calls, killed = suite._probe_source, [], []
+
+  class Killed(Exception):
+    pass
+
+  def dies_on_the_third(*args, **kwargs):
+    calls.append(args[0])
+    if len(calls) == 3 and not killed:
+      killed.append(True)
+      raise Killed
+    return real(*args, **kwargs)
+
+  monkeypatch.setattr(suite, "_probe_source", dies_on_the_third)
+  with pytest.raises(Killed):
+    suite.run_probe_suite(config, workdir)
+  (partial,) = (workdir / "probes/cache").glob("*.partial-*")
+  assert len(list(partial.glob("*.npz"))) == 2 and not (workdir / "probes/results.csv").exists()
+  calls.clear()
+  resumed = suite.run_probe_suite(config, workdir)
+  assert calls == [-1, 0, 1]  # of 5 sources (2 layers' heads, the embeddings, 2 residual streams) 2 read back
+  assert not list((workdir / "probes/cache").glob("*.partial-*"))
+  assert _rows(resumed) == _rows(whole)
+  for table in ("selectivity.csv", "baselines.csv"):
+    assert (workdir / "probes" / table).read_text() == (whole.parent / table).read_text()

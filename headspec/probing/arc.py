@@ -20,7 +20,7 @@ Metric: UAS = fraction of words whose gold head gets the highest score (Clark et
 the same way, with attention weights instead of a learned score).
 
 Layout: inputs are word-level (x_NGK and one head array per sentence). Sentences are packed side by
-side into rows of `width` words (first-fit decreasing bin packing) and a word's candidates are masked
+side into rows of `width` words (first-fit decreasing, headspec/packing.py) and a word's candidates are masked
 to its own sentence, so the O(width²) score matrix is spent on words, not padding: EWT sentences
 average ~16 words, so padding each to the longest (64) would cost ~4x more.
 """
@@ -36,6 +36,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
+from headspec import packing as packing_lib
 from headspec.errors import UserError
 
 DEFAULT_ARC_L2_GRID = (1e-4, 1e-3, 1e-2)
@@ -63,50 +64,8 @@ class FittedArcProbes:
   rank: int = 0
 
 
-@dataclasses.dataclass(frozen=True)
-class _Packing:
-  """Word n sits at (row_N[n], col_N[n]) of a [num_rows, width] grid; start_N[n] is the column of its
-  sentence's first word (which also names the sentence within its row)."""
-
-  width: int
-  num_rows: int
-  row_N: np.ndarray
-  col_N: np.ndarray
-  start_N: np.ndarray
-
-  def grid(self, values_N, fill, dtype) -> np.ndarray:
-    """values_N (with trailing axes) laid out as [num_rows, width, ...]; `fill` elsewhere."""
-    values_N = np.asarray(values_N)
-    out = np.full((self.num_rows, self.width) + values_N.shape[1:], fill, dtype)
-    out[self.row_N, self.col_N] = values_N
-    return out
-
-
 def _width(longest: int) -> int:
   return max(PACK_WIDTH, 1 << max(0, int(longest) - 1).bit_length())
-
-
-def _pack(lengths_U: np.ndarray, width: int) -> _Packing:
-  """First-fit decreasing: longest sentence first, each into the first row with room.
-
-  By hand: grain's first-fit packing iterates a dataset example by example to emit training batches;
-  here the same placement must be reused for features, gold heads and predictions, so only the
-  (row, column) of each word is wanted."""
-  lengths_U = np.asarray(lengths_U, np.int64)
-  free_B = np.zeros(len(lengths_U), np.int64)  # at most one row per sentence
-  row_U, start_U = np.zeros_like(lengths_U), np.zeros_like(lengths_U)
-  num_rows = 0
-  for s in np.argsort(-lengths_U, kind="stable"):
-    fits = np.flatnonzero(free_B[:num_rows] >= lengths_U[s])
-    r = int(fits[0]) if len(fits) else num_rows
-    if r == num_rows:
-      free_B[r], num_rows = width, num_rows + 1
-    row_U[s], start_U[s] = r, width - free_B[r]
-    free_B[r] -= lengths_U[s]
-  sentence_N = np.repeat(np.arange(len(lengths_U)), lengths_U)
-  first_N = np.concatenate([[0], np.cumsum(lengths_U)[:-1]])[sentence_N]
-  start_N = start_U[sentence_N]
-  return _Packing(width, num_rows, row_U[sentence_N], start_N + np.arange(len(sentence_N)) - first_N, start_N)
 
 
 def _lengths_and_heads(heads: Sequence[np.ndarray], x_NGK, what: str) -> tuple[np.ndarray, np.ndarray]:
@@ -125,7 +84,7 @@ def _lengths_and_heads(heads: Sequence[np.ndarray], x_NGK, what: str) -> tuple[n
   return lengths_U, heads_N
 
 
-def _candidates_N(packing: _Packing, heads_N) -> np.ndarray:
+def _candidates_N(packing: packing_lib.Packing, heads_N) -> np.ndarray:
   """Gold candidate index in a packed row: 0 = ROOT, 1 + column of the head word otherwise."""
   return np.where(heads_N == 0, 0, packing.start_N + heads_N)
 
@@ -199,7 +158,7 @@ def _buckets(lengths_U, heads_N):
   for width in np.unique(widths_U):
     which_U = np.flatnonzero(widths_U == width)
     words_N = np.concatenate([np.arange(offsets_U[s], offsets_U[s] + lengths_U[s]) for s in which_U])
-    packing = _pack(lengths_U[which_U], int(width))
+    packing = packing_lib.first_fit(lengths_U[which_U], int(width))
     gold = packing.grid(np.where(heads_N[words_N] < 0, -1, _candidates_N(packing, heads_N[words_N])), -1, np.int32)
     out.append((which_U, words_N, packing, gold))
   return out
@@ -243,7 +202,7 @@ def _predict(params_list, x_NGK, lengths_U, mean_GK, std_GK, chunk_words: int) -
   for width in np.unique(widths_U):
     which_U = np.flatnonzero(widths_U == width)
     words_N = np.concatenate([np.arange(offsets_U[s], offsets_U[s] + lengths_U[s]) for s in which_U])
-    packing = _pack(lengths_U[which_U], int(width))
+    packing = packing_lib.first_fit(lengths_U[which_U], int(width))
     x_BWGK = packing.grid(x_NGK[words_N], 0.0, np.float32)
     sentence_BW = packing.grid(packing.start_N, -1, np.int32)
     rows = max(1, chunk_words // int(width))

@@ -1,10 +1,15 @@
 """Per-word features of a treebank split: every head's Z_h, every layer's residual stream, the embeddings.
 
-The model runs under `jax.jit` on windows of word pieces (headspec/probing/align.py), batched by length
-bucket (powers of two up to `max_len`, a fixed number of tokens per batch), so a split compiles once per
-bucket. Inside the jitted function each word's vector is pooled from its pieces with a [B, W, T] matrix,
+The model runs under `jax.jit` on windows of word pieces (headspec/probing/align.py), packed side by
+side into rows of ROW_TOKENS tokens (headspec/packing.py; each window keeps its own positions and
+attends only within itself, so its outputs are those of running it alone), a fixed number of tokens
+per batch, so a split compiles once per row width (and rows are ~95% tokens, not padding). Inside the jitted function each word's vector is pooled from its pieces with a [B, W, T] matrix,
 so only word vectors leave the device.
 
+Batches are dealt round-robin over every local device (data parallel: on a CPU host the CLI gives XLA
+one device per core; on a GPU host, one per GPU), with up to two batches in flight per device, and a
+writer thread reads results back and writes them while the next batches are dispatched, so the device
+does not wait on the host's copies and disk writes (nor the host on one device).
 Memory stays bounded whatever the split size: each batch is appended to `.npy` files on disk (no
 array of the whole split is ever held), one file per layer, in processing order; `Features.z(layer)`
 reads one layer back in word order. The files form a cache at `cache_dir/<name>-<hash>/`, keyed by the
@@ -17,6 +22,8 @@ do): a remote `cache_dir` (`gs://bucket/run/probes/cache`) stands for a folder o
 
 from __future__ import annotations
 
+import collections
+import concurrent.futures
 import dataclasses
 import functools
 import hashlib
@@ -32,11 +39,12 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from headspec import remote
+from headspec import packing, remote
 from headspec.errors import UserError
 from headspec.probing import align as align_lib
 
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2  # 2: windows packed into rows
+ROW_TOKENS = 128  # tokens per packed row (windows longer than this get rows of their own)
 CACHE_DTYPES = ("float16", "float32")
 _META = "meta.json"
 
@@ -125,12 +133,19 @@ def bucket_length(num_tokens: int, max_len: int, minimum: int = 16) -> int:
 
 @functools.lru_cache(maxsize=8)
 def _pooled_forward(graphdef):
-  """jit(state, tokens_BT, valid_BT, pool_BWT) -> (z_LBWHK, residual_LBWD, embeddings_BWD), word-pooled."""
+  """jit(state, tokens_BT, positions_BT, segment_BT, pool_BWT) -> (z_LBWHK, residual_LBWD, embeddings_BWD),
+  word-pooled, of packed rows (segment 0 = padding)."""
 
   @jax.jit
-  def forward(state, tokens_BT, valid_BT, pool_BWT):
+  def forward(state, tokens_BT, positions_BT, segment_BT, pool_BWT):
     model = nnx.merge(graphdef, state)
-    _, inter = model(tokens_BT, valid_BT=valid_BT, capture=("z", "residual", "embeddings"))
+    _, inter = model(
+      tokens_BT,
+      valid_BT=segment_BT > 0,
+      positions_BT=positions_BT,
+      segment_BT=segment_BT,
+      capture=("z", "residual", "embeddings"),
+    )
     f32 = jnp.float32
     z_LBWHK = jnp.einsum("bwt,lbthk->lbwhk", pool_BWT, inter.z_LBTHK.astype(f32))
     residual_LBWD = jnp.einsum("bwt,lbtd->lbwd", pool_BWT, inter.residual_LBTD.astype(f32))
@@ -201,6 +216,7 @@ def extract_features(
   dtype: str = "float16",
   batch_tokens: int = 4096,
   log: Callable[[str], None] | None = print,
+  devices: Sequence[jax.Device] | None = None,
 ) -> Features:
   """Features of every word of `sentences` (each a sequence of word strings), cached under `cache_dir`.
 
@@ -208,6 +224,8 @@ def extract_features(
   pretrained weights' path; for random models the seed); with the words, pooling and dtype it keys the cache.
   name: a readable prefix for the cache folder (e.g. `minilm-step0-en_ewt-train`).
   cache_dir: a local folder; a URL (gs://...) is cached on local scratch instead (`local_cache_dir`).
+  devices: where batches run, round-robin (default: every local device). The stored features do not
+  depend on it: every batch runs the same compiled program, whichever device it lands on.
   """
   check_options(pooling, dtype)
   if not sentences:
@@ -232,30 +250,48 @@ def extract_features(
   by_window = np.argsort(al.word_window_N, kind="stable")
   bounds = np.searchsorted(al.word_window_N[by_window], np.arange(len(al.windows) + 1))
   lengths = np.array([len(w) for w in al.windows])
-  buckets = np.array([bucket_length(n, cfg.max_len) for n in lengths])
-  schedule = np.lexsort((np.arange(len(al.windows)), buckets))  # by bucket, then corpus order
+  # Windows packed side by side into rows of ROW_TOKENS tokens (longer windows: rows of the next power
+  # of two, up to max_len), so a split compiles once per row width and little is spent on padding.
+  widths = np.array([bucket_length(n, cfg.max_len, minimum=min(ROW_TOKENS, cfg.max_len)) for n in lengths])
+  batches = []  # (row width T, rows: [[(window, first column), ...] per row])
+  for T in np.unique(widths):
+    members = np.flatnonzero(widths == T)
+    placed = packing.first_fit(lengths[members], int(T))
+    first = np.concatenate([[0], np.cumsum(lengths[members])[:-1]])
+    row_U, start_U = placed.row_N[first], placed.start_N[first]
+    rows = [[] for _ in range(placed.num_rows)]
+    for u in np.lexsort((start_U, row_U)):
+      rows[row_U[u]].append((int(members[u]), int(start_U[u])))
+    B = max(1, batch_tokens // int(T))
+    batches += [(int(T), rows[i : i + B]) for i in range(0, len(rows), B)]
 
   graphdef, state = nnx.split(model)
   forward = _pooled_forward(graphdef)
-  batches = []
-  for T in np.unique(buckets):
-    in_bucket = schedule[buckets[schedule] == T]
-    B = max(1, batch_tokens // int(T))
-    batches += [(int(T), B, in_bucket[i : i + B]) for i in range(0, len(in_bucket), B)]
+  devices = list(devices or jax.local_devices())
+  states = [jax.device_put(state, d) for d in devices]  # the weights once per device
 
-  def dispatch(T, B, windows):
+  def dispatch(i, T, rows):
+    B = max(1, batch_tokens // T)
     tokens_BT = np.full((B, T), tokenizer.pad_id, np.int32)
-    valid_BT = np.zeros((B, T), bool)
-    start_BW, end_BW = np.zeros((B, T), np.int64), np.zeros((B, T), np.int64)
+    positions_BT, segment_BT = np.zeros((B, T), np.int32), np.zeros((B, T), np.int32)
+    start_BW, end_BW = np.zeros((B, T), np.int64), np.zeros((B, T), np.int64)  # at most T words per row
     words = []
-    for b, w in enumerate(windows):
-      tokens_BT[b, : lengths[w]] = al.windows[w]
-      valid_BT[b, : lengths[w]] = True
-      mine = by_window[bounds[w] : bounds[w + 1]]
-      start_BW[b, : len(mine)], end_BW[b, : len(mine)] = al.word_start_N[mine], al.word_end_N[mine]
-      words.append(mine)
+    for b, row in enumerate(rows):
+      mine_row, k = [], 0
+      for w, col in row:
+        n = lengths[w]
+        tokens_BT[b, col : col + n] = al.windows[w]
+        positions_BT[b, col : col + n], segment_BT[b, col : col + n] = np.arange(n), col + 1
+        mine = by_window[bounds[w] : bounds[w + 1]]
+        start_BW[b, k : k + len(mine)] = col + al.word_start_N[mine]
+        end_BW[b, k : k + len(mine)] = col + al.word_end_N[mine]
+        mine_row.append(mine)
+        k += len(mine)
+      words.append(np.concatenate(mine_row))
     pool_BWT = align_lib.pooling_matrix(start_BW, end_BW, T, pooling)
-    return forward(state, tokens_BT, valid_BT, pool_BWT), words
+    d = i % len(devices)
+    inputs = jax.device_put((tokens_BT, positions_BT, segment_BT, pool_BWT), devices[d])
+    return forward(states[d], *inputs), words  # asynchronous: returns before the device has finished
 
   def write(outputs, words):
     z_LBWHK, residual_LBWD, embeddings_BWD = (np.asarray(x) for x in outputs)
@@ -267,15 +303,16 @@ def extract_features(
     embeddings_file.append(embeddings_BWD[b_idx, w_idx])
     return np.concatenate(words) if words else np.zeros(0, np.int64)
 
-  order = []
-  pending = None
-  for T, B, windows in batches:  # dispatch the next batch before reading back the last (async overlap)
-    current = dispatch(T, B, windows)
-    if pending is not None:
-      order.append(write(*pending))
-    pending = current
-  if pending is not None:
-    order.append(write(*pending))
+  # One writer thread, fed in batch order (so rows land in dispatch order), reads each batch back and
+  # appends it to the files while this thread dispatches the next ones; at most two batches per device
+  # are in flight, which bounds device memory.
+  order, in_flight = [], collections.deque()
+  with concurrent.futures.ThreadPoolExecutor(1) as writer:
+    for i, (T, rows) in enumerate(batches):
+      in_flight.append(writer.submit(write, *dispatch(i, T, rows)))
+      if len(in_flight) > 2 * len(devices):
+        order.append(in_flight.popleft().result())
+    order += [f.result() for f in in_flight]
   for f in z_files + residual_files + [embeddings_file]:
     f.close()
   order_N = np.concatenate(order).astype(np.int64)
@@ -297,8 +334,10 @@ def extract_features(
     num_windows=len(al.windows),
     num_split_sentences=al.num_split_sentences,
     num_truncated_words=al.num_truncated_words,
-    buckets=sorted(int(t) for t in np.unique(buckets)),
+    row_widths=sorted(int(t) for t in np.unique(widths)),
+    fill=round(float(lengths.sum()) / sum(max(1, batch_tokens // T) * T for T, _ in batches), 3),
     seconds=round(time.perf_counter() - t0, 2),
+    devices=len(devices),
     version=FORMAT_VERSION,
   )
   (tmp / _META).write_text(json.dumps(meta, indent=1, default=str) + "\n")
@@ -309,6 +348,7 @@ def extract_features(
   if log:
     log(
       f"  features {name}: {len(sentences)} sentences, {N} words, {al.num_split_sentences} split into "
-      f"windows, {len(np.unique(buckets))} length buckets, {meta['seconds']:.1f} s"
+      f"windows, rows of {'/'.join(map(str, meta['row_widths']))} tokens ({meta['fill']:.0%} filled), "
+      f"{meta['seconds']:.1f} s on {len(devices)} device(s)"
     )
   return _load(folder, from_cache=False)

@@ -14,8 +14,11 @@ URL (gs://bucket/run): tables and figures go there whole, the feature cache to l
 
 from __future__ import annotations
 
+import hashlib
+import json
 import os
 import pathlib
+import shutil
 import time
 
 import ml_collections
@@ -140,73 +143,137 @@ def probe_job(
   per_word: dict = {}  # (task, split) -> (groups, correct − control per word and group (int8), weight_N, sentence_N)
   score_splits = {s.key: s for s in data.evals}
   score_splits.setdefault(data.tune.key, data.tune)  # dev is always scored for the rankings
+  wants = dict(complexity=complexity is not None, mdl=mdl_out is not None)  # the optional tables asked for
+  partial = _partial_dir(cache_dir, job, data, feats, config, wants)
   for layer, heads, read in plan.feature_sources(model.cfg):
-    x_train, x_tune = read(feats[data.train.key]), read(feats[data.tune.key])
-    fitted = {}
-    for fit, members in fitters.items():
-      fitted.update(fit(members, x_train, x_tune, data, config))
-    if complexity is not None:
-      for task in tasks:
-        if task.fit is tasks_lib.fit_softmax:
-          y, c = np.asarray(data.tune.labels[task.name]), len(data.vocab[task.name].classes)
-          n = int(((y >= 0) & (y < c)).sum())  # as fit_softmax scores dev: classes unseen in train ignored
-          complexity += complexity_lib.complexity_rows(
-            job.name, job.step, task.name, layer, heads, fitted[task.name], data.tune.key, n
-          )
     what = "embeddings" if layer == -1 else f"layer {layer} {'heads' if heads[0] >= 0 else 'residual'}"
-    for task in tasks:
-      line = tasks_lib.fit_report(task.name, fitted[task.name])
-      if line:
-        log(f"    {what} {line}")
-    for split in score_splits.values():
-      x = x_tune if split.key == data.tune.key else read(feats[split.key])
-      for task in tasks:
-        correct, control, weight = _scored(task, fitted[task.name], x, split)
-        d = np.asarray(correct, np.int8) - np.asarray(control, np.int8)
-        key = (task.name, split.key)
-        groups, d_old, _, _ = per_word.get(key, ([], np.zeros((len(weight), 0), np.int8), None, None))
-        per_word[key] = (groups + [(layer, h) for h in heads], np.concatenate([d_old, d], 1), weight, split.sentence_N)
-        if split.key not in {s.key for s in data.evals}:
-          continue
-        acc, low, high = stats.bootstrap_ci(
-          correct, split.sentence_N, num_resamples=p.bootstrap_resamples, seed=config.seed, weight_N=weight
-        )
-        control_acc = (np.asarray(control, np.float64) * weight[:, None]).sum(0) / max(weight.sum(), 1e-300)
-        for g, head in enumerate(heads):
-          rows.append(
-            dict(
-              model=job.name,
-              step=job.step,
-              task=task.name,
-              layer=layer,
-              head=head,
-              split=split.key,
-              accuracy=float(acc[g]),
-              ci_low=float(low[g]),
-              ci_high=float(high[g]),
-              control_accuracy=float(control_acc[g]),
-              selectivity=float(acc[g] - control_acc[g]),
-              n=int(weight.sum()),
-            )
-          )
+    done = partial / f"{what.replace(' ', '-')}.npz"
+    if done.is_file():  # finished before an interruption: the same rows, read back
+      part = _read_part(done)
+      log(f"  {job.name} step {job.step}: {what} read back from {done}")
+    else:
+      part = _probe_source(layer, heads, read, feats, data, tasks, fitters, score_splits, config, job, what, log, wants)
+      _write_part(done, part)
+      log(f"  {job.name} step {job.step}: probed {what} ({time.perf_counter() - t0:.0f} s)")
+    rows += part["rows"]
+    for key, (d, weight, sentence_N) in part["per_word"].items():
+      groups, d_old, _, _ = per_word.get(key, ([], np.zeros((len(weight), 0), np.int8), None, None))
+      per_word[key] = (groups + [(layer, h) for h in heads], np.concatenate([d_old, d], 1), weight, sentence_N)
+    if complexity is not None:
+      complexity += part["complexity"]
     if mdl_out is not None:
-      label_tasks = {
-        t.name: (data.train.labels[t.name], data.train.controls[t.name], len(data.vocab[t.name].classes))
-        for t in tasks
-        if isinstance(t, tasks_lib.LabelTask)
-      }
-      if label_tasks:
-        fractions = tuple(p.get("mdl_fractions", mdl.DEFAULT_FRACTIONS))
-        mdl_out += mdl.mdl_rows(
-          job.name, job.step, layer, heads, x_train, label_tasks, fractions=fractions, seed=config.seed
-        )
-        log(f"    {what} MDL: online codes of {', '.join(label_tasks)} and their controls")
-    x_train = x_tune = x = fitted = None  # freed before the next layer is read: one layer's features at a time
-    log(f"  {job.name} step {job.step}: probed {what} ({time.perf_counter() - t0:.0f} s)")
+      mdl_out += part["mdl"]
+  shutil.rmtree(partial, ignore_errors=True)  # the job is whole: its rows go to the tables next
   if selectivity is not None:
     eval_keys = {s.key for s in data.evals}
     selectivity += [r for r in selectivity_rows(job, per_word, data.tune.key, config) if r["split"] in eval_keys]
   return rows
+
+
+def _probe_source(layer, heads, read, feats, data, tasks, fitters, score_splits, config, job, what, log, wants) -> dict:
+  """Fits and scores every task on one feature source (a layer's heads, a residual stream or the
+  embeddings): {'rows': results.csv rows, 'per_word': {(task, split): (correct − control per word and
+  group (int8), weight_N, sentence_N)}, 'complexity': [...], 'mdl': [...]} (the last two when `wants`)."""
+  p = config.probe
+  x_train, x_tune = read(feats[data.train.key]), read(feats[data.tune.key])
+  fitted = {}
+  for fit, members in fitters.items():
+    fitted.update(fit(members, x_train, x_tune, data, config))
+  part = {"rows": [], "per_word": {}, "complexity": [], "mdl": []}
+  if wants["complexity"]:
+    for task in tasks:
+      if task.fit is tasks_lib.fit_softmax:
+        y, c = np.asarray(data.tune.labels[task.name]), len(data.vocab[task.name].classes)
+        n = int(((y >= 0) & (y < c)).sum())  # as fit_softmax scores dev: classes unseen in train ignored
+        part["complexity"] += complexity_lib.complexity_rows(
+          job.name, job.step, task.name, layer, heads, fitted[task.name], data.tune.key, n
+        )
+  for task in tasks:
+    line = tasks_lib.fit_report(task.name, fitted[task.name])
+    if line:
+      log(f"    {what} {line}")
+  eval_keys = {s.key for s in data.evals}
+  for split in score_splits.values():
+    x = x_tune if split.key == data.tune.key else read(feats[split.key])
+    for task in tasks:
+      correct, control, weight = _scored(task, fitted[task.name], x, split)
+      part["per_word"][(task.name, split.key)] = (
+        np.asarray(correct, np.int8) - np.asarray(control, np.int8),
+        weight,
+        split.sentence_N,
+      )
+      if split.key not in eval_keys:
+        continue
+      acc, low, high = stats.bootstrap_ci(
+        correct, split.sentence_N, num_resamples=p.bootstrap_resamples, seed=config.seed, weight_N=weight
+      )
+      control_acc = (np.asarray(control, np.float64) * weight[:, None]).sum(0) / max(weight.sum(), 1e-300)
+      for g, head in enumerate(heads):
+        part["rows"].append(
+          dict(
+            model=job.name,
+            step=job.step,
+            task=task.name,
+            layer=layer,
+            head=head,
+            split=split.key,
+            accuracy=float(acc[g]),
+            ci_low=float(low[g]),
+            ci_high=float(high[g]),
+            control_accuracy=float(control_acc[g]),
+            selectivity=float(acc[g] - control_acc[g]),
+            n=int(weight.sum()),
+          )
+        )
+  if wants["mdl"]:
+    label_tasks = {
+      t.name: (data.train.labels[t.name], data.train.controls[t.name], len(data.vocab[t.name].classes))
+      for t in tasks
+      if isinstance(t, tasks_lib.LabelTask)
+    }
+    if label_tasks:
+      fractions = tuple(p.get("mdl_fractions", mdl.DEFAULT_FRACTIONS))
+      part["mdl"] = mdl.mdl_rows(
+        job.name, job.step, layer, heads, x_train, label_tasks, fractions=fractions, seed=config.seed
+      )
+      log(f"    {what} MDL: online codes of {', '.join(label_tasks)} and their controls")
+  return part
+
+
+def _partial_dir(cache_dir: pathlib.Path, job, data: labels.Data, feats: dict, config, wants: dict) -> pathlib.Path:
+  """Where a job keeps each finished feature source until the job's rows are written, so an
+  interrupted suite (hours for the MiniLM reference on a CPU) resumes at the next source. Keyed by
+  everything the rows depend on: the features (their cache keys hash model and words), every label
+  and control array, and the config; anything else is a new folder."""
+  digest = hashlib.sha256()
+  digest.update(json.dumps([config.to_dict(), wants], sort_keys=True, default=str).encode())
+  for key in sorted(feats):
+    digest.update(feats[key].path.name.encode())
+  for split in [data.train, data.tune] + data.evals:
+    for table in (split.labels, split.controls):
+      for name in sorted(table):
+        value = table[name]  # an array per word, or (arcs) one per sentence
+        for a in value if isinstance(value, (list, tuple)) else [value]:
+          digest.update(np.ascontiguousarray(a).tobytes())
+  return cache_dir / f"{job.name}-step{job.step}.partial-{digest.hexdigest()[:16]}"
+
+
+def _write_part(path: pathlib.Path, part: dict) -> None:
+  """One source's results, written whole (a temporary file renamed), so a kill leaves none or all."""
+  path.parent.mkdir(parents=True, exist_ok=True)
+  keys = list(part["per_word"])
+  arrays = {f"{kind}_{i}": a for i, k in enumerate(keys) for kind, a in zip(("d", "w", "s"), part["per_word"][k])}
+  meta = {"keys": keys, "rows": part["rows"], "complexity": part["complexity"], "mdl": part["mdl"]}
+  tmp = path.with_name(path.name + ".tmp.npz")
+  np.savez(tmp, meta=np.array(json.dumps(meta, default=float)), **arrays)
+  os.replace(tmp, path)
+
+
+def _read_part(path: pathlib.Path) -> dict:
+  with np.load(path) as f:
+    meta = json.loads(str(f["meta"]))
+    per_word = {tuple(k): (f[f"d_{i}"], f[f"w_{i}"], f[f"s_{i}"]) for i, k in enumerate(meta["keys"])}
+  return {"rows": meta["rows"], "per_word": per_word, "complexity": meta["complexity"], "mdl": meta["mdl"]}
 
 
 def report_split(data: labels.Data) -> str:
