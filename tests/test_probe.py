@@ -174,3 +174,39 @@ def test_suite_defaults_reach_the_sklearn_objective():
     ours = fitted.train_objective["a"][group]
     assert abs(ours - ref) <= 1e-3 * ref, (group, ours, ref)
     assert fitted.converged["a"][group] and fitted.iterations["a"][group] >= 1
+
+
+def test_stopped_tasks_leave_the_pass_and_change_nothing(monkeypatch):
+  """Once every probe of a task has stopped, L-BFGS passes over the data with the other tasks' columns
+  only. Each task's fit is then that of fitting it alone (to float noise: rare-class directions are
+  flat, so trajectories may part within the tolerance), and the slow one (many rare classes, as XPOS)
+  still reaches scikit-learn's converged objective."""
+  rng = np.random.default_rng(7)
+  n, k = 4000, 8
+  easy = rng.integers(0, 3, n).astype(np.int32)
+  hard = np.minimum(rng.zipf(1.6, n) - 1, 39).astype(np.int32)  # 40 classes, most of them rare
+  x = (
+    2.0 * rng.standard_normal((3, 1, k))[easy]
+    + 0.7 * rng.standard_normal((40, 1, k))[hard]
+    + rng.standard_normal((n, 1, k))
+  ).astype(np.float32)
+  specs = [probe.ProbeSpec("easy", 3, easy[:3000], easy[3000:]), probe.ProbeSpec("hard", 40, hard[:3000], hard[3000:])]
+  widths = []
+  real = probe._full_objective
+
+  def recording(*args, **kwargs):
+    widths.append(sum(kwargs["num_l2"] * c for _, c in kwargs["layout"]))
+    return real(*args, **kwargs)
+
+  monkeypatch.setattr(probe, "_full_objective", recording)
+  kw = dict(l2_grid=(1e-4,), refine_samples=2048)  # one λ: the objectives compare probe for probe
+  joint = probe.fit_softmax_probes(x[:3000], x[3000:], specs, **kw)
+  monkeypatch.undo()
+  assert min(widths) == 40 < max(widths) == 3 + 40  # the easy task's columns left the pass
+  assert joint.converged["hard"].all() and joint.iterations["hard"][0] > joint.iterations["easy"][0]
+  for spec, y in zip(specs, (easy, hard)):
+    alone = probe.fit_softmax_probes(x[:3000], x[3000:], [spec], **kw)
+    np.testing.assert_allclose(joint.train_objective[spec.name], alone.train_objective[spec.name], rtol=1e-4)
+    np.testing.assert_allclose(joint.dev_accuracy[spec.name], alone.dev_accuracy[spec.name], atol=0.003)
+    ref = _sklearn_objective(x[:3000, 0], y[:3000], 1e-4)
+    assert abs(joint.train_objective[spec.name][0] - ref) <= 1e-3 * ref, (spec.name, ref)

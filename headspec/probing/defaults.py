@@ -36,7 +36,7 @@ def probe_config() -> ml_collections.ConfigDict:
     200_000  # training words Adam visits after the closed-form LDA start (several passes if N is smaller; 0: LDA only)
   )
   c.probe.tol = 1e-5  # L-BFGS stops a softmax probe when its objective changes by less (relative; probe.py)
-  c.probe.max_iter = 100  # L-BFGS iterations at most per softmax probe (each one pass over train)
+  c.probe.max_iter = 500  # L-BFGS iterations at most per softmax probe (each one pass over train; XPOS needs ~400)
   c.probe.arc_max_train_words = (
     0  # 0: arc probes train on every train sentence; else a seeded subset of about this many words
   )
