@@ -17,7 +17,6 @@ Shape letters are headspec/model.py's glossary: L layers, H heads, K head width,
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import functools
 import json
@@ -374,22 +373,6 @@ def _temporary_cache() -> pathlib.Path:
   return pathlib.Path(tempfile.mkdtemp(prefix="headspec-features-"))
 
 
-@contextlib.contextmanager
-def _only_sources(keep):
-  """While active, probing/plan.feature_sources (what suite.probe_job fits: every layer's heads, every
-  residual stream) yields only the sources with keep(layer, heads): the command's job, unchanged, on
-  the layers asked for. Each source is fitted exactly as in a full run (a head with its layer's other
-  heads), so rows are unchanged. TODO(probing): replace with a `sources=` argument of probe_job."""
-  from headspec.probing import plan
-
-  full = plan.feature_sources
-  plan.feature_sources = lambda cfg: [s for s in full(cfg) if keep(s[0], s[1])]
-  try:
-    yield
-  finally:
-    plan.feature_sources = full
-
-
 def probe(
   model,
   task: str,
@@ -450,8 +433,11 @@ def probe(
     cache = pathlib.Path(cache_dir) if cache_dir is not None else _temporary_cache()
   cache.mkdir(parents=True, exist_ok=True)
   head_layers = {l for l, _ in chosen}
-  with _only_sources(lambda l, heads: l in head_layers if heads[0] >= 0 else l == layer):
-    rows = suite.probe_job(job, data, c, cache, log=log or (lambda line: None))  # the command's own job
+
+  def keep(l, heads):  # the layers asked for; each fitted exactly as in a full run (a head with its layer's heads)
+    return l in head_layers if heads[0] >= 0 else l == layer
+
+  rows = suite.probe_job(job, data, c, cache, log=log or (lambda line: None), keep_source=keep)  # the command's job
   wanted = set(chosen) | ({(int(layer), -1)} if layer is not None else set())
   rows = [r for r in rows if (r["layer"], r["head"]) in wanted]
   table = tables.PROBES

@@ -426,9 +426,9 @@ def _lbfgs(evaluate, params, block_T, onehot_TQ, *, tol, max_iter, memory=10, mi
   """Full-batch L-BFGS (Nocedal & Wright 2006, Alg. 7.4/7.5), one independent problem per probe.
 
   Every probe (group g, task × l2 block q) has its own direction, curvature pairs, Armijo backtracking
-  step and stopping test, but all probes share each pass over the data (`evaluate(params, active_Q) ->
-  f_GQ, grad`: active_Q marks the blocks with a probe still running; the evaluation may skip the
-  others, returning NaN for their f and 0 for their gradient, which done probes never read). A probe stops when its last step lowered the objective by less than tol·|f| and its
+  step and stopping test, but all probes share each pass over the data (`evaluate(params, running_GQ)
+  -> f_GQ, grad`: running_GQ marks the probes still running, None all; the evaluation may skip the
+  others, returning NaN for their f and 0 for their gradient, which stopped probes never read). A probe stops when its last step lowered the objective by less than tol·|f| and its
   predicted remaining decrease is below tol·|f| too (after at least min_iter iterations), or when no
   step lowers it; the loop ends when every probe has stopped or after max_iter iterations.
   Returns (params, f_GQ, iterations_GQ, converged_GQ).
@@ -465,7 +465,7 @@ def _lbfgs(evaluate, params, block_T, onehot_TQ, *, tol, max_iter, memory=10, mi
     accepted = done.copy()
     for _ in range(12):  # Armijo backtracking, per probe
       trial = _axpy(jnp.asarray(t, jnp.float32), d, params, block_T)
-      f_new, g_new = evaluate(trial, ~done.all(0))
+      f_new, g_new = evaluate(trial, ~done)
       f_new = np.asarray(f_new, np.float64)
       # (slack: the float32 objective is summed over many words, resolution ~1e-6 relative)
       ok = np.isfinite(f_new) & (f_new <= f + 1e-4 * t * slope + 1e-6 * np.abs(f))
@@ -476,7 +476,7 @@ def _lbfgs(evaluate, params, block_T, onehot_TQ, *, tol, max_iter, memory=10, mi
     t = np.where(accepted, t, 0.0)  # no step lowers the objective: the probe stops where it is
     if not accepted.all():
       trial = _axpy(jnp.asarray(t, jnp.float32), d, params, block_T)
-      f_new, g_new = evaluate(trial, ~done.all(0))
+      f_new, g_new = evaluate(trial, ~done)
       f_new = np.asarray(f_new, np.float64)
     s = (trial[0] - params[0], trial[1] - params[1])
     y = (g_new[0] - g[0], g_new[1] - g[1])
@@ -646,35 +646,49 @@ def fit_softmax_probes(
     else:
       params = _fork_columns(params, layout_one, num_l2, total_one)
     task_Q = np.repeat(np.arange(len(specs)), num_l2)
-    subsets = {}  # active tasks -> (columns, probe blocks, the objective on just those columns)
+    subsets = {}  # (groups, tasks) still running -> (groups, columns, probe blocks, objective on just those)
 
-    def evaluate(p, active_Q):
-      """f_GQ and the gradient, computed on the columns of tasks with a probe still running only: once
-      every probe of a task (all its groups on this device and l2 values) has stopped, its columns
-      leave the pass over the data (XPOS, 50 classes, often runs hundreds of iterations after UPOS
-      has stopped; each pass costs N·G·K per column)."""
-      tasks = tuple(range(len(specs))) if active_Q is None else tuple(int(a) for a in np.unique(task_Q[active_Q]))
-      if len(tasks) == len(specs):
+    def evaluate(p, running_GQ):
+      """f_GQ and the gradient, computed on the groups and tasks with a probe still running only: once
+      every probe of a group, or of a task (its groups on this device, every l2), has stopped, it
+      leaves the pass over the data (XPOS, 50 classes, often runs hundreds of iterations after UPOS
+      has stopped, and the slowest group sets the length of the loop; each pass costs N·K per group
+      and column)."""
+      if running_GQ is None:
         return full(p, with_grad=True)
-      if tasks not in subsets:
+      groups = np.flatnonzero(running_GQ.any(1))
+      tasks = np.unique(task_Q[running_GQ[groups].any(0)])
+      if len(groups) == running_GQ.shape[0] and len(tasks) == len(specs):
+        return full(p, with_grad=True)
+      key = (tuple(groups), tuple(tasks))
+      if key not in subsets:
+        subsets.clear()  # the running set only shrinks: keep one subset (and its copy of x) at a time
         cols = np.concatenate([np.arange(layout[a][0], layout[a][0] + num_l2 * layout[a][1]) for a in tasks])
         qs = np.concatenate([np.arange(a * num_l2, (a + 1) * num_l2) for a in tasks])
-        sub_layout = tuple(
-          zip(np.cumsum([0] + [num_l2 * layout[a][1] for a in tasks[:-1]]).tolist(), [layout[a][1] for a in tasks])
-        )
+        starts = np.cumsum([0] + [num_l2 * layout[a][1] for a in tasks[:-1]]).tolist()
+        g = put(groups)
         sub = functools.partial(
           full,
+          x_CcGK=x_chunks if len(groups) == running_GQ.shape[0] else x_chunks[:, :, g],
+          mean_GK=stats[0][g],
+          std_GK=stats[1][g],
+          whiten_GKK=stats[2][g],
           ys_ACc=tuple(y_chunks[a] for a in tasks),
-          inv_count_A=put(inv_count[list(tasks)]),
+          inv_count_A=put(inv_count[tasks]),
           onehot_TQ=put(onehot_TQ[np.ix_(cols, qs)]),
-          layout=sub_layout,
+          layout=tuple(zip(starts, [layout[a][1] for a in tasks])),
         )
-        subsets[tasks] = (put(cols), qs, sub)
-      cols, qs, sub = subsets[tasks]
-      f_sub, (gv, gb) = sub((p[0][:, :, cols], p[1][:, cols]), with_grad=True)
-      f_GQ = np.full((p[1].shape[0], len(task_Q)), np.nan)
-      f_GQ[:, qs] = np.asarray(f_sub, np.float64)
-      return f_GQ, (jnp.zeros_like(p[0]).at[:, :, cols].set(gv), jnp.zeros_like(p[1]).at[:, cols].set(gb))
+        subsets[key] = (g, put(cols), qs, sub)
+      g, cols, qs, sub = subsets[key]
+      f_sub, (gv, gb) = sub((p[0][g][:, :, cols], p[1][g][:, cols]), with_grad=True)
+      f_GQ = np.full(running_GQ.shape, np.nan)
+      f_GQ[np.ix_(groups, qs)] = np.asarray(f_sub, np.float64)
+      zv, zb = (
+        jnp.zeros((len(groups),) + p[0].shape[1:], p[0].dtype),
+        jnp.zeros((len(groups), p[1].shape[1]), p[1].dtype),
+      )
+      gv, gb = zv.at[:, :, cols].set(gv), zb.at[:, cols].set(gb)
+      return f_GQ, (jnp.zeros_like(p[0]).at[g].set(gv), jnp.zeros_like(p[1]).at[g].set(gb))
 
     if max_iter > 0:
       params, f, iters, conv = _lbfgs(evaluate, params, block_T, put(onehot_TQ), tol=tol, max_iter=max_iter)

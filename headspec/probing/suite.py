@@ -107,10 +107,12 @@ def probe_job(
   selectivity: list | None = None,
   complexity: list | None = None,
   mdl_out: list | None = None,
+  keep_source=None,
 ) -> list[dict]:
   """Extracts features and fits and scores every probe of one (model, step); returns results.csv rows
   (and appends probes/selectivity.csv rows to `selectivity`, probes/complexity.csv rows of the softmax
-  tasks to `complexity` and probes/mdl.csv rows of the label tasks to `mdl_out`, when given)."""
+  tasks to `complexity` and probes/mdl.csv rows of the label tasks to `mdl_out`, when given).
+  keep_source(layer, heads) -> bool: only those feature sources (plan.feature_sources); default all."""
   p, tasks = config.probe, tasks_lib.from_config(config)
   t0 = time.perf_counter()
   model, tokenizer = job.load()
@@ -146,6 +148,8 @@ def probe_job(
   wants = dict(complexity=complexity is not None, mdl=mdl_out is not None)  # the optional tables asked for
   partial = _partial_dir(cache_dir, job, data, feats, config, wants)
   for layer, heads, read in plan.feature_sources(model.cfg):
+    if keep_source is not None and not keep_source(layer, heads):
+      continue
     what = "embeddings" if layer == -1 else f"layer {layer} {'heads' if heads[0] >= 0 else 'residual'}"
     done = partial / f"{what.replace(' ', '-')}.npz"
     if done.is_file():  # finished before an interruption: the same rows, read back
