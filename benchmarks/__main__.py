@@ -30,7 +30,7 @@ BENCHMARKS = {
     ["--sizes=tiny,small,base,gpu_base,gpu_large", "--dtype=bfloat16"],
     False,
   ),
-  "probe": (["--heads=12", "--train=50000", "--dev=10000", "--sklearn_heads=2"], [], False),
+  "probe": (["--heads=12", "--train=20000", "--dev=5000", "--sklearn_heads=1"], [], False),
   "diversity": (["--sequences=16", "--repeats=2"], [], False),
   "induction": ([], [], False),
   "ablation": (["--skip_minilm"], [], False),
