@@ -160,8 +160,9 @@ def probe_job(
       _write_part(done, part)
       log(f"  {job.name} step {job.step}: probed {what} ({time.perf_counter() - t0:.0f} s)")
     rows += part["rows"]
-    for key, (d, weight, sentence_N) in part["per_word"].items():
+    for key, (d, weight) in part["per_word"].items():
       groups, d_old, _, _ = per_word.get(key, ([], np.zeros((len(weight), 0), np.int8), None, None))
+      sentence_N = score_splits[key[1]].sentence_N
       per_word[key] = (groups + [(layer, h) for h in heads], np.concatenate([d_old, d], 1), weight, sentence_N)
     if complexity is not None:
       complexity += part["complexity"]
@@ -177,7 +178,7 @@ def probe_job(
 def _probe_source(layer, heads, read, feats, data, tasks, fitters, score_splits, config, job, what, log, wants) -> dict:
   """Fits and scores every task on one feature source (a layer's heads, a residual stream or the
   embeddings): {'rows': results.csv rows, 'per_word': {(task, split): (correct − control per word and
-  group (int8), weight_N, sentence_N)}, 'complexity': [...], 'mdl': [...]} (the last two when `wants`)."""
+  group (int8), weight_N)}, 'complexity': [...], 'mdl': [...]} (the last two when `wants`)."""
   p = config.probe
   x_train, x_tune = read(feats[data.train.key]), read(feats[data.tune.key])
   fitted = {}
@@ -204,7 +205,6 @@ def _probe_source(layer, heads, read, feats, data, tasks, fitters, score_splits,
       part["per_word"][(task.name, split.key)] = (
         np.asarray(correct, np.int8) - np.asarray(control, np.int8),
         weight,
-        split.sentence_N,
       )
       if split.key not in eval_keys:
         continue
@@ -266,7 +266,7 @@ def _write_part(path: pathlib.Path, part: dict) -> None:
   """One source's results, written whole (a temporary file renamed), so a kill leaves none or all."""
   path.parent.mkdir(parents=True, exist_ok=True)
   keys = list(part["per_word"])
-  arrays = {f"{kind}_{i}": a for i, k in enumerate(keys) for kind, a in zip(("d", "w", "s"), part["per_word"][k])}
+  arrays = {f"{kind}_{i}": a for i, k in enumerate(keys) for kind, a in zip(("d", "w"), part["per_word"][k])}
   meta = {"keys": keys, "rows": part["rows"], "complexity": part["complexity"], "mdl": part["mdl"]}
   tmp = path.with_name(path.name + ".tmp.npz")
   np.savez(tmp, meta=np.array(json.dumps(meta, default=float)), **arrays)
@@ -276,7 +276,7 @@ def _write_part(path: pathlib.Path, part: dict) -> None:
 def _read_part(path: pathlib.Path) -> dict:
   with np.load(path) as f:
     meta = json.loads(str(f["meta"]))
-    per_word = {tuple(k): (f[f"d_{i}"], f[f"w_{i}"], f[f"s_{i}"]) for i, k in enumerate(meta["keys"])}
+    per_word = {tuple(k): (f[f"d_{i}"], f[f"w_{i}"]) for i, k in enumerate(meta["keys"])}
   return {"rows": meta["rows"], "per_word": per_word, "complexity": meta["complexity"], "mdl": meta["mdl"]}
 
 
