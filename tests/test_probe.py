@@ -177,34 +177,46 @@ def test_suite_defaults_reach_the_sklearn_objective():
 
 
 def test_stopped_probes_leave_the_pass_and_change_nothing(monkeypatch):
-  """Once every probe of a task, or of a group, has stopped, L-BFGS passes over the data with the
-  others only. Each fit is then that of fitting it alone (to float noise: rare-class directions are
-  flat, so trajectories may part within the tolerance), and the slow one (many rare classes, as XPOS)
-  still reaches scikit-learn's converged objective."""
+  """Once the running groups × columns are at most 3/4 of the pass, L-BFGS passes over the data with
+  the groups and (task, λ) blocks still running only. Each fit is then that of fitting it alone (to
+  float noise: rare-class directions are flat, so trajectories may part within the tolerance), and
+  each reaches scikit-learn's converged objective, the one left alone in the pass (16 separable
+  classes: large weights, slow) included."""
   rng = np.random.default_rng(7)
   n, k = 4000, 8
-  easy = rng.integers(0, 3, n).astype(np.int32)
-  hard = np.minimum(rng.zipf(1.6, n) - 1, 39).astype(np.int32)  # 40 classes, most of them rare
-  signal = 2.0 * rng.standard_normal((3, k))[easy] + 0.7 * rng.standard_normal((40, k))[hard]
+  separable = rng.integers(0, 16, n).astype(np.int32)
+  rare = np.minimum(rng.zipf(1.6, n) - 1, 39).astype(np.int32)  # 40 classes, most of them rare
+  signal = 4.0 * rng.standard_normal((16, k))[separable] + 0.7 * rng.standard_normal((40, k))[rare]
   # group 0 reads the labels; group 1 is noise, where every probe stops early at the class prior
   x = np.stack([signal + rng.standard_normal((n, k)), rng.standard_normal((n, k))], 1).astype(np.float32)
-  specs = [probe.ProbeSpec("easy", 3, easy[:3000], easy[3000:]), probe.ProbeSpec("hard", 40, hard[:3000], hard[3000:])]
+  specs = [
+    probe.ProbeSpec("separable", 16, separable[:3000], separable[3000:]),
+    probe.ProbeSpec("rare", 40, rare[:3000], rare[3000:]),
+  ]
   shapes = []
   real = probe._full_objective
 
   def recording(params, x_CcGK, *args, **kwargs):
-    shapes.append((x_CcGK.shape[2], sum(kwargs["num_l2"] * c for _, c in kwargs["layout"])))
+    shapes.append((x_CcGK.shape[2], sum(num_p * c for _, c, num_p in kwargs["layout"])))
     return real(params, x_CcGK, *args, **kwargs)
 
   monkeypatch.setattr(probe, "_full_objective", recording)
   kw = dict(l2_grid=(1e-4,), refine_samples=2048, max_devices=1)  # one λ: objectives compare probe for probe
   joint = probe.fit_softmax_probes(x[:3000], x[3000:], specs, **kw)
-  monkeypatch.undo()
-  assert shapes[0] == (2, 43) and (1, 40) in shapes  # the noise group and the easy task left the pass
-  assert joint.converged["hard"].all() and joint.iterations["hard"][0] > joint.iterations["easy"][0]
-  for spec, y in zip(specs, (easy, hard)):
+  assert shapes[0] == (2, 56) and (1, 56) in shapes and (1, 16) in shapes  # the noise group, then the rare task, left
+  assert joint.converged["separable"].all() and joint.iterations["separable"][0] > joint.iterations["rare"][0]
+  for spec, y in zip(specs, (separable, rare)):
     alone = probe.fit_softmax_probes(x[:3000, :1], x[3000:, :1], [spec], **kw)
     np.testing.assert_allclose(joint.train_objective[spec.name][0], alone.train_objective[spec.name][0], rtol=1e-4)
     np.testing.assert_allclose(joint.dev_accuracy[spec.name][0], alone.dev_accuracy[spec.name][0], atol=0.003)
     ref = _sklearn_objective(x[:3000, 0], y[:3000], 1e-4)
     assert abs(joint.train_objective[spec.name][0] - ref) <= 1e-3 * ref, (spec.name, ref)
+
+  # three λ of one task: the strong penalties converge first and their column blocks leave the pass
+  shapes.clear()
+  grid = probe.fit_softmax_probes(x[:3000, :1], x[3000:, :1], specs[1:], **{**kw, "l2_grid": (1e-4, 1e-2, 1e-1)})
+  assert shapes[0] == (1, 120) and shapes[-1][1] < 120, shapes
+  monkeypatch.undo()
+  for i, l2 in enumerate((1e-4, 1e-2, 1e-1)):
+    one = probe.fit_softmax_probes(x[:3000, :1], x[3000:, :1], specs[1:], **{**kw, "l2_grid": (l2,)})
+    np.testing.assert_allclose(grid.dev_accuracy["rare"][0, i], one.dev_accuracy["rare"][0, 0], atol=0.003)

@@ -349,19 +349,20 @@ def _axpy(s_GQ, p, q, block_T):
   return (q[0] + sp[0], q[1] + sp[1])
 
 
-@functools.partial(jax.jit, static_argnames=("layout", "num_l2", "with_grad"))
+@functools.partial(jax.jit, static_argnames=("layout", "with_grad"))
 def _full_objective(
-  params, x_CcGK, ys_ACc, mean_GK, std_GK, whiten_GKK, l2_P, inv_count_A, onehot_TQ, *, layout, num_l2, with_grad
+  params, x_CcGK, ys_ACc, mean_GK, std_GK, whiten_GKK, l2_T, inv_count_A, onehot_TQ, *, layout, with_grad
 ):
   """Exact penalised objective f_GQ of every probe (mean CE over its labelled train words + (λ/2)‖W‖²),
   and its gradient, over all training words: one pass, chunk by chunk (value and gradient accumulated
-  per chunk, so no chunk's logits outlive it)."""
+  per chunk, so no chunk's logits outlive it). layout: per label set (ys_ACc, inv_count_A) its
+  (first column, classes C, probes P): P consecutive blocks of C columns; l2_T: each column's λ."""
 
   def ce_sum(p, xs_GBK, ys_AB):
     logits_GBT = _logits_GBC(xs_GBK, whiten_GKK, p[0], p[1])
     out = []
-    for (off, c), y_B, inv in zip(layout, ys_AB, inv_count_A):
-      z = logits_GBT[:, :, off : off + num_l2 * c].reshape(*logits_GBT.shape[:2], num_l2, c)
+    for (off, c, num_p), y_B, inv in zip(layout, ys_AB, inv_count_A):
+      z = logits_GBT[:, :, off : off + num_p * c].reshape(*logits_GBT.shape[:2], num_p, c)
       lse = jax.nn.logsumexp(z, axis=-1)
       picked = jnp.take_along_axis(z, jnp.maximum(y_B, 0)[None, :, None, None], axis=-1)[..., 0]
       out.append(((lse - picked) * (y_B >= 0)[None, :, None]).sum(1) * inv)  # (G, P)
@@ -370,7 +371,6 @@ def _full_objective(
 
   def penalty(p):
     w_GKT = jnp.einsum("gkl,glc->gkc", whiten_GKK, p[0])
-    l2_T = jnp.concatenate([jnp.repeat(l2_P, c) for _, c in layout])
     f_GQ = _per_probe(0.5 * l2_T * jnp.square(w_GKT).sum(1), onehot_TQ)
     return f_GQ.sum(), f_GQ
 
@@ -579,6 +579,7 @@ def fit_softmax_probes(
     num_l2
   )
   block_T = _block_map(layout, num_l2)
+  l2_T = l2_P[block_T % num_l2]  # each packed column's λ
   onehot_TQ = np.eye(len(specs) * num_l2, dtype=np.float32)[block_T]
   prior_b0 = np.concatenate([np.tile(_prior_bias(pr), num_l2) for _, pr in per_task]).astype(np.float32)
 
@@ -604,11 +605,10 @@ def fit_softmax_probes(
       mean_GK=stats[0],
       std_GK=stats[1],
       whiten_GKK=stats[2],
-      l2_P=put(l2_P),
+      l2_T=put(l2_T),
       inv_count_A=put(inv_count),
       onehot_TQ=put(onehot_TQ),
-      layout=layout,
-      num_l2=num_l2,
+      layout=tuple((off, c, num_l2) for off, c in layout),
     )
     f_start = np.asarray(full(_fork_columns(params, layout_one, num_l2, total_one), with_grad=False)[0], np.float64)
     if steps > 0:
@@ -645,53 +645,68 @@ def fit_softmax_probes(
       x_dev = None
     else:
       params = _fork_columns(params, layout_one, num_l2, total_one)
-    task_Q = np.repeat(np.arange(len(specs)), num_l2)
-    subsets = {}  # (groups, tasks) still running -> (groups, columns, probe blocks, objective on just those)
 
-    def evaluate(p, running_GQ):
-      """f_GQ and the gradient, computed on the groups and tasks with a probe still running only: once
-      every probe of a group, or of a task (its groups on this device, every l2), has stopped, it
-      leaves the pass over the data (XPOS, 50 classes, often runs hundreds of iterations after UPOS
-      has stopped, and the slowest group sets the length of the loop; each pass costs N·K per group
-      and column)."""
-      if running_GQ is None:
-        return full(p, with_grad=True)
-      groups = np.flatnonzero(running_GQ.any(1))
-      tasks = np.unique(task_Q[running_GQ[groups].any(0)])
-      if len(groups) == running_GQ.shape[0] and len(tasks) == len(specs):
-        return full(p, with_grad=True)
-      key = (tuple(groups), tuple(tasks))
-      if key not in subsets:
-        subsets.clear()  # the running set only shrinks: keep one subset (and its copy of x) at a time
-        cols = np.concatenate([np.arange(layout[a][0], layout[a][0] + num_l2 * layout[a][1]) for a in tasks])
-        qs = np.concatenate([np.arange(a * num_l2, (a + 1) * num_l2) for a in tasks])
-        starts = np.cumsum([0] + [num_l2 * layout[a][1] for a in tasks[:-1]]).tolist()
+    def narrowing_evaluate():
+      """A fresh `evaluate` for one L-BFGS run: its pass starts with every group and probe."""
+      pass_now = {"groups": np.arange(g1 - g0), "probes": np.arange(len(specs) * num_l2), "fn": None}
+
+      def evaluate(p, running_GQ):
+        """f_GQ and the gradient, computed on the probes still running (and the others of their pass):
+        once the running groups × columns are at most 3/4 of those in the pass, the pass narrows to the
+        groups with a probe running and the (task, λ) column blocks with one running. XPOS (50 classes)
+        at the weakest λ often runs hundreds of iterations after UPOS or a stronger λ has stopped, and
+        each pass costs N·K per group and column; the 3/4 bounds the recompilations a fit makes."""
+        groups = np.flatnonzero(running_GQ.any(1)) if running_GQ is not None else pass_now["groups"]
+        probes = np.flatnonzero(running_GQ[groups].any(0)) if running_GQ is not None else pass_now["probes"]
+        width = lambda qs: sum(layout[q // num_l2][1] for q in qs)
+        if len(groups) * width(probes) <= 0.75 * len(pass_now["groups"]) * width(pass_now["probes"]):
+          blocks = []  # [task, first λ index, λ count]: runs of consecutive λ blocks of one task
+          for q in probes:
+            a, lam = divmod(int(q), num_l2)
+            if blocks and blocks[-1][0] == a and sum(blocks[-1][1:]) == lam:
+              blocks[-1][2] += 1
+            else:
+              blocks.append([a, lam, 1])
+          cols = np.concatenate(
+            [layout[a][0] + np.arange(lam * layout[a][1], (lam + n) * layout[a][1]) for a, lam, n in blocks]
+          )
+          starts = np.cumsum([0] + [n * layout[a][1] for a, _, n in blocks[:-1]]).tolist()
+          g = put(groups)
+          pass_now.update(
+            groups=groups,
+            probes=probes,
+            cols=put(cols),
+            fn=functools.partial(
+              full,
+              x_CcGK=x_chunks[:, :, g],  # one copy of the running groups' x at a time
+              mean_GK=stats[0][g],
+              std_GK=stats[1][g],
+              whiten_GKK=stats[2][g],
+              ys_ACc=tuple(y_chunks[a] for a, _, _ in blocks),
+              l2_T=put(l2_T[cols]),
+              inv_count_A=put(inv_count[[a for a, _, _ in blocks]]),
+              onehot_TQ=put(onehot_TQ[np.ix_(cols, probes)]),
+              layout=tuple((start, layout[a][1], n) for start, (a, _, n) in zip(starts, blocks)),
+            ),
+          )
+        if pass_now["fn"] is None:
+          return full(p, with_grad=True)
+        groups, probes, cols = pass_now["groups"], pass_now["probes"], pass_now["cols"]
         g = put(groups)
-        sub = functools.partial(
-          full,
-          x_CcGK=x_chunks if len(groups) == running_GQ.shape[0] else x_chunks[:, :, g],
-          mean_GK=stats[0][g],
-          std_GK=stats[1][g],
-          whiten_GKK=stats[2][g],
-          ys_ACc=tuple(y_chunks[a] for a in tasks),
-          inv_count_A=put(inv_count[tasks]),
-          onehot_TQ=put(onehot_TQ[np.ix_(cols, qs)]),
-          layout=tuple(zip(starts, [layout[a][1] for a in tasks])),
+        f_sub, (gv, gb) = pass_now["fn"]((p[0][g][:, :, cols], p[1][g][:, cols]), with_grad=True)
+        f_GQ = np.full((g1 - g0, len(specs) * num_l2), np.nan)
+        f_GQ[np.ix_(groups, probes)] = np.asarray(f_sub, np.float64)
+        zv, zb = (
+          jnp.zeros((len(groups),) + p[0].shape[1:], p[0].dtype),
+          jnp.zeros((len(groups), p[1].shape[1]), p[1].dtype),
         )
-        subsets[key] = (g, put(cols), qs, sub)
-      g, cols, qs, sub = subsets[key]
-      f_sub, (gv, gb) = sub((p[0][g][:, :, cols], p[1][g][:, cols]), with_grad=True)
-      f_GQ = np.full(running_GQ.shape, np.nan)
-      f_GQ[np.ix_(groups, qs)] = np.asarray(f_sub, np.float64)
-      zv, zb = (
-        jnp.zeros((len(groups),) + p[0].shape[1:], p[0].dtype),
-        jnp.zeros((len(groups), p[1].shape[1]), p[1].dtype),
-      )
-      gv, gb = zv.at[:, :, cols].set(gv), zb.at[:, cols].set(gb)
-      return f_GQ, (jnp.zeros_like(p[0]).at[g].set(gv), jnp.zeros_like(p[1]).at[g].set(gb))
+        gv, gb = zv.at[:, :, cols].set(gv), zb.at[:, cols].set(gb)
+        return f_GQ, (jnp.zeros_like(p[0]).at[g].set(gv), jnp.zeros_like(p[1]).at[g].set(gb))
+
+      return evaluate
 
     if max_iter > 0:
-      params, f, iters, conv = _lbfgs(evaluate, params, block_T, put(onehot_TQ), tol=tol, max_iter=max_iter)
+      params, f, iters, conv = _lbfgs(narrowing_evaluate(), params, block_T, put(onehot_TQ), tol=tol, max_iter=max_iter)
     else:
       f, iters, conv = (
         np.asarray(full(params, with_grad=False)[0], np.float64),
@@ -709,7 +724,9 @@ def fit_softmax_probes(
         jnp.where(fail_T[:, None, :], 0.0, params[0]),
         jnp.where(fail_T, put(prior_b0)[None, :], params[1]),
       )
-      params2, f2, iters2, conv2 = _lbfgs(evaluate, restart, block_T, put(onehot_TQ), tol=tol, max_iter=max_iter)
+      params2, f2, iters2, conv2 = _lbfgs(
+        narrowing_evaluate(), restart, block_T, put(onehot_TQ), tol=tol, max_iter=max_iter
+      )
       params = (jnp.where(fail_T[:, None, :], params2[0], params[0]), jnp.where(fail_T, params2[1], params[1]))
       f, iters, conv = np.where(failed, f2, f), np.where(failed, iters + iters2, iters), np.where(failed, conv2, conv)
       failed = ~(f <= bound + 1e-4 * np.abs(bound) + 1e-6)
