@@ -189,6 +189,46 @@ def test_summary_names_one_head_per_best_row():
   assert "0.900" not in table  # head 0 is the most accurate, not the most selective
 
 
+def test_summary_overview_chooses_on_dev_and_reports_test():
+  """The overview row of a task: the residual stream with the best DEV accuracy and the head with the
+  best DEV selectivity, both reported with their TEST accuracy / control, and the head's paired CI."""
+
+  def row(layer, head, split, acc, control):
+    return dict(
+      model="m",
+      step="0",
+      task="upos",
+      layer=str(layer),
+      head=str(head),
+      split=split,
+      accuracy=str(acc),
+      ci_low=str(acc - 0.01),
+      ci_high=str(acc + 0.01),
+      control_accuracy=str(control),
+      selectivity=str(acc - control),
+      n="9",
+    )
+
+  rows = [
+    row(-1, -1, "t/dev", 0.70, 0.6),
+    row(-1, -1, "t/test", 0.71, 0.6),
+    row(0, -1, "t/dev", 0.90, 0.5),  # best residual on dev ...
+    row(0, -1, "t/test", 0.80, 0.5),
+    row(1, -1, "t/dev", 0.85, 0.5),
+    row(1, -1, "t/test", 0.95, 0.5),  # ... though layer 1 is better on test
+    row(0, 0, "t/dev", 0.60, 0.2),  # most selective head on dev
+    row(0, 0, "t/test", 0.50, 0.3),
+    row(0, 1, "t/dev", 0.65, 0.4),
+    row(0, 1, "t/test", 0.70, 0.2),
+  ]
+  baselines = [dict(task="upos", split="t/test", baseline="majority", accuracy="0.3")]
+  ci = dict(selectivity_ci_low="0.15", selectivity_ci_high="0.25", delta_next="nan")
+  sel = {("m", "0", "upos", "0", "0", "t/test"): ci}
+  text = report.summary(rows, baselines, "t/test", top_k=2, select_split="t/dev", selectivity=sel)
+  line = "| upos | 0.300 (majority) | 0.710 / 0.600 | 0.800 / 0.500 (layer 0) | 0.500 / 0.300 (L0 H0) | +0.200 [+0.150, +0.250] |"
+  assert line in text, text
+
+
 def test_a_new_task_is_one_registry_entry(ewt_part, tmp_path, monkeypatch):
   """A toy word-labelling task, registered as one entry, runs through the whole suite like the built-in ones."""
   data, texts = ewt_part

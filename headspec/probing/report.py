@@ -145,6 +145,7 @@ def summary(
       mine = [r for r in rows if r["model"] == model and int(r["step"]) == step]
       sel = [r for r in mine if r["split"] == primary_split]
       dev = {(r["task"], r["layer"], r["head"]): float(r["selectivity"]) for r in mine if r["split"] == select_split}
+      lines += overview(mine, base, primary_split, select_split, selectivity)
       for task in dict.fromkeys(r["task"] for r in sel):
         task_rows = [r for r in sel if r["task"] == task]
         heads = sorted(
@@ -189,6 +190,44 @@ def summary(
     ]
     lines.append("")
   return "\n".join(lines)
+
+
+def overview(rows: list[dict], base: dict, primary_split: str, select_split: str, selectivity: dict) -> list[str]:
+  """Markdown lines: one row per task of one (model, step): its baseline, the embeddings, the residual
+  stream with the best `select_split` accuracy and the head with the best `select_split` selectivity,
+  each reported on `primary_split` as accuracy / control accuracy (the README's headline table)."""
+  on = lambda split, key: {(r["task"], r["layer"], r["head"]): float(r[key]) for r in rows if r["split"] == split}
+  dev_acc, dev_sel = on(select_split, "accuracy"), on(select_split, "selectivity")
+  lines = [
+    f"Per task on `{primary_split}` (accuracy / control accuracy; residual stream and head chosen on `{select_split}`):",
+    "",
+    "| task | baseline | embeddings | best residual stream | best head by selectivity | its selectivity [95% CI] |",
+    "|---|---|---|---|---|---|",
+  ]
+  report = [r for r in rows if r["split"] == primary_split]
+  pair = lambda r: f"{float(r['accuracy']):.3f} / {float(r['control_accuracy']):.3f}"
+  key = lambda r: (r["task"], r["layer"], r["head"])
+  for task in dict.fromkeys(r["task"] for r in report):
+    mine = [r for r in report if r["task"] == task]
+    embedding = next((pair(r) for r in mine if int(r["layer"]) == -1), "")
+    residual = [r for r in mine if int(r["head"]) == -1 and int(r["layer"]) >= 0]
+    heads = [r for r in mine if int(r["head"]) >= 0]
+    b = base.get((task, primary_split))
+    cells = [task, f"{float(b['accuracy']):.3f} ({b['baseline']})" if b else "", embedding]
+    if residual:
+      r = max(residual, key=lambda r: dev_acc.get(key(r), float("-inf")))
+      cells.append(f"{pair(r)} (layer {r['layer']})")
+    else:
+      cells.append("")
+    if heads:
+      r = max(heads, key=lambda r: dev_sel.get(key(r), float("-inf")))
+      s = selectivity.get((r["model"], r["step"], task, r["layer"], r["head"], primary_split))
+      ci = f" [{float(s['selectivity_ci_low']):+.3f}, {float(s['selectivity_ci_high']):+.3f}]" if s else ""
+      cells += [f"{pair(r)} (L{r['layer']} H{r['head']})", f"{float(r['selectivity']):+.3f}{ci}"]
+    else:
+      cells += ["", ""]
+    lines.append("| " + " | ".join(cells) + " |")
+  return lines + [""]
 
 
 def write_report(out_dir, *, primary_split: str, top_k: int = 5, select_split: str | None = None) -> None:
