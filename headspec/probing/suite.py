@@ -183,7 +183,9 @@ def _probe_source(layer, heads, read, feats, data, tasks, fitters, score_splits,
   x_train, x_tune = read(feats[data.train.key]), read(feats[data.tune.key])
   fitted = {}
   for fit, members in fitters.items():
+    t0 = time.perf_counter()
     fitted.update(fit(members, x_train, x_tune, data, config))
+    log(f"    {what}: fitted {', '.join(t.name for t in members)} ({time.perf_counter() - t0:.0f} s)")
   part = {"rows": [], "per_word": {}, "complexity": [], "mdl": []}
   if wants["complexity"]:
     for task in tasks:
