@@ -229,6 +229,26 @@ def test_summary_overview_chooses_on_dev_and_reports_test():
   assert line in text, text
 
 
+def test_residual_probes_match_sklearn(ewt_part, tmp_path):
+  """benchmarks/check_residual_probes: the suite's residual-stream probes are within a point of
+  scikit-learn's LogisticRegression on the same cached features, λ picked on dev by both."""
+  from benchmarks import check_residual_probes
+
+  data, texts = ewt_part
+  workdir = _make_run(tmp_path / "run", texts[:50])
+  config = _config(data)
+  config.probe.update(tasks=("upos", "deprel"), eval_splits=("dev",), extra_treebanks=())
+  suite.run_probe_suite(config, workdir)
+  cache = sorted(p.name for p in (workdir / "probes/cache").iterdir())
+  out = check_residual_probes.check(config, workdir, [1], ["upos", "deprel"], max_iter=3000)
+  assert sorted(p.name for p in (workdir / "probes/cache").iterdir()) == cache  # read, not extracted again
+  assert len(out["checks"]) == 2 and out["max_abs_difference_points"] <= 1.0, out
+  majority = {r["task"]: float(r["accuracy"]) for r in csv.DictReader(open(workdir / "probes/baselines.csv"))}
+  assert all(c["sklearn_converged"] and c["headspec_dev_accuracy"] > majority[c["task"]] for c in out["checks"]), out
+  with pytest.raises(UserError, match="no probe results"):
+    check_residual_probes.check(config, tmp_path / "nothing", [0], ["upos"], max_iter=10)
+
+
 def test_a_new_task_is_one_registry_entry(ewt_part, tmp_path, monkeypatch):
   """A toy word-labelling task, registered as one entry, runs through the whole suite like the built-in ones."""
   data, texts = ewt_part

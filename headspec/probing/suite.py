@@ -98,23 +98,10 @@ def selectivity_rows(job, per_word: dict, tune_key: str, config) -> list[dict]:
   return rows
 
 
-def probe_job(
-  job: targets.Target,
-  data: labels.Data,
-  config,
-  cache_dir: pathlib.Path,
-  log=print,
-  selectivity: list | None = None,
-  complexity: list | None = None,
-  mdl_out: list | None = None,
-  keep_source=None,
-) -> list[dict]:
-  """Extracts features and fits and scores every probe of one (model, step); returns results.csv rows
-  (and appends probes/selectivity.csv rows to `selectivity`, probes/complexity.csv rows of the softmax
-  tasks to `complexity` and probes/mdl.csv rows of the label tasks to `mdl_out`, when given).
-  keep_source(layer, heads) -> bool: only those feature sources (plan.feature_sources); default all."""
-  p, tasks = config.probe, tasks_lib.from_config(config)
-  t0 = time.perf_counter()
+def job_features(job: targets.Target, data: labels.Data, config, cache_dir: pathlib.Path, log=print):
+  """(model, {split key: Features}): the word features of every split of `data` for one (model, step),
+  extracted once and then read from `cache_dir` (features.py)."""
+  p = config.probe
   model, tokenizer = job.load()
   pooling = features_lib.resolve_pooling(p.pooling, model.cfg.kind)
   feats: dict[str, Features] = {}
@@ -132,6 +119,27 @@ def probe_job(
         batch_tokens=p.batch_tokens,
         log=log,
       )
+  return model, feats
+
+
+def probe_job(
+  job: targets.Target,
+  data: labels.Data,
+  config,
+  cache_dir: pathlib.Path,
+  log=print,
+  selectivity: list | None = None,
+  complexity: list | None = None,
+  mdl_out: list | None = None,
+  keep_source=None,
+) -> list[dict]:
+  """Extracts features and fits and scores every probe of one (model, step); returns results.csv rows
+  (and appends probes/selectivity.csv rows to `selectivity`, probes/complexity.csv rows of the softmax
+  tasks to `complexity` and probes/mdl.csv rows of the label tasks to `mdl_out`, when given).
+  keep_source(layer, heads) -> bool: only those feature sources (plan.feature_sources); default all."""
+  tasks = tasks_lib.from_config(config)
+  t0 = time.perf_counter()
+  model, feats = job_features(job, data, config, cache_dir, log)
   split_counts = {k: f.num_split_sentences for k, f in feats.items() if f.num_split_sentences}
   if split_counts:
     log(
