@@ -318,6 +318,7 @@ def test_trained_model_has_selective_heads(tmp_path):
   while the masked-LM encoder is still near its unigram loss (~5.7) at that point.
   """
   from headspec.data.synthetic import write_synthetic
+  from headspec.probing.defaults import synthetic_probe_config
   from headspec.quickstart import quickstart_config
   from headspec.train import train_and_evaluate
 
@@ -326,7 +327,10 @@ def test_trained_model_has_selective_heads(tmp_path):
   config.data_dir = str(data)
   config.train.update(steps=200, eval_every=0, diversity_every=0, keep_steps=())
   train_and_evaluate(config, tmp_path / "decoder")
-  summary = suite.probe_quickstart(tmp_path / "decoder", data)
+  config = synthetic_probe_config(str(data))
+  config.probe.tasks = ("upos", "deprel")  # the two asserted on below (xpos and arcs: test_suite_on_ewt_part)
+  results = suite.run_probe_suite(config, tmp_path / "decoder")
+  summary = (results.parent / "summary.md").read_text()
   assert "## decoder, step 200" in summary and "## decoder-random, step 0" in summary
   rows = _rows(tmp_path / "decoder/probes/results.csv")
   baselines = {
