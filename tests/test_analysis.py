@@ -3,6 +3,7 @@ fixture fixes them; importing them (and headspec.tables, headspec.atlas) never i
 
 import csv
 import pathlib
+import statistics
 import subprocess
 import sys
 
@@ -12,7 +13,7 @@ from test_atlas_fixtures import write_run
 from headspec.errors import UserError
 
 ANALYSIS = pathlib.Path(__file__).resolve().parents[1] / "analysis"
-SCRIPTS = ("probe_heatmaps", "specialization", "diversity_curves", "pruning_curves", "compare_runs")
+SCRIPTS = ("probe_heatmaps", "specialization", "diversity_curves", "pruning_curves", "probe_spread", "compare_runs")
 sys.path.insert(0, str(ANALYSIS))
 
 
@@ -118,6 +119,40 @@ def test_compare_runs_differences_with_cis(runs, tmp_path):
   assert "bootstrap over heads" in (tmp_path / "compare.md").read_text()
   with pytest.raises(UserError, match="at least two runs"):
     compare_runs.main([str(runs[0]), "--out", str(tmp_path)])
+
+
+def test_probe_spread_over_seeds(tmp_path):
+  """Three seeds of one model: the strongly selective head (L1H2 on upos, fixture) is top in every run,
+  per-head sds are the sample sds of the runs' values, and the CI half-width comes from selectivity.csv."""
+  import probe_spread
+
+  from headspec import tables
+
+  runs = [
+    write_run(tmp_path / f"s{seed}", seed=seed, diversity=False, ablation=False, attention=False) for seed in range(3)
+  ]
+  for run in runs:
+    rows = [
+      dict(model=run.name, step=1000, task="upos", layer=layer, head=head, split="synth/test", selectivity=0.1,
+           selectivity_ci_low=0.09, selectivity_ci_high=0.11, dev_rank=1, delta_next=0, delta_next_ci_low=0,
+           delta_next_ci_high=0, n=1000)
+      for layer in range(3) for head in range(4)
+    ]  # fmt: skip
+    tables.write(tables.path_of(run, tables.PROBE_SELECTIVITY), rows, tables.PROBE_SELECTIVITY)
+  written = probe_spread.main([*map(str, runs), "--out", str(tmp_path / "spread")])
+  _figures(written, "spread_upos", "spread_arc")
+  rows = _rows(tmp_path / "spread/spread.csv")
+  assert len(rows) == 2 * 3 * 4
+  for r in rows:
+    values = [float(r[f"s{seed}"]) for seed in range(3)]
+    assert float(r["sd"]) == pytest.approx(statistics.stdev(values), abs=1e-9)
+  text = (tmp_path / "spread/spread.md").read_text()
+  upos = next(l for l in text.splitlines() if l.startswith("| upos |"))
+  assert "3/3 (L1H2)" in upos and "| 0.0100 |" in upos, upos
+  arc = next(l for l in text.splitlines() if l.startswith("| arc |"))
+  assert "| nan |" in arc  # no selectivity.csv rows for arcs: no CI half-width
+  with pytest.raises(UserError, match="at least two runs"):
+    probe_spread.main([str(runs[0]), "--out", str(tmp_path)])
 
 
 def test_missing_inputs_are_one_line(tmp_path, runs):
