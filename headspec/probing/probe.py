@@ -10,21 +10,24 @@ control tasks and selectivity):
 which is scikit-learn's LogisticRegression(C = 1/(λ n)) on StandardScaler'd features. λ is picked per
 (group, task) from `l2_grid` by dev accuracy (ties go to the stronger penalty).
 
-Why not one L-BFGS per probe: every pass over x_NGK costs N·G·K·C multiply-adds and N·G·C exps, and on
-a CPU that is the whole bill (scikit-learn's lbfgs makes ~100 such passes per probe). This fit reads
-the data about twice in all:
+How: every pass over x_NGK costs N·G·K·C multiply-adds and N·G·C exps, and on a CPU that is the
+whole bill, so every (group, task, λ) probe shares each pass, in three stages:
   1. one streaming pass for sufficient statistics shared by every task: per-group mean and std,
      per-task class sums (a sparse one-hot product, no factor C) and a K×K correlation from a strided
      subset. They give a closed-form Fisher-LDA start W₀ = Σ_w⁻¹ μ_c, b₀ = log π_c − ½ μ_cᵀ W₀,c (the
-     Gaussian model whose posterior is exactly a softmax-linear probe), within ~1–3 points of the
-     logistic-regression optimum;
+     Gaussian model whose posterior is exactly a softmax-linear probe; within-class eigenvalues
+     clipped at zero), kept per probe only if its objective on a subset beats the class-prior start;
   2. minibatch Adam on the exact penalised cross-entropy from that start, over `refine_samples`
-     shuffled training words (default: about one pass of EWT), with ALL tasks × groups in the same
-     matmuls (X_b @ W[K, Σ C]) so each minibatch is read once. Parameters live in whitened coordinates
-     (W = R^(-1/2) V, R the feature correlation), which conditions the feature side of the Hessian
-     (Böhning 1992 bounds it by ½(I − 11ᵀ/C) ⊗ R). The l2 grid is a warm-started path: all grid values
-     share the first (1 − fork_fraction) of the steps at the weakest l2, then each value continues
-     from there with its own penalty (so the grid costs 1 + fork_fraction·(P − 1) times one fit, P grid values).
+     shuffled training words, with ALL tasks × groups in the same matmuls (X_b @ W[K, Σ C]).
+     Parameters live in whitened coordinates (W = R^(-1/2) V, R the feature correlation), which
+     conditions the feature side of the Hessian (Böhning 1992 bounds it by ½(I − 11ᵀ/C) ⊗ R). The l2
+     grid is a warm-started path: all grid values share the first (1 − fork_fraction) of the steps at
+     the weakest l2, then each value continues with its own penalty;
+  3. full-batch L-BFGS (`_lbfgs`) per probe until its relative decrease and its quasi-Newton decrement
+     are both below `tol` (or `max_iter`), every probe with its own direction, curvature pairs, step and
+     stopping test, all sharing each pass; the pass narrows to the groups and (task, λ) column blocks
+     still running. A probe that ends above min(its start's objective, the class-prior model's) is
+     refitted from the class prior, and the fit fails loudly if that does not help either.
 Groups are independent, so they are split over the local JAX devices and fitted concurrently; a CPU
 device runs one program at a time on one core, so on a CPU host set
 XLA_FLAGS=--xla_force_host_platform_device_count=<cores> before JAX starts to use every core.
