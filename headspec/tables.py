@@ -62,6 +62,14 @@ PROBE_SELECTIVITY = _table(
   ints="step,layer,head,dev_rank,n",
   floats="selectivity,selectivity_ci_low,selectivity_ci_high,delta_next,delta_next_ci_low,delta_next_ci_high",
 )
+PROBE_FITS = _table(
+  "probes/fits.csv",
+  "model,step,task,layer,head,probe,l2,train_objective,iterations,converged,start,train_accuracy,dev_accuracy,dev_loss",
+  "model,step",
+  ints="step,layer,head,iterations,converged",
+  floats="l2,train_objective,train_accuracy,dev_accuracy,dev_loss",
+  float_format="r",
+)
 PROBE_BASELINES = _table("probes/baselines.csv", "task,split,baseline,accuracy,n", "task,split", "n", "accuracy")
 MDL = _table(
   "probes/mdl.csv",
@@ -157,6 +165,7 @@ TABLES: dict[str, Table] = {
     PROBES,
     PROBE_BASELINES,
     PROBE_SELECTIVITY,
+    PROBE_FITS,
     MDL,
     COMPLEXITY,
     DIVERSITY,

@@ -126,6 +126,25 @@ def test_suite_on_ewt_part(ewt_part, tmp_path, capsys):
   majority = next(float(b["accuracy"]) for b in baselines if b["task"] == "upos" and b["split"] == "en_ewt/dev")
   embedding = next(float(r["accuracy"]) for r in upos_dev if r["layer"] == "-1")
   assert embedding > majority + 0.05  # even random embeddings identify frequent word types
+  fits = tables.read(workdir / "probes/fits.csv", tables.PROBE_FITS)
+  assert len(fits) == 2 * 4 * groups * 2  # (model, -random) x tasks x groups x (task, control)
+  dev = {
+    (r["model"], r["task"], r["layer"], r["head"]): float(r["accuracy"]) for r in rows if r["split"] == "en_ewt/dev"
+  }
+  for f in fits:
+    assert f["probe"] in ("task", "control") and float(f["l2"]) > 0
+    if f["probe"] == "task":  # the probe results.csv scored (which also counts classes unseen in train, as wrong)
+      scored = dev[(f["model"], f["task"], f["layer"], f["head"])]
+      if f["task"] == "arc":
+        assert float(f["dev_accuracy"]) == pytest.approx(scored, abs=1e-6)
+      else:
+        assert scored - 1e-6 <= float(f["dev_accuracy"]) <= scored + 0.02
+    if f["task"] == "arc":
+      assert 1 <= int(f["iterations"]) <= config.probe.arc_epochs and 0 <= float(f["train_accuracy"]) <= 1
+      assert f["train_objective"] == "nan" and float(f["dev_loss"]) > 0
+    else:
+      assert float(f["train_objective"]) > 0 and int(f["iterations"]) >= 1 and f["start"] in ("lda", "prior")
+      assert f["converged"] == "1", f  # the suite's L-BFGS converges on these small problems
   summary = (workdir / "probes/summary.md").read_text()
   assert "## run, step 9" in summary and "## run-random, step 0" in summary and "majority baseline" in summary
   for task in ("upos", "xpos", "deprel", "arc"):
@@ -385,5 +404,5 @@ def test_interrupted_suite_resumes_at_the_next_feature_source(ewt_part, tmp_path
   assert calls == [-1, 0, 1]  # of 5 sources (2 layers' heads, the embeddings, 2 residual streams) 2 read back
   assert not list((workdir / "probes/cache").glob("*.partial-*"))
   assert _rows(resumed) == _rows(whole)
-  for table in ("selectivity.csv", "baselines.csv"):
+  for table in ("selectivity.csv", "baselines.csv", "fits.csv"):
     assert (workdir / "probes" / table).read_text() == (whole.parent / table).read_text()

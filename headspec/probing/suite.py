@@ -132,10 +132,12 @@ def probe_job(
   complexity: list | None = None,
   mdl_out: list | None = None,
   keep_source=None,
+  fits: list | None = None,
 ) -> list[dict]:
   """Extracts features and fits and scores every probe of one (model, step); returns results.csv rows
   (and appends probes/selectivity.csv rows to `selectivity`, probes/complexity.csv rows of the softmax
-  tasks to `complexity` and probes/mdl.csv rows of the label tasks to `mdl_out`, when given).
+  tasks to `complexity`, probes/mdl.csv rows of the label tasks to `mdl_out` and probes/fits.csv rows
+  to `fits`, when given).
   keep_source(layer, heads) -> bool: only those feature sources (plan.feature_sources); default all."""
   tasks = tasks_lib.from_config(config)
   t0 = time.perf_counter()
@@ -176,6 +178,8 @@ def probe_job(
       complexity += part["complexity"]
     if mdl_out is not None:
       mdl_out += part["mdl"]
+    if fits is not None:
+      fits += part["fits"]
   shutil.rmtree(partial, ignore_errors=True)  # the job is whole: its rows go to the tables next
   if selectivity is not None:
     eval_keys = {s.key for s in data.evals}
@@ -194,7 +198,7 @@ def _probe_source(layer, heads, read, feats, data, tasks, fitters, score_splits,
     t0 = time.perf_counter()
     fitted.update(fit(members, x_train, x_tune, data, config))
     log(f"    {what}: fitted {', '.join(t.name for t in members)} ({time.perf_counter() - t0:.0f} s)")
-  part = {"rows": [], "per_word": {}, "complexity": [], "mdl": []}
+  part = {"rows": [], "per_word": {}, "complexity": [], "mdl": [], "fits": []}
   if wants["complexity"]:
     for task in tasks:
       if task.fit is tasks_lib.fit_softmax:
@@ -207,6 +211,9 @@ def _probe_source(layer, heads, read, feats, data, tasks, fitters, score_splits,
     line = tasks_lib.fit_report(task.name, fitted[task.name])
     if line:
       log(f"    {what} {line}")
+    for r in tasks_lib.fit_rows(task.name, fitted[task.name]):
+      where = dict(model=job.name, step=job.step, task=task.name, layer=layer, head=heads[r.pop("group")])
+      part["fits"].append({**where, **r})
   eval_keys = {s.key for s in data.evals}
   for split in score_splits.values():
     x = x_tune if split.key == data.tune.key else read(feats[split.key])
@@ -277,7 +284,7 @@ def _write_part(path: pathlib.Path, part: dict) -> None:
   path.parent.mkdir(parents=True, exist_ok=True)
   keys = list(part["per_word"])
   arrays = {f"{kind}_{i}": a for i, k in enumerate(keys) for kind, a in zip(("d", "w"), part["per_word"][k])}
-  meta = {"keys": keys, "rows": part["rows"], "complexity": part["complexity"], "mdl": part["mdl"]}
+  meta = {k: part[k] for k in ("rows", "complexity", "mdl", "fits")} | {"keys": keys}
   tmp = path.with_name(path.name + ".tmp.npz")
   np.savez(tmp, meta=np.array(json.dumps(meta, default=float)), **arrays)
   os.replace(tmp, path)
@@ -287,7 +294,8 @@ def _read_part(path: pathlib.Path) -> dict:
   with np.load(path) as f:
     meta = json.loads(str(f["meta"]))
     per_word = {tuple(k): (f[f"d_{i}"], f[f"w_{i}"]) for i, k in enumerate(meta["keys"])}
-  return {"rows": meta["rows"], "per_word": per_word, "complexity": meta["complexity"], "mdl": meta["mdl"]}
+  # (a part saved before probes/fits.csv existed has no "fits": its source gets no fits rows)
+  return {k: meta.get(k, []) for k in ("rows", "complexity", "mdl", "fits")} | {"per_word": per_word}
 
 
 def report_split(data: labels.Data) -> str:
@@ -320,6 +328,7 @@ def run_probe_suite(config: ml_collections.ConfigDict, workdir) -> pathlib.Path 
     tables.PROBES,
     tables.PROBE_BASELINES,
     tables.PROBE_SELECTIVITY,
+    tables.PROBE_FITS,
     *([tables.COMPLEXITY] if p.get("complexity", False) else []),
     *([tables.MDL] if p.get("mdl", False) else []),
   )
@@ -328,6 +337,7 @@ def run_probe_suite(config: ml_collections.ConfigDict, workdir) -> pathlib.Path 
     selectivity: list = []
     complexity = [] if p.get("complexity", False) else None
     mdl_rows = [] if p.get("mdl", False) else None
+    fits: list = []
     rows = probe_job(
       job,
       data,
@@ -337,9 +347,11 @@ def run_probe_suite(config: ml_collections.ConfigDict, workdir) -> pathlib.Path 
       selectivity=selectivity,
       complexity=complexity,
       mdl_out=mdl_rows,
+      fits=fits,
     )
     tables.merge(results, rows, tables.PROBES)  # after each step, so an interrupted study keeps what it finished
     tables.merge(tables.path_of(workdir, tables.PROBE_SELECTIVITY), selectivity, tables.PROBE_SELECTIVITY)
+    tables.merge(tables.path_of(workdir, tables.PROBE_FITS), fits, tables.PROBE_FITS)
     if complexity is not None:
       tables.merge(tables.path_of(workdir, tables.COMPLEXITY), complexity, tables.COMPLEXITY)
     if mdl_rows is not None:

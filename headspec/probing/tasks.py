@@ -93,6 +93,53 @@ def fit_report(task_name: str, fitted) -> str:
   return "; ".join(parts)
 
 
+def fit_rows(task_name: str, fitted) -> list[dict]:
+  """probes/fits.csv values per group, for the task's probe and its control: how each fit went
+  (softmax: chosen λ, penalised train objective, L-BFGS iterations, convergence, start; arcs: chosen λ,
+  the kept epoch as `iterations`, `converged` = dev loss rose after the kept epoch, train UAS, dev loss;
+  both: the chosen probe's dev accuracy). Returns [{'group': g, 'probe': 'task' | 'control', ...}]."""
+  rows = []
+  if isinstance(fitted, tuple):  # arcs: (task probe, control probe)
+    for probe, f in zip(("task", "control"), fitted):
+      g = len(f.l2_G)
+      or_nan = lambda a, g=g: np.full(g, np.nan) if a is None else np.asarray(a, np.float64)
+      kept = np.full(g, -1) if f.best_epoch_G is None else np.asarray(f.best_epoch_G)
+      columns = dict(
+        l2=f.l2_G,
+        train_objective=np.full(g, np.nan),
+        iterations=kept,
+        converged=(kept >= 1) & (kept < f.epochs_run),
+        start=[""] * g,
+        train_accuracy=or_nan(f.train_uas_G),
+        dev_accuracy=f.dev_uas_G,
+        dev_loss=or_nan(f.dev_loss_G),
+      )
+      rows += _per_group(probe, columns)
+    return rows
+  for probe, name in (("task", task_name), ("control", f"{task_name}/control")):
+    if name not in fitted.l2:
+      continue
+    g = len(fitted.l2[name])
+    columns = dict(
+      l2=fitted.l2[name],
+      train_objective=fitted.train_objective.get(name, np.full(g, np.nan)),
+      iterations=fitted.iterations.get(name, np.full(g, -1)),
+      converged=fitted.converged.get(name, np.zeros(g, bool)),
+      start=fitted.start.get(name, [""] * g),
+      train_accuracy=np.full(g, np.nan),
+      dev_accuracy=fitted.dev_accuracy_best[name],
+      dev_loss=np.full(g, np.nan),
+    )
+    rows += _per_group(probe, columns)
+  return rows
+
+
+def _per_group(probe: str, columns: dict) -> list[dict]:
+  kinds = dict(iterations=int, converged=lambda v: int(bool(v)), start=str)
+  n = len(columns["l2"])
+  return [{"group": g, "probe": probe} | {k: kinds.get(k, float)(v[g]) for k, v in columns.items()} for g in range(n)]
+
+
 @dataclasses.dataclass(frozen=True)
 class LabelTask:
   """A word-labelling task: `read(sentence, config)` gives each word's label (a string)."""
