@@ -220,3 +220,31 @@ def test_stopped_probes_leave_the_pass_and_change_nothing(monkeypatch):
   for i, l2 in enumerate((1e-4, 1e-2, 1e-1)):
     one = probe.fit_softmax_probes(x[:3000, :1], x[3000:, :1], specs[1:], **{**kw, "l2_grid": (l2,)})
     np.testing.assert_allclose(grid.dev_accuracy["rare"][0, i], one.dev_accuracy["rare"][0, 0], atol=0.003)
+
+
+def test_a_fit_above_its_start_is_refitted_from_the_prior_or_fails_loudly(monkeypatch):
+  """A probe whose L-BFGS ends above min(start, class prior) is refitted from the class prior (its
+  iterations add up); if the refit ends above too, the fit raises naming the probe."""
+  x, y = _toy()
+  spec = [probe.ProbeSpec("a", 4, y[:2400], y[2400:])]
+  kw = dict(l2_grid=(1e-3,), refine_samples=0, max_devices=1)
+  good = probe.fit_softmax_probes(x[:2400], x[2400:], spec, **kw)
+  real, calls = probe._lbfgs, []
+
+  def spoiled(evaluate, params, *args, bad_calls, **kwargs):
+    out = real(evaluate, params, *args, **kwargs)
+    calls.append(np.asarray(params[0]))
+    if len(calls) in bad_calls:  # as if L-BFGS had ended far above where it started
+      return out[0], out[1] + 10.0, out[2], out[3]
+    return out
+
+  monkeypatch.setattr(probe, "_lbfgs", lambda *a, **k: spoiled(*a, bad_calls=(1,), **k))
+  refit = probe.fit_softmax_probes(x[:2400], x[2400:], spec, **kw)
+  assert len(calls) == 2 and not calls[1].any()  # the second run started from W = 0 (the class prior)
+  assert refit.iterations["a"][0] > good.iterations["a"][0]  # both runs' iterations are counted
+  np.testing.assert_allclose(refit.train_objective["a"], good.train_objective["a"], rtol=1e-4)
+
+  calls.clear()
+  monkeypatch.setattr(probe, "_lbfgs", lambda *a, **k: spoiled(*a, bad_calls=(1, 2), **k))
+  with pytest.raises(RuntimeError, match="softmax probe fit failed for 1 probe.*task a, l2 0.001"):
+    probe.fit_softmax_probes(x[:2400], x[2400:], spec, **kw)

@@ -3,6 +3,7 @@
 import csv
 import pathlib
 
+import numpy as np
 import pytest
 from flax import nnx
 
@@ -183,6 +184,36 @@ def test_suite_on_ewt_part(ewt_part, tmp_path, capsys):
   assert len([r for r in rows2 if r["model"] == "run-random"]) == 4 * groups * 3  # untouched
   new = set(p.name for p in (workdir / "probes/cache").iterdir()) - set(caches)
   assert len(new) == 4 and all(n.startswith("run-step5-") for n in new)  # step 9 came from the cache
+
+
+def test_selectivity_rows_rank_on_dev_and_pair_with_the_next_head():
+  """probes/selectivity.csv rows: heads ranked by DEV selectivity, each paired with the next-ranked head
+  on the same split (the difference and its CI), residual streams unranked, paired CIs per head."""
+  import types
+
+  rng = np.random.default_rng(0)
+  n = 3000
+  sentence_N = np.repeat(np.arange(n // 10), 10)
+  groups = [(0, 0), (0, 1), (0, 2), (0, -1)]
+  rates = {"x/dev": (0.10, 0.30, 0.20, 0.50), "x/test": (0.12, 0.28, 0.21, 0.50)}  # correct − control rates
+  per_word = {}
+  for split, r in rates.items():
+    d = np.stack([(rng.random(n) < p).astype(np.int8) for p in r], 1)
+    per_word[("upos", split)] = (groups, d, np.ones(n), sentence_N)
+  config = probe_config()
+  config.probe.bootstrap_resamples = 200
+  job = types.SimpleNamespace(name="m", step=0)
+  rows = suite.selectivity_rows(job, per_word, "x/dev", config)
+  test = {(r["layer"], r["head"]): r for r in rows if r["split"] == "x/test"}
+  assert [test[(0, h)]["dev_rank"] for h in (0, 1, 2)] == [3, 1, 2] and test[(0, -1)]["dev_rank"] == -1
+  first = test[(0, 1)]
+  d = per_word[("upos", "x/test")][1]
+  assert first["delta_next"] == pytest.approx(d[:, 1].mean() - d[:, 2].mean())  # head 1 minus head 2, on test
+  assert first["delta_next_ci_low"] < first["delta_next"] < first["delta_next_ci_high"]
+  assert first["delta_next_ci_low"] > 0  # 0.28 vs 0.21 over 3000 words: the dev order holds on test
+  assert np.isnan(test[(0, 0)]["delta_next"]) and np.isnan(test[(0, -1)]["delta_next"])  # last head; residual
+  for r in rows:
+    assert r["selectivity_ci_low"] <= r["selectivity"] <= r["selectivity_ci_high"] and r["n"] == n
 
 
 def test_summary_names_one_head_per_best_row():
