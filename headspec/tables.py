@@ -94,6 +94,7 @@ DIVERSITY = _table(
   floats="value",
   float_format="r",
 )
+DIVERSITY_METRICS = _table("diversity/metrics.csv", "metric,kind,basis_dependent,doc", "metric", ints="basis_dependent")
 ABLATION_HEADS = _table(
   "ablation/heads.csv",
   "model,step,method,layer,head,metric,value,ci_low,ci_high",
@@ -169,6 +170,7 @@ TABLES: dict[str, Table] = {
     MDL,
     COMPLEXITY,
     DIVERSITY,
+    DIVERSITY_METRICS,
     ABLATION_HEADS,
     ABLATION_PRUNING,
     ABLATION_GATES,

@@ -69,6 +69,11 @@ def test_table_contract_values_figures_and_rerun(run_dir):
   }
   assert set(keys) == expected
   assert all((r[3] == -1) == (r[4] in diversity.HEAD_METRICS) for r in table)
+  described = {r["metric"]: r for r in tables.read(run_dir / "diversity/metrics.csv", tables.DIVERSITY_METRICS)}
+  assert set(described) == set(diversity.METRICS)  # every metric in results.csv, once, with its basis label
+  dependent = {m for m, r in described.items() if r["basis_dependent"] == "1"}
+  assert dependent == {"query_orthogonality", "context_nonorthogonality", "linear_cka"}, dependent
+  assert all(r["doc"] and r["kind"] in ("pair", "head") for r in described.values())
 
   # Values: diversity.compute in one pass over the same tokens (the run's first 300 validation tokens).
   model, tokenizer = runs.load_run_model(run_dir, 4)

@@ -150,7 +150,8 @@ def run_diversity(config: ml_collections.ConfigDict, workdir) -> pathlib.Path:
   tokens_NT, valid_NT = evaluation_tokens(config, workdir, tokenizer)
   out_dir = workdir / "diversity"
   results = tables.path_of(workdir, tables.DIVERSITY)
-  tables.check_writable(workdir, tables.DIVERSITY)  # a foreign file fails here, before the computation
+  # a foreign file fails here, before the computation
+  tables.check_writable(workdir, tables.DIVERSITY, tables.DIVERSITY_METRICS)
   n_tokens = int(valid_NT.sum())
   print(
     f"diversity: {len(jobs)} step(s), {n_tokens} tokens in {len(tokens_NT)} rows of {tokens_NT.shape[1]}", flush=True
@@ -163,6 +164,12 @@ def run_diversity(config: ml_collections.ConfigDict, workdir) -> pathlib.Path:
       results, [dict(zip(tables.DIVERSITY.columns, r)) for r in metrics.rows(values, step)], tables.DIVERSITY
     )
     print(f"  step {step}: {len(next(iter(values.values())))} layers in {time.perf_counter() - t0:.1f} s", flush=True)
+  described = [
+    dict(metric=m.name, kind=m.kind, basis_dependent=int(m.basis_dependent), doc=m.doc)
+    for m in metrics.REGISTRY.values()
+    if m.name in values
+  ]  # which metrics compare heads' own coordinates (basis-dependent): beside the values, in a CSV
+  tables.merge(tables.path_of(workdir, tables.DIVERSITY_METRICS), described, tables.DIVERSITY_METRICS)
   figures = remote.LocalMirror(out_dir, "diversity-figures")  # matplotlib needs local files; uploaded whole
   for path in plots.plot_all(read_results(results), figures.local):
     print(f"  wrote {out_dir / pathlib.Path(path).relative_to(figures.local) if figures.remote else path}", flush=True)
