@@ -7,10 +7,11 @@ upos, xpos, deprel and arc; all 72 heads, every layer's residual stream and the 
 tasks (arcs: Hewitt & Liang's self / first / last word control, punctuation left out); 95% bootstrap
 CIs; L2 chosen on EWT dev, reported on EWT test (and GUM dev and test). Every probe is fitted on ALL
 of EWT train (204,577 words; softmax probes iterated to convergence, arc probes of rank 32 with early
-stopping on dev loss). Pass --config.probe.max_train_words=40000 for a quick look. On a shared 2-core CPU
-this run takes hours (about 12 min per layer of heads at load ~7; measured for layers 0-2), so run it
-on an unshared machine. MDL (probe.mdl, Voita & Titov 2020) is on: about 5x a standard fit per group on
-a CPU (docs/probing_mdl.md); --config.probe.mdl=False skips it.
+stopping on dev loss, at most 30 epochs). Pass --config.probe.max_train_words=40000 for a quick look.
+On the 2-core development CPU this run takes hours: 21-26 min per layer of 12 heads (layers 0-1,
+2026-11-24, MDL off), so run it on an unshared machine; it resumes where it stopped. MDL (probe.mdl,
+Voita & Titov 2020) is on: about 5x a standard fit per group on a CPU (docs/probing_mdl.md);
+--config.probe.mdl=False skips it.
 Results and figures: README, "Reference result".
 """
 
@@ -24,4 +25,5 @@ def get_config(arg: str | None = None):
   c.probe.extra_treebanks = ("en_gum",)
   c.probe.max_train_words = 0
   c.probe.mdl = True
+  c.probe.arc_epochs = 30  # all of train: at 10, some heads' arc probes still improved on dev at the last epoch
   return c

@@ -91,3 +91,17 @@ def test_weights_leave_ignored_words_out():
   sentence = np.array([0, 0, 1, 1])
   acc, low, high = stats.bootstrap_ci(np.array([1, 0, 1, 1]), sentence, weight_N=np.array([1, 0, 1, 1]))
   assert acc[0] == 1.0 and low[0] == high[0] == 1.0
+
+
+def test_train_sample_seed_defaults_to_seed():
+  """probe.train_sample_seed draws the training subsample apart from `seed` (control labels, fit)."""
+  from headspec.probing.defaults import probe_config
+
+  c = probe_config()
+  c.seed = 3
+  assert stats.train_sample_seed(c) == 3
+  lengths = np.full(500, 10)
+  same = stats.subsample(lengths, 1000, stats.train_sample_seed(c))
+  c.probe.train_sample_seed = 7
+  assert stats.train_sample_seed(c) == 7
+  assert not np.array_equal(stats.subsample(lengths, 1000, stats.train_sample_seed(c)), same)

@@ -30,6 +30,7 @@ def probe_config() -> ml_collections.ConfigDict:
     "auto"  # a word's vector from its 'first' | 'last' | 'mean' piece(s); 'auto': last for decoders, first for encoders
   )
   c.probe.max_train_words = 0  # 0: all; else a seeded random subset of whole train sentences of about this many words
+  c.probe.train_sample_seed = -1  # seed of the train subsets (max_train_words, arc_max_train_words); -1: `seed`
   c.probe.random_baseline = False  # also probe the same architecture with random weights (model name + '-random')
   c.probe.l2_grid = (1e-5, 1e-4, 1e-3)  # L2 penalties λ tried per probe; the best on dev is kept
   c.probe.refine_samples = (

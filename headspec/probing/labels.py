@@ -88,7 +88,7 @@ def load_data(config) -> Data:
     raise UserError(f"probe.eval_splits: {tb} has no split(s) {', '.join(missing)} (present: {', '.join(present)})")
   train = treebank_lib.load_split(data_root, tb, "train")
   if p.max_train_words:
-    chosen_U = stats.subsample([len(s.words) for s in train], p.max_train_words, config.seed)
+    chosen_U = stats.subsample([len(s.words) for s in train], p.max_train_words, stats.train_sample_seed(config))
     train = [train[u] for u in chosen_U]
   vocab = {t.name: t.vocabulary(train, config) for t in tasks}
   make = lambda key, sentences: label_split(key, sentences, tasks, vocab, config)

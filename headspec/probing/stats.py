@@ -125,6 +125,14 @@ def majority_baseline(y_train_N, y_eval_N) -> float:
   return float((evaluated == np.bincount(train).argmax()).mean())
 
 
+def train_sample_seed(config) -> int:
+  """The seed of the training subsamples (`probe.max_train_words`, `probe.arc_max_train_words`):
+  `probe.train_sample_seed`, or `seed` when that is -1 (the default). Setting it apart from `seed`
+  varies the training sample and the fit (control labels, minibatch order) separately."""
+  seed = config.probe.get("train_sample_seed", -1)
+  return config.seed if seed < 0 else seed
+
+
 def subsample(lengths_U, max_words: int, seed: int, *, max_length: int | None = None) -> np.ndarray:
   """Sorted indices of a seeded random subset of whole sentences with about `max_words` words in all.
 

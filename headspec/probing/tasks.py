@@ -205,7 +205,9 @@ def fit_arc(tasks, x_train_NGK, x_tune_NGK, data, config) -> dict:
   p, train, tune = config.probe, data.train, data.tune
   lengths_U = np.array([len(w) for w in train.words])
   if p.arc_max_train_words:
-    chosen_U = stats.subsample(lengths_U, p.arc_max_train_words, config.seed, max_length=arc.PACK_WIDTH)
+    chosen_U = stats.subsample(
+      lengths_U, p.arc_max_train_words, stats.train_sample_seed(config), max_length=arc.PACK_WIDTH
+    )
     chosen_N = np.isin(train.sentence_N, chosen_U)
   else:
     chosen_U, chosen_N = np.arange(len(lengths_U)), slice(None)
