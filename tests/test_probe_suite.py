@@ -216,15 +216,15 @@ def test_selectivity_rows_rank_on_dev_and_pair_with_the_next_head():
     assert r["selectivity_ci_low"] <= r["selectivity"] <= r["selectivity_ci_high"] and r["n"] == n
 
 
-def test_summary_names_one_head_per_best_row():
-  """The cross-model table reports the most selective head with its own accuracy, not another head's."""
-  row = lambda model, head, acc, control: dict(
+def _summary_row(model="m", layer=1, head=0, split="x/dev", acc=0.5, control=0.3) -> dict:
+  """A results.csv row (as read back: strings) with a ±0.01 CI."""
+  return dict(
     model=model,
     step="0",
     task="upos",
-    layer="1",
+    layer=str(layer),
     head=str(head),
-    split="x/dev",
+    split=split,
     accuracy=str(acc),
     ci_low=str(acc - 0.01),
     ci_high=str(acc + 0.01),
@@ -232,6 +232,11 @@ def test_summary_names_one_head_per_best_row():
     selectivity=str(acc - control),
     n="9",
   )
+
+
+def test_summary_names_one_head_per_best_row():
+  """The cross-model table reports the most selective head with its own accuracy, not another head's."""
+  row = lambda model, head, acc, control: _summary_row(model, 1, head, "x/dev", acc, control)
   rows = [row("m", 0, 0.9, 0.8), row("m", 1, 0.6, 0.2), row("m-random", 0, 0.3, 0.3)]
   text = report.summary(rows, [], "x/dev", top_k=2)
   table = text[text.index("## Most selective head per task") :]
@@ -243,21 +248,7 @@ def test_summary_overview_chooses_on_dev_and_reports_test():
   """The overview row of a task: the residual stream with the best DEV accuracy and the head with the
   best DEV selectivity, both reported with their TEST accuracy / control, and the head's paired CI."""
 
-  def row(layer, head, split, acc, control):
-    return dict(
-      model="m",
-      step="0",
-      task="upos",
-      layer=str(layer),
-      head=str(head),
-      split=split,
-      accuracy=str(acc),
-      ci_low=str(acc - 0.01),
-      ci_high=str(acc + 0.01),
-      control_accuracy=str(control),
-      selectivity=str(acc - control),
-      n="9",
-    )
+  row = lambda layer, head, split, acc, control: _summary_row("m", layer, head, split, acc, control)
 
   rows = [
     row(-1, -1, "t/dev", 0.70, 0.6),
