@@ -1,14 +1,15 @@
 """Check: a probe run's residual-stream probes against scikit-learn on the same features.
 
   python -m benchmarks.check_residual_probes --config=configs/probe_minilm_ewt.py --workdir=runs/minilm \
-      --layers=0,5 [--tasks=upos,xpos,deprel] [--config.key=value ...]
+      --layers=0,5 [--tasks=upos,xpos,deprel] [--chosen_l2] [--config.key=value ...]
 
 Run it after `headspec probe` with the same --config and overrides: it reads the probe run's feature
 cache (extracting nothing new when the cache is there) and its probes/results.csv. For every asked
 layer's residual stream and softmax task it fits scikit-learn `LogisticRegression(C = 1/(λ n))` (lbfgs,
 tol 1e-6, at most `--max_iter` iterations; n = labelled train words) on StandardScaler'd train features
 for every λ of `probe.l2_grid`, keeps the best on the dev split (ties go to the stronger λ, as the
-suite does), and compares its dev accuracy with the run's row (words labelled with a class unseen in
+suite does; with --chosen_l2 only at the λ the run chose, from probes/fits.csv: a third of the fits,
+a check of convergence but not of the λ choice), and compares its dev accuracy with the run's row (words labelled with a class unseen in
 train count as wrong on both sides). headspec's probe is the same model (probing/probe.py), so a
 converged fit agrees to within float noise and the dev-set tie-breaking; the issue-11 criterion is
 "within about a point". Prints one JSON object: per (layer, task) both accuracies, their difference in
@@ -32,9 +33,10 @@ _WORKDIR = flags.DEFINE_string("workdir", None, "the probe run's directory")
 _LAYERS = flags.DEFINE_list("layers", ["0"], "residual-stream layers to check")
 _TASKS = flags.DEFINE_list("tasks", ["upos", "xpos", "deprel"], "softmax tasks to check")
 _MAX_ITER = flags.DEFINE_integer("max_iter", 3000, "scikit-learn lbfgs iterations at most")
+_CHOSEN_L2 = flags.DEFINE_bool("chosen_l2", False, "fit only at the λ the run chose (probes/fits.csv)")
 
 
-def check(config, workdir, layers, task_names, max_iter: int) -> dict:
+def check(config, workdir, layers, task_names, max_iter: int, chosen_l2: bool = False) -> dict:
   """The comparison (see the module docstring) as a dict."""
   import numpy as np
   from sklearn.linear_model import LogisticRegression
@@ -49,6 +51,7 @@ def check(config, workdir, layers, task_names, max_iter: int) -> dict:
   if not results.exists():
     raise UserError(f"{results}: no probe results; run `headspec probe` with this config first")
   rows = tables.read(results, tables.PROBES)
+  fits = tables.read(tables.path_of(workdir, tables.PROBE_FITS), tables.PROBE_FITS) if chosen_l2 else []
   job = plan.plan_jobs(config, workdir)[-1]
   data = labels.load_data(config)
   _, feats = suite.job_features(job, data, config, features.run_cache_dir(workdir))
@@ -72,7 +75,15 @@ def check(config, workdir, layers, task_names, max_iter: int) -> dict:
       scored = y_dev >= 0
       best = None
       t0 = time.perf_counter()
-      for l2 in sorted(config.probe.l2_grid, reverse=True):  # strongest first: ties keep it
+      grid = sorted(config.probe.l2_grid, reverse=True)  # strongest first: ties keep it
+      if chosen_l2:
+        grid = [
+          float(f["l2"])
+          for f in fits
+          if (f["model"], int(f["step"]), f["task"], int(f["layer"]), int(f["head"]), f["probe"])
+          == (job.name, job.step, task, layer, -1, "task")
+        ][:1]
+      for l2 in grid:
         model = LogisticRegression(C=1.0 / (l2 * keep.sum()), max_iter=max_iter, tol=1e-6)
         model.fit(xs_train[keep], y_train[keep])
         accuracy = float((model.predict(xs_dev[scored]) == y_dev[scored]).mean())
@@ -100,6 +111,7 @@ def check(config, workdir, layers, task_names, max_iter: int) -> dict:
     train_words=int(data.train.num_words),
     dev=data.tune.key,
     l2_grid=list(config.probe.l2_grid),
+    chosen_l2=chosen_l2,
     checks=out,
     max_abs_difference_points=max(abs(c["difference_points"]) for c in out),
     cores=os.cpu_count(),
@@ -114,7 +126,11 @@ def main(argv):
     raise app.UsageError("needs --config=configs/NAME.py and --workdir=RUN (the probe run)")
   layers = [int(v) for v in _LAYERS.value]
   try:
-    print(json.dumps(check(_CONFIG.value, _WORKDIR.value, layers, _TASKS.value, _MAX_ITER.value), indent=1))
+    print(
+      json.dumps(
+        check(_CONFIG.value, _WORKDIR.value, layers, _TASKS.value, _MAX_ITER.value, _CHOSEN_L2.value), indent=1
+      )
+    )
   except UserError as e:
     print(f"check_residual_probes: error: {e}", file=sys.stderr)
     sys.exit(2)

@@ -286,6 +286,14 @@ def test_residual_probes_match_sklearn(ewt_part, tmp_path):
   assert len(out["checks"]) == 2 and out["max_abs_difference_points"] <= 1.0, out
   majority = {r["task"]: float(r["accuracy"]) for r in csv.DictReader(open(workdir / "probes/baselines.csv"))}
   assert all(c["sklearn_converged"] and c["headspec_dev_accuracy"] > majority[c["task"]] for c in out["checks"]), out
+  chosen = {
+    r["task"]: float(r["l2"])
+    for r in csv.DictReader(open(workdir / "probes/fits.csv"))
+    if (r["layer"], r["head"], r["probe"]) == ("1", "-1", "task")
+  }
+  at_chosen = check_residual_probes.check(config, workdir, [1], ["upos", "deprel"], max_iter=3000, chosen_l2=True)
+  assert {c["task"]: c["sklearn_l2"] for c in at_chosen["checks"]} == chosen, at_chosen
+  assert at_chosen["max_abs_difference_points"] <= 1.0, at_chosen
   with pytest.raises(UserError, match="no probe results"):
     check_residual_probes.check(config, tmp_path / "nothing", [0], ["upos"], max_iter=10)
 

@@ -28,18 +28,20 @@ whole bill, so every (group, task, λ) probe shares each pass, in three stages:
      stopping test, all sharing each pass; the pass narrows to the groups and (task, λ) column blocks
      still running. A probe that ends above min(its start's objective, the class-prior model's) is
      refitted from the class prior, and the fit fails loudly if that does not help either.
-Groups are independent, so they are split over the local JAX devices and fitted concurrently; a CPU
-device runs one program at a time on one core, so on a CPU host set
-XLA_FLAGS=--xla_force_host_platform_device_count=<cores> before JAX starts to use every core.
+Groups are independent, so on accelerators they are split over the local JAX devices and fitted
+concurrently, one thread per device taking turns (`_Turns`); on a CPU host they are fitted on one
+device in the calling thread (fit threads crashed jaxlib 0.10.2's CPU backend).
 No library provides batched multi-task logistic regression over a group axis in JAX, hence this file.
 """
 
 from __future__ import annotations
 
 import concurrent.futures
+import contextlib
 import dataclasses
 import functools
 import math
+import threading
 from collections.abc import Sequence
 
 import jax
@@ -425,7 +427,31 @@ def _push(history, s, y, rho):
   return (shift(s_v, s[0]), shift(s_b, s[1])), (shift(y_v, y[0]), shift(y_b, y[1])), shift(rho_M, rho)
 
 
-def _lbfgs(evaluate, params, block_T, onehot_TQ, *, tol, max_iter, memory=10, min_iter=3):
+class _Turns:
+  """The per-device fit threads take turns: one at a time runs Python and dispatches (and so compiles),
+  and a thread gives up its turn only while it waits for a device result (`fetch`). Dispatch is
+  asynchronous, so the devices still compute concurrently. Why: XLA compilations started from several
+  threads at once crashed the CPU backend (jaxlib 0.10.2, a segfault in backend_compile_and_load with
+  four fit threads compiling L-BFGS programs together, seen in the test suite)."""
+
+  def __init__(self):
+    self._lock = threading.Lock()
+
+  @contextlib.contextmanager
+  def turn(self):
+    with self._lock:
+      yield
+
+  def fetch(self, x, dtype=None):
+    """np.asarray(x, dtype) of a device value, waiting for it outside the turn."""
+    self._lock.release()
+    try:
+      return jax.device_get(x) if dtype is None else np.asarray(x, dtype)
+    finally:
+      self._lock.acquire()
+
+
+def _lbfgs(evaluate, params, block_T, onehot_TQ, *, tol, max_iter, memory=10, min_iter=3, fetch=np.asarray):
   """Full-batch L-BFGS (Nocedal & Wright 2006, Alg. 7.4/7.5), one independent problem per probe.
 
   Every probe (group g, task × l2 block q) has its own direction, curvature pairs, Armijo backtracking
@@ -434,10 +460,11 @@ def _lbfgs(evaluate, params, block_T, onehot_TQ, *, tol, max_iter, memory=10, mi
   others, returning NaN for their f and 0 for their gradient, which stopped probes never read). A probe stops when its last step lowered the objective by less than tol·|f| and its
   predicted remaining decrease is below tol·|f| too (after at least min_iter iterations), or when no
   step lowers it; the loop ends when every probe has stopped or after max_iter iterations.
+  fetch(x, dtype): reads a device value back (`_Turns.fetch` in the per-device threads).
   Returns (params, f_GQ, iterations_GQ, converged_GQ).
   """
   f, g = evaluate(params, None)
-  f, g = np.asarray(f, np.float64), g
+  f = fetch(f, np.float64)
   shape = f.shape
   done = np.zeros(shape, bool)
   iters = np.zeros(shape, np.int32)
@@ -448,7 +475,7 @@ def _lbfgs(evaluate, params, block_T, onehot_TQ, *, tol, max_iter, memory=10, mi
     if done.all():
       break
     d = _direction(g, history, block_T, onehot_TQ)
-    slope = np.asarray(_vdot(g, d, onehot_TQ), np.float64)
+    slope = fetch(_vdot(g, d, onehot_TQ), np.float64)
     bad = ~(slope < 0)
     if bad.any():  # not a descent direction: steepest descent for that probe
       bad_j = jnp.asarray(bad)
@@ -456,7 +483,7 @@ def _lbfgs(evaluate, params, block_T, onehot_TQ, *, tol, max_iter, memory=10, mi
         jnp.where(bad_j[:, block_T][:, None, :], -g[0], d[0]),
         jnp.where(bad_j[:, block_T], -g[1], d[1]),
       )
-      slope = np.asarray(_vdot(g, d, onehot_TQ), np.float64)
+      slope = fetch(_vdot(g, d, onehot_TQ), np.float64)
     # Stopping test (per probe): the last step lowered f by less than tol·|f| AND the quasi-Newton
     # decrement −½ gᵀd (≈ f − f*, Boyd & Vandenberghe 2004, §9.5) is below tol·|f| too, after at
     # least `min_iter` iterations (so the curvature pairs say something).
@@ -469,7 +496,7 @@ def _lbfgs(evaluate, params, block_T, onehot_TQ, *, tol, max_iter, memory=10, mi
     for _ in range(12):  # Armijo backtracking, per probe
       trial = _axpy(jnp.asarray(t, jnp.float32), d, params, block_T)
       f_new, g_new = evaluate(trial, ~done)
-      f_new = np.asarray(f_new, np.float64)
+      f_new = fetch(f_new, np.float64)
       # (slack: the float32 objective is summed over many words, resolution ~1e-6 relative)
       ok = np.isfinite(f_new) & (f_new <= f + 1e-4 * t * slope + 1e-6 * np.abs(f))
       accepted |= ok
@@ -480,7 +507,7 @@ def _lbfgs(evaluate, params, block_T, onehot_TQ, *, tol, max_iter, memory=10, mi
     if not accepted.all():
       trial = _axpy(jnp.asarray(t, jnp.float32), d, params, block_T)
       f_new, g_new = evaluate(trial, ~done)
-      f_new = np.asarray(f_new, np.float64)
+      f_new = fetch(f_new, np.float64)
     s = (trial[0] - params[0], trial[1] - params[1])
     y = (g_new[0] - g[0], g_new[1] - g[1])
     sy = _vdot(s, y, onehot_TQ)
@@ -586,8 +613,15 @@ def fit_softmax_probes(
   onehot_TQ = np.eye(len(specs) * num_l2, dtype=np.float32)[block_T]
   prior_b0 = np.concatenate([np.tile(_prior_bias(pr), num_l2) for _, pr in per_task]).astype(np.float32)
 
+  turns = _Turns()
+
   def fit_groups(g0, g1, device):
+    with turns.turn():
+      return fit_groups_in_turn(g0, g1, device)
+
+  def fit_groups_in_turn(g0, g1, device):
     """Adam, then L-BFGS, for groups g0..g1-1 on one device (a CPU device runs one program at a time)."""
+    fetch = turns.fetch
     put = lambda a: jax.device_put(a, device)
     params = (put(v0[g0:g1]), put(b0[g0:g1]))
     opt_state = opt.init(params)
@@ -613,7 +647,7 @@ def fit_softmax_probes(
       onehot_TQ=put(onehot_TQ),
       layout=tuple((off, c, num_l2) for off, c in layout),
     )
-    f_start = np.asarray(full(_fork_columns(params, layout_one, num_l2, total_one), with_grad=False)[0], np.float64)
+    f_start = fetch(full(_fork_columns(params, layout_one, num_l2, total_one), with_grad=False)[0], np.float64)
     if steps > 0:
       x_dev = put(x_part)
       data = (tuple(put(y) for y in ys), put(order), put(label_scale))
@@ -698,7 +732,7 @@ def fit_softmax_probes(
         g = put(groups)
         f_sub, (gv, gb) = pass_now["fn"]((p[0][g][:, :, cols], p[1][g][:, cols]), with_grad=True)
         f_GQ = np.full((g1 - g0, len(specs) * num_l2), np.nan)
-        f_GQ[np.ix_(groups, probes)] = np.asarray(f_sub, np.float64)
+        f_GQ[np.ix_(groups, probes)] = fetch(f_sub, np.float64)
         zv, zb = (
           jnp.zeros((len(groups),) + p[0].shape[1:], p[0].dtype),
           jnp.zeros((len(groups), p[1].shape[1]), p[1].dtype),
@@ -709,10 +743,12 @@ def fit_softmax_probes(
       return evaluate
 
     if max_iter > 0:
-      params, f, iters, conv = _lbfgs(narrowing_evaluate(), params, block_T, put(onehot_TQ), tol=tol, max_iter=max_iter)
+      params, f, iters, conv = _lbfgs(
+        narrowing_evaluate(), params, block_T, put(onehot_TQ), tol=tol, max_iter=max_iter, fetch=fetch
+      )
     else:
       f, iters, conv = (
-        np.asarray(full(params, with_grad=False)[0], np.float64),
+        fetch(full(params, with_grad=False)[0], np.float64),
         np.zeros(f_start.shape, np.int32),
         np.zeros(f_start.shape, bool),
       )
@@ -728,7 +764,7 @@ def fit_softmax_probes(
         jnp.where(fail_T, put(prior_b0)[None, :], params[1]),
       )
       params2, f2, iters2, conv2 = _lbfgs(
-        narrowing_evaluate(), restart, block_T, put(onehot_TQ), tol=tol, max_iter=max_iter
+        narrowing_evaluate(), restart, block_T, put(onehot_TQ), tol=tol, max_iter=max_iter, fetch=fetch
       )
       params = (jnp.where(fail_T[:, None, :], params2[0], params[0]), jnp.where(fail_T, params2[1], params[1]))
       f, iters, conv = np.where(failed, f2, f), np.where(failed, iters + iters2, iters), np.where(failed, conv2, conv)
@@ -740,14 +776,20 @@ def fit_softmax_probes(
         f"{specs[q_bad // num_l2].name}, l2 {l2_P[q_bad % num_l2]:g}: objective {f[g_bad, q_bad]:.6g} is above "
         f"min(start {f_start[g_bad, q_bad]:.6g}, class prior {prior_objective[q_bad]:.6g})"
       )
-    return jax.device_get(params) + (f, iters, conv)
+    return fetch(params) + (f, iters, conv)
 
-  # Groups are independent: split them over the local devices (on a CPU host, run with
-  # XLA_FLAGS=--xla_force_host_platform_device_count=<cores> to use every core).
+  # Groups are independent: split them over the local accelerator devices.
   devices = jax.local_devices()[: max(1, min(num_g, max_devices or num_g))]
+  if devices[0].platform == "cpu":
+    # On CPU hosts one device, fitted in the calling thread: the per-device fit threads crashed
+    # jaxlib 0.10.2's CPU backend (a segfault while compiling an L-BFGS program, 2 of 4 full test runs).
+    devices = devices[:1]
   bounds = np.linspace(0, num_g, len(devices) + 1).round().astype(int)
-  with concurrent.futures.ThreadPoolExecutor(len(devices)) as pool:
-    parts = list(pool.map(fit_groups, bounds[:-1], bounds[1:], devices))
+  if len(devices) == 1:
+    parts = [fit_groups(0, num_g, devices[0])]
+  else:
+    with concurrent.futures.ThreadPoolExecutor(len(devices)) as pool:
+      parts = list(pool.map(fit_groups, bounds[:-1], bounds[1:], devices))
   params = tuple(jnp.concatenate([p[i] for p in parts]) for i in range(2))
   f_GQ, iters_GQ, conv_GQ = (np.concatenate([p[i] for p in parts]) for i in (2, 3, 4))
   mean_j, std_j = jnp.asarray(mean, jnp.float32), jnp.asarray(std, jnp.float32)
