@@ -430,9 +430,9 @@ def _push(history, s, y, rho):
 class _Turns:
   """The per-device fit threads take turns: one at a time runs Python and dispatches (and so compiles),
   and a thread gives up its turn only while it waits for a device result (`fetch`). Dispatch is
-  asynchronous, so the devices still compute concurrently. Why: XLA compilations started from several
-  threads at once crashed the CPU backend (jaxlib 0.10.2, a segfault in backend_compile_and_load with
-  four fit threads compiling L-BFGS programs together, seen in the test suite)."""
+  asynchronous, so the devices still compute concurrently. Why: fit threads compiling at once crashed
+  jaxlib 0.10.2's CPU backend (a segfault in backend_compile_and_load); taking turns did not stop it on
+  CPU (one thread compiling while others waited crashed too), so CPU hosts use no fit threads at all."""
 
   def __init__(self):
     self._lock = threading.Lock()
