@@ -36,6 +36,19 @@ def to_jax(arrays):
   return {k: jnp.asarray(v, jnp.float32) for k, v in arrays.items()}
 
 
+def mean_squared_canonical_correlation(X, Y):
+  """Σρ²/min(rank) for centred X, Y: ρ = singular values of Q_xᵀ Q_y (Björck & Golub 1973), by SVD.
+
+  As in headspec: columns scaled to unit norm, then the principal directions whose squared singular
+  value is above 1e-5 × the largest span each side."""
+  bases = []
+  for A in (X, Y):
+    u, s, _ = np.linalg.svd(A / np.linalg.norm(A, axis=0), full_matrices=False)
+    bases.append(u[:, s**2 > 1e-5 * s[0] ** 2])  # orthonormal basis of A's (retained) column space
+  rho = np.linalg.svd(bases[0].T @ bases[1], compute_uv=False)
+  return np.sum(rho**2) / min(b.shape[1] for b in bases)
+
+
 def numpy_reference(x, valid, causal):
   """Every metric from its definition, in float64, with explicit loops."""
   q, probs, z, out = (np.asarray(x[k], np.float64) for k in ("q_LBTHK", "probs_LBHTS", "z_LBTHK", "head_out_LBTHD"))
@@ -61,6 +74,10 @@ def numpy_reference(x, valid, causal):
       Y = np.stack([z[l, b, t, j] for b, t in tokens])
       X, Y = X - X.mean(0), Y - Y.mean(0)
       res["linear_cka"][l, i, j] = np.linalg.norm(Y.T @ X) ** 2 / (np.linalg.norm(X.T @ X) * np.linalg.norm(Y.T @ Y))
+      res["context_cca"][l, i, j] = mean_squared_canonical_correlation(X, Y)
+      Xq = np.stack([q[l, b, t, i] for b, t in tokens])
+      Yq = np.stack([q[l, b, t, j] for b, t in tokens])
+      res["query_cca"][l, i, j] = mean_squared_canonical_correlation(Xq - Xq.mean(0), Yq - Yq.mean(0))
     for h in range(nh):
       var, ent, dist = [], [], []
       for b, t in tokens:
@@ -113,6 +130,8 @@ def test_identical_heads_are_maximally_similar_and_cka_is_rotation_invariant():
   np.testing.assert_allclose(m["output_dissimilarity"], -ones, rtol=1e-5)
   np.testing.assert_allclose(m["js_distance"], 0 * ones, atol=1e-6)
   np.testing.assert_allclose(m["linear_cka"], ones, rtol=1e-4)
+  np.testing.assert_allclose(m["query_cca"], ones, rtol=1e-4)
+  np.testing.assert_allclose(m["context_cca"], ones, rtol=1e-4)
   np.testing.assert_allclose(m["context_nonorthogonality"][:, 0, 1], 1.0, rtol=1e-5)
   assert np.all(np.asarray(m["context_nonorthogonality"][:, 0, 2]) < 0.99)  # cosine is not rotation invariant
 

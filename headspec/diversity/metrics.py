@@ -22,14 +22,17 @@ Metrics (`finalize` returns [L,H,H] for 'pair' metrics, [L,H] for 'head' metrics
   output_dissimilarity      [L,H,H] −mean_t cos(Z_i W_O^i(t), Z_j W_O^j(t)) (higher = more diverse)
   js_distance               [L,H,H] mean_t sqrt(JS₂(A_i[t,:], A_j[t,:]))    (in [0,1])
   linear_cka                [L,H,H] linear CKA between Z_i and Z_j over tokens
+  query_cca                 [L,H,H] mean squared canonical correlation of q_i, q_j over tokens
+  context_cca               [L,H,H] mean squared canonical correlation of Z_i, Z_j (= of Z_h W_O^h)
   attention_variance        [L,H]   mean_t Var_{s∈supp(t)} A_h[t,s]         (0 = uniform)
   attention_entropy         [L,H]   mean_t −Σ_s A_h[t,s] ln A_h[t,s]        (nats)
   attention_distance        [L,H]   mean_t Σ_s A_h[t,s] |t − s|
 where mean_t is over valid query tokens of the whole evaluation set. query_orthogonality,
 context_nonorthogonality and linear_cka (on Z_h) are BASIS-DEPENDENT (Metric.basis_dependent): they
 change under the invertible reparameterisations that leave the model's function unchanged; the
-attention metrics, output_dissimilarity and output_nonorthogonality (on Z_h W_O^h) do not. Each formula's source is in
-the docstring of the function computing it.
+attention metrics, output_dissimilarity and output_nonorthogonality (on Z_h W_O^h) and the two CCA
+metrics (invariant to any invertible map of a head) do not. Each formula's source is in the docstring
+of the function computing it.
 """
 
 from __future__ import annotations
@@ -79,8 +82,8 @@ class Metric:
     head's (W_V, W_O) is fixed only up to an invertible M: Z_h → Z_h M, W_O^h → M⁻¹ W_O^h (and (W_Q, W_K)
     likewise: q → q M, k → k M⁻ᵀ), which leaves attention and Z_h W_O^h unchanged; metrics on q or Z_h
     (cosines, and linear CKA, which is invariant to orthogonal M and isotropic scaling only) change
-    with M, so they compare coordinates, not what heads compute. Metrics on attention maps or on the
-    head outputs Z_h W_O^h are basis-free.
+    with M, so they compare coordinates, not what heads compute. Metrics on attention maps, on the
+    head outputs Z_h W_O^h, and canonical correlations (invariant to any invertible M) are basis-free.
   doc: one line, shown in docs and figures.
   """
 
@@ -195,8 +198,8 @@ def js_distance_sums(probs_BHTS, w_BT):
   return jnp.zeros((H, H), jnp.float32).at[i_M, j_M].set(sums_M).at[j_M, i_M].set(sums_M)
 
 
-def _cka_batch(z_BTHK, w_BT):
-  """Batch mean [H,K] and centred co-moment [H,H,K,K] of Z over valid tokens."""
+def _moments_batch(z_BTHK, w_BT):
+  """Batch mean [H,K] and centred co-moment [H,H,K,K] of per-head vectors (Z or q) over valid tokens."""
   z_NHK = z_BTHK.astype(jnp.float32).reshape(-1, *z_BTHK.shape[2:])
   w_N = w_BT.reshape(-1)
   n = w_N.sum()
@@ -234,6 +237,44 @@ def linear_cka(comoment_HHKK):
   cross_HH = jnp.sum(comoment_HHKK**2, axis=(-2, -1))  # ||C_ij||_F²
   self_H = jnp.sqrt(jnp.diagonal(cross_HH))  # ||C_ii||_F
   return cross_HH / jnp.maximum(self_H[:, None] * self_H[None, :], _EPS)
+
+
+def _whitener(comoment_KK, floor: float = 1e-5):
+  """C^(-1/2) on the span of C (pseudo-inverse square root) and the rank of C.
+
+  C is first scaled to unit diagonal (so coordinates of very different scale do not cost float32
+  precision); then directions whose eigenvalue is <= `floor` × the largest count as absent: a head
+  that (nearly) never uses a direction of its K-space is whitened on its own subspace instead of
+  having float32 rounding noise blown up to unit variance.
+  """
+  scale_K = jax.lax.rsqrt(jnp.maximum(jnp.diagonal(comoment_KK), _EPS))
+  lam_K, vec_KK = jnp.linalg.eigh(comoment_KK * scale_K[:, None] * scale_K[None, :])
+  keep_K = lam_K > floor * jnp.maximum(lam_K[-1], _EPS)
+  inv_sqrt_K = jnp.where(keep_K, jax.lax.rsqrt(jnp.maximum(lam_K, _EPS)), 0.0)
+  return ((vec_KK * inv_sqrt_K) @ vec_KK.T) * scale_K[None, :], keep_K.sum()  # W with W C Wᵀ = I on the span
+
+
+def mean_squared_cca(comoment_HHKK):
+  """Mean squared canonical correlation R²_CCA between every pair of heads from their co-moments, [H,H].
+
+  R²_CCA(X, Y) = Σ_k ρ_k² / min(rank X, rank Y) = ||C_ii^(-1/2) C_ij C_jj^(-1/2)||_F² / min(r_i, r_j),
+  where ρ_k are the canonical correlations of the column-centred token matrices X = Z_i, Y = Z_j
+  (Hotelling 1936; R²_CCA as in Kornblith et al. 2019, ICML, §2.2 and Table 1). The ρ_k are the cosines
+  of the principal angles between the column spaces of X and Y in token space (Björck & Golub 1973),
+  so R²_CCA is invariant to ANY invertible linear map of either head (Z_h → Z_h M): the basis-free
+  counterpart of linear CKA and of the cosines, which a head's (W_V, W_O) or (W_Q, W_K) freedom
+  changes. 1 = one head's vectors are a linear function of the other's (same information), 0 =
+  uncorrelated. On Z_h it equals R²_CCA of the head outputs Z_h W_O^h whenever W_O^h has rank K.
+  With N tokens, r_i + r_j − (N − 1) of the ρ_k are 1 by construction: use N >> 2K tokens.
+  """
+  whiten_HKK, rank_H = jax.vmap(_whitener)(jnp.diagonal(comoment_HHKK, axis1=0, axis2=1).transpose(2, 0, 1))
+  corr_HHKK = jnp.einsum("hab,hgbc,gdc->hgad", whiten_HKK, comoment_HHKK, whiten_HKK)
+  rank_HH = jnp.minimum(rank_H[:, None], rank_H[None, :]).astype(jnp.float32)
+  return jnp.sum(corr_HHKK**2, axis=(-2, -1)) / jnp.maximum(rank_HH, 1.0)
+
+
+def _moments_init(L, H, K):
+  return {"mean": jnp.zeros((L, H, K)), "comoment": jnp.zeros((L, H, H, K, K))}
 
 
 def _pair_sum(L, H, K):
@@ -300,12 +341,30 @@ REGISTRY: dict[str, Metric] = {
     Metric(
       "linear_cka",
       "pair",
-      init=lambda L, H, K: {"mean": jnp.zeros((L, H, K)), "comoment": jnp.zeros((L, H, H, K, K))},
-      batch=lambda b: _cka_batch(b.z_BTHK, b.w_BT),
+      init=_moments_init,
+      batch=lambda b: _moments_batch(b.z_BTHK, b.w_BT),
       merge=_merge_moments,
       finalize=lambda sums, n: jax.vmap(linear_cka)(sums["comoment"]),
       basis_dependent=True,
       doc="linear CKA between Z_i and Z_j over tokens; 1 = same representation (basis-dependent: see Metric)",
+    ),
+    Metric(
+      "query_cca",
+      "pair",
+      init=_moments_init,
+      batch=lambda b: _moments_batch(b.q_BTHK, b.w_BT),
+      merge=_merge_moments,
+      finalize=lambda sums, n: jax.vmap(mean_squared_cca)(sums["comoment"]),
+      doc="mean squared canonical correlation of q_i and q_j over tokens; basis-free counterpart of query_orthogonality",
+    ),
+    Metric(
+      "context_cca",
+      "pair",
+      init=_moments_init,
+      batch=lambda b: _moments_batch(b.z_BTHK, b.w_BT),
+      merge=_merge_moments,
+      finalize=lambda sums, n: jax.vmap(mean_squared_cca)(sums["comoment"]),
+      doc="mean squared canonical correlation of Z_i and Z_j (= of Z_h W_O^h); basis-free counterpart of linear_cka",
     ),
     Metric(
       "attention_variance",
