@@ -240,7 +240,7 @@ def linear_cka(comoment_HHKK):
 
 
 def _whitener(comoment_KK, floor: float = 1e-5):
-  """C^(-1/2) on the span of C (pseudo-inverse square root) and the rank of C.
+  """A whitener W of the co-moment C (W C Wᵀ = I on C's retained span, 0 off it) and that span's rank.
 
   C is first scaled to unit diagonal (so coordinates of very different scale do not cost float32
   precision); then directions whose eigenvalue is <= `floor` × the largest count as absent: a head
@@ -404,7 +404,7 @@ State = dict  # {"n_tokens": [], metric name: {sum name: [L, ...]}}
 def init(num_layers: int, num_heads: int, d_head: int) -> State:
   """Empty accumulator of every registered metric, for a model with L layers, H heads of width K.
 
-  Memory O(L·H²·K²) (linear_cka's co-moments), independent of the data size.
+  Memory O(L·H²·K²) (the co-moments of linear_cka and the CCA metrics), independent of the data size.
   """
   state = {"n_tokens": jnp.zeros(())}
   state.update({name: m.init(num_layers, num_heads, d_head) for name, m in REGISTRY.items()})
