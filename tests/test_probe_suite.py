@@ -429,6 +429,16 @@ def test_interrupted_suite_resumes_at_the_next_feature_source(ewt_part, tmp_path
     suite.run_probe_suite(config, workdir)
   (partial,) = (workdir / "probes/cache").glob("*.partial-*")
   assert len(list(partial.glob("*.npz"))) == 2 and not (workdir / "probes/results.csv").exists()
+  # A heads-only run (probe.residuals=False) uses the same parts (the two layers' heads) and fits nothing;
+  # its rows are the whole run's head rows, and it leaves the parts for the full run that follows.
+  config.probe.residuals = False
+  fitted_before = list(calls)
+  only = _rows(suite.run_probe_suite(config, workdir))
+  assert calls == fitted_before and len(list(partial.glob("*.npz"))) == 2
+  key = lambda r: (r["task"], r["layer"], r["head"], r["split"])  # noqa: E731
+  head_rows = sorted((r for r in _rows(whole) if int(r["head"]) >= 0), key=key)
+  assert sorted(only, key=key) == head_rows and head_rows
+  config.probe.residuals = True
   calls.clear()
   resumed = suite.run_probe_suite(config, workdir)
   assert calls == [-1, 0, 1]  # of 5 sources (2 layers' heads, the embeddings, 2 residual streams) 2 read back

@@ -31,6 +31,7 @@ def probe_config() -> ml_collections.ConfigDict:
   )
   c.probe.max_train_words = 0  # 0: all; else a seeded random subset of whole train sentences of about this many words
   c.probe.train_sample_seed = -1  # seed of the train subsets (max_train_words, arc_max_train_words); -1: `seed`
+  c.probe.residuals = True  # also probe the embeddings and every layer's residual stream (False: the heads only)
   c.probe.random_baseline = False  # also probe the same architecture with random weights (model name + '-random')
   c.probe.l2_grid = (1e-5, 1e-4, 1e-3)  # L2 penalties λ tried per probe; the best on dev is kept
   c.probe.refine_samples = (

@@ -138,7 +138,8 @@ def probe_job(
   (and appends probes/selectivity.csv rows to `selectivity`, probes/complexity.csv rows of the softmax
   tasks to `complexity`, probes/mdl.csv rows of the label tasks to `mdl_out` and probes/fits.csv rows
   to `fits`, when given).
-  keep_source(layer, heads) -> bool: only those feature sources (plan.feature_sources); default all."""
+  keep_source(layer, heads) -> bool: only those feature sources (plan.feature_sources); default all,
+  or the heads only when `probe.residuals` is False."""
   tasks = tasks_lib.from_config(config)
   t0 = time.perf_counter()
   model, feats = job_features(job, data, config, cache_dir, log)
@@ -157,6 +158,9 @@ def probe_job(
   score_splits.setdefault(data.tune.key, data.tune)  # dev is always scored for the rankings
   wants = dict(complexity=complexity is not None, mdl=mdl_out is not None)  # the optional tables asked for
   partial = _partial_dir(cache_dir, job, data, feats, config, wants)
+  if keep_source is None and not config.probe.get("residuals", True):
+    keep_source = _heads_only
+  every_source = keep_source is None
   for layer, heads, read in plan.feature_sources(model.cfg):
     if keep_source is not None and not keep_source(layer, heads):
       continue
@@ -180,11 +184,17 @@ def probe_job(
       mdl_out += part["mdl"]
     if fits is not None:
       fits += part["fits"]
-  shutil.rmtree(partial, ignore_errors=True)  # the job is whole: its rows go to the tables next
+  if every_source:  # the job is whole: its rows go to the tables next
+    shutil.rmtree(partial, ignore_errors=True)
+  # else the parts stay, so a later run of the other sources (heads-only first, then all) fits only those
   if selectivity is not None:
     eval_keys = {s.key for s in data.evals}
     selectivity += [r for r in selectivity_rows(job, per_word, data.tune.key, config) if r["split"] in eval_keys]
   return rows
+
+
+def _heads_only(layer: int, heads: list[int]) -> bool:
+  return heads[0] >= 0
 
 
 def _probe_source(layer, heads, read, feats, data, tasks, fitters, score_splits, config, job, what, log, wants) -> dict:
@@ -267,7 +277,9 @@ def _partial_dir(cache_dir: pathlib.Path, job, data: labels.Data, feats: dict, c
   everything the rows depend on: the features (their cache keys hash model and words), every label
   and control array, and the config; anything else is a new folder."""
   digest = hashlib.sha256()
-  digest.update(json.dumps([config.to_dict(), wants], sort_keys=True, default=str).encode())
+  settings = config.to_dict()
+  settings["probe"].pop("residuals", None)  # which sources run changes no source's rows: heads-only runs share parts
+  digest.update(json.dumps([settings, wants], sort_keys=True, default=str).encode())
   for key in sorted(feats):
     digest.update(feats[key].path.name.encode())
   for split in [data.train, data.tune] + data.evals:
