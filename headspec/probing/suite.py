@@ -158,9 +158,9 @@ def probe_job(
   score_splits.setdefault(data.tune.key, data.tune)  # dev is always scored for the rankings
   wants = dict(complexity=complexity is not None, mdl=mdl_out is not None)  # the optional tables asked for
   partial = _partial_dir(cache_dir, job, data, feats, config, wants)
-  if keep_source is None and not config.probe.get("residuals", True):
+  heads_first = keep_source is None and not config.probe.get("residuals", True)  # the full run may follow
+  if heads_first:
     keep_source = _heads_only
-  every_source = keep_source is None
   for layer, heads, read in plan.feature_sources(model.cfg):
     if keep_source is not None and not keep_source(layer, heads):
       continue
@@ -184,9 +184,9 @@ def probe_job(
       mdl_out += part["mdl"]
     if fits is not None:
       fits += part["fits"]
-  if every_source:  # the job is whole: its rows go to the tables next
+  if not heads_first:  # the job is whole: its rows go to the tables next
     shutil.rmtree(partial, ignore_errors=True)
-  # else the parts stay, so a later run of the other sources (heads-only first, then all) fits only those
+  # else the heads' parts stay, so the full run that may follow fits only the residual streams
   if selectivity is not None:
     eval_keys = {s.key for s in data.evals}
     selectivity += [r for r in selectivity_rows(job, per_word, data.tune.key, config) if r["split"] in eval_keys]
