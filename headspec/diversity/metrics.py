@@ -277,6 +277,19 @@ def _moments_init(L, H, K):
   return {"mean": jnp.zeros((L, H, K)), "comoment": jnp.zeros((L, H, H, K, K))}
 
 
+def _cca_metric(name: str, vectors: Callable[[Batch], jax.Array], doc: str) -> Metric:
+  """A `mean_squared_cca` metric on per-head vectors `vectors(batch)` [B,T,H,K], streamed as co-moments."""
+  return Metric(
+    name,
+    "pair",
+    init=_moments_init,
+    batch=lambda b: _moments_batch(vectors(b), b.w_BT),
+    merge=_merge_moments,
+    finalize=lambda sums, n: jax.vmap(mean_squared_cca)(sums["comoment"]),
+    doc=doc,
+  )
+
+
 def _pair_sum(L, H, K):
   return {"sum": jnp.zeros((L, H, H))}
 
@@ -348,23 +361,15 @@ REGISTRY: dict[str, Metric] = {
       basis_dependent=True,
       doc="linear CKA between Z_i and Z_j over tokens; 1 = same representation (basis-dependent: see Metric)",
     ),
-    Metric(
+    _cca_metric(
       "query_cca",
-      "pair",
-      init=_moments_init,
-      batch=lambda b: _moments_batch(b.q_BTHK, b.w_BT),
-      merge=_merge_moments,
-      finalize=lambda sums, n: jax.vmap(mean_squared_cca)(sums["comoment"]),
-      doc="mean squared canonical correlation of q_i and q_j over tokens; basis-free counterpart of query_orthogonality",
+      lambda b: b.q_BTHK,
+      "mean squared canonical correlation of q_i and q_j over tokens; basis-free counterpart of query_orthogonality",
     ),
-    Metric(
+    _cca_metric(
       "context_cca",
-      "pair",
-      init=_moments_init,
-      batch=lambda b: _moments_batch(b.z_BTHK, b.w_BT),
-      merge=_merge_moments,
-      finalize=lambda sums, n: jax.vmap(mean_squared_cca)(sums["comoment"]),
-      doc="mean squared canonical correlation of Z_i and Z_j (= of Z_h W_O^h); basis-free counterpart of linear_cka",
+      lambda b: b.z_BTHK,
+      "mean squared canonical correlation of Z_i and Z_j (= of Z_h W_O^h); basis-free counterpart of linear_cka",
     ),
     Metric(
       "attention_variance",
