@@ -185,6 +185,19 @@ def test_suite_on_ewt_part(ewt_part, tmp_path, capsys):
   new = set(p.name for p in (workdir / "probes/cache").iterdir()) - set(caches)
   assert len(new) == 4 and all(n.startswith("run-step5-") for n in new)  # step 9 came from the cache
 
+  # MDL alone (probe.mdl_only) on the probed run: the same codes, nothing fitted, the other tables untouched.
+  kept = ("results.csv", "selectivity.csv", "fits.csv", "baselines.csv", "complexity.csv")
+  before = {name: (workdir / "probes" / name).read_bytes() for name in kept}
+  (workdir / "probes/mdl.csv").unlink()
+  capsys.readouterr()
+  config.probe.mdl_only = True
+  assert suite.run_probe_suite(config, workdir) == workdir / "probes/mdl.csv"
+  out = capsys.readouterr().out
+  assert "MDL: online codes" in out and "fitted" not in out
+  assert tables.read(workdir / "probes/mdl.csv", tables.MDL) == codes
+  assert {name: (workdir / "probes" / name).read_bytes() for name in kept} == before
+  assert "MDL" in (workdir / "probes/summary.md").read_text()
+
 
 def test_selectivity_rows_rank_on_dev_and_pair_with_the_next_head():
   """probes/selectivity.csv rows: heads ranked by DEV selectivity, each paired with the next-ranked head
@@ -327,6 +340,7 @@ def test_a_new_task_is_one_registry_entry(ewt_part, tmp_path, monkeypatch):
     (lambda c: setattr(c, "data_dir", "/nonexistent/data"), "does not exist"),
     (lambda c: c.probe.update(eval_splits=(), extra_treebanks=()), "nothing to score"),
     (lambda c: setattr(c.probe, "mdl_fractions", (0.5, 0.25, 1.0)), "mdl_fractions"),
+    (lambda c: c.probe.update(mdl=False, mdl_only=True), "needs probe.mdl=True"),
   ],
 )
 def test_bad_input_is_one_line_and_writes_nothing(ewt_part, tmp_path_factory, change, message):

@@ -50,6 +50,7 @@ def probe_config() -> ml_collections.ConfigDict:
   c.probe.arc_ignore_punct = True  # leave punctuation (UPOS PUNCT) out of arc training and scoring, task and control
   c.probe.complexity = False  # also write probes/complexity.csv: every λ's dev accuracy (Hewitt & Liang 2019)
   c.probe.mdl = False  # also write probes/mdl.csv: Voita & Titov (2020) online codelength per group, task and control
+  c.probe.mdl_only = False  # True (with mdl): write only probes/mdl.csv, fit no probe, leave the other tables
   # MDL's portions of the training words (the paper's 0.1% ... 100%; docs/probing_mdl.md)
   c.probe.mdl_fractions = (0.001, 0.002, 0.004, 0.008, 0.016, 0.032, 0.0625, 0.125, 0.25, 0.5, 1.0)
   c.probe.bootstrap_resamples = 1000  # resamples of sentences for the 95% confidence intervals

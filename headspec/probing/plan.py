@@ -28,6 +28,8 @@ def check_config(config) -> None:
   fractions = [float(f) for f in p.get("mdl_fractions", (1.0,))]
   if not fractions or fractions[-1] != 1.0 or any(not 0 <= a < b for a, b in zip([0.0] + fractions, fractions)):
     raise UserError(f"probe.mdl_fractions={tuple(fractions)}: increasing fractions in (0, 1] ending at 1.0")
+  if p.get("mdl_only", False) and not p.get("mdl", False):
+    raise UserError("probe.mdl_only=True computes only probes/mdl.csv: it needs probe.mdl=True")
   if p.get("arc_control", "hewitt_liang") not in controls.ARC_CONTROLS:
     raise UserError(f"probe.arc_control={p.arc_control!r}: use one of {', '.join(controls.ARC_CONTROLS)}")
 

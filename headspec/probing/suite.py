@@ -200,15 +200,19 @@ def _heads_only(layer: int, heads: list[int]) -> bool:
 def _probe_source(layer, heads, read, feats, data, tasks, fitters, score_splits, config, job, what, log, wants) -> dict:
   """Fits and scores every task on one feature source (a layer's heads, a residual stream or the
   embeddings): {'rows': results.csv rows, 'per_word': {(task, split): (correct − control per word and
-  group (int8), weight_N)}, 'complexity': [...], 'mdl': [...]} (the last two when `wants`)."""
+  group (int8), weight_N)}, 'complexity': [...], 'mdl': [...]} (the last two when `wants`). With
+  `probe.mdl_only` only the MDL rows, from the train features alone."""
   p = config.probe
+  part = {"rows": [], "per_word": {}, "complexity": [], "mdl": [], "fits": []}
+  if p.get("mdl_only", False):  # the MDL table alone: no probe is fitted or scored
+    part["mdl"] = _mdl_rows(layer, heads, read(feats[data.train.key]), data, tasks, config, job, what, log)
+    return part
   x_train, x_tune = read(feats[data.train.key]), read(feats[data.tune.key])
   fitted = {}
   for fit, members in fitters.items():
     t0 = time.perf_counter()
     fitted.update(fit(members, x_train, x_tune, data, config))
     log(f"    {what}: fitted {', '.join(t.name for t in members)} ({time.perf_counter() - t0:.0f} s)")
-  part = {"rows": [], "per_word": {}, "complexity": [], "mdl": [], "fits": []}
   if wants["complexity"]:
     for task in tasks:
       if task.fit is tasks_lib.fit_softmax:
@@ -257,18 +261,24 @@ def _probe_source(layer, heads, read, feats, data, tasks, fitters, score_splits,
           )
         )
   if wants["mdl"]:
-    label_tasks = {
-      t.name: (data.train.labels[t.name], data.train.controls[t.name], len(data.vocab[t.name].classes))
-      for t in tasks
-      if isinstance(t, tasks_lib.LabelTask)
-    }
-    if label_tasks:
-      fractions = tuple(p.get("mdl_fractions", mdl.DEFAULT_FRACTIONS))
-      part["mdl"] = mdl.mdl_rows(
-        job.name, job.step, layer, heads, x_train, label_tasks, fractions=fractions, seed=config.seed
-      )
-      log(f"    {what} MDL: online codes of {', '.join(label_tasks)} and their controls")
+    part["mdl"] = _mdl_rows(layer, heads, x_train, data, tasks, config, job, what, log)
   return part
+
+
+def _mdl_rows(layer, heads, x_train, data, tasks, config, job, what, log) -> list[dict]:
+  """probes/mdl.csv rows of one feature source: the online codes of every label task and its control."""
+  label_tasks = {
+    t.name: (data.train.labels[t.name], data.train.controls[t.name], len(data.vocab[t.name].classes))
+    for t in tasks
+    if isinstance(t, tasks_lib.LabelTask)
+  }
+  if not label_tasks:
+    return []
+  t0 = time.perf_counter()
+  fractions = tuple(config.probe.get("mdl_fractions", mdl.DEFAULT_FRACTIONS))
+  rows = mdl.mdl_rows(job.name, job.step, layer, heads, x_train, label_tasks, fractions=fractions, seed=config.seed)
+  log(f"    {what} MDL: online codes of {', '.join(label_tasks)} and their controls ({time.perf_counter() - t0:.0f} s)")
+  return rows
 
 
 def _partial_dir(cache_dir: pathlib.Path, job, data: labels.Data, feats: dict, config, wants: dict) -> pathlib.Path:
@@ -318,7 +328,8 @@ def report_split(data: labels.Data) -> str:
 
 
 def run_probe_suite(config: ml_collections.ConfigDict, workdir) -> pathlib.Path | epath.Path:
-  """Probes per `config` (see probing/defaults.py) for the run in `workdir`; returns RUN/probes/results.csv."""
+  """Probes per `config` (see probing/defaults.py) for the run in `workdir`; returns RUN/probes/results.csv
+  (RUN/probes/mdl.csv with `probe.mdl_only`, which adds MDL to a probed run without fitting again)."""
   workdir = remote.run_path(workdir)
   t0 = time.perf_counter()
   plan.check_config(config)
@@ -335,19 +346,18 @@ def run_probe_suite(config: ml_collections.ConfigDict, workdir) -> pathlib.Path 
   cache_dir = features_lib.run_cache_dir(workdir)  # local: RUN/probes/cache; remote: local scratch
   cache_dir.mkdir(parents=True, exist_ok=True)
   results = tables.path_of(workdir, tables.PROBES)
+  mdl_only = p.get("mdl_only", False)  # probes/mdl.csv alone; the probes' tables stay as they are
+  probe_tables = [tables.PROBES, tables.PROBE_BASELINES, tables.PROBE_SELECTIVITY, tables.PROBE_FITS]
   tables.check_writable(
     workdir,
-    tables.PROBES,
-    tables.PROBE_BASELINES,
-    tables.PROBE_SELECTIVITY,
-    tables.PROBE_FITS,
-    *([tables.COMPLEXITY] if p.get("complexity", False) else []),
+    *([] if mdl_only else probe_tables),
+    *([tables.COMPLEXITY] if p.get("complexity", False) and not mdl_only else []),
     *([tables.MDL] if p.get("mdl", False) else []),
   )
   for job in jobs:
     print(f"{job.name} step {job.step}", flush=True)
     selectivity: list = []
-    complexity = [] if p.get("complexity", False) else None
+    complexity = [] if p.get("complexity", False) and not mdl_only else None
     mdl_rows = [] if p.get("mdl", False) else None
     fits: list = []
     rows = probe_job(
@@ -361,17 +371,23 @@ def run_probe_suite(config: ml_collections.ConfigDict, workdir) -> pathlib.Path 
       mdl_out=mdl_rows,
       fits=fits,
     )
-    tables.merge(results, rows, tables.PROBES)  # after each step, so an interrupted study keeps what it finished
-    tables.merge(tables.path_of(workdir, tables.PROBE_SELECTIVITY), selectivity, tables.PROBE_SELECTIVITY)
-    tables.merge(tables.path_of(workdir, tables.PROBE_FITS), fits, tables.PROBE_FITS)
+    if not mdl_only:  # after each step, so an interrupted study keeps what it finished
+      tables.merge(results, rows, tables.PROBES)
+      tables.merge(tables.path_of(workdir, tables.PROBE_SELECTIVITY), selectivity, tables.PROBE_SELECTIVITY)
+      tables.merge(tables.path_of(workdir, tables.PROBE_FITS), fits, tables.PROBE_FITS)
     if complexity is not None:
       tables.merge(tables.path_of(workdir, tables.COMPLEXITY), complexity, tables.COMPLEXITY)
     if mdl_rows is not None:
       tables.merge(tables.path_of(workdir, tables.MDL), mdl_rows, tables.MDL)
-  tables.write(tables.path_of(workdir, tables.PROBE_BASELINES), data.baselines, tables.PROBE_BASELINES)
+  if not mdl_only:
+    tables.write(tables.path_of(workdir, tables.PROBE_BASELINES), data.baselines, tables.PROBE_BASELINES)
   report.write_report(out_dir, primary_split=report_split(data), select_split=data.tune.key, top_k=p.top_k)
-  if p.get("complexity", False):
+  if p.get("complexity", False) and not mdl_only:
     complexity_lib.write_figures(out_dir)
+  if mdl_only:
+    codes = tables.path_of(workdir, tables.MDL)
+    print(f"wrote {codes} and {out_dir / 'summary.md'} ({time.perf_counter() - t0:.0f} s)", flush=True)
+    return remote.native_path(codes)
   print(f"wrote {results}, {out_dir / 'summary.md'} and heatmaps ({time.perf_counter() - t0:.0f} s)", flush=True)
   return remote.native_path(results)
 
