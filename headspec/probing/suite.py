@@ -348,16 +348,17 @@ def run_probe_suite(config: ml_collections.ConfigDict, workdir) -> pathlib.Path 
   results = tables.path_of(workdir, tables.PROBES)
   mdl_only = p.get("mdl_only", False)  # probes/mdl.csv alone; the probes' tables stay as they are
   probe_tables = [tables.PROBES, tables.PROBE_BASELINES, tables.PROBE_SELECTIVITY, tables.PROBE_FITS]
+  sweep = p.get("complexity", False) and not mdl_only
   tables.check_writable(
     workdir,
     *([] if mdl_only else probe_tables),
-    *([tables.COMPLEXITY] if p.get("complexity", False) and not mdl_only else []),
+    *([tables.COMPLEXITY] if sweep else []),
     *([tables.MDL] if p.get("mdl", False) else []),
   )
   for job in jobs:
     print(f"{job.name} step {job.step}", flush=True)
     selectivity: list = []
-    complexity = [] if p.get("complexity", False) and not mdl_only else None
+    complexity = [] if sweep else None
     mdl_rows = [] if p.get("mdl", False) else None
     fits: list = []
     rows = probe_job(
@@ -382,7 +383,7 @@ def run_probe_suite(config: ml_collections.ConfigDict, workdir) -> pathlib.Path 
   if not mdl_only:
     tables.write(tables.path_of(workdir, tables.PROBE_BASELINES), data.baselines, tables.PROBE_BASELINES)
   report.write_report(out_dir, primary_split=report_split(data), select_split=data.tune.key, top_k=p.top_k)
-  if p.get("complexity", False) and not mdl_only:
+  if sweep:
     complexity_lib.write_figures(out_dir)
   if mdl_only:
     codes = tables.path_of(workdir, tables.MDL)
