@@ -7,20 +7,32 @@ an interrupted run never leaves a half-written table and re-running one step kee
 columns of every table are the contracts in docs/outputs.md; a file with other columns is refused with
 one line rather than overwritten.
 
+Writers are serialised per table (two commands can write one table: `attention` and `ablate` both write
+ablation/causal.csv): on local disk an flock on `.<table>.lock` beside it is held across read, merge and
+rename; object stores have no locks, so a lease object `.<table>.lock` names the writer and a second
+writer is refused with one line (one writer per table there). Readers check every row (field count,
+duplicate rows, numbers where numbers belong) and refuse a bad one as `file:line: what is wrong`.
+
 No JAX here: the figures, the atlas, analysis/ scripts and `headspec.read_table` read tables with only
 the standard library (and pandas for DataFrames).
 """
 
 from __future__ import annotations
 
+import contextlib
 import csv
 import dataclasses
+import fcntl
 import io
 import math
 import os
+import socket
+import time
+import uuid
 
 from etils import epath
 
+from headspec import remote
 from headspec.errors import UserError
 
 
@@ -31,6 +43,7 @@ class Table:
 
   `float_format`: how floats are written ('.6f' for accuracies and CIs, 'r' for the shortest exact repr).
   `int_columns` / `float_columns`: dtypes for DataFrames (every other column is a string).
+  `values`: the measured columns; the others identify a row, which a table holds at most once.
   """
 
   path: str
@@ -39,11 +52,20 @@ class Table:
   int_columns: tuple[str, ...] = ()
   float_columns: tuple[str, ...] = ()
   float_format: str = ".6f"
+  values: tuple[str, ...] = ()
+
+  @property
+  def row_key(self) -> tuple[str, ...]:
+    """The columns that identify one row (every column but the measured ones)."""
+    return tuple(c for c in self.columns if c not in self.values)
 
 
-def _table(path, columns: str, key: str, ints: str = "", floats: str = "", float_format=".6f") -> Table:
+def _table(path, columns: str, key: str, ints="", floats="", float_format=".6f", values=None) -> Table:
+  """`values` defaults to the float columns and `n` (a count that goes with them)."""
   split = lambda s: tuple(c for c in s.split(",") if c)
-  return Table(path, split(columns), split(key), split(ints), split(floats), float_format)
+  cols, floats = split(columns), split(floats)
+  values = split(values) if values is not None else (*floats, *(["n"] if "n" in cols else []))
+  return Table(path, cols, split(key), split(ints), floats, float_format, values)
 
 
 # The contracts (docs/outputs.md says what each value means).
@@ -61,6 +83,7 @@ PROBE_SELECTIVITY = _table(
   "model,step",
   ints="step,layer,head,dev_rank,n",
   floats="selectivity,selectivity_ci_low,selectivity_ci_high,delta_next,delta_next_ci_low,delta_next_ci_high",
+  values="selectivity,selectivity_ci_low,selectivity_ci_high,dev_rank,delta_next,delta_next_ci_low,delta_next_ci_high,n",
 )
 PROBE_FITS = _table(
   "probes/fits.csv",
@@ -69,6 +92,7 @@ PROBE_FITS = _table(
   ints="step,layer,head,iterations,converged",
   floats="l2,train_objective,train_accuracy,dev_accuracy,dev_loss",
   float_format="r",
+  values="l2,train_objective,iterations,converged,start,train_accuracy,dev_accuracy,dev_loss",
 )
 PROBE_BASELINES = _table("probes/baselines.csv", "task,split,baseline,accuracy,n", "task,split", "n", "accuracy")
 MDL = _table(
@@ -85,6 +109,7 @@ COMPLEXITY = _table(
   ints="step,layer,head,n",
   floats="l2,accuracy,control_accuracy,selectivity",
   float_format="r",
+  values="accuracy,control_accuracy,selectivity,n",
 )
 DIVERSITY = _table(
   "diversity/results.csv",
@@ -94,7 +119,13 @@ DIVERSITY = _table(
   floats="value",
   float_format="r",
 )
-DIVERSITY_METRICS = _table("diversity/metrics.csv", "metric,kind,basis_dependent,doc", "metric", ints="basis_dependent")
+DIVERSITY_METRICS = _table(
+  "diversity/metrics.csv",
+  "metric,kind,basis_dependent,doc",
+  "metric",
+  ints="basis_dependent",
+  values="kind,basis_dependent,doc",
+)
 ABLATION_HEADS = _table(
   "ablation/heads.csv",
   "model,step,method,layer,head,metric,value,ci_low,ci_high",
@@ -115,6 +146,7 @@ ABLATION_GATES = _table(
   "model,step",
   ints="step,layer,head,heads_kept",
   floats="penalty,gate_open_probability,value",
+  values="gate_open_probability,heads_kept,value",
 )
 ABLATION_CAUSAL = _table(
   "ablation/causal.csv",
@@ -143,6 +175,7 @@ CLARK_BASELINES = _table(
   "model,step",
   ints="step,offset,n",
   floats="accuracy",
+  values="offset,accuracy,n",
 )
 ROLES = _table(
   "attention/roles.csv",
@@ -190,22 +223,67 @@ def path_of(workdir, table: Table) -> epath.Path:
   return epath.Path(workdir) / table.path
 
 
-def read(path, table: Table) -> list[dict[str, str]]:
-  """Rows of a table file as dicts of strings; [] if the file does not exist.
-
-  A file whose header is not the table's columns raises UserError naming the file, so that a foreign
-  or older file is never silently merged into (or overwritten by) new results.
-  """
-  path = epath.Path(path)
+def _text(path: epath.Path) -> str | None:
+  """The file's text; None if there is none; one line for a folder or a file that is not UTF-8."""
   if not path.exists():
-    return []
-  reader = csv.DictReader(io.StringIO(path.read_text()))
-  header = tuple(reader.fieldnames or ())
+    return None
+  if path.is_dir():
+    raise UserError(f"{path}: is a folder, not a table; move it away")
+  try:
+    return path.read_bytes().decode("utf-8")
+  except UnicodeDecodeError as e:
+    raise UserError(f"{path}: not UTF-8 text (byte {e.start}: {e.reason}); not a table headspec wrote") from None
+
+
+def _parse(path, text: str, table: Table) -> list[dict[str, str]]:
+  """Rows of `text`, each checked: the header, the field count, ints and floats where the table has
+  them, and no row twice (by `table.row_key`). A bad row is one UserError line `file:line: what`."""
+  reader = csv.reader(io.StringIO(text, newline=""))
+  header = tuple(next(reader, ()))
   if header != table.columns:
     raise UserError(
       f"{path}: columns {','.join(header) or '(none)'} are not {','.join(table.columns)}; move the file away"
     )
-  return list(reader)
+  ints = [(i, c) for i, c in enumerate(table.columns) if c in table.int_columns]
+  floats = [(i, c) for i, c in enumerate(table.columns) if c in table.float_columns]
+  where = [table.columns.index(c) for c in table.row_key]
+  seen: dict[tuple[str, ...], int] = {}
+  rows = []
+  for fields in reader:
+    line = reader.line_num
+    if not fields:
+      continue  # a blank line (csv writes none; an editor may add one at the end)
+    if len(fields) != len(table.columns):
+      raise UserError(f"{path}:{line}: {len(fields)} fields, expected {len(table.columns)} ({table.path} columns)")
+    for i, c in ints:
+      try:
+        int(fields[i])
+      except ValueError:
+        raise UserError(f"{path}:{line}: {c} {fields[i]!r} is not an integer") from None
+    for i, c in floats:
+      try:
+        fields[i] == "" or float(fields[i])
+      except ValueError:
+        raise UserError(f"{path}:{line}: {c} {fields[i]!r} is not a number") from None
+    key = tuple(fields[i] for i in where)
+    if key in seen:
+      named = ", ".join(f"{c}={v}" for c, v in zip(table.row_key, key))
+      raise UserError(f"{path}:{line}: duplicate row ({named}) first on line {seen[key]}")
+    seen[key] = line
+    rows.append(dict(zip(table.columns, fields)))
+  return rows
+
+
+def read(path, table: Table) -> list[dict[str, str]]:
+  """Rows of a table file as dicts of strings; [] if the file does not exist.
+
+  A file whose header is not the table's columns raises UserError naming the file, so that a foreign
+  or older file is never silently merged into (or overwritten by) new results; so does a bad row
+  (`file:line: what is wrong`, see `_parse`), a folder at the path or a file that is not UTF-8.
+  """
+  path = epath.Path(path)
+  text = _text(path)
+  return [] if text is None else _parse(path, text, table)
 
 
 def _cell(value, float_format: str) -> str:
@@ -227,17 +305,98 @@ def format_row(row: dict, table: Table) -> dict[str, str]:
   return {c: _cell(row[c], table.float_format) for c in table.columns}
 
 
-def write(path, rows: list[dict], table: Table) -> None:
-  """Writes `rows` (already-formatted strings, or values) as the whole table, atomically."""
+LEASE_SECONDS = 600
+"""An object-store lease older than this is a writer that died: the next writer takes it over."""
+
+
+def _lock_path(path: epath.Path) -> epath.Path:
+  return path.parent / f".{path.name}.lock"
+
+
+def _flock(lock: str) -> int:
+  """An open descriptor of `lock` holding its exclusive flock, the file still at that path (a writer
+  that got the flock of a file its holder has just removed tries again with the new file)."""
+  while True:
+    fd = os.open(lock, os.O_RDWR | os.O_CREAT, 0o644)
+    fcntl.flock(fd, fcntl.LOCK_EX)
+    try:
+      if os.stat(lock).st_ino == os.fstat(fd).st_ino:
+        return fd
+    except FileNotFoundError:
+      pass
+    os.close(fd)
+
+
+@contextlib.contextmanager
+def locked(path):
+  """Holds the table's writer lock: read, merge and write inside it lose no other writer's rows.
+
+  Local disk: fcntl.flock on `.<name>.lock` beside the table (waits for the other writer; the file is
+  removed when done). Object
+  stores (gs://, s3://, az://) have no lock and epath no write preconditions, so the lock file is a
+  lease naming its writer: a live lease of another writer is refused with one line (one writer per
+  table there), and `check()` (called before the rename) refuses if another writer took it meanwhile.
+  Yields `check`.
+  """
   path = epath.Path(path)
   path.parent.mkdir(parents=True, exist_ok=True)
+  lock = _lock_path(path)
+  if not remote.is_remote(path):
+    fd = _flock(os.fspath(lock))
+    try:
+      yield lambda: None
+    finally:
+      with contextlib.suppress(FileNotFoundError):
+        os.unlink(lock)  # before the flock goes: a writer waiting on this file sees it gone and locks anew
+      os.close(fd)
+    return
+  me = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
+  held = lock.read_text().split() if lock.exists() else []
+  if len(held) == 2 and held[0] != me and time.time() - float(held[1]) < LEASE_SECONDS:
+    raise UserError(
+      f"{path}: {held[0]} is writing this table ({lock} is {time.time() - float(held[1]):.0f} s old); one writer "
+      f"per table on object storage: wait for it, or delete the lease if no writer is running"
+    )
+  lock.write_text(f"{me} {time.time():.3f}\n")
+
+  def check():
+    holder = lock.read_text().split()[:1] if lock.exists() else []
+    if holder != [me]:
+      raise UserError(
+        f"{path}: another writer ({holder[0] if holder else 'unknown'}) took {lock} during this write; nothing written "
+        f"(one writer per table on object storage): run this command again when it is done"
+      )
+
+  try:
+    yield check
+  finally:
+    if lock.exists() and lock.read_text().split()[:1] == [me]:
+      lock.unlink()
+
+
+def _write(path: epath.Path, rows: list[dict], table: Table, check) -> None:
+  """Writes the whole table beside it, then renames it into place (the caller holds the lock)."""
   out = io.StringIO()
   writer = csv.DictWriter(out, fieldnames=table.columns, lineterminator="\n")
   writer.writeheader()
   writer.writerows(format_row(r, table) for r in rows)
+  if path.is_dir():
+    raise UserError(f"{path}: is a folder, not a table; move it away")
   tmp = path.parent / f".{path.name}.tmp-{os.getpid()}"
   tmp.write_text(out.getvalue())
+  try:
+    check()
+  except UserError:
+    tmp.unlink()
+    raise
   tmp.replace(path)
+
+
+def write(path, rows: list[dict], table: Table) -> None:
+  """Writes `rows` (already-formatted strings, or values) as the whole table, atomically, under its lock."""
+  path = epath.Path(path)
+  with locked(path) as check:
+    _write(path, rows, table, check)
 
 
 def _key_of(row: dict, table: Table) -> tuple[str, ...]:
@@ -258,12 +417,15 @@ def merge(path, new_rows: list[dict], table: Table, *, others=None) -> list[dict
 
   `others(row) -> bool`, for a table two analyses write (ablation/causal.csv, attention/roles.csv): the
   existing rows of a replaced key for which it is true belong to the other analysis and are kept.
+  Holds the table's lock (`locked`) from reading to renaming.
   """
+  path = epath.Path(path)
   new = [format_row(r, table) for r in new_rows]
   replaced = {_key_of(r, table) for r in new}
-  kept = [r for r in read(path, table) if _key_of(r, table) not in replaced or (others is not None and others(r))]
-  rows = sorted(kept + new, key=lambda r: [_sort_value(v) for v in _key_of(r, table)])
-  write(path, rows, table)
+  with locked(path) as check:  # read, merge and rename as one: a concurrent writer's rows are not lost
+    kept = [r for r in read(path, table) if _key_of(r, table) not in replaced or (others is not None and others(r))]
+    rows = sorted(kept + new, key=lambda r: [_sort_value(v) for v in _key_of(r, table)])
+    _write(path, rows, table, check)
   return rows
 
 
@@ -278,19 +440,18 @@ def read_frame(path, table: Table):
   import pandas as pd  # only for DataFrames; the writers need no pandas
 
   path = epath.Path(path)
-  if not path.exists():
+  text = _text(path)
+  if text is None:
     raise UserError(f"{path}: no such table (run the command that writes {table.path} first)")
+  _parse(path, text, table)  # every row checked first: a bad one is file:line, not a pandas traceback
   dtypes = {c: "string" for c in table.columns}
   dtypes.update({c: "float64" for c in table.float_columns})
-  with path.open() as f:
-    frame = pd.read_csv(
-      f,
-      dtype={c: d for c, d in dtypes.items() if c not in table.int_columns},
-      keep_default_na=False,
-      na_values={c: ["nan", "NaN", ""] for c in table.float_columns},
-    )
-  if tuple(frame.columns) != table.columns:
-    raise UserError(f"{path}: columns {','.join(frame.columns)} are not {','.join(table.columns)}")
+  frame = pd.read_csv(
+    io.StringIO(text),
+    dtype={c: d for c, d in dtypes.items() if c not in table.int_columns},
+    keep_default_na=False,
+    na_values={c: ["nan", "NaN", ""] for c in table.float_columns},
+  )
   for c in table.int_columns:
     frame[c] = frame[c].astype("int64")
   return frame

@@ -1,0 +1,128 @@
+"""headspec.tables under faults: concurrent writers, bad rows, files that are not tables (issue 38)."""
+
+import multiprocessing
+import time
+
+import pytest
+
+from headspec import tables
+from headspec.errors import UserError
+
+HEADER = ",".join(tables.ABLATION_CAUSAL.columns)
+GOOD = "m,1,probe_selective,upos,0,selective,-1,probe_accuracy,0.5,0.4,0.6"
+
+
+def _causal(model, step):
+  return dict(
+    model=model, step=step, kind="probe_selective", task="upos", k=0, selection="selective", seed=-1,
+    metric="probe_accuracy", value=0.5, ci_low=0.4, ci_high=0.6,
+  )  # fmt: skip
+
+
+def _merge_many(path, writer, count):
+  for step in range(count):
+    tables.merge(path, [_causal(f"writer{writer}", step)], tables.ABLATION_CAUSAL)
+
+
+def test_concurrent_writers_lose_no_rows(tmp_path):
+  # Two processes merge different keys into one table (as `attention` and `ablate` do into causal.csv).
+  path = tmp_path / "ablation" / "causal.csv"
+  count = 60
+  ctx = multiprocessing.get_context("spawn")
+  procs = [ctx.Process(target=_merge_many, args=(path, w, count)) for w in range(2)]
+  for p in procs:
+    p.start()
+  for p in procs:
+    p.join(120)
+  assert [p.exitcode for p in procs] == [0, 0]
+  keys = {(r["model"], r["step"]) for r in tables.read(path, tables.ABLATION_CAUSAL)}
+  assert keys == {(f"writer{w}", str(s)) for w in range(2) for s in range(count)}
+  assert sorted(p.name for p in path.parent.iterdir()) == ["causal.csv"]  # no lock or temporary file left
+
+
+@pytest.mark.parametrize(
+  "row, message",
+  [
+    ("m,1,probe_selective,upos,0,selective,-1,probe_accuracy,0.5", r":3: 9 fields, expected 11"),
+    (GOOD + ",extra", r":3: 12 fields, expected 11"),
+    (GOOD, r":3: duplicate row \(model=m, step=1, kind=probe_selective, .*metric=probe_accuracy\) first on line 2"),
+    (GOOD.replace(",0,selective", ",zero,selective"), r":3: k 'zero' is not an integer"),
+    (GOOD.replace("0.5,", "high,"), r":3: value 'high' is not a number"),
+  ],
+)
+def test_a_bad_row_is_one_line_naming_file_and_line(tmp_path, row, message):
+  path = tmp_path / "causal.csv"
+  text = f"{HEADER}\n{GOOD}\n{row}\n"
+  path.write_text(text)
+  for reader in (tables.read, tables.read_frame):
+    with pytest.raises(UserError, match=r"causal.csv" + message) as e:
+      reader(path, tables.ABLATION_CAUSAL)
+    assert "\n" not in str(e.value)
+  with pytest.raises(UserError, match=message):  # a merge neither crashes nor rewrites the bad file
+    tables.merge(path, [_causal("other", 2)], tables.ABLATION_CAUSAL)
+  assert path.read_text() == text
+
+
+def test_empty_values_nan_and_a_final_blank_line_are_fine(tmp_path):
+  path = tmp_path / "causal.csv"
+  path.write_text(f"{HEADER}\n{GOOD}\nm,2,probe_selective,upos,0,selective,-1,loss_delta,nan,,\n\n")
+  assert [r["ci_low"] for r in tables.read(path, tables.ABLATION_CAUSAL)] == ["0.4", ""]
+  assert tables.read_frame(path, tables.ABLATION_CAUSAL)["k"].tolist() == [0, 0]
+
+
+def test_a_folder_or_non_utf8_bytes_at_a_table_path_are_one_line(tmp_path):
+  folder = tmp_path / "causal.csv"
+  folder.mkdir()
+  for call in (
+    lambda: tables.read(folder, tables.ABLATION_CAUSAL),
+    lambda: tables.read_frame(folder, tables.ABLATION_CAUSAL),
+    lambda: tables.merge(folder, [_causal("m", 1)], tables.ABLATION_CAUSAL),
+    lambda: tables.write(folder, [_causal("m", 1)], tables.ABLATION_CAUSAL),
+  ):
+    with pytest.raises(UserError, match=r"causal.csv: is a folder, not a table"):
+      call()
+  assert folder.is_dir() and not list(folder.iterdir())
+  binary = tmp_path / "b.csv"
+  binary.write_bytes(f"{HEADER}\n".encode() + b"m\xff,1\n")
+  with pytest.raises(UserError, match=r"b.csv: not UTF-8 text \(byte \d+: invalid start byte\)"):
+    tables.read(binary, tables.ABLATION_CAUSAL)
+  with pytest.raises(UserError, match="not UTF-8"):
+    tables.read_frame(binary, tables.ABLATION_CAUSAL)
+
+
+@pytest.fixture()
+def object_store(monkeypatch):
+  """Local paths take the object-store branch (no flock: a lease object names the writer)."""
+  monkeypatch.setattr(tables.remote, "is_remote", lambda path: True)
+
+
+def test_object_store_lease_refuses_a_second_writer(tmp_path, object_store):
+  path = tmp_path / "causal.csv"
+  tables.merge(path, [_causal("m", 1)], tables.ABLATION_CAUSAL)
+  assert sorted(p.name for p in tmp_path.iterdir()) == ["causal.csv"]  # the lease is gone after the write
+  before = path.read_text()
+  lease = tmp_path / ".causal.csv.lock"
+  lease.write_text(f"host:1:abc {time.time():.3f}\n")
+  with pytest.raises(UserError, match=r"causal.csv: host:1:abc is writing this table .*one writer per table"):
+    tables.merge(path, [_causal("m", 2)], tables.ABLATION_CAUSAL)
+  assert path.read_text() == before and lease.read_text().startswith("host:1:abc")
+  # A lease older than LEASE_SECONDS is a writer that died: taken over.
+  lease.write_text(f"host:1:abc {time.time() - tables.LEASE_SECONDS - 1:.3f}\n")
+  tables.merge(path, [_causal("m", 2)], tables.ABLATION_CAUSAL)
+  assert len(tables.read(path, tables.ABLATION_CAUSAL)) == 2 and not lease.exists()
+
+
+def test_object_store_writer_whose_lease_was_taken_writes_nothing(tmp_path, object_store):
+  path = tmp_path / "causal.csv"
+  tables.merge(path, [_causal("m", 1)], tables.ABLATION_CAUSAL)
+  before = path.read_text()
+  lease = tmp_path / ".causal.csv.lock"
+
+  def intruder(row):  # another writer takes the lease while this one merges
+    lease.write_text(f"other:2:def {time.time():.3f}\n")
+    return False
+
+  with pytest.raises(UserError, match=r"another writer \(other:2:def\) took .*nothing written"):
+    tables.merge(path, [_causal("m", 1)], tables.ABLATION_CAUSAL, others=intruder)
+  assert path.read_text() == before
+  assert sorted(p.name for p in tmp_path.iterdir()) == [".causal.csv.lock", "causal.csv"]  # its lease is kept
