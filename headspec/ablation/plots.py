@@ -27,6 +27,7 @@ def _save(fig, path) -> epath.Path:
   return path
 
 
+@matplotlib.rc_context({"text.parse_math": False})  # names and words drawn as written: `$` is not mathtext
 def heads(rows: list[dict], L: int, H: int, path) -> epath.Path:
   panels = sorted({(r["method"], r["metric"]) for r in rows})
   cols = min(3, len(panels))
@@ -46,6 +47,7 @@ def heads(rows: list[dict], L: int, H: int, path) -> epath.Path:
   return _save(fig, path)
 
 
+@matplotlib.rc_context({"text.parse_math": False})
 def pruning(rows: list[dict], path) -> epath.Path:
   metrics = sorted({r["metric"] for r in rows})
   fig, axes = plt.subplots(1, len(metrics), figsize=(5 * len(metrics), 3.8), squeeze=False)
@@ -69,6 +71,7 @@ def pruning(rows: list[dict], path) -> epath.Path:
   return _save(fig, path)
 
 
+@matplotlib.rc_context({"text.parse_math": False})
 def gates(rows: list[dict], path) -> epath.Path:
   summary = {}
   for r in rows:
@@ -84,6 +87,7 @@ def gates(rows: list[dict], path) -> epath.Path:
   return _save(fig, path)
 
 
+@matplotlib.rc_context({"text.parse_math": False})
 def causal(rows: list[dict], path) -> epath.Path:
   tasks = sorted({r["task"] for r in rows})
   fig, axes = plt.subplots(1, len(tasks), figsize=(4.5 * len(tasks), 3.6), squeeze=False)
@@ -106,6 +110,7 @@ def causal(rows: list[dict], path) -> epath.Path:
   return _save(fig, path)
 
 
+@matplotlib.rc_context({"text.parse_math": False})
 def interactions(rows: list[dict], path) -> epath.Path:
   import networkx as nx
 

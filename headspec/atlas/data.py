@@ -9,6 +9,12 @@ Metric ids are shared across runs so `--compare` can show the same metric side b
 model (its primary model) has plain ids, its random-weights control (`<model>-random`) gets the suffix
 `@random`, any other model `@<name>`. A run directory may be a URL (gs://bucket/run): everything is
 read through etils.epath.
+
+The grid's shape is the run's (config.json: model.num_layers × model.num_heads); without one (a folder of
+a pretrained model's analyses) it is the largest layer and head in the tables, up to MAX_GRID. Rows
+outside the grid, and lines of metrics.jsonl that are not a record, are left out with one warning per
+file on stderr: the page is still written. Temporary folders (`*.tmp-<pid>`, left by a killed writer)
+are never read.
 """
 
 from __future__ import annotations
@@ -18,6 +24,7 @@ import collections
 import json
 import math
 import re
+import sys
 
 from etils import epath
 
@@ -40,9 +47,43 @@ HEAD_TABLES = (
 MAX_IMAGE_BYTES = 24 * 2**20
 TOP_RELATIONS = 5
 TOP_INTERACTIONS = 5
+# Largest grid inferred from tables alone (no config.json): above any published model (Llama 3 405B:
+# 126 layers × 128 heads), far below what a stray row (layer=100000) would allocate.
+MAX_GRID = (512, 512)
+# The layer and head columns of each per-head table, with their smallest value: -1 marks the embedding
+# output / residual stream (probes, mdl), a per-head metric (diversity head_j) or a per-λ row (gates).
+_GRID_COLUMNS = {
+  tables.PROBES.path: {"layer": -1, "head": -1},
+  tables.MDL.path: {"layer": -1, "head": -1},
+  tables.DIVERSITY.path: {"layer": 0, "head_i": 0, "head_j": -1},
+  tables.ABLATION_HEADS.path: {"layer": 0, "head": 0},
+  tables.ABLATION_GATES.path: {"layer": -1, "head": -1},
+  tables.ABLATION_INTERACTIONS.path: {"layer_a": 0, "head_a": 0, "layer_b": 0, "head_b": 0},
+  tables.CLARK.path: {"layer": 0, "head": 0},
+  tables.ROLES.path: {"layer": 0, "head": 0},
+  tables.LABELS.path: {"layer": 0, "head": 0},
+}
+_TEMP = re.compile(r"\.tmp-\d+$")  # a writer's temporary file or folder (headspec.remote.remove_stale_temps)
 
 _DIVERGING = {"selectivity", "loss_delta", "accuracy_delta", "interaction"}
 _HEAD_IN_NAME = re.compile(r"(?:^|[^a-z0-9])(?:l|layer)[_-]?(\d+)[_-]?(?:h|head)[_-]?(\d+)(?=[^0-9]|$)", re.I)
+
+
+def _warn(message: str) -> None:
+  """One line on stderr for something the page leaves out (the page is still written)."""
+  print(f"headspec: warning: {message}", file=sys.stderr, flush=True)
+
+
+def _int(value) -> int | None:
+  """A CSV cell or JSON value as an int; None for anything else (1.5, 'x', '', true)."""
+  if isinstance(value, bool):
+    return None
+  if isinstance(value, float):
+    return int(value) if value.is_integer() else None
+  try:
+    return int(value)
+  except (TypeError, ValueError):
+    return None
 
 
 def _num(value: str):
@@ -95,10 +136,55 @@ class _RunData:
   def __init__(self, workdir: epath.Path):
     self.workdir = workdir
     self.rows = {t.path: tables.read(tables.path_of(workdir, t), t) for t in HEAD_TABLES}
+    self.shape, source = self._grid_shape()
+    self.rows = {t.path: self._in_grid(t, source) for t in HEAD_TABLES}
     self.primary = self._primary_model()
     self.metrics: dict[str, _Metric] = {}
     self.extras: dict[str, dict] = {}  # "layer,head" -> {role, relations, interactions, images}
     self.layer_notes: dict[str, dict] = {}  # metric id -> {"residual": {step: [L]}, "embedding": {step: x}}
+
+  def _grid_shape(self) -> tuple[tuple[int, int], str]:
+    """(layers, heads) of the run's config.json; without one, 1 + the largest layer and head of the tables
+    the grid colours (at most MAX_GRID). Also says where the shape comes from, for warnings."""
+    path = self.workdir / "config.json"
+    if path.is_file():
+      try:
+        model = json.loads(path.read_bytes())["model"]
+        shape = (_int(model["num_layers"]), _int(model["num_heads"]))
+        pretrained = model.get("pretrained")
+      except (ValueError, KeyError, TypeError):  # not JSON (or not UTF-8), or no model section
+        _warn(f"{path}: no model.num_layers and model.num_heads; the grid is sized from the tables")
+      else:
+        if not pretrained and all(n is not None and n > 0 for n in shape):
+          return shape, str(path)
+    most = [0, 0]
+    for table in (t for t in HEAD_TABLES if t is not tables.ABLATION_INTERACTIONS):  # the tables the grid colours
+      for r in self.rows[table.path]:
+        for column in _GRID_COLUMNS[table.path]:
+          axis = 0 if column.startswith("layer") else 1
+          value = _int(r[column])
+          if value is not None and value < MAX_GRID[axis]:
+            most[axis] = max(most[axis], value + 1)
+    return (max(most[0], 1), max(most[1], 1)), "the tables (no config.json)"
+
+  def _in_grid(self, table: tables.Table, source: str) -> list[dict]:
+    """The rows of `table` whose integer columns hold integers and whose layers and heads lie in the grid;
+    the others are left out with one warning naming the table's file, its first such line and why."""
+    kept, bad, why = [], 0, ""
+    for line, r in enumerate(self.rows[table.path], start=2):  # line 1 is the header
+      wrong = [f"{c}={r[c]!r} is not an integer" for c in table.int_columns if _int(r[c]) is None]
+      for c, low in _GRID_COLUMNS[table.path].items():
+        axis = 0 if c.startswith("layer") else 1
+        if not wrong and not low <= int(r[c]) < self.shape[axis]:
+          wrong.append(f"{c}={r[c]} is outside the {self.shape[axis]} {('layers', 'heads')[axis]} of {source}")
+      if not wrong:
+        kept.append(r)
+        continue
+      bad += 1
+      why = why or f"{tables.path_of(self.workdir, table)}:{line}: {wrong[0]}"
+    if bad:
+      _warn(f"{why}; left out {bad} row(s) of this table")
+    return kept
 
   def _primary_model(self) -> str:
     counts = collections.Counter(
@@ -203,6 +289,8 @@ class _RunData:
         f"Ablation method {r['method']}, metric {r['metric']} (docs/ablation.md); 95% CI where measured.",
       ).set(int(r["step"]), int(r["layer"]), int(r["head"]), _num(r["value"]), (_num(r["ci_low"]), _num(r["ci_high"])))
     for r in self.rows[tables.ABLATION_GATES.path]:
+      if int(r["layer"]) < 0 or int(r["head"]) < 0:  # a per-λ row (expected_l0, loss, ...), not a head
+        continue
       self.metric(
         f"gates/{r['penalty']}/open{self._suffix(r['model'])}",
         "Ablation",
@@ -287,7 +375,8 @@ class _RunData:
     name with layer and head numbers, e.g. `L3H5`, `layer3_head5`) go to the head's card."""
     folder = self.workdir / "attention"
     run_level, budget, skipped = [], MAX_IMAGE_BYTES, 0
-    for path in (p for p in remote.files_under(folder) if p.suffix == ".png"):
+    pngs = [p for p in remote.files_under(folder) if p.suffix == ".png"]
+    for path in (p for p in pngs if not any(_TEMP.search(part) for part in p.relative_to(folder).parts)):
       size = path.stat().length
       if size > budget:
         skipped += 1
@@ -297,39 +386,41 @@ class _RunData:
       match = _HEAD_IN_NAME.search(path.stem)
       if match:
         layer, head = int(match.group(1)), int(match.group(2))
+        if layer >= self.shape[0] or head >= self.shape[1]:
+          continue  # a picture of another model's head: no card to put it on
         self.extra(layer, head).setdefault("images", []).append(image)
       else:
         run_level.append(image)
     return run_level, skipped
 
   def training(self) -> list[dict]:
-    """(step, loss) points from metrics.jsonl (not a table: one JSON object per line)."""
+    """(step, loss) points from metrics.jsonl (not a table: one JSON object per line, at least `step`).
+    A line that is no such record (cut off by a killed run, not UTF-8, a step that is not an integer) is
+    left out, with one warning naming the file and its first such line; records without a loss (eval
+    lines) are skipped quietly."""
     path = self.workdir / "metrics.jsonl"
     if not path.is_file():
       return []
-    points = []
-    for line in path.read_text().splitlines():
+    points, bad = [], []
+    for number, line in enumerate(path.read_bytes().splitlines(), start=1):
+      if not line.strip():
+        continue
       try:
-        record = json.loads(line)
-      except json.JSONDecodeError:
-        continue  # a line cut by an interrupted run
-      if isinstance(record, dict) and "step" in record and _num(record.get("loss")) is not None:
-        points.append({"step": int(record["step"]), "loss": _num(record["loss"])})
+        record = json.loads(line.decode("utf-8"))
+      except ValueError:  # UnicodeDecodeError and JSONDecodeError are both ValueErrors
+        record = None
+      step = _int(record.get("step")) if isinstance(record, dict) else None
+      if step is None:
+        bad.append(number)
+      elif _num(record.get("loss")) is not None:
+        points.append({"step": step, "loss": _num(record["loss"])})
+    if bad:
+      _warn(f"{path}:{bad[0]}: {len(bad)} line(s) left out: not a JSON object with an integer step")
     return points
 
 
 def _data_uri(path: epath.Path) -> str:
   return "data:image/png;base64," + base64.b64encode(path.read_bytes()).decode("ascii")
-
-
-def _shape(run: _RunData) -> tuple[int, int]:
-  layers, heads = [0], [0]
-  for metric in run.metrics.values():
-    for cells in metric.cells.values():
-      for layer, head in cells:
-        layers.append(layer)
-        heads.append(head)
-  return max(layers) + 1, max(heads) + 1
 
 
 def run_data(workdir) -> dict:
@@ -349,7 +440,7 @@ def run_data(workdir) -> dict:
   run.diversity()
   run.ablation()
   run.attention()
-  num_layers, num_heads = _shape(run)
+  num_layers, num_heads = run.shape
   images, skipped = run.images()
   found = [t.path for t in HEAD_TABLES if run.rows[t.path]]
   return {

@@ -11,21 +11,24 @@
                             over tokens, special tokens included (headspec/attention/flow.py)
   maps.npz                  the example maps themselves: words_{i}, attn_{i} [L, H, N, N], special_{i} [L, H, N]
 
-Matplotlib with the Agg backend; nothing here needs JAX. Paths may be local or URLs (gs://...): each
-file is written whole (headspec.remote.save_figure).
+Matplotlib with the Agg backend; nothing here needs JAX. Words are drawn as written: mathtext is off
+(`PLAIN_TEXT`), so a treebank word with `$` (EWT has `$$`, `me$$age`) is never parsed as a formula.
+Paths may be local or URLs (gs://...): each file is written whole (headspec.remote.save_figure).
 """
 
 from __future__ import annotations
 
+import matplotlib
 import numpy as np
 from etils import epath
 
 from headspec import remote
 
+# rcParams for every picture: words and names drawn literally, never parsed as mathtext ($...$).
+PLAIN_TEXT = {"text.parse_math": False}
+
 
 def _pyplot():
-  import matplotlib
-
   matplotlib.use("Agg")
   import matplotlib.pyplot as plt
 
@@ -36,6 +39,7 @@ def _short(word: str, width: int = 12) -> str:
   return word if len(word) <= width else word[: width - 1] + "…"
 
 
+@matplotlib.rc_context(PLAIN_TEXT)
 def head_pictures(maps, words_list, out_dir, *, max_words: int = 40, dpi: int = 72) -> list[epath.Path]:
   """L{l}H{h}.png for every head: the example sentences' word maps side by side (first `max_words` words)."""
   plt = _pyplot()
@@ -68,6 +72,7 @@ def head_pictures(maps, words_list, out_dir, *, max_words: int = 40, dpi: int = 
   return paths
 
 
+@matplotlib.rc_context(PLAIN_TEXT)
 def line_view(attn_HNN, words, path, *, title: str = "", min_weight: float = 0.1, max_words: int = 40, dpi: int = 80):
   """A bertviz-style line view of one layer: a line from word i (left) to word j (right) per head,
   opacity = attn[h, i, j] (lines under `min_weight` left out), one colour per head."""
@@ -99,6 +104,7 @@ def line_view(attn_HNN, words, path, *, title: str = "", min_weight: float = 0.1
   return path
 
 
+@matplotlib.rc_context(PLAIN_TEXT)
 def rollout_flow_picture(rollout_TT, flow_TT, tokens, path, *, title: str = "", dpi: int = 80):
   """Two heatmaps over tokens: rollout and (if given) flow, output positions on the rows."""
   plt = _pyplot()

@@ -11,6 +11,7 @@ import math
 import pathlib
 from collections import defaultdict
 
+import matplotlib
 import numpy as np
 from matplotlib import animation, ticker
 from matplotlib.backends.backend_agg import FigureCanvasAgg
@@ -76,6 +77,7 @@ def _set_step_axis(ax, steps) -> None:
   ax.xaxis.set_minor_formatter(ticker.NullFormatter())
 
 
+@matplotlib.rc_context({"text.parse_math": False})  # names and words drawn as written: `$` is not mathtext
 def plot_curves(data, path) -> pathlib.Path:
   """One panel per metric: each layer's mean over heads (or off-diagonal pairs) against the step."""
   names = [m for m in METRICS if m in data] + sorted(set(data) - set(METRICS))
@@ -136,6 +138,7 @@ def _grid(L: int) -> tuple[int, int]:
   return math.ceil(L / ncols), ncols
 
 
+@matplotlib.rc_context({"text.parse_math": False})
 def plot_matrix(arr_LHH: np.ndarray, metric: str, step: int, path) -> pathlib.Path:
   """The H×H matrix of a pair metric, one panel per layer, at one step."""
   fig, axes = _figure(*_grid(arr_LHH.shape[0]), 2.6, 2.4)
@@ -147,6 +150,7 @@ def plot_matrix(arr_LHH: np.ndarray, metric: str, step: int, path) -> pathlib.Pa
   return pathlib.Path(path)
 
 
+@matplotlib.rc_context({"text.parse_math": False})
 def plot_heads(data, step: int, path) -> pathlib.Path:
   """Per-head metrics at one step: an L×H heatmap per metric."""
   names = [m for m in HEAD_METRICS if m in data and step in data[m]]
@@ -165,6 +169,7 @@ def plot_heads(data, step: int, path) -> pathlib.Path:
   return pathlib.Path(path)
 
 
+@matplotlib.rc_context({"text.parse_math": False})
 def animate_matrix(per_step: dict[int, np.ndarray], metric: str, path, fps: float = 2.0) -> pathlib.Path:
   """GIF, one frame per step (ascending), of the per-layer H×H matrices on one fixed colour scale."""
   steps = sorted(per_step)

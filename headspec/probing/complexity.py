@@ -77,7 +77,10 @@ def figure(rows: list[dict], path) -> None:
     ax.set_title(metric.replace("_", " "))
   axes[0].legend(fontsize=7)
   r = rows[0]
-  fig.suptitle(f"{r['model']} step {r['step']} — {r['task']}: complexity sweep on {r['split']} (Hewitt & Liang 2019)")
+  fig.suptitle(
+    f"{r['model']} step {r['step']} — {r['task']}: complexity sweep on {r['split']} (Hewitt & Liang 2019)",
+    parse_math=False,  # a model or split name with `$` is drawn as written, not as mathtext
+  )
   fig.tight_layout()
   remote.save_figure(fig, path, dpi=100)
   plt.close(fig)

@@ -1,0 +1,122 @@
+"""Issue 38, the analysis commands' outputs: a work directory that cannot be written is refused before any
+computation; temporary folders of killed writers are removed and never shown; the atlas survives bad
+table rows and a damaged metrics.jsonl; words and names with `$` are drawn as written, not as mathtext."""
+
+import json
+
+import numpy as np
+from test_atlas_fixtures import tiny_png, write_run
+
+from headspec import tables
+from headspec.atlas import run_data
+
+DOLLARS = ["$$", "me$$age", "$5", "a$b$c"]  # the first two are EWT train forms
+
+
+# --- `$` in drawn text (item 10) ----------------------------------------------------------------------
+
+
+def test_attention_pictures_draw_words_with_dollars(tmp_path):
+  from headspec.attention import pictures
+
+  n = len(DOLLARS)
+  attn_LHNN = np.random.default_rng(0).random((1, 2, n, n))
+  assert len(pictures.head_pictures([(attn_LHNN, None)], [DOLLARS], tmp_path)) == 2
+  pictures.line_view(attn_LHNN[0], DOLLARS, tmp_path / "lines.png", title="me$$age")
+  pictures.rollout_flow_picture(attn_LHNN[0, 0], attn_LHNN[0, 1], DOLLARS, tmp_path / "flow.png", title="$$")
+  assert all((tmp_path / f).stat().st_size > 0 for f in ("L0H1.png", "lines.png", "flow.png"))
+
+
+def test_analysis_figures_draw_names_with_dollars(tmp_path):
+  from headspec.ablation import plots as ablation_plots
+  from headspec.diversity import plots as diversity_plots
+  from headspec.probing import complexity, report
+
+  rows = [dict(method="me$$age", metric="$$", layer=l, head=h, value=0.1 * h) for l in range(2) for h in range(2)]
+  ablation_plots.heads(rows, 2, 2, tmp_path / "heads.png")
+  pruning = [dict(metric="$$", ranking="me$$age", fraction_pruned=f, value=f) for f in (0.0, 0.5)]
+  ablation_plots.pruning(pruning, tmp_path / "pruning.png")
+  diversity = diversity_plots.tables([(s, 0, 0, -1, "me$$age", 0.5 + s) for s in (0, 10)])
+  diversity_plots.plot_curves(diversity, tmp_path / "curves.png")
+  probe_rows = [
+    dict(layer=l, head=h, accuracy=0.5, selectivity=0.1) for l in range(-1, 2) for h in ([-1] if l < 0 else (-1, 0))
+  ]
+  report.heatmap(probe_rows, "me$$age step 0: upos probes on $$/test", tmp_path / "heatmap.png")
+  sweep = [
+    dict(model="me$$age", step=0, task="upos", split="$$/dev", layer=0, head=h, l2=l2, accuracy=0.5)
+    | dict(control_accuracy=0.3, selectivity=0.2)
+    for h in (-1, 0)
+    for l2 in (0.1, 1.0)
+  ]
+  complexity.figure(sweep, tmp_path / "complexity.png")
+  for name in ("heads", "pruning", "curves", "heatmap", "complexity"):
+    assert (tmp_path / f"{name}.png").stat().st_size > 0, name
+
+
+# --- the atlas: bad rows, metrics.jsonl, temporary folders (items 8, 9, 11) ----------------------------
+
+
+def _add_row(run, table, **changes):
+  rows = tables.read(tables.path_of(run, table), table)
+  tables.write(tables.path_of(run, table), rows + [dict(rows[0], **changes)], table)
+  return len(rows) + 2  # the new row's line (line 1 is the header)
+
+
+def test_atlas_grid_comes_from_the_config_and_skips_rows_outside(tmp_path, capsys):
+  run = write_run(tmp_path / "run", layers=3, heads=4)
+  line = _add_row(run, tables.ROLES, layer="100000")  # a 10^10-cell grid if the grid followed the rows
+  data = run_data(run)
+  assert (data["layers"], data["heads"]) == (3, 4)
+  warnings = [line for line in capsys.readouterr().err.splitlines() if "roles.csv" in line]
+  assert len(warnings) == 1 and f"roles.csv:{line}: layer=100000" in warnings[0]
+  # With config.json the grid is the model's, whatever the tables say.
+  (run / "config.json").write_text(json.dumps({"model": {"num_layers": 2, "num_heads": 4, "pretrained": ""}}))
+  data = run_data(run)
+  assert (data["layers"], data["heads"]) == (2, 4)
+  assert all(len(grid) == 2 for m in data["metrics"] for grid in m["grids"].values())
+  assert "probes/results.csv" in capsys.readouterr().err  # layer 2's rows, left out with a warning
+
+
+def test_atlas_per_lambda_gate_rows_are_not_a_head(tmp_path):
+  run = write_run(tmp_path / "run", layers=2, heads=2)
+  rows = [
+    dict(model="run", step=0, penalty=0.1, layer=l, head=h, gate_open_probability=0.9, heads_kept=4)
+    | dict(metric="gate", value=1.0)
+    for l in range(2)
+    for h in range(2)
+  ]
+  rows.append(
+    dict(model="run", step=0, penalty=0.1, layer=-1, head=-1, gate_open_probability="", heads_kept=4)
+    | dict(metric="loss", value=3.0)
+  )
+  tables.write(tables.path_of(run, tables.ABLATION_GATES), rows, tables.ABLATION_GATES)
+  gates = next(m for m in run_data(run)["metrics"] if m["id"].startswith("gates/"))
+  assert gates["grids"]["0"][1][1]["v"] == 0.9  # not overwritten by the per-λ row (grid[-1][-1])
+
+
+def test_atlas_reads_a_damaged_metrics_jsonl(tmp_path, capsys):
+  run = write_run(tmp_path / "run", layers=2, heads=2)
+  good = len(run_data(run)["training"])
+  with open(run / "metrics.jsonl", "ab") as f:
+    f.write(b'{"step": 1.5, "loss": 1.0}\n')  # a non-integer step
+    f.write(b'{"step": 5000, "loss": 2.0}\n')
+    f.write(b'\xff\xfe{"step": 6000}\n')  # not UTF-8
+    f.write(b'{"step": 7000, "lo')  # cut off by a killed run
+  capsys.readouterr()
+  training = run_data(run)["training"]
+  assert len(training) == good + 1 and training[-1] == {"step": 5000, "loss": 2.0}
+  warnings = [line for line in capsys.readouterr().err.splitlines() if "metrics.jsonl" in line]
+  assert len(warnings) == 1 and f"metrics.jsonl:{good + 1}: 3 line(s)" in warnings[0]
+
+
+def test_atlas_ignores_temporary_picture_folders(tmp_path):
+  run = write_run(tmp_path / "run", layers=2, heads=2)
+  stale = run / "attention" / "pictures" / ".run-step0.tmp-999999"
+  stale.mkdir(parents=True)
+  (stale / "L0H1.png").write_bytes(tiny_png())
+  (stale / "summary.png").write_bytes(tiny_png())
+  data = run_data(run)
+  names = [im["name"] for im in data["images"]] + [
+    im["name"] for extra in data["heads_extra"].values() for im in extra.get("images", [])
+  ]
+  assert names and not any(".tmp-" in n for n in names)
