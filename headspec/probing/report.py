@@ -51,6 +51,7 @@ def _grid(rows: list[dict], key: str):
   return grid, residual, embedding
 
 
+@matplotlib.rc_context({"text.parse_math": False})  # names and words drawn as written: `$` is not mathtext
 def heatmap(rows: list[dict], title: str, path) -> None:
   """Writes the two-panel (accuracy, selectivity) layer × head heatmap of one (model, step, task, split)."""
   fig, axes = plt.subplots(
