@@ -35,6 +35,12 @@ def server(tmp_path):
   httpd.server_close()
 
 
+@pytest.fixture(autouse=True)
+def _unpinned(monkeypatch):
+  """These tests serve synthetic files under real treebank names; pins: tests/test_faults_inputs.py."""
+  monkeypatch.setattr(download, "PINS", {})
+
+
 @pytest.fixture(scope="module")
 def source(tmp_path_factory):
   """A small valid treebank to serve: synthetic dev and test files."""

@@ -333,8 +333,8 @@ def download_text(
   return target
 
 
-def main_download_text(args: list[str], data_dir) -> pathlib.Path:
-  """CLI entry: `headspec data download text <corpus> [--force] [--sha256 FILE=HEX] [--base-url URL]`."""
+def parser():
+  """`headspec data download text`'s options (its --help needs no data directory)."""
   from headspec.data.download import _ArgumentParser  # pylint: disable=g-import-not-at-top
 
   parser = _ArgumentParser(
@@ -344,7 +344,12 @@ def main_download_text(args: list[str], data_dir) -> pathlib.Path:
   parser.add_argument("--sha256", action="append", default=[], metavar="FILE=HEX", help="for unpinned files")
   parser.add_argument("--base-url", default=HF_DATASETS_URL)
   parser.add_argument("--force", action="store_true", help="replace an existing corpus folder")
-  options = parser.parse_args(args)
+  return parser
+
+
+def main_download_text(args: list[str], data_dir) -> pathlib.Path:
+  """CLI entry: `headspec data download text <corpus> [--force] [--sha256 FILE=HEX] [--base-url URL]`."""
+  options = parser().parse_args(args)
   overrides = {}
   for item in options.sha256:
     key, sep, value = item.partition("=")

@@ -132,12 +132,13 @@ def _sentence(where, start, block, index, default_id):
 
 
 def read_conllu(path) -> list[Sentence]:
-  """All sentences of one CoNLL-U file; any malformed line raises UserError naming file:line."""
+  """All sentences of one CoNLL-U file (UTF-8, with or without a byte-order mark); any malformed line
+  raises UserError naming file:line."""
   path = pathlib.Path(path)
   if not path.is_file():
     raise UserError(f"{path}: no such CoNLL-U file")
   try:
-    text = path.read_text(encoding="utf-8")
+    text = path.read_text(encoding="utf-8-sig")  # a leading byte-order mark is not part of the first line
   except UnicodeDecodeError as e:
     raise UserError(f"{path}: not UTF-8 ({e.reason} at byte {e.start})") from None
   sentences = [
