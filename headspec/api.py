@@ -144,14 +144,29 @@ def _check_heads(cfg, heads, what: str = "heads") -> list[Head]:
 
 
 def _head_mask(cfg, head_mask) -> np.ndarray:
-  """[L,H] float32 mask: None (all ones), an [L,H] array, or a list of (layer, head) pairs to remove."""
+  """[L,H] float32 mask: None (all ones), an [L,H] array, or (layer, head) tuples to remove. A nested
+  list is refused: [[1, 0], [1, 1]] could be either, and read as pairs it would remove heads silently."""
   L, H = cfg.num_layers, cfg.num_heads
   if head_mask is None:
     return np.ones((L, H), np.float32)
   if isinstance(head_mask, np.ndarray | jax.Array):
     if np.shape(head_mask) != (L, H):
       raise ValueError(f"head_mask of shape {np.shape(head_mask)}: expected [L, H] = [{L}, {H}]")
-    return np.asarray(head_mask, np.float32)
+    mask = np.asarray(head_mask, np.float32)
+    if not np.all(np.isfinite(mask)):
+      raise ValueError("head_mask: NaN or infinite values; 1 keeps a head, 0 removes it, between scales it")
+    return mask
+  try:
+    head_mask = list(head_mask)
+  except TypeError:
+    raise ValueError(
+      f"head_mask: a {type(head_mask).__name__} is neither an [L, H] array nor (layer, head) pairs"
+    ) from None
+  if any(isinstance(item, list) for item in head_mask):  # [[1, 0], [1, 1]] reads as pairs (1, 0), (1, 1)
+    raise ValueError(
+      f"head_mask: a nested list is ambiguous (an [L, H] mask or pairs?); give np.asarray(...) of shape "
+      f"[{L}, {H}] for a mask or (layer, head) tuples for the heads to remove"
+    )
   mask = np.ones((L, H), np.float32)
   for layer, head in _check_heads(cfg, head_mask, "head_mask"):
     mask[layer, head] = 0.0

@@ -2,7 +2,7 @@
 
 Thin: parses flags, loads the config, calls the command's library function. Errors a user can cause
 (headspec.errors.UserError, bad flags or config keys, a --workdir URL of an unknown scheme) print one
-line to stderr and exit with status 2. `headspec launch TARGET ...` is headspec/launch.py's command line
+line to stderr, its reason kept (`one_line`), and exit with status 2. `headspec launch TARGET ...` is headspec/launch.py's command line
 (`python -m headspec.launch TARGET ...`), passed on as it is.
 """
 
@@ -59,8 +59,21 @@ class _Exit(Exception):
 
 
 def _fail(message: str) -> None:
-  print(f"headspec: error: {message}", file=sys.stderr)
+  print(f"headspec: error: {one_line(message)}", file=sys.stderr)
   raise _Exit(2)
+
+
+def one_line(message: str) -> str:
+  """A message on one line with its reason kept: a library's multi-line text (absl flags, a config
+  file's traceback that ml_collections embeds) becomes its first line and, after a traceback, the
+  exception it ended in (`Error whilst parsing config file: ValueError: unknown argument 'x'`)."""
+  lines = [line.strip() for line in str(message).splitlines() if line.strip()]
+  if not lines:
+    return ""
+  if "Traceback (most recent call last):" in lines:
+    head = lines[: lines.index("Traceback (most recent call last):")]
+    return " ".join([*head, lines[-1]])
+  return " ".join(lines)
 
 
 def use_every_cpu_core() -> None:
@@ -85,7 +98,7 @@ def main(argv: list[str]) -> int:
     try:
       rest = _parse(argv)  # unknown flags stay in `rest`: `data download` has its own
     except flags.Error as e:
-      _fail(str(e).splitlines()[0])
+      _fail(str(e))
     except (AttributeError, KeyError, TypeError, ValueError) as e:  # config_flags on a bad --config.key
       overrides = [a.split("=")[0] for a in argv if a.startswith("--config.")]
       _fail(
@@ -104,7 +117,7 @@ def main(argv: list[str]) -> int:
     try:
       config = _CONFIG.value
     except (flags.Error, FileNotFoundError, OSError) as e:
-      _fail(f"--config: {str(e).splitlines()[0]}")
+      _fail(f"--config: {e}")
     if command in NEEDS_CONFIG and config is None:
       _fail(f"{command} needs --config=configs/NAME.py")
     if command in NEEDS_CONFIG | {"train"} and not _WORKDIR.value:
@@ -118,7 +131,7 @@ def main(argv: list[str]) -> int:
     getattr(importlib.import_module(module), function)(config, _WORKDIR.value, args)
     return 0
   except UserError as e:
-    print(f"headspec: error: {e}", file=sys.stderr)
+    print(f"headspec: error: {one_line(e)}", file=sys.stderr)
     return 2
   except _Exit as e:
     return e.args[0]

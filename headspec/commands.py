@@ -95,12 +95,23 @@ def study(config, workdir, args) -> None:
 
 def data(config, workdir, args) -> None:
   """`headspec data download ud TREEBANK [--repo R] [--release R] [--splits S] [--base-url U] [--force]`
-  or `headspec data download text CORPUS [--sha256 FILE=HEX] [--base-url U] [--force]`."""
+  or `headspec data download text CORPUS [--sha256 FILE=HEX] [--base-url U] [--force]`. `--help` anywhere
+  prints help, whether or not a data directory is set."""
+  usage = (
+    "usage: headspec data download ud TREEBANK [--release r2.16] [--splits dev,test] [--force] | "
+    "headspec data download text CORPUS [--force] (CORPUS: wikitext_103, wikitext_2)"
+  )
+  wants_help = any(a in ("-h", "--help", "help") for a in args)
+  if wants_help and args[:1] == ["download"] and args[1:2] in (["ud"], ["text"]):
+    from headspec.data import download, text_download
+
+    (download if args[1] == "ud" else text_download).parser().print_help()
+    return
+  if wants_help:
+    print(usage)
+    return
   if len(args) < 3 or args[0] != "download" or args[1] not in ("ud", "text"):
-    raise UserError(
-      "usage: headspec data download ud TREEBANK [--release r2.16] [--splits dev,test] [--force] | "
-      "headspec data download text CORPUS [--force] (CORPUS: wikitext_103, wikitext_2)"
-    )
+    raise UserError(usage)
   kind = args[1]
   where = "DATA_DIR/ud/TREEBANK/" if kind == "ud" else "DATA_DIR/text/CORPUS/"
   data_dir = os.fspath(targets.data_dir(config, purpose=f"files go to {where}", must_exist=False))

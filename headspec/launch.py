@@ -307,10 +307,21 @@ def run_local(steps: list[Step]) -> int:
 # -- SLURM ----------------------------------------------------------------------------------------------
 
 
+def _sbatch_value(flag: str, value: str) -> str:
+  """`value` for an `#SBATCH` line: sbatch reads one word there, and a newline would start a script line."""
+  if not value or any(c.isspace() or not c.isprintable() or c in "'\"#$`\\" for c in value):
+    raise UserError(f"--{flag}={value!r}: one word without spaces, quotes, #, $ or backslashes for #SBATCH")
+  return value
+
+
 def slurm_script(opts, plans) -> str:
   """An sbatch script: training as `srun` over every node (one task per node; jax.distributed reads
   SLURM's variables), analyses as one task; SIGUSR1 two minutes before the limit goes to the batch shell,
-  which passes SIGTERM to the step (headspec saves and exits) and requeues the job, which then resumes."""
+  which passes SIGTERM to the step (headspec saves and exits) and requeues the job, which then resumes.
+  Every value from the command line is quoted (shell lines) or checked to be one word (#SBATCH lines)."""
+  for flag in ("job_name", "time", "partition", "account"):
+    if getattr(opts, flag) or flag in ("job_name", "time"):
+      _sbatch_value(flag.replace("_", "-"), getattr(opts, flag))
   lines = [
     "#!/usr/bin/env bash",
     f"#SBATCH --job-name={opts.job_name}",
@@ -412,7 +423,8 @@ def tpu_steps(opts, plans) -> list[Step]:
   )
   steps.append(ssh(f"pip install -q -U 'jax[tpu]' {REMOTE_HOME}/{WHEEL}"))
   if remote.is_remote(opts.data):  # staged on every worker's disk (TFDS and treebank readers want local files)
-    steps.append(ssh(f"mkdir -p {REMOTE_HOME}/data && gcloud storage rsync --recursive {opts.data} {REMOTE_HOME}/data"))
+    data = shlex.quote(opts.data)  # the remote shell reads this line: a value is one word, never a command
+    steps.append(ssh(f"mkdir -p {REMOTE_HOME}/data && gcloud storage rsync --recursive {data} {REMOTE_HOME}/data"))
   else:
     steps.append(
       Step(
