@@ -352,10 +352,11 @@ def locked(path):
     return
   me = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
   held = lock.read_text().split() if lock.exists() else []
-  if len(held) == 2 and held[0] != me and time.time() - float(held[1]) < LEASE_SECONDS:
+  age = time.time() - (float(held[1]) if len(held) == 2 and held[1].replace(".", "", 1).isdigit() else 0.0)
+  if held and age < LEASE_SECONDS:  # an unreadable lease counts as old: only headspec writes these
     raise UserError(
-      f"{path}: {held[0]} is writing this table ({lock} is {time.time() - float(held[1]):.0f} s old); one writer "
-      f"per table on object storage: wait for it, or delete the lease if no writer is running"
+      f"{path}: {held[0]} is writing this table ({lock} is {age:.0f} s old); one writer per table on "
+      f"object storage: wait for it, or delete the lease if no writer is running"
     )
   lock.write_text(f"{me} {time.time():.3f}\n")
 

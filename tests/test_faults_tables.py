@@ -110,6 +110,9 @@ def test_object_store_lease_refuses_a_second_writer(tmp_path, object_store):
   lease.write_text(f"host:1:abc {time.time() - tables.LEASE_SECONDS - 1:.3f}\n")
   tables.merge(path, [_causal("m", 2)], tables.ABLATION_CAUSAL)
   assert len(tables.read(path, tables.ABLATION_CAUSAL)) == 2 and not lease.exists()
+  lease.write_text("not a lease")  # unreadable: not a live writer
+  tables.merge(path, [_causal("m", 3)], tables.ABLATION_CAUSAL)
+  assert len(tables.read(path, tables.ABLATION_CAUSAL)) == 3 and not lease.exists()
 
 
 def test_object_store_writer_whose_lease_was_taken_writes_nothing(tmp_path, object_store):
