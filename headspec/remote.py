@@ -14,8 +14,10 @@ from __future__ import annotations
 
 import hashlib
 import io
+import math
 import os
 import pathlib
+import re
 import shutil
 import tempfile
 
@@ -115,6 +117,55 @@ def files_under(folder) -> list[epath.Path]:
       root = f"{scheme}://{root}"
     files += [epath.Path(root) / name for name in names]
   return sorted(files)
+
+
+TEMP_NAME = re.compile(r"\.tmp-(\d+)$")
+"""A writer's temporary file or folder beside its target: `<name>.tmp-<pid>` (renamed into place when whole)."""
+
+
+def _start_time(pid: int) -> float | None:
+  """When process `pid` started (seconds since the epoch; Linux /proc), None when unknown; +inf when no
+  process has that pid (none ever will have started before now)."""
+  try:
+    os.kill(pid, 0)
+  except ProcessLookupError:
+    return math.inf
+  except PermissionError:  # another user's live process
+    pass
+  try:
+    ticks = int(pathlib.Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[19])
+    boot = next(int(line.split()[1]) for line in open("/proc/stat") if line.startswith("btime "))
+  except (OSError, IndexError, ValueError, StopIteration):
+    return None
+  return boot + ticks / os.sysconf("SC_CLK_TCK")
+
+
+def remove_stale_temps(folder, *, slack_s: float = 5.0) -> list[pathlib.Path]:
+  """Removes the temporaries (`TEMP_NAME`) in local `folder` whose writer is gone, and returns them: a
+  killed writer (kill -9, out of memory) leaves its temporary behind, and a feature cache's holds
+  gigabytes. Gone: no process has the pid, or the one that has it started after the temporary was last
+  changed (the pid was reused: a restarted container, or this very process). A live writer's temporary
+  is kept, so concurrent writers of one folder are safe. Remote folders have none (objects are whole)."""
+  if is_remote(folder) or not os.path.isdir(folder):
+    return []
+  removed = []
+  for entry in pathlib.Path(os.fspath(folder)).iterdir():
+    match = TEMP_NAME.search(entry.name)
+    if not match:
+      continue
+    started = _start_time(int(match.group(1)))
+    try:
+      changed = entry.lstat().st_mtime
+    except FileNotFoundError:  # its writer just renamed or removed it
+      continue
+    if started is None or started <= changed + slack_s:
+      continue
+    if entry.is_dir() and not entry.is_symlink():
+      shutil.rmtree(entry, ignore_errors=True)
+    else:
+      entry.unlink(missing_ok=True)
+    removed.append(entry)
+  return removed
 
 
 class LocalMirror:

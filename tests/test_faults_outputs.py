@@ -3,11 +3,15 @@ computation; temporary folders of killed writers are removed and never shown; th
 table rows and a damaged metrics.jsonl; words and names with `$` are drawn as written, not as mathtext."""
 
 import json
+import os
+import subprocess
+import sys
 
 import numpy as np
+import pytest
 from test_atlas_fixtures import tiny_png, write_run
 
-from headspec import tables
+from headspec import remote, tables
 from headspec.atlas import run_data
 
 DOLLARS = ["$$", "me$$age", "$5", "a$b$c"]  # the first two are EWT train forms
@@ -120,3 +124,75 @@ def test_atlas_ignores_temporary_picture_folders(tmp_path):
     im["name"] for extra in data["heads_extra"].values() for im in extra.get("images", [])
   ]
   assert names and not any(".tmp-" in n for n in names)
+
+
+# --- temporary folders of killed writers (item 8) ------------------------------------------------------
+
+
+def _dead_pid() -> int:
+  """The pid of a process that has exited."""
+  out = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+  return int(out.stdout)
+
+
+def test_stale_temporaries_are_removed_and_live_ones_kept(tmp_path):
+  # A writer that is killed with SIGKILL mid-write leaves its temporary folder.
+  code = "import os, sys, time; os.mkdir(sys.argv[1] + f'/x.tmp-{os.getpid()}'); print(flush=True); time.sleep(60)"
+  writer = subprocess.Popen([sys.executable, "-c", code, str(tmp_path)], stdout=subprocess.PIPE, text=True)
+  writer.stdout.readline()
+  theirs = tmp_path / f"x.tmp-{writer.pid}"
+  assert theirs.is_dir() and remote.remove_stale_temps(tmp_path) == []  # alive: a concurrent writer, kept
+  writer.kill()
+  writer.wait()
+  ours_old = tmp_path / f".y.png.tmp-{os.getpid()}"  # our pid, from before we started: the pid was reused
+  ours_old.write_bytes(b"half")
+  os.utime(ours_old, (1e9, 1e9))
+  ours_now = tmp_path / f"z.tmp-{os.getpid()}"
+  ours_now.mkdir()
+  (tmp_path / "results.csv").write_text("a\n")
+  removed = remote.remove_stale_temps(tmp_path)
+  assert sorted(removed) == sorted([theirs, ours_old])
+  assert sorted(p.name for p in tmp_path.iterdir()) == sorted(["results.csv", ours_now.name])
+
+
+@pytest.fixture(scope="module")
+def tiny_encoder(data_dir, tmp_path_factory):
+  from headspec.data.tokenizer import train_sentencepiece
+  from headspec.data.treebank import load_split
+  from headspec.model import ModelConfig, random_like
+
+  dev = load_split(data_dir, "en_ewt", "dev")
+  tokenizer = train_sentencepiece(
+    [" ".join(s.words) for s in dev[:300]], tmp_path_factory.mktemp("spm"), vocab_size=600
+  )
+  cfg = ModelConfig(
+    "encoder", tokenizer.vocab_size, num_layers=2, num_heads=2, d_model=16, d_head=8, d_ff=16, max_len=32
+  )
+  return random_like(cfg, 0), tokenizer, [s.words for s in dev[:3]]
+
+
+def test_feature_cache_removes_a_killed_extractions_folder(tiny_encoder, tmp_path):
+  from headspec.probing import features
+
+  model, tokenizer, sentences = tiny_encoder
+  stale = tmp_path / f"minilm-step0-en_ewt-train-0123.tmp-{_dead_pid()}"
+  stale.mkdir()
+  (stale / "z_0.npy").write_bytes(b"\0" * 4096)
+  kw = dict(cache_dir=tmp_path, identity={"run": "x"}, name="dev", log=None)
+  got = features.extract_features(model, tokenizer, sentences, **kw)
+  assert not stale.exists() and [p.name for p in tmp_path.iterdir()] == [got.path.name]
+
+
+def test_attention_pictures_remove_a_killed_drawings_folder_and_draw_dollars(tiny_encoder, tmp_path):
+  from headspec.attention.defaults import attention_config
+  from headspec.attention.run import draw_pictures
+
+  model, tokenizer, sentences = tiny_encoder
+  folder = tmp_path / "pictures" / "run-step4"
+  stale = folder.with_name(f".run-step2.tmp-{_dead_pid()}")
+  stale.mkdir(parents=True)
+  (stale / "L0H0.png").write_bytes(tiny_png())
+  examples = [list(sentences[0][:5]) + ["$$", "me$$age"]]  # EWT train forms
+  draw_pictures(model, tokenizer, examples, folder, attention_config(), log=lambda s: None)
+  assert not stale.exists() and [p.name for p in folder.parent.iterdir()] == ["run-step4"]
+  assert (folder / "L1H1.png").is_file()

@@ -63,7 +63,6 @@ _GRID_COLUMNS = {
   tables.ROLES.path: {"layer": 0, "head": 0},
   tables.LABELS.path: {"layer": 0, "head": 0},
 }
-_TEMP = re.compile(r"\.tmp-\d+$")  # a writer's temporary file or folder (headspec.remote.remove_stale_temps)
 
 _DIVERGING = {"selectivity", "loss_delta", "accuracy_delta", "interaction"}
 _HEAD_IN_NAME = re.compile(r"(?:^|[^a-z0-9])(?:l|layer)[_-]?(\d+)[_-]?(?:h|head)[_-]?(\d+)(?=[^0-9]|$)", re.I)
@@ -376,7 +375,7 @@ class _RunData:
     folder = self.workdir / "attention"
     run_level, budget, skipped = [], MAX_IMAGE_BYTES, 0
     pngs = [p for p in remote.files_under(folder) if p.suffix == ".png"]
-    for path in (p for p in pngs if not any(_TEMP.search(part) for part in p.relative_to(folder).parts)):
+    for path in (p for p in pngs if not any(remote.TEMP_NAME.search(part) for part in p.relative_to(folder).parts)):
       size = path.stat().length
       if size > budget:
         skipped += 1

@@ -15,7 +15,9 @@ Memory stays bounded whatever the split size: each batch is appended to `.npy` f
 array of the whole split is ever held), one file per layer, in processing order; `Features.z(layer)`
 reads one layer back in word order. The files form a cache at `cache_dir/<name>-<hash>/`, keyed by the
 model identity and step, the words of the split (so any change of file or subsample is a new key),
-pooling, dtype and this module's FORMAT_VERSION; a second run reads it instead of recomputing.
+pooling, dtype and this module's FORMAT_VERSION; a second run reads it instead of recomputing. A folder
+is written as `<name>-<hash>.tmp-<pid>` and renamed when whole; one left by a killed process is removed
+by the next extraction into the cache (`headspec.remote.remove_stale_temps`).
 The cache is always on local disk (it is memory-mapped and appended to, which object stores cannot
 do): a remote `cache_dir` (`gs://bucket/run/probes/cache`) stands for a folder on local scratch
 (`headspec.remote.scratch_dir`, under HEADSPEC_SCRATCH); `run_cache_dir(workdir)` is a run's.
@@ -233,6 +235,9 @@ def extract_features(
     raise UserError(f"{name}: no sentences to extract features from")
   cfg = model.cfg
   cache_dir = local_cache_dir(cache_dir)
+  for stale in remote.remove_stale_temps(cache_dir):  # a killed extraction's half-written folder
+    if log:
+      log(f"  removed {stale} (left by a process that no longer runs)")
   folder = cache_dir / _cache_name(identity, name, sentences, pooling, dtype, cfg.max_len)
   if (folder / _META).is_file():
     return _load(folder, from_cache=True)
