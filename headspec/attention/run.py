@@ -133,6 +133,7 @@ def draw_pictures(model, tokenizer, examples, folder, config, *, log=print) -> N
   in_place = remote.is_remote(folder)
   tmp = folder if in_place else folder.with_name(f".{folder.name}.tmp-{os.getpid()}")
   if not in_place:
+    remote.remove_stale_temps(folder.parent)  # folders of killed drawings (kill -9 leaves them)
     shutil.rmtree(tmp, ignore_errors=True)
   tmp.mkdir(parents=True, exist_ok=True)
   maps = words_lib.sentence_maps(model, tokenizer, examples)
