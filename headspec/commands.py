@@ -84,12 +84,14 @@ def attention(config, workdir, args) -> None:
 
 def study(config, workdir, args) -> None:
   """`headspec study --workdir=ROOT`: ROOT/study/ from an experiment's runs (headspec/study.py; no --config)."""
-  from headspec.study import write_study
+  from headspec import remote, tables
+  from headspec.study import OUT, write_study
 
   if not workdir:
     raise UserError("study needs --workdir=ROOT (an experiment folder: headspec launch ... --experiment=...)")
   if args:
     raise UserError(f"study takes no arguments, got {' '.join(args)}")
+  tables.check_writable(remote.run_path(workdir) / OUT)  # a ROOT/study/ that cannot be written: before reading
   print(write_study(workdir).read_text())
 
 

@@ -26,6 +26,7 @@ import fcntl
 import io
 import math
 import os
+import pathlib
 import socket
 import time
 import uuid
@@ -431,9 +432,26 @@ def merge(path, new_rows: list[dict], table: Table, *, others=None) -> list[dict
 
 
 def check_writable(workdir, *tables: Table) -> None:
-  """Fails (UserError) before any computation if one of `tables` in `workdir` exists with other columns."""
+  """Fails (UserError, one line) before any computation if `workdir` or a table's folder cannot be written
+  (a file, under a file, not writable) or one of `tables` in `workdir` exists with other columns."""
+  for folder in dict.fromkeys([epath.Path(workdir), *(path_of(workdir, t).parent for t in tables)]):
+    _check_folder(folder)
   for table in tables:
     read(path_of(workdir, table), table)
+
+
+def _check_folder(folder: epath.Path) -> None:
+  """UserError unless local `folder` is, or can be made, a folder this process may write in: its nearest
+  existing ancestor (itself included) must be a folder, writable. Object stores have no folders to check."""
+  if remote.is_remote(folder):
+    return
+  there = here = pathlib.Path(os.fspath(folder))
+  while not there.exists() and there != there.parent:  # exists() is False under a file, too
+    there = there.parent
+  if not there.is_dir():
+    raise UserError(f"{here}: {'it' if there == here else there} is a file, not a folder; use another --workdir")
+  if not os.access(there, os.W_OK | os.X_OK):
+    raise UserError(f"{folder}: cannot write in {there} (permission denied or a read-only disk)")
 
 
 def read_frame(path, table: Table):

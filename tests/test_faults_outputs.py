@@ -4,6 +4,7 @@ table rows and a damaged metrics.jsonl; words and names with `$` are drawn as wr
 
 import json
 import os
+import pathlib
 import subprocess
 import sys
 
@@ -196,3 +197,54 @@ def test_attention_pictures_remove_a_killed_drawings_folder_and_draw_dollars(tin
   draw_pictures(model, tokenizer, examples, folder, attention_config(), log=lambda s: None)
   assert not stale.exists() and [p.name for p in folder.parent.iterdir()] == ["run-step4"]
   assert (folder / "L1H1.png").is_file()
+
+
+# --- a work directory that cannot be written (item 6) ---------------------------------------------------
+
+CONFIGS = pathlib.Path(__file__).resolve().parents[1] / "configs"
+COMMANDS = {  # each on all-MiniLM-L6-v2 (atlas and study read tables only)
+  "probe": "probe_minilm_ewt.py",
+  "diversity": "diversity.py",
+  "ablate": "ablate.py",
+  "attention": "attention_ewt.py",
+  "atlas": None,
+  "study": None,
+}
+
+
+def _minilm_config(tmp_path, name: str) -> str:
+  """--config=FILE: configs/NAME with model.pretrained='minilm' (in-process cli.main cannot take the same
+  --config.key override twice: absl defines the flag once per process)."""
+  path = tmp_path / f"minilm_{name}"
+  base = name.removesuffix(".py")
+  lines = [f"import sys\nsys.path.insert(0, {str(CONFIGS)!r})\nimport {base}\n", "def get_config(arg=None):"]
+  path.write_text(
+    "\n".join(lines + [f"  c = {base}.get_config(None)", "  c.model.pretrained = 'minilm'", "  return c\n"])
+  )
+  return f"--config={path}"
+
+
+@pytest.mark.parametrize("command", COMMANDS)
+@pytest.mark.parametrize("where", ["a file", "under a file", "read-only"])
+def test_a_workdir_that_cannot_be_written_is_one_line_before_any_computation(
+  command, where, tmp_path, capsys, monkeypatch
+):
+  from headspec import cli, pretrained
+
+  monkeypatch.setattr(pretrained, "load_pretrained", lambda *a: pytest.fail(f"{command} loaded a model first"))
+  afile = tmp_path / "afile"
+  afile.write_text("not a folder\n")
+  workdir = {"a file": afile, "under a file": afile / "run", "read-only": tmp_path / "run"}[where]
+  if where == "read-only":  # as root, chmod would not stop us: the check asks os.access
+    workdir.mkdir()
+    write_run(workdir, layers=2, heads=2)  # tables for the atlas to read
+    access = os.access
+    monkeypatch.setattr(os, "access", lambda p, mode: access(p, mode) and os.fspath(p) != os.fspath(workdir))
+  cli.FLAGS.unparse_flags()
+  config = [_minilm_config(tmp_path, COMMANDS[command])] if COMMANDS[command] else []
+  assert cli.main(["headspec", command, *config, f"--workdir={workdir}"]) == 2
+  err = capsys.readouterr().err.strip()
+  assert err.startswith("headspec: error:") and "\n" not in err, err
+  expected = {"a file": "is a file, not a folder", "under a file": "is a file, not a folder"}
+  assert expected.get(where, "cannot write in") in err, err
+  assert afile.read_text() == "not a folder\n"

@@ -20,7 +20,7 @@ import pathlib
 
 from etils import epath
 
-from headspec import remote
+from headspec import remote, tables
 from headspec.atlas.data import atlas_data
 
 PAGE_NAME = "atlas.html"
@@ -58,6 +58,7 @@ def build_atlas(workdir, compare=()) -> pathlib.Path | epath.Path:
   """
   if isinstance(compare, (str, os.PathLike)):
     compare = [compare]
+  tables.check_writable(remote.run_path(workdir))  # a run directory we cannot write to: before reading it
   data = atlas_data(workdir, compare)
   return write_page(remote.run_path(workdir) / PAGE_NAME, render(data))
 

@@ -146,12 +146,12 @@ def run_diversity(config: ml_collections.ConfigDict, workdir) -> pathlib.Path:
   workdir = remote.run_path(workdir)
   _check_config(config)
   jobs = targets.plan(config, workdir, steps=config.steps)
+  # a folder that cannot be written or a foreign file fails here, before the computation
+  tables.check_writable(workdir, tables.DIVERSITY, tables.DIVERSITY_METRICS)
   tokenizer = jobs[0].load()[1] if config.model.pretrained else load_tokenizer(workdir / "tokenizer")
   tokens_NT, valid_NT = evaluation_tokens(config, workdir, tokenizer)
   out_dir = workdir / "diversity"
   results = tables.path_of(workdir, tables.DIVERSITY)
-  # a foreign file fails here, before the computation
-  tables.check_writable(workdir, tables.DIVERSITY, tables.DIVERSITY_METRICS)
   n_tokens = int(valid_NT.sum())
   print(
     f"diversity: {len(jobs)} step(s), {n_tokens} tokens in {len(tokens_NT)} rows of {tokens_NT.shape[1]}", flush=True
