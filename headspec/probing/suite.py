@@ -334,8 +334,17 @@ def run_probe_suite(config: ml_collections.ConfigDict, workdir) -> pathlib.Path 
   t0 = time.perf_counter()
   plan.check_config(config)
   jobs = plan.plan_jobs(config, workdir)  # checks steps / checkpoints before anything is written
-  data = labels.load_data(config)
   p = config.probe
+  mdl_only = p.get("mdl_only", False)  # probes/mdl.csv alone; the probes' tables stay as they are
+  probe_tables = [tables.PROBES, tables.PROBE_BASELINES, tables.PROBE_SELECTIVITY, tables.PROBE_FITS]
+  sweep = p.get("complexity", False) and not mdl_only
+  tables.check_writable(  # a folder that cannot be written, or a foreign table: before any computation
+    workdir,
+    *([] if mdl_only else probe_tables),
+    *([tables.COMPLEXITY] if sweep else []),
+    *([tables.MDL] if p.get("mdl", False) else []),
+  )
+  data = labels.load_data(config)
   print(
     f"probing {len(jobs)} model step(s) on {p.treebank}: train {data.train.num_words} words "
     f"({len(data.train.words)} sentences), tasks {', '.join(t.name for t in tasks_lib.from_config(config))}, "
@@ -346,15 +355,6 @@ def run_probe_suite(config: ml_collections.ConfigDict, workdir) -> pathlib.Path 
   cache_dir = features_lib.run_cache_dir(workdir)  # local: RUN/probes/cache; remote: local scratch
   cache_dir.mkdir(parents=True, exist_ok=True)
   results = tables.path_of(workdir, tables.PROBES)
-  mdl_only = p.get("mdl_only", False)  # probes/mdl.csv alone; the probes' tables stay as they are
-  probe_tables = [tables.PROBES, tables.PROBE_BASELINES, tables.PROBE_SELECTIVITY, tables.PROBE_FITS]
-  sweep = p.get("complexity", False) and not mdl_only
-  tables.check_writable(
-    workdir,
-    *([] if mdl_only else probe_tables),
-    *([tables.COMPLEXITY] if sweep else []),
-    *([tables.MDL] if p.get("mdl", False) else []),
-  )
   for job in jobs:
     print(f"{job.name} step {job.step}", flush=True)
     selectivity: list = []
