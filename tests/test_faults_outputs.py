@@ -248,3 +248,15 @@ def test_a_workdir_that_cannot_be_written_is_one_line_before_any_computation(
   expected = {"a file": "is a file, not a folder", "under a file": "is a file, not a folder"}
   assert expected.get(where, "cannot write in") in err, err
   assert afile.read_text() == "not a folder\n"
+
+
+def test_diversity_figures_take_the_models_shape_not_the_tables(tmp_path, capsys):
+  from headspec.diversity import plots
+
+  rows = [(0, l, i, j, "js_distance", 0.5) for l in range(2) for i in range(3) for j in range(3)]
+  rows += [(0, 100000, 0, 1, "js_distance", 0.5), (0, 0, 100000, -1, "attention_entropy", 1.0)]  # 10^15 cells
+  data = plots.tables(rows, (2, 3))
+  assert data["js_distance"][0].shape == (2, 3, 3) and "attention_entropy" not in data
+  err = capsys.readouterr().err.strip()
+  assert "\n" not in err and "2 row(s) outside the model's 2 layers × 3 heads" in err
+  assert [p.name for p in plots.plot_all(rows, tmp_path, (2, 3))] == ["curves.png", "matrix_js_distance.png"]

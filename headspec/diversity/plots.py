@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import math
 import pathlib
+import sys
 from collections import defaultdict
 
 import matplotlib
@@ -23,15 +24,31 @@ GIF_METRIC = "output_dissimilarity"
 _LOG_Y_SPAN = 100.0  # log y-axis when a metric's positive values span at least two decades
 
 
-def tables(rows) -> dict[str, dict[int, np.ndarray]]:
-  """{metric: {step: [L,H,H] (pairs) or [L,H] (heads)}} from table rows (NaN where a cell is missing)."""
-  grouped = defaultdict(list)
+def tables(rows, shape: tuple[int, int] | None = None) -> dict[str, dict[int, np.ndarray]]:
+  """{metric: {step: [L,H,H] (pairs) or [L,H] (heads)}} from table rows (NaN where a cell is missing).
+
+  `shape`: the model's (L, H). Rows outside it (another model's, a hand-edited table: layer=100000 would
+  allocate a 10^15-cell array) are left out with one warning. Without it, each (metric, step) is as large
+  as its rows."""
+  grouped, outside = defaultdict(list), []
   for step, layer, i, j, metric, value in rows:
-    grouped[metric, step].append((layer, i, j, value))
+    L, H = shape or (math.inf, math.inf)
+    if 0 <= layer < L and 0 <= i < H and -1 <= j < H:
+      grouped[metric, step].append((layer, i, j, value))
+    else:
+      outside.append((step, layer, i, j, metric))
+  if outside:
+    grid = f"the model's {shape[0]} layers × {shape[1]} heads" if shape else "the grid (a negative index)"
+    print(
+      f"headspec: warning: diversity/results.csv: {len(outside)} row(s) outside {grid} left out of the figures "
+      f"(the first: step, layer, head_i, head_j, metric = {outside[0]})",
+      file=sys.stderr,
+      flush=True,
+    )
   out = defaultdict(dict)
   for (metric, step), cells in grouped.items():
     layer, i, j, value = (np.array(c) for c in zip(*cells))
-    L, H = int(layer.max()) + 1, int(i.max()) + 1
+    L, H = shape or (int(layer.max()) + 1, int(i.max()) + 1)
     if metric in HEAD_METRICS or (j < 0).all():
       arr = np.full((L, H), np.nan)
       arr[layer, i] = value
@@ -189,12 +206,12 @@ def animate_matrix(per_step: dict[int, np.ndarray], metric: str, path, fps: floa
   return pathlib.Path(path)
 
 
-def plot_all(rows, out_dir) -> list[pathlib.Path]:
+def plot_all(rows, out_dir, shape: tuple[int, int] | None = None) -> list[pathlib.Path]:
   """Every figure of a results table into out_dir: curves.png, matrix_<metric>.png (last step),
-  heads.png (last step) and <GIF_METRIC>.gif (all steps)."""
+  heads.png (last step) and <GIF_METRIC>.gif (all steps). `shape`: the model's (L, H), see `tables`."""
   out_dir = pathlib.Path(out_dir)
   out_dir.mkdir(parents=True, exist_ok=True)
-  data = tables(rows)
+  data = tables(rows, shape)
   if not data:
     return []
   written = [plot_curves(data, out_dir / "curves.png")]

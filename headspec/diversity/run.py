@@ -171,7 +171,8 @@ def run_diversity(config: ml_collections.ConfigDict, workdir) -> pathlib.Path:
   ]  # which metrics compare heads' own coordinates (basis-dependent): beside the values, in a CSV
   tables.merge(tables.path_of(workdir, tables.DIVERSITY_METRICS), described, tables.DIVERSITY_METRICS)
   figures = remote.LocalMirror(out_dir, "diversity-figures")  # matplotlib needs local files; uploaded whole
-  for path in plots.plot_all(read_results(results), figures.local):
+  shape = next(iter(values.values())).shape[:2]  # the model's (L, H): rows of another shape are not drawn
+  for path in plots.plot_all(read_results(results), figures.local, shape):
     print(f"  wrote {out_dir / pathlib.Path(path).relative_to(figures.local) if figures.remote else path}", flush=True)
   figures.sync()
   figures.cleanup()
