@@ -13,6 +13,7 @@ import pathlib
 import matplotlib
 
 matplotlib.use("Agg")
+matplotlib.rcParams["text.parse_math"] = False  # run, model and split names drawn as written: `$` is not mathtext
 import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 
@@ -69,16 +70,18 @@ def heads_only(df):
 
 
 def training_metrics(run: pathlib.Path) -> list[dict]:
-  """metrics.jsonl: one JSON object per line (a line cut by an interrupted run is skipped)."""
+  """metrics.jsonl: one JSON object per line (a line cut by an interrupted run, not UTF-8 or without an
+  integer step is skipped)."""
   path = run / "metrics.jsonl"
   records = []
   if path.is_file():
-    for line in path.read_text().splitlines():
+    for line in path.read_bytes().splitlines():
       try:
-        records.append(json.loads(line))
-      except json.JSONDecodeError:
+        records.append(json.loads(line.decode("utf-8")))
+      except ValueError:  # a line cut off by a killed run, or not UTF-8
         continue
-  return [r for r in records if isinstance(r, dict) and "step" in r]
+  ok = lambda step: isinstance(step, int) and not isinstance(step, bool)
+  return [r for r in records if isinstance(r, dict) and ok(r.get("step"))]
 
 
 def bootstrap_mean_ci(values, *, seed: int = 0, level: float = 0.95) -> tuple[float, float]:

@@ -34,6 +34,7 @@ def test_attention_pictures_draw_words_with_dollars(tmp_path):
 
 def test_analysis_figures_draw_names_with_dollars(tmp_path):
   from headspec.ablation import plots as ablation_plots
+  from headspec.attention import induction_run
   from headspec.diversity import plots as diversity_plots
   from headspec.probing import complexity, report
 
@@ -54,7 +55,10 @@ def test_analysis_figures_draw_names_with_dollars(tmp_path):
     for l2 in (0.1, 1.0)
   ]
   complexity.figure(sweep, tmp_path / "complexity.png")
-  for name in ("heads", "pruning", "curves", "heatmap", "complexity"):
+  score = {k: np.full((2, 1, 2), 0.5) for k in ("induction", "previous_token")}
+  curve = (np.array([1, 10]), np.array([3.0, 2.0]))
+  induction_run._figure(tmp_path / "induction.png", "me$$age", [1, 10], score, [], curve, 0.4, None, None)
+  for name in ("heads", "pruning", "curves", "heatmap", "complexity", "induction"):
     assert (tmp_path / f"{name}.png").stat().st_size > 0, name
 
 
@@ -260,3 +264,18 @@ def test_diversity_figures_take_the_models_shape_not_the_tables(tmp_path, capsys
   err = capsys.readouterr().err.strip()
   assert "\n" not in err and "2 row(s) outside the model's 2 layers × 3 heads" in err
   assert [p.name for p in plots.plot_all(rows, tmp_path, (2, 3))] == ["curves.png", "matrix_js_distance.png"]
+
+
+def test_other_metrics_jsonl_readers_skip_damaged_lines(tmp_path):
+  """Siblings of the atlas reader: the induction formation figure and the analysis/ scripts."""
+  from headspec.attention import induction_run
+
+  sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "analysis"))
+  import _common
+
+  (tmp_path / "metrics.jsonl").write_bytes(
+    b'{"step": 1, "loss": 3.0}\n[1, 2]\n{"step": 1.5, "loss": 2.5}\n\xff{"step": 2}\n{"step": 3, "loss": 2.0}\n{"st'
+  )
+  steps, loss = induction_run.training_loss(tmp_path)
+  assert steps.tolist() == [1, 3] and loss.tolist() == [3.0, 2.0]
+  assert [r["step"] for r in _common.training_metrics(tmp_path)] == [1, 3]

@@ -235,14 +235,16 @@ def training_loss(workdir) -> tuple[np.ndarray, np.ndarray]:
   path = remote.run_path(workdir) / "metrics.jsonl"
   steps, loss = [], []
   if path.is_file():
-    for line in path.read_text().splitlines():
-      try:
-        rec = json.loads(line)
-      except json.JSONDecodeError:
+    for line in path.read_bytes().splitlines():
+      try:  # a line cut off by a killed run, not UTF-8, not an object, or no integer step and loss: skipped
+        rec = json.loads(line.decode("utf-8"))
+        step, value = rec["step"], float(rec["loss"])
+        if isinstance(step, bool) or int(step) != step:
+          continue
+      except (ValueError, KeyError, TypeError):
         continue
-      if "loss" in rec and "step" in rec:
-        steps.append(int(rec["step"]))
-        loss.append(float(rec["loss"]))
+      steps.append(int(step))
+      loss.append(value)
   return np.asarray(steps), np.asarray(loss)
 
 
@@ -324,7 +326,8 @@ def _figure(png, model, steps, score, icl, loss_curve, threshold, lo, hi) -> Non
       axes[0].plot(x, score["previous_token"][:, l, h], color=color, lw=0.8, ls="--", alpha=0.6)
   axes[0].axhline(threshold, color="grey", lw=0.8, ls=":")
   axes[0].set_ylabel("score on repeated random tokens")
-  axes[0].set_title(f"{model}: induction (solid) and previous-token (dashed) per head, colour = layer")
+  title = f"{model}: induction (solid) and previous-token (dashed) per head, colour = layer"
+  axes[0].set_title(title, parse_math=False)  # a model name with `$` is drawn as written, not as mathtext
   if icl:
     xs = np.array([int(r["step"]) for r in icl], float)
     v = np.array([float(r["value"]) for r in icl])
