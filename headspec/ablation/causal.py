@@ -201,15 +201,25 @@ class TaskData:
   test: _Split
 
 
-def load_task_data(data_root, treebank: str, tasks, tokenizer, model_cfg, config) -> list[TaskData]:
-  """Train/dev/test of `treebank`, subsampled to `causal.max_*_words` whole sentences, labelled per task."""
+def load_task_data(data_root, treebank: str, tasks, tokenizer, model_cfg, config, log=print) -> list[TaskData]:
+  """Train/dev/test of `treebank`: the sentences the model can represent (align.representable, which
+  logs what it skips), subsampled to `causal.max_*_words` whole sentences, labelled per task."""
   c = config.causal
   present = treebank_lib.available_splits(data_root, treebank)
   for needed in ("train", "dev", "test"):
     if needed not in present:
       raise UserError(f"causal test: treebank {treebank} has no {needed} split under {data_root}/ud/{treebank}")
+
+  def representable(split):
+    sentences = treebank_lib.load_split(data_root, treebank, split)
+    kept = align_lib.representable(
+      [s.words for s in sentences], tokenizer, model_cfg.max_len, where=f"causal test: {treebank}/{split}",
+      names=[s.sent_id for s in sentences], log=log,
+    )  # fmt: skip
+    return kept.select(sentences)
+
   splits = {
-    s: _subsample(treebank_lib.load_split(data_root, treebank, s), n, config.seed)
+    s: _subsample(representable(s), n, config.seed)
     for s, n in (("train", c.max_train_words), ("dev", c.max_eval_words), ("test", c.max_eval_words))
   }
   out = []

@@ -78,7 +78,9 @@ def _sentence_windows(config, tokenizer, max_len: int, kind: str) -> list[np.nda
 
   data_root = targets.data_dir(config, purpose=f"the {config.treebank} {config.split} sentences")
   sentences = treebank_lib.load_split(data_root, config.treebank, config.split)[: config.num_sentences]
-  return align.align([s.words for s in sentences], tokenizer, max_len, causal=kind == "decoder").windows
+  where, names = f"{config.treebank}/{config.split}", [s.sent_id for s in sentences]
+  kept = align.representable([s.words for s in sentences], tokenizer, max_len, where=where, names=names, log=print)
+  return align.align(kept.select([s.words for s in sentences]), tokenizer, max_len, causal=kind == "decoder").windows
 
 
 def evaluation_set(config, workdir, job: targets.Target, tokenizer, model_cfg) -> evalset_lib.EvalSet:

@@ -12,8 +12,11 @@ def _fmt(x) -> str:
   return "n/a" if x is None or not np.isfinite(x) else f"{x:.3f}"
 
 
-def job_section(job, kind: str, config, select_key: str, select, report_key: str, report, arcs_report, chosen) -> str:
-  """The markdown of one (model, step): one table row per relation and direction."""
+def job_section(
+  job, kind: str, config, select_key: str, select, report_key: str, report, arcs_report, chosen, skipped=()
+) -> str:
+  """The markdown of one (model, step): one table row per relation and direction; `skipped`: a line per
+  split that lost sentences the model cannot represent (align.Representable.summary)."""
   arc_set = config.clark.arcs
   scored = "reachable arcs only" if (kind == "decoder" or arc_set == "reachable") else "all non-root arcs"
   lines = [
@@ -37,6 +40,7 @@ def job_section(job, kind: str, config, select_key: str, select, report_key: str
     "head_to_dependent is scored per arc: a head word with several dependents of the relation can be right for "
     "at most one of them, so its ceiling is below 1."
   )
+  lines += [f"Skipped (the model cannot represent them; scores are over the other sentences): {s}." for s in skipped]
   lines += [
     "",
     "| relation | direction | n | reachable | best head | acc (select) | acc (report) | offset | baseline (report) |",

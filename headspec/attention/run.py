@@ -16,7 +16,9 @@ check into ablation/causal.csv (kind=induction), and, over two or more steps, in
 and induction_summary.md. `treebank=''` runs only that step.
 RUN may be a URL (gs://bucket/run): tables, summaries, pictures and maps.npz are written there whole.
 Every input problem (no treebank, a relation filter matching nothing, an unknown role label, a table
-with other columns, a word longer than any window) is a UserError before anything is written.
+with other columns, a split none of whose sentences the model can represent) is a UserError before
+anything is written; a sentence the model cannot represent (a word of more pieces than its context holds)
+is skipped and counted in the log and clark_summary.md (headspec/probing/align.py's `representable`).
 """
 
 from __future__ import annotations
@@ -41,6 +43,7 @@ from headspec.attention import words as words_lib
 from headspec.attention.defaults import check_config
 from headspec.data import treebank as treebank_lib
 from headspec.errors import UserError
+from headspec.probing import align as align_lib
 
 OUT = "attention"
 TABLES = (tables.CLARK, tables.CLARK_BASELINES, tables.ROLES, tables.LABELS)
@@ -69,8 +72,32 @@ def _split(data_dir, treebank: str, split: str, max_sentences: int) -> Split:
   sentences = treebank_lib.load_split(data_dir, treebank, split)
   if max_sentences:
     sentences = sentences[:max_sentences]
+  return _split_of(f"{treebank}/{split}", sentences)
+
+
+def _split_of(key: str, sentences) -> Split:
   punct = np.array([u == "PUNCT" for s in sentences for u in s.upos], bool)
-  return Split(f"{treebank}/{split}", sentences, clark_lib.split_arcs(sentences), punct)
+  return Split(key, sentences, clark_lib.split_arcs(sentences), punct)
+
+
+def representable_data(data: Data, tokenizer, max_len: int, *, log=print) -> tuple[Data, list[str]]:
+  """`data` with only the sentences the model can represent (align.representable: a split that keeps
+  none is a UserError; example sentences that cannot be drawn are left out), and one line per split
+  that lost some, for the summary."""
+  notes, splits = [], []
+  for split in [data.select] + ([data.report] if data.report else []):
+    words = [s.words for s in split.sentences]
+    kept = align_lib.representable(
+      words, tokenizer, max_len, where=split.key, names=[s.sent_id for s in split.sentences], log=log
+    )
+    splits.append(_split_of(split.key, kept.select(split.sentences)) if kept.num_skipped else split)
+    notes += [kept.summary()] if kept.num_skipped else []
+  examples = data.examples
+  if examples:
+    kept = align_lib.representable(examples, tokenizer, max_len, where="pictures.sentences", required=False, log=log)
+    examples = kept.select(examples)
+  report_split = splits[1] if data.report else None
+  return dataclasses.replace(data, select=splits[0], report=report_split, examples=examples), notes
 
 
 def word_frequencies(config, run_config, data_dir) -> tuple[dict, str]:
@@ -188,6 +215,7 @@ def analyse_job(job: targets.Target, data: Data, config, out_dir, *, log=print):
   """Tables' rows and the summary section of one (model, step); draws its pictures."""
   t0 = time.perf_counter()
   model, tokenizer = job.load()
+  data, skipped = representable_data(data, tokenizer, model.cfg.max_len, log=log)
   causal = model.cfg.kind == "decoder"
   c = config.clark
   scores, stats = {}, {}
@@ -242,6 +270,7 @@ def analyse_job(job: targets.Target, data: Data, config, out_dir, *, log=print):
     scores[data.report.key] if data.report else None,
     report_split.arcs,
     chosen,
+    skipped=skipped,
   )
   return dict(clark=clark_rows, baselines=baseline_rows, roles=role_rows, labels=label_rows), section
 

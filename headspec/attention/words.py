@@ -12,8 +12,10 @@ headspec/probing/align.py (the same alignment and windows as probing). For one w
 Special tokens get no row or column of their own in the word map; each row of `attn_WW` plus
 `special_W` sums to 1. A word's row is taken from the window align.py assigns it (where it has the most
 context: encoders the larger min(left, right), decoders the most left context); in that row, words of
-the sentence outside that window get 0 (the model never saw them together). Words with more pieces
-than the context holds would be cut: no window can hold them, so they are refused (UserError).
+the sentence outside that window get 0 (the model never saw them together). A sentence with a word of
+more pieces than the context holds cannot be represented (no window can hold that word): the command
+keeps only representable sentences (align.representable, which counts what it skips), and these
+functions refuse any other (UserError).
 
 Everything a score needs is computed per query word under `jax.jit` (`query_stats`): the most-attended
 other word (Clark §4.2), the most-attended column (Voita et al. 2019), the mass on the previous / same /
@@ -158,15 +160,12 @@ class _Windows:
 def _align(sentences: Sequence[Sequence[str]], tokenizer, max_len: int, causal: bool, names=None) -> _Windows:
   al = align_lib.align(sentences, tokenizer, max_len, causal=causal)
   counts_N = (al.word_end_N - al.word_start_N).astype(np.int64)
-  if al.num_truncated_words:
-    context = max_len - len(tokenizer.prefix_ids) - len(tokenizer.suffix_ids)
-    first = int(np.flatnonzero(counts_N >= context)[0])
-    u = int(al.word_sentence_N[first])
-    name = names[u] if names is not None else f"#{u}"
+  if not al.representable_U.all():  # callers keep align.representable(...).select(sentences)
+    u = int(np.flatnonzero(~al.representable_U)[0])
     raise UserError(
-      f"{al.num_truncated_words} word(s) have more sub-word pieces than the model's context holds "
-      f"({context} tokens after special tokens), so no window can hold them (first: sentence {name}, "
-      f"word {first - int(np.searchsorted(al.word_sentence_N, u))}); drop those sentences or use a longer model"
+      f"{int((~al.representable_U).sum())} sentence(s) cannot be represented: a word with more sub-word pieces "
+      f"than the model's context holds, so no window can hold it (first: sentence "
+      f"{names[u] if names is not None else f'#{u}'}); keep align.representable(...).select(sentences)"
     )
   sentence_first_U = np.searchsorted(al.word_sentence_N, np.arange(len(sentences))).astype(np.int64)
   first_word = sentence_first_U[al.window_sentence] + al.window_words[:, 0]

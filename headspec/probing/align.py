@@ -11,12 +11,17 @@ overlapping word-aligned windows (stride about half the context); every word is 
 where it has the most context (encoders: the larger min(left, right) context; decoders: the most left
 context), so no word is dropped. Written here because no library aligns UD words to arbitrary tokenizers
 with windows.
+
+A sentence is representable when it has words and each word's pieces fit in that context (a word with
+more pieces than the context holds would be cut: no window can hold it). Every command that reads a
+treebank keeps only representable sentences with `representable` (one rule, here): it logs how many
+sentences and words it skipped and why, and refuses with one line only when none is left.
 """
 
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import numpy as np
 
@@ -38,6 +43,7 @@ class Alignment:
   word_sentence_N: the sentence of each word (for bootstrap over sentences).
   num_split_sentences: how many sentences needed more than one window.
   num_truncated_words: words with more pieces than the context holds (their pieces are cut to fit).
+  representable_U: per sentence, whether it is representable (no word cut, at least one word).
   """
 
   windows: list[np.ndarray]
@@ -49,6 +55,7 @@ class Alignment:
   word_sentence_N: np.ndarray
   num_split_sentences: int
   num_truncated_words: int
+  representable_U: np.ndarray
 
   @property
   def num_words(self) -> int:
@@ -75,20 +82,39 @@ def _spans(counts: np.ndarray, context: int) -> list[tuple[int, int]]:
     s = max(s + 1, min(s_next, e - 1))  # overlap by at least one word whenever the window holds two
 
 
+def context_tokens(tokenizer, max_len: int) -> int:
+  """Word pieces a window holds: `max_len` minus the tokenizer's prefix/suffix specials (UserError if none)."""
+  specials = len(tokenizer.prefix_ids) + len(tokenizer.suffix_ids)
+  if max_len - specials < 1:
+    raise UserError(f"model max_len={max_len} leaves no room for words after the tokenizer's {specials} special tokens")
+  return max_len - specials
+
+
+# Why a sentence cannot be represented (`_problem`), as logs and summaries say it.
+PROBLEMS = {
+  "long_word": "a word of more sub-word pieces than the model's context holds",
+  "empty": "no words",
+}
+
+
+def _problem(pieces: Sequence[Sequence[int]], context: int) -> str:
+  """'' when a sentence with these word pieces is representable, else its PROBLEMS key."""
+  if not pieces:
+    return "empty"
+  return "long_word" if max(len(p) for p in pieces) > context else ""
+
+
 def align(sentences: Sequence[Sequence[str]], tokenizer, max_len: int, *, causal: bool = False) -> Alignment:
   """Aligns the words of each sentence (a sequence of word strings) to windows of at most `max_len` tokens."""
   prefix, suffix = tuple(tokenizer.prefix_ids), tuple(tokenizer.suffix_ids)
-  context = max_len - len(prefix) - len(suffix)
-  if context < 1:
-    raise UserError(
-      f"model max_len={max_len} leaves no room for words after the tokenizer's "
-      f"{len(prefix) + len(suffix)} special tokens"
-    )
+  context = context_tokens(tokenizer, max_len)
+  representable = np.ones(len(sentences), bool)
   windows, window_sentence, window_words = [], [], []
   word_window, word_start, word_end, word_sentence = [], [], [], []
   num_split = num_truncated = 0
   for i, words in enumerate(sentences):
     pieces = tokenizer.word_pieces(list(words))
+    representable[i] = not _problem(pieces, context)
     for p in pieces:
       num_truncated += len(p) > context
     pieces = [list(p[:context]) for p in pieces]
@@ -124,7 +150,88 @@ def align(sentences: Sequence[Sequence[str]], tokenizer, max_len: int, *, causal
     word_sentence_N=np.asarray(word_sentence, np.int32),
     num_split_sentences=num_split,
     num_truncated_words=num_truncated,
+    representable_U=representable,
   )
+
+
+@dataclasses.dataclass(frozen=True)
+class Representable:
+  """Which sentences of a split a model can represent, and why the others cannot.
+
+  problem_U: per sentence, '' when representable, else its PROBLEMS key; words_U: its words;
+  context: the word pieces a window holds.
+  """
+
+  where: str
+  problem_U: tuple[str, ...]
+  words_U: np.ndarray
+  context: int
+
+  @property
+  def index_U(self) -> np.ndarray:
+    """The representable sentences' indices, in order."""
+    return np.flatnonzero([not p for p in self.problem_U])
+
+  @property
+  def num_skipped(self) -> int:
+    return len(self.problem_U) - len(self.index_U)
+
+  @property
+  def skipped_words(self) -> int:
+    return int(self.words_U.sum() - self.words_U[self.index_U].sum())
+
+  def select(self, items: Sequence) -> list:
+    """The representable ones of `items` (one per sentence, e.g. the sentences themselves)."""
+    return [items[u] for u in self.index_U]
+
+  def reasons(self) -> str:
+    counts = {k: sum(p == k for p in self.problem_U) for k in PROBLEMS}
+    why = {"long_word": f"{PROBLEMS['long_word']} ({self.context} tokens after special tokens)"}
+    return ", ".join(f"{n} with {why.get(k, PROBLEMS[k])}" for k, n in counts.items() if n)
+
+  def summary(self) -> str:
+    """One line: how many sentences (and words) were skipped and why; '' when none was."""
+    if not self.num_skipped:
+      return ""
+    return (
+      f"{self.where}: skipped {self.num_skipped} of {len(self.problem_U)} sentences ({self.skipped_words} of "
+      f"{int(self.words_U.sum())} words) the model cannot represent: {self.reasons()}"
+    )
+
+
+def representable(
+  sentences: Sequence[Sequence[str]],
+  tokenizer,
+  max_len: int,
+  *,
+  where: str,
+  names: Sequence[str] | None = None,
+  log: Callable[[str], None] | None = None,
+  required: bool = True,
+) -> Representable:
+  """Which of `sentences` (each a sequence of word strings) a model with `max_len` tokens can represent.
+
+  The readers of treebanks keep `.select(...)` of their sentences, so one sentence the model cannot hold
+  (a word of more pieces than its context) costs that sentence, not the run. Logs `.summary()` when a
+  sentence is skipped; a one-line UserError naming `where` and the first sentence (`names`, default its
+  index) when none is left, unless `required` is False (optional extras, such as example sentences).
+  """
+  context = context_tokens(tokenizer, max_len)
+  problems = tuple(_problem(tokenizer.word_pieces(list(words)), context) for words in sentences)
+  out = Representable(where, problems, np.array([len(w) for w in sentences], np.int64), context)
+  if required and sentences and not len(out.index_U):
+    first = f"sentence {names[0] if names is not None else '#0'}"
+    if problems[0] == "long_word":
+      counts = [len(p) for p in tokenizer.word_pieces(list(sentences[0]))]
+      w = int(np.argmax(counts))
+      first += f", word {w} {sentences[0][w][:20]!r} of {counts[w]} pieces"
+    raise UserError(
+      f"{where}: none of the {len(sentences)} sentences can be represented: {out.reasons()}, so no window can "
+      f"hold them (first: {first}); use a model with a longer context"
+    )
+  if out.num_skipped and log:
+    log(f"  {out.summary()}")
+  return out
 
 
 def check_pooling(pooling: str) -> None:

@@ -71,8 +71,11 @@ def _splits_of(data_root, treebank: str, wanted) -> list[str]:
   return [s for s in wanted if s in present]
 
 
-def load_data(config) -> Data:
-  """Reads and labels the train, dev and evaluation splits; every problem is a UserError before any work."""
+def load_data(config, keep=None) -> Data:
+  """Reads and labels the train, dev and evaluation splits; every problem is a UserError before any work.
+  keep(key, sentences) -> the sentences to use (the suite's: those the model can represent), applied to
+  each split as it is read, before the train subsample."""
+  keep = keep or (lambda key, sentences: sentences)
   tasks = tasks_lib.from_config(config)
   data_root = targets.data_dir(config, purpose="the treebank to probe on")
   p, tb = config.probe, config.probe.treebank
@@ -86,25 +89,26 @@ def load_data(config) -> Data:
   missing = [s for s in p.eval_splits if s not in _splits_of(data_root, tb, p.eval_splits)]
   if missing:
     raise UserError(f"probe.eval_splits: {tb} has no split(s) {', '.join(missing)} (present: {', '.join(present)})")
-  train = treebank_lib.load_split(data_root, tb, "train")
+  train = keep(f"{tb}/train", treebank_lib.load_split(data_root, tb, "train"))
   if p.max_train_words:
     chosen_U = stats.subsample([len(s.words) for s in train], p.max_train_words, stats.train_sample_seed(config))
     train = [train[u] for u in chosen_U]
   vocab = {t.name: t.vocabulary(train, config) for t in tasks}
   make = lambda key, sentences: label_split(key, sentences, tasks, vocab, config)
   train_split = make(f"{tb}/train", train)
-  loaded = {"dev": make(f"{tb}/dev", treebank_lib.load_split(data_root, tb, "dev"))}
+  read = lambda treebank, split: keep(f"{treebank}/{split}", treebank_lib.load_split(data_root, treebank, split))
+  loaded = {"dev": make(f"{tb}/dev", read(tb, "dev"))}
   evals = []
   for split in p.eval_splits:
     if split not in loaded:
-      loaded[split] = make(f"{tb}/{split}", treebank_lib.load_split(data_root, tb, split))
+      loaded[split] = make(f"{tb}/{split}", read(tb, split))
     evals.append(loaded[split])
   for extra in p.extra_treebanks:
     extra_splits = _splits_of(data_root, extra, ("dev", "test"))
     if not extra_splits:
       raise UserError(f"probe.extra_treebanks: {extra} has no dev or test split under {data_root}/ud/{extra}")
     for split in extra_splits:
-      evals.append(make(f"{extra}/{split}", treebank_lib.load_split(data_root, extra, split)))
+      evals.append(make(f"{extra}/{split}", read(extra, split)))
   if not evals:
     raise UserError("nothing to score: probe.eval_splits and probe.extra_treebanks are both empty")
   data = Data(train_split, loaded["dev"], evals, vocab, [])

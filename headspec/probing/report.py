@@ -231,13 +231,17 @@ def overview(rows: list[dict], base: dict, primary_split: str, select_split: str
   return lines + [""]
 
 
-def write_report(out_dir, *, primary_split: str, top_k: int = 5, select_split: str | None = None) -> None:
+def write_report(out_dir, *, primary_split: str, top_k: int = 5, select_split: str | None = None, skipped=()) -> None:
   """summary.md and heatmap_<task>.png (on primary_split) in out_dir (a run's probes/ folder) from its CSVs;
-  heads are ranked on select_split (default primary_split)."""
+  heads are ranked on select_split (default primary_split). skipped: a line per split that lost sentences
+  the model cannot represent (align.Representable.summary), listed under the tables."""
   out_dir = epath.Path(out_dir)
   rows = _read(out_dir / "results.csv")
   baselines = _read(out_dir / "baselines.csv")
   text = summary(rows, baselines, primary_split, top_k, select_split, _selectivity(out_dir / "selectivity.csv"))
+  if skipped:
+    text += "\n## Skipped sentences\n\nThe model cannot represent these; every number above is over the others.\n\n"
+    text += "".join(f"- {line}\n" for line in skipped)
   mdl = _read(out_dir / "mdl.csv")
   if mdl:
     text += mdl_summary(mdl)

@@ -27,9 +27,9 @@ from etils import epath
 
 from headspec import remote, tables, targets
 from headspec.errors import UserError
+from headspec.probing import align, labels, mdl, plan, report, stats
 from headspec.probing import complexity as complexity_lib
 from headspec.probing import features as features_lib
-from headspec.probing import labels, mdl, plan, report, stats
 from headspec.probing import tasks as tasks_lib
 from headspec.probing.features import Features, extract_features
 
@@ -327,6 +327,26 @@ def report_split(data: labels.Data) -> str:
   return test if any(s.key == test for s in data.evals) else data.tune.key
 
 
+def representable_data(config, job: targets.Target) -> tuple[labels.Data, list[str]]:
+  """The labelled splits (labels.load_data) of only the sentences `job`'s model can represent
+  (align.representable: a split that keeps none is a UserError), and a line per split that lost some.
+  Every job of a suite shares the first one's tokenizer and context (one run's steps, or a model and its
+  random-weights copy), so one check serves them all."""
+  model, tokenizer = job.load()
+  max_len, skipped = model.cfg.max_len, []
+  del model
+
+  def keep(key, sentences):
+    words = [s.words for s in sentences]
+    kept = align.representable(
+      words, tokenizer, max_len, where=key, names=[s.sent_id for s in sentences], log=lambda s: print(s, flush=True)
+    )
+    skipped.extend([kept.summary()] if kept.num_skipped else [])
+    return kept.select(sentences)
+
+  return labels.load_data(config, keep=keep), skipped
+
+
 def run_probe_suite(config: ml_collections.ConfigDict, workdir) -> pathlib.Path | epath.Path:
   """Probes per `config` (see probing/defaults.py) for the run in `workdir`; returns RUN/probes/results.csv
   (RUN/probes/mdl.csv with `probe.mdl_only`, which adds MDL to a probed run without fitting again)."""
@@ -344,7 +364,7 @@ def run_probe_suite(config: ml_collections.ConfigDict, workdir) -> pathlib.Path 
     *([tables.COMPLEXITY] if sweep else []),
     *([tables.MDL] if p.get("mdl", False) else []),
   )
-  data = labels.load_data(config)
+  data, skipped = representable_data(config, jobs[0])
   print(
     f"probing {len(jobs)} model step(s) on {p.treebank}: train {data.train.num_words} words "
     f"({len(data.train.words)} sentences), tasks {', '.join(t.name for t in tasks_lib.from_config(config))}, "
@@ -382,7 +402,9 @@ def run_probe_suite(config: ml_collections.ConfigDict, workdir) -> pathlib.Path 
       tables.merge(tables.path_of(workdir, tables.MDL), mdl_rows, tables.MDL)
   if not mdl_only:
     tables.write(tables.path_of(workdir, tables.PROBE_BASELINES), data.baselines, tables.PROBE_BASELINES)
-  report.write_report(out_dir, primary_split=report_split(data), select_split=data.tune.key, top_k=p.top_k)
+  report.write_report(
+    out_dir, primary_split=report_split(data), select_split=data.tune.key, top_k=p.top_k, skipped=skipped
+  )
   if sweep:
     complexity_lib.write_figures(out_dir)
   if mdl_only:
