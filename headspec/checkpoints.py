@@ -2,11 +2,21 @@
 
 Kept: the last `keep_last` checkpoints and every step listed in `train.keep_steps` (to study
 specialization over training), through orbax's preservation policies.
+
+A step folder counts as a checkpoint only when it holds orbax's commit marker (`_CHECKPOINT_METADATA`,
+or `commit_success.txt` on object stores), written last: an empty or half-copied `checkpoints/N/` is
+not a step. A damaged checkpoint (truncated data file, garbage metadata) is a one-line UserError naming
+the file, never orbax's or tensorstore's traceback.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import dataclasses
+import json
+import logging
+import re
+import sys
+from collections.abc import Iterator, Sequence
 
 import jax
 import orbax.checkpoint as ocp
@@ -16,23 +26,73 @@ from orbax.checkpoint import checkpoint_managers
 from headspec import remote
 from headspec.errors import UserError
 
+# Written when orbax commits a step: locally _CHECKPOINT_METADATA (inside the folder renamed into
+# place), on object stores commit_success.txt (the last object written).
+COMMIT_MARKERS = ("_CHECKPOINT_METADATA", "commit_success.txt")
+# JSON files of a committed step that restoring reads.
+_METADATA_FILES = ("state/_METADATA", "data/metadata")
+
 
 def checkpoint_dir(workdir) -> epath.Path:
   """WORKDIR/checkpoints; gs:// and other remote workdirs stay URLs (orbax writes them natively)."""
   return remote.run_path(workdir) / "checkpoints"
 
 
+def is_committed(step_dir) -> bool:
+  """Whether a step folder holds orbax's commit marker (an empty or half-copied folder does not)."""
+  step_dir = epath.Path(step_dir)
+  return any((step_dir / marker).exists() for marker in COMMIT_MARKERS)
+
+
+@dataclasses.dataclass(frozen=True)
+class _CommittedSteps:
+  """orbax's standard step names (`checkpoints/<step>`), finding only committed step folders."""
+
+  single_host_load_and_broadcast: bool = False
+
+  @property
+  def _standard(self):
+    return ocp.path.step.standard_name_format()
+
+  def build_name(self, step: int) -> str:
+    return self._standard.build_name(step)
+
+  def find_all(self, base_path) -> Iterator:
+    return (m for m in self._standard.find_all(base_path) if is_committed(m.path))
+
+  def find_step(self, base_path, step: int):
+    metadata = self._standard.find_step(base_path, step)
+    if not is_committed(metadata.path):
+      raise ValueError(f"{metadata.path}: no commit marker ({' or '.join(COMMIT_MARKERS)})")
+    return metadata
+
+
+def check_keep_last(keep_last) -> None:
+  """train.keep_last must keep at least the last checkpoint: orbax's LatestN(0) deletes every one."""
+  if isinstance(keep_last, bool) or not isinstance(keep_last, int) or keep_last < 1:
+    raise UserError(
+      f"train.keep_last={keep_last!r}: must be an integer >= 1 (the number of latest checkpoints kept; "
+      "0 would delete every checkpoint, the last one too)"
+    )
+
+
 def manager(
   workdir, *, keep_last: int = 3, keep_steps: Sequence[int] = (), read_only: bool = False
 ) -> ocp.CheckpointManager:
   """A CheckpointManager over WORKDIR/checkpoints with items 'state' (pytree) and 'data' (JSON)."""
+  check_keep_last(keep_last)
   policy = checkpoint_managers.AnyPreservationPolicy(
     [
       checkpoint_managers.LatestN(keep_last),
       checkpoint_managers.CustomSteps(list(keep_steps)),
     ]
   )
-  options = ocp.CheckpointManagerOptions(preservation_policy=policy, create=not read_only, read_only=read_only)
+  options = ocp.CheckpointManagerOptions(
+    preservation_policy=policy,
+    create=not read_only,
+    read_only=read_only,
+    step_name_format=_CommittedSteps(),
+  )
   return ocp.CheckpointManager(checkpoint_dir(workdir), options=options, item_names=("state", "data"))
 
 
@@ -43,12 +103,15 @@ def save(mngr: ocp.CheckpointManager, step: int, state, data_state: dict | None)
 
 def restore(mngr: ocp.CheckpointManager, step: int, abstract_state):
   """Returns (state, data_state) of `step`, laid out like `abstract_state` (shapes and shardings)."""
+  step_dir = epath.Path(mngr.directory) / str(step)
+  _check_metadata(step_dir)
+  _drop_late_read_callbacks()
   try:
     restored = mngr.restore(
       step, args=ocp.args.Composite(state=ocp.args.StandardRestore(abstract_state), data=ocp.args.JsonRestore())
     )
-  except (ValueError, KeyError) as e:  # orbax reports tree or shape mismatches as these
-    raise UserError(f"checkpoint {mngr.directory}/{step} does not match this model: {str(e).splitlines()[0]}") from e
+  except Exception as e:  # orbax and tensorstore raise many types; each becomes one line naming the file
+    raise _restore_error(step_dir, e) from e
   return restored.state, restored.data
 
 
@@ -57,22 +120,83 @@ def restore_params(workdir, step: int, abstract_params):
   mngr = manager(workdir, read_only=True)
   if step not in mngr.all_steps():
     raise UserError(f"no checkpoint for step {step} in {checkpoint_dir(workdir)} (have {sorted(mngr.all_steps())})")
+  step_dir = checkpoint_dir(workdir) / str(step)
+  _check_metadata(step_dir)
+  _drop_late_read_callbacks()
   abstract = {"params": abstract_params}
   device = jax.sharding.SingleDeviceSharding(jax.devices()[0])
-  restored = mngr.restore(
-    step,
-    args=ocp.args.Composite(
-      state=ocp.args.PyTreeRestore(
-        abstract,
-        restore_args=jax.tree.map(lambda _: ocp.ArrayRestoreArgs(sharding=device), abstract),
-        partial_restore=True,
-      )
-    ),
-  )
+  try:
+    restored = mngr.restore(
+      step,
+      args=ocp.args.Composite(
+        state=ocp.args.PyTreeRestore(
+          abstract,
+          restore_args=jax.tree.map(lambda _: ocp.ArrayRestoreArgs(sharding=device), abstract),
+          partial_restore=True,
+        )
+      ),
+    )
+  except Exception as e:  # as in `restore`
+    raise _restore_error(step_dir, e) from e
   return restored.state["params"]
 
 
 def saved_steps(workdir) -> list[int]:
+  """The committed steps under WORKDIR/checkpoints, ascending."""
   if not checkpoint_dir(workdir).is_dir():
     return []
   return sorted(manager(workdir, read_only=True).all_steps())
+
+
+def _check_metadata(step_dir: epath.Path) -> None:
+  """One line for a committed step whose metadata files are missing or not JSON."""
+  for name in _METADATA_FILES:
+    path = step_dir / name
+    if not path.is_file():
+      raise UserError(f"{path}: missing from checkpoint {step_dir} (the checkpoint is incomplete)")
+    try:
+      json.loads(path.read_text())
+    except (UnicodeDecodeError, json.JSONDecodeError) as e:
+      raise UserError(f"{path}: corrupt checkpoint metadata (not JSON: {e})") from None
+
+
+# Tensorstore's status codes for a file it cannot read (as opposed to a tree or shape mismatch).
+_READ_FAILURE = re.compile(r"\b(DATA_LOSS|OUT_OF_RANGE|NOT_FOUND|INTERNAL|UNKNOWN|FAILED_PRECONDITION)\b")
+
+
+def _restore_error(step_dir: epath.Path, e: Exception) -> UserError:
+  """A one-line UserError for an orbax restore failure: a damaged file, or a checkpoint of another model."""
+  text = str(e).strip().strip("'\"")
+  first = text.splitlines()[0] if text else type(e).__name__
+  code = _READ_FAILURE.search(first)
+  if code or isinstance(e, OSError):
+    files = re.findall(r'file "([^"]+)"', first)
+    where = files[-1] if files else step_dir
+    detail = re.sub(r"\s*\[tensorstore_spec.*", "", first.split(": ")[-1])[:200]
+    return UserError(
+      f"{where}: checkpoint file unreadable ({code.group(1) if code else type(e).__name__}: {detail}); the "
+      f"checkpoint of step {step_dir.name} is damaged: use another step, or move its folder away to resume from the one before"
+    )
+  return UserError(f"checkpoint {step_dir} does not match this model: {first[:300]}")
+
+
+def _drop_late_read_callbacks() -> None:
+  """When a restore fails on a damaged file, tensorstore's other reads still finish: asyncio logs each
+  failed read ("Task exception was never retrieved") and Python prints a traceback for each callback
+  into orbax's event loop, closed by then: dozens of tracebacks around the one-line error. Those, and
+  only those, are dropped, from the first restore on."""
+  if getattr(sys.unraisablehook, "headspec_drops_late_reads", False):
+    return
+  previous = sys.unraisablehook
+
+  def hook(unraisable):
+    if not (isinstance(unraisable.exc_value, RuntimeError) and str(unraisable.exc_value) == "Event loop is closed"):
+      previous(unraisable)
+
+  hook.headspec_drops_late_reads = True
+  sys.unraisablehook = hook
+  logging.getLogger("asyncio").addFilter(
+    lambda record: (
+      not (str(record.msg).startswith("Task exception was never retrieved") and "tensorstore" in str(record.msg))
+    )
+  )

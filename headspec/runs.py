@@ -9,25 +9,35 @@ import ml_collections
 from flax import nnx
 
 from headspec import checkpoints, remote
-from headspec.data.tokenizer import Tokenizer, load_tokenizer
+from headspec.data.tokenizer import INFO_FILE, Tokenizer, load_tokenizer
 from headspec.errors import UserError
 from headspec.model import ModelConfig, Transformer
 
-# Config keys that fix the parameters' shapes: a workdir's checkpoints only fit a config that agrees.
+# Config keys that fix the parameters' shapes (train.seq_len sizes the learned positions, data.vocab_size
+# the embeddings): a workdir's checkpoints only fit a config that agrees on each.
 SHAPE_KEYS = (
-  "kind",
-  "num_layers",
-  "num_heads",
-  "d_model",
-  "d_head",
-  "d_ff",
-  "positions",
-  "tie_embeddings",
-  "pre_layernorm",
-  "mlp",
+  "model.kind",
+  "model.num_layers",
+  "model.num_heads",
+  "model.d_model",
+  "model.d_head",
+  "model.d_ff",
+  "model.positions",
+  "model.tie_embeddings",
+  "model.pre_layernorm",
+  "model.mlp",
+  "train.seq_len",
+  "data.vocab_size",
 )
+# Keys that fix what the checkpoints' data position counts: WORKDIR/cache holds that corpus's tokens.
+DATA_KEYS = ("data.corpus",)
 # What a key means in a config.json written before the key existed.
-SHAPE_DEFAULTS = {"mlp": True}
+SHAPE_DEFAULTS = {"model.mlp": True}
+
+
+def _get(config, key: str):
+  section, name = key.split(".")
+  return (config.get(section) or {}).get(name, SHAPE_DEFAULTS.get(key))
 
 
 def model_config(model: ml_collections.ConfigDict, vocab_size: int, max_len: int) -> ModelConfig:
@@ -48,36 +58,67 @@ def model_config(model: ml_collections.ConfigDict, vocab_size: int, max_len: int
     tie_embeddings=model.tie_embeddings,
     activation=model.activation,
     dtype=model.dtype,
-    mlp=model.get("mlp", SHAPE_DEFAULTS["mlp"]),  # run configs written before the option have MLPs
+    mlp=model.get("mlp", SHAPE_DEFAULTS["model.mlp"]),  # run configs written before the option have MLPs
   )
 
 
+def check_resume(workdir, config: ml_collections.ConfigDict) -> list[int]:
+  """The saved steps of `workdir` after checking that `config` may resume them; reads, never writes.
+
+  Refuses (one line) a workdir whose checkpoints belong to another model shape or corpus, and one whose
+  checkpoints lost the tokenizer they were trained with (a new one would give the ids other meanings).
+  """
+  workdir = remote.run_path(workdir)
+  saved = checkpoints.saved_steps(workdir)
+  if not saved:
+    return saved
+  tokenizer = workdir / "tokenizer" / INFO_FILE
+  if not tokenizer.is_file():
+    raise UserError(
+      f"{tokenizer}: missing, but {checkpoints.checkpoint_dir(workdir)} holds steps {saved}: they only fit the "
+      "tokenizer they were trained with (restore tokenizer/, or use a new --workdir)"
+    )
+  if not (workdir / "config.json").is_file():
+    return saved  # the restore still checks every parameter's shape
+  old = read_config(workdir)
+  for key in SHAPE_KEYS + DATA_KEYS:
+    there, here = _get(old, key), _get(config, key)
+    if there != here:
+      what = "checkpoints of a different model" if key in SHAPE_KEYS else "checkpoints trained on other data"
+      raise UserError(
+        f"{workdir} holds {what}: {key} is {there!r} there, {here!r} in this config (use a new --workdir)"
+      )
+  return saved
+
+
 def write_config(workdir, config: ml_collections.ConfigDict, *, is_lead: bool = True) -> None:
-  """Writes WORKDIR/config.json, refusing a workdir whose checkpoints belong to a different model shape.
+  """Writes WORKDIR/config.json (whole), refusing a workdir whose checkpoints `config` may not resume.
 
   Every process checks; only the lead process (`is_lead`) writes, so processes of one run never race.
   """
   workdir = remote.run_path(workdir)
-  path = workdir / "config.json"
-  if path.is_file() and checkpoints.saved_steps(workdir):
-    old = json.loads(path.read_text())["model"]
-    for key in SHAPE_KEYS:
-      there, here = old.get(key, SHAPE_DEFAULTS.get(key)), config.model.get(key, SHAPE_DEFAULTS.get(key))
-      if there != here:
-        raise UserError(
-          f"{workdir} holds checkpoints of a different model: model.{key} is {there!r} there, "
-          f"{here!r} in this config (use a new --workdir)"
-        )
+  check_resume(workdir, config)
   if is_lead:
     workdir.mkdir(parents=True, exist_ok=True)
-    remote.write_bytes_atomic(path, (config.to_json_best_effort(indent=1, sort_keys=True) + "\n").encode())
+    text = config.to_json_best_effort(indent=1, sort_keys=True) + "\n"
+    remote.write_bytes_atomic(workdir / "config.json", text.encode())
 
 
 def read_config(workdir) -> ml_collections.ConfigDict:
+  """WORKDIR/config.json; one line naming the file when it is missing or damaged."""
   path = remote.run_path(workdir) / "config.json"
   if not path.is_file():
     raise UserError(f"{path}: not a headspec run directory (no config.json); train one first")
-  return ml_collections.ConfigDict(json.loads(path.read_text()))
+  try:
+    data = json.loads(path.read_text())
+  except json.JSONDecodeError as e:
+    raise UserError(f"{path}:{e.lineno}: not valid JSON ({e.msg}); the file is damaged or truncated") from None
+  except UnicodeDecodeError:
+    raise UserError(f"{path}: not a text file; the file is damaged") from None
+  for section in ("model", "train"):
+    if not isinstance(data, dict) or not isinstance(data.get(section), dict):
+      raise UserError(f"{path}: no {section!r} section; not a headspec run config (or a damaged one)")
+  return ml_collections.ConfigDict(data)
 
 
 def load_run_model(workdir, step: int) -> tuple[Transformer, Tokenizer]:

@@ -15,14 +15,13 @@ import csv
 import dataclasses
 import io
 import itertools
-import json
 import re
 import sys
 
 import ml_collections
 from etils import epath
 
-from headspec import remote
+from headspec import remote, train_log
 from headspec.errors import UserError
 
 TABLE = "sweep.csv"
@@ -114,15 +113,12 @@ def write_plan(root, runs: list[Run]) -> epath.Path:
 
 
 def _last(workdir) -> dict:
-  path = remote.run_path(workdir) / "metrics.jsonl"
-  if not path.exists():
-    return {}
+  """The last logged step, loss and eval loss of a run (malformed lines skipped with a warning)."""
   out = {}
-  for line in path.read_text().splitlines():
-    record = json.loads(line)
-    out["step"] = record.get("step", out.get("step"))
+  for record in train_log.read_metrics(workdir):
+    out["step"] = record["step"]
     for key, column in (("loss", "loss"), ("eval/loss", "eval_loss")):
-      if key in record:
+      if isinstance(record.get(key), (int, float)):
         out[column] = f"{record[key]:.6f}"
   return out
 

@@ -1,7 +1,9 @@
 """Training: masked-LM (encoder) or causal-LM (decoder) with optax, one step function for jit and pmap.
 
 `train_and_evaluate(config, workdir)` prepares the corpus and tokenizer, builds the model, resumes from
-the latest checkpoint, and trains, logging to WORKDIR/metrics.jsonl and TensorBoard events.
+the latest checkpoint, and trains, logging to WORKDIR/metrics.jsonl and TensorBoard events. Every config
+value is checked first (`check_config`), and nothing is written before those checks, the resume checks
+(runs.check_resume) and the restore have passed: a refused run leaves its workdir as it was.
 
 Randomness is a function of (seed, step, example index), never of the device layout: MLM masks are drawn
 per example from `fold_in(fold_in(key, step), example_id)`, so the jit mesh, pmap and a single device
@@ -200,40 +202,115 @@ def objective(config: ml_collections.ConfigDict, tokenizer) -> Objective:
   )
 
 
-def prepare_data(config: ml_collections.ConfigDict, workdir: epath.Path):
-  """Tokenizer (trained once, kept in WORKDIR/tokenizer) and the packed train/valid token rows.
+def _int(v) -> bool:
+  return isinstance(v, int) and not isinstance(v, bool)
 
-  Multi-host: process 0 trains the tokenizer and writes the token caches into the shared workdir first;
-  the others wait at a barrier and then read them.
-  """
-  tfds_dir = targets.tfds_dir(config.data_dir, config.data.tfds_dir)
+
+def _number(v) -> bool:
+  return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+
+
+def check_config(config: ml_collections.ConfigDict) -> None:
+  """Refuses, in one line naming the key, any data.*, model.* or train.* value training cannot use,
+  before anything is read or written: a 0 that divides (log_every, checkpoint_every, seq_len), a negative
+  count that skips training, a negative learning rate that ascends, a model with no heads."""
+  if config.model.pretrained:
+    raise UserError(
+      f"model.pretrained={config.model.pretrained!r}: train trains a model from scratch; pretrained models "
+      "are analysed as they are (step 0) by probe, diversity, ablate and attention"
+    )
+  train, reg = config.train, config.train.regularizers
+  min_len = 2 if config.model.kind == "decoder" else 1  # a causal LM predicts each token from those before
+  rules = [
+    ("data.vocab_size", config.data.vocab_size, _int, 1),
+    *((f"model.{k}", config.model[k], _int, 1) for k in ("num_layers", "num_heads", "d_model", "d_head", "d_ff")),
+    ("train.steps", train.steps, _int, 1),
+    ("train.batch_size", train.batch_size, _int, 1),
+    ("train.seq_len", train.seq_len, _int, min_len),
+    ("train.warmup_steps", train.warmup_steps, _int, 0),
+    ("train.log_every", train.log_every, _int, 1),
+    ("train.eval_every", train.eval_every, _int, 0),
+    ("train.eval_batches", train.eval_batches, _int, 1),
+    ("train.diversity_every", train.diversity_every, _int, 0),
+    ("train.checkpoint_every", train.checkpoint_every, _int, 1),
+    ("train.keep_last", train.keep_last, _int, 1),
+    ("train.weight_decay", train.weight_decay, _number, 0),
+    *(
+      (f"train.regularizers.{k}", reg[k], _number, 0) for k in ("subspace", "position", "output", "query_orthogonality")
+    ),
+  ]
+  for key, value, kind_ok, low in rules:
+    if not (kind_ok(value) and value >= low):
+      kind = "an integer" if kind_ok is _int else "a number"
+      raise UserError(f"{key}={value!r}: must be {kind} >= {low}")
+  ranges = [  # (key, value, ok, requirement)
+    ("train.learning_rate", train.learning_rate, lambda v: v > 0, "> 0"),
+    ("train.grad_clip", train.grad_clip, lambda v: v > 0, "> 0 (the largest global gradient norm)"),
+    ("train.mlm_probability", train.mlm_probability, lambda v: 0 < v <= 1, "in (0, 1]"),
+    ("model.dropout", config.model.dropout, lambda v: 0 <= v < 1, "in [0, 1)"),
+    ("model.attention_dropout", config.model.attention_dropout, lambda v: 0 <= v < 1, "in [0, 1)"),
+    ("train.regularizers.drophead", reg.drophead, lambda v: 0 <= v < 1, "in [0, 1)"),
+    ("train.regularizers.drophead_turn", reg.drophead_turn, lambda v: 0 < v < 1, "in (0, 1)"),
+  ]
+  for key, value, ok, requirement in ranges:
+    if not (_number(value) and ok(value)):
+      raise UserError(f"{key}={value!r}: must be a number {requirement}")
+  if reg.drophead_schedule not in ("constant", "v"):
+    raise UserError(f"train.regularizers.drophead_schedule={reg.drophead_schedule!r}: must be 'constant' or 'v'")
+  keep = train.keep_steps
+  if not isinstance(keep, (tuple, list)) or not all(_int(s) and s >= 0 for s in keep):
+    raise UserError(f"train.keep_steps={keep!r}: must be a tuple of integers >= 0, like (0, 100, 1000)")
+  checkpoints.check_keep_last(train.keep_last)
+  runs.model_config(config.model, config.data.vocab_size, train.seq_len)  # kind, positions, activation, dtype
+
+
+def _on_lead_first(make):
+  """`make()` on every process; multi-host, process 0 first (it writes what the others then read)."""
+  if jax.process_count() == 1:
+    return make()
+  if jax.process_index() == 0:
+    make()
+  multihost_utils.sync_global_devices("headspec: data prepared")
+  return make()
+
+
+def prepare_tokenizer(config: ml_collections.ConfigDict, workdir: epath.Path):
+  """WORKDIR/tokenizer: loaded when there (and of data.vocab_size), else trained on the corpus' train
+  split (once, by process 0)."""
   tok_dir = workdir / "tokenizer"
 
-  def build():
-    docs = {
-      split: text_tfds.load_documents(config.data_dir, config.data.corpus, split, tfds_dir=tfds_dir)
-      for split in ("train", "valid")
-    }
+  def make():
     if (tok_dir / tokenizer_lib.INFO_FILE).is_file():
       tokenizer = tokenizer_lib.load_tokenizer(tok_dir)
-    else:
-      tokenizer = tokenizer_lib.train_sentencepiece(
-        docs["train"], tok_dir, vocab_size=config.data.vocab_size, seed=config.seed
-      )
-    rows = [
+      if tokenizer.vocab_size != config.data.vocab_size:
+        raise UserError(
+          f"{tok_dir} holds a tokenizer of {tokenizer.vocab_size} pieces, this config has data.vocab_size="
+          f"{config.data.vocab_size} (use a new --workdir, or that vocab_size)"
+        )
+      return tokenizer
+    docs, _ = _documents(config, "train"), _documents(config, "valid")  # both splits there before any write
+    return tokenizer_lib.train_sentencepiece(docs, tok_dir, vocab_size=config.data.vocab_size, seed=config.seed)
+
+  return _on_lead_first(make)
+
+
+def prepare_rows(config: ml_collections.ConfigDict, workdir: epath.Path, tokenizer):
+  """The packed train/valid token rows; the token streams are cached in WORKDIR/cache (by process 0)."""
+
+  def make():
+    return [
       lm_pipeline.pack_tokens(
-        docs[split], tokenizer, config.train.seq_len, cache_path=workdir / "cache" / f"{split}_tokens.npy"
+        _documents(config, split), tokenizer, config.train.seq_len, cache_path=workdir / "cache" / f"{split}_tokens.npy"
       )
       for split in ("train", "valid")
     ]
-    return tokenizer, *rows
 
-  if jax.process_count() == 1:
-    return build()
-  if jax.process_index() == 0:
-    build()
-  multihost_utils.sync_global_devices("headspec: data prepared")
-  return build()  # now only reads what process 0 wrote
+  return _on_lead_first(make)
+
+
+def _documents(config, split: str):
+  tfds_dir = targets.tfds_dir(config.data_dir, config.data.tfds_dir)
+  return text_tfds.load_documents(config.data_dir, config.data.corpus, split, tfds_dir=tfds_dir)
 
 
 class _Preemption:
@@ -257,11 +334,14 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir, *, devices=No
   devices: the devices to train on (default: all); tests pass one device to compare layouts.
   """
   workdir = remote.run_path(workdir)  # local: absolute; gs://...: stays a URL
+  check_config(config)
   parallel.initialize_distributed(config.multihost)
-  runs.write_config(workdir, config, is_lead=parallel.is_lead())
   local_batch = parallel.check_batch_size(config.train.batch_size, config.parallelism)
+  # Nothing is written before every check and the restore have passed: a refused resume leaves the run as
+  # it was. On a fresh run the tokenizer (and then the token cache) are the first things written.
+  saved = runs.check_resume(workdir, config)
   devices = list(devices or jax.devices())
-  tokenizer, train_NT, valid_NT = prepare_data(config, workdir)
+  tokenizer = prepare_tokenizer(config, workdir)
   cfg = runs.model_config(config.model, tokenizer.vocab_size, config.train.seq_len)
   obj = objective(config, tokenizer)
   model = Transformer(cfg, rngs=nnx.Rngs(params=config.seed))
@@ -269,6 +349,20 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir, *, devices=No
   tx = make_optimizer(config.train)
   state = TrainState(step=jnp.zeros((), jnp.int32), params=params, opt_state=tx.init(params))
   base_key, eval_key = jax.random.split(jax.random.key(config.seed))
+
+  mesh = parallel.data_mesh(devices)
+  pmap = config.parallelism == "pmap"
+  state = jax.device_put(state, devices[0] if pmap else parallel.replicated(mesh))
+  data_state, mngr = None, None
+  if saved:
+    mngr = checkpoints.manager(workdir, keep_last=config.train.keep_last, keep_steps=config.train.keep_steps)
+    try:
+      state, data_state = checkpoints.restore(mngr, saved[-1], runs.abstract_like(state))
+    except UserError:
+      mngr.close()
+      raise
+    logging.info("resumed from step %d", int(state.step))
+  train_NT, valid_NT = prepare_rows(config, workdir, tokenizer)
   data_iter = lm_pipeline.make_lm_iterator(
     train_NT,
     global_batch_size=config.train.batch_size,
@@ -276,15 +370,11 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir, *, devices=No
     process_index=jax.process_index(),
     process_count=jax.process_count(),
   )
-
-  mesh = parallel.data_mesh(devices)
-  pmap = config.parallelism == "pmap"
-  state = jax.device_put(state, devices[0] if pmap else parallel.replicated(mesh))
-  mngr = checkpoints.manager(workdir, keep_last=config.train.keep_last, keep_steps=config.train.keep_steps)
-  if mngr.latest_step() is not None:
-    state, data_state = checkpoints.restore(mngr, mngr.latest_step(), runs.abstract_like(state))
+  if data_state is not None:
     data_iter.set_state(data_state)
-    logging.info("resumed from step %d", int(state.step))
+  runs.write_config(workdir, config, is_lead=parallel.is_lead())
+  if mngr is None:
+    mngr = checkpoints.manager(workdir, keep_last=config.train.keep_last, keep_steps=config.train.keep_steps)
 
   step_fn = functools.partial(train_step, graphdef=graphdef, tx=tx, obj=obj)
   if pmap:

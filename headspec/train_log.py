@@ -5,14 +5,18 @@ Local workdir: metrics.jsonl is appended to and flushed each record, as always. 
 segments of the run too, read back at start) and rewrites the whole object at most every
 `upload_every` seconds and at close; TensorBoard events are written on local scratch disk and uploaded
 whole at the same moments (headspec/remote.py).
+
+A run stopped while writing a record (kill -9, a lost host) leaves a cut-off last line: the writer drops
+it when the run resumes (so the next record starts on a line of its own), and `read_metrics` skips any
+line that is not a JSON record, with a warning naming file:line.
 """
 
 from __future__ import annotations
 
 import json
+import sys
 import time
 
-import tensorboardX
 from etils import epath
 
 from headspec import remote
@@ -29,11 +33,17 @@ class MetricsWriter:
     self.path = workdir / "metrics.jsonl"
     self.remote = remote.is_remote(workdir)
     self.upload_every = upload_every
+    text = self.path.read_text() if self.path.exists() else ""
+    lines = _complete(self.path, text)
     if self.remote:
-      self._lines = self.path.read_text().splitlines(keepends=True) if self.path.exists() else []
-      self._dirty, self._uploaded_at = False, time.monotonic()
+      self._lines = lines
+      self._dirty, self._uploaded_at = len(lines) != len(text.splitlines()), time.monotonic()
     else:
+      if "".join(lines) != text:
+        remote.write_bytes_atomic(self.path, "".join(lines).encode())
       self._jsonl = self.path.open("a")
+    import tensorboardX  # here: readers of metrics.jsonl (sweeps, the launcher) do not pay for its import
+
     self._tb_dir = remote.LocalMirror(workdir, "tensorboard")
     self._tb = tensorboardX.SummaryWriter(str(self._tb_dir.local))
 
@@ -80,3 +90,42 @@ class MetricsWriter:
       self._tb_dir.cleanup()
     else:
       self._jsonl.close()
+
+
+def _complete(path, text: str) -> list[str]:
+  """The lines of metrics.jsonl, each ending in a newline. A last line without one was cut off as it was
+  written: kept (terminated) when it is a whole JSON record, else dropped, with a warning."""
+  lines = text.splitlines(keepends=True)
+  if lines and not lines[-1].endswith("\n"):
+    try:
+      json.loads(lines[-1])
+      lines[-1] += "\n"
+    except json.JSONDecodeError:
+      _warn(f"{path}:{len(lines)}: dropped a cut-off last line (the run was stopped while writing it)")
+      lines.pop()
+  return lines
+
+
+def read_metrics(workdir) -> list[dict]:
+  """The records of WORKDIR/metrics.jsonl (none when there is no file), skipping with a warning each line
+  that is not a JSON object with a `step` (a line cut off by an interrupted run)."""
+  path = remote.run_path(workdir) / "metrics.jsonl"
+  if not path.exists():
+    return []
+  records = []
+  for number, line in enumerate(path.read_text().splitlines(), 1):
+    if not line.strip():
+      continue
+    try:
+      record = json.loads(line)
+    except json.JSONDecodeError:
+      record = None
+    if not isinstance(record, dict) or not isinstance(record.get("step"), int):
+      _warn(f"{path}:{number}: skipped a line that is not a metrics record (cut off by an interrupted run?)")
+      continue
+    records.append(record)
+  return records
+
+
+def _warn(message: str) -> None:
+  print(f"headspec: warning: {message}", file=sys.stderr, flush=True)

@@ -19,6 +19,7 @@ import tokenizers
 from etils import epath
 from tokenizers import decoders, models, normalizers, pre_tokenizers
 
+from headspec import remote
 from headspec.data.tokenizer import INFO_FILE, register_tokenizer_kind
 from headspec.errors import UserError
 
@@ -86,11 +87,11 @@ class HFTokenizer:
     file whole (`out_dir` may be a URL)."""
     out_dir = epath.Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
-    (out_dir / TOKENIZER_JSON).write_bytes(self.backend.to_str(pretty=True).encode())  # as backend.save(path)
+    remote.write_bytes_atomic(out_dir / TOKENIZER_JSON, self.backend.to_str(pretty=True).encode())  # as backend.save
     info = dict(
       kind="huggingface", family=self.family, specials=self.specials, vocab_size=self.vocab_size, source=self.source
     )
-    (out_dir / INFO_FILE).write_text(json.dumps(info, indent=1) + "\n")
+    remote.write_bytes_atomic(out_dir / INFO_FILE, (json.dumps(info, indent=1) + "\n").encode())  # last: the marker
 
   def __repr__(self) -> str:
     return f"HFTokenizer({self.source}, family={self.family}, vocab_size={self.vocab_size})"
@@ -100,6 +101,9 @@ def load_saved(tokenizer_dir, info: dict) -> HFTokenizer:
   """Loader for `headspec.data.tokenizer.load_tokenizer` (kind `huggingface`, written by `HFTokenizer.save`);
   `tokenizer_dir` may be a URL."""
   path = epath.Path(tokenizer_dir) / TOKENIZER_JSON
+  missing = [key for key in ("family", "specials") if key not in info]
+  if missing:
+    raise UserError(f"{epath.Path(tokenizer_dir) / INFO_FILE}: no {missing[0]!r} key; the file is damaged")
   return HFTokenizer(_from_file(path), info["family"], info["specials"], str(path))
 
 

@@ -18,6 +18,7 @@ import numpy as np
 import sentencepiece as spm
 from etils import epath
 
+from headspec import remote
 from headspec.errors import UserError
 
 INFO_FILE = "headspec_tokenizer.json"
@@ -56,7 +57,12 @@ class SentencePieceTokenizer:
 
   def __init__(self, model_file: str | os.PathLike):
     self.model_file = epath.Path(model_file)  # local or a URL (gs://...): read as bytes either way
-    self._sp = spm.SentencePieceProcessor(model_proto=self.model_file.read_bytes())
+    if not self.model_file.is_file():
+      raise UserError(f"{self.model_file}: missing (the tokenizer folder is incomplete)")
+    try:
+      self._sp = spm.SentencePieceProcessor(model_proto=self.model_file.read_bytes())
+    except RuntimeError:  # sentencepiece's protobuf parser: a truncated or overwritten file
+      raise UserError(f"{self.model_file}: not a SentencePiece model (the file is damaged or truncated)") from None
     self.vocab_size: int = self._sp.vocab_size()
     self.pad_id: int = self._sp.pad_id()
     self.unk_id: int = self._sp.unk_id()
@@ -159,7 +165,7 @@ def train_sentencepiece(
     raise UserError(f"tokenizer training (vocab_size={vocab_size}): {str(e).strip().splitlines()[-1]}") from None
   out_dir = epath.Path(out_dir)
   out_dir.mkdir(parents=True, exist_ok=True)
-  (out_dir / SPM_MODEL_FILE).write_bytes(model.getvalue())
+  remote.write_bytes_atomic(out_dir / SPM_MODEL_FILE, model.getvalue())  # whole, or not at all
   tokenizer = SentencePieceTokenizer(out_dir / SPM_MODEL_FILE)
   info = dict(
     kind="sentencepiece",
@@ -174,12 +180,12 @@ def train_sentencepiece(
     max_sentences=max_sentences,
     num_sentences=len(lines),
   )
-  (out_dir / INFO_FILE).write_text(json.dumps(info, indent=1) + "\n")
+  remote.write_bytes_atomic(out_dir / INFO_FILE, (json.dumps(info, indent=1) + "\n").encode())  # last: the marker
   return tokenizer
 
 
 def _load_sentencepiece(tokenizer_dir: epath.Path, info: dict) -> SentencePieceTokenizer:
-  return SentencePieceTokenizer(tokenizer_dir / info["model_file"])
+  return SentencePieceTokenizer(tokenizer_dir / info.get("model_file", SPM_MODEL_FILE))
 
 
 # kind -> loader(tokenizer_dir, info) or "module:function" (imported on first use, so no import cycles).
@@ -194,13 +200,26 @@ def register_tokenizer_kind(kind: str, loader: Callable[[epath.Path, dict], Toke
   _LOADERS[kind] = loader
 
 
+def read_info(info_path: epath.Path) -> dict:
+  """A tokenizer folder's headspec_tokenizer.json; one line naming the file when it is damaged."""
+  try:
+    info = json.loads(info_path.read_text())
+  except json.JSONDecodeError as e:
+    raise UserError(f"{info_path}:{e.lineno}: not valid JSON ({e.msg}); the file is damaged or truncated") from None
+  except UnicodeDecodeError:
+    raise UserError(f"{info_path}: not a text file; the file is damaged") from None
+  if not isinstance(info, dict):
+    raise UserError(f"{info_path}: not a JSON object; the file is damaged")
+  return info
+
+
 def load_tokenizer(tokenizer_dir: str | os.PathLike) -> Tokenizer:
   """The tokenizer saved in `tokenizer_dir` (by `train_sentencepiece` or a registered kind)."""
   tokenizer_dir = epath.Path(tokenizer_dir)
   info_path = tokenizer_dir / INFO_FILE
   if not info_path.is_file():
     raise UserError(f"{info_path}: no tokenizer here (train one, or point at a run's tokenizer/ folder)")
-  info = json.loads(info_path.read_text())
+  info = read_info(info_path)
   kind = info.get("kind")
   if kind not in _LOADERS:
     raise UserError(f"{info_path}: unknown tokenizer kind {kind!r} (known: {', '.join(sorted(_LOADERS))})")
