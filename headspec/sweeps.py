@@ -128,9 +128,14 @@ def summarize(root) -> epath.Path:
   path = remote.run_path(root) / TABLE
   if not path.exists():
     raise UserError(f"{path}: no sweep table here (the launcher writes it when it submits a sweep)")
-  rows = list(csv.DictReader(io.StringIO(path.read_text())))
+  reader = csv.DictReader(io.StringIO(path.read_text()))
+  missing = [c for c in ("name", "workdir") if c not in (reader.fieldnames or [])]
+  if missing:
+    raise UserError(f"{path}: no {missing[0]!r} column; not a sweep table (or a damaged one)")
+  rows = list(reader)
   for row in rows:
-    row.update(_last(row["workdir"]))
+    if row["workdir"]:
+      row.update(_last(row["workdir"]))
   return _write(root, rows)
 
 

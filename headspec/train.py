@@ -401,7 +401,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir, *, devices=No
 
   evaluate = _evaluator(config, graphdef, obj, valid_NT, eval_key)
   div_probe = _diversity_tracker(config, cfg, graphdef, valid_NT)
-  writer = MetricsWriter(workdir, is_lead=parallel.is_lead())
+  writer = MetricsWriter(workdir, is_lead=parallel.is_lead(), resume_step=int(state.step))
   preemption = _Preemption()
   schedule = learning_rate_schedule(config.train)
   step = int(state.step)

@@ -25,7 +25,9 @@ from headspec import remote
 class MetricsWriter:
   """Writes `{"step": ..., key: value, ...}` records; only the lead process writes (multi-host)."""
 
-  def __init__(self, workdir, *, is_lead: bool = True, upload_every: float = 30.0):
+  def __init__(self, workdir, *, is_lead: bool = True, upload_every: float = 30.0, resume_step: int | None = None):
+    """resume_step: the step the run resumes from; records of later steps (logged before a kill, past the
+    last checkpoint) are dropped, as the run logs those steps again."""
     self.is_lead = is_lead
     if not is_lead:
       return
@@ -35,9 +37,11 @@ class MetricsWriter:
     self.upload_every = upload_every
     text = self.path.read_text() if self.path.exists() else ""
     lines = _complete(self.path, text)
+    if resume_step is not None:
+      lines = _up_to(self.path, lines, resume_step)
     if self.remote:
       self._lines = lines
-      self._dirty, self._uploaded_at = len(lines) != len(text.splitlines()), time.monotonic()
+      self._dirty, self._uploaded_at = "".join(lines) != text, time.monotonic()
     else:
       if "".join(lines) != text:
         remote.write_bytes_atomic(self.path, "".join(lines).encode())
@@ -103,6 +107,19 @@ def _complete(path, text: str) -> list[str]:
     except json.JSONDecodeError:
       _warn(f"{path}:{len(lines)}: dropped a cut-off last line (the run was stopped while writing it)")
       lines.pop()
+  return lines
+
+
+def _up_to(path, lines: list[str], step: int) -> list[str]:
+  """The lines up to the first record of a step after `step` (the run redoes those steps)."""
+  for i, line in enumerate(lines):
+    try:
+      record = json.loads(line)
+    except json.JSONDecodeError:
+      continue
+    if isinstance(record, dict) and isinstance(record.get("step"), int) and record["step"] > step:
+      _warn(f"{path}:{i + 1}: dropped {len(lines) - i} lines logged after step {step}, the step this run resumes from")
+      return lines[:i]
   return lines
 
 

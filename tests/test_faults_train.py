@@ -265,3 +265,20 @@ def test_sweep_summary_survives_a_cut_off_metrics_line(tmp_path, capsys):
   rows = (sweeps.summarize(tmp_path)).read_text().splitlines()
   assert rows[1].endswith(",20,1.000000,0.500000") and rows[2].endswith(",20,2.000000,0.500000"), rows
   assert "metrics.jsonl:3: skipped" in capsys.readouterr().err
+
+
+def test_a_resume_drops_records_logged_after_its_checkpoint(tmp_path, capsys):
+  """Killed after logging steps 3 and 4 but before their checkpoint: the resumed run logs them again."""
+  path = tmp_path / "metrics.jsonl"
+  path.write_text("".join(f'{{"step": {s}, "loss": 1.0}}\n' for s in (1, 2, 3, 4)))
+  writer = train_log.MetricsWriter(tmp_path, resume_step=2)
+  writer.write({"step": 3, "loss": 0.5})
+  writer.close()
+  assert [json.loads(line)["step"] for line in path.read_text().splitlines()] == [1, 2, 3]
+  assert f"{path}:3: dropped 2 lines logged after step 2" in capsys.readouterr().err
+
+
+def test_a_sweep_table_without_its_columns_is_one_line(tmp_path):
+  (tmp_path / "sweep.csv").write_text("nme,wrkdir\nx,y\n")
+  with pytest.raises(UserError, match=r"sweep.csv: no 'name' column"):
+    sweeps.summarize(tmp_path)
