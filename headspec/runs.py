@@ -65,26 +65,28 @@ def model_config(model: ml_collections.ConfigDict, vocab_size: int, max_len: int
 def check_resume(workdir, config: ml_collections.ConfigDict) -> list[int]:
   """The saved steps of `workdir` after checking that `config` may resume them; reads, never writes.
 
-  Refuses (one line) a workdir whose checkpoints belong to another model shape or corpus, and one whose
-  checkpoints lost the tokenizer they were trained with (a new one would give the ids other meanings).
+  Refuses (one line) a workdir whose checkpoints belong to another model shape or corpus, one whose
+  checkpoints lost the tokenizer they were trained with (a new one would give the ids other meanings),
+  and one whose token cache (cache/, kept with no checkpoint yet) is of another corpus.
   """
   workdir = remote.run_path(workdir)
   saved = checkpoints.saved_steps(workdir)
-  if not saved:
-    return saved
   tokenizer = workdir / "tokenizer" / INFO_FILE
-  if not tokenizer.is_file():
+  if saved and not tokenizer.is_file():
     raise UserError(
       f"{tokenizer}: missing, but {checkpoints.checkpoint_dir(workdir)} holds steps {saved}: they only fit the "
       "tokenizer they were trained with (restore tokenizer/, or use a new --workdir)"
     )
   if not (workdir / "config.json").is_file():
     return saved  # the restore still checks every parameter's shape
-  old = read_config(workdir)
-  for key in SHAPE_KEYS + DATA_KEYS:
+  keys = SHAPE_KEYS + DATA_KEYS if saved else DATA_KEYS if (workdir / "cache").is_dir() else ()
+  old = read_config(workdir) if keys else None
+  for key in keys:
     there, here = _get(old, key), _get(config, key)
     if there != here:
       what = "checkpoints of a different model" if key in SHAPE_KEYS else "checkpoints trained on other data"
+      if not saved:
+        what = "a token cache (cache/) of other data"
       raise UserError(
         f"{workdir} holds {what}: {key} is {there!r} there, {here!r} in this config (use a new --workdir)"
       )

@@ -282,3 +282,24 @@ def test_a_sweep_table_without_its_columns_is_one_line(tmp_path):
   (tmp_path / "sweep.csv").write_text("nme,wrkdir\nx,y\n")
   with pytest.raises(UserError, match=r"sweep.csv: no 'name' column"):
     sweeps.summarize(tmp_path)
+
+
+def test_a_token_cache_of_another_corpus_is_refused(run_copy, synthetic_data_dir):
+  """No checkpoint yet (killed before the first), but cache/ holds the first corpus' tokens."""
+  shutil.rmtree(run_copy / "checkpoints")
+  config = tiny_config(synthetic_data_dir)
+  config.data.corpus = "other"
+  before = snapshot(run_copy)
+  with pytest.raises(UserError, match="a token cache .* data.corpus is 'synthetic' there, 'other' in this config"):
+    train_and_evaluate(config, run_copy)
+  assert snapshot(run_copy) == before
+
+
+def test_a_wrong_data_position_is_one_line_and_changes_nothing(run_copy, synthetic_data_dir):
+  (run_copy / "checkpoints/2/data/metadata").write_text('{"next": 3}')  # JSON, not the iterator's state
+  before = snapshot(run_copy)
+  with pytest.raises(UserError, match=r"checkpoints/2/data/metadata: not a data-iterator position") as e:
+    train_and_evaluate(tiny_config(synthetic_data_dir, steps=4), run_copy)
+  one_line(e)
+  assert snapshot(run_copy) == before
+  runs.load_run_model(run_copy, 2)  # the parameters are fine
