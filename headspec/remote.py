@@ -7,7 +7,8 @@ object, so writers here either write an object whole (`write_bytes`: atomic on G
 copy on scratch disk and upload it whole (`LocalMirror`); figures are drawn in memory and written whole
 (`save_figure`). What must be a real local file (feature caches: memory-mapped and appended to) lives on
 scratch (`scratch_dir`, under HEADSPEC_SCRATCH). Orbax checkpoints go to the URL directly (tensorstore
-speaks gs:// itself).
+speaks gs:// itself). A local file is written whole beside its target and renamed (`temp_beside`); a
+writer killed mid-write leaves that temporary, and the next write into the folder removes it.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ import pathlib
 import re
 import shutil
 import tempfile
+import time
 
 from etils import epath
 
@@ -82,7 +84,7 @@ def write_bytes_atomic(path, data: bytes) -> None:
     path.write_bytes(data)
     return
   path.parent.mkdir(parents=True, exist_ok=True)
-  tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+  tmp = temp_beside(path)
   tmp.write_bytes(data)
   tmp.replace(path)
 
@@ -98,10 +100,20 @@ def save_figure(fig, path, **savefig_kwargs) -> epath.Path:
     fig.savefig(buffer, format=fmt, **savefig_kwargs)
     path.write_bytes(buffer.getvalue())
     return path
-  tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+  tmp = temp_beside(path)
   fig.savefig(os.fspath(tmp), format=fmt, **savefig_kwargs)
   tmp.replace(path)
   return path
+
+
+def temp_beside(path) -> epath.Path:
+  """The temporary `.<name>.tmp-<pid>` beside `path` that a writer fills and renames into place. The
+  stale ones in that folder (writers killed mid-write: kill -9 leaves them) are removed first
+  (`remove_stale_temps`; those changed in the last minute are kept: they may be another host's), so
+  every write into a folder cleans up after its killed predecessors."""
+  path = epath.Path(path)
+  remove_stale_temps(path.parent, min_age_s=60.0)
+  return path.parent / f".{path.name}.tmp-{os.getpid()}"
 
 
 def files_under(folder) -> list[epath.Path]:
@@ -134,18 +146,21 @@ def _start_time(pid: int) -> float | None:
     pass
   try:
     ticks = int(pathlib.Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[19])
-    boot = next(int(line.split()[1]) for line in open("/proc/stat") if line.startswith("btime "))
+    stat = pathlib.Path("/proc/stat").read_text().splitlines()
+    boot = next(int(line.split()[1]) for line in stat if line.startswith("btime "))
   except (OSError, IndexError, ValueError, StopIteration):
     return None
   return boot + ticks / os.sysconf("SC_CLK_TCK")
 
 
-def remove_stale_temps(folder, *, slack_s: float = 5.0) -> list[pathlib.Path]:
+def remove_stale_temps(folder, *, slack_s: float = 5.0, min_age_s: float = 0.0) -> list[pathlib.Path]:
   """Removes the temporaries (`TEMP_NAME`) in local `folder` whose writer is gone, and returns them: a
   killed writer (kill -9, out of memory) leaves its temporary behind, and a feature cache's holds
   gigabytes. Gone: no process has the pid, or the one that has it started after the temporary was last
   changed (the pid was reused: a restarted container, or this very process). A live writer's temporary
-  is kept, so concurrent writers of one folder are safe. Remote folders have none (objects are whole)."""
+  is kept, so concurrent writers of one folder are safe. `min_age_s`: also keep the temporaries changed
+  less than this long ago (a writer on another host of a shared disk: its pid means nothing here).
+  Remote folders have none (objects are whole)."""
   if is_remote(folder) or not os.path.isdir(folder):
     return []
   removed = []
@@ -158,7 +173,7 @@ def remove_stale_temps(folder, *, slack_s: float = 5.0) -> list[pathlib.Path]:
       changed = entry.lstat().st_mtime
     except FileNotFoundError:  # its writer just renamed or removed it
       continue
-    if started is None or started <= changed + slack_s:
+    if started is None or started <= changed + slack_s or time.time() - changed < min_age_s:
       continue
     if entry.is_dir() and not entry.is_symlink():
       shutil.rmtree(entry, ignore_errors=True)

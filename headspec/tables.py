@@ -384,7 +384,7 @@ def _write(path: epath.Path, rows: list[dict], table: Table, check) -> None:
   writer.writerows(format_row(r, table) for r in rows)
   if path.is_dir():
     raise UserError(f"{path}: is a folder, not a table; move it away")
-  tmp = path.parent / f".{path.name}.tmp-{os.getpid()}"
+  tmp = remote.temp_beside(path)  # removes the temporaries of killed writers of this folder
   tmp.write_text(out.getvalue())
   try:
     check()
