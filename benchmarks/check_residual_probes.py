@@ -44,7 +44,7 @@ def check(config, workdir, layers, task_names, max_iter: int, chosen_l2: bool = 
 
   from headspec import remote, tables
   from headspec.errors import UserError
-  from headspec.probing import features, labels, plan, suite
+  from headspec.probing import features, plan, suite
 
   workdir = remote.run_path(workdir)
   results = tables.path_of(workdir, tables.PROBES)
@@ -53,7 +53,7 @@ def check(config, workdir, layers, task_names, max_iter: int, chosen_l2: bool = 
   rows = tables.read(results, tables.PROBES)
   fits = tables.read(tables.path_of(workdir, tables.PROBE_FITS), tables.PROBE_FITS) if chosen_l2 else []
   job = plan.plan_jobs(config, workdir)[-1]
-  data = labels.load_data(config)
+  data, _ = suite.representable_data(config, job)  # the sentences the suite probed
   _, feats = suite.job_features(job, data, config, features.run_cache_dir(workdir))
   train, dev = feats[data.train.key], feats[data.tune.key]
   out = []
