@@ -19,9 +19,15 @@ chosen on dev and reported on test (the maximum over 48 noisy dev estimates is b
                   head on repeated random sequences (attention/roles.csv, data=repeated_random).
   causal.csv      per run and task at the last step: ablating the k most selective heads vs k
                   layer-matched random heads (ablation/causal.csv `*_vs_random` rows, paired CIs).
-  rankings.csv    per run and task at the last step: Spearman's ρ between head importance (Michel et al.
-                  2019, ablation/heads.csv method=importance) and test selectivity, with a permutation
-                  p-value (10,000 shuffles of the heads).
+  rankings.csv    per run, task and measure of how much the model needs a head, at the last step:
+                  Spearman's ρ between that measure and test selectivity over all heads, with a
+                  permutation p-value over all heads; the mean of the per-layer ρ with a permutation
+                  p-value that shuffles heads only within their layer (so the layers' different levels
+                  of selectivity and importance cannot make the correlation); both p-values Holm-adjusted
+                  over the run's family of tests (every task × measure × test). Measures (ablation/heads.csv):
+                  zero_ablation and mean_ablation, the SIGNED loss change when the head alone is removed
+                  (> 0: the model needs it); importance_raw, Michel et al. 2019's E|∂ℓ/∂m_h|; importance,
+                  the same normalised per layer (the pruning ranking; comparable only within a layer).
   reference.csv   the best head's test selectivity per task and the best head's Clark accuracy per
                   relation (chosen on dev, on test) for each run's last step and each reference model
                   (all-MiniLM-L6-v2), beside the best fixed-offset baseline and n (test words or arcs).
@@ -55,7 +61,8 @@ COLUMNS = {  # every study table's columns (docs/outputs.md), so that an empty t
   "diversity": "run,condition,seed,step,metric,value",
   "roles": "run,condition,seed,step,role,layer,head,score",
   "causal": "run,condition,seed,step,task,k,metric,value,ci_low,ci_high",
-  "rankings": "run,condition,seed,step,task,spearman,p_value,heads",
+  "rankings": "run,condition,seed,step,task,measure,spearman,p_value,p_holm,within_layer_spearman,"
+  "within_layer_p,within_layer_p_holm,heads",
   "reference": "run,condition,kind,what,layer,head,value,baseline,n",
 }
 
@@ -198,13 +205,16 @@ def causal(run: dict, workdir) -> list[dict]:
   ]
 
 
-def spearman(x, y, *, permutations: int = 10000, seed: int = 0) -> tuple[float, float]:
-  """Spearman's ρ (Pearson correlation of ranks, ties averaged) and its two-sided permutation p-value."""
+def _ranks(x) -> np.ndarray:
   import pandas as pd
 
-  rx = pd.Series(x).rank().to_numpy()
-  ry = pd.Series(y).rank().to_numpy()
-  rx, ry = (rx - rx.mean()) / (rx.std() or 1.0), (ry - ry.mean()) / (ry.std() or 1.0)
+  r = pd.Series(np.asarray(x, np.float64)).rank().to_numpy()
+  return (r - r.mean()) / (r.std() or 1.0)
+
+
+def spearman(x, y, *, permutations: int = 10000, seed: int = 0) -> tuple[float, float]:
+  """Spearman's ρ (Pearson correlation of ranks, ties averaged) and its two-sided permutation p-value."""
+  rx, ry = _ranks(x), _ranks(y)
   rho = float(np.mean(rx * ry))
   rng = np.random.default_rng(seed)
   shuffled = np.array([np.mean(rx * ry[rng.permutation(len(ry))]) for _ in range(permutations)])
@@ -212,20 +222,69 @@ def spearman(x, y, *, permutations: int = 10000, seed: int = 0) -> tuple[float, 
   return rho, float(p)
 
 
+def within_layer_spearman(x, y, layer, *, permutations: int = 10000, seed: int = 0) -> tuple[float, float]:
+  """The mean over layers of Spearman's ρ between x and y among one layer's heads, and its two-sided
+  permutation p-value with y shuffled only within each layer (the layers' levels are kept under the null)."""
+  layer = np.asarray(layer)
+  groups = [np.flatnonzero(layer == l) for l in np.unique(layer)]
+  groups = [g for g in groups if len(g) >= 3]
+  if not groups:
+    return float("nan"), float("nan")
+  rx = [_ranks(np.asarray(x)[g]) for g in groups]
+  ry = [_ranks(np.asarray(y)[g]) for g in groups]
+  rho = float(np.mean([np.mean(a * b) for a, b in zip(rx, ry)]))
+  rng = np.random.default_rng(seed)
+  shuffled = np.array(
+    [np.mean([np.mean(a * b[rng.permutation(len(b))]) for a, b in zip(rx, ry)]) for _ in range(permutations)]
+  )
+  return rho, float((1 + np.sum(np.abs(shuffled) >= abs(rho) - 1e-12)) / (permutations + 1))
+
+
+def holm(p_values) -> np.ndarray:
+  """Holm's (1979) step-down adjustment of a family of p-values (NaN entries are left out and stay NaN)."""
+  p = np.asarray(p_values, np.float64)
+  out = np.full(p.shape, np.nan)
+  idx = np.flatnonzero(~np.isnan(p))
+  order = idx[np.argsort(p[idx], kind="stable")]
+  m, running = len(order), 0.0
+  for i, j in enumerate(order):
+    running = max(running, min(1.0, (m - i) * p[j]))
+    out[j] = running
+  return out
+
+
+# How much the model needs a head (ablation/heads.csv (method, metric)); signed ablation effects first.
+RANKING_MEASURES = {
+  "zero_ablation": ("zero", "loss_delta"),
+  "mean_ablation": ("mean", "loss_delta"),
+  "importance_raw": ("importance", "raw_score"),
+  "importance": ("importance", "score"),
+}
+
+
 def rankings(run: dict, workdir) -> list[dict]:
+  """rankings.csv rows of one run (module docstring): each measure against test selectivity, per task."""
   heads, sel = _frame(workdir, tables.ABLATION_HEADS), _frame(workdir, tables.PROBE_SELECTIVITY)
   if heads is None or sel is None or heads.empty:
     return []
   step = int(heads["step"].max())
-  importance = heads[(heads["step"] == step) & (heads["method"] == "importance")]
+  heads = heads[heads["step"] == step]
   _, test = _splits(sel, os.fspath(tables.path_of(workdir, tables.PROBE_SELECTIVITY)))
   out = []
   for task, g in sel[(sel["step"] == step) & (sel["split"] == test) & (sel["head"] >= 0)].groupby("task"):
-    merged = importance.merge(g, on=["layer", "head"])
-    if len(merged) < 3:
-      continue
-    rho, p = spearman(merged["value"], merged["selectivity"])
-    out.append(dict(**run, step=step, task=task, spearman=rho, p_value=p, heads=len(merged)))
+    for measure, (method, metric) in RANKING_MEASURES.items():
+      merged = heads[(heads["method"] == method) & (heads["metric"] == metric)].merge(g, on=["layer", "head"])
+      if len(merged) < 3:
+        continue
+      rho, p = spearman(merged["value"], merged["selectivity"])
+      w_rho, w_p = within_layer_spearman(merged["value"], merged["selectivity"], merged["layer"])
+      out.append(
+        dict(**run, step=step, task=task, measure=measure, spearman=rho, p_value=p, within_layer_spearman=w_rho,
+             within_layer_p=w_p, heads=len(merged))
+      )  # fmt: skip
+  adjusted = holm([r["p_value"] for r in out] + [r["within_layer_p"] for r in out])
+  for r, p, w_p in zip(out, adjusted[: len(out)], adjusted[len(out) :]):
+    r["p_holm"], r["within_layer_p_holm"] = p, w_p
   return out
 
 
@@ -478,8 +537,15 @@ def write_study(root) -> epath.Path:
   if len(frames["rankings"]):
     parts += [
       "",
-      "## Importance ranking vs selectivity ranking (Spearman ρ, permutation p)",
-      _markdown(frames["rankings"][["run", "task", "spearman", "p_value", "heads"]]),
+      "## How much the model needs a head vs its selectivity (Spearman ρ; permutation p, Holm-adjusted)",
+      "zero_ablation / mean_ablation: the signed loss change when the head alone is removed (> 0: needed); "
+      "importance_raw: E|∂ℓ/∂m_h| (a magnitude: also high for a head whose removal lowers the loss); importance: "
+      "the same normalised per layer. within_layer: mean per-layer ρ, heads shuffled only within their layer.",
+      _markdown(
+        frames["rankings"][
+          ["run", "task", "measure", "spearman", "p_holm", "within_layer_spearman", "within_layer_p_holm", "heads"]
+        ]
+      ),
     ]
   if len(frames["reference"]):
     ref = frames["reference"]

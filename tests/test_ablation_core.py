@@ -162,3 +162,22 @@ def test_embedding_shift_and_jacobian():
     up[l, h], down[l, h] = 1 + eps, 1 - eps
     jac = (core.run_one(model, es, up, zero) - core.run_one(model, es, down, zero)).astype(np.float64) / (2 * eps)
     np.testing.assert_allclose(raw[l, h], (0.5 * (jac**2).sum(-1)).mean(), rtol=3e-2)
+
+
+def test_layer_matched_random_heads_avoid_the_selective_ones():
+  """Random sets match the selective set's per-layer counts and draw from the non-selected heads first, so
+  selective − random is not pulled toward 0 by shared heads; the overlap is minimal where a layer runs short."""
+  from headspec.ablation import causal
+
+  selectivity = np.array([[0.9, 0.8, 0.1, 0.0], [0.7, 0.6, 0.5, 0.4], [0.0, 0.0, 0.0, 0.0]])
+  for k in (1, 2, 4, 6):
+    sel = causal.selective_mask(selectivity, k)
+    for seed in range(20):
+      rand = causal.layer_matched_mask(sel, seed)
+      np.testing.assert_array_equal((rand == 0).sum(1), (sel == 0).sum(1))
+      short = np.maximum((sel == 0).sum(1) - (sel != 0).sum(1), 0).sum()  # selective heads that must be reused
+      assert ((rand == 0) & (sel == 0)).sum() == short
+      assert causal.overlap(sel, rand) == pytest.approx(short / k)
+  # Layer 1 holds 3 of the 5 most selective heads and 1 other: the random set takes that one and 2 selective.
+  sel = causal.selective_mask(selectivity, 5)
+  assert causal.overlap(sel, causal.layer_matched_mask(sel, 0)) == pytest.approx(2 / 5)

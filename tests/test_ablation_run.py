@@ -75,8 +75,8 @@ def test_every_table_and_known_values(run_dir):
   methods = {(r["method"], r["metric"]) for r in heads}
   assert methods == {
     ("zero", "loss_delta"), ("zero", "accuracy_delta"), ("mean", "loss_delta"), ("mean", "accuracy_delta"),
-    ("keep_only", "loss_delta"), ("keep_only", "accuracy_delta"), ("importance", "score"), ("magnitude", "score"),
-    ("entropy", "score"),
+    ("keep_only", "loss_delta"), ("keep_only", "accuracy_delta"), ("importance", "score"),
+    ("importance", "raw_score"), ("magnitude", "score"), ("entropy", "score"),
   }  # fmt: skip
   for method, metric in methods:
     assert len([r for r in heads if (r["method"], r["metric"]) == (method, metric)]) == L * H
@@ -107,6 +107,14 @@ def test_every_table_and_known_values(run_dir):
     if int(r["heads_pruned"]) == 0 and r["metric"] == "loss":
       assert float(r["value"]) == pytest.approx(base["loss"], abs=1e-5)
   assert {int(r["heads_pruned"]) for r in pruning_rows} == set(counts)
+  # `ablation` prunes the head with the smallest single-head zero-ablation effect first, so its first point is
+  # the smallest one-head loss, at or below the random orders' mean (it once pruned the largest first).
+  zero_delta = [float(r["value"]) for r in heads if (r["method"], r["metric"]) == ("zero", "loss_delta")]
+  first = lambda ranking: [
+    float(r["value"]) for r in pruning_rows if (r["ranking"], r["heads_pruned"], r["metric"]) == (ranking, "1", "loss")
+  ]
+  assert first("ablation") == [pytest.approx(base["loss"] + min(zero_delta), abs=1e-5)]
+  assert first("ablation")[0] <= np.mean(first("random")) + 1e-6
 
   # Gates: a huge penalty closes gates (fewer expected open gates than λ = 0).
   gate_rows = read(run_dir, tables.ABLATION_GATES)
@@ -214,3 +222,19 @@ def test_minilm_gates_refused_and_shift(tmp_path, capsys):
   assert {(r["method"], r["metric"]) for r in rows} == {("zero", "embedding_shift"), ("importance", "score")}
   assert len(rows) == 2 * 6 * 12
   assert all(float(r["value"]) >= -1e-6 for r in rows)
+
+
+def test_causal_test_reads_words_where_the_probe_ranked_them(run_dir, synthetic_data_dir):
+  """causal.pooling 'auto' (the default) is the probe's: a decoder's words at their LAST piece, not the first."""
+  from headspec.ablation import causal
+
+  model, tokenizer = runs.load_run_model(run_dir, 30)
+  pools = {}
+  for pooling in ("auto", "last", "first"):
+    c = small_config()
+    c.causal.pooling = pooling
+    (data,) = causal.load_task_data(synthetic_data_dir, "synthetic", ["upos"], tokenizer, model.cfg, c)
+    pools[pooling] = np.concatenate([b[2].reshape(-1) for b in data.test.batches])
+  assert ablate_config.get_config(None).causal.pooling == "auto"
+  np.testing.assert_array_equal(pools["auto"], pools["last"])
+  assert not np.array_equal(pools["last"], pools["first"])  # words of several pieces exist

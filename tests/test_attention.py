@@ -82,13 +82,13 @@ def test_gold_map_scores_one_and_next_word_map_equals_offset_baseline():
   relations = clark.relation_set(arcs, min_count=1)
   assert "root" not in relations and relations[-1] == "all" and "nmod" in relations  # subtype stripped
   gold = clark.score_split(
-    stats_of(one_hot_maps(gold_head)).argmax_other_LHN, arcs, relations, causal=False, arc_set="auto", max_offset=5
+    stats_of(one_hot_maps(gold_head)), arcs, relations, causal=False, arc_set="auto", max_offset=5
   )
   for r in relations:
     assert gold.accuracy[(r, "dependent_to_head")][0, 0] == 1.0
 
   nxt = clark.score_split(
-    stats_of(one_hot_maps(lambda u, j, n: j + 1 if j + 1 < n else None)).argmax_other_LHN,
+    stats_of(one_hot_maps(lambda u, j, n: j + 1 if j + 1 < n else None)),
     arcs,
     relations,
     causal=False,
@@ -100,27 +100,30 @@ def test_gold_map_scores_one_and_next_word_map_equals_offset_baseline():
   assert nxt.n[("all", "dependent_to_head")] == 7  # every non-root arc
 
 
-def test_head_to_dependent_is_per_arc_and_decoders_score_reachable_arcs():
+def test_head_to_dependent_is_clarks_column_argmax_and_decoders_score_reachable_arcs():
+  """head_to_dependent (Clark et al.'s `attn_head_predictor(mode="transpose")`): each dependent predicts the word
+  that attends to it most. A head word spreading its attention evenly over its dependents is right on every arc
+  (the row argmax of the head word would be right on one dependent per head word: 4 of 7 arcs)."""
   arcs = clark.split_arcs(SENTENCES)
   relations = clark.relation_set(arcs, min_count=1)
-
-  # Each head word attends to its first dependent: for sentence 2's root (3 dependents) 1 of 3 arcs is right.
-  def first_dependent(u, j, n):
-    deps = [k for k, h in enumerate(SENTENCES[u].heads) if h == j + 1]
-    return deps[0] if deps else None
-
-  s = clark.score_split(
-    stats_of(one_hot_maps(first_dependent)).argmax_other_LHN,
-    arcs,
-    relations,
-    causal=False,
-    arc_set="auto",
-    max_offset=5,
-  )
-  assert s.accuracy[("all", "head_to_dependent")][0, 0] == pytest.approx(4 / 7)  # below 1: several dependents
-  dec = clark.score_split(
-    stats_of(one_hot_maps(gold_head)).argmax_other_LHN, arcs, relations, causal=True, arc_set="auto", max_offset=5
-  )
+  maps = []
+  for s in SENTENCES:
+    n = len(s.words)
+    attn, special = np.zeros((1, 1, n, n)), np.zeros((1, 1, n))
+    for j in range(n):
+      deps = [k for k, h in enumerate(s.heads) if h == j + 1]
+      attn[0, 0, j, deps] = 1.0 / len(deps) if deps else 0.0
+      special[0, 0, j] = 0.0 if deps else 1.0
+    maps.append((attn, special))
+  s = clark.score_split(stats_of(maps), arcs, relations, causal=False, arc_set="auto", max_offset=5)
+  for r in relations:
+    assert s.accuracy[(r, "head_to_dependent")][0, 0] == 1.0
+    assert s.accuracy[(r, "dependent_to_head")][0, 0] == 0.0  # nobody attends to its own head
+  # Every word attends to its head: then the word that attends to a dependent most is one of ITS dependents.
+  g = clark.score_split(stats_of(one_hot_maps(gold_head)), arcs, relations, causal=False, arc_set="auto", max_offset=5)
+  assert g.accuracy[("all", "dependent_to_head")][0, 0] == 1.0
+  assert g.accuracy[("all", "head_to_dependent")][0, 0] == 0.0
+  dec = clark.score_split(stats_of(one_hot_maps(gold_head)), arcs, relations, causal=True, arc_set="auto", max_offset=5)
   assert dec.n[("all", "dependent_to_head")] == 3  # head precedes the dependent: obj, nmod of sentence 1, obj of 2
   assert dec.total[("all", "dependent_to_head")] == 7
   assert set(dec.baseline[("all", "dependent_to_head")]) == {-5, -4, -3, -2, -1}
@@ -151,7 +154,7 @@ def role_outputs(maps, causal=False, num_specials=2):
   ws = stats_of(maps, causal=causal, num_specials=num_specials)
   arcs = clark.split_arcs(SENTENCES)
   scores = clark.score_split(
-    ws.argmax_other_LHN, arcs, clark.relation_set(arcs, min_count=1), causal=causal, arc_set="auto", max_offset=5
+    ws, arcs, clark.relation_set(arcs, min_count=1), causal=causal, arc_set="auto", max_offset=5
   )
   freq = np.arange(ws.num_words, 0, -1).astype(float)  # the last word of each sentence is the rarest
   out, info = roles.role_scores(ws, freq, scores, arcs, min_count=1, num_resamples=50, seed=0)
@@ -165,7 +168,8 @@ def test_roles_of_hand_built_heads():
   assert "relative position -1" in next(r["rule"] for r in labels if r["label"] == "positional")
 
   out, labels = role_outputs(one_hot_maps(lambda u, j, n: None))  # all on [SEP]
-  assert out["attend_special"][0][0, 0] == 1.0 and out["positional"][0][0, 0] == 0.0
+  assert out["attend_special"][0][0, 0] == 1.0
+  assert out["positional"][0][0, 0] == pytest.approx(2 / 9)  # the first words: the special is the token before
   assert {r["label"] for r in labels} == {"delimiter", "focused"}
 
   out, labels = role_outputs(one_hot_maps(lambda u, j, n: n - 1))  # the rarest word
@@ -188,3 +192,50 @@ def test_a_word_longer_than_every_window_is_a_user_error():
   tok = types.SimpleNamespace(prefix_ids=(1,), suffix_ids=(2,), word_pieces=lambda ws: [[5] * len(w) for w in ws])
   with pytest.raises(UserError, match="no window can hold them"):
     words._align([["ab", "abcdefghij"]], tok, max_len=8, causal=False, names=["s-1"])
+
+
+def test_positional_is_scored_on_tokens():
+  """A perfect previous-TOKEN head over words of two pieces: Voita et al.'s rule holds for every query token
+  (score 1), while the word-level map of the same head never peaks at the previous word."""
+  T = 6  # [BOS] a1 a2 b1 b2 b3
+  probs_TT = np.zeros((T, T), np.float32)
+  probs_TT[0, 0] = 1.0
+  for t in range(1, T):
+    probs_TT[t, t - 1] = 1.0
+  probs = jnp.asarray(probs_TT)[None, None, None]  # [L=1, B=1, H=1, T, T]
+  to_WT = np.zeros((1, 2, T), np.float32)
+  to_WT[0, 0, 1:3] = to_WT[0, 1, 3:6] = 1.0
+  out = words.token_positional(probs, jnp.ones((1, T), bool), jnp.asarray(to_WT), causal=True)
+  np.testing.assert_array_equal(np.asarray(out["token_prev"])[0, 0, 0], [2, 3])
+  np.testing.assert_array_equal(np.asarray(out["token_prev_n"])[0, 0, 0], [2, 3])
+  assert np.asarray(out["token_next_n"]).sum() == 0  # a decoder never sees the next token
+  special = np.array([[True, False, False, False, False, False]])
+  stats = words.query_stats(
+    *words.pool_words(probs, jnp.asarray(to_WT), jnp.asarray(special)),
+    jnp.zeros((1, 2), bool),
+    jnp.ones((1, 2), bool),
+    jnp.ones((1, 2), bool),
+    True,
+  )
+  np.testing.assert_array_equal(np.asarray(stats["argmax_any"])[0, 0, 0], [0, 1])  # word level: each word itself
+
+
+def test_syntactic_label_is_chosen_on_dev_and_kept_only_if_it_holds_on_the_report_split():
+  arcs = clark.split_arcs(SENTENCES)
+  relations = clark.relation_set(arcs, min_count=1)
+  score = lambda maps: clark.score_split(stats_of(maps), arcs, relations, causal=False, arc_set="auto", max_offset=5)
+  gold = one_hot_maps(gold_head)
+  ws = stats_of(gold)
+  freq = np.arange(ws.num_words, 0, -1).astype(float)
+  out, info = roles.role_scores(ws, freq, score(gold), arcs, min_count=1, num_resamples=50, seed=0)
+  cfg = attention_config().roles
+  label = lambda confirmed: {
+    r["label"]
+    for r in roles.label_rows(
+      out, info, cfg, model="m", step=0, frequency_source="t", confirmed=confirmed, report_split="x/test"
+    )
+  }
+  assert "syntactic" in label(None)  # no report split: chosen on dev, said to be unconfirmed
+  assert "syntactic" in label(roles.confirm_syntactic(info, score(gold)))  # holds on the report split
+  elsewhere = one_hot_maps(lambda u, j, n: None)  # on the report split the head attends only to [SEP]
+  assert "syntactic" not in label(roles.confirm_syntactic(info, score(elsewhere)))

@@ -169,6 +169,8 @@ def test_split_sentences_take_each_row_from_its_window(data_dir):
   maps = words.sentence_maps(model, tokenizer, word_lists)
   again = words.stats_from_maps(maps, punct)
   assert np.mean(stats.argmax_other_LHN == again.argmax_other_LHN) > 0.99  # float ties aside
+  # Columns (who attends to a word most) combine the rows of every window that holds the word.
+  assert np.mean(stats.argmax_col_other_LHN == again.argmax_col_other_LHN) > 0.99
   np.testing.assert_allclose(stats.values["prev"], again.values["prev"], atol=1e-5)
   u = int(np.argmax([len(w) for w in word_lists]))  # a split sentence
   offset = int(stats.sentence_first_U[u])

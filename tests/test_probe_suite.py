@@ -281,6 +281,7 @@ def test_summary_overview_chooses_on_dev_and_reports_test():
   text = report.summary(rows, baselines, "t/test", top_k=2, select_split="t/dev", selectivity=sel)
   line = "| upos | 0.300 (majority) | 0.710 / 0.600 | 0.800 / 0.500 (layer 0) | 0.500 / 0.300 (L0 H0) | +0.200 [+0.150, +0.250] |"
   assert line in text, text
+  assert "best residual layer (chosen on dev) 0 0.800" in text  # the task header chooses on dev too
 
 
 def test_residual_probes_match_sklearn(ewt_part, tmp_path):

@@ -238,3 +238,18 @@ def test_local_launcher_stops_after_a_signal(tmp_path):
   ]
   assert launch.run_local(steps) == 128 + 15
   assert not after.exists()
+
+
+def test_within_layer_permutation_keeps_layer_levels_and_holm():
+  """Two measures that differ by layer but not within it: the all-heads ρ is large, the within-layer ρ is not,
+  and its permutation p (heads shuffled within layers) does not call it significant."""
+  rng = np.random.default_rng(0)
+  layer = np.repeat(np.arange(6), 8)
+  x, y = layer + 0.1 * rng.normal(size=48), layer + 0.1 * rng.normal(size=48)
+  rho, p = study.spearman(x, y, permutations=2000)
+  assert rho > 0.9 and p < 0.01
+  w_rho, w_p = study.within_layer_spearman(x, y, layer, permutations=2000)
+  assert abs(w_rho) < 0.3 and w_p > 0.05
+  w_rho, w_p = study.within_layer_spearman(x, x + 0.01 * rng.normal(size=48), layer, permutations=2000)
+  assert w_rho > 0.9 and w_p < 0.01
+  np.testing.assert_allclose(study.holm([0.01, 0.04, 0.03, np.nan]), [0.03, 0.06, 0.06, np.nan])

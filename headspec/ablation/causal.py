@@ -6,13 +6,17 @@ RUN/probes/results.csv: heads are ranked by selectivity (accuracy − control ac
 measurement never share data. For k = 1, 2, 4, ... up to half of the heads:
   selective             the k most selective heads are ablated;
   random_layer_matched  for each seed, as many heads per layer as the selective set has in that layer,
-                        drawn uniformly from that layer's heads (the selective ones included).
+                        drawn uniformly from that layer's NON-selected heads (a random set that shares
+                        selective heads pulls selective − random toward 0); where fewer remain than are
+                        needed, all of them plus the fewest selective heads, and the overlap is reported.
 Ablation is MEAN ablation (Z_h replaced by its mean over the probe's training tokens). Metrics:
   probe_accuracy        a probe on the LAST layer's residual stream, re-extracted with the heads ablated,
                         REFITTED on ablated train features (l2 chosen on ablated dev) and scored on ablated
                         test: whether the information is still linearly decodable (primary);
   probe_accuracy_fixed  the probe fitted on unablated features, scored on ablated test features;
   loss_delta            LM loss change on the LM evaluation set (only for a model with a trained LM head);
+  overlap_with_selective  (random rows) the fraction of the random set's heads that are selective heads:
+                        0 unless a layer holds more selective heads than non-selected ones;
   *_vs_random           selective minus the mean over random seeds, with a PAIRED bootstrap CI over test
                         sentences (LM: sequences): a CI entirely below 0 for probe accuracy (above 0 for
                         loss) means the selective heads matter more than random heads of the same layers.
@@ -34,7 +38,7 @@ from headspec.data import treebank as treebank_lib
 from headspec.errors import UserError
 from headspec.probing import align as align_lib
 from headspec.probing import probe, stats
-from headspec.probing.features import bucket_length
+from headspec.probing.features import bucket_length, resolve_pooling
 
 LABEL_TASKS = ("upos", "xpos", "deprel")
 
@@ -98,12 +102,24 @@ def selective_mask(selectivity_LH, k: int) -> np.ndarray:
 
 
 def layer_matched_mask(selective_LH, seed: int) -> np.ndarray:
-  """As many heads per layer as `selective_LH` removes there, drawn uniformly from that layer's heads."""
+  """As many heads per layer as `selective_LH` removes there, drawn uniformly from the heads it keeps there;
+  a layer with too few kept heads gives all of them plus a uniform draw of the rest from its removed heads."""
   rng = np.random.default_rng(seed)
   mask = np.ones_like(selective_LH)
-  for l, count in enumerate((selective_LH == 0).sum(1)):
-    mask[l, rng.choice(mask.shape[1], int(count), replace=False)] = 0.0
+  for l, row in enumerate(np.asarray(selective_LH)):
+    removed, kept = np.flatnonzero(row == 0), np.flatnonzero(row != 0)
+    if len(removed) <= len(kept):
+      mask[l, rng.choice(kept, len(removed), replace=False)] = 0.0
+    else:
+      mask[l, kept] = 0.0
+      mask[l, rng.choice(removed, len(removed) - len(kept), replace=False)] = 0.0
   return mask
+
+
+def overlap(selective_LH, random_LH) -> float:
+  """Fraction of the heads `random_LH` removes that `selective_LH` removes too."""
+  removed = np.asarray(random_LH) == 0
+  return float((removed & (np.asarray(selective_LH) == 0)).sum() / max(removed.sum(), 1))
 
 
 @dataclasses.dataclass
@@ -222,13 +238,14 @@ def load_task_data(data_root, treebank: str, tasks, tokenizer, model_cfg, config
     s: _subsample(representable(s), n, config.seed)
     for s, n in (("train", c.max_train_words), ("dev", c.max_eval_words), ("test", c.max_eval_words))
   }
+  pooling = resolve_pooling(c.pooling, model_cfg.kind)  # as `headspec probe` read the heads it ranked
   out = []
   for task in tasks:
     classes = sorted({x for s in splits["train"] for x in _label(s, task)})
     index = {x: i for i, x in enumerate(classes)}
     made = {
       s: _make_split(
-        splits[s], task, index, tokenizer, model_cfg.max_len, model_cfg.kind == "decoder", c.pooling, c.batch_tokens
+        splits[s], task, index, tokenizer, model_cfg.max_len, model_cfg.kind == "decoder", pooling, c.batch_tokens
       )
       for s in splits
     }
@@ -289,6 +306,8 @@ def causal_rows(model, data: TaskData, selectivity_LH, lm_set, lm_replacement, c
   for k in ks(L * H):
     sel = selective_mask(selectivity_LH, k)
     masks = [sel] + [layer_matched_mask(sel, seed + 1000 * k + s) for s in range(c.random_seeds)]
+    for s, mask in enumerate(masks[1:]):
+      row(k, "random_layer_matched", s, "overlap_with_selective", overlap(sel, mask), np.nan, np.nan)
     refit_cols, fixed_cols = [], []
     for mask in masks:
       x = [feats(s, mask) for s in (data.train, data.dev, data.test)]
@@ -343,6 +362,7 @@ INDUCTION_METRICS = (
   "loss_delta_second",
   "second_minus_first",
   "loss_delta_second_vs_random",
+  "overlap_with_selective",
 )
 
 
@@ -366,7 +386,8 @@ def induction_rows(model, tokens_NT, n: int, prefix: int, induction_LH, c, *, re
   """ablation/causal.csv rows (without model, step, kind) of the induction-head causal check.
 
   For each method (zero, mean) and k: the k heads with the largest induction score (`top_induction`,
-  seed −1) and `c.random_seeds` layer-matched random sets (`random_layer_matched`, seed s) are ablated;
+  seed −1) and `c.random_seeds` layer-matched random sets (`random_layer_matched`, seed s, drawn from the
+  heads outside the top k as in `layer_matched_mask`, with their `overlap_with_selective`) are ablated;
   `task` is 'repeated_random/<method>'. Metrics (loss in nats, ablated − unablated, on the same tokens):
     loss_delta_first / loss_delta_second   on the first / second repeat (r_2..r_n of each)
     second_minus_first                     their difference (paired bootstrap over sequences)
@@ -408,6 +429,10 @@ def induction_rows(model, tokens_NT, n: int, prefix: int, induction_LH, c, *, re
     task = f"repeated_random/{method}"
     for g, label in enumerate(labels[1:]):
       k, selection, s = label
+      if selection == "random_layer_matched":
+        rows.append(dict(task=task, k=k, selection=selection, seed=s, metric="overlap_with_selective",
+                         value=overlap(selective_mask(induction_LH, k), masks[g + 1]), ci_low=np.nan,
+                         ci_high=np.nan))  # fmt: skip
       for metric, (v, low, high) in series.items():
         rows.append(dict(task=task, k=k, selection=selection, seed=s, metric=metric, value=float(v[g]),
                          ci_low=float(low[g]), ci_high=float(high[g])))  # fmt: skip

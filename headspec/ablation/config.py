@@ -48,7 +48,9 @@ def ablate_config() -> ml_collections.ConfigDict:
   c.causal.random_seeds = 3  # layer-matched random head sets per k
   c.causal.max_train_words = 4000  # probe training words (whole sentences, seeded subsample of train)
   c.causal.max_eval_words = 2000  # dev (l2 choice) and test (measurement) words
-  c.causal.pooling = "first"  # a word's vector from its 'first' | 'last' | 'mean' piece(s), as `headspec probe`
+  # A word's vector from its 'first' | 'last' | 'mean' piece(s); 'auto' is probe.pooling's default ('last' for a
+  # decoder, 'first' for an encoder), so heads are tested at the pieces they were ranked at.
+  c.causal.pooling = "auto"
   c.causal.l2_grid = (1e-4, 1e-3)  # probe L2 penalties tried, best on dev
   c.causal.refine_samples = 20000  # Adam samples after the probes' closed-form start (headspec/probing/probe.py)
   c.causal.batch_tokens = 2048  # padded tokens per feature-extraction call

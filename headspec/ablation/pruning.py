@@ -4,8 +4,8 @@
 Rankings (a head with the LOWEST score goes first):
   importance  I_h of headspec/ablation/metrics.py (Michel et al. 2019 eq. 2, normalised per layer),
               recomputed under the current mask after every step (it depends on the pruned model);
-  ablation    minus the single-head zero-ablation loss change (or embedding shift) of the unpruned
-              model: the heads whose removal alone hurts least go first (fixed order);
+  ablation    the single-head zero-ablation loss change (or embedding shift) of the unpruned model:
+              the heads whose removal alone hurts least go first (fixed order), the best-case reference;
   magnitude   ‖W_O^h‖_F (fixed order);
   entropy     minus the mean attention entropy: the most uniform (highest-entropy) heads go first.
               Why: a near-uniform head returns an average of the values over the whole context, a

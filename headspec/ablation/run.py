@@ -25,6 +25,7 @@ from headspec import remote, runs, tables, targets
 from headspec.ablation import causal, core, gates, interactions, metrics, plots, pruning
 from headspec.ablation import evalset as evalset_lib
 from headspec.errors import UserError
+from headspec.probing.align import POOLINGS
 
 HEAD_METHODS = ("zero", "mean", "keep_only", "importance", "magnitude", "entropy")
 METHODS = HEAD_METHODS + ("pruning", "gates", "causal", "interactions")
@@ -63,6 +64,7 @@ def check_config(config) -> tuple[tuple[str, ...], tuple[str, ...]]:
     (config.gates.steps >= 1 and len(config.gates.penalties) > 0, "gates.steps >= 1 and gates.penalties non-empty"),
     (all(p >= 0 for p in config.gates.penalties), "gates.penalties must be >= 0"),
     (config.causal.random_seeds >= 1, "causal.random_seeds must be >= 1"),
+    (config.causal.pooling in ("auto", *POOLINGS), f"causal.pooling={config.causal.pooling!r}: use auto or {POOLINGS}"),
     (config.interactions.top >= 2, "interactions.top must be >= 2"),
   ]
   for ok, message in checks:
@@ -194,9 +196,12 @@ def ablate_job(job, model, es, config, plan: _Plan, task_data_cache: dict, token
   importance = None
   if {"importance", "interactions"} & set(methods) or ("pruning" in methods and "importance" in plan.rankings):
     with _bar(len(es.batches), f"{tag}: importance") as bar:
-      importance = metrics.normalise_per_layer(metrics.raw_importance(model, es, progress=bar))
+      raw_importance = metrics.raw_importance(model, es, progress=bar)
+      importance = metrics.normalise_per_layer(raw_importance)
     if "importance" in methods:
       out[tables.ABLATION_HEADS.path] += _head_rows("importance", "score", importance)
+      # Unnormalised too: the per-layer norm erases differences between layers (comparisons across layers).
+      out[tables.ABLATION_HEADS.path] += _head_rows("importance", "raw_score", raw_importance)
   if "magnitude" in methods:
     out[tables.ABLATION_HEADS.path] += _head_rows("magnitude", "score", metrics.magnitude(model))
   if "entropy" in methods:
@@ -240,7 +245,8 @@ def _pruning(model, es, config, plan, single, importance, entropy, selectivity, 
   main_metric = "loss_delta" if es.kind == "lm" else "embedding_shift"
   for ranking in plan.rankings:
     if ranking == "ablation":
-      fixed[(ranking, -1)] = -single["zero"][main_metric][0].reshape(L, H)
+      # The single-head zero-ablation effect (loss increase, or embedding shift): smallest first.
+      fixed[(ranking, -1)] = single["zero"][main_metric][0].reshape(L, H)
     elif ranking == "magnitude":
       fixed[(ranking, -1)] = metrics.magnitude(model)
     elif ranking == "entropy":

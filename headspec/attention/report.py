@@ -37,8 +37,8 @@ def job_section(
       "clark.arcs='reachable' an encoder is scored on exactly those arcs, to compare with a decoder."
     )
   lines.append(
-    "head_to_dependent is scored per arc: a head word with several dependents of the relation can be right for "
-    "at most one of them, so its ceiling is below 1."
+    "head_to_dependent is Clark et al.'s released second direction: each dependent predicts the word that attends "
+    "to it most, right when that is its head."
   )
   lines += [f"Skipped (the model cannot represent them; scores are over the other sentences): {s}." for s in skipped]
   lines += [

@@ -231,7 +231,7 @@ def analyse_job(job: targets.Target, data: Data, config, out_dir, *, log=print):
       log=log,
     )
     scores[split.key] = clark_lib.score_split(
-      stats[split.key].argmax_other_LHN,
+      stats[split.key],
       split.arcs,
       data.relations,
       causal=causal,
@@ -250,8 +250,16 @@ def analyse_job(job: targets.Target, data: Data, config, out_dir, *, log=print):
   bootstrap = dict(num_resamples=config.roles.bootstrap_resamples, seed=config.seed)
   out, info = roles_lib.role_scores(ws, freq_N, select, data.select.arcs, min_count=c.min_count, **bootstrap)
   role_rows = roles_lib.role_rows(out, model=job.name, step=job.step)
+  confirmed = roles_lib.confirm_syntactic(info, scores[data.report.key]) if data.report else None
   label_rows = roles_lib.label_rows(
-    out, info, config.roles, model=job.name, step=job.step, frequency_source=data.frequency_source
+    out,
+    info,
+    config.roles,
+    model=job.name,
+    step=job.step,
+    frequency_source=data.frequency_source,
+    confirmed=confirmed,
+    report_split=data.report.key if data.report else "",
   )
   log(f"  {job.name} step {job.step}: Clark tables and roles ({time.perf_counter() - t0:.1f} s)")
   if data.examples:

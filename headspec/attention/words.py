@@ -42,7 +42,12 @@ from headspec.errors import UserError
 from headspec.probing import align as align_lib
 from headspec.probing.features import bucket_length
 
-STAT_FIELDS = ("prev", "self", "next", "special", "punct", "entropy")
+STAT_FIELDS = ("prev", "self", "next", "special", "punct", "entropy") + (
+  "token_prev",
+  "token_prev_n",
+  "token_next",
+  "token_next_n",
+)
 
 
 def pool_words(probs_LBHTS, to_BWT, special_BT):
@@ -62,11 +67,18 @@ def pool_words(probs_LBHTS, to_BWT, special_BT):
   return attn_LBHWW, special_LBHWS.sum(-1), special_plogp_LBHW, special_LBHWS.max(-1)
 
 
-def query_stats(attn_LBHWW, special_LBHW, special_plogp_LBHW, special_max_LBHW, punct_BW, word_valid_BW, causal):
+def query_stats(
+  attn_LBHWW, special_LBHW, special_plogp_LBHW, special_max_LBHW, punct_BW, word_valid_BW, row_owner_BW, causal
+):
   """Per query word w of every head: what the scores read (window-local word indices).
 
   argmax_other: argmax_{v visible, v != w} attn[w, v] (Clark et al. 2019 §4.2), -1 when no other visible
     word gets any weight (a decoder's first word);
+  argmax_col_other / col_max_other: per KEY word w, the other word that attends to it most,
+    argmax_{v != w, w visible to v} attn[v, w] over the rows this window owns (`row_owner_BW`: the words
+    whose row comes from this window), and that weight (-1 when none) — Clark et al.'s released second
+    direction (attention-analysis `attn_head_predictor(mode="transpose")`); `word_stats` keeps, per word,
+    the window whose owned rows give the largest weight;
   argmax_any: argmax over every column, the word itself and the special tokens included (Voita et al.
     2019), -1 when a special token gets the most;
   prev / self / next: attn[w, w-1], attn[w, w], attn[w, w+1] (Clark §3, here between words);
@@ -82,6 +94,9 @@ def query_stats(attn_LBHWW, special_LBHW, special_plogp_LBHW, special_max_LBHW, 
   other_BWW = visible_BWW & (k_1W != q_W1)[None]
   masked = jnp.where(other_BWW[None, :, None], attn_LBHWW, -1.0)
   argmax_other = jnp.where(masked.max(-1) > 0, masked.argmax(-1), -1)
+  column = jnp.where((other_BWW & row_owner_BW[:, :, None])[None, :, None], attn_LBHWW, -1.0)
+  col_max_other = column.max(-2)
+  argmax_col_other = jnp.where(col_max_other > 0, column.argmax(-2), -1)
   seen = jnp.where(visible_BWW[None, :, None], attn_LBHWW, -1.0)
   argmax_any = jnp.where(seen.max(-1) >= special_max_LBHW, seen.argmax(-1), -1)
   zero = jnp.zeros(attn_LBHWW.shape[:-1][:-1] + (1,), attn_LBHWW.dtype)
@@ -91,6 +106,8 @@ def query_stats(attn_LBHWW, special_LBHW, special_plogp_LBHW, special_max_LBHW, 
   return dict(
     argmax_other=argmax_other.astype(jnp.int32),
     argmax_any=argmax_any.astype(jnp.int32),
+    argmax_col_other=argmax_col_other.astype(jnp.int32),
+    col_max_other=col_max_other,
     prev=prev,
     self=jnp.diagonal(attn_LBHWW, axis1=-2, axis2=-1),
     next=nxt,
@@ -100,17 +117,43 @@ def query_stats(attn_LBHWW, special_LBHW, special_plogp_LBHW, special_max_LBHW, 
   )
 
 
+def token_positional(probs_LBHTS, valid_BT, owned_BWT, causal: bool) -> dict:
+  """Voita et al. 2019's positional test on TOKENS, summed per query word: token_prev[w] = how many of word w's
+  pieces put their largest weight on the token just before them (any token: a piece, a special),
+  token_prev_n[w] = how many of its pieces have a token there; likewise token_next (never for a decoder).
+  `owned_BWT`: 1 where token t is a piece of word w and w's row comes from this window. A word-level map
+  cannot hold this rule: a word's mean row over several pieces rarely peaks at the previous WORD."""
+  T = probs_LBHTS.shape[-1]
+  argmax_LBHT = probs_LBHTS.argmax(-1)
+  t_T = jnp.arange(T)
+  out = {}
+  for name, k in (("token_prev", -1), ("token_next", 1)):
+    there_BT = jnp.roll(valid_BT, -k, axis=1) & (t_T + k >= 0) & (t_T + k < T) & valid_BT
+    if causal and k > 0:
+      there_BT = jnp.zeros_like(there_BT)
+    hit_LBHT = (argmax_LBHT == (t_T + k)) & there_BT[None, :, None]
+    owned = owned_BWT.astype(jnp.float32)
+    out[name] = jnp.einsum("bwt,lbht->lbhw", owned, hit_LBHT.astype(jnp.float32))
+    n_BW = jnp.einsum("bwt,bt->bw", owned, there_BT.astype(jnp.float32))
+    out[f"{name}_n"] = jnp.broadcast_to(n_BW[None, :, None], out[name].shape)
+  return out
+
+
 @functools.lru_cache(maxsize=8)
 def _forward(graphdef, causal: bool, maps: bool):
   """jit(state, batch...) -> query_stats (maps=False) or (attn_LBHWW, special_LBHW) (maps=True)."""
 
   @jax.jit
-  def forward(state, tokens_BT, valid_BT, to_BWT, special_BT, punct_BW, word_valid_BW):
+  def forward(state, tokens_BT, valid_BT, to_BWT, special_BT, punct_BW, word_valid_BW, row_owner_BW):
     _, inter = nnx.merge(graphdef, state)(tokens_BT, valid_BT=valid_BT, capture=("probs",))
     pooled = pool_words(inter.probs_LBHTS, to_BWT, special_BT)
     if maps:
       return pooled[0], pooled[1]
-    return query_stats(*pooled, punct_BW, word_valid_BW, causal)
+    owned_BWT = to_BWT * row_owner_BW[:, :, None]
+    return {
+      **query_stats(*pooled, punct_BW, word_valid_BW, row_owner_BW, causal),
+      **token_positional(inter.probs_LBHTS, valid_BT, owned_BWT, causal),
+    }
 
   return forward
 
@@ -120,7 +163,7 @@ class WordStats:
   """`query_stats` of every word of a split, in word order (N words), as sentence-global word indices.
 
   argmax_other_LHN / argmax_any_LHN: the index n of the chosen word in the split (-1: none / a special
-  token); the other fields [L, H, N] float32 (STAT_FIELDS). window_first_N / window_end_N: the words
+  token); argmax_col_other_LHN: per word, the index n of the other word that attends to it most (-1: none); the other fields [L, H, N] float32 (STAT_FIELDS). window_first_N / window_end_N: the words
   [first, end) of the window the word's row comes from; word_sentence_N: its sentence;
   sentence_first_U: the index of each sentence's first word; visible_specials_N: special tokens the
   word can attend to (all of them for encoders, the prefix for decoders).
@@ -128,6 +171,7 @@ class WordStats:
 
   argmax_other_LHN: np.ndarray
   argmax_any_LHN: np.ndarray
+  argmax_col_other_LHN: np.ndarray
   values: dict
   window_first_N: np.ndarray
   window_end_N: np.ndarray
@@ -182,6 +226,7 @@ def _batch_inputs(win: _Windows, windows, T: int, B: int, tokenizer, punct_N):
   to_BWT = np.zeros((B, T, T), np.float32)
   punct_BW = np.zeros((B, T), bool)
   word_valid_BW = np.zeros((B, T), bool)
+  row_owner_BW = np.zeros((B, T), bool)
   for b, w in enumerate(windows):
     ids = al.windows[w]
     tokens_BT[b, : len(ids)] = ids
@@ -195,8 +240,9 @@ def _batch_inputs(win: _Windows, windows, T: int, B: int, tokenizer, punct_N):
     for k, (a, c) in enumerate(zip(starts, counts)):
       to_BWT[b, k, a : a + c] = 1.0
     word_valid_BW[b, : e - s] = True
+    row_owner_BW[b, : e - s] = al.word_window_N[first : first + (e - s)] == w
     punct_BW[b, : e - s] = punct_N[first : first + (e - s)]
-  return tokens_BT, valid_BT, to_BWT, special_BT, punct_BW, word_valid_BW
+  return tokens_BT, valid_BT, to_BWT, special_BT, punct_BW, word_valid_BW, row_owner_BW
 
 
 def _schedule(win: _Windows, max_len: int, batch_tokens: int):
@@ -239,6 +285,7 @@ def word_stats(
   forward = _forward(graphdef, causal, False)
   argmax_other = np.full((L, H, N), -1, np.int32)
   argmax_any = np.full((L, H, N), -1, np.int32)
+  argmax_col, col_max = np.full((L, H, N), -1, np.int32), np.full((L, H, N), -1.0, np.float32)
   values = {f: np.zeros((L, H, N), np.float32) for f in STAT_FIELDS}
   by_window = np.argsort(al.word_window_N, kind="stable")
   bounds = np.searchsorted(al.word_window_N[by_window], np.arange(len(al.windows) + 1))
@@ -261,6 +308,13 @@ def word_stats(
       target[:, :, n_idx] = np.where(local >= 0, local + first, -1)
     for f in STAT_FIELDS:
       values[f][:, :, n_idx] = np.moveaxis(out[f][:, b_idx, :, w_idx], 0, -1)
+    for b, w in enumerate(windows):  # columns: every word of the window; keep the window with the largest weight
+      w0, count = win.first_word_of_window[w], al.window_words[w, 1] - al.window_words[w, 0]
+      keys = slice(w0, w0 + count)
+      value, arg = out["col_max_other"][:, b, :, :count], out["argmax_col_other"][:, b, :, :count]
+      better = value > col_max[:, :, keys]
+      col_max[:, :, keys] = np.where(better, value, col_max[:, :, keys])
+      argmax_col[:, :, keys] = np.where(better, np.where(arg >= 0, arg + w0, -1), argmax_col[:, :, keys])
 
   pending = None
   for T, B, windows in _schedule(win, cfg.max_len, batch_tokens):  # dispatch the next before reading back
@@ -278,6 +332,7 @@ def word_stats(
   return WordStats(
     argmax_other_LHN=argmax_other,
     argmax_any_LHN=argmax_any,
+    argmax_col_other_LHN=argmax_col,
     values=values,
     window_first_N=window_first_N,
     window_end_N=window_end_N,
@@ -293,7 +348,7 @@ def stats_from_maps(maps, punct_N, *, causal: bool = False, num_specials: int = 
   """`WordStats` of given word maps [(attn_LHNN, special_LHN)], one window per sentence, as `word_stats`
   computes them on device (`query_stats`); the special mass counts as one special token. For
   hand-built maps (tests) and for `sentence_maps` output."""
-  argmax_other, argmax_any, values, first = [], [], {f: [] for f in STAT_FIELDS}, 0
+  argmax_other, argmax_any, argmax_col, values, first = [], [], [], {f: [] for f in STAT_FIELDS}, 0
   sentence_first, window_first, window_end, sentence = [], [], [], []
   for u, (attn_LHNN, special_LHN) in enumerate(maps):
     N = attn_LHNN.shape[-1]
@@ -306,11 +361,19 @@ def stats_from_maps(maps, punct_N, *, causal: bool = False, num_specials: int = 
         s,
         jnp.asarray(punct_N[first : first + N])[None],
         jnp.ones((1, N), bool),
+        jnp.ones((1, N), bool),
         causal,
       )
     )
     argmax_other.append(np.where(out["argmax_other"][:, 0] >= 0, out["argmax_other"][:, 0] + first, -1))
     argmax_any.append(np.where(out["argmax_any"][:, 0] >= 0, out["argmax_any"][:, 0] + first, -1))
+    argmax_col.append(np.where(out["argmax_col_other"][:, 0] >= 0, out["argmax_col_other"][:, 0] + first, -1))
+    # Token-level rules read the word map as tokens: one piece per word after one special token (its mass).
+    probs_LHTT = np.zeros(attn_LHNN.shape[:2] + (N + 1, N + 1), np.float32)
+    probs_LHTT[:, :, 0, 0] = 1.0
+    probs_LHTT[:, :, 1:, 0], probs_LHTT[:, :, 1:, 1:] = special_LHN, attn_LHNN
+    owned_WT = np.eye(N, N + 1, 1, dtype=np.float32)
+    out.update(jax.device_get(token_positional(probs_LHTT[:, None], np.ones((1, N + 1), bool), owned_WT[None], causal)))
     for f in STAT_FIELDS:
       values[f].append(out[f][:, 0])
     sentence_first.append(first)
@@ -321,6 +384,7 @@ def stats_from_maps(maps, punct_N, *, causal: bool = False, num_specials: int = 
   return WordStats(
     argmax_other_LHN=np.concatenate(argmax_other, -1).astype(np.int32),
     argmax_any_LHN=np.concatenate(argmax_any, -1).astype(np.int32),
+    argmax_col_other_LHN=np.concatenate(argmax_col, -1).astype(np.int32),
     values={f: np.concatenate(v, -1) for f, v in values.items()},
     window_first_N=np.asarray(window_first, np.int64),
     window_end_N=np.asarray(window_end, np.int64),

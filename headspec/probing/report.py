@@ -146,6 +146,7 @@ def summary(
       mine = [r for r in rows if r["model"] == model and int(r["step"]) == step]
       sel = [r for r in mine if r["split"] == primary_split]
       dev = {(r["task"], r["layer"], r["head"]): float(r["selectivity"]) for r in mine if r["split"] == select_split}
+      dev_acc = {(r["task"], r["layer"], r["head"]): float(r["accuracy"]) for r in mine if r["split"] == select_split}
       lines += overview(mine, base, primary_split, select_split, selectivity)
       for task in dict.fromkeys(r["task"] for r in sel):
         task_rows = [r for r in sel if r["task"] == task]
@@ -164,8 +165,9 @@ def summary(
         if embedding:
           header += f", embeddings {float(embedding[0]['accuracy']):.3f}"
         if residual:
-          best = max(residual, key=lambda r: float(r["accuracy"]))
-          header += f", best residual layer {best['layer']} {float(best['accuracy']):.3f}"
+          # Chosen on the selection split (dev), reported here: the max of noisy test accuracies is biased upwards.
+          best = max(residual, key=lambda r: dev_acc.get((task, r["layer"], r["head"]), float(r["accuracy"])))
+          header += f", best residual layer (chosen on dev) {best['layer']} {float(best['accuracy']):.3f}"
         lines += [
           header,
           "",
