@@ -412,20 +412,24 @@ def _sort_value(value: str):
     return (1, 0, value)
 
 
-def merge(path, new_rows: list[dict], table: Table, *, others=None) -> list[dict[str, str]]:
+def merge(path, new_rows, table: Table, *, others=None) -> list[dict[str, str]]:
   """Replaces the rows whose key (`table.key`) matches any new row's, keeps the others; rows are
   ordered by key (numbers numerically), each key's rows in the order they were written. Returns the
   table as written.
 
+  `new_rows`: the rows, or a function of the table's current rows returning them, for new rows computed
+  from old ones (attention/labels.csv combines every analysis's labels of a head): it is called under
+  the lock, so no other writer's rows are lost in between.
   `others(row) -> bool`, for a table two analyses write (ablation/causal.csv, attention/roles.csv): the
   existing rows of a replaced key for which it is true belong to the other analysis and are kept.
   Holds the table's lock (`locked`) from reading to renaming.
   """
   path = epath.Path(path)
-  new = [format_row(r, table) for r in new_rows]
-  replaced = {_key_of(r, table) for r in new}
   with locked(path) as check:  # read, merge and rename as one: a concurrent writer's rows are not lost
-    kept = [r for r in read(path, table) if _key_of(r, table) not in replaced or (others is not None and others(r))]
+    old = read(path, table)
+    new = [format_row(r, table) for r in (new_rows(old) if callable(new_rows) else new_rows)]
+    replaced = {_key_of(r, table) for r in new}
+    kept = [r for r in old if _key_of(r, table) not in replaced or (others is not None and others(r))]
     rows = sorted(kept + new, key=lambda r: [_sort_value(v) for v in _key_of(r, table)])
     _write(path, rows, table, check)
   return rows

@@ -5,6 +5,8 @@ command, `$` in study figures, damaged metrics.jsonl lines, CSVs read without th
 import os
 import subprocess
 import sys
+import threading
+import time
 
 from headspec import remote, tables
 
@@ -53,3 +55,33 @@ def test_writes_remove_the_temporaries_of_killed_writers(tmp_path):
   remote.save_figure(fig, figures / "loss.png")
   plt.close(fig)
   assert [p.name for p in figures.iterdir()] == ["loss.png"]
+
+
+# --- c: attention/labels.csv read, combined and written under the table's lock --------------------------
+
+
+def test_induction_labels_keep_a_concurrent_writers_rows(tmp_path):
+  from headspec.attention import induction_run
+
+  path = tables.path_of(tmp_path, tables.LABELS)
+  none = [dict(model="m", step=0, layer=0, head=h, label="none", rule="no rule met") for h in range(2)]
+  tables.write(path, none, tables.LABELS)
+  held, done = threading.Event(), threading.Event()
+
+  def other_writer():  # `headspec attention`'s treebank step of another process, labelling head 0
+    with tables.locked(path) as check:
+      held.set()
+      time.sleep(0.5)  # the induction step starts meanwhile and waits for the lock
+      clark = dict(none[0], label="nsubj", rule="Clark accuracy")
+      tables._write(path, [clark, none[1]], tables.LABELS, check)
+    done.set()
+
+  thread = threading.Thread(target=other_writer)
+  thread.start()
+  held.wait()
+  induction = dict(none[1], label="induction", rule="induction score")
+  induction_run.write(tmp_path, {"roles": [], "labels": [induction]}, 1, 2, "m", 0)
+  thread.join()
+  assert done.is_set()
+  got = [(r["head"], r["label"]) for r in tables.read(path, tables.LABELS)]
+  assert got == [("0", "nsubj"), ("1", "induction")]  # the other writer's label is kept

@@ -215,12 +215,14 @@ def write(workdir, rows: dict, L: int, H: int, model: str, step: int, *, with_tr
   ours_role = lambda r: r["data"] in ind.DATA or (bool(tb) and r["data"] == "treebank")
   roles = tb.get("roles", []) + rows.get("roles", [])
   merge_parts(workdir, tables.ROLES, roles, ours_role)
-  path = tables.path_of(workdir, tables.LABELS)
   ours_label = lambda r: r["label"] in ind.LABELS or bool(tb)
   keys = (str(model), str(step))
-  kept = [r for r in tables.read(path, tables.LABELS) if (r["model"], r["step"]) == keys and not ours_label(r)]
-  labels = combine_labels(kept + tb.get("labels", []) + rows.get("labels", []), L, H, model, step)
-  tables.merge(path, labels, tables.LABELS)
+
+  def labels(old: list[dict]) -> list[dict]:  # under the table's lock: another writer's labels are not lost
+    kept = [r for r in old if (r["model"], r["step"]) == keys and not ours_label(r)]
+    return combine_labels(kept + tb.get("labels", []) + rows.get("labels", []), L, H, model, step)
+
+  tables.merge(tables.path_of(workdir, tables.LABELS), labels, tables.LABELS)
   if rows.get("icl"):
     tables.merge(tables.path_of(workdir, tables.ICL), rows["icl"], tables.ICL)
   if rows.get("causal"):
