@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import json
 import pathlib
+import sys
 
 import matplotlib
 
@@ -67,6 +68,30 @@ def select_and_report_splits(splits) -> tuple[str, str]:
 
 def heads_only(df):
   return df[(df["layer"] >= 0) & (df["head"] >= 0)]
+
+
+def in_grid(df, run: pathlib.Path, table: tables.Table):
+  """(the rows of a per-head frame inside the model's grid, the grid's (layers, heads)): the run's
+  config.json (`tables.grid_shape`), else 1 + the largest layer and head below `tables.MAX_GRID`. Rows
+  outside (another model's, a hand-edited layer=100000 that would allocate 10^10 cells) are left out with
+  one warning naming the table's file and its first such line."""
+  shape = tables.grid_shape(run)
+  bound = shape or tables.MAX_GRID
+  inside = df["layer"].between(0, bound[0] - 1) & df["head"].between(0, bound[1] - 1)
+  if not inside.all():
+    first = df[~inside].iloc[0]
+    line = int(df.index[~inside][0]) + 2  # read_frame's index is the row's position; line 1 is the header
+    source = run / "config.json" if shape else "the largest grid sized from the rows (no config.json)"
+    print(
+      f"headspec: warning: {tables.path_of(run, table)}:{line}: layer={first['layer']}, head={first['head']} "
+      f"is outside the {bound[0]} layers × {bound[1]} heads of {source}; left out {int((~inside).sum())} row(s)",
+      file=sys.stderr,
+      flush=True,
+    )
+    df = df[inside]
+  if shape is None:
+    shape = (int(df["layer"].max()) + 1, int(df["head"].max()) + 1) if len(df) else (0, 0)
+  return df, shape
 
 
 def training_metrics(run: pathlib.Path) -> list[dict]:

@@ -3,7 +3,8 @@ at its last step, or --step), on one shared colour scale.
 
   python analysis/probe_heatmaps.py RUN_A RUN_B --out DIR [--value selectivity] [--split dev]
 
-Reads RUN/probes/results.csv. Writes DIR/probe_heatmaps_<task>_<value>.{png,svg}.
+Reads RUN/probes/results.csv; each grid is the model's (RUN/config.json), rows outside it are left out with
+one warning. Writes DIR/probe_heatmaps_<task>_<value>.{png,svg}.
 """
 
 from __future__ import annotations
@@ -11,15 +12,15 @@ from __future__ import annotations
 import pathlib
 
 import numpy as np
-from _common import frame, heads_only, main_guard, need, parser, primary_model, run_dirs, save
+from _common import frame, heads_only, in_grid, main_guard, need, parser, primary_model, run_dirs, save
 
 from headspec import tables
 from headspec.errors import UserError
 
 
-def grid(df) -> np.ndarray:
-  layers, heads = int(df["layer"].max()) + 1, int(df["head"].max()) + 1
-  values = np.full((layers, heads), np.nan)
+def grid(df, shape: tuple[int, int]) -> np.ndarray:
+  """The layer × head array of `df`'s values; `shape` is the model's (`_common.in_grid`), never the rows'."""
+  values = np.full(shape, np.nan)
   values[df["layer"].to_numpy(), df["head"].to_numpy()] = df["value"].to_numpy()
   return values
 
@@ -40,7 +41,7 @@ def main(argv=None) -> list:
     if df is None:
       continue
     model = primary_model(df)
-    df = heads_only(df[df["model"] == model])
+    df, shape = in_grid(heads_only(df[df["model"] == model]), run, tables.PROBES)
     split = next((s for s in sorted(set(df["split"])) if s == args.split or s.endswith("/" + args.split)), None)
     if split is None:
       raise UserError(
@@ -51,7 +52,7 @@ def main(argv=None) -> list:
       sub = df[(df["task"] == task) & (df["split"] == split) & (df["step"] == step)]
       if len(sub):
         panels.setdefault(task, []).append(
-          (f"{run.name} ({model}, step {step}, {split})", grid(sub.assign(value=sub[args.value])))
+          (f"{run.name} ({model}, step {step}, {split})", grid(sub.assign(value=sub[args.value]), shape))
         )
   written = []
   for task, items in panels.items():

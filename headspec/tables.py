@@ -24,6 +24,7 @@ import csv
 import dataclasses
 import fcntl
 import io
+import json
 import math
 import os
 import pathlib
@@ -456,6 +457,27 @@ def _check_folder(folder: epath.Path) -> None:
     raise UserError(f"{here}: {'it' if there == here else there} is a file, not a folder; use another --workdir")
   if not os.access(there, os.W_OK | os.X_OK):
     raise UserError(f"{folder}: cannot write in {there} (permission denied or a read-only disk)")
+
+
+MAX_GRID = (512, 512)
+"""The largest (layers, heads) grid sized from a table's rows, when a run has no config.json to say: above
+any published model (Llama 3 405B: 126 × 128), far below what a stray row (layer=100000) would allocate."""
+
+
+def grid_shape(workdir) -> tuple[int, int] | None:
+  """(layers, heads) of the run's model (RUN/config.json: model.num_layers × model.num_heads), the shape of
+  per-head arrays drawn from its tables, which are never sized by a table's largest layer or head (one
+  stray row, layer=100000, would allocate 10^10 cells). None without a config.json that says (a folder
+  of a pretrained model's analyses): then size by the rows, at most MAX_GRID."""
+  path = epath.Path(workdir) / "config.json"
+  try:
+    model = json.loads(path.read_bytes())["model"]
+    shape = (model["num_layers"], model["num_heads"])
+    pretrained = model.get("pretrained")
+  except (OSError, ValueError, KeyError, TypeError, AttributeError):  # none, not JSON, no model section
+    return None
+  whole = all(isinstance(n, int) and not isinstance(n, bool) and n > 0 for n in shape)
+  return shape if whole and not pretrained else None
 
 
 def read_frame(path, table: Table):

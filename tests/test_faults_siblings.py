@@ -2,11 +2,16 @@
 writers, a read-modify-write outside the table lock, a grid sized by a stray row, a config of another
 command, `$` in study figures, damaged metrics.jsonl lines, CSVs read without the row checks)."""
 
+import importlib
+import json
 import os
+import pathlib
 import subprocess
 import sys
 import threading
 import time
+
+from test_atlas_fixtures import write_run
 
 from headspec import remote, tables
 
@@ -85,3 +90,61 @@ def test_induction_labels_keep_a_concurrent_writers_rows(tmp_path):
   assert done.is_set()
   got = [(r["head"], r["label"]) for r in tables.read(path, tables.LABELS)]
   assert got == [("0", "nsubj"), ("1", "induction")]  # the other writer's label is kept
+
+
+# --- a: analysis/probe_heatmaps.py sizes its grids by the model, not by the table's rows -------------------
+
+
+def _analysis(name: str):
+  sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "analysis"))
+  return importlib.import_module(name)
+
+
+def test_probe_heatmaps_grid_is_the_models_and_rows_outside_are_left_out(tmp_path, capsys, monkeypatch):
+  probe_heatmaps = _analysis("probe_heatmaps")
+  run = write_run(tmp_path / "run", layers=2, heads=3, steps=(0,), diversity=False, ablation=False, attention=False)
+  path = tables.path_of(run, tables.PROBES)
+  rows = tables.read(path, tables.PROBES)
+  mine = next(r for r in rows if r["model"] == "run" and r["head"] == "0" and r["split"].endswith("/dev"))
+  stray = dict(mine, layer="100000")  # a 10^5 × 3 array at least; with a stray head, 10^10 cells
+  tables.write(path, rows + [stray, dict(stray, layer="0", head="100000")], tables.PROBES)
+  (run / "config.json").write_text(json.dumps({"model": {"num_layers": 2, "num_heads": 3, "pretrained": ""}}))
+  grids = []
+
+  def grid(*args, _grid=probe_heatmaps.grid):  # every array drawn
+    grids.append(_grid(*args))
+    return grids[-1]
+
+  monkeypatch.setattr(probe_heatmaps, "grid", grid)
+  capsys.readouterr()
+  probe_heatmaps.main([str(run), "--out", str(tmp_path / "out")])
+  assert grids and all(g.shape == (2, 3) for g in grids)
+  warnings = capsys.readouterr().err.strip().splitlines()
+  assert len(warnings) == 1 and f"results.csv:{len(rows) + 2}: layer=100000" in warnings[0], warnings
+  assert "left out 2 row(s)" in warnings[0]
+  (run / "config.json").unlink()  # a pretrained model's folder: sized by the rows, at most tables.MAX_GRID
+  grids.clear()
+  probe_heatmaps.main([str(run), "--out", str(tmp_path / "out")])
+  assert grids and all(g.shape == (2, 3) for g in grids)
+
+
+def test_induction_formation_grid_is_the_models(tmp_path, capsys, monkeypatch):
+  from headspec.attention import induction_run
+
+  rows = [
+    dict(model="m", step=s, data="repeated_random", layer=l, head=h, role=role, score=0.1 * s, ci_low=0, ci_high=1)
+    for s in (1, 5)
+    for l in range(2)
+    for h in range(3)
+    for role in ("induction", "previous_token")
+  ]
+  rows.append(dict(rows[-1], layer=100000))  # 10^5 × 3 cells per step, and as many lines drawn
+  tables.write(tables.path_of(tmp_path, tables.ROLES), rows, tables.ROLES)
+  (tmp_path / "config.json").write_text(json.dumps({"model": {"num_layers": 2, "num_heads": 3, "pretrained": ""}}))
+  drawn = []
+  monkeypatch.setattr(induction_run, "_figure", lambda png, model, steps, score, *rest: drawn.append(score))
+  md = induction_run.formation(tmp_path, "m", 0.4, log=lambda s: None)
+  assert [s["induction"].shape for s in drawn] == [(2, 2, 3)]
+  warnings = capsys.readouterr().err.strip().splitlines()
+  assert len(warnings) == 1 and f"roles.csv:{len(rows) + 1}: layer=100000" in warnings[0], warnings
+  assert "between step 1 and step 5" in md.read_text()

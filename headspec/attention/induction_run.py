@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import sys
 import time
 
 import ml_collections
@@ -254,14 +255,24 @@ def formation(workdir, model: str, threshold: float, *, log=print) -> epath.Path
   """attention/induction_summary.md (best heads per step; the formation window) and, with two or more
   steps scored, induction_formation.png of `model`, from the tables and metrics.jsonl. Returns the .md."""
   workdir = remote.run_path(workdir)
-  roles = [
-    r
-    for r in tables.read(tables.path_of(workdir, tables.ROLES), tables.ROLES)
-    if r["model"] == model and r["data"] == "repeated_random"
-  ]
+  path, shape = tables.path_of(workdir, tables.ROLES), tables.grid_shape(workdir)
+  bound, roles, outside = shape or tables.MAX_GRID, [], []
+  for line, r in enumerate(tables.read(path, tables.ROLES), start=2):  # line 1 is the header
+    if r["model"] == model and r["data"] == "repeated_random":
+      inside = 0 <= int(r["layer"]) < bound[0] and 0 <= int(r["head"]) < bound[1]
+      (roles if inside else outside).append((line, r))
+  if outside:  # another model's, or a hand-edited layer=100000: never an array sized by it
+    line, r = outside[0]
+    print(
+      f"headspec: warning: {path}:{line}: layer={r['layer']}, head={r['head']} is outside the {bound[0]} layers "
+      f"× {bound[1]} heads of {workdir / 'config.json' if shape else 'the largest grid (no config.json)'}; "
+      f"left out {len(outside)} row(s) of the formation figure",
+      file=sys.stderr,
+      flush=True,
+    )
+  roles = [r for _, r in roles]
   steps = sorted({int(r["step"]) for r in roles})
-  L = 1 + max(int(r["layer"]) for r in roles)
-  H = 1 + max(int(r["head"]) for r in roles)
+  L, H = shape or (1 + max(int(r["layer"]) for r in roles), 1 + max(int(r["head"]) for r in roles))
   score = {role: np.full((len(steps), L, H), np.nan) for role in ("induction", "previous_token")}
   index = {s: n for n, s in enumerate(steps)}
   for r in roles:
