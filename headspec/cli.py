@@ -52,6 +52,15 @@ COMMANDS = {
   "data": "headspec.commands:data",
 }
 NEEDS_CONFIG = {"train", "probe", "diversity", "ablate", "attention"}
+# command -> "module:function" of its default config; a --config lacking one of its keys is refused
+# (`_check_keys`): another command's config fails there, not with an AttributeError deep in the command.
+DEFAULTS = {
+  "train": "headspec.defaults:train_config",
+  "probe": "headspec.probing.defaults:probe_config",
+  "diversity": "headspec.diversity.defaults:diversity_config",
+  "ablate": "headspec.ablation.config:ablate_config",
+  "attention": "headspec.attention.defaults:attention_config",
+}
 
 
 class _Exit(Exception):
@@ -120,6 +129,8 @@ def main(argv: list[str]) -> int:
       _fail(f"--config: {e}")
     if command in NEEDS_CONFIG and config is None:
       _fail(f"{command} needs --config=configs/NAME.py")
+    if command in DEFAULTS and config is not None:
+      _check_keys(command, config, _config_file(argv))
     if command in NEEDS_CONFIG | {"train"} and not _WORKDIR.value:
       _fail(f"{command} needs --workdir=DIR")
     if _WORKDIR.value:
@@ -161,8 +172,9 @@ def _parse(argv: list[str]) -> list[str]:
     sys.argv = saved
 
 
-def _check_config_path(argv: list[str]) -> None:
-  """A missing config file is one line here (config_flags would print a traceback and go on)."""
+def _config_file(argv: list[str]) -> pathlib.Path | None:
+  """The file of --config=FILE[:ARG] (the last one given), None without one."""
+  path = None
   for i, arg in enumerate(argv):
     value = (
       arg.split("=", 1)[1]
@@ -173,8 +185,39 @@ def _check_config_path(argv: list[str]) -> None:
     )
     if value is not None:
       path = pathlib.Path(value.split(":", 1)[0])
-      if not path.is_file():
-        _fail(f"--config: no such config file {path}")
+  return path
+
+
+def _check_config_path(argv: list[str]) -> None:
+  """A missing config file is one line here (config_flags would print a traceback and go on)."""
+  path = _config_file(argv)
+  if path is not None and not path.is_file():
+    _fail(f"--config: no such config file {path}")
+
+
+def _missing_keys(config, defaults, prefix: str = "") -> list[str]:
+  """The keys of `defaults` (nested, dotted) that `config` lacks."""
+  missing = []
+  for key, value in defaults.items():
+    if key not in config:
+      missing.append(prefix + key)
+    elif hasattr(value, "items"):
+      got = config[key]
+      missing += _missing_keys(got, value, f"{prefix}{key}.") if hasattr(got, "items") else [f"{prefix}{key}.*"]
+  return missing
+
+
+def _check_keys(command: str, config, path) -> None:
+  """UserError (one line) naming the config file and the first key of the command's defaults it lacks
+  (`headspec probe --config=configs/attention_ewt.py`: no `probe` section)."""
+  module, function = DEFAULTS[command].split(":")
+  missing = _missing_keys(config, getattr(importlib.import_module(module), function)())
+  if missing:
+    more = f" (and {len(missing) - 1} more)" if len(missing) > 1 else ""
+    raise UserError(
+      f"{path}: no config key {missing[0]}{more}, which `headspec {command}` needs (a config of another "
+      f"command? {command}'s keys and defaults: {module.replace('.', '/')}.py)"
+    )
 
 
 def _quiet_libraries(verbose: bool) -> None:

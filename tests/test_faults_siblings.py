@@ -3,6 +3,7 @@ writers, a read-modify-write outside the table lock, a grid sized by a stray row
 command, `$` in study figures, damaged metrics.jsonl lines, CSVs read without the row checks)."""
 
 import importlib
+import importlib.util
 import json
 import os
 import pathlib
@@ -11,6 +12,7 @@ import sys
 import threading
 import time
 
+import pytest
 from test_atlas_fixtures import write_run
 
 from headspec import remote, tables
@@ -148,3 +150,45 @@ def test_induction_formation_grid_is_the_models(tmp_path, capsys, monkeypatch):
   warnings = capsys.readouterr().err.strip().splitlines()
   assert len(warnings) == 1 and f"roles.csv:{len(rows) + 1}: layer=100000" in warnings[0], warnings
   assert "between step 1 and step 5" in md.read_text()
+
+
+# --- d: a config of another command is one line naming the file and the missing key ------------------------
+
+REPO = pathlib.Path(__file__).resolve().parents[1]
+OWN_CONFIGS = {
+  "train": "base_decoder.py",
+  "probe": "probe_ewt.py",
+  "diversity": "diversity.py",
+  "ablate": "ablate.py",
+  "attention": "attention_ewt.py",
+}
+
+
+@pytest.mark.parametrize(
+  "command, config, key",
+  [
+    ("probe", "attention_ewt.py", "probe"),
+    ("attention", "probe_ewt.py", "batch_tokens"),
+    ("train", "diversity.py", "data"),
+  ],
+)
+def test_a_config_of_another_command_is_one_line(command, config, key, tmp_path, capsys):
+  from headspec import cli
+
+  path = REPO / "configs" / config
+  workdir = tmp_path / "run"
+  assert cli.main(["headspec", command, f"--config={path}", f"--workdir={workdir}"]) == 2
+  err = capsys.readouterr().err
+  assert len(err.strip().splitlines()) == 1, err
+  assert err.startswith(f"headspec: error: {path}: no config key {key}") and f"`headspec {command}` needs" in err
+  assert not workdir.exists()
+
+
+def test_every_commands_own_config_has_its_keys():
+  from headspec import cli
+
+  for command, config in OWN_CONFIGS.items():
+    module = importlib.util.spec_from_file_location("config", REPO / "configs" / config)
+    loaded = importlib.util.module_from_spec(module)
+    module.loader.exec_module(loaded)
+    cli._check_keys(command, loaded.get_config(None), config)  # raises UserError if a key is missing
