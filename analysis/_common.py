@@ -7,7 +7,6 @@ No JAX, no model code, no checkpoints: `pip install -e ".[analysis]"` is enough 
 from __future__ import annotations
 
 import argparse
-import json
 import pathlib
 import sys
 
@@ -18,7 +17,7 @@ matplotlib.rcParams["text.parse_math"] = False  # run, model and split names dra
 import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 
-from headspec import tables  # noqa: E402
+from headspec import tables, train_log  # noqa: E402
 from headspec.errors import UserError  # noqa: E402
 
 BOOTSTRAP_DRAWS = 2000
@@ -96,17 +95,8 @@ def in_grid(df, run: pathlib.Path, table: tables.Table):
 
 def training_metrics(run: pathlib.Path) -> list[dict]:
   """metrics.jsonl: one JSON object per line (a line cut by an interrupted run, not UTF-8 or without an
-  integer step is skipped)."""
-  path = run / "metrics.jsonl"
-  records = []
-  if path.is_file():
-    for line in path.read_bytes().splitlines():
-      try:
-        records.append(json.loads(line.decode("utf-8")))
-      except ValueError:  # a line cut off by a killed run, or not UTF-8
-        continue
-  ok = lambda step: isinstance(step, int) and not isinstance(step, bool)
-  return [r for r in records if isinstance(r, dict) and ok(r.get("step"))]
+  integer step is skipped with one warning: `headspec.train_log.read_metrics`, every reader's)."""
+  return train_log.read_metrics(run)
 
 
 def bootstrap_mean_ci(values, *, seed: int = 0, level: float = 0.95) -> tuple[float, float]:

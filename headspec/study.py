@@ -37,13 +37,12 @@ Per condition, summary.md gives the mean over seeds and the range (min to max) o
 
 from __future__ import annotations
 
-import json
 import os
 
 import numpy as np
 from etils import epath
 
-from headspec import experiments, remote, tables
+from headspec import experiments, remote, tables, train_log
 from headspec.errors import UserError
 
 OUT = "study"
@@ -93,20 +92,13 @@ def _best(frame, column: str):
 
 
 def training(run: dict, workdir) -> list[dict]:
-  """The training and validation losses of metrics.jsonl, one row per logged step."""
-  path = epath.Path(workdir) / "metrics.jsonl"
-  if not path.exists():
-    return []
+  """The training and validation losses of metrics.jsonl, one row per logged step (`train_log.read_metrics`:
+  a cut-off or non-UTF-8 line is skipped with one warning)."""
   by_step: dict[int, dict] = {}
-  for line in path.read_text().splitlines():
-    try:
-      record = json.loads(line)
-      int(record["step"])
-    except (ValueError, KeyError, TypeError):  # a line cut short by an interruption
-      continue
-    row = by_step.setdefault(int(record["step"]), dict(**run, step=int(record["step"]), loss=np.nan, eval_loss=np.nan))
+  for record in train_log.read_metrics(workdir):
+    row = by_step.setdefault(record["step"], dict(**run, step=record["step"], loss=np.nan, eval_loss=np.nan))
     for key, column in (("loss", "loss"), ("eval/loss", "eval_loss")):
-      if key in record:
+      if isinstance(record.get(key), (int, float)) and not isinstance(record[key], bool):
         row[column] = float(record[key])
   return [by_step[s] for s in sorted(by_step)]
 
@@ -382,6 +374,12 @@ def _figures(frames: dict, out: epath.Path) -> list[str]:
   import matplotlib
 
   matplotlib.use("Agg")
+  # Condition and run names are drawn as written: `$` is not mathtext.
+  with matplotlib.rc_context({"text.parse_math": False}):
+    return _draw(frames, out)
+
+
+def _draw(frames: dict, out: epath.Path) -> list[str]:
   import matplotlib.pyplot as plt
 
   written = []

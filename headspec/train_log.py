@@ -124,23 +124,30 @@ def _up_to(path, lines: list[str], step: int) -> list[str]:
 
 
 def read_metrics(workdir) -> list[dict]:
-  """The records of WORKDIR/metrics.jsonl (none when there is no file), skipping with a warning each line
-  that is not a JSON object with a `step` (a line cut off by an interrupted run)."""
+  """The records of WORKDIR/metrics.jsonl (none when there is no file): every reader's one reader (sweeps,
+  study, the atlas, the induction figure, analysis/ scripts). A line that is not a JSON object with an
+  integer `step` (cut off by a killed run, not UTF-8, a hand edit) is skipped; one warning names the file,
+  the first such line and how many."""
   path = remote.run_path(workdir) / "metrics.jsonl"
-  if not path.exists():
+  if not path.is_file():
     return []
-  records = []
-  for number, line in enumerate(path.read_text().splitlines(), 1):
+  records, bad = [], []
+  for number, line in enumerate(path.read_bytes().splitlines(), 1):
     if not line.strip():
       continue
     try:
-      record = json.loads(line)
-    except json.JSONDecodeError:
+      record = json.loads(line.decode("utf-8"))
+    except ValueError:  # UnicodeDecodeError and JSONDecodeError are both ValueErrors
       record = None
-    if not isinstance(record, dict) or not isinstance(record.get("step"), int):
-      _warn(f"{path}:{number}: skipped a line that is not a metrics record (cut off by an interrupted run?)")
+    step = record.get("step") if isinstance(record, dict) else None
+    if not isinstance(step, int) or isinstance(step, bool):
+      bad.append(number)
       continue
     records.append(record)
+  if bad:
+    _warn(
+      f"{path}:{bad[0]}: {len(bad)} line(s) left out: not a JSON object with an integer step (cut off by a killed run?)"
+    )
   return records
 
 

@@ -192,3 +192,54 @@ def test_every_commands_own_config_has_its_keys():
     loaded = importlib.util.module_from_spec(module)
     module.loader.exec_module(loaded)
     cli._check_keys(command, loaded.get_config(None), config)  # raises UserError if a key is missing
+
+
+# --- e: study figures draw `$` as written; every metrics.jsonl reader skips damaged lines ------------------
+
+DAMAGED_METRICS = (
+  b'{"step": 1, "loss": 3.0}\n[1, 2]\n{"step": 1.5, "loss": 2.5}\n\xff{"step": 2}\n'
+  b'{"step": 3, "loss": 2.0, "eval/loss": 2.5}\n{"step": true}\n{"st'
+)
+
+
+def test_every_metrics_jsonl_reader_skips_damaged_lines_with_one_warning(tmp_path, capsys):
+  from headspec import study, sweeps, train_log
+  from headspec.atlas import data as atlas_data
+  from headspec.attention import induction_run
+
+  (tmp_path / "metrics.jsonl").write_bytes(DAMAGED_METRICS)  # not UTF-8, cut off, not a record, no integer step
+  assert [r["step"] for r in train_log.read_metrics(tmp_path)] == [1, 3]
+  warnings = capsys.readouterr().err.strip().splitlines()
+  assert len(warnings) == 1 and "metrics.jsonl:2: 5 line(s) left out" in warnings[0], warnings
+  assert sweeps._last(tmp_path) == {"step": 3, "loss": "2.000000", "eval_loss": "2.500000"}
+  rows = study.training({"run": "r", "condition": "c", "seed": 0}, tmp_path)
+  assert [(r["step"], r["loss"]) for r in rows] == [(1, 3.0), (3, 2.0)] and rows[1]["eval_loss"] == 2.5
+  assert induction_run.training_loss(tmp_path)[0].tolist() == [1, 3]
+  assert [p["step"] for p in atlas_data._RunData.training(type("Run", (), {"workdir": tmp_path})())] == [1, 3]
+  assert [r["step"] for r in _analysis("_common").training_metrics(tmp_path)] == [1, 3]
+  warnings = capsys.readouterr().err.strip().splitlines()
+  assert len(warnings) == 5 and all("metrics.jsonl:2: 5 line(s) left out" in w for w in warnings), warnings
+
+
+def test_study_figures_draw_condition_names_with_dollars(tmp_path):
+  import pandas as pd
+
+  from headspec import study
+
+  run = lambda condition, run: dict(run=run, condition=condition, seed=0)
+  emergence = [
+    dict(
+      run("me$$age", f"$5-{s}"), task="upos", step=step, selectivity=0.1, ci_low=0.0, ci_high=0.2, above_init_heads=1
+    )
+    for s in range(2)
+    for step in (0, 10)
+  ]
+  training = [dict(run("a$b$c", "$$"), step=step, loss=3.0, eval_loss=2.5) for step in (1, 10)]
+  frames = {
+    "emergence": pd.DataFrame(emergence),
+    "diversity": pd.DataFrame([dict(run("me$$age", "$$"), step=s, metric="me$$age", value=0.5) for s in (0, 10)]),
+    "training": pd.DataFrame(training),
+    "roles": pd.DataFrame(columns=["run", "condition", "seed", "step", "role", "score"]),
+  }
+  assert study._figures(frames, tmp_path) == ["emergence.png", "diversity.png", "loss.png"]
+  assert all((tmp_path / name).stat().st_size > 0 for name in ("emergence.png", "diversity.png", "loss.png"))

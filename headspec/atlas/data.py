@@ -28,7 +28,7 @@ import sys
 
 from etils import epath
 
-from headspec import remote, tables
+from headspec import remote, tables, train_log
 from headspec.errors import UserError
 
 # Per-head tables the atlas draws (the others are per-run curves, drawn by analysis/ scripts).
@@ -397,25 +397,8 @@ class _RunData:
     A line that is no such record (cut off by a killed run, not UTF-8, a step that is not an integer) is
     left out, with one warning naming the file and its first such line; records without a loss (eval
     lines) are skipped quietly."""
-    path = self.workdir / "metrics.jsonl"
-    if not path.is_file():
-      return []
-    points, bad = [], []
-    for number, line in enumerate(path.read_bytes().splitlines(), start=1):
-      if not line.strip():
-        continue
-      try:
-        record = json.loads(line.decode("utf-8"))
-      except ValueError:  # UnicodeDecodeError and JSONDecodeError are both ValueErrors
-        record = None
-      step = _int(record.get("step")) if isinstance(record, dict) else None
-      if step is None:
-        bad.append(number)
-      elif _num(record.get("loss")) is not None:
-        points.append({"step": step, "loss": _num(record["loss"])})
-    if bad:
-      _warn(f"{path}:{bad[0]}: {len(bad)} line(s) left out: not a JSON object with an integer step")
-    return points
+    records = train_log.read_metrics(self.workdir)  # the one reader: it skips and warns
+    return [{"step": r["step"], "loss": _num(r["loss"])} for r in records if _num(r.get("loss")) is not None]
 
 
 def _data_uri(path: epath.Path) -> str:

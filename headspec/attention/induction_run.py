@@ -19,7 +19,6 @@ rows) are kept: `merge_parts`.
 from __future__ import annotations
 
 import dataclasses
-import json
 import sys
 import time
 
@@ -27,7 +26,7 @@ import ml_collections
 import numpy as np
 from etils import epath
 
-from headspec import remote, tables, targets
+from headspec import remote, tables, targets, train_log
 from headspec.ablation import causal as causal_lib
 from headspec.attention import induction as ind
 from headspec.errors import UserError
@@ -234,21 +233,11 @@ def write(workdir, rows: dict, L: int, H: int, model: str, step: int, *, with_tr
 
 
 def training_loss(workdir) -> tuple[np.ndarray, np.ndarray]:
-  """(steps, loss) of the training records in RUN/metrics.jsonl (empty when there is none)."""
-  path = remote.run_path(workdir) / "metrics.jsonl"
-  steps, loss = [], []
-  if path.is_file():
-    for line in path.read_bytes().splitlines():
-      try:  # a line cut off by a killed run, not UTF-8, not an object, or no integer step and loss: skipped
-        rec = json.loads(line.decode("utf-8"))
-        step, value = rec["step"], float(rec["loss"])
-        if isinstance(step, bool) or int(step) != step:
-          continue
-      except (ValueError, KeyError, TypeError):
-        continue
-      steps.append(int(step))
-      loss.append(value)
-  return np.asarray(steps), np.asarray(loss)
+  """(steps, loss) of the training records in RUN/metrics.jsonl (empty when there is none; damaged lines are
+  skipped with one warning, `train_log.read_metrics`)."""
+  records = [r for r in train_log.read_metrics(workdir) if isinstance(r.get("loss"), (int, float))]
+  records = [r for r in records if not isinstance(r["loss"], bool)]
+  return np.asarray([r["step"] for r in records]), np.asarray([float(r["loss"]) for r in records])
 
 
 def formation(workdir, model: str, threshold: float, *, log=print) -> epath.Path:
