@@ -243,3 +243,25 @@ def test_study_figures_draw_condition_names_with_dollars(tmp_path):
   }
   assert study._figures(frames, tmp_path) == ["emergence.png", "diversity.png", "loss.png"]
   assert all((tmp_path / name).stat().st_size > 0 for name in ("emergence.png", "diversity.png", "loss.png"))
+
+
+# --- f: the probe report reads its tables through tables.read (every row checked) --------------------------
+
+
+@pytest.mark.parametrize("table", [tables.PROBES, tables.PROBE_SELECTIVITY])
+def test_probe_report_refuses_a_bad_row_in_one_line(table, tmp_path):
+  from headspec.errors import UserError
+  from headspec.probing import report
+
+  run = write_run(tmp_path / "run", layers=2, heads=2, steps=(0,), diversity=False, ablation=False, attention=False)
+  path = tables.path_of(run, table)
+  if not path.exists():  # selectivity.csv: one row is enough
+    row = dict(model="run", step=0, task="upos", layer=0, head=0, split="synth/test", dev_rank=1, n=10)
+    row |= {c: 0.1 for c in tables.PROBE_SELECTIVITY.float_columns}
+    tables.write(path, [row], table)
+  report.write_report(run / "probes", primary_split="synth/test", select_split="synth/dev")
+  assert "upos" in (run / "probes" / "summary.md").read_text()
+  lines = path.read_text().splitlines()
+  path.write_text("\n".join([*lines, lines[1]]) + "\n")  # a row twice (a hand edit, a bad merge)
+  with pytest.raises(UserError, match=rf"{path.name}:{len(lines) + 1}: duplicate row .* first on line 2"):
+    report.write_report(run / "probes", primary_split="synth/test", select_split="synth/dev")

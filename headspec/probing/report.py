@@ -8,13 +8,11 @@ embedding output (layer -1) as a separate row. summary.md: per model, step and t
 heads ranked on dev and reported on test, with accuracy, 95% CI, control accuracy and selectivity, the
 paired selectivity CIs of probes/selectivity.csv, against the majority (or head-offset) baseline and
 the embedding layer; and the MDL table when probes/mdl.csv exists. The probes/ folder may be a URL
-(gs://bucket/run/probes): every file is read and written whole through etils.epath.
+(gs://bucket/run/probes): every file is read and written whole through etils.epath. Tables are read by
+`headspec.tables.read`, which checks every row: a bad one is one line `file:line: what is wrong`.
 """
 
 from __future__ import annotations
-
-import csv
-import io
 
 import matplotlib
 
@@ -23,14 +21,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 from etils import epath  # noqa: E402
 
-from headspec import remote  # noqa: E402
-
-
-def _read(path) -> list[dict]:
-  path = epath.Path(path)
-  if not path.is_file():
-    return []
-  return list(csv.DictReader(io.StringIO(path.read_text(), newline="")))
+from headspec import remote, tables  # noqa: E402
 
 
 def _grid(rows: list[dict], key: str):
@@ -98,7 +89,7 @@ def _fmt(r: dict) -> str:
 
 
 def _selectivity(path) -> dict:
-  rows = _read(path)
+  rows = tables.read(path, tables.PROBE_SELECTIVITY)
   return {(r["model"], r["step"], r["task"], r["layer"], r["head"], r["split"]): r for r in rows}
 
 
@@ -238,13 +229,13 @@ def write_report(out_dir, *, primary_split: str, top_k: int = 5, select_split: s
   heads are ranked on select_split (default primary_split). skipped: a line per split that lost sentences
   the model cannot represent (align.Representable.summary), listed under the tables."""
   out_dir = epath.Path(out_dir)
-  rows = _read(out_dir / "results.csv")
-  baselines = _read(out_dir / "baselines.csv")
+  rows = tables.read(out_dir / "results.csv", tables.PROBES)
+  baselines = tables.read(out_dir / "baselines.csv", tables.PROBE_BASELINES)
   text = summary(rows, baselines, primary_split, top_k, select_split, _selectivity(out_dir / "selectivity.csv"))
   if skipped:
     text += "\n## Skipped sentences\n\nThe model cannot represent these; every number above is over the others.\n\n"
     text += "".join(f"- {line}\n" for line in skipped)
-  mdl = _read(out_dir / "mdl.csv")
+  mdl = tables.read(out_dir / "mdl.csv", tables.MDL)
   if mdl:
     text += mdl_summary(mdl)
   remote.write_bytes_atomic(out_dir / "summary.md", text.encode())
