@@ -143,9 +143,10 @@ def restore_params(workdir, step: int, abstract_params):
 
 def saved_steps(workdir) -> list[int]:
   """The committed steps under WORKDIR/checkpoints, ascending."""
-  if not checkpoint_dir(workdir).is_dir():
+  folder = checkpoint_dir(workdir)
+  if not folder.is_dir():
     return []
-  return sorted(manager(workdir, read_only=True).all_steps())
+  return sorted(m.step for m in _CommittedSteps().find_all(folder))  # no manager: no multi-host sync
 
 
 def _check_metadata(step_dir: epath.Path) -> None:

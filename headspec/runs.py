@@ -100,6 +100,12 @@ def write_config(workdir, config: ml_collections.ConfigDict, *, is_lead: bool = 
   """
   workdir = remote.run_path(workdir)
   check_resume(workdir, config)
+  save_config(workdir, config, is_lead=is_lead)
+
+
+def save_config(workdir, config: ml_collections.ConfigDict, *, is_lead: bool = True) -> None:
+  """Writes WORKDIR/config.json (whole) on the lead process, unchecked: for a run that called check_resume."""
+  workdir = remote.run_path(workdir)
   if is_lead:
     workdir.mkdir(parents=True, exist_ok=True)
     text = config.to_json_best_effort(indent=1, sort_keys=True) + "\n"

@@ -376,7 +376,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir, *, devices=No
     except (KeyError, TypeError, ValueError):
       where = checkpoints.checkpoint_dir(workdir) / str(saved[-1]) / "data" / "metadata"
       raise UserError(f"{where}: not a data-iterator position ({str(data_state)[:80]}); the file is damaged") from None
-  runs.write_config(workdir, config, is_lead=parallel.is_lead())
+  runs.save_config(workdir, config, is_lead=parallel.is_lead())  # checked by check_resume above
   if mngr is None:
     mngr = checkpoints.manager(workdir, keep_last=config.train.keep_last, keep_steps=config.train.keep_steps)
 
