@@ -265,3 +265,17 @@ def test_probe_report_refuses_a_bad_row_in_one_line(table, tmp_path):
   path.write_text("\n".join([*lines, lines[1]]) + "\n")  # a row twice (a hand edit, a bad merge)
   with pytest.raises(UserError, match=rf"{path.name}:{len(lines) + 1}: duplicate row .* first on line 2"):
     report.write_report(run / "probes", primary_split="synth/test", select_split="synth/dev")
+
+
+def test_probe_parts_are_written_beside_with_the_pid_and_killed_ones_removed(tmp_path):
+  import numpy as np
+
+  from headspec.probing import suite
+
+  path = tmp_path / "run-step0.partial-0123"
+  stale = _stale(tmp_path, path.name)  # was `<name>.tmp.npz`: no pid (two writers collided), never removed
+  part = dict(per_word={("upos", 0): (np.zeros(3), np.ones(3))}, rows=[{"a": 1}], complexity=[], mdl=[], fits=[])
+  suite._write_part(path, part)
+  assert [p.name for p in tmp_path.iterdir()] == [path.name] and not stale.exists()
+  got = suite._read_part(path)
+  assert got["rows"] == [{"a": 1}] and got["per_word"][("upos", 0)][1].tolist() == [1.0, 1.0, 1.0]

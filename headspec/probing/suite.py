@@ -307,8 +307,9 @@ def _write_part(path: pathlib.Path, part: dict) -> None:
   keys = list(part["per_word"])
   arrays = {f"{kind}_{i}": a for i, k in enumerate(keys) for kind, a in zip(("d", "w"), part["per_word"][k])}
   meta = {k: part[k] for k in ("rows", "complexity", "mdl", "fits")} | {"keys": keys}
-  tmp = path.with_name(path.name + ".tmp.npz")
-  np.savez(tmp, meta=np.array(json.dumps(meta, default=float)), **arrays)
+  tmp = remote.temp_beside(path)  # .<name>.tmp-<pid>; a killed writer's is removed here first
+  with tmp.open("wb") as f:  # a file, not a name: np.savez would add .npz to it
+    np.savez(f, meta=np.array(json.dumps(meta, default=float)), **arrays)
   os.replace(tmp, path)
 
 
