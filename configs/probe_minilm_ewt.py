@@ -13,7 +13,7 @@ On the 2-core development CPU this run takes hours: 6-13 min per layer of 12 hea
 for all heads and the embeddings, partly shared (2026-11-24, MDL off); use an unshared machine; it resumes. MDL (probe.mdl,
 Voita & Titov 2020) is on: on all of EWT about 5 min per layer of heads on that CPU (docs/probing_mdl.md);
 --config.probe.mdl=False skips it; --config.probe.mdl_only=True adds it later to a run probed without it.
-Results and figures: README, "Reference result".
+Results and figures: docs/results.md, "all-MiniLM-L6-v2 on UD English EWT".
 """
 
 from headspec.probing.defaults import probe_config

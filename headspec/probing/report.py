@@ -189,7 +189,7 @@ def summary(
 def overview(rows: list[dict], base: dict, primary_split: str, select_split: str, selectivity: dict) -> list[str]:
   """Markdown lines: one row per task of one (model, step): its baseline, the embeddings, the residual
   stream with the best `select_split` accuracy and the head with the best `select_split` selectivity,
-  each reported on `primary_split` as accuracy / control accuracy (the README's headline table)."""
+  each reported on `primary_split` as accuracy / control accuracy (the headline table of docs/results.md)."""
   on = lambda split, key: {(r["task"], r["layer"], r["head"]): float(r[key]) for r in rows if r["split"] == split}
   dev_acc, dev_sel = on(select_split, "accuracy"), on(select_split, "selectivity")
   lines = [
