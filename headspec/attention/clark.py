@@ -10,10 +10,10 @@ word-level map a (headspec/attention/words.py):
 head_to_dependent is Clark et al.'s released second direction (clarkkev/attention-analysis,
 `attn_head_predictor(mode="transpose")`): the map is transposed, so each dependent d predicts the word
 that attends to it MOST (the column argmax), and the prediction is right when that word is d's head.
-Every arc has its own prediction, so the ceiling is 1. (Before 2026-11 headspec scored the row argmax of
-the head word instead, a head word with several dependents being right for at most one of them; that
-read lower on the relations with many dependents per head and often chose another best head: on
-MiniLM × EWT test, best head over all relations 0.304 row vs 0.348 column.) The baseline is a fixed relative offset
+Every arc has its own prediction, so the ceiling is 1. (The row argmax of the head word would let a
+head word with several dependents be right for at most one of them: it reads lower on the relations
+with many dependents per head and often picks another best head; on MiniLM × EWT test, best head over
+all relations 0.304 row vs 0.348 column.) The baseline is a fixed relative offset
 k in −K..K, k != 0: dependent_to_head predicts h = d + k, head_to_dependent d = h + k (a position
 outside the sentence is wrong; Clark et al. clip to the sentence instead).
 

@@ -10,8 +10,8 @@ the probe, is responsible for.
 - Dependency arcs (Hewitt & Liang 2019, §3.2, "dependency edge prediction"): each word type (case
   kept) draws once, uniformly, one of three behaviours: attach to itself, to the first word, or to the
   last word of its sentence. Punctuation can be left out of training and scoring for task and control
-  alike (`ignore`). The earlier variant of this module (lowercased types, a fourth behaviour "attach
-  to ROOT") is kept as control='four_behaviours'.
+  alike (`ignore`). control='four_behaviours' is a variant with lowercased types and a fourth behaviour
+  "attach to ROOT", kept to reproduce tables made with it.
 
 The draw for a type depends only on (seed, type): a hash of both is the uniform variate, so a type
 gets the same control label in every sentence and every split, whichever vocabulary is passed.
@@ -75,7 +75,7 @@ ARC_CONTROLS = ("hewitt_liang", "four_behaviours")
 def arc_behaviours(types: Iterable[str], seed: int, control: str = "hewitt_liang") -> dict[str, int]:
   """Maps every type to a behaviour, uniformly: 'hewitt_liang': ARC_SELF, ARC_FIRST or ARC_LAST, the
   type taken as written (case kept); 'four_behaviours': ARC_ROOT, ARC_SELF, ARC_FIRST or ARC_LAST, the
-  type lowercased (this module's earlier control)."""
+  type lowercased (the variant kept for older tables)."""
   if control not in ARC_CONTROLS:
     raise UserError(f"arc control {control!r}: use one of {', '.join(ARC_CONTROLS)}")
   choices = (ARC_SELF, ARC_FIRST, ARC_LAST) if control == "hewitt_liang" else (ARC_ROOT, ARC_SELF, ARC_FIRST, ARC_LAST)
@@ -96,8 +96,8 @@ def control_heads(
 
   control='hewitt_liang' (default): Hewitt & Liang 2019, §3.2 ("dependency edge prediction" control):
   each word type, case kept, draws once one of three behaviours — attach to itself, to the sentence's
-  first word or to its last word. control='four_behaviours': the earlier variant, lowercased types,
-  with attach-to-ROOT as a fourth behaviour. ignore: optional per-sentence boolean masks (e.g.
+  first word or to its last word. control='four_behaviours': lowercased types,
+  with attach-to-ROOT as a fourth behaviour (kept for older tables). ignore: optional per-sentence boolean masks (e.g.
   punctuation); an ignored word gets head -1 (neither trained on nor scored), as its gold head does.
   """
   table = arc_behaviours((w for s in sentences for w in s), seed, control)

@@ -401,7 +401,7 @@ def _direction(g, history, block_T, onehot_TQ):
   """The L-BFGS direction −H·g per probe: the two-loop recursion (Nocedal & Wright 2006, Alg. 7.4) over
   `history` = (s, y, rho) stacked oldest first, with a fixed number of slots; an empty slot has rho = 0,
   so its alpha and beta are 0 and it changes nothing. One compiled call per iteration instead of ~40
-  small dispatches (the eager loop was most of a CPU probe suite's time)."""
+  small dispatches (run eagerly, those dispatches are most of a CPU probe suite's time)."""
   (s_v, s_b), (y_v, y_b), rho_M = history
   pair = lambda v, b, m: (v[m], b[m])
   q, alphas = g, []
