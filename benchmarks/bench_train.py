@@ -24,7 +24,8 @@ from flax import nnx
 from headspec import parallel
 from headspec.defaults import train_config
 from headspec.model import ModelConfig, Transformer
-from headspec.train import Objective, TrainState, make_optimizer, train_step
+from headspec.objectives import Objective
+from headspec.train import TrainState, make_optimizer, train_step
 
 SIZES = {  # layers, heads, d_model, d_head, d_ff, vocab, seq_len, batch
   "tiny": (2, 4, 64, 16, 256, 1000, 64, 32),

@@ -4,7 +4,7 @@ Each function is a thin, typed face over what the commands themselves call, so t
 `headspec probe` / `headspec ablate` / `headspec attention` give the same numbers (docs/api.md):
 
   load(source, step=None)        targets.pretrained_target / targets.run_targets (the commands' planner)
-  run(model, sentences, ...)     Transformer.__call__ with capture; words ↔ pieces by probing/align.py;
+  run(model, sentences, ...)     Transformer.__call__ with capture; words ↔ pieces by alignment.py;
                                  word-level attention by attention/words.pool_words (Clark et al. 2019)
   probe(model, task, ...)        probing: labels.load_data, then suite.probe_job (the command's job for one
                                  model step), keeping the rows asked for (as in probes/results.csv)
@@ -276,12 +276,12 @@ def run(model, sentences, head_mask=None, *, pooling: str = "auto") -> list[Capt
   into words by `split_words`) or a list of word lists (e.g. a treebank's words). head_mask: None, an
   [L,H] array (1 keeps a head, 0 removes it, between scales its Z_h), or a list of (layer, head) to
   remove. pooling: how word vectors come from their pieces: 'first', 'last', 'mean', or 'auto' (probing's
-  default: 'last' for decoders, 'first' for encoders; features.resolve_pooling). A sentence must fit the model's context in one window (ValueError otherwise); an empty
+  default: 'last' for decoders, 'first' for encoders; alignment.resolve_pooling). A sentence must fit the model's context in one window (ValueError otherwise); an empty
   word or sentence, or a layer/head out of range, is a ValueError naming it.
   """
+  from headspec import alignment as align_lib
+  from headspec.alignment import bucket_length, resolve_pooling
   from headspec.attention import words as words_lib
-  from headspec.probing import align as align_lib
-  from headspec.probing.features import bucket_length, resolve_pooling
 
   loaded = _loaded(model)
   net, tokenizer = loaded.model, loaded.tokenizer

@@ -10,8 +10,8 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-from headspec.diversity.metrics import intermediate, unit
 from headspec.errors import UserError
+from headspec.heads import intermediate, unit
 
 _EPS = 1e-12
 _NEEDED_BY = "disagreement regularization"

@@ -12,7 +12,6 @@ see the same masks and (without dropout) the same losses. Dropout keys also fold
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 import math
 import signal
@@ -35,6 +34,7 @@ from headspec.data import tokenizer as tokenizer_lib
 from headspec.diversity import metrics as diversity
 from headspec.errors import UserError
 from headspec.model import ModelConfig, Transformer
+from headspec.objectives import Objective, eval_step, loss_inputs
 from headspec.train_log import MetricsWriter
 
 
@@ -43,30 +43,6 @@ class TrainState:
   step: jax.Array
   params: nnx.State
   opt_state: optax.OptState
-
-
-@dataclasses.dataclass(frozen=True)
-class Objective:
-  """What a step computes, beyond the model: static (hashable) so it can close over the step."""
-
-  kind: str  # 'encoder': masked LM; 'decoder': causal LM
-  vocab_size: int
-  mask_id: int
-  mlm_probability: float = 0.15
-  subspace: float = 0.0  # disagreement regularization weights (Li et al. 2018)
-  position: float = 0.0
-  output: float = 0.0
-  query_orthogonality: float = 0.0
-  drophead: float = 0.0  # DropHead p_max (Zhou et al. 2020)
-  drophead_schedule: str = "constant"
-  drophead_turn: float = 0.5  # the V schedule's turning point, a fraction of total_steps
-  total_steps: int = 1
-  num_layers: int = 1
-  num_heads: int = 1
-
-  @property
-  def capture(self) -> tuple[str, ...]:
-    return tuple(name for name, w in (("v", self.subspace), ("probs", self.position), ("z", self.output)) if w)
 
 
 def make_optimizer(train: ml_collections.ConfigDict) -> optax.GradientTransformation:
@@ -87,29 +63,6 @@ def learning_rate_schedule(train: ml_collections.ConfigDict) -> optax.Schedule:
   return optax.warmup_cosine_decay_schedule(
     0.0, train.learning_rate, warmup, max(train.steps, warmup + 1), end_value=0.1 * train.learning_rate
   )
-
-
-def mlm_corrupt(tokens_BT, example_id_B, key, obj: Objective):
-  """BERT's masking (Devlin et al. 2019, §3.1): pick 15% of tokens; of those 80% -> [MASK], 10% -> a
-  random token, 10% unchanged. Returns (inputs_BT, weights_BT: 1 where the loss is taken)."""
-  keys_B = jax.vmap(lambda i: jax.random.fold_in(key, i))(example_id_B)
-  T = tokens_BT.shape[1]
-  u_BT3 = jax.vmap(lambda k: jax.random.uniform(k, (T, 3)))(keys_B)
-  chosen_BT = u_BT3[..., 0] < obj.mlm_probability
-  random_BT = (u_BT3[..., 2] * obj.vocab_size).astype(tokens_BT.dtype)
-  replaced_BT = jnp.where(u_BT3[..., 1] < 0.8, obj.mask_id, jnp.where(u_BT3[..., 1] < 0.9, random_BT, tokens_BT))
-  return jnp.where(chosen_BT, replaced_BT, tokens_BT), chosen_BT.astype(jnp.float32)
-
-
-def loss_inputs(batch, key, obj: Objective):
-  """(inputs_BT, targets_BT, weights_BT) for the objective."""
-  tokens_BT = batch["tokens"]
-  if obj.kind == "encoder":
-    inputs_BT, weights_BT = mlm_corrupt(tokens_BT, batch["example_id"], key, obj)
-    return inputs_BT, tokens_BT, weights_BT
-  targets_BT = jnp.concatenate([tokens_BT[:, 1:], tokens_BT[:, -1:]], axis=1)
-  weights_BT = jnp.ones(tokens_BT.shape, jnp.float32).at[:, -1].set(0.0)  # the last token has no next
-  return tokens_BT, targets_BT, weights_BT
 
 
 def _psum(x, axis_name):
@@ -172,14 +125,6 @@ def train_step(state: TrainState, batch, base_key, *, graphdef, tx, obj: Objecti
     **{k: v if axis_name is None else jax.lax.pmean(v, axis_name) for k, v in {**terms, **logged}.items()},
   }
   return TrainState(step=state.step + 1, params=params, opt_state=opt_state), metrics
-
-
-def eval_step(params, batch, key, *, graphdef, obj: Objective):
-  """(summed loss, scored-token count) on a batch, with a fixed key so eval masks never change."""
-  inputs_BT, targets_BT, weights_BT = loss_inputs(batch, key, obj)
-  logits_BTV, _ = nnx.merge(graphdef, params)(inputs_BT)
-  token_loss_BT = optax.softmax_cross_entropy_with_integer_labels(logits_BTV, targets_BT)
-  return (token_loss_BT * weights_BT).sum(), weights_BT.sum()
 
 
 def objective(config: ml_collections.ConfigDict, tokenizer) -> Objective:

@@ -3,6 +3,7 @@
 import numpy as np
 import pytest
 
+from headspec import resampling
 from headspec.errors import UserError
 from headspec.probing import stats
 
@@ -23,13 +24,13 @@ def test_matches_reference_loop_and_contains_estimate():
   sentence_N = np.repeat(rng.permutation(1000)[:60], lengths)  # arbitrary sentence ids
   p_G = np.array([0.2, 0.5, 0.9])
   correct_NG = rng.random((len(sentence_N), 3)) < p_G
-  acc, low, high = stats.bootstrap_ci(correct_NG, sentence_N, num_resamples=300, seed=5)
+  acc, low, high = resampling.bootstrap_ci(correct_NG, sentence_N, num_resamples=300, seed=5)
   ref_low, ref_high = _reference(correct_NG, np.unique(sentence_N, return_inverse=True)[1], 300, 5)
   np.testing.assert_allclose(low, ref_low, rtol=0, atol=1e-12)
   np.testing.assert_allclose(high, ref_high, rtol=0, atol=1e-12)
   np.testing.assert_allclose(acc, correct_NG.mean(0))
   assert np.all(low <= acc) and np.all(acc <= high) and np.all(low < high)
-  again = stats.bootstrap_ci(correct_NG, sentence_N, num_resamples=300, seed=5)
+  again = resampling.bootstrap_ci(correct_NG, sentence_N, num_resamples=300, seed=5)
   np.testing.assert_array_equal(again[1], low)
 
 
@@ -38,7 +39,7 @@ def test_width_shrinks_with_more_sentences():
   widths = []
   for s in (50, 2000):
     sentence_N = np.repeat(np.arange(s), 10)
-    _, low, high = stats.bootstrap_ci(rng.random((s * 10, 1)) < 0.7, sentence_N, num_resamples=200)
+    _, low, high = resampling.bootstrap_ci(rng.random((s * 10, 1)) < 0.7, sentence_N, num_resamples=200)
     widths.append(float(high[0] - low[0]))
   assert widths[1] < widths[0] / 4
 
@@ -46,7 +47,7 @@ def test_width_shrinks_with_more_sentences():
 def test_majority_baseline_and_errors():
   assert stats.majority_baseline([0, 1, 1, -1, 2], [1, 1, 0, -1]) == pytest.approx(2 / 3)
   with pytest.raises(UserError):
-    stats.bootstrap_ci(np.ones((3, 2)), np.arange(4))
+    resampling.bootstrap_ci(np.ones((3, 2)), np.arange(4))
 
 
 def test_selectivity_interval_is_paired():
@@ -57,8 +58,8 @@ def test_selectivity_interval_is_paired():
   hard = rng.random(300)[sentence]  # per-sentence difficulty shared by task and control
   task = rng.random(3000) > hard * 0.8
   control = task & (rng.random(3000) > 0.1)
-  sel, low, high = stats.bootstrap_selectivity(task, control, sentence, num_resamples=500)
-  _, a_low, a_high = stats.bootstrap_ci(task, sentence, num_resamples=500)
+  sel, low, high = resampling.bootstrap_selectivity(task, control, sentence, num_resamples=500)
+  _, a_low, a_high = resampling.bootstrap_ci(task, sentence, num_resamples=500)
   assert low[0] <= sel[0] <= high[0]
   assert sel[0] == pytest.approx(task.mean() - control.mean())
   assert high[0] - low[0] < 0.5 * (a_high[0] - a_low[0])
@@ -82,14 +83,14 @@ def test_paired_difference_interval_covers_the_true_difference():
   for t in range(trials):
     chosen = rng.choice(pool_u, 150, replace=False)
     words = np.concatenate([np.arange(starts[u], starts[u + 1]) for u in chosen])
-    _, low, high = stats.paired_difference_ci(a[words], b[words], sentence[words], num_resamples=400, seed=t)
+    _, low, high = resampling.paired_difference_ci(a[words], b[words], sentence[words], num_resamples=400, seed=t)
     covered += low[0] <= truth <= high[0]
   assert 0.9 <= covered / trials <= 0.99, covered / trials
 
 
 def test_weights_leave_ignored_words_out():
   sentence = np.array([0, 0, 1, 1])
-  acc, low, high = stats.bootstrap_ci(np.array([1, 0, 1, 1]), sentence, weight_N=np.array([1, 0, 1, 1]))
+  acc, low, high = resampling.bootstrap_ci(np.array([1, 0, 1, 1]), sentence, weight_N=np.array([1, 0, 1, 1]))
   assert acc[0] == 1.0 and low[0] == high[0] == 1.0
 
 

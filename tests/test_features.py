@@ -7,12 +7,12 @@ import jax
 import numpy as np
 import pytest
 
+from headspec.alignment import align, bucket_length, resolve_pooling
 from headspec.data.tokenizer import train_sentencepiece
 from headspec.data.treebank import load_split
 from headspec.errors import UserError
 from headspec.model import ModelConfig, random_like
 from headspec.probing import features as features_lib
-from headspec.probing.align import align
 
 
 @dataclasses.dataclass
@@ -150,8 +150,8 @@ def test_cache_is_reused_and_keyed(setup, tmp_path, monkeypatch):
 
 
 def test_bucket_lengths():
-  assert [features_lib.bucket_length(n, 128) for n in (1, 16, 17, 33, 100, 128)] == [16, 16, 32, 64, 128, 128]
-  assert features_lib.bucket_length(90, 100) == 100
+  assert [bucket_length(n, 128) for n in (1, 16, 17, 33, 100, 128)] == [16, 16, 32, 64, 128, 128]
+  assert bucket_length(90, 100) == 100
 
 
 def test_bad_inputs(setup, tmp_path):
@@ -171,7 +171,7 @@ def test_auto_pooling_is_last_for_decoders_first_for_encoders():
   from headspec.probing.defaults import probe_config
 
   assert probe_config().probe.pooling == "auto"  # the suite's default: a decoder's word vector sees the whole word
-  assert features_lib.resolve_pooling("auto", "decoder") == "last"
-  assert features_lib.resolve_pooling("auto", "encoder") == "first"
-  assert features_lib.resolve_pooling("mean", "decoder") == "mean"
+  assert resolve_pooling("auto", "decoder") == "last"
+  assert resolve_pooling("auto", "encoder") == "first"
+  assert resolve_pooling("mean", "decoder") == "mean"
   features_lib.check_options("auto", "float16")

@@ -302,7 +302,8 @@ def train_attention_only(num_layers: int, *, steps: int, seed: int, batch: int =
   import jax.numpy as jnp
   import optax
 
-  from headspec.train import Objective, TrainState, train_step
+  from headspec.objectives import Objective
+  from headspec.train import TrainState, train_step
 
   cfg = ModelConfig(
     kind="decoder", vocab_size=FORM_VOCAB, num_layers=num_layers, num_heads=4, d_model=64, d_head=16, d_ff=1,

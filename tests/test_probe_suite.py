@@ -7,12 +7,13 @@ import numpy as np
 import pytest
 from flax import nnx
 
+from headspec import alignment as align
 from headspec import checkpoints, runs, tables
 from headspec.data.tokenizer import train_sentencepiece
 from headspec.defaults import train_config
 from headspec.errors import UserError
 from headspec.model import random_like
-from headspec.probing import align, report, suite, tasks
+from headspec.probing import report, suite, tasks
 from headspec.probing.defaults import probe_config
 
 CONTRACT = "model,step,task,layer,head,split,accuracy,ci_low,ci_high,control_accuracy,selectivity,n"

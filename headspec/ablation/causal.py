@@ -32,13 +32,13 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from headspec import tables
+from headspec import alignment as align_lib
+from headspec import resampling, tables
 from headspec.ablation import core, evalset, metrics
+from headspec.alignment import bucket_length, resolve_pooling
 from headspec.data import treebank as treebank_lib
 from headspec.errors import UserError
-from headspec.probing import align as align_lib
-from headspec.probing import probe, stats
-from headspec.probing.features import bucket_length, resolve_pooling
+from headspec.probing import probe
 
 LABEL_TASKS = ("upos", "xpos", "deprel")
 
@@ -272,7 +272,7 @@ def _boot(correct_NG, sentence_N, resamples: int, seed: int) -> np.ndarray:
   correct_SG = np.zeros((S, correct_NG.shape[1]))
   np.add.at(correct_SG, sent, correct_NG)
   words_S = np.bincount(sent, minlength=S).astype(np.float64)
-  counts_RS = stats.bootstrap_resample_counts(S, resamples, seed)
+  counts_RS = resampling.bootstrap_resample_counts(S, resamples, seed)
   return (counts_RS @ correct_SG) / (counts_RS @ words_S)[:, None]
 
 
@@ -300,7 +300,7 @@ def causal_rows(model, data: TaskData, selectivity_LH, lm_set, lm_replacement, c
     )  # fmt: skip
 
   base_correct = correct(fixed, base[2])
-  acc, low, high = stats.bootstrap_ci(base_correct, data.test.sentence_N, num_resamples=R, seed=seed)
+  acc, low, high = resampling.bootstrap_ci(base_correct, data.test.sentence_N, num_resamples=R, seed=seed)
   for metric in ("probe_accuracy", "probe_accuracy_fixed"):
     row(0, "selective", -1, metric, acc[0], low[0], high[0])
   for k in ks(L * H):

@@ -3,7 +3,7 @@
 Two kinds (docs/ablation.md):
   'lm'        a model with a trained LM head. Decoders: causal LM, token t predicts t + 1 (Radford et al.
               2019). Encoders: masked LM with ONE fixed seeded mask (BERT's 15% / 80-10-10 corruption,
-              Devlin et al. 2019 §3.1, headspec.train.mlm_corrupt with a fixed key), so every
+              Devlin et al. 2019 §3.1, headspec.objectives.mlm_corrupt with a fixed key), so every
               intervention is scored on the same masked positions.
   'embedding' a model without one (all-MiniLM-L6-v2, random weights): the sentence embedding
               e = normalise(mean of the final hidden state over the non-padding tokens), as
@@ -19,7 +19,7 @@ import dataclasses
 import jax
 import numpy as np
 
-from headspec.probing.features import bucket_length
+from headspec.alignment import bucket_length
 
 KINDS = ("lm", "embedding")
 
@@ -77,11 +77,11 @@ def lm_eval_set(tokens_NT, valid_NT, *, model_kind: str, tokenizer, batch_size: 
     )
     inputs_NT = tokens_NT
   else:
-    from headspec import train
+    from headspec import objectives
 
     mask_id = tokenizer.mask_id if tokenizer.mask_id is not None else tokenizer.unk_id
-    obj = train.Objective(kind="encoder", vocab_size=tokenizer.vocab_size, mask_id=mask_id)
-    inputs, chosen = train.mlm_corrupt(tokens_NT, np.arange(len(tokens_NT)), jax.random.key(seed), obj)
+    obj = objectives.Objective(kind="encoder", vocab_size=tokenizer.vocab_size, mask_id=mask_id)
+    inputs, chosen = objectives.mlm_corrupt(tokens_NT, np.arange(len(tokens_NT)), jax.random.key(seed), obj)
     inputs_NT = np.where(valid_NT, np.asarray(inputs), tokens_NT).astype(np.int32)
     weights_NT = (np.asarray(chosen) * valid_NT).astype(np.float32)
     targets_NT = tokens_NT

@@ -4,7 +4,7 @@ LM metrics are ratios over scored tokens: loss = Σ NLL / Σ w, accuracy = Σ co
 scored token), and a `*_delta` is the ablated value minus the unablated one on the same tokens.
 embedding_shift = (1/N) Σ_x (1 − cos(e_ablated(x), e_full(x))) (e L2-normalised, so cos = e·e').
 95% CIs: percentile bootstrap over evaluation sequences (Efron & Tibshirani 1993), the same resamples
-(headspec.probing.stats.bootstrap_resample_counts) for every mask, so intervals of different heads are
+(headspec.resampling.bootstrap_resample_counts) for every mask, so intervals of different heads are
 paired; a ratio metric is recomputed from the resampled sums.
 
 Head scores:
@@ -21,7 +21,7 @@ from flax import nnx
 
 from headspec.ablation import core
 from headspec.ablation.evalset import EvalSet
-from headspec.probing.stats import bootstrap_resample_counts
+from headspec.resampling import bootstrap_resample_counts
 
 LM_METRICS = ("loss", "accuracy")
 

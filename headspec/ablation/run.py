@@ -24,8 +24,8 @@ from tqdm import tqdm
 from headspec import remote, runs, tables, targets
 from headspec.ablation import causal, core, gates, interactions, metrics, plots, pruning
 from headspec.ablation import evalset as evalset_lib
+from headspec.alignment import POOLINGS
 from headspec.errors import UserError
-from headspec.probing.align import POOLINGS
 
 HEAD_METHODS = ("zero", "mean", "keep_only", "importance", "magnitude", "entropy")
 METHODS = HEAD_METHODS + ("pruning", "gates", "causal", "interactions")
@@ -75,8 +75,8 @@ def check_config(config) -> tuple[tuple[str, ...], tuple[str, ...]]:
 
 def _sentence_windows(config, tokenizer, max_len: int, kind: str) -> list[np.ndarray]:
   """The first `num_sentences` sentences of `treebank`/`split`, as token windows with their specials."""
+  from headspec import alignment as align
   from headspec.data import treebank as treebank_lib
-  from headspec.probing import align
 
   data_root = targets.data_dir(config, purpose=f"the {config.treebank} {config.split} sentences")
   sentences = treebank_lib.load_split(data_root, config.treebank, config.split)[: config.num_sentences]
@@ -92,7 +92,7 @@ def evaluation_set(config, workdir, job: targets.Target, tokenizer, model_cfg) -
   the diversity command's `evaluation_tokens` reads them; a pretrained model without LM head (MiniLM) reads
   the first `num_sentences` sentences of `treebank`/`split` (EWT dev).
   """
-  from headspec.diversity.run import evaluation_tokens  # the diversity command's reader, shared
+  from headspec.evaltext import evaluation_tokens  # the evaluation text every analysis reads
 
   if config.model.pretrained and not job.lm_head:
     windows = _sentence_windows(config, tokenizer, model_cfg.max_len, model_cfg.kind)

@@ -20,7 +20,7 @@ Copying (Elhage et al. 2021, "A Mathematical Framework for Transformer Circuits"
   tokens only (what earlier layers add to the residual stream is ignored).
 ICL score (Olsson et al. 2022 §2; `icl_positions`): mean loss at a late token minus at an early token
   of the same context, theirs the 500th minus the 50th of 512 tokens, here positions scaled to the context.
-Bootstrap CIs: percentile, over sequences (headspec/probing/stats.py resamples, as roles.py).
+Bootstrap CIs: percentile, over sequences (headspec/resampling.py resamples, as roles.py).
 
 One compiled function per model structure and batch shape (`_scorer`) runs the model, reduces the
 attention of every head to per-sequence sums on device and returns those and the per-token losses.

@@ -79,7 +79,7 @@ def load_data(config, workdir, jobs, *, log=print) -> Data:
   )
   natural, valid, source = None, None, ""
   if i.natural_text or (i.icl and any(j.lm_head for j in jobs)):
-    from headspec.diversity.run import evaluation_tokens  # the evaluation split every analysis reads
+    from headspec.evaltext import evaluation_tokens  # the evaluation split every analysis reads
 
     c = ml_collections.ConfigDict(
       dict(

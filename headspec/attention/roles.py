@@ -27,7 +27,7 @@ a over the word-level map of the head, headspec/attention/words.py):
   syntactic_margin           that accuracy minus the baseline (label `syntactic` when >= roles.syntactic_margin_min)
 
 CIs: percentile bootstrap over sentences (Efron & Tibshirani 1993), the same resamples as
-headspec/probing/stats.py (`bootstrap_resample_counts`); a ratio of sums (e.g. entropy / uniform
+headspec/resampling.py (`bootstrap_resample_counts`); a ratio of sums (e.g. entropy / uniform
 entropy) is resampled as a ratio.
 """
 
@@ -38,10 +38,10 @@ import re
 
 import numpy as np
 
+from headspec import resampling
 from headspec.attention import clark as clark_lib
 from headspec.attention.words import WordStats
 from headspec.errors import UserError
-from headspec.probing import stats
 
 LABELS = ("positional", "delimiter", "broad", "focused", "rare_word", "syntactic")
 ROLES = (
@@ -81,7 +81,7 @@ def count_words(lines) -> collections.Counter:
 def ratio_ci(num_NG, den_NG, sentence_N, *, num_resamples: int, seed: int, confidence: float = 0.95):
   """(Σ num / Σ den, low, high) per group G, with a percentile bootstrap over sentences.
 
-  den_NG may be [N] (shared by all groups). Resamples are stats.bootstrap_resample_counts(U, R, seed).
+  den_NG may be [N] (shared by all groups). Resamples are resampling.bootstrap_resample_counts(U, R, seed).
   """
   num_NG = np.asarray(num_NG, np.float64)
   den_NG = np.broadcast_to(np.asarray(den_NG, np.float64).reshape(len(num_NG), -1), num_NG.shape)
@@ -91,7 +91,7 @@ def ratio_ci(num_NG, den_NG, sentence_N, *, num_resamples: int, seed: int, confi
   starts = np.searchsorted(sent_N[order], np.arange(U))
   num_UG = np.add.reduceat(num_NG[order], starts, axis=0)
   den_UG = np.add.reduceat(den_NG[order], starts, axis=0)
-  counts_RU = stats.bootstrap_resample_counts(U, num_resamples, seed)
+  counts_RU = resampling.bootstrap_resample_counts(U, num_resamples, seed)
   with np.errstate(invalid="ignore", divide="ignore"):
     value_RG = (counts_RU @ num_UG) / (counts_RU @ den_UG)
     alpha = (1.0 - confidence) / 2.0

@@ -18,7 +18,7 @@ RUN may be a URL (gs://bucket/run): tables, summaries, pictures and maps.npz are
 Every input problem (no treebank, a relation filter matching nothing, an unknown role label, a table
 with other columns, a split none of whose sentences the model can represent) is a UserError before
 anything is written; a sentence the model cannot represent (a word of more pieces than its context holds)
-is skipped and counted in the log and clark_summary.md (headspec/probing/align.py's `representable`).
+is skipped and counted in the log and clark_summary.md (headspec/alignment.py's `representable`).
 """
 
 from __future__ import annotations
@@ -33,6 +33,7 @@ import time
 import numpy as np
 from etils import epath
 
+from headspec import alignment as align_lib
 from headspec import remote, runs, tables, targets
 from headspec.attention import clark as clark_lib
 from headspec.attention import flow as flow_lib
@@ -43,7 +44,6 @@ from headspec.attention import words as words_lib
 from headspec.attention.defaults import check_config
 from headspec.data import treebank as treebank_lib
 from headspec.errors import UserError
-from headspec.probing import align as align_lib
 
 OUT = "attention"
 TABLES = (tables.CLARK, tables.CLARK_BASELINES, tables.ROLES, tables.LABELS)

@@ -1,7 +1,7 @@
 """Word-level attention (Clark et al. 2019, §4.1), reduced on device so only word-level numbers leave it.
 
 A sentence's words are aligned to the model's sub-word pieces, and long sentences cut into windows, by
-headspec/probing/align.py (the same alignment and windows as probing). For one window, with `to_WT[w,t]
+headspec/alignment.py (the same alignment and windows as probing). For one window, with `to_WT[w,t]
 = 1` when token t is a piece of word w and `from_WT = to_WT / (pieces of w)`:
 
   attn_WW = from_WT · A_TS · to_WTᵀ      attention FROM a word = mean of its pieces' rows,
@@ -10,7 +10,7 @@ headspec/probing/align.py (the same alignment and windows as probing). For one w
                                           ([CLS]/[SEP] of BERT, a BOS prefix), kept for the delimiter role
 
 Special tokens get no row or column of their own in the word map; each row of `attn_WW` plus
-`special_W` sums to 1. A word's row is taken from the window align.py assigns it (where it has the most
+`special_W` sums to 1. A word's row is taken from the window alignment.py assigns it (where it has the most
 context: encoders the larger min(left, right), decoders the most left context); in that row, words of
 the sentence outside that window get 0 (the model never saw them together). A sentence with a word of
 more pieces than the context holds cannot be represented (no window can hold that word): the command
@@ -38,9 +38,9 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
+from headspec import alignment as align_lib
+from headspec.alignment import bucket_length
 from headspec.errors import UserError
-from headspec.probing import align as align_lib
-from headspec.probing.features import bucket_length
 
 STAT_FIELDS = ("prev", "self", "next", "special", "punct", "entropy") + (
   "token_prev",
@@ -399,7 +399,7 @@ def stats_from_maps(maps, punct_N, *, causal: bool = False, num_specials: int = 
 def sentence_maps(model, tokenizer, sentences: Sequence[Sequence[str]]) -> list[tuple[np.ndarray, np.ndarray]]:
   """Word-level maps of a few sentences: [(attn_LHNN, special_LHN)] with N the sentence's words.
 
-  Row n comes from the window align.py assigns word n (columns outside that window are 0), as in
+  Row n comes from the window alignment.py assigns word n (columns outside that window are 0), as in
   `word_stats`. For pictures and examples; a split's scores use `word_stats`.
   """
   cfg = model.cfg

@@ -40,14 +40,14 @@ from __future__ import annotations
 import dataclasses
 import functools
 from collections.abc import Callable, Mapping
-from typing import Any, NamedTuple
+from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 from jax.scipy.special import entr
 
-from headspec.errors import UserError
+from headspec.heads import intermediate, unit
 
 _EPS = 1e-12
 CAPTURE = ("q", "probs", "z", "head_out")  # the model's `capture` fields the metrics read (Batch below)
@@ -99,19 +99,6 @@ class Metric:
   def __post_init__(self):
     if self.kind not in ("pair", "head"):
       raise ValueError(f"diversity metric {self.name!r}: kind must be 'pair' or 'head', got {self.kind!r}")
-
-
-def unit(x):
-  """x / ||x|| along the last axis; zero vectors stay zero (their cosines count as 0, gradients stay finite)."""
-  return x * jax.lax.rsqrt(jnp.maximum(jnp.sum(x * x, axis=-1, keepdims=True), _EPS))
-
-
-def intermediate(intermediates: Any, name: str, needed_by: str):
-  """Field `name` (e.g. 'z_LBTHK') of an Intermediates or a dict; UserError if it was not captured."""
-  value = intermediates[name] if isinstance(intermediates, Mapping) else getattr(intermediates, name)
-  if value is None:
-    raise UserError(f"{needed_by} needs Intermediates.{name}; add {name.split('_')[0]!r} to the model's capture")
-  return value
 
 
 def _cosine_sum(x_BTHX, w_BT, *, squared: bool):

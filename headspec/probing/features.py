@@ -1,6 +1,6 @@
 """Per-word features of a treebank split: every head's Z_h, every layer's residual stream, the embeddings.
 
-The model runs under `jax.jit` on windows of word pieces (headspec/probing/align.py), packed side by
+The model runs under `jax.jit` on windows of word pieces (headspec/alignment.py), packed side by
 side into rows of ROW_TOKENS tokens (headspec/packing.py; each window keeps its own positions and
 attends only within itself, so its outputs are those of running it alone), a fixed number of tokens
 per batch, so a split compiles once per row width and rows are ~95% tokens, not padding (EWT train:
@@ -42,9 +42,10 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
+from headspec import alignment as align_lib
 from headspec import packing, remote
+from headspec.alignment import bucket_length
 from headspec.errors import UserError
-from headspec.probing import align as align_lib
 
 FORMAT_VERSION = 2  # 2: windows packed into rows
 ROW_TOKENS = 128  # tokens per packed row (windows longer than this get rows of their own)
@@ -104,14 +105,6 @@ def local_cache_dir(path) -> pathlib.Path:
   return pathlib.Path(os.fspath(path))
 
 
-def resolve_pooling(pooling: str, kind: str) -> str:
-  """probe.pooling 'auto' → 'last' for decoders (a causal model's last piece is the only one that has
-  read the whole word), 'first' for encoders; any other value is returned as is."""
-  if pooling == "auto":
-    return "last" if kind == "decoder" else "first"
-  return pooling
-
-
 def check_options(pooling: str, dtype: str) -> None:
   """UserError unless `pooling` is 'auto' or one of align.POOLINGS and `dtype` one of CACHE_DTYPES."""
   if pooling != "auto":
@@ -127,11 +120,6 @@ def words_fingerprint(sentences: Sequence[Sequence[str]]) -> str:
     digest.update("\t".join(words).encode())
     digest.update(b"\n")
   return digest.hexdigest()
-
-
-def bucket_length(num_tokens: int, max_len: int, minimum: int = 16) -> int:
-  """The padded length of a window: the next power of two >= num_tokens (at least `minimum`), capped at max_len."""
-  return min(max_len, max(minimum, 1 << max(0, int(num_tokens) - 1).bit_length()))
 
 
 @functools.lru_cache(maxsize=8)

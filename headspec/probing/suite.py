@@ -5,7 +5,7 @@ architecture with random weights; plan.py), word features are extracted (feature
 every task's probes (tasks.py: softmax probes for upos/xpos/deprel, probe.py; a bilinear
 head-selection probe for arcs, arc.py) are fitted on the treebank's train split with L2 chosen on its
 dev split (labels.py reads and labels the splits), and scored on the evaluation splits with 95%
-bootstrap CIs over sentences (stats.py) and Hewitt & Liang (2019) control tasks (controls.py):
+bootstrap CIs over sentences (headspec/resampling.py) and Hewitt & Liang (2019) control tasks (controls.py):
 selectivity = accuracy − control accuracy. Rows go to RUN/probes/results.csv (docs/outputs.md
 contract), baselines to RUN/probes/baselines.csv, figures and summary.md via report.py. RUN may be a
 URL (gs://bucket/run): tables and figures go there whole, the feature cache to local scratch
@@ -25,11 +25,12 @@ import ml_collections
 import numpy as np
 from etils import epath
 
-from headspec import remote, tables, targets
+from headspec import alignment as align
+from headspec import remote, resampling, tables, targets
 from headspec.errors import UserError
-from headspec.probing import align, labels, mdl, plan, report, stats
 from headspec.probing import complexity as complexity_lib
 from headspec.probing import features as features_lib
+from headspec.probing import labels, mdl, plan, report
 from headspec.probing import tasks as tasks_lib
 from headspec.probing.features import Features, extract_features
 
@@ -50,7 +51,7 @@ def selectivity_rows(job, per_word: dict, tune_key: str, config) -> list[dict]:
   two holds on that split beyond sentence sampling."""
   p, rows = config.probe, []
   for (task, split_key), (groups, d_NG, weight_N, sentence_N) in per_word.items():
-    sel, low, high = stats.bootstrap_selectivity(
+    sel, low, high = resampling.bootstrap_selectivity(
       d_NG, np.zeros_like(d_NG), sentence_N, num_resamples=p.bootstrap_resamples, seed=config.seed, weight_N=weight_N
     )
     heads = [i for i, (layer, head) in enumerate(groups) if head >= 0]
@@ -65,7 +66,7 @@ def selectivity_rows(job, per_word: dict, tune_key: str, config) -> list[dict]:
     delta = {}
     if rank and len(rank) > 1:
       a = [g for g in rank if g in nxt]
-      dd, dl, dh = stats.paired_difference_ci(
+      dd, dl, dh = resampling.paired_difference_ci(
         d_NG[:, a],
         d_NG[:, [nxt[g] for g in a]],
         sentence_N,
@@ -103,7 +104,7 @@ def job_features(job: targets.Target, data: labels.Data, config, cache_dir: path
   extracted once and then read from `cache_dir` (features.py)."""
   p = config.probe
   model, tokenizer = job.load()
-  pooling = features_lib.resolve_pooling(p.pooling, model.cfg.kind)
+  pooling = align.resolve_pooling(p.pooling, model.cfg.kind)
   feats: dict[str, Features] = {}
   for split in [data.train, data.tune] + data.evals:
     if split.key not in feats:
@@ -239,7 +240,7 @@ def _probe_source(layer, heads, read, feats, data, tasks, fitters, score_splits,
       )
       if split.key not in eval_keys:
         continue
-      acc, low, high = stats.bootstrap_ci(
+      acc, low, high = resampling.bootstrap_ci(
         correct, split.sentence_N, num_resamples=p.bootstrap_resamples, seed=config.seed, weight_N=weight
       )
       control_acc = (np.asarray(control, np.float64) * weight[:, None]).sum(0) / max(weight.sum(), 1e-300)

@@ -234,6 +234,14 @@ def representable(
   return out
 
 
+def resolve_pooling(pooling: str, kind: str) -> str:
+  """probe.pooling 'auto' → 'last' for decoders (a causal model's last piece is the only one that has
+  read the whole word), 'first' for encoders; any other value is returned as is."""
+  if pooling == "auto":
+    return "last" if kind == "decoder" else "first"
+  return pooling
+
+
 def check_pooling(pooling: str) -> None:
   """UserError unless `pooling` is one of POOLINGS (the one check of probe.pooling)."""
   if pooling not in POOLINGS:
@@ -253,3 +261,8 @@ def pooling_matrix(start_BW: np.ndarray, end_BW: np.ndarray, num_tokens: int, po
     return ((t_T == end - 1) & real).astype(np.float32)
   inside = (t_T >= start) & (t_T < end)
   return inside.astype(np.float32) / np.maximum(end - start, 1).astype(np.float32)
+
+
+def bucket_length(num_tokens: int, max_len: int, minimum: int = 16) -> int:
+  """The padded length of a window: the next power of two >= num_tokens (at least `minimum`), capped at max_len."""
+  return min(max_len, max(minimum, 1 << max(0, int(num_tokens) - 1).bit_length()))

@@ -1,0 +1,132 @@
+"""The package's layers, read from the source with `ast` (no import runs, no JAX).
+
+The analyses (probing/, diversity/, ablation/, attention/) sit side by side on one shared layer
+(objectives, alignment, resampling, evaluation text, head utilities, tables, targets, ...): none imports
+another, except the two links that are research rather than plumbing. And module-level imports among
+headspec's modules form no cycle.
+"""
+
+import ast
+import pathlib
+
+import pytest
+
+PACKAGE = pathlib.Path(__file__).resolve().parent.parent / "headspec"
+ANALYSES = ("probing", "diversity", "ablation", "attention")
+# (importing analysis, imported module): the causal probe test fits probing's probes; the induction causal
+# check runs ablation's causal test (and takes its config defaults).
+ALLOWED = {
+  ("ablation", "headspec.probing.probe"),
+  ("attention", "headspec.ablation.causal"),
+  ("attention", "headspec.ablation.config"),
+}
+# The shared layer: below every analysis, so it imports none.
+SHARED = ("objectives", "alignment", "resampling", "evaltext", "heads", "regularizers")
+
+
+def _modules() -> dict[str, pathlib.Path]:
+  """{dotted module name: file} of every module of headspec/."""
+  found = {}
+  for path in sorted(PACKAGE.rglob("*.py")):
+    parts = path.relative_to(PACKAGE.parent).with_suffix("").parts
+    found[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = path
+  return found
+
+
+MODULES = _modules()
+
+
+def _imports(name: str, *, module_level: bool) -> set[str]:
+  """The headspec modules `name` imports (`from a import b` counts as a.b when that is a module, else a).
+
+  module_level: only statements run on import (not inside functions, nor under `if TYPE_CHECKING`).
+  """
+  path = MODULES[name]
+  package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+  tree = ast.parse(path.read_text(), str(path))
+  nodes = []
+
+  def visit(node, top: bool):
+    for child in ast.iter_child_nodes(node):
+      if isinstance(child, ast.Import | ast.ImportFrom) and (top or not module_level):
+        nodes.append(child)
+      inner = top and not isinstance(child, ast.FunctionDef | ast.AsyncFunctionDef | ast.Lambda)
+      if isinstance(child, ast.If) and "TYPE_CHECKING" in ast.unparse(child.test):
+        inner = False
+      visit(child, inner)
+
+  visit(tree, True)
+  out = set()
+  for node in nodes:
+    if isinstance(node, ast.Import):
+      bases = [alias.name for alias in node.names]
+    else:
+      base = node.module or ""
+      if node.level:
+        base = ".".join(package.split(".")[: len(package.split(".")) - node.level + 1] + ([base] if base else []))
+      bases = [f"{base}.{alias.name}" if f"{base}.{alias.name}" in MODULES else base for alias in node.names]
+    out.update(b for b in bases if b in MODULES and b != name)
+  return out
+
+
+def _analysis(module: str) -> str | None:
+  parts = module.split(".")
+  return parts[1] if len(parts) > 1 and parts[1] in ANALYSES else None
+
+
+def test_modules_found():
+  assert {f"headspec.{a}" for a in ANALYSES} <= set(MODULES)
+  assert all(f"headspec.{s}" in MODULES for s in SHARED)
+
+
+@pytest.mark.parametrize("analysis", ANALYSES)
+def test_no_analysis_imports_another(analysis):
+  crossing = sorted(
+    f"{name} imports {imported}"
+    for name in MODULES
+    if _analysis(name) == analysis
+    for imported in _imports(name, module_level=False)
+    if _analysis(imported) not in (None, analysis) and (analysis, imported) not in ALLOWED
+  )
+  assert not crossing, "\n".join(crossing)
+
+
+def test_shared_layer_imports_no_analysis():
+  upward = sorted(
+    f"headspec.{s} imports {imported}"
+    for s in SHARED
+    for imported in _imports(f"headspec.{s}", module_level=False)
+    if _analysis(imported)
+  )
+  assert not upward, "\n".join(upward)
+
+
+def test_analyses_do_not_import_the_trainer():
+  """Scoring a model needs its objective (headspec.objectives), not the training loop."""
+  training = sorted(
+    f"{name} imports headspec.train"
+    for name in MODULES
+    if _analysis(name) and "headspec.train" in _imports(name, module_level=False)
+  )
+  assert not training, "\n".join(training)
+
+
+def test_no_import_cycle():
+  graph = {name: _imports(name, module_level=True) for name in MODULES}
+  state, cycles = {}, []
+
+  def visit(node, stack):
+    state[node] = "open"
+    stack.append(node)
+    for nxt in sorted(graph[node]):
+      if state.get(nxt) == "open":
+        cycles.append(" -> ".join(stack[stack.index(nxt) :] + [nxt]))
+      elif nxt not in state:
+        visit(nxt, stack)
+    stack.pop()
+    state[node] = "done"
+
+  for name in sorted(graph):
+    if name not in state:
+      visit(name, [])
+  assert not cycles, "\n".join(cycles)
