@@ -1,4 +1,8 @@
-"""`headspec <command> --config=configs/NAME.py[:ARG] --workdir=DIR [--config.key=value ...]`.
+"""`headspec <command> --config=NAME[:ARG] --workdir=DIR [--config.key=value ...]`.
+
+`--config` is a packaged config by name (headspec/configs/NAME.py, from any directory) or a file
+(headspec/configs/__init__.py resolves both); `headspec --version`; `headspec <command> --help` lists the
+command's config keys with defaults and meanings (headspec/config_help.py).
 
 Thin: parses flags, loads the config, calls the command's library function. Errors a user can cause
 (headspec.errors.UserError, bad flags or config keys, a --workdir URL of an unknown scheme) print one
@@ -21,15 +25,19 @@ from ml_collections import config_flags
 from headspec.errors import UserError
 
 FLAGS = flags.FlagValues()
-_CONFIG = config_flags.DEFINE_config_file("config", None, "config file, configs/NAME.py[:ARG]", flag_values=FLAGS)
+_CONFIG = config_flags.DEFINE_config_file(
+  "config", None, "a packaged config NAME[:ARG] or a file FILE.py[:ARG]", flag_values=FLAGS
+)
 _WORKDIR = flags.DEFINE_string("workdir", None, "run directory", flag_values=FLAGS)
 _VERBOSE = flags.DEFINE_bool("verbose", False, "log library details (orbax, tfds) too", flag_values=FLAGS)
 
-USAGE = """usage: headspec <command> --config=configs/NAME.py[:ARG] --workdir=DIR [--config.key=value ...]
+USAGE = """usage: headspec <command> --config=NAME[:ARG] --workdir=DIR [--config.key=value ...]
+       headspec <command> --help     the command's config keys, defaults and meanings
+       headspec --version
 commands:
   quickstart [--workdir=DIR]   synthetic treebank -> train a small decoder and encoder -> probe
-  train                        train a model (configs/base_decoder.py, base_encoder.py, quickstart.py)
-  probe                        per-head probing suite over checkpoints (configs/probe_ewt.py)
+  train                        train a model (--config=base_decoder, base_encoder, quickstart:decoder)
+  probe                        per-head probing suite over checkpoints (--config=probe_ewt, probe_minilm_ewt)
   diversity                    head-diversity metrics over checkpoints
   ablate                       head ablations, importance, pruning, L0 gates, causal probe test
   atlas [--compare=RUN_B]      RUN/atlas.html: every head's numbers on one offline page (no --config)
@@ -101,8 +109,16 @@ def use_every_cpu_core() -> None:
 def main(argv: list[str]) -> int:
   if len(argv) > 1 and argv[1] == "launch":  # its own options (--config, --workdir mean a study's), its own parser
     return _launch(argv[2:])
+  if argv[1:] == ["--version"]:
+    print(f"headspec {version()}")
+    return 0
   use_every_cpu_core()
   try:
+    argv = _resolve_config(argv)
+    command = _command_asking_help(argv)
+    if command is not None:
+      print(command_help(command))
+      return 0
     _check_config_path(argv)
     try:
       rest = _parse(argv)  # unknown flags stay in `rest`: `data download` has its own
@@ -128,7 +144,7 @@ def main(argv: list[str]) -> int:
     except (flags.Error, FileNotFoundError, OSError) as e:
       _fail(f"--config: {e}")
     if command in NEEDS_CONFIG and config is None:
-      _fail(f"{command} needs --config=configs/NAME.py")
+      _fail(f"{command} needs --config=NAME (`headspec {command} --help` lists the configs and keys)")
     if command in DEFAULTS and config is not None:
       _check_keys(command, config, _config_file(argv))
     if command in NEEDS_CONFIG | {"train"} and not _WORKDIR.value:
@@ -172,6 +188,57 @@ def _parse(argv: list[str]) -> list[str]:
     sys.argv = saved
 
 
+def version() -> str:
+  """The installed package's version (its metadata), else the source tree's headspec.__version__."""
+  from importlib import metadata
+
+  try:
+    return metadata.version("headspec")
+  except metadata.PackageNotFoundError:
+    from headspec import __version__
+
+    return __version__
+
+
+def command_help(command: str) -> str:
+  """`headspec COMMAND --help`: its line of USAGE, and for a command with a config its keys, defaults
+  and meanings."""
+  summary = next((line.strip() for line in USAGE.splitlines() if line.strip().startswith(command + " ")), "")
+  if command not in DEFAULTS:
+    return f"usage: headspec {summary}"
+  from headspec import config_help
+
+  return config_help.help_text(command, DEFAULTS[command], " ".join(summary.split()[1:]))
+
+
+def _command_asking_help(argv: list[str]) -> str | None:
+  """The command of `headspec COMMAND ... --help` (or -h), None otherwise; `data` has its own help."""
+  words, skip = [], False
+  for arg in argv[1:]:
+    if skip:
+      skip = False
+    elif arg in ("--config", "--workdir"):
+      skip = True  # its value follows
+    elif not arg.startswith("-"):
+      words.append(arg)
+  asks = any(a in ("-h", "--help") for a in argv[1:])
+  return words[0] if asks and words and words[0] in COMMANDS and words[0] != "data" else None
+
+
+def _resolve_config(argv: list[str]) -> list[str]:
+  """argv with each --config value's file made a packaged config's path where it names one
+  (`--config=probe_ewt`, or `configs/probe_ewt.py` where no such file exists: headspec/configs/)."""
+  from headspec import configs
+
+  out = list(argv)
+  for i, arg in enumerate(out):
+    if arg.startswith("--config="):
+      out[i] = "--config=" + configs.resolve(arg.split("=", 1)[1])
+    elif arg == "--config" and i + 1 < len(out):
+      out[i + 1] = configs.resolve(out[i + 1])
+  return out
+
+
 def _config_file(argv: list[str]) -> pathlib.Path | None:
   """The file of --config=FILE[:ARG] (the last one given), None without one."""
   path = None
@@ -192,7 +259,9 @@ def _check_config_path(argv: list[str]) -> None:
   """A missing config file is one line here (config_flags would print a traceback and go on)."""
   path = _config_file(argv)
   if path is not None and not path.is_file():
-    _fail(f"--config: no such config file {path}")
+    from headspec import configs
+
+    _fail(f"--config: no such config file {path}, nor a packaged config of that name ({', '.join(configs.names())})")
 
 
 def _missing_keys(config, defaults, prefix: str = "") -> list[str]:

@@ -32,7 +32,7 @@ import socket
 import subprocess
 import sys
 
-from headspec import experiments, remote, sweeps
+from headspec import configs, experiments, remote, sweeps
 from headspec.errors import UserError
 
 TARGETS = ("local", "multi-gpu", "slurm", "tpu")
@@ -42,7 +42,7 @@ ANALYSES = {  # analysis -> (default config, override that picks the steps to an
   "attention": ("configs/attention_ewt.py", "--config.steps=all"),
   "ablate": ("configs/ablate.py", "--config.steps=all"),
 }
-REMOTE_HOME = "~/headspec"  # on TPU workers: the wheel, configs/ and data/ go here
+REMOTE_HOME = "~/headspec"  # on TPU workers: the wheel (configs inside) and data/ go here
 WHEEL = "headspec-0.1.0-py3-none-any.whl"
 
 
@@ -107,7 +107,7 @@ def _parser(prog: str = "python -m headspec.launch") -> argparse.ArgumentParser:
 
 
 def _load_module(spec: str, flag: str = "--config"):
-  path, _, arg = spec.partition(":")
+  path, _, arg = configs.resolve(spec).partition(":")  # a packaged config by name or configs/NAME.py
   if not os.path.isfile(path):
     raise UserError(f"{flag}: no such config file {path}")
   module_spec = importlib.util.spec_from_file_location("_headspec_launch_config", path)
@@ -418,7 +418,7 @@ def tpu_steps(opts, plans) -> list[Step]:
   steps.append(
     Step(
       "local",
-      (*tpu, "scp", "--recurse", f"dist/{WHEEL}", "configs", f"{opts.tpu_name}:{REMOTE_HOME}/", *where, "--worker=all"),
+      (*tpu, "scp", "--recurse", f"dist/{WHEEL}", f"{opts.tpu_name}:{REMOTE_HOME}/", *where, "--worker=all"),
     )
   )
   steps.append(ssh(f"pip install -q -U 'jax[tpu]' {REMOTE_HOME}/{WHEEL}"))

@@ -14,8 +14,8 @@ from headspec.ablation.run import ablate_quickstart, evaluation_set, run_ablatio
 from headspec.cli import main
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO / "configs"))
-import ablate as ablate_config  # noqa: E402  configs/ablate.py
+sys.path.insert(0, str(REPO / "headspec" / "configs"))
+import ablate as ablate_config  # noqa: E402  headspec/configs/ablate.py
 
 L, H = 2, 4
 
@@ -163,7 +163,10 @@ def config_file(tmp_path, arg="", **overrides) -> str:
   (In-process `headspec.cli.main` does not apply --config.key=value overrides: the lead knows.)
   """
   name = f"cfg_{len(list(tmp_path.glob('cfg_*.py')))}.py"
-  lines = [f"import sys\nsys.path.insert(0, {str(REPO / 'configs')!r})\nimport ablate\n\n", "def get_config(a=None):"]
+  lines = [
+    f"import sys\nsys.path.insert(0, {str(REPO / 'headspec' / 'configs')!r})\nimport ablate\n\n",
+    "def get_config(a=None):",
+  ]
   lines.append(f"  c = ablate.get_config({arg!r} or None)")
   lines += [f"  c.{key.replace('__', '.')} = {value!r}" for key, value in overrides.items()]
   lines.append("  return c\n")

@@ -86,7 +86,7 @@ def test_kill_9_then_resume_is_bit_identical(synthetic_data_dir, tmp_path):
     "--config.train.checkpoint_every=2",
     "--config.train.keep_steps=()",
   ]
-  cmd = _cli("train", f"--config={REPO}/configs/quickstart.py:decoder", f"--workdir={tmp_path / 'killed'}", *overrides)
+  cmd = _cli("train", "--config=quickstart:decoder", f"--workdir={tmp_path / 'killed'}", *overrides)
   proc = subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
   deadline = time.time() + 240
   while time.time() < deadline and proc.poll() is None:
@@ -108,7 +108,7 @@ def test_kill_9_then_resume_is_bit_identical(synthetic_data_dir, tmp_path):
 def test_sigterm_saves_and_exits_cleanly(synthetic_data_dir, tmp_path):
   cmd = _cli(
     "train",
-    f"--config={REPO}/configs/quickstart.py:decoder",
+    "--config=quickstart:decoder",
     f"--workdir={tmp_path}",
     f"--config.data_dir={synthetic_data_dir}",
     "--config.data.vocab_size=512",
@@ -178,10 +178,10 @@ def test_workdir_with_another_model_shape_is_refused(synthetic_data_dir, tmp_pat
 def test_cli_errors_are_one_line(tmp_path):
   env = dict(os.environ, HEADSPEC_DATA_DIR=str(tmp_path / "nowhere"))
   cases = [
-    ["train", f"--config={REPO}/configs/quickstart.py", f"--workdir={tmp_path}/w", "--config.model.nope=1"],
-    ["train", f"--config={REPO}/configs/missing.py", f"--workdir={tmp_path}/w"],
-    ["train", f"--config={REPO}/configs/quickstart.py", f"--workdir={tmp_path}/w"],
-    ["train", f"--config={REPO}/configs/quickstart.py", f"--workdir={tmp_path}/w", f"--config.data_dir={tmp_path}"],
+    ["train", "--config=quickstart", f"--workdir={tmp_path}/w", "--config.model.nope=1"],
+    ["train", f"--config={REPO}/headspec/configs/missing.py", f"--workdir={tmp_path}/w"],
+    ["train", "--config=quickstart", f"--workdir={tmp_path}/w"],
+    ["train", "--config=quickstart", f"--workdir={tmp_path}/w", f"--config.data_dir={tmp_path}"],
     ["frobnicate"],
   ]
   for args in cases:

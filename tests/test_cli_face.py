@@ -1,0 +1,87 @@
+"""The command line's face: --version, `<command> --help` with every config key, configs by name from
+any directory (and the old `configs/NAME.py` paths), the packaging metadata."""
+
+import pathlib
+
+import pytest
+
+import headspec
+from headspec import cli, config_help, configs
+
+REPO = pathlib.Path(__file__).resolve().parents[1]
+
+
+def test_version(capsys):
+  assert cli.main(["headspec", "--version"]) == 0
+  assert capsys.readouterr().out.strip() == f"headspec {cli.version()}"
+  assert cli.version() == headspec.__version__  # the editable install's metadata is the source's version
+
+
+@pytest.mark.parametrize("command", sorted(cli.DEFAULTS))
+def test_command_help_lists_every_key_with_its_default(command, capsys, tmp_path, monkeypatch):
+  monkeypatch.chdir(tmp_path)
+  assert cli.main(["headspec", command, "--help"]) == 0
+  out = capsys.readouterr().out
+  module, function = cli.DEFAULTS[command].split(":")
+  defaults = getattr(__import__(module, fromlist=[function]), function)()
+  for key, value in config_help.flat_items(defaults):
+    assert f"  {key} = {value!r}" in out, key
+  assert out.startswith(f"usage: headspec {command} --config=NAME")
+
+
+def test_help_meanings_come_from_the_defaults_comments(capsys):
+  assert cli.main(["headspec", "probe", "-h", "--config=nonexistent"]) == 0  # help first, the config unread
+  lines = {line.split(" = ")[0].strip(): line for line in capsys.readouterr().out.splitlines() if " = " in line}
+  assert "L-BFGS stops a softmax probe" in lines["probe.tol"]  # inline comment
+  assert "'first' | 'last' | 'mean'" in lines["probe.pooling"]  # inside a parenthesised value
+  assert "MDL's portions of the training words" in lines["probe.mdl_fractions"]  # the comment line above
+  meanings = config_help.meanings(__import__("headspec.attention.defaults", fromlist=["x"]).attention_config)
+  assert meanings["induction.causal.ks"].startswith("how many of the best induction heads")  # another module's factory
+  assert "only the induction scores below" in meanings["treebank"]  # an indented continuation line
+
+
+@pytest.mark.parametrize("command", ["quickstart", "atlas", "study"])
+def test_help_of_commands_without_config(command, capsys):
+  assert cli.main(["headspec", command, "--help"]) == 0
+  assert capsys.readouterr().out.startswith(f"usage: headspec {command}")
+
+
+def test_configs_resolve_by_name_and_by_old_path(tmp_path, monkeypatch):
+  monkeypatch.chdir(tmp_path)  # no configs/ here
+  packaged = configs.DIR / "ablate.py"
+  assert configs.resolve("ablate") == str(packaged)
+  assert configs.resolve("ablate:minilm") == f"{packaged}:minilm"
+  assert configs.resolve("configs/ablate.py:minilm") == f"{packaged}:minilm"
+  assert configs.resolve(f"{REPO}/configs/probe_synthetic.py:/tmp/qs/data") == (
+    f"{configs.DIR / 'probe_synthetic.py'}:/tmp/qs/data"  # an ARG with its own ':' and '/' kept
+  )
+  spec = configs.DIR / "experiments" / "specialization.py"
+  assert configs.resolve("configs/experiments/specialization.py:small") == f"{spec}:small"
+  assert configs.resolve("experiments/specialization") == str(spec)
+  own = tmp_path / "configs" / "ablate.py"  # a user's own file of that path wins
+  own.parent.mkdir()
+  own.write_text("def get_config(arg=None): ...\n")
+  assert configs.resolve("configs/ablate.py") == "configs/ablate.py"
+  for other in ("nope", "other/ablate.py", "__init__"):
+    assert configs.resolve(other) == other
+  assert {"ablate", "probe_minilm_ewt", "experiments/specialization"} <= set(configs.names())
+
+
+def test_config_by_name_is_loaded_from_any_directory(tmp_path, monkeypatch, capsys):
+  monkeypatch.chdir(tmp_path)
+  # attention_ewt loads by name, then is refused for probe: it lacks the probe keys (nothing is run).
+  assert cli.main(["headspec", "probe", "--config=attention_ewt:minilm", f"--workdir={tmp_path}"]) == 2
+  err = capsys.readouterr().err.strip()
+  assert err.startswith("headspec: error:") and "attention_ewt.py: no config key" in err and "\n" not in err
+  assert cli.main(["headspec", "probe", "--config=nope", f"--workdir={tmp_path}"]) == 2
+  err = capsys.readouterr().err.strip()
+  assert "no such config file nope" in err and "probe_minilm_ewt" in err and "\n" not in err
+
+
+def test_pyproject_metadata():
+  tomllib = pytest.importorskip("tomllib")
+  project = tomllib.loads((REPO / "pyproject.toml").read_text())
+  assert project["project"]["scripts"] == {"headspec": "headspec.cli:run"}
+  assert project["tool"]["setuptools"]["dynamic"]["version"] == {"attr": "headspec.__version__"}
+  assert {"test", "analysis", "tf"} <= set(project["project"]["optional-dependencies"])
+  assert not (REPO / "setup.py").exists() and not (REPO / "configs").exists()
