@@ -21,7 +21,7 @@ SPEC = "configs/experiments/specialization.py"
 
 
 def _module():
-  spec = importlib.util.spec_from_file_location("specialization", os.path.join(REPO, SPEC))
+  spec = importlib.util.spec_from_file_location("specialization", os.path.join(REPO, "headspec", SPEC))
   module = importlib.util.module_from_spec(spec)
   spec.loader.exec_module(module)
   return module
