@@ -25,6 +25,7 @@ from collections.abc import Callable, Sequence
 
 import numpy as np
 
+from headspec import provenance
 from headspec.errors import UserError
 
 POOLINGS = ("first", "last", "mean")
@@ -219,6 +220,7 @@ def representable(
   context = context_tokens(tokenizer, max_len)
   problems = tuple(_problem(tokenizer.word_pieces(list(words)), context) for words in sentences)
   out = Representable(where, problems, np.array([len(w) for w in sentences], np.int64), context)
+  provenance.note("unrepresentable_sentences", out.num_skipped, under=where)  # run_info.json
   if required and sentences and not len(out.index_U):
     first = f"sentence {names[0] if names is not None else '#0'}"
     if problems[0] == "long_word":

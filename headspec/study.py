@@ -42,7 +42,7 @@ import os
 import numpy as np
 from etils import epath
 
-from headspec import experiments, remote, tables, train_log
+from headspec import experiments, provenance, remote, tables, train_log
 from headspec.errors import UserError
 
 OUT = "study"
@@ -461,6 +461,7 @@ def _draw(frames: dict, out: epath.Path) -> list[str]:
   return written
 
 
+@provenance.recorded("study")
 def write_study(root) -> epath.Path:
   """ROOT/study/{*.csv, *.png, summary.md}; returns the summary's path."""
   import pandas as pd

@@ -28,7 +28,7 @@ from etils import epath
 from flax import nnx
 from jax.experimental import multihost_utils
 
-from headspec import checkpoints, parallel, regularizers, remote, runs, targets
+from headspec import checkpoints, parallel, provenance, regularizers, remote, runs, targets
 from headspec.data import lm_pipeline, text_tfds
 from headspec.data import tokenizer as tokenizer_lib
 from headspec.diversity import metrics as diversity
@@ -273,6 +273,7 @@ class _Preemption:
     signal.signal(signal.SIGTERM, self._previous)
 
 
+@provenance.recorded("")
 def train_and_evaluate(config: ml_collections.ConfigDict, workdir, *, devices=None) -> dict:
   """Trains per `config` in `workdir`, resuming from its latest checkpoint; returns the last metrics.
 

@@ -21,7 +21,7 @@ import numpy as np
 from etils import epath
 from tqdm import tqdm
 
-from headspec import remote, runs, tables, targets
+from headspec import provenance, remote, runs, tables, targets
 from headspec.ablation import causal, core, gates, interactions, metrics, plots, pruning
 from headspec.ablation import evalset as evalset_lib
 from headspec.alignment import POOLINGS
@@ -356,6 +356,7 @@ def _figures(out_dir, job, rows: dict, L: int, H: int) -> list[epath.Path]:
   return made
 
 
+@provenance.recorded("ablation")
 def run_ablation(config: ml_collections.ConfigDict, workdir) -> pathlib.Path | epath.Path:
   """Every requested stage at every requested step; returns RUN/ablation/ (tables and figures)."""
   plan = prepare(config, workdir)

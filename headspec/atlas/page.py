@@ -20,7 +20,7 @@ import pathlib
 
 from etils import epath
 
-from headspec import remote, tables
+from headspec import provenance, remote, tables
 from headspec.atlas.data import atlas_data
 
 PAGE_NAME = "atlas.html"
@@ -50,6 +50,7 @@ def write_page(path, text: str) -> pathlib.Path | epath.Path:
   return remote.native_path(path)
 
 
+@provenance.recorded("", "atlas.run_info.json")
 def build_atlas(workdir, compare=()) -> pathlib.Path | epath.Path:
   """Writes WORKDIR/atlas.html (with the runs in `compare` side by side) and returns its path.
 

@@ -34,7 +34,7 @@ import numpy as np
 from etils import epath
 
 from headspec import alignment as align_lib
-from headspec import remote, runs, tables, targets
+from headspec import provenance, remote, runs, tables, targets
 from headspec.attention import clark as clark_lib
 from headspec.attention import flow as flow_lib
 from headspec.attention import induction_run, report
@@ -283,6 +283,7 @@ def analyse_job(job: targets.Target, data: Data, config, out_dir, *, log=print):
   return dict(clark=clark_rows, baselines=baseline_rows, roles=role_rows, labels=label_rows), section
 
 
+@provenance.recorded("attention")
 def run_attention(config, workdir) -> pathlib.Path | epath.Path:
   """Every table, summary and picture of this module's docstring; returns RUN/attention/clark_summary.md
   (with treebank='': induction_summary.md)."""

@@ -22,6 +22,7 @@ from collections.abc import Iterator, Sequence
 import tensorflow_datasets as tfds
 from etils import epath
 
+from headspec import provenance
 from headspec.errors import UserError
 
 SPLITS = ("train", "valid")
@@ -184,6 +185,7 @@ def load_documents(
   if split not in SPLITS:
     raise UserError(f"split {split!r}: use one of {', '.join(SPLITS)}")
   builder = prepare_corpus(data_dir, corpus, tfds_dir=tfds_dir)
+  provenance.note_read(_split_path(pathlib.Path(data_dir) / "text" / corpus, split))
   # builder.as_data_source is what tfds.data_source(name) calls; our builder needs its source_dir.
   return _TextSequence(builder.as_data_source(split=split), "text")
 

@@ -13,6 +13,7 @@ import conllu
 import conllu.exceptions
 import conllu.parser
 
+from headspec import provenance
 from headspec.errors import UserError
 
 SPLITS = ("train", "dev", "test")
@@ -172,4 +173,5 @@ def load_split(data_dir, treebank: str, split: str) -> list[Sentence]:
   present = available_splits(data_dir, treebank)
   if split not in present:
     raise UserError(f"{path} not found (splits present for {treebank}: {', '.join(present) or 'none'})")
+  provenance.note_read(path)
   return read_conllu(path)

@@ -21,7 +21,7 @@ import ml_collections
 import numpy as np
 from flax import nnx
 
-from headspec import remote, tables, targets
+from headspec import provenance, remote, tables, targets
 from headspec.data.tokenizer import load_tokenizer
 from headspec.diversity import metrics, plots
 from headspec.diversity.defaults import SAMPLES
@@ -76,6 +76,7 @@ def read_results(path) -> list[tuple[int, int, int, int, str, float]]:
   ]
 
 
+@provenance.recorded("diversity")
 def run_diversity(config: ml_collections.ConfigDict, workdir) -> pathlib.Path:
   """Computes every metric at every requested step; writes WORKDIR/diversity/results.csv and figures.
 

@@ -26,7 +26,7 @@ import numpy as np
 from etils import epath
 
 from headspec import alignment as align
-from headspec import remote, resampling, tables, targets
+from headspec import provenance, remote, resampling, tables, targets
 from headspec.errors import UserError
 from headspec.probing import complexity as complexity_lib
 from headspec.probing import features as features_lib
@@ -367,6 +367,7 @@ def run_probe_suite(config: ml_collections.ConfigDict, workdir) -> pathlib.Path 
     *([tables.MDL] if p.get("mdl", False) else []),
   )
   data, skipped = representable_data(config, jobs[0])
+  provenance.note("train_words", data.train.num_words)  # run_info.json: after subsampling and skips
   print(
     f"probing {len(jobs)} model step(s) on {p.treebank}: train {data.train.num_words} words "
     f"({len(data.train.words)} sentences), tasks {', '.join(t.name for t in tasks_lib.from_config(config))}, "
@@ -417,6 +418,7 @@ def run_probe_suite(config: ml_collections.ConfigDict, workdir) -> pathlib.Path 
   return remote.native_path(results)
 
 
+@provenance.recorded("probes")
 def main(config: ml_collections.ConfigDict, workdir) -> None:
   """The `headspec probe` command."""
   if not workdir:
