@@ -318,4 +318,8 @@ def _drop_library_chatter(record) -> bool:
 
 def run() -> None:
   """Console-script entry point."""
-  sys.exit(main(sys.argv))
+  try:
+    sys.exit(main(sys.argv))
+  except BrokenPipeError:  # `headspec probe --help | head`: the reader left; not an error of ours
+    os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+    sys.exit(0)
