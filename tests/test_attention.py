@@ -190,7 +190,7 @@ def test_unknown_role_label_is_a_user_error():
 
 def test_a_word_longer_than_every_window_is_a_user_error():
   tok = types.SimpleNamespace(prefix_ids=(1,), suffix_ids=(2,), word_pieces=lambda ws: [[5] * len(w) for w in ws])
-  with pytest.raises(UserError, match="no window can hold them"):
+  with pytest.raises(UserError, match="no window can hold it"):
     words._align([["ab", "abcdefghij"]], tok, max_len=8, causal=False, names=["s-1"])
 
 
