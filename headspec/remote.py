@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import hashlib
 import io
+import json
 import math
 import os
 import pathlib
@@ -75,6 +76,16 @@ def scratch_dir(path, purpose: str) -> pathlib.Path:
   out = root / f"{purpose}-{digest}"
   out.mkdir(parents=True, exist_ok=True)
   return out
+
+
+def read_json(path):
+  """The JSON value in `path` (local or remote); one UserError line naming the file when it is damaged."""
+  try:
+    return json.loads(epath.Path(path).read_text())
+  except json.JSONDecodeError as e:
+    raise UserError(f"{path}:{e.lineno}: not valid JSON ({e.msg}); the file is damaged or truncated") from None
+  except UnicodeDecodeError:
+    raise UserError(f"{path}: not a text file; the file is damaged") from None
 
 
 def write_bytes_atomic(path, data: bytes) -> None:

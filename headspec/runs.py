@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import json
-
 import jax
 import ml_collections
 from flax import nnx
@@ -117,12 +115,7 @@ def read_config(workdir) -> ml_collections.ConfigDict:
   path = remote.run_path(workdir) / "config.json"
   if not path.is_file():
     raise UserError(f"{path}: not a headspec run directory (no config.json); train one first")
-  try:
-    data = json.loads(path.read_text())
-  except json.JSONDecodeError as e:
-    raise UserError(f"{path}:{e.lineno}: not valid JSON ({e.msg}); the file is damaged or truncated") from None
-  except UnicodeDecodeError:
-    raise UserError(f"{path}: not a text file; the file is damaged") from None
+  data = remote.read_json(path)
   for section in ("model", "train"):
     if not isinstance(data, dict) or not isinstance(data.get(section), dict):
       raise UserError(f"{path}: no {section!r} section; not a headspec run config (or a damaged one)")

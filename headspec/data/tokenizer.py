@@ -202,12 +202,7 @@ def register_tokenizer_kind(kind: str, loader: Callable[[epath.Path, dict], Toke
 
 def read_info(info_path: epath.Path) -> dict:
   """A tokenizer folder's headspec_tokenizer.json; one line naming the file when it is damaged."""
-  try:
-    info = json.loads(info_path.read_text())
-  except json.JSONDecodeError as e:
-    raise UserError(f"{info_path}:{e.lineno}: not valid JSON ({e.msg}); the file is damaged or truncated") from None
-  except UnicodeDecodeError:
-    raise UserError(f"{info_path}: not a text file; the file is damaged") from None
+  info = remote.read_json(info_path)
   if not isinstance(info, dict):
     raise UserError(f"{info_path}: not a JSON object; the file is damaged")
   return info
