@@ -10,7 +10,7 @@ turns it into stages, in order:
   study ROOT                                              headspec/study.py: tables and figures across runs
 
 ROOT/experiment.json lists the runs (name, condition, seed, config) for the report. Every stage but
-training goes through `python -m headspec.experiments stage MARKER -- COMMAND ARGS`, which skips the stage
+training goes through `python -m headspec.stage MARKER -- COMMAND ARGS` (headspec/stage.py), which skips the stage
 when ROOT/stages/MARKER.done holds the same command line and writes it when the stage succeeds, so
 running the same command again after an interruption picks up at the first unfinished stage (training
 picks up at its last checkpoint: it has its own resume). A marker of another command line (a changed
@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import sys
 
 from etils import epath
 
@@ -65,8 +64,8 @@ def check(experiment: Experiment, where: str) -> None:
 
 
 def stage_argv(root: str, marker: str, args: tuple[str, ...]) -> tuple[str, ...]:
-  """The arguments of `python -m headspec.experiments stage ...` for one resumable stage."""
-  return ("stage", f"{root}/{STAGES}/{marker}.done", "--", *args)
+  """The arguments of `python -m headspec.stage ...` for one resumable stage."""
+  return (f"{root}/{STAGES}/{marker}.done", "--", *args)
 
 
 def write_plan(root, experiment: Experiment, spec: str) -> epath.Path:
@@ -90,33 +89,3 @@ def read_plan(root) -> dict:
   if not path.exists():
     raise UserError(f"{path}: not an experiment folder (the launcher writes experiment.json when it starts one)")
   return json.loads(path.read_text())
-
-
-def run_stage(marker: str, argv: list[str]) -> int:
-  """Runs `headspec ARGV` unless MARKER holds the same arguments; writes them to MARKER when it exits 0."""
-  from headspec import cli
-
-  done = epath.Path(marker)
-  text = " ".join(argv)
-  if done.exists():
-    if done.read_text().strip() == text:
-      print(f"done already ({done}): headspec {text}", flush=True)
-      return 0
-    print(f"{done} was written by another command line: running this stage again", flush=True)
-  print(f"stage: headspec {text}", flush=True)
-  code = cli.main(["headspec", *argv])
-  if code == 0:
-    done.parent.mkdir(parents=True, exist_ok=True)
-    remote.write_bytes_atomic(done, (text + "\n").encode())
-  return code
-
-
-def main(argv: list[str]) -> int:
-  if len(argv) < 4 or argv[1] != "stage" or argv[3] != "--":
-    print("usage: python -m headspec.experiments stage MARKER -- COMMAND ARGS", file=sys.stderr)
-    return 2
-  return run_stage(argv[2], argv[4:])
-
-
-if __name__ == "__main__":
-  sys.exit(main(sys.argv))

@@ -224,7 +224,7 @@ def _headspec(stage: Stage, python: str = "python") -> list[str]:
   if stage.args[0] == "@summarize":
     return [python, "-m", "headspec.sweeps", "summarize", stage.args[1]]
   if stage.args[0] == "@stage":
-    return [python, "-m", "headspec.experiments", *stage.args[1:]]
+    return [python, "-m", "headspec.stage", *stage.args[1:]]
   return [python, "-m", "headspec", *stage.args]
 
 

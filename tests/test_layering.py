@@ -130,3 +130,14 @@ def test_no_import_cycle():
     if name not in state:
       visit(name, [])
   assert not cycles, "\n".join(cycles)
+
+
+def test_launcher_and_experiments_do_not_import_the_cli():
+  """cli -> launch -> experiments, and not back (even inside a function): a stage runs the CLI through its
+  own entry point, headspec/stage.py."""
+  back = sorted(
+    f"{name} imports headspec.cli"
+    for name in ("headspec.launch", "headspec.experiments", "headspec.sweeps")
+    if "headspec.cli" in _imports(name, module_level=False)
+  )
+  assert not back, "\n".join(back)

@@ -10,7 +10,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from headspec import experiments, launch, study, tables
+from headspec import experiments, launch, stage, study, tables
 from headspec.ablation.run import check_config as check_ablate
 from headspec.attention.defaults import check_config as check_attention
 from headspec.diversity.run import _check_config as check_diversity
@@ -36,8 +36,8 @@ def test_experiment_config_every_stage_checks(small):
     assert 0 in c.train.keep_steps and c.train.steps in c.train.keep_steps
   assert m.get_config(f"{small}condition=drophead").train.regularizers.drophead > 0
   assert m.get_config(f"{small}condition=disagreement").train.regularizers.output > 0
-  for stage, check in (("probe", check_probe), ("attention", check_attention), ("diversity", check_diversity)):
-    check(m.get_config(f"{small}{stage}"))
+  for name, check in (("probe", check_probe), ("attention", check_attention), ("diversity", check_diversity)):
+    check(m.get_config(f"{small}{name}"))
   check_ablate(m.get_config(f"{small}ablate"))
   exp = m.experiment(small.rstrip(","))
   seeds = 1 if small else 3  # the full setting: 3 seeds per condition (claims that compare conditions need them)
@@ -67,7 +67,7 @@ def test_launch_experiment_plans_every_stage_in_order():
   first = lines[:6]
   assert "headspec train" in first[0] and f"--workdir=root/{runs[0]}" in first[0]
   for line, analysis in zip(first[1:], ("probe", "diversity", "attention", "ablate", "atlas")):
-    assert f"headspec.experiments stage root/stages/{runs[0]}-{analysis}.done -- {analysis}" in line
+    assert f"headspec.stage root/stages/{runs[0]}-{analysis}.done -- {analysis}" in line
   assert first[5].endswith(f"-- atlas --workdir=root/{runs[0]}")  # no --config: atlas takes none
   assert "minilm-probe.done -- probe" in lines[-3] and "--workdir=root/minilm" in lines[-3]
   assert lines[-1].endswith("headspec study --workdir=root")
@@ -94,11 +94,11 @@ def test_stage_runs_once_and_records_only_success(tmp_path, monkeypatch):
   codes = iter([1, 0])
   monkeypatch.setattr(cli, "main", lambda argv: calls.append(argv) or next(codes))
   marker = tmp_path / "stages" / "r-probe.done"
-  assert experiments.run_stage(str(marker), ["probe", "--workdir=r"]) == 1  # failed: no marker, runs again
+  assert stage.run_stage(str(marker), ["probe", "--workdir=r"]) == 1  # failed: no marker, runs again
   assert not marker.exists()
-  assert experiments.run_stage(str(marker), ["probe", "--workdir=r"]) == 0
+  assert stage.run_stage(str(marker), ["probe", "--workdir=r"]) == 0
   assert marker.read_text() == "probe --workdir=r\n"
-  assert experiments.run_stage(str(marker), ["probe", "--workdir=r"]) == 0  # done already: not run again
+  assert stage.run_stage(str(marker), ["probe", "--workdir=r"]) == 0  # done already: not run again
   assert len(calls) == 2
 
 
@@ -207,8 +207,8 @@ def test_stage_with_another_command_line_runs_again(tmp_path, monkeypatch):
   calls = []
   monkeypatch.setattr(cli, "main", lambda argv: calls.append(argv) or 0)
   marker = tmp_path / "m.done"
-  experiments.run_stage(str(marker), ["probe", "--config=a.py:small,probe"])
-  experiments.run_stage(str(marker), ["probe", "--config=a.py:probe"])  # the config changed: not done
+  stage.run_stage(str(marker), ["probe", "--config=a.py:small,probe"])
+  stage.run_stage(str(marker), ["probe", "--config=a.py:probe"])  # the config changed: not done
   assert len(calls) == 2 and marker.read_text() == "probe --config=a.py:probe\n"
 
 
