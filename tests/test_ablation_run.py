@@ -222,7 +222,11 @@ def test_minilm_gates_refused_and_shift(tmp_path, capsys):
   assert not (out / "ablation").exists()
   assert ablate(tmp_path, out, "minilm", methods="zero,importance", num_sentences=8, bootstrap_resamples=50) == 0
   rows = read(out, tables.ABLATION_HEADS)
-  assert {(r["method"], r["metric"]) for r in rows} == {("zero", "embedding_shift"), ("importance", "score")}
+  assert {(r["method"], r["metric"]) for r in rows} == {
+    ("zero", "embedding_shift"),
+    ("importance", "score"),
+    ("importance", "raw_score"),
+  }
   assert len(rows) == 2 * 6 * 12
   assert all(float(r["value"]) >= -1e-6 for r in rows)
 
