@@ -227,7 +227,7 @@ def test_minilm_gates_refused_and_shift(tmp_path, capsys):
     ("importance", "score"),
     ("importance", "raw_score"),
   }
-  assert len(rows) == 2 * 6 * 12
+  assert len(rows) == 3 * 6 * 12
   assert all(float(r["value"]) >= -1e-6 for r in rows)
 
 
