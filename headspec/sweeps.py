@@ -21,7 +21,7 @@ import sys
 import ml_collections
 from etils import epath
 
-from headspec import remote, train_log
+from headspec import remote, tables, train_log
 from headspec.errors import UserError
 
 TABLE = "sweep.csv"
@@ -128,15 +128,19 @@ def summarize(root) -> epath.Path:
   path = remote.run_path(root) / TABLE
   if not path.exists():
     raise UserError(f"{path}: no sweep table here (the launcher writes it when it submits a sweep)")
-  reader = csv.DictReader(io.StringIO(path.read_text()))
-  missing = [c for c in ("name", "workdir") if c not in (reader.fieldnames or [])]
-  if missing:
-    raise UserError(f"{path}: no {missing[0]!r} column; not a sweep table (or a damaged one)")
-  rows = list(reader)
-  for row in rows:
-    if row["workdir"]:
-      row.update(_last(row["workdir"]))
-  return _write(root, rows)
+  with tables.locked(path):  # the jobs of a SLURM array each summarize when they end: one at a time
+    try:
+      reader = csv.DictReader(io.StringIO(path.read_text()))
+    except UnicodeDecodeError:
+      raise UserError(f"{path}: not a UTF-8 text file; not a sweep table (or a damaged one)") from None
+    missing = [c for c in ("name", "workdir") if c not in (reader.fieldnames or [])]
+    if missing:
+      raise UserError(f"{path}: no {missing[0]!r} column; not a sweep table (or a damaged one)")
+    rows = list(reader)
+    for row in rows:
+      if row["workdir"]:
+        row.update(_last(row["workdir"]))
+    return _write(root, rows)
 
 
 def main(argv: list[str]) -> int:

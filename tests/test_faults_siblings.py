@@ -279,3 +279,13 @@ def test_probe_parts_are_written_beside_with_the_pid_and_killed_ones_removed(tmp
   assert [p.name for p in tmp_path.iterdir()] == [path.name] and not stale.exists()
   got = suite._read_part(path)
   assert got["rows"] == [{"a": 1}] and got["per_word"][("upos", 0)][1].tolist() == [1.0, 1.0, 1.0]
+
+
+def test_sweep_summary_refuses_a_non_utf8_table_in_one_line(tmp_path):
+  from headspec import sweeps
+  from headspec.errors import UserError
+
+  (tmp_path / sweeps.TABLE).write_bytes(b"name,workdir\n\xff\xfe,run\n")
+  with pytest.raises(UserError, match="not a UTF-8 text file"):
+    sweeps.summarize(tmp_path)
+  assert not list(tmp_path.glob(".*.lock"))  # the lock file is gone with the writer
