@@ -11,7 +11,7 @@ model (its primary model) has plain ids, its random-weights control (`<model>-ra
 read through etils.epath.
 
 The grid's shape is the run's (config.json: model.num_layers × model.num_heads); without one (a folder of
-a pretrained model's analyses) it is the largest layer and head in the tables, up to MAX_GRID. Rows
+a pretrained model's analyses) it is the largest layer and head in the tables, up to tables.MAX_GRID. Rows
 outside the grid, and lines of metrics.jsonl that are not a record, are left out with one warning per
 file on stderr: the page is still written. Temporary folders (`*.tmp-<pid>`, left by a killed writer)
 are never read.
@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import base64
 import collections
-import json
 import math
 import re
 import sys
@@ -49,7 +48,6 @@ TOP_RELATIONS = 5
 TOP_INTERACTIONS = 5
 # Largest grid inferred from tables alone (no config.json): above any published model (Llama 3 405B:
 # 126 layers × 128 heads), far below what a stray row (layer=100000) would allocate.
-MAX_GRID = (512, 512)
 # The layer and head columns of each per-head table, with their smallest value: -1 marks the embedding
 # output / residual stream (probes, mdl), a per-head metric (diversity head_j) or a per-λ row (gates).
 _GRID_COLUMNS = {
@@ -144,25 +142,17 @@ class _RunData:
 
   def _grid_shape(self) -> tuple[tuple[int, int], str]:
     """(layers, heads) of the run's config.json; without one, 1 + the largest layer and head of the tables
-    the grid colours (at most MAX_GRID). Also says where the shape comes from, for warnings."""
-    path = self.workdir / "config.json"
-    if path.is_file():
-      try:
-        model = json.loads(path.read_bytes())["model"]
-        shape = (_int(model["num_layers"]), _int(model["num_heads"]))
-        pretrained = model.get("pretrained")
-      except (ValueError, KeyError, TypeError):  # not JSON (or not UTF-8), or no model section
-        _warn(f"{path}: no model.num_layers and model.num_heads; the grid is sized from the tables")
-      else:
-        if not pretrained and all(n is not None and n > 0 for n in shape):
-          return shape, str(path)
+    the grid colours (at most tables.MAX_GRID). Also says where the shape comes from, for warnings."""
+    shape = tables.grid_shape(self.workdir)
+    if shape is not None:
+      return shape, str(self.workdir / "config.json")
     most = [0, 0]
     for table in (t for t in HEAD_TABLES if t is not tables.ABLATION_INTERACTIONS):  # the tables the grid colours
       for r in self.rows[table.path]:
         for column in _GRID_COLUMNS[table.path]:
           axis = 0 if column.startswith("layer") else 1
           value = _int(r[column])
-          if value is not None and value < MAX_GRID[axis]:
+          if value is not None and value < tables.MAX_GRID[axis]:
             most[axis] = max(most[axis], value + 1)
     return (max(most[0], 1), max(most[1], 1)), "the tables (no config.json)"
 
