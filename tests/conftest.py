@@ -7,6 +7,7 @@ if "xla_force_host_platform_device_count" not in os.environ["XLA_FLAGS"]:
   os.environ["XLA_FLAGS"] += " --xla_force_host_platform_device_count=8"
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 
+import http.server  # noqa: E402
 import pathlib  # noqa: E402
 
 import pytest  # noqa: E402
@@ -102,3 +103,23 @@ def train_tiny_decoder(synthetic_data_dir, tmp_path_factory):
     return workdir
 
   return train
+
+
+class _QuietHandler(http.server.SimpleHTTPRequestHandler):
+  def log_message(self, *args):
+    pass
+
+
+@pytest.fixture()
+def server(tmp_path):
+  """(base_url, served folder): an HTTP server on 127.0.0.1 in a thread (no network), for the downloaders."""
+  import functools
+  import threading
+
+  root = tmp_path / "served"
+  root.mkdir()
+  httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), functools.partial(_QuietHandler, directory=str(root)))
+  threading.Thread(target=httpd.serve_forever, args=(0.05,), daemon=True).start()
+  yield f"http://127.0.0.1:{httpd.server_address[1]}", root
+  httpd.shutdown()
+  httpd.server_close()

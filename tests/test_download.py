@@ -2,7 +2,6 @@
 overwrite) and text corpora (pinned SHA-256, checksum mismatch, interrupted download, atomic folder)."""
 
 import dataclasses
-import functools
 import hashlib
 import http.server
 import json
@@ -14,25 +13,6 @@ import pytest
 from headspec import cli
 from headspec.data import download, synthetic, text_download, text_tfds, treebank
 from headspec.errors import UserError
-
-
-class _QuietHandler(http.server.SimpleHTTPRequestHandler):
-  def log_message(self, *args):
-    pass
-
-
-@pytest.fixture()
-def server(tmp_path):
-  """(base_url, served folder) for an HTTP server on 127.0.0.1 in a thread."""
-  root = tmp_path / "served"
-  root.mkdir()
-  handler = functools.partial(_QuietHandler, directory=str(root))
-  httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
-  thread = threading.Thread(target=httpd.serve_forever, args=(0.05,), daemon=True)
-  thread.start()
-  yield f"http://127.0.0.1:{httpd.server_address[1]}", root
-  httpd.shutdown()
-  httpd.server_close()
 
 
 @pytest.fixture(autouse=True)

@@ -1,13 +1,9 @@
 """Inputs from outside under faults (issue 38): UD downloads (pins, names, modes, stale parts), a CoNLL-U
 byte-order mark, shell quoting in the launchers, one-line errors that keep their reason, head_mask forms."""
 
-import functools
 import hashlib
-import http.server
-import os
 import shlex
 import stat
-import threading
 import types
 
 import numpy as np
@@ -16,23 +12,6 @@ import pytest
 from headspec import api, cli, launch
 from headspec.data import download, synthetic, treebank
 from headspec.errors import UserError
-
-
-class _QuietHandler(http.server.SimpleHTTPRequestHandler):
-  def log_message(self, *args):
-    pass
-
-
-@pytest.fixture()
-def server(tmp_path):
-  """(base_url, served folder): an HTTP server on 127.0.0.1, as in tests/test_download.py (no network)."""
-  root = tmp_path / "served"
-  root.mkdir()
-  httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), functools.partial(_QuietHandler, directory=str(root)))
-  threading.Thread(target=httpd.serve_forever, args=(0.05,), daemon=True).start()
-  yield f"http://127.0.0.1:{httpd.server_address[1]}", root
-  httpd.shutdown()
-  httpd.server_close()
 
 
 @pytest.fixture(scope="module")
@@ -83,11 +62,8 @@ def test_pinned_file_is_kept_readable_and_stale_parts_go(server, dev_bytes, tmp_
   assert path.read_bytes() == dev_bytes and sorted(p.name for p in folder.iterdir()) == ["en_ewt-ud-dev.conllu"]
 
 
-def test_pins_match_the_development_copy_of_r2_16():
-  # The development data (HEADSPEC_DATA_DIR) is UD r2.16 byte for byte: its files must pass their pins.
-  data_dir = os.environ.get("HEADSPEC_DATA_DIR")
-  if not data_dir or not os.path.isfile(treebank.split_path(data_dir, "en_ewt", "dev")):
-    pytest.skip("needs HEADSPEC_DATA_DIR with ud/en_ewt")
+def test_pins_match_the_development_copy_of_r2_16(data_dir):
+  # The test treebanks (HEADSPEC_DATA_DIR, or the r2.16 download) are UD r2.16 byte for byte: they pass their pins.
   checked = 0
   for (tb, split), pin in download.PINS.items():
     path = treebank.split_path(data_dir, tb, split)
