@@ -14,11 +14,10 @@ import pytest
 PACKAGE = pathlib.Path(__file__).resolve().parent.parent / "headspec"
 ANALYSES = ("probing", "diversity", "ablation", "attention")
 # (importing analysis, imported module): the causal probe test fits probing's probes; the induction causal
-# check runs ablation's causal test (and takes its config defaults).
+# check runs ablation's causal test.
 ALLOWED = {
   ("ablation", "headspec.probing.probe"),
   ("attention", "headspec.ablation.causal"),
-  ("attention", "headspec.ablation.config"),
 }
 # The shared layer: below every analysis, so it imports none.
 SHARED = ("objectives", "alignment", "resampling", "evaltext", "heads", "regularizers")

@@ -58,16 +58,3 @@ def ablate_config() -> ml_collections.ConfigDict:
   c.interactions = ml_collections.ConfigDict()
   c.interactions.top = 12  # the most important heads whose pairs are ablated jointly
   return c
-
-
-def induction_causal_config() -> ml_collections.ConfigDict:
-  """The causal check of induction heads (kind=induction rows of ablation/causal.csv; causal.py
-  `induction_rows`). `headspec attention` runs it for decoders as `induction.causal` (its scores pick
-  the heads), so the keys are declared here, with the rest of ablation's."""
-  c = ml_collections.ConfigDict()
-  c.enabled = True  # ablate the top-k induction heads after scoring them (decoders with a trained LM head)
-  c.ks = (1, 2, 4)  # how many of the best induction heads (repeated_random induction score) are ablated
-  c.methods = ("zero", "mean")  # zero: Z_h = 0; mean: Z_h = its mean over the repeated sequences' tokens
-  c.random_seeds = 5  # layer-matched random head sets per k (as many heads per layer as the top-k set)
-  c.num_sequences = 100  # repeated random sequences scored (the first of induction.num_sequences)
-  return c

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import ml_collections
 
-from headspec.ablation.config import induction_causal_config
 from headspec.attention.clark import ARC_SETS
 from headspec.attention.roles import LABELS, check_labels
 from headspec.defaults import data_dir_default
@@ -69,7 +68,7 @@ def attention_config() -> ml_collections.ConfigDict:
   c.induction.label_min = 0.4  # label previous_token / duplicate_token / induction at score >= (repeated_random)
   c.induction.copying_min = 0.4  # label copying at copying score >= (weights)
   c.induction.formation_threshold = 0.4  # formation window: the best induction score crosses this
-  c.induction.causal = induction_causal_config()  # top-k induction heads ablated (headspec/ablation/config.py)
+  c.induction.causal = induction_causal_config()  # top-k induction heads ablated (below)
   return c
 
 
@@ -119,4 +118,17 @@ def synthetic_attention_config(data_dir: str) -> ml_collections.ConfigDict:
   c.clark.min_count = 20
   c.roles.bootstrap_resamples = 200
   c.pictures.sentences = (0, 1)
+  return c
+
+
+def induction_causal_config() -> ml_collections.ConfigDict:
+  """The causal check of induction heads (kind=induction rows of ablation/causal.csv; headspec/ablation/causal.py
+  `induction_rows`), which `headspec attention` runs for decoders as `induction.causal` (its scores pick
+  the heads)."""
+  c = ml_collections.ConfigDict()
+  c.enabled = True  # ablate the top-k induction heads after scoring them (decoders with a trained LM head)
+  c.ks = (1, 2, 4)  # how many of the best induction heads (repeated_random induction score) are ablated
+  c.methods = ("zero", "mean")  # zero: Z_h = 0; mean: Z_h = its mean over the repeated sequences' tokens
+  c.random_seeds = 5  # layer-matched random head sets per k (as many heads per layer as the top-k set)
+  c.num_sequences = 100  # repeated random sequences scored (the first of induction.num_sequences)
   return c
