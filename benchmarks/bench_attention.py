@@ -31,7 +31,7 @@ def main() -> None:
   from headspec import targets
   from headspec.attention import clark, roles, run
   from headspec.attention import words as words_lib
-  from headspec.attention.defaults import attention_config, check_config
+  from headspec.attention.config import attention_config, check_config
 
   config = attention_config()
   config.model.pretrained = "minilm"

@@ -354,7 +354,7 @@ def run(model, sentences, head_mask=None, *, pooling: str = "auto") -> list[Capt
 
 def _probe_config(loaded: Loaded, task: str, config, options: dict):
   from headspec.probing import plan
-  from headspec.probing.defaults import probe_config
+  from headspec.probing.config import probe_config
 
   c = probe_config() if config is None else config.copy_and_resolve_references()
   c.probe.tasks = (task,)
@@ -366,7 +366,7 @@ def _probe_config(loaded: Loaded, task: str, config, options: dict):
     elif key in c.probe:
       c.probe[key] = tuple(value) if isinstance(value, list) else value
     else:
-      raise ValueError(f"probe: unknown option {key!r}; options are the probe.* keys of probing/defaults.py")
+      raise ValueError(f"probe: unknown option {key!r}; options are the probe.* keys of probing/config.py")
   plan.check_config(c)
   return c
 
@@ -414,7 +414,7 @@ def probe(
   fitted (a head with its layer's other heads, as the command fits it); subsample train
   (max_train_words) for quick looks. model: `load(...)`'s result or a (model, tokenizer) pair. task: 'upos', 'xpos',
   'deprel' or 'arc'. heads: (layer, head) pairs; layer: a residual stream (-1: the embeddings); at least
-  one of the two. config: a probe config (probing/defaults.py, configs/probe_*.py) to start from;
+  one of the two. config: a probe config (probing/config.py, configs/probe_*.py) to start from;
   treebank, eval_splits, max_train_words (a seeded subsample of whole train sentences of about that
   many words: faster, and says so in no other way, so report it), data_dir, seed and any probe.* key
   given as a keyword (l2_grid=..., refine_samples=..., pooling=..., bootstrap_resamples=...) override it.

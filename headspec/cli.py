@@ -64,10 +64,10 @@ NEEDS_CONFIG = {"train", "probe", "diversity", "ablate", "attention"}
 # (`_check_keys`): another command's config fails there, not with an AttributeError deep in the command.
 DEFAULTS = {
   "train": "headspec.defaults:train_config",
-  "probe": "headspec.probing.defaults:probe_config",
-  "diversity": "headspec.diversity.defaults:diversity_config",
+  "probe": "headspec.probing.config:probe_config",
+  "diversity": "headspec.diversity.config:diversity_config",
   "ablate": "headspec.ablation.config:ablate_config",
-  "attention": "headspec.attention.defaults:attention_config",
+  "attention": "headspec.attention.config:attention_config",
 }
 
 

@@ -3,7 +3,7 @@
 Diversity, ablation and the induction analyses measure a model on the same rows (`evaluation_tokens`):
 a run's own validation rows as training packed them, or for a pretrained model the valid split of a
 text corpus in the data directory. config keys: num_tokens, sample ('first' | 'random'), seed, and for
-pretrained models corpus and seq_len (headspec/diversity/defaults.py, headspec/ablation/config.py).
+pretrained models corpus and seq_len (headspec/diversity/config.py, headspec/ablation/config.py).
 """
 
 from __future__ import annotations

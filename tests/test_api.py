@@ -34,7 +34,7 @@ def run_dir(train_tiny_decoder):
 
 
 def probe_config(data_dir):
-  from headspec.probing.defaults import synthetic_probe_config
+  from headspec.probing.config import synthetic_probe_config
 
   c = synthetic_probe_config(str(data_dir))
   c.probe.update(

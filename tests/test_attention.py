@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from headspec.attention import clark, flow, roles, words
-from headspec.attention.defaults import attention_config
+from headspec.attention.config import attention_config
 from headspec.data.treebank import Sentence
 from headspec.errors import UserError
 

@@ -9,7 +9,7 @@ import pytest
 
 from headspec import cli, runs, tables
 from headspec.attention import attention_quickstart
-from headspec.attention.defaults import attention_config
+from headspec.attention.config import attention_config
 from headspec.attention.roles import ROLES
 from headspec.attention.run import run_attention
 

@@ -96,7 +96,7 @@ def test_weights_leave_ignored_words_out():
 
 def test_train_sample_seed_defaults_to_seed():
   """probe.train_sample_seed draws the training subsample apart from `seed` (control labels, fit)."""
-  from headspec.probing.defaults import probe_config
+  from headspec.probing.config import probe_config
 
   c = probe_config()
   c.seed = 3

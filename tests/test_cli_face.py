@@ -35,7 +35,7 @@ def test_help_meanings_come_from_the_defaults_comments(capsys):
   assert "L-BFGS stops a softmax probe" in lines["probe.tol"]  # inline comment
   assert "'first' | 'last' | 'mean'" in lines["probe.pooling"]  # inside a parenthesised value
   assert "MDL's portions of the training words" in lines["probe.mdl_fractions"]  # the comment line above
-  meanings = config_help.meanings(__import__("headspec.attention.defaults", fromlist=["x"]).attention_config)
+  meanings = config_help.meanings(__import__("headspec.attention.config", fromlist=["x"]).attention_config)
   assert meanings["induction.causal.ks"].startswith("how many of the best induction heads")  # another module's factory
   assert "only the induction scores below" in meanings["treebank"]  # an indented continuation line
 

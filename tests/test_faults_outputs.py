@@ -189,7 +189,7 @@ def test_feature_cache_removes_a_killed_extractions_folder(tiny_encoder, tmp_pat
 
 
 def test_attention_pictures_remove_a_killed_drawings_folder_and_draw_dollars(tiny_encoder, tmp_path):
-  from headspec.attention.defaults import attention_config
+  from headspec.attention.config import attention_config
   from headspec.attention.run import draw_pictures
 
   model, tokenizer, sentences = tiny_encoder

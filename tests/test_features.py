@@ -168,7 +168,7 @@ def test_bad_inputs(setup, tmp_path):
 
 def test_auto_pooling_is_last_for_decoders_first_for_encoders():
   from headspec.probing import features as features_lib
-  from headspec.probing.defaults import probe_config
+  from headspec.probing.config import probe_config
 
   assert probe_config().probe.pooling == "auto"  # the suite's default: a decoder's word vector sees the whole word
   assert resolve_pooling("auto", "decoder") == "last"

@@ -12,7 +12,7 @@ from flax import nnx
 from headspec import runs, tables
 from headspec.attention import induction as ind
 from headspec.attention import induction_run
-from headspec.attention.defaults import attention_config
+from headspec.attention.config import attention_config
 from headspec.attention.run import run_attention
 from headspec.errors import UserError
 from headspec.model import ModelConfig, Transformer

@@ -149,9 +149,9 @@ def test_lda_start_with_indefinite_within_class_matrix_is_finite():
 
 
 def test_suite_defaults_reach_the_sklearn_objective():
-  """The suite's default settings (probing/defaults.py) end within 1e-3 (relative) of scikit-learn's
+  """The suite's default settings (probing/config.py) end within 1e-3 (relative) of scikit-learn's
   converged penalised objective on a small problem, and record their iterations and convergence."""
-  from headspec.probing.defaults import probe_config
+  from headspec.probing.config import probe_config
 
   p = probe_config().probe
   rng = np.random.default_rng(4)

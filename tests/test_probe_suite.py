@@ -14,7 +14,7 @@ from headspec.defaults import train_config
 from headspec.errors import UserError
 from headspec.model import random_like
 from headspec.probing import report, suite, tasks
-from headspec.probing.defaults import probe_config
+from headspec.probing.config import probe_config
 
 CONTRACT = "model,step,task,layer,head,split,accuracy,ci_low,ci_high,control_accuracy,selectivity,n"
 
@@ -383,7 +383,7 @@ def test_trained_model_has_selective_heads(tmp_path):
   while the masked-LM encoder is still near its unigram loss (~5.7) at that point.
   """
   from headspec.data.synthetic import write_synthetic
-  from headspec.probing.defaults import synthetic_probe_config
+  from headspec.probing.config import synthetic_probe_config
   from headspec.quickstart import quickstart_config
   from headspec.train import train_and_evaluate
 

@@ -17,7 +17,7 @@ def _sha(path) -> str:
 
 
 def test_train_and_probe_write_run_info_with_data_hashes(train_tiny_decoder, synthetic_data_dir):
-  from headspec.probing.defaults import synthetic_probe_config
+  from headspec.probing.config import synthetic_probe_config
   from headspec.probing.suite import main
 
   run = train_tiny_decoder(2, name="provenance")

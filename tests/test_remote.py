@@ -152,8 +152,8 @@ def _analysis_configs(data_dir):
   import importlib.util
 
   from headspec.ablation.config import ablate_config
-  from headspec.attention.defaults import synthetic_attention_config
-  from headspec.probing.defaults import synthetic_probe_config
+  from headspec.attention.config import synthetic_attention_config
+  from headspec.probing.config import synthetic_probe_config
 
   probe = synthetic_probe_config(str(data_dir))
   probe.probe.update(tasks=("upos",), eval_splits=("dev",), random_baseline=False, max_train_words=500)

@@ -94,7 +94,7 @@ def _read(path):
 
 
 def _attention_config(data):
-  from headspec.attention.defaults import attention_config
+  from headspec.attention.config import attention_config
 
   c = attention_config()
   c.data_dir = str(data)
@@ -146,7 +146,7 @@ def test_attention_refuses_when_no_sentence_fits(decoder, ewt_slice, tmp_path):
 
 
 def _probe_config(data):
-  from headspec.probing.defaults import probe_config
+  from headspec.probing.config import probe_config
 
   c = probe_config()
   c.data_dir = str(data)

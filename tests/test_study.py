@@ -12,7 +12,7 @@ import pytest
 
 from headspec import experiments, launch, stage, study, tables
 from headspec.ablation.run import check_config as check_ablate
-from headspec.attention.defaults import check_config as check_attention
+from headspec.attention.config import check_config as check_attention
 from headspec.diversity.run import _check_config as check_diversity
 from headspec.probing.plan import check_config as check_probe
 

@@ -1,5 +1,5 @@
 """Every `headspec ablate` config key with its default (configs/ablate.py starts from `ablate_config()`,
-so each key is declared and documented once, as probing/defaults.py does for `headspec probe`)."""
+so each key is declared and documented once, as probing/config.py does for `headspec probe`)."""
 
 from __future__ import annotations
 

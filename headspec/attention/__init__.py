@@ -4,7 +4,7 @@
 
 Modules: words.py (word-level maps reduced on device), clark.py (head-attachment accuracy and offset
 baselines), roles.py (role scores, CIs, labels), flow.py (Abnar & Zuidema 2020 rollout and flow),
-pictures.py, report.py (clark_summary.md), run.py (the command), defaults.py (every config key).
+pictures.py, report.py (clark_summary.md), run.py (the command), config.py (every config key).
 See docs/attention.md.
 """
 

@@ -41,7 +41,7 @@ from headspec.attention import induction_run, report
 from headspec.attention import pictures as pictures_lib
 from headspec.attention import roles as roles_lib
 from headspec.attention import words as words_lib
-from headspec.attention.defaults import check_config
+from headspec.attention.config import check_config
 from headspec.data import treebank as treebank_lib
 from headspec.errors import UserError
 
@@ -352,6 +352,6 @@ def run_attention(config, workdir) -> pathlib.Path | epath.Path:
 def attention_quickstart(run_dir, data_dir) -> str:
   """`headspec attention` on a quickstart run (its last step) with the synthetic treebank in `data_dir`;
   returns clark_summary.md. Seconds on a CPU."""
-  from headspec.attention.defaults import synthetic_attention_config
+  from headspec.attention.config import synthetic_attention_config
 
   return run_attention(synthetic_attention_config(os.fspath(data_dir)), run_dir).read_text()

@@ -9,10 +9,10 @@ and every test sentence (2,077; accuracies reported there) through the model onc
 attention reduced on device. Writes RUN/attention/{clark,clark_baselines,roles,labels}.csv,
 clark_summary.md and pictures/<model>-step<step>/ (docs/attention.md). Time on a shared 2-core CPU
 for all-MiniLM-L6-v2: under a minute (53 s measured; dev alone 38 s, of which pictures ~17 s;
-benchmarks/bench_attention.py). Every key, its default and its comment: headspec/attention/defaults.py.
+benchmarks/bench_attention.py). Every key, its default and its comment: headspec/attention/config.py.
 """
 
-from headspec.attention.defaults import attention_config
+from headspec.attention.config import attention_config
 
 
 def get_config(arg: str | None = None):

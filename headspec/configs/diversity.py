@@ -11,10 +11,10 @@ heads.png and output_dissimilarity.gif. Time on a 2-core CPU (10k tokens): ~10 s
 the figures, then under 1 s per checkpoint for the quickstart model (2 layers, 4 heads, d_model 64),
 ~7 s per checkpoint for base_decoder (6 layers, 8 heads, d_model 256, rows of 128), about half a minute
 for MiniLM (6 layers, 12 heads, d_model 384). Memory: one batch of activations plus ~1.5 MiB of sums.
-Every key and its default: headspec/diversity/defaults.py.
+Every key and its default: headspec/diversity/config.py.
 """
 
-from headspec.diversity.defaults import diversity_config
+from headspec.diversity.config import diversity_config
 
 
 def get_config(arg: str | None = None):

@@ -22,7 +22,7 @@ KEEP_STEPS = (0, 10, 20, 30, 50, 70, 100, 150, 200, 300, 400, 500, 700, 1000, 13
 def get_config(arg: str | None = None):
   args = [a for a in (arg or "").split(",") if a]
   if "attention" in args:
-    from headspec.attention.defaults import attention_config
+    from headspec.attention.config import attention_config
 
     c = attention_config()
     c.steps = "all"

@@ -14,7 +14,7 @@ Expect UPOS accuracy well above the majority baseline (~0.17) in the middle laye
 positive selectivity, and a random-weights model (--config.probe.random_baseline=True) to be less selective.
 """
 
-from headspec.probing.defaults import probe_config
+from headspec.probing.config import probe_config
 
 
 def get_config(arg: str | None = None):

@@ -16,7 +16,7 @@ Voita & Titov 2020) is on: on all of EWT about 5 min per layer of heads on that 
 Results and figures: docs/results.md, "all-MiniLM-L6-v2 on UD English EWT".
 """
 
-from headspec.probing.defaults import probe_config
+from headspec.probing.config import probe_config
 
 
 def get_config(arg: str | None = None):

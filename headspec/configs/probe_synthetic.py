@@ -10,7 +10,7 @@ a minute on a 2-core CPU for the 2-layer quickstart models. Expect UPOS and depr
 majority baseline with positive selectivity, and the random model less selective.
 """
 
-from headspec.probing.defaults import synthetic_probe_config
+from headspec.probing.config import synthetic_probe_config
 
 
 def get_config(arg: str | None = None):

@@ -1,2 +1,2 @@
 """Head diversity: the metrics (metrics.py), the `headspec diversity` command (run.py), its figures
-(plots.py) and its config keys (defaults.py). docs/diversity.md."""
+(plots.py) and its config keys (config.py). docs/diversity.md."""

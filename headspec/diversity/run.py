@@ -24,7 +24,7 @@ from flax import nnx
 from headspec import provenance, remote, tables, targets
 from headspec.data.tokenizer import load_tokenizer
 from headspec.diversity import metrics, plots
-from headspec.diversity.defaults import SAMPLES
+from headspec.diversity.config import SAMPLES
 from headspec.errors import UserError
 from headspec.evaltext import evaluation_tokens
 

@@ -350,7 +350,7 @@ def representable_data(config, job: targets.Target) -> tuple[labels.Data, list[s
 
 
 def run_probe_suite(config: ml_collections.ConfigDict, workdir) -> pathlib.Path | epath.Path:
-  """Probes per `config` (see probing/defaults.py) for the run in `workdir`; returns RUN/probes/results.csv
+  """Probes per `config` (see probing/config.py) for the run in `workdir`; returns RUN/probes/results.csv
   (RUN/probes/mdl.csv with `probe.mdl_only`, which adds MDL to a probed run without fitting again)."""
   workdir = remote.run_path(workdir)
   t0 = time.perf_counter()
@@ -429,7 +429,7 @@ def main(config: ml_collections.ConfigDict, workdir) -> None:
 
 def probe_quickstart(run_dir, data_dir) -> str:
   """Probes a quickstart run (its last step, plus random weights) on the synthetic treebank; returns summary.md."""
-  from headspec.probing.defaults import synthetic_probe_config
+  from headspec.probing.config import synthetic_probe_config
 
   results = run_probe_suite(synthetic_probe_config(os.fspath(data_dir)), run_dir)
   return (epath.Path(results).parent / "summary.md").read_text()

@@ -294,7 +294,7 @@ REGISTRY: dict = {
     ArcTask(),
   )
 }
-"""Every probe task by name; `probe.tasks` in a config picks among them (probing/defaults.py)."""
+"""Every probe task by name; `probe.tasks` in a config picks among them (probing/config.py)."""
 
 
 def from_config(config) -> list:

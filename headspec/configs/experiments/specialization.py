@@ -117,7 +117,7 @@ def get_config(arg: str | None = None):
 
 def _analysis_config(stage: str, small: bool, minilm: bool):
   if stage == "probe":
-    from headspec.probing.defaults import probe_config
+    from headspec.probing.config import probe_config
 
     c = probe_config()
     c.probe.treebank = "en_ewt"
@@ -127,12 +127,12 @@ def _analysis_config(stage: str, small: bool, minilm: bool):
       c.probe.max_iter, c.probe.arc_epochs = 50, 4
       c.probe.bootstrap_resamples = 200
   elif stage == "diversity":
-    from headspec.diversity.defaults import diversity_config
+    from headspec.diversity.config import diversity_config
 
     c = diversity_config()
     c.num_tokens = 4096 if small else 10000
   elif stage == "attention":
-    from headspec.attention.defaults import attention_config
+    from headspec.attention.config import attention_config
 
     c = attention_config()
     c.steps = "all"
