@@ -1,5 +1,6 @@
 """Launchers: the exact commands each prints with --dry-run, bad input as one line, and sweeps' tables."""
 
+import importlib.metadata
 import json
 import os
 import re
@@ -60,11 +61,11 @@ def test_local_any_command_and_two_processes():
   )
 
 
-def test_study_is_train_then_every_analysis_at_every_kept_step():
+def test_pipeline_is_train_then_every_analysis_at_every_kept_step():
   code, out, _ = dry(
     "multi-gpu",
     "--dry-run",
-    "--study",
+    "--pipeline",
     "--config=configs/base_decoder.py",
     "--workdir=runs/s",
     "--",
@@ -107,7 +108,7 @@ def test_slurm_sweep_is_a_job_array_with_signal_and_requeue():
 def test_tpu_creates_installs_a_wheel_stages_data_and_runs_on_every_worker():
   code, out, _ = dry(
     "tpu", "--dry-run", "--create", "--accelerator-type=v4-16", "--runtime-version=tpu-ubuntu2204-base",
-    "--data=gs://b/data", "--study", "--analyses=probe", "--config=configs/base_decoder.py", "--workdir=gs://b/run",
+    "--data=gs://b/data", "--pipeline", "--analyses=probe", "--config=configs/base_decoder.py", "--workdir=gs://b/run",
     env={"TPU_NAME": "pod", "ZONE": "us-central2-b"},
   )  # fmt: skip
   assert code == 0, _
@@ -119,7 +120,9 @@ def test_tpu_creates_installs_a_wheel_stages_data_and_runs_on_every_worker():
   for host, cmd in steps:
     remote[host].append(next((a.removeprefix("--command=") for a in cmd if a.startswith("--command=")), ""))
   every = remote["every TPU worker"]
-  assert any("pip install -q -U 'jax[tpu]' ~/headspec/headspec-0.1.0-py3-none-any.whl" in c for c in every)
+  wheel = f"headspec-{importlib.metadata.version('headspec')}-py3-none-any.whl"  # what `pip wheel .` writes
+  assert any(f"dist/{wheel}" in cmd for _, cmd in steps if "scp" in cmd)
+  assert any(f"pip install -q -U 'jax[tpu]' ~/headspec/{wheel}" in c for c in every)
   assert any("gcloud storage rsync --recursive gs://b/data ~/headspec/data" in c for c in every)
   train = [c for c in every if "headspec train" in c][0]
   assert (
@@ -153,7 +156,8 @@ def test_bad_input_is_one_line_and_starts_nothing(tmp_path, argv, env, message):
   [
     ["local", "--dry-run", "--", "train", "--config=configs/quickstart.py", "--workdir=gs://b/run"],
     ["local", "--dry-run", "--processes=2", "--", "train", "--config=configs/quickstart.py", "--workdir=r"],
-    ["slurm", "--dry-run", "--nodes=2", "--study", "--config=configs/base_decoder.py", "--workdir=/shared/s"],
+    ["slurm", "--dry-run", "--nodes=2", "--pipeline", "--config=configs/base_decoder.py", "--workdir=/shared/s"],
+    ["local", "--dry-run", "--study", "--config=configs/base_decoder.py", "--workdir=s"],
     ["nowhere"],
     ["local", "--dry-run", "--", "probe", "--config=configs/probe_ewt.py", "--workdir=ftp://h/run"],
   ],
@@ -207,3 +211,25 @@ def test_sweep_names_table_and_summary(tmp_path):
 def test_build_raises_user_error_in_process():
   with pytest.raises(UserError, match="nothing to run"):
     launch.build(["local"])
+
+
+def test_study_is_the_deprecated_name_of_pipeline():
+  """`--study` plans what `--pipeline` plans and says once, on stderr, that it is now `--pipeline`."""
+  argv = ["--config=configs/base_decoder.py", "--workdir=runs/s"]
+  code, out, err = dry("local", "--dry-run", "--study", *argv)
+  want_code, want_out, want_err = dry("local", "--dry-run", "--pipeline", *argv)
+  assert (code, out, want_code, want_err) == (0, want_out, 0, "")
+  assert err.splitlines() == ["headspec launch: warning: --study is deprecated: use --pipeline"]
+
+
+def test_wheel_name_follows_the_package_version(monkeypatch):
+  """The TPU steps install the wheel `pip wheel .` builds from this source: headspec.__version__, not a
+  name written into the launcher."""
+  import headspec
+
+  monkeypatch.setattr(headspec, "__version__", "9.8.7")
+  assert launch.wheel_name() == "headspec-9.8.7-py3-none-any.whl"
+  _, steps, _ = launch.build(["tpu", "--tpu-name=t", "--zone=z", "--data=/d", "--", "atlas", "--workdir=gs://b/r"])
+  assert [s.argv[-1] for s in steps if "pip install" in s.argv[-1]] == [
+    "--command=pip install -q -U 'jax[tpu]' ~/headspec/headspec-9.8.7-py3-none-any.whl"
+  ]

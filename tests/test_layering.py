@@ -131,12 +131,31 @@ def test_no_import_cycle():
   assert not cycles, "\n".join(cycles)
 
 
+LAUNCHER = sorted(m for m in MODULES if m == "headspec.launch" or m.startswith("headspec.launch."))
+
+
+def test_launcher_is_a_package_of_modules():
+  assert {"headspec.launch.args", "headspec.launch.plan", "headspec.launch.tpu"} <= set(LAUNCHER)
+
+
 def test_launcher_and_experiments_do_not_import_the_cli():
   """cli -> launch -> experiments, and not back (even inside a function): a stage runs the CLI through its
   own entry point, headspec/stage.py."""
   back = sorted(
     f"{name} imports headspec.cli"
-    for name in ("headspec.launch", "headspec.experiments", "headspec.sweeps")
+    for name in (*LAUNCHER, "headspec.experiments", "headspec.sweeps")
     if "headspec.cli" in _imports(name, module_level=False)
   )
   assert not back, "\n".join(back)
+
+
+def test_no_circle_cli_launch_cli():
+  """Nothing the launcher reaches, through any chain of imports (inside functions too), imports the CLI: no
+  circle cli -> launch -> experiments -> cli."""
+  reached, todo = set(), list(LAUNCHER)
+  while todo:
+    name = todo.pop()
+    if name not in reached:
+      reached.add(name)
+      todo += _imports(name, module_level=False)
+  assert "headspec.experiments" in reached and "headspec.cli" not in reached, sorted(reached)

@@ -1,0 +1,173 @@
+"""What a submission runs: plans (each a list of Stages, run in order) for a command, a pipeline, a sweep or an
+experiment, and the `python -m headspec ...` line of a stage."""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib.util
+import os
+import shlex
+
+from headspec import configs, experiments, remote, sweeps
+from headspec.errors import UserError
+from headspec.launch import args
+
+
+@dataclasses.dataclass(frozen=True)
+class Stage:
+  """One headspec invocation; `distributed`: runs as one process per node/worker/--processes (training)."""
+
+  args: tuple[str, ...]
+  distributed: bool = False
+
+
+@dataclasses.dataclass(frozen=True)
+class Step:
+  """What the launcher runs: `argv` on `host` ('local', or where it ends up: 'every TPU worker', ...)."""
+
+  host: str
+  argv: tuple[str, ...]
+  env: tuple[tuple[str, str], ...] = ()
+
+  def text(self) -> str:
+    return " ".join([*(f"{k}={shlex.quote(v)}" for k, v in self.env), shlex.join(self.argv)])
+
+
+def _load_module(spec: str, flag: str = "--config"):
+  path, _, arg = configs.resolve(spec).partition(":")  # a packaged config by name or configs/NAME.py
+  if not os.path.isfile(path):
+    raise UserError(f"{flag}: no such config file {path}")
+  module_spec = importlib.util.spec_from_file_location("_headspec_launch_config", path)
+  module = importlib.util.module_from_spec(module_spec)
+  module_spec.loader.exec_module(module)
+  return module, arg or None
+
+
+def load_config(spec: str):
+  module, arg = _load_module(spec)
+  return module.get_config(arg) if arg else module.get_config()
+
+
+def load_experiment(spec: str) -> experiments.Experiment:
+  """The Experiment of `spec` (configs/experiments/NAME.py[:ARG]), its config specs checked to load."""
+  module, arg = _load_module(spec, "--experiment")
+  if not hasattr(module, "experiment"):
+    raise UserError(f"--experiment={spec}: the file defines no experiment(arg) (configs/experiments/)")
+  try:
+    exp = module.experiment(arg)
+    for config in [r.config for r in exp.runs] + [c for _, c in exp.analyses] + [c for _, _, c in exp.references]:
+      if config:  # '' for a command without a config (atlas)
+        load_config(config)
+  except (AttributeError, KeyError, TypeError, ValueError) as e:
+    raise UserError(f"--experiment={spec}: {e}") from None
+  experiments.check(exp, f"--experiment={spec}")
+  return exp
+
+
+def _check_experiment_options(opts, rest: list[str]) -> None:
+  """An experiment takes its runs and analyses from its file: refuse the options it would ignore."""
+  if not opts.workdir:
+    raise UserError("an experiment needs --workdir=ROOT (every run goes to ROOT/<run>)")
+  defaults = args.parser().parse_args([opts.target])
+  given = [
+    f"--{name.replace('_', '-')}"
+    for name in ("pipeline", "study", "grid", "seeds", "config", "analyses", *(f"{a}_config" for a in args.ANALYSES))
+    if getattr(opts, name) != getattr(defaults, name)
+  ]
+  if given:
+    raise UserError(f"--experiment takes its runs and analyses from the experiment file: drop {', '.join(given)}")
+  if opts.target == "tpu" and not remote.is_remote(opts.workdir):
+    raise UserError("a TPU experiment needs a gs:// --workdir (the report runs on worker 0 and reads every run)")
+  for a in rest:
+    if not a.startswith("--config."):
+      raise UserError(f"an experiment takes only --config.KEY=VALUE train overrides after --, got {a}")
+  remote.check_url(opts.workdir)
+
+
+def experiment_plans(opts, rest: list[str]) -> list[list[Stage]]:
+  """One plan (a single job, in order): every run's training then its analyses, the references, the report."""
+  _check_experiment_options(opts, rest)
+  exp = load_experiment(opts.experiment)
+  root = opts.workdir.rstrip("/")
+
+  def resumable(name: str, command: str, config: str) -> Stage:  # `command` on ROOT/<name>, with its marker
+    argv = (command, *([f"--config={config}"] if config else []), f"--workdir={root}/{name}")
+    return Stage(("@stage", *experiments.stage_argv(root, f"{name}-{command}", argv)))
+
+  stages = []
+  for run in exp.runs:
+    stages.append(Stage(("train", f"--config={run.config}", f"--workdir={root}/{run.name}", *rest), distributed=True))
+    stages += [resumable(run.name, command, config) for command, config in exp.analyses]
+  stages += [resumable(name, command, config) for name, command, config in exp.references]
+  stages.append(Stage(("study", f"--workdir={root}")))
+  return [stages]  # one job: the report needs every run
+
+
+def _flag(argv, name: str) -> str | None:
+  for i, a in enumerate(argv):
+    if a.startswith(f"--{name}="):
+      return a.split("=", 1)[1]
+    if a == f"--{name}" and i + 1 < len(argv):
+      return argv[i + 1]
+  return None
+
+
+def _command_plan(rest: list[str]) -> list[list[Stage]]:
+  """Any headspec command, as given after `--`."""
+  if not rest:
+    raise UserError("nothing to run: give a headspec command after --, or --pipeline, or --grid")
+  workdir = _flag(rest, "workdir")
+  if workdir:
+    remote.check_url(workdir)
+  return [[Stage(tuple(rest), distributed=rest[0] == "train")]]
+
+
+def plan_runs(opts, rest: list[str]) -> tuple[list[list[Stage]], list[sweeps.Run]]:
+  """The runs of a submission (each a list of stages, run in order) and, for a sweep, its Runs."""
+  if opts.experiment:
+    return experiment_plans(opts, rest), []
+  pipeline = opts.pipeline or opts.study  # --study: the deprecated name of --pipeline
+  if not (pipeline or opts.grid or opts.seeds):
+    return _command_plan(rest), []
+  if not opts.config or not opts.workdir:
+    raise UserError("a pipeline or sweep needs --config=TRAIN_CONFIG and --workdir=DIR")
+  remote.check_url(opts.workdir)
+  analyses = [a for a in opts.analyses.split(",") if a] if pipeline else []
+  unknown = [a for a in analyses if a not in args.ANALYSES]
+  if unknown:
+    raise UserError(f"--analyses: unknown {', '.join(unknown)} (choose from {', '.join(args.ANALYSES)})")
+  config = load_config(opts.config)
+  for a in rest:
+    if not a.startswith("--config."):
+      raise UserError(f"a pipeline or sweep takes only --config.KEY=VALUE train overrides after --, got {a}")
+  sweep_runs = []
+  if opts.grid or opts.seeds:
+    sweep_runs = sweeps.expand(config, sweeps.parse_grid(opts.grid, opts.seeds), opts.workdir)
+    targets = [(r.workdir, r.flags) for r in sweep_runs]
+  else:
+    targets = [(opts.workdir.rstrip("/"), [])]
+  plans = []
+  for workdir, flags in targets:
+    stages = [Stage(("train", f"--config={opts.config}", f"--workdir={workdir}", *flags, *rest), distributed=True)]
+    for a in analyses:
+      stages.append(Stage((a, f"--config={getattr(opts, a + '_config')}", f"--workdir={workdir}", args.ANALYSES[a][1])))
+    if sweep_runs:
+      stages.append(Stage(("@summarize", opts.workdir)))
+    plans.append(stages)
+  return plans, sweep_runs
+
+
+def headspec_argv(stage: Stage, python: str = "python") -> list[str]:
+  """The command line of `stage`: `python -m headspec ...`, or the sweep summary's or a resumable stage's."""
+  if stage.args[0] == "@summarize":
+    return [python, "-m", "headspec.sweeps", "summarize", stage.args[1]]
+  if stage.args[0] == "@stage":
+    return [python, "-m", "headspec.stage", *stage.args[1:]]
+  return [python, "-m", "headspec", *stage.args]
+
+
+def train_extra(stage: Stage, extra: list[str]) -> list[str]:
+  """`extra` flags for training stages, unless the user already set them."""
+  if stage.args[0] != "train":
+    return []
+  return [f for f in extra if not any(a.startswith(f.split("=")[0] + "=") for a in stage.args)]
