@@ -27,7 +27,7 @@ def initialize_distributed(multihost: bool) -> None:
 
   On Cloud TPU and under SLURM (`srun`), `jax.distributed.initialize()` finds the coordinator, the
   process count and this process's id by itself. Elsewhere set JAX_COORDINATOR_ADDRESS (host:port of
-  process 0), JAX_NUM_PROCESSES and JAX_PROCESS_ID (headspec/launch.py does). CPU processes exchange
+  process 0), JAX_NUM_PROCESSES and JAX_PROCESS_ID (headspec/launch/ does). CPU processes exchange
   gradients over gloo (TCP), so the same code runs as several processes on one machine (the tests).
   Idempotent: a second call in the same process does nothing.
   """
