@@ -233,3 +233,17 @@ def test_wheel_name_follows_the_package_version(monkeypatch):
   assert [s.argv[-1] for s in steps if "pip install" in s.argv[-1]] == [
     "--command=pip install -q -U 'jax[tpu]' ~/headspec/headspec-9.8.7-py3-none-any.whl"
   ]
+
+
+def test_a_renamed_config_resolves_by_its_former_name(tmp_path, monkeypatch):
+  """configs/induction_study.py is now configs/induction.py ("study" is the specialization study's word): the
+  old name and path still load it, from any directory and through the launcher."""
+  from headspec import configs
+
+  monkeypatch.chdir(tmp_path)
+  new = str(configs.DIR / "induction.py")
+  assert "induction_study" not in configs.names() and "induction" in configs.names()
+  for old in ("induction_study", "induction_study.py", "configs/induction_study.py"):
+    assert configs.resolve(f"{old}:seed=1") == f"{new}:seed=1"
+  assert configs.resolve("elsewhere/induction_study.py") == "elsewhere/induction_study.py"  # not ours
+  assert launch.plan.load_config("configs/induction_study.py:seed=3").seed == 3

@@ -3,7 +3,8 @@
 `--config=NAME[:ARG]` is headspec/configs/NAME.py (`probe_minilm_ewt`, `experiments/specialization`);
 `--config=FILE[:ARG]` is that file. A `configs/NAME.py` path that does not exist (the checkout's former
 folder, named in older docs, scripts and experiments' stage command lines) is the packaged NAME.py, so those
-command lines keep working from any directory. Each file defines `get_config(arg=None)`.
+command lines keep working from any directory, and so does a renamed config's former name (RENAMED). Each
+file defines `get_config(arg=None)`.
 """
 
 from __future__ import annotations
@@ -12,6 +13,8 @@ import os
 import pathlib
 
 DIR = pathlib.Path(__file__).resolve().parent
+# former name -> name: "study" is the specialization study's word (experiments/specialization, `headspec study`)
+RENAMED = {"induction_study": "induction"}
 
 
 def names() -> list[str]:
@@ -39,6 +42,7 @@ def packaged_file(file: str) -> pathlib.Path | None:
   if not parts:
     return None
   rel = pathlib.PurePath(*parts)
-  rel = rel if rel.suffix == ".py" else rel.with_name(rel.name + ".py")
+  rel = rel.with_suffix("") if rel.suffix == ".py" else rel
+  rel = pathlib.PurePath(RENAMED.get(rel.as_posix(), rel.as_posix()) + ".py")
   candidate = DIR / rel
   return candidate if candidate.is_file() and candidate.name != "__init__.py" else None

@@ -2,9 +2,9 @@
 setting; 'mlp' for the standard decoder with MLPs) on WikiText-103, with a dense log-spaced
 `train.keep_steps` from step 0, then `headspec attention` on every kept step.
 
-  headspec train --config=configs/induction_study.py --workdir=runs/induction_s0
-  headspec train --config=configs/induction_study.py:seed=1 --workdir=runs/induction_s1   # more seeds
-  headspec attention --config=configs/induction_study.py:attention --workdir=runs/induction_s0
+  headspec train --config=configs/induction.py --workdir=runs/induction_s0
+  headspec train --config=configs/induction.py:seed=1 --workdir=runs/induction_s1   # more seeds
+  headspec attention --config=configs/induction.py:attention --workdir=runs/induction_s0
 
 Arguments (comma-separated): 'mlp' (MLPs on), 'seed=N', 'attention' (the analysis config instead:
 steps='all', no treebank analyses, only the induction step). The attention config writes roles.csv,
@@ -48,5 +48,5 @@ def get_config(arg: str | None = None):
     if a.startswith("seed="):
       c.seed = int(a.split("=", 1)[1])
     elif a not in ("mlp", "attention"):
-      raise ValueError(f"configs/induction_study.py: unknown argument {a!r} (use mlp, seed=N, attention)")
+      raise ValueError(f"configs/induction.py: unknown argument {a!r} (use mlp, seed=N, attention)")
   return c
