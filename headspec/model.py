@@ -18,15 +18,19 @@ one meaning per letter throughout headspec (after penzai's model_parts.py):
 So `q_BTHK` is a [batch, tokens, heads, head width] array and `probs_BHTS` an attention map.
 
 The architecture follows BERT (Devlin et al. 2019; post-LayerNorm, token types, embedding LayerNorm,
-masked-LM transform head) and GPT-2 (Radford et al. 2019; pre-LayerNorm, final LayerNorm), chosen by
-`ModelConfig`, so that Hugging Face checkpoints of both families import exactly
-(headspec/pretrained.py).
+masked-LM transform head) and GPT-2 (Radford et al. 2019; pre-LayerNorm, final LayerNorm), and the modern
+decoders' options (rotary positions with partial rotation and Llama-3 scaling, RMSNorm, gated MLPs,
+grouped-query attention, parallel residual, QK-norm, sublayer-output norms, soft-capping, sliding
+windows), chosen by `ModelConfig`, so that Hugging Face checkpoints of every family in
+headspec/pretrained.py import exactly. The defaults are GPT-2's: a config that sets none of the newer
+options computes what it computed before they existed, and a seed draws the same weights.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import functools
+import math
 from collections.abc import Collection
 
 import flax.struct
@@ -40,7 +44,11 @@ ACTIVATIONS = {
   "gelu_exact": lambda x: jax.nn.gelu(x, approximate=False),  # BERT
   "gelu_tanh": lambda x: jax.nn.gelu(x, approximate=True),  # GPT-2 "gelu_new"
   "relu": jax.nn.relu,
+  "silu": jax.nn.silu,  # Llama's SwiGLU gate
 }
+NORMS = ("layernorm", "rmsnorm")
+QK_NORMS = ("none", "head", "full")  # Qwen3: RMSNorm over each head's K features; OLMo-2: over all H*K
+ROPE_SCALINGS = ("none", "linear", "llama3")
 CAPTURE_FIELDS = ("embeddings", "q", "k", "v", "probs", "z", "head_out", "residual")
 
 
@@ -67,13 +75,76 @@ class ModelConfig:
   embedding_layernorm: bool = False  # BERT normalises the summed embeddings
   dtype: str = "float32"  # compute dtype; parameters stay float32
   mlp: bool = True  # False: attention-only blocks (Elhage et al. 2021), no MLP sublayer, d_ff ignored
+  # Modern decoders (Llama, Mistral, Qwen, Gemma, GPT-NeoX, OLMo); the defaults leave GPT-2/BERT unchanged.
+  norm: str = "layernorm"  # 'layernorm' | 'rmsnorm' (every norm of the model)
+  num_kv_heads: int = 0  # grouped-query attention: K/V heads shared by H / num_kv_heads query heads; 0 = num_heads
+  gated_mlp: bool = False  # act(x W_gate) * (x W_in) W_out: SwiGLU with 'silu', GeGLU with 'gelu_tanh'
+  parallel_residual: bool = False  # GPT-NeoX: x + attn(ln1(x)) + mlp(ln2(x))
+  sublayer_norm: bool = False  # a norm on each sublayer's output before the residual add (Gemma-2, OLMo-2)
+  qk_norm: str = "none"  # 'none' | 'head' (Qwen3) | 'full' (OLMo-2): RMSNorm of queries and keys before rotary
+  attention_bias: bool = True  # biases of W_Q, W_K, W_V
+  attention_out_bias: bool = True  # bias of W_O
+  mlp_bias: bool = True
+  rope_theta: float = 10000.0  # positions='rotary': base of the rotation frequencies
+  rotary_fraction: float = 1.0  # the leading fraction of each head's K features that rotate (GPT-NeoX rotary_pct)
+  rope_scaling: str = "none"  # 'none' | 'linear' | 'llama3' (Llama-3.1's frequency-dependent scaling)
+  rope_factor: float = 1.0
+  rope_low_freq_factor: float = 1.0  # llama3 only
+  rope_high_freq_factor: float = 4.0  # llama3 only
+  rope_original_max_len: int = 0  # llama3 only: the context length the frequencies were trained for
+  attention_scale: float = 0.0  # the logits' scale; 0 = d_head ** -0.5 (Gemma-2: query_pre_attn_scalar ** -0.5)
+  attention_softcap: float = 0.0  # cap * tanh(logits / cap) on attention logits; 0 = none (Gemma-2)
+  final_softcap: float = 0.0  # the same on the output logits (Gemma-2)
+  scale_embeddings: bool = False  # token embeddings times sqrt(d_model) (Gemma)
+  attention_windows: tuple[int, ...] = ()  # per layer: a token sees the last w tokens only (w > 0), 0 = all; () = all
+  clip_qkv: float = 0.0  # clamp q, k, v to [-c, c] (OLMo); 0 = none
+
+  @property
+  def kv_heads(self) -> int:
+    """The number of distinct K/V heads (num_heads unless grouped-query attention)."""
+    return self.num_kv_heads or self.num_heads
+
+  @property
+  def kv_group_of_head(self) -> tuple[int, ...]:
+    """Each query head's K/V group (head h reads K/V head h // (H / num_kv_heads), as Hugging Face's repeat_kv)."""
+    per_group = self.num_heads // self.kv_heads
+    return tuple(h // per_group for h in range(self.num_heads))
+
+  @property
+  def final_norm(self) -> bool:
+    """Whether a norm follows the last block (pre-LN models and those with sublayer-output norms)."""
+    return self.pre_layernorm or self.sublayer_norm
 
   def __post_init__(self):
     checks = [
       (self.kind in ("encoder", "decoder"), f"model.kind must be 'encoder' or 'decoder', got {self.kind!r}"),
       (
-        self.positions in ("learned", "sinusoidal"),
-        f"model.positions must be 'learned' or 'sinusoidal', got {self.positions!r}",
+        self.positions in ("learned", "sinusoidal", "rotary"),
+        f"model.positions must be 'learned', 'sinusoidal' or 'rotary', got {self.positions!r}",
+      ),
+      (self.norm in NORMS, f"model.norm must be one of {NORMS}, got {self.norm!r}"),
+      (self.qk_norm in QK_NORMS, f"model.qk_norm must be one of {QK_NORMS}, got {self.qk_norm!r}"),
+      (
+        self.rope_scaling in ROPE_SCALINGS,
+        f"model.rope_scaling must be one of {ROPE_SCALINGS}, got {self.rope_scaling!r}",
+      ),
+      (
+        self.num_kv_heads >= 0 and self.num_heads % self.kv_heads == 0,
+        f"model.num_kv_heads={self.num_kv_heads} must divide num_heads={self.num_heads}",
+      ),
+      (
+        0.0 < self.rotary_fraction <= 1.0 and int(self.d_head * self.rotary_fraction) % 2 == 0,
+        f"model.rotary_fraction={self.rotary_fraction} must be in (0, 1] and rotate an even number of "
+        f"the d_head={self.d_head} features",
+      ),
+      (
+        self.rope_scaling != "llama3"
+        or (self.rope_original_max_len > 0 and self.rope_high_freq_factor > self.rope_low_freq_factor),
+        "model.rope_scaling='llama3' needs rope_original_max_len > 0 and rope_high_freq_factor > rope_low_freq_factor",
+      ),
+      (
+        not self.attention_windows or len(self.attention_windows) == self.num_layers,
+        f"model.attention_windows has {len(self.attention_windows)} entries for num_layers={self.num_layers}",
       ),
       (
         self.activation in ACTIVATIONS,
@@ -128,28 +199,104 @@ def sinusoidal_positions(max_len: int, d_model: int) -> jax.Array:
   return table_TD.at[:, 1::2].set(jnp.cos(pos_T1 * freq)[:, : d_model // 2])
 
 
+def rotary_frequencies(cfg: ModelConfig) -> jax.Array:
+  """The rotation frequencies of the rotating features' pairs, [K_rot / 2], scaled per `cfg.rope_scaling`
+  (Su et al. 2021; Llama-3.1's scaling divides low frequencies by the factor, keeps high ones, blends between)."""
+  dim = int(cfg.d_head * cfg.rotary_fraction)
+  inv_freq = 1.0 / (cfg.rope_theta ** (jnp.arange(0, dim, 2, dtype=jnp.float32) / dim))
+  if cfg.rope_scaling == "linear":
+    return inv_freq / cfg.rope_factor
+  if cfg.rope_scaling == "llama3":
+    low_wavelen = cfg.rope_original_max_len / cfg.rope_low_freq_factor
+    high_wavelen = cfg.rope_original_max_len / cfg.rope_high_freq_factor
+    wavelen = 2 * math.pi / inv_freq
+    scaled = jnp.where(wavelen > low_wavelen, inv_freq / cfg.rope_factor, inv_freq)
+    smooth = (cfg.rope_original_max_len / wavelen - cfg.rope_low_freq_factor) / (
+      cfg.rope_high_freq_factor - cfg.rope_low_freq_factor
+    )
+    smoothed = (1 - smooth) * scaled / cfg.rope_factor + smooth * scaled
+    medium = (wavelen >= high_wavelen) & (wavelen <= low_wavelen)
+    return jnp.where(medium, smoothed, scaled)
+  return inv_freq
+
+
+def apply_rotary(x_BTHK, positions_BT, inv_freq):
+  """Rotates the leading 2·len(inv_freq) features of every head by position (Hugging Face's rotate_half
+  layout: feature i pairs with i + K_rot/2); the rest pass unchanged (partial rotary)."""
+  rot = 2 * inv_freq.shape[0]
+  angles_BTR = positions_BT.astype(jnp.float32)[..., None] * inv_freq
+  angles_BTR = jnp.concatenate([angles_BTR, angles_BTR], axis=-1)[:, :, None]
+  cos, sin = jnp.cos(angles_BTR).astype(x_BTHK.dtype), jnp.sin(angles_BTR).astype(x_BTHK.dtype)
+  x_rot, x_pass = x_BTHK[..., :rot], x_BTHK[..., rot:]
+  half = rot // 2
+  rotated = jnp.concatenate([-x_rot[..., half:], x_rot[..., :half]], axis=-1)
+  return jnp.concatenate([x_rot * cos + rotated * sin, x_pass], axis=-1)
+
+
+def _layernorm(cfg: ModelConfig, rngs: nnx.Rngs):
+  """A norm over d_model: LayerNorm or RMSNorm per `cfg.norm`."""
+  cls = nnx.LayerNorm if cfg.norm == "layernorm" else nnx.RMSNorm
+  return cls(cfg.d_model, epsilon=cfg.layer_norm_eps, dtype=jnp.dtype(cfg.dtype), rngs=rngs)
+
+
 class Attention(nnx.Module):
-  """Multi-head self-attention with per-head projections W_Q, W_K, W_V [D,H,K] and W_O [H,K,D]."""
+  """Multi-head self-attention with per-head projections W_Q [D,H,K], W_K, W_V [D,G,K] and W_O [H,K,D].
+
+  G = `cfg.kv_heads` (= H unless grouped-query attention); W_K and W_V keep their `_DHK` names with G on
+  that axis. A head is a query head: with G < H, head h reads K/V group `cfg.kv_group_of_head[h]`, and the
+  captured k and v are per query head (each group repeated over its heads).
+  """
 
   def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs):
-    D, H, K = cfg.d_model, cfg.num_heads, cfg.d_head
-    self.w_q_DHK, self.w_k_DHK, self.w_v_DHK = (_normal(rngs, (D, H, K)) for _ in range(3))
-    self.b_q_HK, self.b_k_HK, self.b_v_HK = (_zeros((H, K)) for _ in range(3))
+    D, H, G, K = cfg.d_model, cfg.num_heads, cfg.kv_heads, cfg.d_head
+    self.w_q_DHK = _normal(rngs, (D, H, K))
+    self.w_k_DHK, self.w_v_DHK = _normal(rngs, (D, G, K)), _normal(rngs, (D, G, K))
+    bias = cfg.attention_bias
+    self.b_q_HK = _zeros((H, K)) if bias else None
+    self.b_k_HK, self.b_v_HK = (_zeros((G, K)), _zeros((G, K))) if bias else (None, None)
     self.w_o_HKD = _normal(rngs, (H, K, D))
-    self.b_o_D = _zeros((D,))
+    self.b_o_D = _zeros((D,)) if cfg.attention_out_bias else None
     self.attention_dropout = nnx.Dropout(cfg.attention_dropout)
     self.dtype = jnp.dtype(cfg.dtype)
+    self.cfg = cfg
+    if cfg.qk_norm != "none":  # created last: a seed draws the other weights as without the option
+      width_q, width_k = (K, K) if cfg.qk_norm == "head" else (H * K, G * K)
+      self.q_norm, self.k_norm = _rms(cfg, rngs, width_q), _rms(cfg, rngs, width_k)
 
-  def __call__(self, x_BTD, mask_BTS, head_mask_BH, dropout_rngs, capture, replacement_BHK=None):
+  def _project(self, x_BTD, w, b):
     dt = self.dtype
-    q_BTHK = jnp.einsum("btd,dhk->bthk", x_BTD, self.w_q_DHK[...].astype(dt)) + self.b_q_HK[...].astype(dt)
-    k_BSHK = jnp.einsum("bsd,dhk->bshk", x_BTD, self.w_k_DHK[...].astype(dt)) + self.b_k_HK[...].astype(dt)
-    v_BSHK = jnp.einsum("bsd,dhk->bshk", x_BTD, self.w_v_DHK[...].astype(dt)) + self.b_v_HK[...].astype(dt)
-    scale = q_BTHK.shape[-1] ** -0.5
+    y_BTHK = jnp.einsum("btd,dhk->bthk", x_BTD, w[...].astype(dt))
+    y_BTHK = y_BTHK if b is None else y_BTHK + b[...].astype(dt)
+    if self.cfg.clip_qkv:
+      y_BTHK = jnp.clip(y_BTHK, -self.cfg.clip_qkv, self.cfg.clip_qkv)
+    return y_BTHK
+
+  def _qk_norm(self, norm, y_BTHK):
+    if self.cfg.qk_norm == "head":
+      return norm(y_BTHK)
+    B, T, H, K = y_BTHK.shape
+    return norm(y_BTHK.reshape(B, T, H * K)).reshape(B, T, H, K)
+
+  def __call__(self, x_BTD, mask_BTS, head_mask_BH, dropout_rngs, capture, replacement_BHK=None, positions_BT=None):
+    dt, cfg = self.dtype, self.cfg
+    q_BTHK = self._project(x_BTD, self.w_q_DHK, self.b_q_HK)
+    k_BSHK = self._project(x_BTD, self.w_k_DHK, self.b_k_HK)
+    v_BSHK = self._project(x_BTD, self.w_v_DHK, self.b_v_HK)
+    if cfg.qk_norm != "none":
+      q_BTHK, k_BSHK = self._qk_norm(self.q_norm, q_BTHK), self._qk_norm(self.k_norm, k_BSHK)
+    if cfg.positions == "rotary":
+      inv_freq = rotary_frequencies(cfg)
+      q_BTHK, k_BSHK = apply_rotary(q_BTHK, positions_BT, inv_freq), apply_rotary(k_BSHK, positions_BT, inv_freq)
+    if cfg.kv_heads != cfg.num_heads:  # grouped-query attention: every query head gets its group's K and V
+      per_group = cfg.num_heads // cfg.kv_heads
+      k_BSHK, v_BSHK = jnp.repeat(k_BSHK, per_group, axis=2), jnp.repeat(v_BSHK, per_group, axis=2)
+    scale = cfg.attention_scale or q_BTHK.shape[-1] ** -0.5
     dropout_on = dropout_rngs is not None and self.attention_dropout.rate > 0
     probs_BHTS = None
-    if "probs" in capture or dropout_on:  # the explicit per-head path: A_h is needed, or dropped out
+    if "probs" in capture or dropout_on or cfg.attention_softcap:  # explicit per-head path: A_h needed or changed
       logits_BHTS = jnp.einsum("bthk,bshk->bhts", q_BTHK, k_BSHK).astype(jnp.float32) * scale
+      if cfg.attention_softcap:
+        logits_BHTS = cfg.attention_softcap * jnp.tanh(logits_BHTS / cfg.attention_softcap)
       logits_BHTS = jnp.where(mask_BTS[:, None], logits_BHTS, jnp.finfo(jnp.float32).min)
       probs_BHTS = jax.nn.softmax(logits_BHTS, axis=-1)
       dropped_BHTS = self.attention_dropout(probs_BHTS, deterministic=dropout_rngs is None, rngs=dropout_rngs)
@@ -159,7 +306,9 @@ class Attention(nnx.Module):
     masked_BTHK = z_BTHK * head_mask_BH[:, None, :, None].astype(dt)
     if replacement_BHK is not None:  # Z_h·m + (1 − m)·r: mean ablation when r is the mean Z_h
       masked_BTHK = masked_BTHK + ((1 - head_mask_BH)[:, :, None] * replacement_BHK)[:, None].astype(dt)
-    out_BTD = jnp.einsum("bthk,hkd->btd", masked_BTHK, self.w_o_HKD[...].astype(dt)) + self.b_o_D[...].astype(dt)
+    out_BTD = jnp.einsum("bthk,hkd->btd", masked_BTHK, self.w_o_HKD[...].astype(dt))
+    if self.b_o_D is not None:
+      out_BTD = out_BTD + self.b_o_D[...].astype(dt)
     captured = {}
     for name, value in (("q", q_BTHK), ("k", k_BSHK), ("v", v_BSHK), ("probs", probs_BHTS), ("z", z_BTHK)):
       if name in capture:
@@ -169,28 +318,39 @@ class Attention(nnx.Module):
     return out_BTD, captured
 
 
+def _rms(cfg: ModelConfig, rngs: nnx.Rngs, width: int) -> nnx.RMSNorm:
+  return nnx.RMSNorm(width, epsilon=cfg.layer_norm_eps, dtype=jnp.dtype(cfg.dtype), rngs=rngs)
+
+
 class MLP(nnx.Module):
+  """act(x W_in + b_in) W_out + b_out, or gated (`cfg.gated_mlp`): (act(x W_gate) * x W_in) W_out."""
+
   def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs):
-    self.w_in_DF, self.b_in_F = _normal(rngs, (cfg.d_model, cfg.d_ff)), _zeros((cfg.d_ff,))
-    self.w_out_FD, self.b_out_D = _normal(rngs, (cfg.d_ff, cfg.d_model)), _zeros((cfg.d_model,))
+    self.w_in_DF, self.b_in_F = _normal(rngs, (cfg.d_model, cfg.d_ff)), _zeros((cfg.d_ff,)) if cfg.mlp_bias else None
+    self.w_out_FD = _normal(rngs, (cfg.d_ff, cfg.d_model))
+    self.b_out_D = _zeros((cfg.d_model,)) if cfg.mlp_bias else None
+    self.w_gate_DF = _normal(rngs, (cfg.d_model, cfg.d_ff)) if cfg.gated_mlp else None
+    self.b_gate_F = _zeros((cfg.d_ff,)) if cfg.gated_mlp and cfg.mlp_bias else None
     self.activation = ACTIVATIONS[cfg.activation]
     self.dtype = jnp.dtype(cfg.dtype)
 
   def __call__(self, x_BTD):
     dt = self.dtype
-    h_BTF = self.activation(x_BTD @ self.w_in_DF[...].astype(dt) + self.b_in_F[...].astype(dt))
-    return h_BTF @ self.w_out_FD[...].astype(dt) + self.b_out_D[...].astype(dt)
-
-
-def _layernorm(cfg: ModelConfig, rngs: nnx.Rngs) -> nnx.LayerNorm:
-  return nnx.LayerNorm(cfg.d_model, epsilon=cfg.layer_norm_eps, dtype=jnp.dtype(cfg.dtype), rngs=rngs)
+    linear = lambda x, w, b: x @ w[...].astype(dt) + (0 if b is None else b[...].astype(dt))
+    if self.w_gate_DF is None:
+      h_BTF = self.activation(linear(x_BTD, self.w_in_DF, self.b_in_F))
+    else:
+      h_BTF = self.activation(linear(x_BTD, self.w_gate_DF, self.b_gate_F)) * linear(x_BTD, self.w_in_DF, self.b_in_F)
+    return linear(h_BTF, self.w_out_FD, self.b_out_D)
 
 
 class Block(nnx.Module):
   """Attention and MLP sublayers with residuals; pre-LN (GPT-2) or post-LN (BERT) by config; without the
-  MLP sublayer when `ModelConfig.mlp` is False (attention-only)."""
+  MLP sublayer when `ModelConfig.mlp` is False (attention-only). `sublayer_norm` adds a norm on each
+  sublayer's output (Gemma-2 with pre-norms, OLMo-2 without); `parallel_residual` adds attention and MLP
+  of the same input (GPT-NeoX); `attention_windows[layer]` limits how far back a token looks."""
 
-  def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs):
+  def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs, window: int = 0):
     # Created in this order so that a seed draws the same weights as before the attention-only option.
     self.attention = Attention(cfg, rngs=rngs)
     self.has_mlp = cfg.mlp
@@ -199,12 +359,37 @@ class Block(nnx.Module):
     self.ln_attention = _layernorm(cfg, rngs)
     if cfg.mlp:
       self.ln_mlp = _layernorm(cfg, rngs)
+    if cfg.sublayer_norm and cfg.pre_layernorm:  # Gemma-2's extra norms (without pre-norms, ln_* are the outputs')
+      self.ln_attention_out = _layernorm(cfg, rngs)
+      if cfg.mlp:
+        self.ln_mlp_out = _layernorm(cfg, rngs)
     self.dropout = nnx.Dropout(cfg.dropout)
     self.pre_layernorm = cfg.pre_layernorm
+    self.sublayer_norm, self.parallel_residual = cfg.sublayer_norm, cfg.parallel_residual
+    self.window, self.causal = window, cfg.kind == "decoder"
 
-  def __call__(self, x_BTD, mask_BTS, head_mask_BH, dropout_rngs, capture, replacement_BHK=None):
+  def __call__(self, x_BTD, mask_BTS, head_mask_BH, dropout_rngs, capture, replacement_BHK=None, positions_BT=None):
     drop = lambda y: self.dropout(y, deterministic=dropout_rngs is None, rngs=dropout_rngs)
-    attend = lambda y: self.attention(y, mask_BTS, head_mask_BH, dropout_rngs, capture, replacement_BHK)
+    if self.window:  # sliding-window attention: keys fewer than `window` positions back
+      distance_BTS = positions_BT[:, :, None] - positions_BT[:, None, :]
+      distance_BTS = distance_BTS if self.causal else jnp.abs(distance_BTS)
+      mask_BTS = mask_BTS & (distance_BTS < self.window)
+    attend = lambda y: self.attention(y, mask_BTS, head_mask_BH, dropout_rngs, capture, replacement_BHK, positions_BT)
+    if self.sublayer_norm:  # Gemma-2 (pre-norm too) and OLMo-2 (no pre-norm): x + norm(sublayer(x))
+      same = lambda y: y
+      pre_attention, post_attention = (
+        (self.ln_attention, self.ln_attention_out) if self.pre_layernorm else (same, self.ln_attention)
+      )
+      attn_BTD, captured = attend(pre_attention(x_BTD))
+      x_BTD = x_BTD + drop(post_attention(attn_BTD))
+      if not self.has_mlp:
+        return x_BTD, captured
+      pre_mlp, post_mlp = (self.ln_mlp, self.ln_mlp_out) if self.pre_layernorm else (same, self.ln_mlp)
+      return x_BTD + drop(post_mlp(self.mlp(pre_mlp(x_BTD)))), captured
+    if self.parallel_residual:  # GPT-NeoX: both sublayers read the block's input
+      attn_BTD, captured = attend(self.ln_attention(x_BTD))
+      mlp_BTD = self.mlp(self.ln_mlp(x_BTD)) if self.has_mlp else 0
+      return x_BTD + drop(attn_BTD) + drop(mlp_BTD), captured
     if self.pre_layernorm:
       attn_BTD, captured = attend(self.ln_attention(x_BTD))
       x_BTD = x_BTD + drop(attn_BTD)
@@ -231,8 +416,9 @@ class Transformer(nnx.Module):
     if cfg.embedding_layernorm:
       self.ln_embed = _layernorm(cfg, rngs)
     self.embed_dropout = nnx.Dropout(cfg.dropout)
-    self.blocks = nnx.List([Block(cfg, rngs=rngs) for _ in range(cfg.num_layers)])
-    if cfg.pre_layernorm:
+    windows = cfg.attention_windows or (0,) * cfg.num_layers
+    self.blocks = nnx.List([Block(cfg, rngs=rngs, window=windows[layer]) for layer in range(cfg.num_layers)])
+    if cfg.final_norm:
       self.ln_final = _layernorm(cfg, rngs)
     if cfg.kind == "encoder":  # BERT's masked-LM transform: dense, activation, LayerNorm
       self.mlm_w_DD, self.mlm_b_D = _normal(rngs, (cfg.d_model, cfg.d_model)), _zeros((cfg.d_model,))
@@ -249,11 +435,16 @@ class Transformer(nnx.Module):
     if positions_BT is None and T > cfg.max_len:
       raise UserError(f"sequence length {T} exceeds model.max_len={cfg.max_len}")
     x_BTD = jnp.take(self.token_embed_VD[...], tokens_BT, axis=0)
+    if cfg.scale_embeddings:  # Gemma: sqrt(D) rounded to the compute dtype, as Hugging Face does
+      x_BTD = x_BTD * jnp.sqrt(jnp.float32(cfg.d_model)).astype(dt)
     table_TD = self.position_embed_TD[...] if cfg.positions == "learned" else None
-    if table_TD is None:  # Vaswani et al. 2017, §3.4: embeddings scaled by sqrt(D) to the sinusoids' unit amplitude
+    if (
+      cfg.positions == "sinusoidal"
+    ):  # Vaswani et al. 2017, §3.4: embeddings scaled by sqrt(D) to the sinusoids' unit amplitude
       table_TD = sinusoidal_positions(cfg.max_len if positions_BT is not None else T, cfg.d_model)
       x_BTD = x_BTD * jnp.sqrt(jnp.float32(cfg.d_model))
-    x_BTD = x_BTD + (table_TD[None, :T] if positions_BT is None else jnp.take(table_TD, positions_BT, axis=0))
+    if table_TD is not None:  # rotary: positions enter every layer's queries and keys instead
+      x_BTD = x_BTD + (table_TD[None, :T] if positions_BT is None else jnp.take(table_TD, positions_BT, axis=0))
     if cfg.type_vocab_size:
       types_BT = jnp.zeros_like(tokens_BT) if token_types_BT is None else token_types_BT
       x_BTD = x_BTD + jnp.take(self.type_embed_YD[...], types_BT, axis=0)
@@ -290,6 +481,7 @@ class Transformer(nnx.Module):
     return self.from_embeddings(
       x_BTD,
       valid_BT=valid_BT,
+      positions_BT=positions_BT,
       segment_BT=segment_BT,
       head_mask=head_mask,
       head_replacement=head_replacement,
@@ -308,6 +500,7 @@ class Transformer(nnx.Module):
     x_BTD,
     *,
     valid_BT=None,
+    positions_BT=None,
     segment_BT=None,
     head_mask=None,
     head_replacement=None,
@@ -326,6 +519,8 @@ class Transformer(nnx.Module):
     layers below unchanged; captured fields then stack those L − start_layer blocks only. output:
     'logits' (float32 logits_BTV) or 'hidden' (the final hidden state h_BTD: after the final LayerNorm
     of a pre-LN model, the last block's output otherwise, as Hugging Face's last_hidden_state).
+    positions_BT: each token's position, for rotary models and sliding windows (default 0..T−1 in every
+    row; packed rows restart it at every sequence, as for `__call__`).
     """
     cfg = self.cfg
     L, H = cfg.num_layers, cfg.num_heads
@@ -336,6 +531,8 @@ class Transformer(nnx.Module):
       raise UserError(f"output={output!r} must be 'logits' or 'hidden', start_layer={start_layer} in [0, {L})")
     B, T, _ = x_BTD.shape
     valid_BT = jnp.ones((B, T), bool) if valid_BT is None else valid_BT.astype(bool)
+    if positions_BT is None:
+      positions_BT = jnp.broadcast_to(jnp.arange(T)[None], (B, T))
     mask_BTS = jnp.broadcast_to(valid_BT[:, None, :], (B, T, T))
     if segment_BT is not None:  # packed rows: a token attends within its own sequence only
       mask_BTS = mask_BTS & (segment_BT[:, :, None] == segment_BT[:, None, :])
@@ -359,13 +556,13 @@ class Transformer(nnx.Module):
     for layer in range(start_layer, L):
       replacement_BHK = None if replacement_BLHK is None else replacement_BLHK[:, layer]
       x_BTD, captured = self.blocks[layer](
-        x_BTD, mask_BTS, head_mask_BLH[:, layer], dropout_rngs, capture, replacement_BHK
+        x_BTD, mask_BTS, head_mask_BLH[:, layer], dropout_rngs, capture, replacement_BHK, positions_BT
       )
       for name, value in captured.items():
         per_layer[name].append(value)
       if "residual" in capture:
         per_layer["residual"].append(x_BTD)
-    h_BTD = self.ln_final(x_BTD) if cfg.pre_layernorm else x_BTD
+    h_BTD = self.ln_final(x_BTD) if cfg.final_norm else x_BTD
     logits_BTV = h_BTD if output == "hidden" else self.unembed(h_BTD)
 
     suffix = {
@@ -390,7 +587,10 @@ class Transformer(nnx.Module):
         ACTIVATIONS[cfg.activation](h_BTD @ self.mlm_w_DD[...].astype(dt) + self.mlm_b_D[...].astype(dt))
       )
     w_DV = self.token_embed_VD[...].T if cfg.tie_embeddings else self.unembed_DV[...]
-    return (h_BTD @ w_DV.astype(dt)).astype(jnp.float32) + self.unembed_bias_V[...]
+    logits_BTV = (h_BTD @ w_DV.astype(dt)).astype(jnp.float32) + self.unembed_bias_V[...]
+    if cfg.final_softcap:  # Gemma-2
+      logits_BTV = cfg.final_softcap * jnp.tanh(logits_BTV / cfg.final_softcap)
+    return logits_BTV
 
 
 @functools.lru_cache(maxsize=4)
