@@ -49,23 +49,21 @@ def _output(kind: str) -> str:
   return "logits" if kind == "lm" else "hidden"
 
 
-@functools.lru_cache(maxsize=16)
-def compiled(graphdef, kind: str):
-  """The jitted evaluations of one model structure and metric kind (a namespace of functions)."""
+def _layer_inputs(model, kind: str, inputs_BT, valid_BT, mask_LH, replacement_LHK):
+  """(full output, [x entering block l for every l]) of one pass under (mask, replacement)."""
+  out, inter = model(
+    inputs_BT,
+    valid_BT=valid_BT,
+    head_mask=mask_LH,
+    head_replacement=replacement_LHK,
+    capture=("embeddings", "residual"),
+    output=_output(kind),
+  )
+  L = model.cfg.num_layers
+  return out, [inter.embeddings_BTD] + [inter.residual_LBTD[l] for l in range(L - 1)]
 
-  def layer_inputs(model, inputs_BT, valid_BT, mask_LH, replacement_LHK):
-    """(full output, [x entering block l for every l]) of one pass under (mask, replacement)."""
-    out, inter = model(
-      inputs_BT,
-      valid_BT=valid_BT,
-      head_mask=mask_LH,
-      head_replacement=replacement_LHK,
-      capture=("embeddings", "residual"),
-      output=_output(kind),
-    )
-    L = model.cfg.num_layers
-    return out, [inter.embeddings_BTD] + [inter.residual_LBTD[l] for l in range(L - 1)]
 
+def _sweep(graphdef, kind: str):
   @jax.jit
   def sweep(params, inputs_BT, valid_BT, targets_BT, weights_BT, layer_masks_LEH, replacement_LHK):
     """(full [B,P], swept [L,E,B,P]): mask e of layer l replaces row l of an all-ones mask."""
@@ -73,7 +71,7 @@ def compiled(graphdef, kind: str):
     model = nnx.merge(graphdef, params)
     L, H = model.cfg.num_layers, model.cfg.num_heads
     ones_LH = jnp.ones((L, H), jnp.float32)
-    full, x_in = layer_inputs(model, inputs_BT, valid_BT, ones_LH, replacement_LHK)
+    full, x_in = _layer_inputs(model, kind, inputs_BT, valid_BT, ones_LH, replacement_LHK)
     swept = []
     for l in range(L):
 
@@ -91,6 +89,10 @@ def compiled(graphdef, kind: str):
       swept.append(jax.lax.map(one, layer_masks_LEH[l]))
     return _per_sequence(kind, full, valid_BT, targets_BT, weights_BT), jnp.stack(swept)
 
+  return sweep
+
+
+def _evaluate(graphdef, kind: str):
   @jax.jit
   def evaluate(params, inputs_BT, valid_BT, targets_BT, weights_BT, head_masks_ELH, replacement_LHK):
     """[E,B,P]: a full pass per mask (any masks, any layers), mapped with lax.map."""
@@ -105,6 +107,10 @@ def compiled(graphdef, kind: str):
 
     return jax.lax.map(one, head_masks_ELH)
 
+  return evaluate
+
+
+def _forward(graphdef, kind: str):
   @jax.jit
   def forward(params, inputs_BT, valid_BT, targets_BT, weights_BT, mask_LH, replacement_LHK):
     """[B,P] under one mask: the Python-loop reference of the benchmark and the gates' evaluation."""
@@ -115,6 +121,10 @@ def compiled(graphdef, kind: str):
     )
     return _per_sequence(kind, out, valid_BT, targets_BT, weights_BT)
 
+  return forward
+
+
+def _lm_gradient(graphdef):
   @jax.jit
   def lm_gradient(params, inputs_BT, valid_BT, targets_BT, weights_BT, mask_LH, replacement_LHK):
     """[B,L,H] |∂ℓ(x_b)/∂m_h| with ℓ(x) the mean NLL of sequence x (Michel et al. 2019, eq. 2)."""
@@ -129,13 +139,17 @@ def compiled(graphdef, kind: str):
 
     return jnp.abs(jax.grad(total)(jnp.broadcast_to(mask_LH, (B, *mask_LH.shape))))
 
+  return lm_gradient
+
+
+def _embedding_jacobian(graphdef, kind: str):
   @jax.jit
   def embedding_jacobian(params, inputs_BT, valid_BT, targets_BT, weights_BT, mask_LH, replacement_LHK):
     """[B,L,H] ½‖∂e(x_b)/∂m_h‖²: forward mode, one tangent per head, each layer's from the cached stream."""
     TRACES["embedding_jacobian"] += 1
     model = nnx.merge(graphdef, params)
     L = model.cfg.num_layers
-    _, x_in = layer_inputs(model, inputs_BT, valid_BT, mask_LH, replacement_LHK)
+    _, x_in = _layer_inputs(model, kind, inputs_BT, valid_BT, mask_LH, replacement_LHK)
     per_layer = []
     for l in range(L):
 
@@ -154,6 +168,10 @@ def compiled(graphdef, kind: str):
       per_layer.append(0.5 * (jac_BDH**2).sum(1))
     return jnp.stack(per_layer, axis=1)
 
+  return embedding_jacobian
+
+
+def _head_statistics(graphdef):
   @jax.jit
   def head_statistics(params, inputs_BT, valid_BT):
     """(Σ_tokens Z_h [L,H,K], Σ_queries entropy(A_h) [L,H], token count): for means and entropies."""
@@ -167,13 +185,20 @@ def compiled(graphdef, kind: str):
     entropy_sum = jnp.einsum("lbht,bt->lh", entropy_LBHT, v_BT)
     return z_sum, entropy_sum, v_BT.sum()
 
+  return head_statistics
+
+
+@functools.lru_cache(maxsize=16)
+def compiled(graphdef, kind: str):
+  """The jitted evaluations of one model structure and metric kind, by name; cached, so each traces once
+  per batch shape (the builders above: one evaluation each)."""
   return dict(
-    sweep=sweep,
-    evaluate=evaluate,
-    forward=forward,
-    lm_gradient=lm_gradient,
-    embedding_jacobian=embedding_jacobian,
-    head_statistics=head_statistics,
+    sweep=_sweep(graphdef, kind),
+    evaluate=_evaluate(graphdef, kind),
+    forward=_forward(graphdef, kind),
+    lm_gradient=_lm_gradient(graphdef),
+    embedding_jacobian=_embedding_jacobian(graphdef, kind),
+    head_statistics=_head_statistics(graphdef),
   )
 
 
@@ -197,7 +222,7 @@ def zero_replacement(model) -> jax.Array:
 
 
 def run_sweep(model, evalset: EvalSet, layer_masks_LEH, replacement_LHK, progress=None):
-  """(full [N,P], swept [L,E,N,P]) over the evaluation set: see `compiled(...)['sweep']`."""
+  """(full [N,P], swept [L,E,N,P]) over the evaluation set: see `_sweep`."""
   graphdef, params = nnx.split(model)
   fn = compiled(graphdef, evalset.kind)["sweep"]
   L, E = np.shape(layer_masks_LEH)[:2]
