@@ -1,0 +1,111 @@
+"""Hewitt & Manning's structural probes (headspec/probing/structural.py): trees, MST decoding, metrics, and
+recovery of known trees from features whose squared distances are tree distances under a known map."""
+
+import networkx as nx
+import numpy as np
+import pytest
+
+from headspec.errors import UserError
+from headspec.probing import structural
+
+
+def _random_tree(rng, n: int) -> np.ndarray:
+  """heads (1-based, 0 = ROOT) of a random tree: word 1..n-1 attach to an earlier-built word."""
+  order = rng.permutation(n)
+  heads = np.zeros(n, np.int64)
+  for k in range(1, n):
+    heads[order[k]] = order[rng.integers(0, k)] + 1
+  return heads
+
+
+def _trees(rng, num: int, lengths=(3, 14), punct_rate=0.0) -> list[structural.Tree]:
+  out = []
+  for _ in range(num):
+    heads = _random_tree(rng, int(rng.integers(*lengths)))
+    leaf = ~np.isin(np.arange(1, len(heads) + 1), heads)
+    out.append(structural.Tree(heads, leaf & (heads != 0) & (rng.random(len(heads)) < punct_rate)))
+  return out
+
+
+def _embed(trees, mix) -> np.ndarray:
+  """x_N1K with ‖y_i − y_j‖² = tree distance and ‖y_i‖² = depth (y_i: the sum of one orthonormal vector
+  per word on the path from the root to word i, root excluded), then mixed by a known full-rank map."""
+  dim = mix.shape[0]
+  xs = []
+  for t in trees:
+    n = len(t.heads)
+    y = np.zeros((n, dim))
+    for i in range(n):
+      j = i
+      while t.heads[j] != 0:
+        y[i, j] = 1.0
+        j = t.heads[j] - 1
+    xs.append(y @ mix)
+  return np.concatenate(xs)[:, None, :].astype(np.float32)
+
+
+def test_tree_distances_and_depths():
+  t = structural.Tree(np.array([2, 0, 2, 3]), np.zeros(4, bool))  # 1 <- 2 -> 3 -> 4
+  np.testing.assert_array_equal(t.distances(), [[0, 1, 2, 3], [1, 0, 1, 2], [2, 1, 0, 1], [3, 2, 1, 0]])
+  np.testing.assert_array_equal(t.depths(), [1, 0, 1, 2])
+
+
+@pytest.mark.parametrize("heads", [[0, 0], [1, 0], [2, 3, 1], [0, 5]])
+def test_not_a_tree_is_one_line(heads):
+  with pytest.raises(UserError, match="structural probe"):
+    structural.Tree(np.array(heads), np.zeros(len(heads), bool)).distances()
+
+
+def test_mst_matches_networkx():
+  rng = np.random.default_rng(0)
+  for n in (2, 3, 7, 15):
+    d_GNN = rng.random((4, n, n))
+    d_GNN = d_GNN + d_GNN.transpose(0, 2, 1)
+    parent = structural.mst_parents(d_GNN)
+    for g in range(4):
+      graph = nx.Graph()
+      graph.add_weighted_edges_from((i, j, d_GNN[g, i, j]) for i in range(n) for j in range(i + 1, n))
+      want = {tuple(sorted(e)) for e in nx.minimum_spanning_tree(graph).edges()}
+      assert structural._edges(parent[g]) == want
+
+
+def test_linear_baseline_scores_a_chain_perfectly_and_a_star_poorly():
+  chain = structural.Tree(np.array([0, 1, 2, 3, 4, 5]), np.zeros(6, bool))
+  star = structural.Tree(np.array([0, 1, 1, 1, 1, 1]), np.zeros(6, bool))
+  for trees, uuas in (([chain], 1.0), ([star], 0.2)):
+    scores = structural.score_sentences(structural.linear_predictions(trees, "distance"), trees, "distance")
+    assert structural.metrics(scores, num_resamples=10)["uuas"][0][0] == pytest.approx(uuas)
+  scores = structural.score_sentences(structural.linear_predictions([chain], "depth"), [chain], "depth")
+  out = structural.metrics(scores, num_resamples=10)
+  assert out["root_acc"][0][0] == 1.0 and out["nspr"][0][0] == pytest.approx(1.0)
+
+
+def test_punctuation_is_left_out_of_uuas_and_root_accuracy():
+  tree = structural.Tree(np.array([2, 0, 2, 2, 2, 2]), np.array([0, 0, 0, 0, 0, 1], bool))
+  pred = tree.distances()[None].copy()
+  pred[0, 5, :] = pred[0, :, 5] = 0.01  # the punctuation word looks central: would steal every edge
+  pred[0, 5, 5] = 0
+  scores = structural.score_sentences([pred], [tree], "distance")
+  assert scores.total_U[0] == 4 and scores.correct_UG[0, 0] == 4
+  depth = tree.depths()[None].copy()
+  depth[0, 5] = -1.0  # the least deep word is punctuation: skipped
+  assert structural.score_sentences([depth], [tree], "depth").correct_UG[0, 0] == 1
+
+
+@pytest.mark.parametrize("kind", structural.KINDS)
+def test_recovers_known_trees(kind):
+  rng = np.random.default_rng(1)
+  train, dev = _trees(rng, 200, lengths=(3, 12)), _trees(rng, 40, lengths=(5, 12), punct_rate=0.2)
+  mix = rng.normal(size=(16, 24))
+  x_train, x_dev = _embed(train, mix), _embed(dev, mix)
+  noise = np.concatenate([x_train, rng.normal(size=x_train.shape).astype(np.float32)], axis=1)  # group 2: noise
+  noise_dev = np.concatenate([x_dev, rng.normal(size=x_dev.shape).astype(np.float32)], axis=1)
+  fitted = structural.fit_structural_probes(
+    noise, train, noise_dev, dev, kind=kind, rank=16, epochs=40, learning_rate=1e-2, batch_words=64, seed=0
+  )
+  out = structural.metrics(structural.score_sentences(structural.predictions(fitted, noise_dev, dev), dev, kind))
+  names = ("uuas", "dspr") if kind == "distance" else ("root_acc", "nspr")
+  assert out[names[0]][0][0] == 1.0 and out[names[1]][0][0] > 0.9  # < 1: gold values tie, predictions do not
+  assert out[names[0]][0][1] < 0.6 and out[names[1]][0][1] < 0.6  # features of noise: no tree
+  value, low, high = out[names[1]]
+  assert (low <= value).all() and (value <= high).all()
