@@ -109,3 +109,17 @@ def test_recovers_known_trees(kind):
   assert out[names[0]][0][1] < 0.6 and out[names[1]][0][1] < 0.6  # features of noise: no tree
   value, low, high = out[names[1]]
   assert (low <= value).all() and (value <= high).all()
+
+
+def test_control_trees_are_trees_fixed_by_word_type():
+  from headspec.probing import controls
+
+  sentences = [("The", "cat", "sat", ".", "the", "dog"), ("Dogs", "sat", "the", "cat")]
+  heads = controls.control_tree_heads(sentences, seed=3)
+  for h in heads:
+    structural.Tree(h, np.zeros(len(h), bool)).distances()  # a tree: raises otherwise
+    assert h[0] == 0 and all(x in (1, i) for i, x in enumerate(h[1:], start=1))
+  attach_first = {w.lower(): h[i] == 1 for words, h in zip(sentences, heads) for i, w in enumerate(words) if i > 1}
+  assert attach_first["cat"] == (heads[0][1] == 1)  # the same type, the same behaviour
+  assert any(controls.control_tree_heads(sentences, seed=s)[0].tolist() != heads[0].tolist() for s in range(4, 9))
+  assert controls.control_tree_heads(sentences, seed=3)[0].tolist() == heads[0].tolist()

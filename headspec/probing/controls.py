@@ -112,3 +112,19 @@ def control_heads(
       heads[np.asarray(ignore[u], bool)] = -1
     out.append(heads)
   return out
+
+
+def control_tree_heads(sentences: Sequence[Sequence[str]], seed: int) -> list[np.ndarray]:
+  """A control TREE per sentence for the structural probes (headspec/probing/structural.py): the first
+  word is the root, and every later word attaches to the first word or to the word before it, chosen
+  once per lowercased word type (uniformly, seeded). Hewitt & Liang's control principle (structure a
+  fixed function of word identity, so only memorising types solves it) restricted to leftward
+  attachments, because their arc control (self, first, last word) does not make trees and distances
+  need one. Same words and lengths as the gold trees; 1-based heads, 0 = ROOT."""
+  out = []
+  for words in sentences:
+    heads = np.array(
+      [0] + [1 if _type_uniform(w, seed, "tree") < 0.5 else i for i, w in enumerate(words[1:], start=1)], np.int32
+    )
+    out.append(heads)
+  return out

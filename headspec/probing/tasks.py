@@ -285,6 +285,98 @@ class ArcTask:
     return correct, control_correct, np.concatenate(gold) >= 0
 
 
+def fit_structural(tasks, x_train_NGK, x_tune_NGK, data, config) -> dict:
+  """Hewitt & Manning's distance or depth probe and its control-tree probe (structural.py) per task, on
+  every train sentence (or, with `probe.structural_max_train_words` > 0, a seeded subset of about that
+  many words); rank `probe.structural_rank`, Adam with early stopping on dev loss."""
+  from headspec.probing import structural
+
+  p, train, tune = config.probe, data.train, data.tune
+  lengths_U = np.array([len(w) for w in train.words])
+  chosen_U = np.arange(len(lengths_U))
+  if p.get("structural_max_train_words", 0):
+    chosen_U = stats.subsample(lengths_U, p.structural_max_train_words, stats.train_sample_seed(config))
+  chosen_N = np.isin(train.sentence_N, chosen_U)
+  out = {}
+  for task in tasks:
+    out[task.name] = tuple(
+      structural.fit_structural_probes(
+        x_train_NGK[chosen_N],
+        [trees[u] for u in chosen_U],
+        x_tune_NGK,
+        tune_trees,
+        kind=task.name,
+        rank=p.get("structural_rank", structural.DEFAULT_RANK),
+        epochs=p.get("structural_epochs", 40),
+        patience=p.get("structural_patience", 5),
+        learning_rate=p.get("structural_learning_rate", 1e-3),
+        seed=config.seed,
+      )
+      for trees, tune_trees in (
+        (train.labels[task.name], tune.labels[task.name]),
+        (train.controls[task.name], tune.controls[task.name]),
+      )
+    )
+  return out
+
+
+@dataclasses.dataclass(frozen=True)
+class StructuralTask:
+  """Hewitt & Manning 2019's structural probes: 'distance' (tree distance between words) or 'depth' (tree
+  depth of each word); labels are one structural.Tree per sentence. Scored by `rows` into
+  probes/structural.csv (UUAS and DSpr., or root accuracy and NSpr.), not by per-word accuracy."""
+
+  name: str
+  fit = staticmethod(fit_structural)
+  structural = True
+
+  def vocabulary(self, train_sentences, config) -> None:
+    return None
+
+  def labels(self, sentences, vocab, config) -> list:
+    from headspec.probing import structural
+
+    return [structural.Tree(np.asarray(s.heads, np.int64), _punct(s)) for s in sentences]
+
+  def control(self, sentences, vocab, config) -> list:
+    from headspec.probing import structural
+
+    heads = controls.control_tree_heads([s.words for s in sentences], config.seed)
+    return [structural.Tree(h, _punct(s)) for h, s in zip(heads, sentences)]
+
+  def baseline(self, vocab, train_gold, gold) -> list[tuple[str, float]]:
+    """H&M's linear-structure baseline: [(linear_uuas, ·), (linear_dspr, ·)] or the root/NSpr. pair."""
+    from headspec.probing import structural
+
+    scores = structural.score_sentences(structural.linear_predictions(gold, self.name), gold, self.name)
+    return [(f"linear_{m}", float(v[0][0])) for m, v in structural.metrics(scores, num_resamples=1).items()]
+
+  def rows(self, fitted, x_NGK, split, *, num_resamples: int, seed: int) -> list[dict]:
+    """probes/structural.csv rows of one split (without model, step, layer, head): one per group and metric,
+    the group's index under 'group'."""
+    from headspec.probing import structural
+
+    gold, control = split.labels[self.name], split.controls[self.name]
+    scored = [
+      structural.metrics(
+        structural.score_sentences(structural.predictions(f, x_NGK, trees), trees, self.name),
+        num_resamples=num_resamples,
+        seed=seed,
+      )
+      for f, trees in zip(fitted, (gold, control))
+    ]
+    rows = []
+    for metric, (value_G, low_G, high_G) in scored[0].items():
+      control_G = scored[1][metric][0]
+      for g in range(len(value_G)):
+        rows.append(
+          dict(task=self.name, group=g, split=split.key, metric=metric, value=value_G[g], ci_low=low_G[g],
+               ci_high=high_G[g], control_value=control_G[g], selectivity=value_G[g] - control_G[g],
+               rank=fitted[0].rank, n=len(gold))
+        )  # fmt: skip
+    return rows
+
+
 REGISTRY: dict = {
   t.name: t
   for t in (
