@@ -96,6 +96,13 @@ PROBE_FITS = _table(
   float_format="r",
   values="l2,train_objective,iterations,converged,start,train_accuracy,dev_accuracy,dev_loss",
 )
+PROBE_STRUCTURAL = _table(
+  "probes/structural.csv",
+  "model,step,task,layer,head,split,metric,value,ci_low,ci_high,control_value,selectivity,rank,n",
+  "model,step",
+  ints="step,layer,head,rank,n",
+  floats="value,ci_low,ci_high,control_value,selectivity",
+)
 PROBE_BASELINES = _table("probes/baselines.csv", "task,split,baseline,accuracy,n", "task,split", "n", "accuracy")
 MDL = _table(
   "probes/mdl.csv",
@@ -202,6 +209,7 @@ TABLES: dict[str, Table] = {
     PROBE_BASELINES,
     PROBE_SELECTIVITY,
     PROBE_FITS,
+    PROBE_STRUCTURAL,
     MDL,
     COMPLEXITY,
     DIVERSITY,
