@@ -299,16 +299,43 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir, *, devices=No
   mesh = parallel.data_mesh(devices)
   pmap = config.parallelism == "pmap"
   state = jax.device_put(state, devices[0] if pmap else parallel.replicated(mesh))
-  data_state, mngr = None, None
-  if saved:
-    mngr = checkpoints.manager(workdir, keep_last=config.train.keep_last, keep_steps=config.train.keep_steps)
-    try:
-      state, data_state = checkpoints.restore(mngr, saved[-1], runs.abstract_like(state))
-    except UserError:
-      mngr.close()
-      raise
-    logging.info("resumed from step %d", int(state.step))
+  state, data_state, mngr = _restore(config, workdir, saved, state)
   train_NT, valid_NT = prepare_rows(config, workdir, tokenizer)
+  data_iter = _data_iterator(config, workdir, train_NT, data_state, saved)
+  runs.save_config(workdir, config, is_lead=parallel.is_lead())  # checked by check_resume above
+  if mngr is None:
+    mngr = checkpoints.manager(workdir, keep_last=config.train.keep_last, keep_steps=config.train.keep_steps)
+
+  stepper = _Stepper(config, functools.partial(train_step, graphdef=graphdef, tx=tx, obj=obj), state, devices, mesh)
+  loop = _Loop(
+    config,
+    workdir,
+    mngr,
+    evaluate=_evaluator(config, graphdef, obj, valid_NT, eval_key),
+    div_probe=_diversity_tracker(config, cfg, graphdef, valid_NT),
+    writer=MetricsWriter(workdir, is_lead=parallel.is_lead(), resume_step=int(state.step)),
+  )
+  batches = _batches(data_iter, local_batch, len(devices), pmap, mesh)
+  return loop.run(stepper, int(state.step), batches, data_iter, base_key)
+
+
+def _restore(config, workdir, saved, state):
+  """(state, data-iterator state, checkpoint manager) at the last saved step; (state, None, None) for a
+  fresh run (its manager is made once the config is saved)."""
+  if not saved:
+    return state, None, None
+  mngr = checkpoints.manager(workdir, keep_last=config.train.keep_last, keep_steps=config.train.keep_steps)
+  try:
+    state, data_state = checkpoints.restore(mngr, saved[-1], runs.abstract_like(state))
+  except UserError:
+    mngr.close()
+    raise
+  logging.info("resumed from step %d", int(state.step))
+  return state, data_state, mngr
+
+
+def _data_iterator(config, workdir, train_NT, data_state, saved):
+  """This process's share of the training rows, at the restored position when there is one."""
   data_iter = lm_pipeline.make_lm_iterator(
     train_NT,
     global_batch_size=config.train.batch_size,
@@ -322,92 +349,118 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir, *, devices=No
     except (KeyError, TypeError, ValueError):
       where = checkpoints.checkpoint_dir(workdir) / str(saved[-1]) / "data" / "metadata"
       raise UserError(f"{where}: not a data-iterator position ({str(data_state)[:80]}); the file is damaged") from None
-  runs.save_config(workdir, config, is_lead=parallel.is_lead())  # checked by check_resume above
-  if mngr is None:
-    mngr = checkpoints.manager(workdir, keep_last=config.train.keep_last, keep_steps=config.train.keep_steps)
+  return data_iter
 
-  step_fn = functools.partial(train_step, graphdef=graphdef, tx=tx, obj=obj)
-  if pmap:
-    p_step = jax.pmap(
-      functools.partial(step_fn, axis_name=parallel.PMAP_AXIS),
-      axis_name=parallel.PMAP_AXIS,
-      in_axes=(0, 0, None),
-      devices=devices,
-      donate_argnums=0,
-    )
-    run_state = parallel.replicate_for_pmap(state, devices)
-  else:
-    j_step = jax.jit(step_fn, donate_argnums=0)
-    run_state = state
 
-  def next_batch():
+def _batches(data_iter, local_batch: int, num_devices: int, pmap: bool, mesh):
+  """The global batches of the training steps, each row with its example id (the key of its randomness)."""
+  while True:
     tokens_BT = next(data_iter)["tokens"]
     offset = jax.process_index() * local_batch
     local = {"tokens": tokens_BT, "example_id": np.arange(offset, offset + len(tokens_BT), dtype=np.int32)}
-    return parallel.pmap_batch(local, len(devices)) if pmap else parallel.global_batch(local, mesh)
+    yield parallel.pmap_batch(local, num_devices) if pmap else parallel.global_batch(local, mesh)
 
-  def host_state():
-    return parallel.unreplicate(run_state) if pmap else run_state
 
-  evaluate = _evaluator(config, graphdef, obj, valid_NT, eval_key)
-  div_probe = _diversity_tracker(config, cfg, graphdef, valid_NT)
-  writer = MetricsWriter(workdir, is_lead=parallel.is_lead(), resume_step=int(state.step))
-  preemption = _Preemption()
-  schedule = learning_rate_schedule(config.train)
-  step = int(state.step)
-  if step == 0 and 0 in config.train.keep_steps:  # the initial parameters, for studies over training
-    _save(mngr, 0, host_state(), data_iter)
-  last = {}
-  tokens_per_step = config.train.batch_size * config.train.seq_len
-  t0, steps_timed = time.perf_counter(), 0
-  stop = False
-  try:
-    while step < config.train.steps and not stop:
-      batch = next_batch()
-      if pmap:
-        new_state, metrics = p_step(run_state, batch, base_key)
-        metrics = parallel.unreplicate(metrics)
-      else:
-        new_state, metrics = j_step(run_state, batch, base_key)
-      loss = float(metrics["loss"])
-      if not math.isfinite(loss):
-        kept = mngr.latest_step()
-        raise UserError(
-          f"loss became {loss} at step {step + 1}; stopped. Last good checkpoint: "
-          f"{'step ' + str(kept) if kept is not None else 'none'} in {workdir / 'checkpoints'} "
-          f"(try a lower train.learning_rate)"
-        )
-      run_state, step = new_state, step + 1
-      steps_timed += 1
-      if step % config.train.log_every == 0 or step == config.train.steps:
-        elapsed = time.perf_counter() - t0
-        last = {
-          "step": step,
-          "loss": loss,
-          "perplexity": math.exp(min(loss, 50.0)),
-          "learning_rate": float(schedule(step - 1)),
-          "grad_norm": float(metrics["grad_norm"]),
-          "tokens_per_second": steps_timed * tokens_per_step / max(elapsed, 1e-9),
-          **{k: float(v) for k, v in metrics.items() if "/" in k},
-        }
-        writer.write(last)
-        t0, steps_timed = time.perf_counter(), 0
-      if config.train.eval_every and (step % config.train.eval_every == 0 or step == config.train.steps):
-        writer.write({"step": step, **evaluate(host_state().params)})
-      if div_probe and (step % config.train.diversity_every == 0 or step == config.train.steps):
-        writer.write({"step": step, **div_probe(host_state().params)})
-      if step % config.train.checkpoint_every == 0 or step == config.train.steps or step in config.train.keep_steps:
-        _save(mngr, step, host_state(), data_iter)
-      stop = parallel.any_process(preemption.requested)  # every process stops after the same step
-    if stop:
-      _save(mngr, step, host_state(), data_iter)
-      print(f"preempted: saved step {step} in {mngr.directory}; the same command resumes from it", flush=True)
-  finally:
-    preemption.restore()
-    mngr.wait_until_finished()
-    mngr.close()
-    writer.close()
-  return last
+class _Stepper:
+  """The training step on one layout: jit over the data mesh, or pmap over the devices (state replicated)."""
+
+  def __init__(self, config, step_fn, state, devices, mesh):
+    self.pmap = config.parallelism == "pmap"
+    if self.pmap:
+      self._step = jax.pmap(
+        functools.partial(step_fn, axis_name=parallel.PMAP_AXIS),
+        axis_name=parallel.PMAP_AXIS,
+        in_axes=(0, 0, None),
+        devices=devices,
+        donate_argnums=0,
+      )
+      self.state = parallel.replicate_for_pmap(state, devices)
+    else:
+      self._step = jax.jit(step_fn, donate_argnums=0)
+      self.state = state
+
+  def __call__(self, batch, base_key) -> dict:
+    """One step; its metrics (one copy under pmap)."""
+    self.state, metrics = self._step(self.state, batch, base_key)
+    return parallel.unreplicate(metrics) if self.pmap else metrics
+
+  def host_state(self) -> TrainState:
+    return parallel.unreplicate(self.state) if self.pmap else self.state
+
+
+class _Loop:
+  """The training loop's schedule: log, evaluate, track diversity and checkpoint every so many steps, stop
+  on a non-finite loss or a SIGTERM (saving first)."""
+
+  def __init__(self, config, workdir, mngr, *, evaluate, div_probe, writer):
+    self.train, self.workdir, self.mngr = config.train, workdir, mngr
+    self.writer, self.evaluate, self.div_probe = writer, evaluate, div_probe
+    self.schedule = learning_rate_schedule(config.train)
+    self.tokens_per_step = config.train.batch_size * config.train.seq_len
+
+  def run(self, stepper: _Stepper, step: int, batches, data_iter, base_key) -> dict:
+    """Steps until train.steps or a SIGTERM (every process stops after the same step); the last logged metrics."""
+    preemption = _Preemption()
+    if step == 0 and 0 in self.train.keep_steps:  # the initial parameters, for studies over training
+      _save(self.mngr, 0, stepper.host_state(), data_iter)
+    last = {}
+    t0, steps_timed = time.perf_counter(), 0
+    stop = False
+    try:
+      while step < self.train.steps and not stop:
+        metrics = stepper(next(batches), base_key)
+        loss = self._finite_loss(metrics, step)
+        step, steps_timed = step + 1, steps_timed + 1
+        if step % self.train.log_every == 0 or step == self.train.steps:
+          last = self._log(
+            step, loss, metrics, steps_timed * self.tokens_per_step / max(time.perf_counter() - t0, 1e-9)
+          )
+          t0, steps_timed = time.perf_counter(), 0
+        self._after_step(step, stepper, data_iter)
+        stop = parallel.any_process(preemption.requested)  # every process stops after the same step
+      if stop:
+        _save(self.mngr, step, stepper.host_state(), data_iter)
+        print(f"preempted: saved step {step} in {self.mngr.directory}; the same command resumes from it", flush=True)
+    finally:
+      preemption.restore()
+      self.mngr.wait_until_finished()
+      self.mngr.close()
+      self.writer.close()
+    return last
+
+  def _finite_loss(self, metrics, step: int) -> float:
+    loss = float(metrics["loss"])
+    if not math.isfinite(loss):
+      kept = self.mngr.latest_step()
+      raise UserError(
+        f"loss became {loss} at step {step + 1}; stopped. Last good checkpoint: "
+        f"{'step ' + str(kept) if kept is not None else 'none'} in {self.workdir / 'checkpoints'} "
+        f"(try a lower train.learning_rate)"
+      )
+    return loss
+
+  def _log(self, step: int, loss: float, metrics, tokens_per_second: float) -> dict:
+    last = {
+      "step": step,
+      "loss": loss,
+      "perplexity": math.exp(min(loss, 50.0)),
+      "learning_rate": float(self.schedule(step - 1)),
+      "grad_norm": float(metrics["grad_norm"]),
+      "tokens_per_second": tokens_per_second,
+      **{k: float(v) for k, v in metrics.items() if "/" in k},
+    }
+    self.writer.write(last)
+    return last
+
+  def _after_step(self, step: int, stepper: _Stepper, data_iter) -> None:
+    """Evaluation, diversity and checkpoints when they are due (and at the last step)."""
+    train, final = self.train, step == self.train.steps
+    if train.eval_every and (step % train.eval_every == 0 or final):
+      self.writer.write({"step": step, **self.evaluate(stepper.host_state().params)})
+    if self.div_probe and (step % train.diversity_every == 0 or final):
+      self.writer.write({"step": step, **self.div_probe(stepper.host_state().params)})
+    if step % train.checkpoint_every == 0 or final or step in train.keep_steps:
+      _save(self.mngr, step, stepper.host_state(), data_iter)
 
 
 def _save(mngr, step, state, data_iter):
