@@ -36,6 +36,7 @@ from collections.abc import Collection
 import flax.struct
 import jax
 import jax.numpy as jnp
+import numpy as np
 from flax import nnx
 
 from headspec.errors import UserError
@@ -199,24 +200,26 @@ def sinusoidal_positions(max_len: int, d_model: int) -> jax.Array:
   return table_TD.at[:, 1::2].set(jnp.cos(pos_T1 * freq)[:, : d_model // 2])
 
 
-def rotary_frequencies(cfg: ModelConfig) -> jax.Array:
-  """The rotation frequencies of the rotating features' pairs, [K_rot / 2], scaled per `cfg.rope_scaling`
-  (Su et al. 2021; Llama-3.1's scaling divides low frequencies by the factor, keeps high ones, blends between)."""
+def rotary_frequencies(cfg: ModelConfig) -> np.ndarray:
+  """The rotation frequencies of the rotating features' pairs, [K_rot / 2] float32, scaled per
+  `cfg.rope_scaling` (Su et al. 2021; Llama-3.1's scaling divides low frequencies by the factor, keeps high
+  ones, blends between). A constant of the config, computed in NumPy: the power in float64 rounded once,
+  because at position p an ulp of a frequency moves the angle by p ulps (1e-5 at p = 170)."""
   dim = int(cfg.d_head * cfg.rotary_fraction)
-  inv_freq = 1.0 / (cfg.rope_theta ** (jnp.arange(0, dim, 2, dtype=jnp.float32) / dim))
+  exponent = np.arange(0, dim, 2).astype(np.float32) / np.float32(dim)
+  inv_freq = np.float32(1.0) / (np.float64(cfg.rope_theta) ** exponent.astype(np.float64)).astype(np.float32)
+  f32 = np.float32
   if cfg.rope_scaling == "linear":
-    return inv_freq / cfg.rope_factor
+    return inv_freq / f32(cfg.rope_factor)
   if cfg.rope_scaling == "llama3":
-    low_wavelen = cfg.rope_original_max_len / cfg.rope_low_freq_factor
-    high_wavelen = cfg.rope_original_max_len / cfg.rope_high_freq_factor
-    wavelen = 2 * math.pi / inv_freq
-    scaled = jnp.where(wavelen > low_wavelen, inv_freq / cfg.rope_factor, inv_freq)
-    smooth = (cfg.rope_original_max_len / wavelen - cfg.rope_low_freq_factor) / (
-      cfg.rope_high_freq_factor - cfg.rope_low_freq_factor
-    )
-    smoothed = (1 - smooth) * scaled / cfg.rope_factor + smooth * scaled
-    medium = (wavelen >= high_wavelen) & (wavelen <= low_wavelen)
-    return jnp.where(medium, smoothed, scaled)
+    factor, low, high = f32(cfg.rope_factor), f32(cfg.rope_low_freq_factor), f32(cfg.rope_high_freq_factor)
+    original = f32(cfg.rope_original_max_len)
+    wavelen = f32(2 * math.pi) / inv_freq
+    scaled = np.where(wavelen > original / low, inv_freq / factor, inv_freq)
+    smooth = (original / wavelen - low) / (high - low)
+    smoothed = (1 - smooth) * scaled / factor + smooth * scaled
+    medium = (wavelen >= original / high) & (wavelen <= original / low)
+    return np.where(medium, smoothed, scaled).astype(np.float32)
   return inv_freq
 
 

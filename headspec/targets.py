@@ -68,7 +68,7 @@ def pretrained_target(pretrained: str, *, name: str = "") -> Target:
     identity={"pretrained": os.fspath(source)},
     load=functools.cache(lambda: pretrained_lib.load_pretrained(pretrained)),  # one import per process
     lm_head=pretrained_lib.has_trained_lm_head(source),
-    kind="encoder" if family == "bert" else "decoder",
+    kind="encoder" if pretrained_lib.is_encoder(family) else "decoder",
   )
 
 

@@ -326,7 +326,7 @@ def _edit_config(path: pathlib.Path, **changes) -> None:
     ("bert_mlm", {"hidden_act": "silu"}, "hidden_act='silu'"),
     ("bert_mlm", {"is_decoder": True}, "is_decoder=true"),
     ("bert_mlm", {"add_cross_attention": True}, "add_cross_attention=true"),
-    ("bert_mlm", {"model_type": "roberta"}, "model_type='roberta'"),
+    ("bert_mlm", {"model_type": "electra"}, "model_type='electra'"),
     ("gpt2", {"scale_attn_by_inverse_layer_idx": True}, "scale_attn_by_inverse_layer_idx=true"),
     ("gpt2", {"activation_function": "swish"}, "activation_function='swish'"),
     ("gpt2", {"n_embd": 25}, "not a multiple of n_head"),

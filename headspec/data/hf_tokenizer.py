@@ -1,4 +1,5 @@
-"""Tokenizers of imported Hugging Face checkpoints (BERT WordPiece, GPT-2 byte-level BPE) via `tokenizers`.
+"""Tokenizers of imported Hugging Face checkpoints (BERT WordPiece, GPT-2 byte-level BPE, and the
+tokenizer.json of RoBERTa and the decoders: Llama, Mistral, Qwen, Gemma, GPT-NeoX, OLMo) via `tokenizers`.
 
 `load_hf_tokenizer(model_dir, family)` reads `tokenizer.json` when the checkpoint has one, else builds the
 tokenizer the way transformers' fast-tokenizer converter does: BERT WordPiece from `vocab.txt` (lowercasing,
@@ -23,7 +24,7 @@ from headspec import remote
 from headspec.data.tokenizer import INFO_FILE, register_tokenizer_kind
 from headspec.errors import UserError
 
-FAMILIES = ("bert", "gpt2")
+FAMILIES = ("bert", "gpt2", "roberta", "decoder")  # tokenizer styles; `style_of` maps a model_type to one
 TOKENIZER_JSON = "tokenizer.json"
 # Special-token roles and their defaults, as in transformers' BertTokenizer and GPT2Tokenizer.
 _BERT_SPECIALS = {
@@ -34,6 +35,30 @@ _BERT_SPECIALS = {
   "mask_token": "[MASK]",
 }
 _GPT2_SPECIALS = {"eos_token": "<|endoftext|>", "unk_token": "<|endoftext|>", "pad_token": None}
+_ROBERTA_SPECIALS = {
+  "bos_token": "<s>",
+  "eos_token": "</s>",
+  "unk_token": "<unk>",
+  "pad_token": "<pad>",
+  "mask_token": "<mask>",
+}
+# Decoders name their own (Llama-3 '<|begin_of_text|>', Gemma '<bos>', Qwen none): from tokenizer_config.json,
+# else config.json's ids. add_bos_token / add_eos_token: None follows tokenizer.json's post-processor.
+_DECODER_SPECIALS = {
+  "bos_token": None,
+  "eos_token": None,
+  "unk_token": None,
+  "pad_token": None,
+  "add_bos_token": None,
+  "add_eos_token": None,
+}
+_SPECIALS = {"bert": _BERT_SPECIALS, "gpt2": _GPT2_SPECIALS, "roberta": _ROBERTA_SPECIALS, "decoder": _DECODER_SPECIALS}
+
+
+def style_of(model_type: str) -> str:
+  """The tokenizer style of a checkpoint's `model_type`: BERT's for BERT and DistilBERT, RoBERTa's, GPT-2's,
+  and 'decoder' for the other decoders (BOS/EOS as their tokenizer files say)."""
+  return {"bert": "bert", "distilbert": "bert", "roberta": "roberta", "gpt2": "gpt2"}.get(model_type, "decoder")
 
 
 class HFTokenizer:
@@ -63,10 +88,39 @@ class HFTokenizer:
       self.mask_id: int | None = token_id("mask_token")
       self.prefix_ids: tuple[int, ...] = (token_id("cls_token"),)
       self.suffix_ids: tuple[int, ...] = (self.eos_id,)
+    elif family == "roberta":
+      self.pad_id, self.unk_id, self.eos_id = token_id("pad_token"), token_id("unk_token"), token_id("eos_token")
+      self.mask_id = token_id("mask_token")
+      self.prefix_ids, self.suffix_ids = (token_id("bos_token"),), (self.eos_id,)
+    elif family == "decoder":
+      self.eos_id = token_id("eos_token")
+      known = lambda role: self.specials.get(role) is not None and backend.token_to_id(self.specials[role]) is not None
+      self.unk_id = token_id("unk_token") if known("unk_token") else self.eos_id
+      self.pad_id = token_id("pad_token") if known("pad_token") else self.eos_id
+      self.mask_id = None
+      self.prefix_ids, self.suffix_ids = self._added_specials(token_id)
     else:
       self.eos_id, self.unk_id = token_id("eos_token"), token_id("unk_token")
       self.pad_id = self.eos_id if self.specials.get("pad_token") is None else token_id("pad_token")
       self.mask_id, self.prefix_ids, self.suffix_ids = None, (), ()
+
+  def _added_specials(self, token_id) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """A decoder's (prefix, suffix) ids: what tokenizer.json's post-processor adds around a text, with BOS
+    and EOS added or removed where tokenizer_config.json's add_bos_token / add_eos_token say so."""
+    plain = self.backend.encode("a", add_special_tokens=False).ids
+    full = self.backend.encode("a", add_special_tokens=True).ids
+    at = next((i for i in range(len(full) - len(plain) + 1) if full[i : i + len(plain)] == plain), 0)
+    prefix, suffix = list(full[:at]), list(full[at + len(plain) :])
+    for role, ids, add in (("bos_token", prefix, "add_bos_token"), ("eos_token", suffix, "add_eos_token")):
+      wanted = self.specials.get(add)
+      if wanted is None:
+        continue
+      special = token_id(role) if wanted or self.specials.get(role) is not None else None
+      if wanted and special not in ids:
+        ids.insert(0 if role == "bos_token" else len(ids), special)
+      elif not wanted and special in ids:
+        ids.remove(special)
+    return tuple(prefix), tuple(suffix)
 
   def encode(self, text: str) -> list[int]:
     return self.backend.encode(text, add_special_tokens=False).ids
@@ -75,9 +129,30 @@ class HFTokenizer:
     # GPT-2's pre-tokenizer regex attaches the preceding space to a word (` ?\p{L}+`) and never joins pieces
     # across a space, so " word" encodes exactly as the word does inside running text. BERT splits on
     # whitespace first, so a word alone encodes as in text. Words that normalise to nothing get [unk].
+    if self.family == "decoder":
+      return self._pieces_by_offsets(words)
     texts = [word if i == 0 or self.family == "bert" else " " + word for i, word in enumerate(words)]
     encodings = self.backend.encode_batch(texts, add_special_tokens=False) if texts else []
     return [encoding.ids or [self.unk_id] for encoding in encodings]
+
+  def _pieces_by_offsets(self, words: Sequence[str]) -> list[list[int]]:
+    """Each word's pieces in `encode(" ".join(words))`, by the pieces' character offsets: decoders'
+    tokenizers differ in where a space goes (byte-level BPE joins it to the next word, SentencePiece marks
+    it with '▁'), so the joined text is encoded once and cut; a piece of spaces only goes to the next word."""
+    if not words:
+      return []
+    ends, position = [], -1
+    for word in words:
+      position += 1 + len(word)
+      ends.append(position)
+    encoding = self.backend.encode(" ".join(words), add_special_tokens=False)
+    pieces: list[list[int]] = [[] for _ in words]
+    word = 0
+    for piece, (start, _) in zip(encoding.ids, encoding.offsets, strict=True):
+      while word < len(words) - 1 and start >= ends[word]:
+        word += 1
+      pieces[word].append(piece)
+    return [p or [self.unk_id] for p in pieces]
 
   def decode(self, ids: Sequence[int]) -> str:
     return self.backend.decode([int(i) for i in ids], skip_special_tokens=True)
@@ -134,6 +209,17 @@ def _from_file(path) -> tokenizers.Tokenizer:
     raise UserError(f"{path}: not a readable tokenizers JSON file ({str(e).splitlines()[0]})") from None
 
 
+def _fill_from_config(model_dir: pathlib.Path, backend: tokenizers.Tokenizer, specials: dict) -> None:
+  """BOS/EOS tokens that tokenizer_config.json does not name, from config.json's bos_token_id / eos_token_id."""
+  config = model_dir / "config.json"
+  hf = _read_json(config) if config.is_file() else {}
+  for role, key in (("bos_token", "bos_token_id"), ("eos_token", "eos_token_id")):
+    token_id = hf.get(key)
+    token_id = token_id[0] if isinstance(token_id, list) and token_id else token_id
+    if specials.get(role) is None and isinstance(token_id, int):
+      specials[role] = backend.id_to_token(token_id)
+
+
 def _bert_wordpiece(model_dir: pathlib.Path, settings: dict, specials: dict) -> tokenizers.Tokenizer:
   """BertTokenizer as transformers' BertConverter builds it (BasicTokenizer normaliser + WordPiece)."""
   if settings.get("do_basic_tokenize", True) is False:
@@ -172,19 +258,28 @@ def _gpt2_bpe(model_dir: pathlib.Path, settings: dict) -> tokenizers.Tokenizer:
 
 
 def load_hf_tokenizer(model_dir: str | os.PathLike, family: str) -> HFTokenizer:
-  """The checkpoint's tokenizer: tokenizer.json if present, else vocab.txt (BERT) / vocab.json+merges.txt (GPT-2)."""
+  """The checkpoint's tokenizer: tokenizer.json if present, else vocab.txt (BERT) / vocab.json+merges.txt (GPT-2).
+
+  `family`: a tokenizer style (FAMILIES) or a model_type (`style_of`). RoBERTa and the decoders need
+  tokenizer.json; a decoder's BOS/EOS come from tokenizer_config.json, else config.json's token ids."""
   model_dir = pathlib.Path(model_dir)
+  family = family if family in FAMILIES else style_of(family)
   if family not in FAMILIES:
     raise UserError(f"{model_dir}: tokenizer family {family!r} is not one of {FAMILIES}")
   settings = {}
   for name in ("special_tokens_map.json", "tokenizer_config.json"):  # the latter wins, as in transformers
     if (model_dir / name).is_file():
       settings.update(_read_json(model_dir / name))
-  specials = dict(_BERT_SPECIALS if family == "bert" else _GPT2_SPECIALS)
+  specials = dict(_SPECIALS[family])
   specials.update({role: _token_text(settings[role]) for role in specials if role in settings})
 
   if (model_dir / TOKENIZER_JSON).is_file():
-    return HFTokenizer(_from_file(model_dir / TOKENIZER_JSON), family, specials, str(model_dir / TOKENIZER_JSON))
+    backend = _from_file(model_dir / TOKENIZER_JSON)
+    if family == "decoder":
+      _fill_from_config(model_dir, backend, specials)
+    return HFTokenizer(backend, family, specials, str(model_dir / TOKENIZER_JSON))
+  if family in ("roberta", "decoder"):
+    raise UserError(f"{model_dir}: no {TOKENIZER_JSON} (needed for this model's tokenizer)")
   needed = ("vocab.txt",) if family == "bert" else ("vocab.json", "merges.txt")
   missing = [name for name in needed if not (model_dir / name).is_file()]
   if missing:
