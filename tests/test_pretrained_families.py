@@ -304,3 +304,17 @@ def test_legacy_rope_keys_and_padded_vocabulary(root, tmp_path):
   )
   model, tokenizer = pretrained.load_pretrained(str(_tiny("gpt_neox", root)))
   assert model.cfg.vocab_size == tokenizer.vocab_size + 8 and model.cfg.rotary_fraction == 0.25
+
+
+@pytest.mark.parametrize("family", ["llama", "qwen2", "roberta", "gpt_neox"])
+def test_tokenizer_matches_transformers_and_cuts_words(root, family):
+  path = _tiny(family, root)
+  _, tokenizer = pretrained.load_pretrained(str(path))
+  reference = transformers.AutoTokenizer.from_pretrained(path)
+  for text in TEXTS:
+    ours = list(tokenizer.prefix_ids) + tokenizer.encode(text) + list(tokenizer.suffix_ids)
+    assert ours == reference(text)["input_ids"]
+  words = TEXTS[0].split()
+  pieces = tokenizer.word_pieces(words)
+  assert [i for p in pieces for i in p] == tokenizer.encode(" ".join(words)) and all(pieces)
+  assert tokenizer.decode(pieces[3]).strip() == words[3]
