@@ -2,7 +2,7 @@
 
   HEADSPEC_DATA_DIR=... python -m benchmarks.bench_attention [--report_split test] [--max_sentences 0]
 
-First the whole command as a user runs it (`run_attention`, cold: imports done, nothing compiled):
+First the whole command as a user runs it (`run.run`, cold: imports done, nothing compiled):
 every EWT dev sentence (2,001) and, with --report_split test (the default config), every test sentence
 (2,077); Clark tables, roles with 1,000 bootstrap resamples, pictures of three dev sentences (72 per-head
 PNGs, 3 line views, rollout + flow). Then the same stages again, warm (compiled), timed one by one.
@@ -45,7 +45,7 @@ def main() -> None:
   }
   with tempfile.TemporaryDirectory() as workdir:
     t0 = time.perf_counter()
-    run.run_attention(config, workdir)
+    run.run(config, workdir)
     result["end_to_end_cold_s"] = round(time.perf_counter() - t0, 1)
 
     stages = {}

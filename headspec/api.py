@@ -401,7 +401,6 @@ def probe(
   seed: int | None = None,
   config=None,
   cache_dir: str | os.PathLike | None = None,
-  log=None,
   **options,
 ):
   """Fits and scores one task's probes on chosen heads and/or one layer's residual stream, with the
@@ -419,6 +418,7 @@ def probe(
   many words: faster, and says so in no other way, so report it), data_dir, seed and any probe.* key
   given as a keyword (l2_grid=..., refine_samples=..., pooling=..., bootstrap_resamples=...) override it.
   cache_dir: the feature cache (default: a run's RUN/probes/cache, else a temporary folder).
+  A progress bar (tqdm.auto) counts the feature groups fitted; the stages' lines are absl INFO logs.
   """
   import pandas as pd
 
@@ -452,7 +452,8 @@ def probe(
   def keep(l, heads):  # the layers asked for; each fitted exactly as in a full run (a head with its layer's heads)
     return l in head_layers if heads[0] >= 0 else l == layer
 
-  rows = suite.probe_job(job, data, c, cache, log=log or (lambda line: None), keep_source=keep)  # the command's job
+  parts = suite.probe_job(job, data, c, cache, want=(tables.PROBES,), keep_source=keep)  # the command's job
+  rows = parts[tables.PROBES]
   wanted = set(chosen) | ({(int(layer), -1)} if layer is not None else set())
   rows = [r for r in rows if (r["layer"], r["head"]) in wanted]
   table = tables.PROBES

@@ -290,21 +290,27 @@ def _check_keys(command: str, config, path) -> None:
 
 
 def _quiet_libraries(verbose: bool) -> None:
-  """Progress is printed by headspec itself; absl/orbax/tfds INFO logs only with --verbose."""
-  level = logging.INFO if verbose else logging.WARNING
-  logging.set_verbosity(level)
-  std_logging.getLogger().setLevel(std_logging.INFO if verbose else std_logging.WARNING)
+  """headspec's progress lines (absl INFO) on stderr; the libraries' (orbax, tfds) INFO logs only with
+  --verbose."""
+  logging.use_absl_handler()  # what app.run does: absl's format, on stderr, for every logger
+  logging.set_verbosity(logging.INFO)  # (with absl's handler: the root logger's level)
   if not verbose:
     logging.set_stderrthreshold(logging.ERROR)
-    std_logging.getLogger("absl").addFilter(_drop_library_chatter)
+    logging.get_absl_handler().addFilter(_drop_library_chatter)  # std logging's (JAX) records too
     import tensorflow_datasets as tfds
 
     tfds.disable_progress_bar()
 
 
+_HEADSPEC = os.path.dirname(os.path.abspath(__file__)) + os.sep
+
+
 def _drop_library_chatter(record) -> bool:
-  """Warnings about how headspec uses its libraries on purpose: TFDS builder configs made at run time,
-  orbax managers opened read-only to load a checkpoint for analysis."""
+  """Only headspec's own INFO lines (a library's need --verbose), and no warnings about how headspec uses
+  its libraries on purpose: TFDS builder configs made at run time, orbax managers opened read-only to
+  load a checkpoint for analysis."""
+  if record.levelno < std_logging.WARNING and not os.path.abspath(record.pathname).startswith(_HEADSPEC):
+    return False
   message = str(record.msg)
   return not message.startswith(
     (

@@ -1,4 +1,5 @@
-"""The CLI's commands: each turns (config, workdir, positional args) into one library call."""
+"""The CLI's commands: each turns (config, workdir, positional args) into one library call (an analysis's
+`<package>.run.run`, the job loop of headspec/jobloop.py)."""
 
 from __future__ import annotations
 
@@ -31,19 +32,22 @@ def train(config, workdir, args) -> None:
 
 
 def probe(config, workdir, args) -> None:
-  from headspec.probing.suite import main
+  from etils import epath
+
+  from headspec.probing.run import run
 
   if args:
     raise UserError(f"probe takes no arguments, got {' '.join(args)}")
-  main(config, workdir)
+  results = run(config, workdir)
+  print((epath.Path(results).parent / "summary.md").read_text())
 
 
 def diversity(config, workdir, args) -> None:
-  from headspec.diversity.run import run_diversity
+  from headspec.diversity.run import run
 
   if args:
     raise UserError(f"diversity takes no arguments, got {' '.join(args)}")
-  results = run_diversity(config, workdir)
+  results = run(config, workdir)
   print(f"diversity metrics: {results}; figures in {results.parent}")
 
 
@@ -66,20 +70,20 @@ def atlas(config, workdir, args) -> None:
 
 
 def ablate(config, workdir, args) -> None:
-  from headspec.ablation.run import run_ablation
+  from headspec.ablation.run import run
 
   if args:
     raise UserError(f"ablate takes no arguments, got {' '.join(args)}")
-  out_dir = run_ablation(config, workdir)
+  out_dir = run(config, workdir)
   print(f"ablation tables and figures: {out_dir}")
 
 
 def attention(config, workdir, args) -> None:
-  from headspec.attention.run import run_attention
+  from headspec.attention.run import run
 
   if args:
     raise UserError(f"attention takes no arguments, got {' '.join(args)}")
-  print(run_attention(config, workdir).read_text())
+  print(run(config, workdir).read_text())
 
 
 def study(config, workdir, args) -> None:

@@ -48,10 +48,10 @@ def quickstart_config(kind: str = "decoder") -> ml_collections.ConfigDict:
 
 def run_quickstart(workdir, *, steps: int | None = None) -> dict[str, pathlib.Path]:
   """Writes WORKDIR/data (synthetic treebank + text) and the runs WORKDIR/{decoder,encoder}."""
-  from headspec.ablation.run import ablate_quickstart  # after flags: keeps `headspec --help` fast
+  from headspec.ablation import run as ablation  # after flags: keeps `headspec --help` fast
   from headspec.atlas import build_atlas
-  from headspec.attention import attention_quickstart
-  from headspec.probing.suite import probe_quickstart
+  from headspec.attention import run as attention
+  from headspec.probing import run as probing
   from headspec.train import train_and_evaluate
 
   workdir = pathlib.Path(workdir)
@@ -68,11 +68,11 @@ def run_quickstart(workdir, *, steps: int | None = None) -> dict[str, pathlib.Pa
     written[kind] = workdir / kind
   for kind in ("decoder", "encoder"):
     print(f"probing every head of the {kind} on the synthetic treebank", flush=True)
-    print(probe_quickstart(workdir / kind, data_dir), flush=True)
+    print(probing.quickstart(workdir / kind, data_dir), flush=True)
   print("what the decoder's heads attend to (Clark et al. 2019 syntax, head roles, pictures)", flush=True)
-  print(attention_quickstart(workdir / "decoder", data_dir), flush=True)
+  print(attention.quickstart(workdir / "decoder", data_dir), flush=True)
   print("ablating every head of the decoder (loss change, importance, pruning)", flush=True)
-  print(ablate_quickstart(workdir / "decoder", data_dir), flush=True)
+  print(ablation.quickstart(workdir / "decoder", data_dir), flush=True)
   atlas = build_atlas(workdir / "decoder", compare=[workdir / "encoder"])
   written["atlas"] = atlas
   print("wrote:")

@@ -10,7 +10,9 @@ import pytest
 
 from headspec import runs, tables
 from headspec.ablation import core, gates, metrics, pruning
-from headspec.ablation.run import ablate_quickstart, evaluation_set, run_ablation
+from headspec.ablation.run import evaluation_set
+from headspec.ablation.run import quickstart as ablate_quickstart
+from headspec.ablation.run import run as run_ablation
 from headspec.cli import main
 
 REPO = pathlib.Path(__file__).resolve().parents[1]

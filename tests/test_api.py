@@ -168,8 +168,8 @@ def cli_tables(run_dir, synthetic_data_dir):
   """The command-line path on run_dir: `headspec probe` and `headspec ablate` (zero, mean) tables, written
   once for every test that compares with them (whichever xdist worker runs it)."""
   from headspec.ablation.config import ablate_config
-  from headspec.ablation.run import run_ablation
-  from headspec.probing.suite import run_probe_suite
+  from headspec.ablation.run import run as run_ablation
+  from headspec.probing.run import run as run_probe_suite
 
   run_probe_suite(probe_config(synthetic_data_dir), run_dir)
   config = ablate_config()
@@ -201,11 +201,13 @@ def test_probe_equals_the_cli_row(run_dir, synthetic_data_dir, tmp_path, cli_tab
   assert frame.attrs["baselines"][0]["baseline"] == "majority"
 
 
-def test_probe_options_and_bad_input(run_dir, synthetic_data_dir):
+def test_probe_options_and_bad_input(run_dir, synthetic_data_dir, capsys):
   loaded = headspec.load(run_dir)
   config = probe_config(synthetic_data_dir)
   frame = headspec.probe(loaded, "upos", layer=-1, config=config, max_train_words=300, bootstrap_resamples=50)
   assert frame["head"].tolist() == [-1] and frame.layer.tolist() == [-1] and frame.attrs["train_words"] <= 400
+  err = capsys.readouterr().err  # not silent: progress bars over the features and the probe groups
+  assert "tiny step 4: features" in err and "tiny step 4: probes: 100%" in err
   for kwargs, message in [
     ({}, "give heads"),
     ({"heads": [(2, 0)]}, r"layer 2 of \(2, 0\) is out of range"),
@@ -259,7 +261,7 @@ def test_ablate_equals_the_cli_row(run_dir, cli_tables):
 def test_tables_round_trip_exactly(run_dir, tmp_path, cli_tables):
   """read_table's DataFrame, written back by the table writer, is the CSV byte for byte; read_tables
   stacks runs with a `run` column; a missing table or run is one UserError."""
-  from headspec.diversity.run import run_diversity
+  from headspec.diversity.run import run as run_diversity
 
   sys.path.insert(0, str(REPO / "headspec" / "configs"))
   import diversity as diversity_config  # configs/diversity.py

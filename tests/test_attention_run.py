@@ -11,7 +11,7 @@ from headspec import cli, runs, tables
 from headspec.attention import attention_quickstart
 from headspec.attention.config import attention_config
 from headspec.attention.roles import ROLES
-from headspec.attention.run import run_attention
+from headspec.attention.run import run as run_attention
 
 L, H = 2, 4
 CONFIG = str(pathlib.Path(__file__).resolve().parents[1] / "headspec" / "configs" / "attention_ewt.py")

@@ -14,7 +14,8 @@ from PIL import Image
 
 from headspec import runs, tables
 from headspec.diversity import metrics as diversity
-from headspec.diversity.run import read_results, run_diversity
+from headspec.diversity.run import read_results
+from headspec.diversity.run import run as run_diversity
 from headspec.errors import UserError
 from headspec.evaltext import evaluation_tokens
 from headspec.pretrained import load_pretrained
@@ -154,7 +155,8 @@ def test_cli(run_dir):
 
   done = cli("--config.steps=last")
   assert done.returncode == 0, done.stderr[-2000:]
-  assert "step 6:" in done.stdout and f"{run_dir / 'diversity' / 'results.csv'}" in done.stdout
+  assert f"{run_dir / 'diversity' / 'results.csv'}" in done.stdout
+  assert "step 6:" in done.stderr and "model steps" in done.stderr  # absl INFO lines and the progress bar
   bad = cli("--config.steps=5")
   lines = [l for l in bad.stderr.splitlines() if l.strip() and "WARNING" not in l and "warn" not in l.lower()]
   assert bad.returncode == 2 and len(lines) == 1 and lines[0].startswith("headspec: error: step(s) [5]"), bad.stderr

@@ -198,7 +198,7 @@ def test_attention_pictures_remove_a_killed_drawings_folder_and_draw_dollars(tin
   stale.mkdir(parents=True)
   (stale / "L0H0.png").write_bytes(tiny_png())
   examples = [list(sentences[0][:5]) + ["$$", "me$$age"]]  # EWT train forms
-  draw_pictures(model, tokenizer, examples, folder, attention_config(), log=lambda s: None)
+  draw_pictures(model, tokenizer, examples, folder, attention_config())
   assert not stale.exists() and [p.name for p in folder.parent.iterdir()] == ["run-step4"]
   assert (folder / "L1H1.png").is_file()
 

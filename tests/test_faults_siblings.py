@@ -145,7 +145,7 @@ def test_induction_formation_grid_is_the_models(tmp_path, capsys, monkeypatch):
   (tmp_path / "config.json").write_text(json.dumps({"model": {"num_layers": 2, "num_heads": 3, "pretrained": ""}}))
   drawn = []
   monkeypatch.setattr(induction_run, "_figure", lambda png, model, steps, score, *rest: drawn.append(score))
-  md = induction_run.formation(tmp_path, "m", 0.4, log=lambda s: None)
+  md = induction_run.formation(tmp_path, "m", 0.4)
   assert [s["induction"].shape for s in drawn] == [(2, 2, 3)]
   warnings = capsys.readouterr().err.strip().splitlines()
   assert len(warnings) == 1 and f"roles.csv:{len(rows) + 1}: layer=100000" in warnings[0], warnings

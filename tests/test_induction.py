@@ -3,6 +3,7 @@ the ICL positions, the formation window, the attention-only model option, and `h
 induction step end to end on a tiny decoder (tables, labels, ICL, causal rows, encoder refusal)."""
 
 import csv
+import logging
 
 import jax
 import numpy as np
@@ -13,7 +14,7 @@ from headspec import runs, tables
 from headspec.attention import induction as ind
 from headspec.attention import induction_run
 from headspec.attention.config import attention_config
-from headspec.attention.run import run_attention
+from headspec.attention.run import run as run_attention
 from headspec.errors import UserError
 from headspec.model import ModelConfig, Transformer
 from headspec.quickstart import quickstart_config
@@ -206,7 +207,7 @@ def _read(path):
     return list(csv.DictReader(f))
 
 
-def test_attention_command_induction_step(run_dir, capsys):
+def test_attention_command_induction_step(run_dir, caplog):
   # rows another analysis wrote for the same (model, step) are kept
   tables.merge(
     tables.path_of(run_dir, tables.ABLATION_CAUSAL),
@@ -227,8 +228,9 @@ def test_attention_command_induction_step(run_dir, capsys):
     ],  # fmt: skip
     tables.ABLATION_CAUSAL,
   )
+  caplog.set_level(logging.INFO)  # the progress lines are absl INFO logs
   summary = run_attention(_config(), run_dir)
-  out = capsys.readouterr().out
+  out = caplog.text
   assert "using n=19" in out and "formation window" in out
   assert summary.name == "induction_summary.md" and "Formation window" in summary.read_text()
   assert (run_dir / "attention" / "induction_formation.png").is_file()

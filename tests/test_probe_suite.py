@@ -1,6 +1,7 @@
 """The probing suite end to end: results.csv contract, merging, caching, bad input, and a trained model."""
 
 import csv
+import logging
 import pathlib
 
 import numpy as np
@@ -14,6 +15,7 @@ from headspec.defaults import train_config
 from headspec.errors import UserError
 from headspec.model import random_like
 from headspec.probing import report, suite, tasks
+from headspec.probing import run as probe_run
 from headspec.probing.config import probe_config
 
 CONTRACT = "model,step,task,layer,head,split,accuracy,ci_low,ci_high,control_accuracy,selectivity,n"
@@ -86,15 +88,16 @@ def _rows(path):
     return list(csv.DictReader(f))
 
 
-def test_suite_on_ewt_part(ewt_part, tmp_path, capsys):
+def test_suite_on_ewt_part(ewt_part, tmp_path, caplog):
+  caplog.set_level(logging.INFO)  # the progress lines are absl INFO logs
   data, texts = ewt_part
   workdir = _make_run(tmp_path / "run", texts, steps=(5, 9))
   config = _config(data)
   config.probe.steps = "9"
   config.probe.random_baseline = True
-  results = suite.run_probe_suite(config, workdir)
+  results = probe_run.run(config, workdir)
   assert results == workdir / "probes/results.csv"
-  out = capsys.readouterr().out
+  out = caplog.text
   assert "split into windows" in out and "en_ewt/train" in out
   rows = _rows(results)
   words = {"en_ewt/dev": 0, "en_ewt/test": 0, "en_gum/dev": 0}
@@ -159,7 +162,7 @@ def test_suite_on_ewt_part(ewt_part, tmp_path, capsys):
   config.probe.tasks = ("upos",)
   config.probe.complexity = True  # also the complexity sweep: every λ of the grid, task and control
   config.probe.mdl, config.probe.mdl_fractions = True, (0.1, 0.5, 1.0)  # and MDL (a short schedule here)
-  suite.run_probe_suite(config, workdir)
+  probe_run.run(config, workdir)
   rows2 = _rows(results)
   sweep = tables.read(workdir / "probes/complexity.csv", tables.COMPLEXITY)
   assert len(sweep) == 2 * groups * len(config.probe.l2_grid)  # steps 5 and 9
@@ -190,10 +193,10 @@ def test_suite_on_ewt_part(ewt_part, tmp_path, capsys):
   kept = ("results.csv", "selectivity.csv", "fits.csv", "baselines.csv", "complexity.csv")
   before = {name: (workdir / "probes" / name).read_bytes() for name in kept}
   (workdir / "probes/mdl.csv").unlink()
-  capsys.readouterr()
+  caplog.clear()
   config.probe.mdl_only = True
-  assert suite.run_probe_suite(config, workdir) == workdir / "probes/mdl.csv"
-  out = capsys.readouterr().out
+  assert probe_run.run(config, workdir) == workdir / "probes/mdl.csv"
+  out = caplog.text
   assert "MDL: online codes" in out and "fitted" not in out
   assert tables.read(workdir / "probes/mdl.csv", tables.MDL) == codes
   assert {name: (workdir / "probes" / name).read_bytes() for name in kept} == before
@@ -294,7 +297,7 @@ def test_residual_probes_match_sklearn(ewt_part, tmp_path):
   workdir = _make_run(tmp_path / "run", texts[:50])
   config = _config(data)
   config.probe.update(tasks=("upos", "deprel"), eval_splits=("dev",), extra_treebanks=())
-  suite.run_probe_suite(config, workdir)
+  probe_run.run(config, workdir)
   cache = sorted(p.name for p in (workdir / "probes/cache").iterdir())
   out = check_residual_probes.check(config, workdir, [1], ["upos", "deprel"], max_iter=3000)
   assert sorted(p.name for p in (workdir / "probes/cache").iterdir()) == cache  # read, not extracted again
@@ -321,7 +324,7 @@ def test_a_new_task_is_one_registry_entry(ewt_part, tmp_path, monkeypatch):
   workdir = _make_run(tmp_path / "run", texts[:50])
   config = _config(data)
   config.probe.update(tasks=("capitalised",), eval_splits=("dev",), extra_treebanks=(), arc_max_train_words=1)
-  rows = _rows(suite.run_probe_suite(config, workdir))
+  rows = _rows(probe_run.run(config, workdir))
   assert len(rows) == 2 * 2 + 2 + 1 and {r["task"] for r in rows} == {"capitalised"}
   assert all(0 <= float(r["control_accuracy"]) <= 1 for r in rows)
   baseline = next(csv.DictReader(open(workdir / "probes/baselines.csv")))
@@ -351,7 +354,7 @@ def test_bad_input_is_one_line_and_writes_nothing(ewt_part, tmp_path_factory, ch
   config = _config(data)
   change(config)
   with pytest.raises(UserError, match=message) as e:
-    suite.run_probe_suite(config, workdir)
+    probe_run.run(config, workdir)
   assert "\n" not in str(e.value)
   assert not (workdir / "probes").exists()
 
@@ -365,13 +368,13 @@ def test_empty_split_and_missing_run(ewt_part, tmp_path):
     (empty / f"ud/en_ewt/en_ewt-ud-{split}.conllu").write_text("" if split == "dev" else src.read_text())
   workdir = _make_run(tmp_path / "run", texts[:50])
   with pytest.raises(UserError, match="no sentences"):
-    suite.run_probe_suite(_config(empty), workdir)
+    probe_run.run(_config(empty), workdir)
   with pytest.raises(UserError, match="no config.json"):
-    suite.run_probe_suite(_config(data), tmp_path / "not_a_run")
+    probe_run.run(_config(data), tmp_path / "not_a_run")
   bare = tmp_path / "bare"
   runs.write_config(bare, train_config())
   with pytest.raises(UserError, match="no checkpoint"):
-    suite.run_probe_suite(_config(data), bare)
+    probe_run.run(_config(data), bare)
   assert not (workdir / "probes").exists() and not (bare / "probes").exists()
 
 
@@ -394,7 +397,7 @@ def test_trained_model_has_selective_heads(tmp_path):
   train_and_evaluate(config, tmp_path / "decoder")
   config = synthetic_probe_config(str(data))
   config.probe.tasks = ("upos", "deprel")  # the two asserted on below (xpos and arcs: test_suite_on_ewt_part)
-  results = suite.run_probe_suite(config, tmp_path / "decoder")
+  results = probe_run.run(config, tmp_path / "decoder")
   summary = (results.parent / "summary.md").read_text()
   assert "## decoder, step 200" in summary and "## decoder-random, step 0" in summary
   rows = _rows(tmp_path / "decoder/probes/results.csv")
@@ -426,7 +429,7 @@ def test_interrupted_suite_resumes_at_the_next_feature_source(ewt_part, tmp_path
   data, texts = ewt_part
   config = _config(data)
   config.probe.tasks = ("upos", "arc")
-  whole = suite.run_probe_suite(config, _make_run(tmp_path / "whole" / "run", texts))
+  whole = probe_run.run(config, _make_run(tmp_path / "whole" / "run", texts))
   workdir = _make_run(tmp_path / "resumed" / "run", texts)  # the same name: the model column
   real, calls, killed = suite._probe_source, [], []
 
@@ -434,7 +437,7 @@ def test_interrupted_suite_resumes_at_the_next_feature_source(ewt_part, tmp_path
     pass
 
   def dies_on_the_third(*args, **kwargs):
-    calls.append(args[0])
+    calls.append(args[1])  # (job context, layer, heads, read, what)
     if len(calls) == 3 and not killed:
       killed.append(True)
       raise Killed
@@ -442,21 +445,21 @@ def test_interrupted_suite_resumes_at_the_next_feature_source(ewt_part, tmp_path
 
   monkeypatch.setattr(suite, "_probe_source", dies_on_the_third)
   with pytest.raises(Killed):
-    suite.run_probe_suite(config, workdir)
+    probe_run.run(config, workdir)
   (partial,) = (workdir / "probes/cache").glob("*.partial-*")
   assert len(list(partial.glob("*.npz"))) == 2 and not (workdir / "probes/results.csv").exists()
   # A heads-only run (probe.residuals=False) uses the same parts (the two layers' heads) and fits nothing;
   # its rows are the whole run's head rows, and it leaves the parts for the full run that follows.
   config.probe.residuals = False
   fitted_before = list(calls)
-  only = _rows(suite.run_probe_suite(config, workdir))
+  only = _rows(probe_run.run(config, workdir))
   assert calls == fitted_before and len(list(partial.glob("*.npz"))) == 2
   key = lambda r: (r["task"], r["layer"], r["head"], r["split"])  # noqa: E731
   head_rows = sorted((r for r in _rows(whole) if int(r["head"]) >= 0), key=key)
   assert sorted(only, key=key) == head_rows and head_rows
   config.probe.residuals = True
   calls.clear()
-  resumed = suite.run_probe_suite(config, workdir)
+  resumed = probe_run.run(config, workdir)
   assert calls == [-1, 0, 1]  # of 5 sources (2 layers' heads, the embeddings, 2 residual streams) 2 read back
   assert not list((workdir / "probes/cache").glob("*.partial-*"))
   assert _rows(resumed) == _rows(whole)

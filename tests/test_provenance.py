@@ -17,8 +17,8 @@ def _sha(path) -> str:
 
 
 def test_train_and_probe_write_run_info_with_data_hashes(train_tiny_decoder, synthetic_data_dir):
+  from headspec.probing import run as probe_run
   from headspec.probing.config import synthetic_probe_config
-  from headspec.probing.suite import main
 
   run = train_tiny_decoder(2, name="provenance")
   info = json.loads((run / "run_info.json").read_text())
@@ -33,9 +33,9 @@ def test_train_and_probe_write_run_info_with_data_hashes(train_tiny_decoder, syn
   c = synthetic_probe_config(str(synthetic_data_dir))
   c.probe.update(tasks=("upos",), eval_splits=("dev",), random_baseline=False, residuals=False, max_train_words=500)
   c.probe.update(refine_samples=0, max_iter=20, l2_grid=(1e-3,), bootstrap_resamples=20, batch_tokens=1024)
-  main(c, run)
+  probe_run.run(c, run)
   info = json.loads((run / "probes" / "run_info.json").read_text())
-  assert KEYS <= set(info) and info["command"] == "headspec.probing.suite"
+  assert KEYS <= set(info) and info["command"] == "headspec.probing.run"
   ud = synthetic_data_dir / "ud" / "synthetic"
   files = {str(ud / f"synthetic-ud-{s}.conllu") for s in ("train", "dev")}
   assert files <= set(info["data_files"])

@@ -24,7 +24,7 @@ from headspec.train_log import MetricsWriter
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 OWNED = ["train.py", "train_log.py", "checkpoints.py", "runs.py", "remote.py", "sweeps.py", "data/lm_pipeline.py", "data/tokenizer.py", "diversity/run.py",
-         "data/hf_tokenizer.py", "probing/suite.py", "probing/report.py", "probing/features.py", "attention/run.py",
+         "data/hf_tokenizer.py", "probing/suite.py", "probing/run.py", "probing/report.py", "probing/features.py", "attention/run.py",
          "attention/pictures.py", "attention/induction_run.py", "ablation/run.py", "ablation/plots.py", "atlas/data.py",
          "atlas/page.py"]  # fmt: skip
 
@@ -182,11 +182,11 @@ def test_every_analysis_on_a_gs_workdir(synthetic_data_dir, tmp_path, monkeypatc
   figures land in the bucket, whole; the feature cache on local scratch (HEADSPEC_SCRATCH), not in the
   bucket; no local folder `gs:` anywhere."""
   from headspec import checkpoints, cli
-  from headspec.ablation.run import run_ablation
-  from headspec.attention.run import run_attention
-  from headspec.diversity.run import run_diversity
+  from headspec.ablation.run import run as run_ablation
+  from headspec.attention.run import run as run_attention
+  from headspec.diversity.run import run as run_diversity
   from headspec.probing import features
-  from headspec.probing.suite import run_probe_suite
+  from headspec.probing.run import run as run_probe_suite
   from headspec.train import train_and_evaluate
 
   monkeypatch.chdir(tmp_path)

@@ -7,6 +7,7 @@ text) over slices of UD English EWT, in which URLs and e-mail addresses need mor
 
 import csv
 import dataclasses
+import logging
 import pathlib
 
 import numpy as np
@@ -105,13 +106,14 @@ def _attention_config(data):
   return c
 
 
-def test_attention_skips_counts_and_scores_the_rest(decoder, ewt_slice, capsys):
-  from headspec.attention.run import run_attention
+def test_attention_skips_counts_and_scores_the_rest(decoder, ewt_slice, caplog):
+  from headspec.attention.run import run as run_attention
 
   workdir, _ = decoder
   whole, kept_dir, kept = ewt_slice
+  caplog.set_level(logging.INFO)  # the skip lines are absl INFO logs
   summary = run_attention(_attention_config(whole), workdir).read_text()
-  out = capsys.readouterr().out
+  out = caplog.text
   skipped_dev, skipped_test = DEV - len(kept["dev"]), TEST - len(kept["test"])
   assert f"en_ewt/dev: skipped {skipped_dev} of {DEV} sentences" in out
   assert f"en_ewt/test: skipped {skipped_test} of {TEST} sentences" in out
@@ -129,7 +131,7 @@ def test_attention_skips_counts_and_scores_the_rest(decoder, ewt_slice, capsys):
 
 
 def test_attention_refuses_when_no_sentence_fits(decoder, ewt_slice, tmp_path):
-  from headspec.attention.run import run_attention
+  from headspec.attention.run import run as run_attention
 
   workdir, tokenizer = decoder
   whole, _, kept = ewt_slice
@@ -159,14 +161,15 @@ def _probe_config(data):
   return c
 
 
-def test_probe_skips_counts_and_scores_the_rest(decoder, ewt_slice, tmp_path, capsys):
-  from headspec.probing import suite
+def test_probe_skips_counts_and_scores_the_rest(decoder, ewt_slice, tmp_path, caplog):
+  from headspec.probing import run as probe_run
 
   workdir, _ = decoder
   whole, _, kept = ewt_slice
   config = _probe_config(whole)
-  results = suite.run_probe_suite(config, workdir)
-  out = capsys.readouterr().out
+  caplog.set_level(logging.INFO)
+  results = probe_run.run(config, workdir)
+  out = caplog.text
   skipped = {s: n - len(kept[s]) for s, n in (("train", TRAIN), ("dev", DEV), ("test", TEST))}
   for split, n in (("train", TRAIN), ("dev", DEV), ("test", TEST)):
     assert f"en_ewt/{split}: skipped {skipped[split]} of {n} sentences" in out
@@ -179,7 +182,7 @@ def test_probe_skips_counts_and_scores_the_rest(decoder, ewt_slice, tmp_path, ca
 
 
 def test_probe_refuses_when_no_train_sentence_fits(decoder, ewt_slice, tmp_path):
-  from headspec.probing import suite
+  from headspec.probing import run as probe_run
 
   workdir, _ = decoder
   whole, _, kept = ewt_slice
@@ -188,11 +191,11 @@ def test_probe_refuses_when_no_train_sentence_fits(decoder, ewt_slice, tmp_path)
   train = [b for b in _blocks(whole / "ud/en_ewt/en_ewt-ud-train.conllu") if b not in kept["train"]]
   _write(tmp_path / "ud/en_ewt", "train", train)
   with pytest.raises(UserError) as e:
-    suite.run_probe_suite(_probe_config(tmp_path), workdir)
+    probe_run.run(_probe_config(tmp_path), workdir)
   assert "\n" not in str(e.value) and str(e.value).startswith("en_ewt/train: none of")
 
 
-def test_ablation_readers_skip_and_count(decoder, ewt_slice, capsys):
+def test_ablation_readers_skip_and_count(decoder, ewt_slice, capsys, caplog):
   """The causal test's splits and MiniLM's sentence evaluation set keep only representable sentences."""
   from headspec.ablation import causal
   from headspec.ablation import run as ablation_run
@@ -207,8 +210,9 @@ def test_ablation_readers_skip_and_count(decoder, ewt_slice, capsys):
   assert len(data.test.words) == len(kept["test"]) and len(data.train.words) == len(kept["train"])
   assert f"causal test: en_ewt/test: skipped {TEST - len(kept['test'])} of {TEST}" in capsys.readouterr().out
   config.data_dir, config.treebank, config.split, config.num_sentences = str(whole), "en_ewt", "dev", DEV
+  caplog.set_level(logging.INFO)
   windows = ablation_run._sentence_windows(config, tokenizer, 32, "decoder")
-  assert f"en_ewt/dev: skipped {DEV - len(kept['dev'])} of {DEV}" in capsys.readouterr().out
+  assert f"en_ewt/dev: skipped {DEV - len(kept['dev'])} of {DEV}" in caplog.text
   assert max(len(w) for w in windows) <= 32
   expected = align.align([_words(b) for b in kept["dev"]], tokenizer, 32, causal=True).windows
   assert len(windows) == len(expected) and all(np.array_equal(a, b) for a, b in zip(windows, expected))

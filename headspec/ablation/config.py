@@ -1,5 +1,6 @@
 """Every `headspec ablate` config key with its default (configs/ablate.py starts from `ablate_config()`,
-so each key is declared and documented once, as probing/config.py does for `headspec probe`)."""
+so each key is declared and documented once, as probing/config.py does for `headspec probe`);
+`quickstart_ablate_config` is what the quickstart ablates with."""
 
 from __future__ import annotations
 
@@ -57,4 +58,17 @@ def ablate_config() -> ml_collections.ConfigDict:
 
   c.interactions = ml_collections.ConfigDict()
   c.interactions.top = 12  # the most important heads whose pairs are ablated jointly
+  return c
+
+
+def quickstart_ablate_config(data_dir: str) -> ml_collections.ConfigDict:
+  """The quickstart's ablation: the last step, single-head zero/mean, importance, pruning by importance,
+  magnitude and 5 random orders on 2,048 validation tokens (seconds)."""
+  c = ablate_config()
+  c.data_dir = data_dir
+  c.steps = "last"
+  c.methods = "zero,mean,importance,pruning"
+  c.pruning.rankings = "importance,magnitude,random"
+  c.num_tokens = 2048
+  c.bootstrap_resamples = 200
   return c

@@ -18,10 +18,10 @@ import time
 
 import ml_collections
 import numpy as np
+from absl import logging
 from etils import epath
-from tqdm import tqdm
 
-from headspec import provenance, remote, runs, tables, targets
+from headspec import jobloop, provenance, remote, runs, tables, targets
 from headspec.ablation import causal, core, gates, interactions, metrics, plots, pruning
 from headspec.ablation import evalset as evalset_lib
 from headspec.alignment import POOLINGS
@@ -81,7 +81,9 @@ def _sentence_windows(config, tokenizer, max_len: int, kind: str) -> list[np.nda
   data_root = targets.data_dir(config, purpose=f"the {config.treebank} {config.split} sentences")
   sentences = treebank_lib.load_split(data_root, config.treebank, config.split)[: config.num_sentences]
   where, names = f"{config.treebank}/{config.split}", [s.sent_id for s in sentences]
-  kept = align.representable([s.words for s in sentences], tokenizer, max_len, where=where, names=names, log=print)
+  kept = align.representable(
+    [s.words for s in sentences], tokenizer, max_len, where=where, names=names, log=logging.info
+  )
   return align.align(kept.select([s.words for s in sentences]), tokenizer, max_len, causal=kind == "decoder").windows
 
 
@@ -118,35 +120,65 @@ class _Plan:
   data_root: pathlib.Path | None
 
 
-def prepare(config, workdir) -> _Plan:
-  """All the checks: config values, targets, writable tables, gates vs LM head, probe results vs model."""
-  if not workdir:
-    raise UserError("ablate needs --workdir=DIR (a training run, or any folder with --config.model.pretrained)")
-  workdir = remote.run_path(workdir)
-  methods, rankings = check_config(config)
-  jobs = targets.plan(
-    config, workdir, steps=config.steps, model_name=config.model_name, random_baseline=config.random_baseline
-  )
-  tables.check_writable(workdir, *TABLES)
-  if "gates" in methods and not jobs[0].lm_head:
-    raise UserError(
-      f"L0 gates need a trained LM head; {jobs[0].name} has none (its LM loss means nothing): drop 'gates' from methods"
+class Ablation(jobloop.Analysis):
+  """`headspec ablate` in the job loop's parts."""
+
+  name = "ablate"
+
+  def plan(self):
+    config = self.config
+    self.t0 = time.perf_counter()
+    self.methods, self.rankings = check_config(config)
+    return targets.plan(
+      config, self.workdir, steps=config.steps, model_name=config.model_name, random_baseline=config.random_baseline
     )
-  model, _ = jobs[0].load()
-  L, H = model.cfg.num_layers, model.cfg.num_heads
-  selectivity = {}
-  if "causal" in methods or "probe" in rankings:
-    for job in jobs:
-      selectivity[(job.name, job.step)] = causal.read_selectivity(workdir, job.name, job.step, L, H)
-  data_root = None
-  if "causal" in methods and any(selectivity.values()):
-    run_config = None if config.model.pretrained else runs.read_config(workdir)
-    data_root = targets.data_dir(config, run_config, purpose="the treebank of the causal probe test")
-  return _Plan(jobs, methods, rankings, selectivity, data_root)
+
+  def tables(self, jobs):
+    return TABLES
+
+  def prepare(self, jobs):
+    """The checks that need a model: gates vs LM head, probe results vs the model's shape."""
+    config, methods, rankings = self.config, self.methods, self.rankings
+    if "gates" in methods and not jobs[0].lm_head:
+      raise UserError(
+        f"L0 gates need a trained LM head; {jobs[0].name} has none (its LM loss means nothing): drop 'gates' from methods"
+      )
+    model, _ = jobs[0].load()
+    L, H = model.cfg.num_layers, model.cfg.num_heads
+    selectivity = {}
+    if "causal" in methods or "probe" in rankings:
+      for job in jobs:
+        selectivity[(job.name, job.step)] = causal.read_selectivity(self.workdir, job.name, job.step, L, H)
+    data_root = None
+    if "causal" in methods and any(selectivity.values()):
+      run_config = None if config.model.pretrained else runs.read_config(self.workdir)
+      data_root = targets.data_dir(config, run_config, purpose="the treebank of the causal probe test")
+    self.plan_ = _Plan(jobs, methods, rankings, selectivity, data_root)
+    self.sets, self.task_cache = {}, {}
+    logging.info(f"ablate: {len(jobs)} model step(s), methods {', '.join(methods)}")
+
+  def job(self, job):
+    model, tokenizer = job.load()
+    if job.lm_head not in self.sets:
+      self.sets[job.lm_head] = evaluation_set(self.config, self.workdir, job, tokenizer, model.cfg)
+    rows = ablate_job(job, model, self.sets[job.lm_head], self.config, self.plan_, self.task_cache, tokenizer)
+    for path in _figures(self.workdir / "ablation", job, rows, model.cfg.num_layers, model.cfg.num_heads):
+      logging.info(f"  wrote {path}")
+    kept = lambda r: r["kind"] != "probe_selective"  # ablation/causal.csv's induction rows: attention's
+    return {
+      table: jobloop.Rows(rows[table], others=kept) if table is tables.ABLATION_CAUSAL else rows[table]
+      for table in TABLES
+      if rows[table]
+    }
+
+  def finish(self, jobs):
+    out_dir = self.workdir / "ablation"
+    print(f"ablate: tables in {out_dir} ({time.perf_counter() - self.t0:.0f} s)", flush=True)
+    return remote.native_path(out_dir)
 
 
 def _bar(total: int, desc: str):
-  return tqdm(total=total, desc=desc, unit="call", leave=True, mininterval=1.0)
+  return jobloop.progress(total, desc, unit="call")
 
 
 def _head_rows(method, metric, value_LH, low_LH=None, high_LH=None) -> list[dict]:
@@ -162,19 +194,30 @@ def _head_rows(method, metric, value_LH, low_LH=None, high_LH=None) -> list[dict
   ]
 
 
-def ablate_job(job, model, es, config, plan: _Plan, task_data_cache: dict, tokenizer, log=print) -> dict:
-  """Every requested stage for one (model, step): {table path: rows}."""
+@dataclasses.dataclass(frozen=True)
+class _Stage:
+  """What every stage of one (model, step) reads."""
+
+  model: object
+  es: evalset_lib.EvalSet
+  config: ml_collections.ConfigDict
+  plan: _Plan
+  tag: str  # '<model> step <step>', for the log lines and progress bars
+
+
+def ablate_job(job, model, es, config, plan: _Plan, task_data_cache: dict, tokenizer) -> dict:
+  """Every requested stage for one (model, step): {table: rows} (a list per table of TABLES)."""
   cfg = model.cfg
   L, H = cfg.num_layers, cfg.num_heads
   methods, kind = plan.methods, es.kind
   R, seed = config.bootstrap_resamples, config.seed
   tag = f"{job.name} step {job.step}"
-  out = {t.path: [] for t in TABLES}
+  out = {t: [] for t in TABLES}
   zero = core.zero_replacement(model)
   mean_z, entropy = core.head_statistics(model, es)
   full = core.run_one(model, es, np.ones((L, H)), zero)
   base = metrics.values(kind, full, full)
-  log(f"{tag}: {es.description}; unablated " + ", ".join(f"{k} {v:.4f}" for k, v in base.items()))
+  logging.info(f"{tag}: {es.description}; unablated " + ", ".join(f"{k} {v:.4f}" for k, v in base.items()))
 
   eye = np.eye(H, dtype=np.float32)
   sweeps = {"zero": (1 - eye, zero), "mean": (1 - eye, mean_z), "keep_only": (eye, zero)}
@@ -191,7 +234,7 @@ def ablate_job(job, model, es, config, plan: _Plan, task_data_cache: dict, token
         single[method] = d
         if method in methods:
           for metric, (v, lo, hi) in d.items():
-            out[tables.ABLATION_HEADS.path] += _head_rows(method, metric, *(x.reshape(L, H) for x in (v, lo, hi)))
+            out[tables.ABLATION_HEADS] += _head_rows(method, metric, *(x.reshape(L, H) for x in (v, lo, hi)))
 
   importance = None
   if {"importance", "interactions"} & set(methods) or ("pruning" in methods and "importance" in plan.rankings):
@@ -199,45 +242,45 @@ def ablate_job(job, model, es, config, plan: _Plan, task_data_cache: dict, token
       raw_importance = metrics.raw_importance(model, es, progress=bar)
       importance = metrics.normalise_per_layer(raw_importance)
     if "importance" in methods:
-      out[tables.ABLATION_HEADS.path] += _head_rows("importance", "score", importance)
+      out[tables.ABLATION_HEADS] += _head_rows("importance", "score", importance)
       # Unnormalised too: the per-layer norm erases differences between layers (comparisons across layers).
-      out[tables.ABLATION_HEADS.path] += _head_rows("importance", "raw_score", raw_importance)
+      out[tables.ABLATION_HEADS] += _head_rows("importance", "raw_score", raw_importance)
   if "magnitude" in methods:
-    out[tables.ABLATION_HEADS.path] += _head_rows("magnitude", "score", metrics.magnitude(model))
+    out[tables.ABLATION_HEADS] += _head_rows("magnitude", "score", metrics.magnitude(model))
   if "entropy" in methods:
-    out[tables.ABLATION_HEADS.path] += _head_rows("entropy", "score", entropy)
+    out[tables.ABLATION_HEADS] += _head_rows("entropy", "score", entropy)
 
   selectivity = plan.selectivity.get((job.name, job.step))
+  stage = _Stage(model, es, config, plan, tag)
   if "pruning" in methods:
-    out[tables.ABLATION_PRUNING.path] = _pruning(
-      model, es, config, plan, single, importance, entropy, selectivity, full, tag, log
-    )
+    out[tables.ABLATION_PRUNING] = _pruning(stage, full, single, importance, entropy, selectivity)
   if "gates" in methods:
     if job.lm_head:
-      out[tables.ABLATION_GATES.path] = _gates(model, es, config, tag)
+      out[tables.ABLATION_GATES] = _gates(stage)
     else:
-      log(f"{tag}: gates skipped (no trained LM head)")
+      logging.info(f"{tag}: gates skipped (no trained LM head)")
   if "causal" in methods:
     if selectivity is None:
-      log(f"{tag}: causal test skipped (no probe results for it in probes/results.csv)")
+      logging.info(f"{tag}: causal test skipped (no probe results for it in probes/results.csv)")
     else:
-      out[tables.ABLATION_CAUSAL.path] = _causal(
-        model, es if job.lm_head else None, mean_z, config, plan, selectivity, task_data_cache, tokenizer, tag, log
-      )
+      lm_set = es if job.lm_head else None
+      out[tables.ABLATION_CAUSAL] = _causal(stage, lm_set, mean_z, selectivity, task_data_cache, tokenizer)
   if "interactions" in methods:
     heads = interactions.top_heads(importance, min(config.interactions.top, L * H))
     n = len(heads) * (len(heads) + 1) // 2 + 1
     with _bar(-(-n // core.MASKS_PER_CALL), f"{tag}: interactions of the top {len(heads)} heads") as bar:
-      out[tables.ABLATION_INTERACTIONS.path] = interactions.interactions(model, es, heads, progress=bar)
+      out[tables.ABLATION_INTERACTIONS] = interactions.interactions(model, es, heads, progress=bar)
   for rows in out.values():
     for r in rows:
       r.update(model=job.name, step=job.step)
-  for r in out[tables.ABLATION_CAUSAL.path]:
+  for r in out[tables.ABLATION_CAUSAL]:
     r["kind"] = "probe_selective"
   return out
 
 
-def _pruning(model, es, config, plan, single, importance, entropy, selectivity, full, tag, log) -> list[dict]:
+def _pruning(stage: _Stage, full, single: dict, importance, entropy, selectivity) -> list[dict]:
+  """ablation/pruning.csv rows: every ranking's pruning curve (`full`: the unablated outputs)."""
+  model, es, config, plan, tag = stage.model, stage.es, stage.config, stage.plan, stage.tag
   L, H = model.cfg.num_layers, model.cfg.num_heads
   p = config.pruning
   counts = pruning.schedule(L * H, p.step_fraction)
@@ -253,7 +296,7 @@ def _pruning(model, es, config, plan, single, importance, entropy, selectivity, 
       fixed[(ranking, -1)] = -entropy
     elif ranking == "probe":
       if selectivity is None:
-        log(f"{tag}: pruning by probe selectivity skipped (no probe results for it)")
+        logging.info(f"{tag}: pruning by probe selectivity skipped (no probe results for it)")
       else:
         fixed[(ranking, -1)] = np.max(np.stack(list(selectivity.by_task.values())), axis=0)
     elif ranking == "random":
@@ -282,7 +325,9 @@ def _pruning(model, es, config, plan, single, importance, entropy, selectivity, 
   return rows
 
 
-def _gates(model, es, config, tag) -> list[dict]:
+def _gates(stage: _Stage) -> list[dict]:
+  """ablation/gates.csv rows: L0 gates fitted per penalty, scored on the held-out half."""
+  model, es, config, tag = stage.model, stage.es, stage.config, stage.tag
   g = config.gates
   L, H = model.cfg.num_layers, model.cfg.num_heads
   fit_set, held_out = es.halves()
@@ -319,16 +364,20 @@ def _gates(model, es, config, tag) -> list[dict]:
   return rows
 
 
-def _causal(model, lm_set, mean_z, config, plan, selectivity, cache, tokenizer, tag, log) -> list[dict]:
+def _causal(stage: _Stage, lm_set, mean_z, selectivity, cache: dict, tokenizer) -> list[dict]:
+  """ablation/causal.csv rows of the causal probe test (`cache`: the task data of each treebank)."""
+  model, config, plan, tag = stage.model, stage.config, stage.plan, stage.tag
   tasks = [t for t in causal.LABEL_TASKS if t in selectivity.by_task]
   skipped = sorted(set(selectivity.by_task) - set(tasks))
   if skipped:
-    log(
+    logging.info(
       f"{tag}: causal test skips {', '.join(skipped)} (only label tasks {', '.join(causal.LABEL_TASKS)} are refitted)"
     )
   key = (selectivity.treebank, tuple(tasks))
   if key not in cache:
-    cache[key] = causal.load_task_data(plan.data_root, selectivity.treebank, tasks, tokenizer, model.cfg, config)
+    cache[key] = causal.load_task_data(
+      plan.data_root, selectivity.treebank, tasks, tokenizer, model.cfg, config, log=logging.info
+    )
   rows = []
   L, H = model.cfg.num_layers, model.cfg.num_heads
   n = len(causal.ks(L * H)) * (1 + config.causal.random_seeds) * len(tasks)
@@ -336,7 +385,7 @@ def _causal(model, lm_set, mean_z, config, plan, selectivity, cache, tokenizer, 
     for data in cache[key]:
       rows += causal.causal_rows(model, data, selectivity.by_task[data.task], lm_set, mean_z, config, progress=bar)
   for line in causal.verdicts(rows):
-    log(f"  {line}")
+    logging.info(f"  {line}")
   return rows
 
 
@@ -351,50 +400,25 @@ def _figures(out_dir, job, rows: dict, L: int, H: int) -> list[epath.Path]:
     (tables.ABLATION_INTERACTIONS, plots.interactions, "interactions"),
   ]
   for table, fn, name in draw:
-    if rows[table.path]:
-      made.append(fn(rows[table.path], out_dir / f"{name}_{tag}.png"))
+    if rows[table]:
+      made.append(fn(rows[table], out_dir / f"{name}_{tag}.png"))
   return made
 
 
 @provenance.recorded("ablation")
-def run_ablation(config: ml_collections.ConfigDict, workdir) -> pathlib.Path | epath.Path:
+def run(config: ml_collections.ConfigDict, workdir) -> pathlib.Path | epath.Path:
   """Every requested stage at every requested step; returns RUN/ablation/ (tables and figures)."""
-  plan = prepare(config, workdir)
-  workdir = remote.run_path(workdir)
-  out_dir = workdir / "ablation"
-  t0 = time.perf_counter()
-  print(f"ablate: {len(plan.jobs)} model step(s), methods {', '.join(plan.methods)}", flush=True)
-  sets, task_cache = {}, {}
-  for job in plan.jobs:
-    model, tokenizer = job.load()
-    if job.lm_head not in sets:
-      sets[job.lm_head] = evaluation_set(config, workdir, job, tokenizer, model.cfg)
-    rows = ablate_job(job, model, sets[job.lm_head], config, plan, task_cache, tokenizer)
-    for table in TABLES:
-      if rows[table.path]:
-        others = (lambda r: r["kind"] != "probe_selective") if table is tables.ABLATION_CAUSAL else None
-        tables.merge(tables.path_of(workdir, table), rows[table.path], table, others=others)
-    for path in _figures(out_dir, job, rows, model.cfg.num_layers, model.cfg.num_heads):
-      print(f"  wrote {path}", flush=True)
-  print(f"ablate: tables in {out_dir} ({time.perf_counter() - t0:.0f} s)", flush=True)
-  return remote.native_path(out_dir)
+  return jobloop.run(Ablation(config, workdir))
 
 
-def ablate_quickstart(run_dir, data_dir) -> str:
+def quickstart(run_dir, data_dir) -> str:
   """A small ablation of a quickstart decoder's last step (single-head zero/mean, importance, pruning by
   importance, magnitude and 5 random orders) on 2,048 validation tokens: seconds. Returns a summary."""
   import os
 
-  from headspec.ablation.config import ablate_config
+  from headspec.ablation.config import quickstart_ablate_config
 
-  config = ablate_config()
-  config.data_dir = os.fspath(data_dir)
-  config.steps = "last"
-  config.methods = "zero,mean,importance,pruning"
-  config.pruning.rankings = "importance,magnitude,random"
-  config.num_tokens = 2048
-  config.bootstrap_resamples = 200
-  out_dir = run_ablation(config, run_dir)
+  out_dir = run(quickstart_ablate_config(os.fspath(data_dir)), run_dir)
   rows = [r for r in tables.read(out_dir / "heads.csv", tables.ABLATION_HEADS) if r["metric"] == "loss_delta"]
   rows.sort(key=lambda r: -float(r["value"]))
   lines = [f"ablation of {run_dir}: the heads whose removal costs most LM loss (zero or mean ablation)"]

@@ -11,6 +11,6 @@ See docs/attention.md.
 
 def attention_quickstart(run_dir, data_dir) -> str:
   """The attention study of a quickstart run on the synthetic treebank (headspec/attention/run.py)."""
-  from headspec.attention.run import attention_quickstart as run
+  from headspec.attention.run import quickstart
 
-  return run(run_dir, data_dir)
+  return quickstart(run_dir, data_dir)

@@ -79,7 +79,7 @@ def names(value) -> tuple[str, ...]:
 
 
 def check_config(config) -> None:
-  """Every value `run_attention` reads; UserError on the first bad one (before any model runs). Name
+  """Every value `run.run` reads; UserError on the first bad one (before any model runs). Name
   lists given as 'a,b' on the command line are split into tuples here."""
   c = config
   c.roles.labels = names(c.roles.labels)

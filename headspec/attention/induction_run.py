@@ -13,7 +13,7 @@ After every step (`formation`): attention/induction_formation.png (per-head indu
 scores, the ICL score and the training loss of metrics.jsonl on one step axis) and
 attention/induction_summary.md (the formation window) when two or more steps have scores.
 Rows of the other analyses in the same files (treebank roles, Clark labels, probe_selective causal
-rows) are kept: `merge_parts`.
+rows) are kept: `table_rows`.
 """
 
 from __future__ import annotations
@@ -24,9 +24,10 @@ import time
 
 import ml_collections
 import numpy as np
+from absl import logging
 from etils import epath
 
-from headspec import remote, tables, targets, train_log
+from headspec import jobloop, remote, tables, targets, train_log
 from headspec.ablation import causal as causal_lib
 from headspec.attention import induction as ind
 from headspec.errors import UserError
@@ -60,7 +61,7 @@ class Data:
   natural_source: str
 
 
-def load_data(config, workdir, jobs, *, log=print) -> Data:
+def load_data(config, workdir, jobs) -> Data:
   """The repeated random sequences and the natural-text rows; every problem a UserError before any work.
   A context shorter than [BOS] + 2·induction.n tokens gets the largest n that fits (said in one line)."""
   i = config.induction
@@ -72,7 +73,7 @@ def load_data(config, workdir, jobs, *, log=print) -> Data:
     n = (T - len(bos)) // 2
     if n < 2:
       raise UserError(f"induction: a context of {T} tokens holds no repeated sequence ([BOS] + 2n with n >= 2)")
-    log(f"induction.n={i.n}: [BOS] + 2n tokens exceed the context of {T}; using n={n}")
+    logging.info(f"induction.n={i.n}: [BOS] + 2n tokens exceed the context of {T}; using n={n}")
   specials = ind.special_ids(tokenizer)
   repeated = ind.repeated_random_tokens(
     tokenizer.vocab_size, specials, n=n, count=i.num_sequences, seed=i.seed, bos=bos
@@ -145,13 +146,7 @@ def combine_labels(rows: list[dict], L: int, H: int, model: str, step: int) -> l
   return out
 
 
-def merge_parts(workdir, table: tables.Table, new_rows: list[dict], mine) -> list[dict]:
-  """`tables.merge`, keeping the existing rows of the same keys that `mine(row)` says another analysis
-  wrote (a table's key is (model, step): merging alone would drop them)."""
-  return tables.merge(tables.path_of(workdir, table), new_rows, table, others=lambda r: not mine(r))
-
-
-def analyse(job: targets.Target, model, data: Data, config, *, log=print) -> dict:
+def analyse(job: targets.Target, model, data: Data, config) -> dict:
   """Rows of one (model, step): {'roles', 'labels', 'icl', 'causal'} (module docstring)."""
   i, R, seed = config.induction, config.roles.bootstrap_resamples, config.seed
   t0 = time.perf_counter()
@@ -165,7 +160,7 @@ def analyse(job: targets.Target, model, data: Data, config, *, log=print) -> dic
   roles += _role_rows({"copying": (copying, nan, nan)}, "weights", model=job.name, step=job.step)
   first, second = ind.repeat_losses(rep.nll_NT, data.n, data.prefix)
   best = np.unravel_index(np.nanargmax(scores["induction"][0]), (L, H))
-  log(
+  logging.info(
     f"{tag}: repeated random tokens (n={data.n}): best induction head L{best[0]}H{best[1]} "
     f"{scores['induction'][0][best]:.3f}, best previous-token {np.nanmax(scores['previous_token'][0]):.3f}; "
     f"loss first repeat {first.mean():.3f}, second {second.mean():.3f} ({time.perf_counter() - t0:.1f} s)"
@@ -187,9 +182,9 @@ def analyse(job: targets.Target, model, data: Data, config, *, log=print) -> dic
       icl_rows.append(
         dict(model=job.name, step=job.step, kind="icl_score", position="", value=v, ci_low=lo, ci_high=hi)
       )
-      log(f"{tag}: ICL score loss(token {late}) − loss(token {early}) = {v:+.3f} [{lo:+.3f}, {hi:+.3f}]")
+      logging.info(f"{tag}: ICL score loss(token {late}) − loss(token {early}) = {v:+.3f} [{lo:+.3f}, {hi:+.3f}]")
     elif i.icl:
-      log(f"{tag}: ICL score skipped: {job.name} has no trained LM head (its losses mean nothing)")
+      logging.info(f"{tag}: ICL score skipped: {job.name} has no trained LM head (its losses mean nothing)")
   causal_rows = []
   c = i.causal
   if c.enabled and job.lm_head:
@@ -200,21 +195,20 @@ def analyse(job: targets.Target, model, data: Data, config, *, log=print) -> dic
     for r in causal_rows:
       r.update(model=job.name, step=job.step, kind="induction")
     for line in causal_lib.induction_verdicts(causal_rows):
-      log(f"{tag}: {line}")
+      logging.info(f"{tag}: {line}")
   elif c.enabled:
-    log(f"{tag}: induction causal check skipped: no trained LM head")
+    logging.info(f"{tag}: induction causal check skipped: no trained LM head")
   all_scores = dict(scores, copying=(copying, nan, nan))
   labels = label_rows(all_scores, config, model=job.name, step=job.step, n=data.n)
-  log(f"{tag}: induction step done ({time.perf_counter() - t0:.1f} s)")
+  logging.info(f"{tag}: induction step done ({time.perf_counter() - t0:.1f} s)")
   return dict(roles=roles, labels=labels, icl=icl_rows, causal=causal_rows)
 
 
-def write(workdir, rows: dict, L: int, H: int, model: str, step: int, *, with_treebank_rows: dict | None = None):
-  """Merges one step's rows; `with_treebank_rows`: the Clark/roles rows of the same step, written together."""
+def table_rows(rows: dict, L: int, H: int, model: str, step: int, *, with_treebank_rows: dict | None = None) -> dict:
+  """{table: rows} of one step for the job loop (jobloop.Rows: the rows other analyses wrote in the same
+  tables are kept); `with_treebank_rows`: the Clark/roles rows of the same step, written together."""
   tb = with_treebank_rows or {}
   ours_role = lambda r: r["data"] in ind.DATA or (bool(tb) and r["data"] == "treebank")
-  roles = tb.get("roles", []) + rows.get("roles", [])
-  merge_parts(workdir, tables.ROLES, roles, ours_role)
   ours_label = lambda r: r["label"] in ind.LABELS or bool(tb)
   keys = (str(model), str(step))
 
@@ -222,11 +216,21 @@ def write(workdir, rows: dict, L: int, H: int, model: str, step: int, *, with_tr
     kept = [r for r in old if (r["model"], r["step"]) == keys and not ours_label(r)]
     return combine_labels(kept + tb.get("labels", []) + rows.get("labels", []), L, H, model, step)
 
-  tables.merge(tables.path_of(workdir, tables.LABELS), labels, tables.LABELS)
+  out = {
+    tables.ROLES: jobloop.Rows(tb.get("roles", []) + rows.get("roles", []), others=lambda r: not ours_role(r)),
+    tables.LABELS: labels,
+  }
   if rows.get("icl"):
-    tables.merge(tables.path_of(workdir, tables.ICL), rows["icl"], tables.ICL)
+    out[tables.ICL] = rows["icl"]
   if rows.get("causal"):
-    merge_parts(workdir, tables.ABLATION_CAUSAL, rows["causal"], lambda r: r["kind"] == "induction")
+    out[tables.ABLATION_CAUSAL] = jobloop.Rows(rows["causal"], others=lambda r: r["kind"] != "induction")
+  return out
+
+
+def write(workdir, rows: dict, L: int, H: int, model: str, step: int, *, with_treebank_rows: dict | None = None):
+  """Merges one step's rows (`table_rows`) into WORKDIR's tables."""
+  for table, part in table_rows(rows, L, H, model, step, with_treebank_rows=with_treebank_rows).items():
+    jobloop.merge(workdir, table, part)
 
 
 # --- formation over training ---
@@ -240,7 +244,7 @@ def training_loss(workdir) -> tuple[np.ndarray, np.ndarray]:
   return np.asarray([r["step"] for r in records]), np.asarray([float(r["loss"]) for r in records])
 
 
-def formation(workdir, model: str, threshold: float, *, log=print) -> epath.Path:
+def formation(workdir, model: str, threshold: float) -> epath.Path:
   """attention/induction_summary.md (best heads per step; the formation window) and, with two or more
   steps scored, induction_formation.png of `model`, from the tables and metrics.jsonl. Returns the .md."""
   workdir = remote.run_path(workdir)
@@ -305,7 +309,7 @@ def formation(workdir, model: str, threshold: float, *, log=print) -> epath.Path
     )
   md = out / "induction_summary.md"
   md.write_text("\n".join(lines) + "\n")
-  log(f"  {model}: formation window: {window}")
+  logging.info(f"  {model}: formation window: {window}")
   return md
 
 

@@ -31,10 +31,11 @@ import shutil
 import time
 
 import numpy as np
+from absl import logging
 from etils import epath
 
 from headspec import alignment as align_lib
-from headspec import provenance, remote, runs, tables, targets
+from headspec import jobloop, provenance, remote, runs, tables, targets
 from headspec.attention import clark as clark_lib
 from headspec.attention import flow as flow_lib
 from headspec.attention import induction_run, report
@@ -80,7 +81,7 @@ def _split_of(key: str, sentences) -> Split:
   return Split(key, sentences, clark_lib.split_arcs(sentences), punct)
 
 
-def representable_data(data: Data, tokenizer, max_len: int, *, log=print) -> tuple[Data, list[str]]:
+def representable_data(data: Data, tokenizer, max_len: int) -> tuple[Data, list[str]]:
   """`data` with only the sentences the model can represent (align.representable: a split that keeps
   none is a UserError; example sentences that cannot be drawn are left out), and one line per split
   that lost some, for the summary."""
@@ -88,13 +89,15 @@ def representable_data(data: Data, tokenizer, max_len: int, *, log=print) -> tup
   for split in [data.select] + ([data.report] if data.report else []):
     words = [s.words for s in split.sentences]
     kept = align_lib.representable(
-      words, tokenizer, max_len, where=split.key, names=[s.sent_id for s in split.sentences], log=log
+      words, tokenizer, max_len, where=split.key, names=[s.sent_id for s in split.sentences], log=logging.info
     )
     splits.append(_split_of(split.key, kept.select(split.sentences)) if kept.num_skipped else split)
     notes += [kept.summary()] if kept.num_skipped else []
   examples = data.examples
   if examples:
-    kept = align_lib.representable(examples, tokenizer, max_len, where="pictures.sentences", required=False, log=log)
+    kept = align_lib.representable(
+      examples, tokenizer, max_len, where="pictures.sentences", required=False, log=logging.info
+    )
     examples = kept.select(examples)
   report_split = splits[1] if data.report else None
   return dataclasses.replace(data, select=splits[0], report=report_split, examples=examples), notes
@@ -147,7 +150,7 @@ def _safe(name: str) -> str:
   return "".join(c if c.isalnum() or c in "-_." else "_" for c in name)
 
 
-def draw_pictures(model, tokenizer, examples, folder, config, *, log=print) -> None:
+def draw_pictures(model, tokenizer, examples, folder, config) -> None:
   """Every picture of pictures.py for one (model, step): locally written to a temporary folder, then
   swapped in; in a remote folder (gs://...) each file is written whole in place, then the files of an
   earlier drawing that this one did not write are removed (an object store has no folder to swap)."""
@@ -184,7 +187,9 @@ def draw_pictures(model, tokenizer, examples, folder, config, *, log=print) -> N
   if chosen is None:  # no example short enough for flow: rollout of the first one only
     probs_LHTT, tokens = words_lib.token_maps(model, tokenizer, examples[0])
     chosen = (0, probs_LHTT, tokens, None)
-    log(f"  attention flow skipped: no example sentence has <= {p.flow_max_tokens} tokens (pictures.flow_max_tokens)")
+    logging.info(
+      f"  attention flow skipped: no example sentence has <= {p.flow_max_tokens} tokens (pictures.flow_max_tokens)"
+    )
   i, probs_LHTT, tokens, flow_TT = chosen
   written.append(
     pictures_lib.rollout_flow_picture(
@@ -211,11 +216,11 @@ def draw_pictures(model, tokenizer, examples, folder, config, *, log=print) -> N
   tmp.rename(folder)
 
 
-def analyse_job(job: targets.Target, data: Data, config, out_dir, *, log=print):
+def analyse_job(job: targets.Target, data: Data, config, out_dir):
   """Tables' rows and the summary section of one (model, step); draws its pictures."""
   t0 = time.perf_counter()
   model, tokenizer = job.load()
-  data, skipped = representable_data(data, tokenizer, model.cfg.max_len, log=log)
+  data, skipped = representable_data(data, tokenizer, model.cfg.max_len)
   causal = model.cfg.kind == "decoder"
   c = config.clark
   scores, stats = {}, {}
@@ -228,7 +233,7 @@ def analyse_job(job: targets.Target, data: Data, config, out_dir, *, log=print):
       split.punct_N,
       batch_tokens=config.batch_tokens,
       names=names,
-      log=log,
+      log=logging.info,
     )
     scores[split.key] = clark_lib.score_split(
       stats[split.key],
@@ -238,7 +243,7 @@ def analyse_job(job: targets.Target, data: Data, config, out_dir, *, log=print):
       arc_set=c.arcs,
       max_offset=c.max_offset,
     )
-  log(f"  {job.name} step {job.step}: attention read ({time.perf_counter() - t0:.1f} s)")
+  logging.info(f"  {job.name} step {job.step}: attention read ({time.perf_counter() - t0:.1f} s)")
   select = scores[data.select.key]
   chosen = {key: clark_lib.best_offset(b) for key, b in select.baseline.items()}
   clark_rows, baseline_rows = [], []
@@ -261,12 +266,10 @@ def analyse_job(job: targets.Target, data: Data, config, out_dir, *, log=print):
     confirmed=confirmed,
     report_split=data.report.key if data.report else "",
   )
-  log(f"  {job.name} step {job.step}: Clark tables and roles ({time.perf_counter() - t0:.1f} s)")
+  logging.info(f"  {job.name} step {job.step}: Clark tables and roles ({time.perf_counter() - t0:.1f} s)")
   if data.examples:
-    draw_pictures(
-      model, tokenizer, data.examples, out_dir / "pictures" / f"{_safe(job.name)}-step{job.step}", config, log=log
-    )
-    log(f"  {job.name} step {job.step}: pictures ({time.perf_counter() - t0:.1f} s)")
+    draw_pictures(model, tokenizer, data.examples, out_dir / "pictures" / f"{_safe(job.name)}-step{job.step}", config)
+    logging.info(f"  {job.name} step {job.step}: pictures ({time.perf_counter() - t0:.1f} s)")
   report_split = data.report or data.select
   section = report.job_section(
     job,
@@ -283,75 +286,86 @@ def analyse_job(job: targets.Target, data: Data, config, out_dir, *, log=print):
   return dict(clark=clark_rows, baselines=baseline_rows, roles=role_rows, labels=label_rows), section
 
 
-@provenance.recorded("attention")
-def run_attention(config, workdir) -> pathlib.Path | epath.Path:
-  """Every table, summary and picture of this module's docstring; returns RUN/attention/clark_summary.md
-  (with treebank='': induction_summary.md)."""
-  if not workdir:
-    raise UserError("attention needs --workdir=DIR (a training run, or any folder with --config.model.pretrained)")
-  workdir = remote.run_path(workdir)
-  t0 = time.perf_counter()
-  check_config(config)
-  jobs = targets.plan(config, workdir, steps=config.steps, model_name=config.model_name)
-  treebank = bool(config.treebank)
-  induction = induction_run.wanted(config, jobs)
-  if not treebank and not induction:
-    raise UserError("treebank='' and no induction step (encoders, or induction.enabled='off'): nothing to analyse")
-  if treebank and config.clark.arcs == "all" and any(j.kind == "decoder" for j in jobs):
-    raise UserError(
-      "clark.arcs='all' cannot score a decoder: it never sees a word to its right ('auto' scores reachable arcs)"
-    )
-  run_config = None if config.model.pretrained else runs.read_config(workdir)
-  tables.check_writable(workdir, *TABLES, *(INDUCTION_TABLES if induction else ()))
-  data = ind_data = None
-  if treebank:
-    data_dir = targets.data_dir(config, run_config, purpose=f"the treebank ud/{config.treebank}")
-    data = load_data(config, data_dir, run_config)
-    print(
-      f"attention of {len(jobs)} model step(s) on {data.select.key} ({len(data.select.sentences)} sentences)"
-      + (f" and {data.report.key} ({len(data.report.sentences)})" if data.report else "")
-      + f"; relations: {', '.join(data.relations)}",
-      flush=True,
-    )
-  if induction:
-    ind_data = induction_run.load_data(config, workdir, jobs, log=lambda s: print(s, flush=True))
-    print(
-      f"induction scores of {len(jobs)} model step(s): {len(ind_data.repeated_NT)} repeated random sequences "
-      f"(n={ind_data.n})" + (f"; natural text: {ind_data.natural_source}" if ind_data.natural_source else ""),
-      flush=True,
-    )
-  out_dir = workdir / OUT
-  sections = []
-  log = lambda s: print(s, flush=True)
-  for job in jobs:
-    print(f"{job.name} step {job.step}", flush=True)
-    rows = {}
-    if treebank:
-      rows, section = analyse_job(job, data, config, out_dir, log=log)
-      for table, name in zip(TABLES[:2], ("clark", "baselines")):
-        tables.merge(tables.path_of(workdir, table), rows[name], table)  # after each step: an interruption keeps it
-      sections.append(section)
+class Attention(jobloop.Analysis):
+  """`headspec attention` in the job loop's parts (the induction step: induction_run.py)."""
+
+  name = "attention"
+
+  def plan(self):
+    config, workdir = self.config, self.workdir
+    self.t0 = time.perf_counter()
+    check_config(config)
+    jobs = targets.plan(config, workdir, steps=config.steps, model_name=config.model_name)
+    self.treebank = bool(config.treebank)
+    self.induction = induction_run.wanted(config, jobs)
+    if not self.treebank and not self.induction:
+      raise UserError("treebank='' and no induction step (encoders, or induction.enabled='off'): nothing to analyse")
+    if self.treebank and config.clark.arcs == "all" and any(j.kind == "decoder" for j in jobs):
+      raise UserError(
+        "clark.arcs='all' cannot score a decoder: it never sees a word to its right ('auto' scores reachable arcs)"
+      )
+    self.run_config = None if config.model.pretrained else runs.read_config(workdir)
+    return jobs
+
+  def tables(self, jobs):
+    return (*TABLES, *(INDUCTION_TABLES if self.induction else ()))
+
+  def prepare(self, jobs):
+    config, workdir = self.config, self.workdir
+    self.data = self.ind_data = None
+    if self.treebank:
+      data_dir = targets.data_dir(config, self.run_config, purpose=f"the treebank ud/{config.treebank}")
+      data = self.data = load_data(config, data_dir, self.run_config)
+      logging.info(
+        f"attention of {len(jobs)} model step(s) on {data.select.key} ({len(data.select.sentences)} sentences)"
+        + (f" and {data.report.key} ({len(data.report.sentences)})" if data.report else "")
+        + f"; relations: {', '.join(data.relations)}"
+      )
+    if self.induction:
+      ind = self.ind_data = induction_run.load_data(config, workdir, jobs)
+      logging.info(
+        f"induction scores of {len(jobs)} model step(s): {len(ind.repeated_NT)} repeated random sequences "
+        f"(n={ind.n})" + (f"; natural text: {ind.natural_source}" if ind.natural_source else "")
+      )
+    self.sections = []
+
+  def job(self, job):
+    out, treebank_rows = {}, None
+    if self.treebank:
+      rows, section = analyse_job(job, self.data, self.config, self.workdir / OUT)
+      out = {tables.CLARK: rows["clark"], tables.CLARK_BASELINES: rows["baselines"]}
+      self.sections.append(section)
+      treebank_rows = dict(roles=rows["roles"], labels=rows["labels"])
     model, _ = job.load()
     L, H = model.cfg.num_layers, model.cfg.num_heads
-    ind_rows = induction_run.analyse(job, model, ind_data, config, log=log) if induction else {}
-    treebank_rows = dict(roles=rows["roles"], labels=rows["labels"]) if treebank else None
-    induction_run.write(workdir, ind_rows, L, H, job.name, job.step, with_treebank_rows=treebank_rows)
-  written = []
-  if treebank:
-    remote.write_bytes_atomic(out_dir / "clark_summary.md", report.summary(sections, data.frequency_source).encode())
-    written.append("{clark,clark_baselines,roles,labels}.csv, clark_summary.md, pictures/")
-  summary = None
-  if induction:
-    for name in dict.fromkeys(j.name for j in jobs):
-      summary = induction_run.formation(workdir, name, config.induction.formation_threshold, log=log)
-    written.append("roles.csv, labels.csv, icl.csv, induction_summary.md (induction), ablation/causal.csv")
-  print(f"wrote {out_dir}/: {'; '.join(written)} ({time.perf_counter() - t0:.0f} s)", flush=True)
-  return remote.native_path(out_dir / "clark_summary.md" if treebank else summary)
+    ind_rows = induction_run.analyse(job, model, self.ind_data, self.config) if self.induction else {}
+    return out | induction_run.table_rows(ind_rows, L, H, job.name, job.step, with_treebank_rows=treebank_rows)
+
+  def finish(self, jobs):
+    out_dir, written = self.workdir / OUT, []
+    if self.treebank:
+      summary = report.summary(self.sections, self.data.frequency_source)
+      remote.write_bytes_atomic(out_dir / "clark_summary.md", summary.encode())
+      written.append("{clark,clark_baselines,roles,labels}.csv, clark_summary.md, pictures/")
+    summary = None
+    if self.induction:
+      for name in dict.fromkeys(j.name for j in jobs):
+        summary = induction_run.formation(self.workdir, name, self.config.induction.formation_threshold)
+      written.append("roles.csv, labels.csv, icl.csv, induction_summary.md (induction), ablation/causal.csv")
+    print(f"wrote {out_dir}/: {'; '.join(written)} ({time.perf_counter() - self.t0:.0f} s)", flush=True)
+    return remote.native_path(out_dir / "clark_summary.md" if self.treebank else summary)
 
 
-def attention_quickstart(run_dir, data_dir) -> str:
+@provenance.recorded("attention")
+def run(config, workdir) -> pathlib.Path | epath.Path:
+  """Every table, summary and picture of this module's docstring; returns RUN/attention/clark_summary.md
+  (with treebank='': induction_summary.md)."""
+  return jobloop.run(Attention(config, workdir))
+
+
+def quickstart(run_dir, data_dir) -> str:
   """`headspec attention` on a quickstart run (its last step) with the synthetic treebank in `data_dir`;
   returns clark_summary.md. Seconds on a CPU."""
   from headspec.attention.config import synthetic_attention_config
 
-  return run_attention(synthetic_attention_config(os.fspath(data_dir)), run_dir).read_text()
+  return run(synthetic_attention_config(os.fspath(data_dir)), run_dir).read_text()

@@ -19,9 +19,10 @@ import jax
 import jax.numpy as jnp
 import ml_collections
 import numpy as np
+from absl import logging
 from flax import nnx
 
-from headspec import provenance, remote, tables, targets
+from headspec import jobloop, provenance, remote, tables, targets
 from headspec.data.tokenizer import load_tokenizer
 from headspec.diversity import metrics, plots
 from headspec.diversity.config import SAMPLES
@@ -76,46 +77,58 @@ def read_results(path) -> list[tuple[int, int, int, int, str, float]]:
   ]
 
 
+class Diversity(jobloop.Analysis):
+  """`headspec diversity` in the job loop's parts."""
+
+  name = "diversity"
+
+  def plan(self):
+    _check_config(self.config)
+    return targets.plan(self.config, self.workdir, steps=self.config.steps)
+
+  def tables(self, jobs):
+    return (tables.DIVERSITY, tables.DIVERSITY_METRICS)
+
+  def prepare(self, jobs):
+    config, workdir = self.config, self.workdir
+    tokenizer = jobs[0].load()[1] if config.model.pretrained else load_tokenizer(workdir / "tokenizer")
+    self.tokens_NT, self.valid_NT = evaluation_tokens(config, workdir, tokenizer)
+    n_tokens = int(self.valid_NT.sum())
+    logging.info(
+      f"diversity: {len(jobs)} step(s), {n_tokens} tokens in {len(self.tokens_NT)} rows of {self.tokens_NT.shape[1]}"
+    )
+
+  def job(self, job):
+    t0 = time.perf_counter()
+    self.values = values = model_metrics(job.load()[0], self.tokens_NT, self.valid_NT, self.config.batch_size)
+    rows = [dict(zip(tables.DIVERSITY.columns, r)) for r in metrics.rows(values, job.step)]
+    logging.info(f"  step {job.step}: {len(next(iter(values.values())))} layers in {time.perf_counter() - t0:.1f} s")
+    return {tables.DIVERSITY: rows}
+
+  def finish(self, jobs):
+    workdir, values = self.workdir, self.values
+    out_dir = workdir / "diversity"
+    results = tables.path_of(workdir, tables.DIVERSITY)
+    described = [
+      dict(metric=m.name, kind=m.kind, basis_dependent=int(m.basis_dependent), doc=m.doc)
+      for m in metrics.REGISTRY.values()
+      if m.name in values
+    ]  # which metrics compare heads' own coordinates (basis-dependent): beside the values, in a CSV
+    tables.merge(tables.path_of(workdir, tables.DIVERSITY_METRICS), described, tables.DIVERSITY_METRICS)
+    figures = remote.LocalMirror(out_dir, "diversity-figures")  # matplotlib needs local files; uploaded whole
+    shape = next(iter(values.values())).shape[:2]  # the model's (L, H): rows of another shape are not drawn
+    for path in plots.plot_all(read_results(results), figures.local, shape):
+      logging.info(f"  wrote {out_dir / pathlib.Path(path).relative_to(figures.local) if figures.remote else path}")
+    figures.sync()
+    figures.cleanup()
+    return results
+
+
 @provenance.recorded("diversity")
-def run_diversity(config: ml_collections.ConfigDict, workdir) -> pathlib.Path:
+def run(config: ml_collections.ConfigDict, workdir) -> pathlib.Path:
   """Computes every metric at every requested step; writes WORKDIR/diversity/results.csv and figures.
 
   Returns the path of results.csv. Bad input (not a run directory, no checkpoints, unknown step, bad
   config value) raises UserError before anything is written.
   """
-  if not workdir:
-    raise UserError("diversity needs --workdir=DIR (a training run, or any folder with --config.model.pretrained)")
-  workdir = remote.run_path(workdir)
-  _check_config(config)
-  jobs = targets.plan(config, workdir, steps=config.steps)
-  # a folder that cannot be written or a foreign file fails here, before the computation
-  tables.check_writable(workdir, tables.DIVERSITY, tables.DIVERSITY_METRICS)
-  tokenizer = jobs[0].load()[1] if config.model.pretrained else load_tokenizer(workdir / "tokenizer")
-  tokens_NT, valid_NT = evaluation_tokens(config, workdir, tokenizer)
-  out_dir = workdir / "diversity"
-  results = tables.path_of(workdir, tables.DIVERSITY)
-  n_tokens = int(valid_NT.sum())
-  print(
-    f"diversity: {len(jobs)} step(s), {n_tokens} tokens in {len(tokens_NT)} rows of {tokens_NT.shape[1]}", flush=True
-  )
-  for job in jobs:
-    t0 = time.perf_counter()
-    step = job.step
-    values = model_metrics(job.load()[0], tokens_NT, valid_NT, config.batch_size)
-    tables.merge(
-      results, [dict(zip(tables.DIVERSITY.columns, r)) for r in metrics.rows(values, step)], tables.DIVERSITY
-    )
-    print(f"  step {step}: {len(next(iter(values.values())))} layers in {time.perf_counter() - t0:.1f} s", flush=True)
-  described = [
-    dict(metric=m.name, kind=m.kind, basis_dependent=int(m.basis_dependent), doc=m.doc)
-    for m in metrics.REGISTRY.values()
-    if m.name in values
-  ]  # which metrics compare heads' own coordinates (basis-dependent): beside the values, in a CSV
-  tables.merge(tables.path_of(workdir, tables.DIVERSITY_METRICS), described, tables.DIVERSITY_METRICS)
-  figures = remote.LocalMirror(out_dir, "diversity-figures")  # matplotlib needs local files; uploaded whole
-  shape = next(iter(values.values())).shape[:2]  # the model's (L, H): rows of another shape are not drawn
-  for path in plots.plot_all(read_results(results), figures.local, shape):
-    print(f"  wrote {out_dir / pathlib.Path(path).relative_to(figures.local) if figures.remote else path}", flush=True)
-  figures.sync()
-  figures.cleanup()
-  return results
+  return jobloop.run(Diversity(config, workdir))

@@ -1,19 +1,18 @@
-"""`headspec probe`: linear probes on every head, every layer's residual stream and the embeddings.
+"""One probe job of `headspec probe` (probing/run.py): linear probes on every head, every layer's
+residual stream and the embeddings of one (model, step).
 
-For each requested checkpoint step of a run (or a pretrained model at step 0, and optionally the same
-architecture with random weights; plan.py), word features are extracted (features.py, cached), and
-every task's probes (tasks.py: softmax probes for upos/xpos/deprel, probe.py; a bilinear
-head-selection probe for arcs, arc.py) are fitted on the treebank's train split with L2 chosen on its
-dev split (labels.py reads and labels the splits), and scored on the evaluation splits with 95%
-bootstrap CIs over sentences (headspec/resampling.py) and Hewitt & Liang (2019) control tasks (controls.py):
-selectivity = accuracy − control accuracy. Rows go to RUN/probes/results.csv (docs/outputs.md
-contract), baselines to RUN/probes/baselines.csv, figures and summary.md via report.py. RUN may be a
-URL (gs://bucket/run): tables and figures go there whole, the feature cache to local scratch
-(features.run_cache_dir).
+Word features are extracted (features.py, cached), and every task's probes (tasks.py: softmax probes
+for upos/xpos/deprel, probe.py; a bilinear head-selection probe for arcs, arc.py) are fitted on the
+treebank's train split with L2 chosen on its dev split (labels.py reads and labels the splits), and
+scored on the evaluation splits with 95% bootstrap CIs over sentences (headspec/resampling.py) and
+Hewitt & Liang (2019) control tasks (controls.py): selectivity = accuracy − control accuracy.
+`probe_job` returns {table: rows} (docs/outputs.md contracts); each finished feature source is kept
+in the feature cache until the job's rows are written, so an interrupted job resumes at the next one.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import os
@@ -23,14 +22,12 @@ import time
 
 import ml_collections
 import numpy as np
-from etils import epath
+from absl import logging
 
 from headspec import alignment as align
-from headspec import provenance, remote, resampling, tables, targets
-from headspec.errors import UserError
+from headspec import jobloop, remote, resampling, tables, targets
 from headspec.probing import complexity as complexity_lib
-from headspec.probing import features as features_lib
-from headspec.probing import labels, mdl, plan, report
+from headspec.probing import labels, mdl, plan
 from headspec.probing import tasks as tasks_lib
 from headspec.probing.features import Features, extract_features
 
@@ -99,15 +96,16 @@ def selectivity_rows(job, per_word: dict, tune_key: str, config) -> list[dict]:
   return rows
 
 
-def job_features(job: targets.Target, data: labels.Data, config, cache_dir: pathlib.Path, log=print):
+def job_features(job: targets.Target, data: labels.Data, config, cache_dir: pathlib.Path):
   """(model, {split key: Features}): the word features of every split of `data` for one (model, step),
   extracted once and then read from `cache_dir` (features.py)."""
   p = config.probe
   model, tokenizer = job.load()
   pooling = align.resolve_pooling(p.pooling, model.cfg.kind)
   feats: dict[str, Features] = {}
-  for split in [data.train, data.tune] + data.evals:
-    if split.key not in feats:
+  splits = list({s.key: s for s in [data.train, data.tune] + data.evals}.values())
+  with jobloop.progress(len(splits), f"{job.name} step {job.step}: features", unit="split") as bar:
+    for split in splits:
       feats[split.key] = extract_features(
         model,
         tokenizer,
@@ -118,9 +116,46 @@ def job_features(job: targets.Target, data: labels.Data, config, cache_dir: path
         pooling=pooling,
         dtype=p.cache_dtype,
         batch_tokens=p.batch_tokens,
-        log=log,
+        log=logging.info,
       )
+      bar.update(1)
   return model, feats
+
+
+# A feature source's rows by family: the key in its part (and in the part files, _write_part) -> its table.
+# Another family of rows (a new probe) is one entry here, its rows under that key in `_probe_source`'s
+# part, and its table in `job_tables`.
+PART_TABLES = {
+  "rows": tables.PROBES,
+  "complexity": tables.COMPLEXITY,
+  "mdl": tables.MDL,
+  "fits": tables.PROBE_FITS,
+}
+
+
+def job_tables(config) -> tuple[tables.Table, ...]:
+  """The tables a probe job writes rows of: the probes' (not with `probe.mdl_only`), complexity.csv
+  (`probe.complexity`), mdl.csv (`probe.mdl`)."""
+  p = config.probe
+  mdl_only = p.get("mdl_only", False)
+  out = [] if mdl_only else [tables.PROBES, tables.PROBE_SELECTIVITY, tables.PROBE_FITS]
+  out += [tables.COMPLEXITY] if p.get("complexity", False) and not mdl_only else []
+  out += [tables.MDL] if p.get("mdl", False) else []
+  return tuple(out)
+
+
+@dataclasses.dataclass
+class _Job:
+  """What every feature source of one (model, step) is fitted and scored with."""
+
+  job: targets.Target
+  data: labels.Data
+  config: ml_collections.ConfigDict
+  feats: dict
+  tasks: list
+  fitters: dict  # fit function -> the tasks it fits together, in one pass over the features
+  score_splits: dict  # split key -> split: the evaluation splits, and dev (always scored, for the rankings)
+  wants: dict  # {'complexity': bool, 'mdl': bool}: the optional tables asked for
 
 
 def probe_job(
@@ -128,111 +163,107 @@ def probe_job(
   data: labels.Data,
   config,
   cache_dir: pathlib.Path,
-  log=print,
-  selectivity: list | None = None,
-  complexity: list | None = None,
-  mdl_out: list | None = None,
+  *,
+  want: tuple[tables.Table, ...] | None = None,
   keep_source=None,
-  fits: list | None = None,
-) -> list[dict]:
-  """Extracts features and fits and scores every probe of one (model, step); returns results.csv rows
-  (and appends probes/selectivity.csv rows to `selectivity`, probes/complexity.csv rows of the softmax
-  tasks to `complexity`, probes/mdl.csv rows of the label tasks to `mdl_out` and probes/fits.csv rows
-  to `fits`, when given).
+) -> dict[tables.Table, list[dict]]:
+  """Extracts features and fits and scores every probe of one (model, step): {table: rows} of the
+  tables in `want` (default `job_tables(config)`; of PART_TABLES' and probes/selectivity.csv).
   keep_source(layer, heads) -> bool: only those feature sources (plan.feature_sources); default all,
   or the heads only when `probe.residuals` is False."""
+  want = job_tables(config) if want is None else tuple(want)
   tasks = tasks_lib.from_config(config)
   t0 = time.perf_counter()
-  model, feats = job_features(job, data, config, cache_dir, log)
+  model, feats = job_features(job, data, config, cache_dir)
   split_counts = {k: f.num_split_sentences for k, f in feats.items() if f.num_split_sentences}
   if split_counts:
-    log(
+    logging.info(
       f"  sentences longer than the context ({model.cfg.max_len} tokens), split into windows: "
       + ", ".join(f"{k} {v}" for k, v in split_counts.items())
     )
-  fitters: dict = {}  # tasks sharing a fitter are fitted together, in one pass over the features
+  fitters: dict = {}
   for task in tasks:
     fitters.setdefault(task.fit, []).append(task)
-  rows = []
-  per_word: dict = {}  # (task, split) -> (groups, correct − control per word and group (int8), weight_N, sentence_N)
   score_splits = {s.key: s for s in data.evals}
-  score_splits.setdefault(data.tune.key, data.tune)  # dev is always scored for the rankings
-  wants = dict(complexity=complexity is not None, mdl=mdl_out is not None)  # the optional tables asked for
+  score_splits.setdefault(data.tune.key, data.tune)
+  wants = dict(complexity=tables.COMPLEXITY in want, mdl=tables.MDL in want)
+  ctx = _Job(job, data, config, feats, tasks, fitters, score_splits, wants)
   partial = _partial_dir(cache_dir, job, data, feats, config, wants)
   heads_first = keep_source is None and not config.probe.get("residuals", True)  # the full run may follow
   if heads_first:
     keep_source = _heads_only
-  for layer, heads, read in plan.feature_sources(model.cfg):
-    if keep_source is not None and not keep_source(layer, heads):
-      continue
-    what = "embeddings" if layer == -1 else f"layer {layer} {'heads' if heads[0] >= 0 else 'residual'}"
-    done = partial / f"{what.replace(' ', '-')}.npz"
-    if done.is_file():  # finished before an interruption: the same rows, read back
-      part = _read_part(done)
-      log(f"  {job.name} step {job.step}: {what} read back from {done}")
-    else:
-      part = _probe_source(layer, heads, read, feats, data, tasks, fitters, score_splits, config, job, what, log, wants)
-      _write_part(done, part)
-      log(f"  {job.name} step {job.step}: probed {what} ({time.perf_counter() - t0:.0f} s)")
-    rows += part["rows"]
-    for key, (d, weight) in part["per_word"].items():
-      groups, d_old, _, _ = per_word.get(key, ([], np.zeros((len(weight), 0), np.int8), None, None))
-      sentence_N = score_splits[key[1]].sentence_N
-      per_word[key] = (groups + [(layer, h) for h in heads], np.concatenate([d_old, d], 1), weight, sentence_N)
-    if complexity is not None:
-      complexity += part["complexity"]
-    if mdl_out is not None:
-      mdl_out += part["mdl"]
-    if fits is not None:
-      fits += part["fits"]
+  sources = [s for s in plan.feature_sources(model.cfg) if keep_source is None or keep_source(s[0], s[1])]
+  out = {table: [] for table in PART_TABLES.values()}
+  per_word: dict = {}  # (task, split) -> (groups, correct − control per word and group (int8), weight_N, sentence_N)
+  with jobloop.progress(len(sources), f"{job.name} step {job.step}: probes", unit="group") as bar:
+    for layer, heads, read in sources:
+      what = "embeddings" if layer == -1 else f"layer {layer} {'heads' if heads[0] >= 0 else 'residual'}"
+      done = partial / f"{what.replace(' ', '-')}.npz"
+      if done.is_file():  # finished before an interruption: the same rows, read back
+        part = _read_part(done)
+        logging.info(f"  {job.name} step {job.step}: {what} read back from {done}")
+      else:
+        part = _probe_source(ctx, layer, heads, read, what)
+        _write_part(done, part)
+        logging.info(f"  {job.name} step {job.step}: probed {what} ({time.perf_counter() - t0:.0f} s)")
+      for key, table in PART_TABLES.items():
+        out[table] += part[key]
+      for key, (d, weight) in part["per_word"].items():
+        groups, d_old, _, _ = per_word.get(key, ([], np.zeros((len(weight), 0), np.int8), None, None))
+        sentence_N = score_splits[key[1]].sentence_N
+        per_word[key] = (groups + [(layer, h) for h in heads], np.concatenate([d_old, d], 1), weight, sentence_N)
+      bar.update(1)
   if not heads_first:  # the job is whole: its rows go to the tables next
     shutil.rmtree(partial, ignore_errors=True)
   # else the heads' parts stay, so the full run that may follow fits only the residual streams
-  if selectivity is not None:
+  if tables.PROBE_SELECTIVITY in want:
     eval_keys = {s.key for s in data.evals}
-    selectivity += [r for r in selectivity_rows(job, per_word, data.tune.key, config) if r["split"] in eval_keys]
-  return rows
+    out[tables.PROBE_SELECTIVITY] = [
+      r for r in selectivity_rows(job, per_word, data.tune.key, config) if r["split"] in eval_keys
+    ]
+  return {table: out[table] for table in want}
 
 
 def _heads_only(layer: int, heads: list[int]) -> bool:
   return heads[0] >= 0
 
 
-def _probe_source(layer, heads, read, feats, data, tasks, fitters, score_splits, config, job, what, log, wants) -> dict:
+def _probe_source(ctx: _Job, layer: int, heads: list[int], read, what: str) -> dict:
   """Fits and scores every task on one feature source (a layer's heads, a residual stream or the
-  embeddings): {'rows': results.csv rows, 'per_word': {(task, split): (correct − control per word and
-  group (int8), weight_N)}, 'complexity': [...], 'mdl': [...]} (the last two when `wants`). With
+  embeddings): {'per_word': {(task, split): (correct − control per word and group (int8), weight_N)}}
+  and the rows of each PART_TABLES key ('complexity', 'mdl': when `ctx.wants` them). With
   `probe.mdl_only` only the MDL rows, from the train features alone."""
+  data, config, job, feats = ctx.data, ctx.config, ctx.job, ctx.feats
   p = config.probe
-  part = {"rows": [], "per_word": {}, "complexity": [], "mdl": [], "fits": []}
+  part = {"per_word": {}} | {key: [] for key in PART_TABLES}
   if p.get("mdl_only", False):  # the MDL table alone: no probe is fitted or scored
-    part["mdl"] = _mdl_rows(layer, heads, read(feats[data.train.key]), data, tasks, config, job, what, log)
+    part["mdl"] = _mdl_rows(ctx, layer, heads, read(feats[data.train.key]), what)
     return part
   x_train, x_tune = read(feats[data.train.key]), read(feats[data.tune.key])
   fitted = {}
-  for fit, members in fitters.items():
+  for fit, members in ctx.fitters.items():
     t0 = time.perf_counter()
     fitted.update(fit(members, x_train, x_tune, data, config))
-    log(f"    {what}: fitted {', '.join(t.name for t in members)} ({time.perf_counter() - t0:.0f} s)")
-  if wants["complexity"]:
-    for task in tasks:
+    logging.info(f"    {what}: fitted {', '.join(t.name for t in members)} ({time.perf_counter() - t0:.0f} s)")
+  if ctx.wants["complexity"]:
+    for task in ctx.tasks:
       if task.fit is tasks_lib.fit_softmax:
         y, c = np.asarray(data.tune.labels[task.name]), len(data.vocab[task.name].classes)
         n = int(((y >= 0) & (y < c)).sum())  # as fit_softmax scores dev: classes unseen in train ignored
         part["complexity"] += complexity_lib.complexity_rows(
           job.name, job.step, task.name, layer, heads, fitted[task.name], data.tune.key, n
         )
-  for task in tasks:
+  for task in ctx.tasks:
     line = tasks_lib.fit_report(task.name, fitted[task.name])
     if line:
-      log(f"    {what} {line}")
+      logging.info(f"    {what} {line}")
     for r in tasks_lib.fit_rows(task.name, fitted[task.name]):
       where = dict(model=job.name, step=job.step, task=task.name, layer=layer, head=heads[r.pop("group")])
       part["fits"].append({**where, **r})
   eval_keys = {s.key for s in data.evals}
-  for split in score_splits.values():
+  for split in ctx.score_splits.values():
     x = x_tune if split.key == data.tune.key else read(feats[split.key])
-    for task in tasks:
+    for task in ctx.tasks:
       correct, control, weight = _scored(task, fitted[task.name], x, split)
       part["per_word"][(task.name, split.key)] = (
         np.asarray(correct, np.int8) - np.asarray(control, np.int8),
@@ -261,24 +292,29 @@ def _probe_source(layer, heads, read, feats, data, tasks, fitters, score_splits,
             n=int(weight.sum()),
           )
         )
-  if wants["mdl"]:
-    part["mdl"] = _mdl_rows(layer, heads, x_train, data, tasks, config, job, what, log)
+  if ctx.wants["mdl"]:
+    part["mdl"] = _mdl_rows(ctx, layer, heads, x_train, what)
   return part
 
 
-def _mdl_rows(layer, heads, x_train, data, tasks, config, job, what, log) -> list[dict]:
+def _mdl_rows(ctx: _Job, layer: int, heads: list[int], x_train, what: str) -> list[dict]:
   """probes/mdl.csv rows of one feature source: the online codes of every label task and its control."""
+  data = ctx.data
   label_tasks = {
     t.name: (data.train.labels[t.name], data.train.controls[t.name], len(data.vocab[t.name].classes))
-    for t in tasks
+    for t in ctx.tasks
     if isinstance(t, tasks_lib.LabelTask)
   }
   if not label_tasks:
     return []
   t0 = time.perf_counter()
-  fractions = tuple(config.probe.get("mdl_fractions", mdl.DEFAULT_FRACTIONS))
-  rows = mdl.mdl_rows(job.name, job.step, layer, heads, x_train, label_tasks, fractions=fractions, seed=config.seed)
-  log(f"    {what} MDL: online codes of {', '.join(label_tasks)} and their controls ({time.perf_counter() - t0:.0f} s)")
+  fractions = tuple(ctx.config.probe.get("mdl_fractions", mdl.DEFAULT_FRACTIONS))
+  rows = mdl.mdl_rows(
+    ctx.job.name, ctx.job.step, layer, heads, x_train, label_tasks, fractions=fractions, seed=ctx.config.seed
+  )
+  logging.info(
+    f"    {what} MDL: online codes of {', '.join(label_tasks)} and their controls ({time.perf_counter() - t0:.0f} s)"
+  )
   return rows
 
 
@@ -307,7 +343,7 @@ def _write_part(path: pathlib.Path, part: dict) -> None:
   path.parent.mkdir(parents=True, exist_ok=True)
   keys = list(part["per_word"])
   arrays = {f"{kind}_{i}": a for i, k in enumerate(keys) for kind, a in zip(("d", "w"), part["per_word"][k])}
-  meta = {k: part[k] for k in ("rows", "complexity", "mdl", "fits")} | {"keys": keys}
+  meta = {k: part.get(k, []) for k in PART_TABLES} | {"keys": keys}
   tmp = remote.temp_beside(path)  # .<name>.tmp-<pid>; a killed writer's is removed here first
   with tmp.open("wb") as f:  # a file, not a name: np.savez would add .npz to it
     np.savez(f, meta=np.array(json.dumps(meta, default=float)), **arrays)
@@ -318,8 +354,8 @@ def _read_part(path: pathlib.Path) -> dict:
   with np.load(path) as f:
     meta = json.loads(str(f["meta"]))
     per_word = {tuple(k): (f[f"d_{i}"], f[f"w_{i}"]) for i, k in enumerate(meta["keys"])}
-  # (a part saved before probes/fits.csv existed has no "fits": its source gets no fits rows)
-  return {k: meta.get(k, []) for k in ("rows", "complexity", "mdl", "fits")} | {"per_word": per_word}
+  # (a part saved before a family existed, e.g. probes/fits.csv, has no rows of it: its source gets none)
+  return {k: meta.get(k, []) for k in PART_TABLES} | {"per_word": per_word}
 
 
 def report_split(data: labels.Data) -> str:
@@ -341,95 +377,9 @@ def representable_data(config, job: targets.Target) -> tuple[labels.Data, list[s
   def keep(key, sentences):
     words = [s.words for s in sentences]
     kept = align.representable(
-      words, tokenizer, max_len, where=key, names=[s.sent_id for s in sentences], log=lambda s: print(s, flush=True)
+      words, tokenizer, max_len, where=key, names=[s.sent_id for s in sentences], log=logging.info
     )
     skipped.extend([kept.summary()] if kept.num_skipped else [])
     return kept.select(sentences)
 
   return labels.load_data(config, keep=keep), skipped
-
-
-def run_probe_suite(config: ml_collections.ConfigDict, workdir) -> pathlib.Path | epath.Path:
-  """Probes per `config` (see probing/config.py) for the run in `workdir`; returns RUN/probes/results.csv
-  (RUN/probes/mdl.csv with `probe.mdl_only`, which adds MDL to a probed run without fitting again)."""
-  workdir = remote.run_path(workdir)
-  t0 = time.perf_counter()
-  plan.check_config(config)
-  jobs = plan.plan_jobs(config, workdir)  # checks steps / checkpoints before anything is written
-  p = config.probe
-  mdl_only = p.get("mdl_only", False)  # probes/mdl.csv alone; the probes' tables stay as they are
-  probe_tables = [tables.PROBES, tables.PROBE_BASELINES, tables.PROBE_SELECTIVITY, tables.PROBE_FITS]
-  sweep = p.get("complexity", False) and not mdl_only
-  tables.check_writable(  # a folder that cannot be written, or a foreign table: before any computation
-    workdir,
-    *([] if mdl_only else probe_tables),
-    *([tables.COMPLEXITY] if sweep else []),
-    *([tables.MDL] if p.get("mdl", False) else []),
-  )
-  data, skipped = representable_data(config, jobs[0])
-  provenance.note("train_words", data.train.num_words)  # run_info.json: after subsampling and skips
-  print(
-    f"probing {len(jobs)} model step(s) on {p.treebank}: train {data.train.num_words} words "
-    f"({len(data.train.words)} sentences), tasks {', '.join(t.name for t in tasks_lib.from_config(config))}, "
-    f"scored on {', '.join(s.key for s in data.evals)}",
-    flush=True,
-  )
-  out_dir = workdir / "probes"
-  cache_dir = features_lib.run_cache_dir(workdir)  # local: RUN/probes/cache; remote: local scratch
-  cache_dir.mkdir(parents=True, exist_ok=True)
-  results = tables.path_of(workdir, tables.PROBES)
-  for job in jobs:
-    print(f"{job.name} step {job.step}", flush=True)
-    selectivity: list = []
-    complexity = [] if sweep else None
-    mdl_rows = [] if p.get("mdl", False) else None
-    fits: list = []
-    rows = probe_job(
-      job,
-      data,
-      config,
-      cache_dir,
-      log=lambda s: print(s, flush=True),
-      selectivity=selectivity,
-      complexity=complexity,
-      mdl_out=mdl_rows,
-      fits=fits,
-    )
-    if not mdl_only:  # after each step, so an interrupted study keeps what it finished
-      tables.merge(results, rows, tables.PROBES)
-      tables.merge(tables.path_of(workdir, tables.PROBE_SELECTIVITY), selectivity, tables.PROBE_SELECTIVITY)
-      tables.merge(tables.path_of(workdir, tables.PROBE_FITS), fits, tables.PROBE_FITS)
-    if complexity is not None:
-      tables.merge(tables.path_of(workdir, tables.COMPLEXITY), complexity, tables.COMPLEXITY)
-    if mdl_rows is not None:
-      tables.merge(tables.path_of(workdir, tables.MDL), mdl_rows, tables.MDL)
-  if not mdl_only:
-    tables.write(tables.path_of(workdir, tables.PROBE_BASELINES), data.baselines, tables.PROBE_BASELINES)
-  report.write_report(
-    out_dir, primary_split=report_split(data), select_split=data.tune.key, top_k=p.top_k, skipped=skipped
-  )
-  if sweep:
-    complexity_lib.write_figures(out_dir)
-  if mdl_only:
-    codes = tables.path_of(workdir, tables.MDL)
-    print(f"wrote {codes} and {out_dir / 'summary.md'} ({time.perf_counter() - t0:.0f} s)", flush=True)
-    return remote.native_path(codes)
-  print(f"wrote {results}, {out_dir / 'summary.md'} and heatmaps ({time.perf_counter() - t0:.0f} s)", flush=True)
-  return remote.native_path(results)
-
-
-@provenance.recorded("probes")
-def main(config: ml_collections.ConfigDict, workdir) -> None:
-  """The `headspec probe` command."""
-  if not workdir:
-    raise UserError("probe needs --workdir=DIR (a training run, or any folder with --config.model.pretrained)")
-  results = run_probe_suite(config, workdir)
-  print((epath.Path(results).parent / "summary.md").read_text())
-
-
-def probe_quickstart(run_dir, data_dir) -> str:
-  """Probes a quickstart run (its last step, plus random weights) on the synthetic treebank; returns summary.md."""
-  from headspec.probing.config import synthetic_probe_config
-
-  results = run_probe_suite(synthetic_probe_config(os.fspath(data_dir)), run_dir)
-  return (epath.Path(results).parent / "summary.md").read_text()
