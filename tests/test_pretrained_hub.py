@@ -1,0 +1,95 @@
+"""Loading by Hub name (`hf:org/name[@revision]`, `headspec.load("org/name")`) from a local Hugging Face
+cache, offline: the cache is built here in huggingface_hub's layout (refs/<revision> -> snapshots/<commit>)
+around a tiny Llama saved in shards with their index; no network is used."""
+
+import json
+import os
+import pathlib
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+
+import numpy as np  # noqa: E402
+import pytest  # noqa: E402
+
+from headspec import pretrained, targets  # noqa: E402
+from headspec.errors import UserError  # noqa: E402
+
+huggingface_hub = pytest.importorskip("huggingface_hub")
+torch = pytest.importorskip("torch")
+transformers = pytest.importorskip("transformers")
+tokenizers = pytest.importorskip("tokenizers")
+
+REPO = "tiny-org/tiny-llama"
+COMMITS = {"main": "a" * 40, "step100": "b" * 40}
+
+
+def _save_snapshot(path: pathlib.Path, seed: int) -> None:
+  bpe = tokenizers.ByteLevelBPETokenizer()
+  bpe.train_from_iterator(["the cat sat on the mat"] * 3, vocab_size=120, special_tokens=["<pad>", "<s>", "</s>"])
+  bpe.post_processor = tokenizers.processors.TemplateProcessing(single="<s> $A", special_tokens=[("<s>", 1)])
+  path.mkdir(parents=True)
+  bpe.save(str(path / "tokenizer.json"))
+  (path / "tokenizer_config.json").write_text(json.dumps({"bos_token": "<s>", "eos_token": "</s>"}))
+  config = transformers.LlamaConfig(
+    vocab_size=bpe.get_vocab_size(),
+    hidden_size=32,
+    intermediate_size=48,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    bos_token_id=1,
+    eos_token_id=2,
+  )
+  torch.manual_seed(seed)
+  transformers.LlamaForCausalLM(config).save_pretrained(path, max_shard_size="20KB")
+
+
+@pytest.fixture(scope="module")
+def hub_cache(tmp_path_factory):
+  cache = tmp_path_factory.mktemp("hub")
+  repo = cache / ("models--" + REPO.replace("/", "--"))
+  for seed, (revision, commit) in enumerate(COMMITS.items()):
+    _save_snapshot(repo / "snapshots" / commit, seed)
+    (repo / "refs").mkdir(exist_ok=True)
+    (repo / "refs" / revision).write_text(commit)
+  return cache
+
+
+@pytest.fixture
+def offline(hub_cache, monkeypatch):
+  monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_CACHE", str(hub_cache))
+  monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True)
+  return hub_cache
+
+
+def test_load_by_name_and_revision_from_the_cache(offline):
+  snapshot = offline / f"models--tiny-org--tiny-llama/snapshots/{COMMITS['main']}"
+  assert len(list(snapshot.glob("model-*.safetensors"))) > 1  # sharded, with model.safetensors.index.json
+  model, tokenizer = pretrained.load_pretrained(f"hf:{REPO}")
+  assert model.cfg.num_kv_heads == 2 and tokenizer.prefix_ids == (1,)
+  later, _ = pretrained.load_pretrained(f"hf:{REPO}@step100")
+  w = lambda m: np.asarray(m.blocks[0].attention.w_q_DHK[...])
+  assert np.abs(w(model) - w(later)).max() > 1e-3  # another revision, other weights
+  reference = transformers.LlamaForCausalLM.from_pretrained(snapshot)
+  np.testing.assert_allclose(
+    w(model), reference.model.layers[0].self_attn.q_proj.weight.detach().numpy().T.reshape(32, 4, 8), atol=0
+  )
+  target = targets.pretrained_target(f"hf:{REPO}@step100")
+  assert target.name == "tiny-llama" and target.kind == "decoder" and target.identity["pretrained"].endswith("@step100")
+  assert target.identity["snapshot"].endswith(COMMITS["step100"])
+
+
+@pytest.mark.parametrize(
+  "spec, message",
+  [
+    (f"hf:{REPO}@step999", r"hf:tiny-org/tiny-llama@step999: not in the local Hugging Face cache .* HF_HUB_OFFLINE=1"),
+    ("hf:other/model", "hf:other/model: not in the local Hugging Face cache"),
+    ("hf:bad name!", "not a Hugging Face model name"),
+    (f"hf:{REPO}@", "not a Hugging Face model name"),
+  ],
+)
+def test_missing_or_malformed_names_are_one_line(offline, spec, message):
+  with pytest.raises(UserError, match=message) as error:
+    targets.pretrained_target(spec)
+  assert "\n" not in str(error.value)
