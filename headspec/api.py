@@ -87,9 +87,10 @@ def _is_run_dir(path: pathlib.Path) -> bool:
   return isinstance(data, dict) and "train" in data and "kind" in data.get("model", {})
 
 
-def load(source: str | os.PathLike, step: int | None = None) -> Loaded:
-  """A model and its tokenizer: 'minilm', a Hugging Face-format directory (BERT or GPT-2, step 0), or a
-  `headspec train` run directory at `step` (its last saved step by default).
+def load(source: str | os.PathLike, step: int | None = None, revision: str | None = None) -> Loaded:
+  """A model and its tokenizer: 'minilm', a Hugging Face-format directory (step 0), a Hugging Face Hub name
+  ('gpt2', 'org/name', 'hf:org/name@revision'; `revision` a branch, tag or commit, through the local
+  cache; docs/pretrained.md), or a `headspec train` run directory at `step` (its last saved step by default).
 
   Goes through the commands' planner (headspec/targets.py), so the name, step and cache identity are
   the ones the commands write. Anything else (no such directory, a step the run does not have, a step
@@ -100,9 +101,17 @@ def load(source: str | os.PathLike, step: int | None = None) -> Loaded:
   text = os.fspath(source)
   path = pathlib.Path(os.path.expanduser(text))
   if text != "minilm" and not path.is_dir():
-    raise UserError(
-      f"load({text!r}): no such directory; give 'minilm', a Hugging Face model directory or a headspec run directory"
-    )
+    if not re.fullmatch(r"(hf:)?[\w.-]+(/[\w.-]+)?(@[\w./-]+)?", text):
+      raise UserError(
+        f"load({text!r}): no such directory; give 'minilm', a Hugging Face model directory or Hub name, or a "
+        "headspec run directory"
+      )
+    from headspec import pretrained as pretrained_lib
+
+    repo, named = pretrained_lib.parse_hub_name(text)  # not a folder: a Hub name
+    text = pretrained_lib.HUB_PREFIX + repo + (f"@{revision or named}" if revision or named else "")
+  elif revision is not None:
+    raise UserError(f"load({text!r}, revision={revision!r}): revisions are of Hub names, not of local folders")
   if text != "minilm" and _is_run_dir(path):
     (target,) = targets.run_targets(path, "last" if step is None else int(step))
   else:

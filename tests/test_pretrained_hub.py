@@ -93,3 +93,15 @@ def test_missing_or_malformed_names_are_one_line(offline, spec, message):
   with pytest.raises(UserError, match=message) as error:
     targets.pretrained_target(spec)
   assert "\n" not in str(error.value)
+
+
+def test_headspec_load_by_name(offline):
+  import headspec
+
+  loaded = headspec.load(REPO, revision="step100")
+  assert loaded.target.name == "tiny-llama" and loaded.target.identity["snapshot"].endswith(COMMITS["step100"])
+  assert headspec.load(f"hf:{REPO}").target.identity["snapshot"].endswith(COMMITS["main"])
+  with pytest.raises(UserError, match="gpt2: not in the local Hugging Face cache"):
+    headspec.load("gpt2")
+  with pytest.raises(UserError, match="no such directory"):
+    headspec.load("/nonexistent/model")
