@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import jax
 import ml_collections
 from flax import nnx
@@ -57,7 +59,17 @@ def model_config(model: ml_collections.ConfigDict, vocab_size: int, max_len: int
     activation=model.activation,
     dtype=model.dtype,
     mlp=model.get("mlp", SHAPE_DEFAULTS["model.mlp"]),  # run configs written before the option have MLPs
+    **_modern_options(model),
   )
+
+
+def _modern_options(model: ml_collections.ConfigDict) -> dict:
+  """The ModelConfig options after `mlp` (rotary, RMSNorm, gated MLPs, grouped-query attention, ...) that the
+  run's `model` section sets (configs/base_llama.py); absent keys keep ModelConfig's defaults, so configs
+  written before the options existed describe the same model. JSON lists come back as tuples."""
+  names = [f.name for f in dataclasses.fields(ModelConfig)]
+  options = {name: model[name] for name in names[names.index("mlp") + 1 :] if name in model}
+  return {name: tuple(value) if isinstance(value, list | tuple) else value for name, value in options.items()}
 
 
 def check_resume(workdir, config: ml_collections.ConfigDict) -> list[int]:
