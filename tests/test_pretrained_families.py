@@ -318,3 +318,18 @@ def test_tokenizer_matches_transformers_and_cuts_words(root, family):
   pieces = tokenizer.word_pieces(words)
   assert [i for p in pieces for i in p] == tokenizer.encode(" ".join(words)) and all(pieces)
   assert tokenizer.decode(pieces[3]).strip() == words[3]
+
+
+def test_decoder_tokenizer_saves_into_a_run_and_needs_tokenizer_json(root, tmp_path):
+  from headspec.data.tokenizer import load_tokenizer
+
+  path = _tiny("llama", root)
+  _, tokenizer = pretrained.load_pretrained(str(path))
+  tokenizer.save(tmp_path / "tokenizer")
+  again = load_tokenizer(tmp_path / "tokenizer")
+  assert (again.prefix_ids, again.suffix_ids, again.eos_id, again.pad_id) == ((1,), (), 2, 0)
+  assert again.encode(TEXTS[1]) == tokenizer.encode(TEXTS[1])
+  bare = _edited(root, tmp_path, "qwen2")
+  (bare / "tokenizer.json").unlink()
+  with pytest.raises(UserError, match="qwen2: no tokenizer.json"):
+    pretrained.load_pretrained(str(bare))
