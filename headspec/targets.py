@@ -1,7 +1,7 @@
 """What an analysis reads: the models to analyse and the data directory, resolved once for every command.
 
-`plan(...)` turns a config and a workdir into `Target`s — a pretrained model at step 0, or a run's saved
-steps ('all' | 'last' | listed) — each with the name written in the tables' `model` column, its step, a
+`plan(...)` turns a config and a workdir into `Target`s — a pretrained model at step 0 (or a Hub model's
+published revisions as steps), or a run's saved steps ('all' | 'last' | listed) — each with the name written in the tables' `model` column, its step, a
 cache identity (what feature caches are keyed on) and a loader that builds (model, tokenizer) only
 when its turn comes. Every problem (no checkpoints, an unknown step, a pretrained path that is not a
 directory) is a UserError raised here, before any analysis work or any file is written. `data_dir(...)`
@@ -13,6 +13,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import os
+import re
 from collections.abc import Callable
 
 from etils import epath
@@ -81,6 +82,49 @@ def pretrained_target(pretrained: str, *, name: str = "") -> Target:
   )
 
 
+def revision_step(revision: str, spec: str) -> int:
+  """The training step a published revision names: the number it ends with (Pythia's `step1000`, OLMo's
+  `stage1-step5000-tokens21B`: its step is the last number before any '-tokens' suffix)."""
+  match = re.search(r"step(\d+)", revision) or re.search(r"(\d+)$", revision)
+  if not match:
+    raise UserError(f"{spec}: revision {revision!r} names no training step (use revisions such as step1000)")
+  return int(match.group(1))
+
+
+def pretrained_targets(pretrained: str, steps, *, name: str = "") -> list[Target]:
+  """The `steps` of a pretrained model: step 0 of 'minilm', a directory or `hf:org/name[@revision]`; or, for
+  `hf:org/name@rev1,rev2,...`, its published revisions as the steps of one target (Pythia's `step1000`, ...),
+  each step the number its revision names, selected by `steps` ('all' | 'last' | listed steps)."""
+  from headspec import pretrained as pretrained_lib
+
+  wanted = steps_text(steps)
+  if not (pretrained.startswith(pretrained_lib.HUB_PREFIX) and "," in pretrained):
+    if wanted not in ("all", "last", "0"):
+      raise UserError(f"steps={steps!r}: a pretrained model has only step 0 (use 'all', 'last' or 0)")
+    return [pretrained_target(pretrained, name=name)]
+  repo, revisions = pretrained[len(pretrained_lib.HUB_PREFIX) :].partition("@")[::2]
+  by_step = {}
+  for revision in revisions.split(","):
+    step = revision_step(revision.strip(), pretrained)
+    if step in by_step:
+      raise UserError(f"{pretrained}: revisions {by_step[step]!r} and {revision!r} name the same step {step}")
+    by_step[step] = revision.strip()
+  chosen = sorted(by_step)
+  if wanted == "last":
+    chosen = chosen[-1:]
+  elif wanted != "all":
+    try:
+      listed = [int(s) for s in wanted.split(",") if s.strip()]
+    except ValueError:
+      raise UserError(f"steps={steps!r}: use 'all', 'last' or a comma-separated list of integers") from None
+    missing = [s for s in listed if s not in by_step]
+    if missing or not listed:
+      raise UserError(f"step(s) {missing or steps} not among the revisions of {pretrained} (steps: {chosen})")
+    chosen = listed
+  name = name or pretrained_lib.parse_hub_name(repo)[0].split("/")[-1]
+  return [dataclasses.replace(pretrained_target(f"hf:{repo}@{by_step[step]}", name=name), step=step) for step in chosen]
+
+
 def run_targets(workdir, steps, *, name: str = "") -> list[Target]:
   """The saved `steps` of a `headspec train` run directory; its name is the folder's unless `name` is given."""
   from headspec import checkpoints, runs
@@ -125,9 +169,7 @@ def plan(config, workdir, *, steps, model_name: str = "", random_baseline: bool 
   """The models an analysis command reads: `config.model.pretrained` at step 0, else `workdir`'s saved
   `steps`; with `random_baseline`, the first of them again with random weights (seed `config.seed`)."""
   if config.model.pretrained:
-    if steps_text(steps) not in ("all", "last", "0"):
-      raise UserError(f"steps={steps!r}: a pretrained model has only step 0 (use 'all', 'last' or 0)")
-    targets = [pretrained_target(config.model.pretrained, name=model_name)]
+    targets = pretrained_targets(config.model.pretrained, steps, name=model_name)
   else:
     if not workdir:
       raise UserError("no run directory: give --workdir=RUN (a training run) or --config.model.pretrained")

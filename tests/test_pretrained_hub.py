@@ -21,7 +21,7 @@ transformers = pytest.importorskip("transformers")
 tokenizers = pytest.importorskip("tokenizers")
 
 REPO = "tiny-org/tiny-llama"
-COMMITS = {"main": "a" * 40, "step100": "b" * 40}
+COMMITS = {"main": "a" * 40, "step100": "b" * 40, "step300": "c" * 40}
 
 
 def _save_snapshot(path: pathlib.Path, seed: int) -> None:
@@ -105,3 +105,38 @@ def test_headspec_load_by_name(offline):
     headspec.load("gpt2")
   with pytest.raises(UserError, match="no such directory"):
     headspec.load("/nonexistent/model")
+
+
+def test_published_revisions_are_the_steps_of_one_target(offline):
+  import ml_collections
+
+  config = ml_collections.ConfigDict({"seed": 0, "model": {"pretrained": f"hf:{REPO}@step300,step100"}})
+  planned = targets.plan(config, None, steps="all", random_baseline=True)
+  assert [(t.name, t.step) for t in planned] == [("tiny-llama", 100), ("tiny-llama", 300), ("tiny-llama-random", 0)]
+  assert planned[1].identity["snapshot"].endswith(COMMITS["step300"])
+  assert [t.step for t in targets.plan(config, None, steps="last")] == [300]
+  assert [t.step for t in targets.plan(config, None, steps=(100,))] == [100]
+  w = lambda t: np.asarray(t.load()[0].blocks[0].attention.w_q_DHK[...])
+  assert np.abs(w(planned[0]) - w(planned[1])).max() > 1e-3
+  with pytest.raises(UserError, match=r"step\(s\) \[200\] not among the revisions .*\(steps: \[100, 300\]\)"):
+    targets.plan(config, None, steps="200")
+  config.model.pretrained = f"hf:{REPO}@step100,main"
+  with pytest.raises(UserError, match="revision 'main' names no training step"):
+    targets.plan(config, None, steps="all")
+  config.model.pretrained = f"hf:{REPO}@step100,step999"
+  with pytest.raises(UserError, match="step999: not in the local Hugging Face cache"):
+    targets.plan(config, None, steps="all")
+
+
+def test_diversity_reads_revisions_as_steps(offline, synthetic_data_dir, tmp_path):
+  """An analysis end to end over published revisions: the table's step column is the revisions' steps."""
+  from headspec.configs import diversity as diversity_config
+  from headspec.diversity.run import read_results
+  from headspec.diversity.run import run as run_diversity
+
+  config = diversity_config.get_config(None)
+  config.num_tokens, config.batch_size = 100, 4
+  config.data_dir, config.corpus, config.seq_len = str(synthetic_data_dir), "synthetic", 32
+  config.model.pretrained = f"hf:{REPO}@step100,step300"
+  table = read_results(run_diversity(config, tmp_path))
+  assert {row[0] for row in table} == {100, 300}
