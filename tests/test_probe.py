@@ -177,8 +177,9 @@ def test_suite_defaults_reach_the_sklearn_objective():
 
 
 def test_stopped_probes_leave_the_pass_and_change_nothing(monkeypatch):
-  """Once the running groups × columns are at most 3/4 of the pass, L-BFGS passes over the data with
-  the groups and (task, λ) blocks still running only. Each fit is then that of fitting it alone (to
+  """Once the running groups × columns are at most half of the pass (and narrowing is worth a compile:
+  NARROWING_COST = 0 here), L-BFGS passes over the data with the groups and (task, λ) blocks still
+  running only. Each fit is then that of fitting it alone (to
   float noise: rare-class directions are flat, so trajectories may part within the tolerance), and
   each reaches scikit-learn's converged objective, the one left alone in the pass (16 separable
   classes: large weights, slow) included."""
@@ -194,13 +195,14 @@ def test_stopped_probes_leave_the_pass_and_change_nothing(monkeypatch):
     probe.ProbeSpec("rare", 40, rare[:3000], rare[3000:]),
   ]
   shapes = []
-  real = probe._full_objective
+  real = probe._lbfgs_step
 
-  def recording(params, x_CcGK, *args, **kwargs):
-    shapes.append((x_CcGK.shape[2], sum(num_p * c for _, c, num_p in kwargs["layout"])))
-    return real(params, x_CcGK, *args, **kwargs)
+  def recording(state, data, **kwargs):
+    shapes.append((data.xs_CGcK.shape[1], sum(num_p * c for _, c, num_p in kwargs["layout"])))
+    return real(state, data, **kwargs)
 
-  monkeypatch.setattr(probe, "_full_objective", recording)
+  monkeypatch.setattr(probe, "_lbfgs_step", recording)
+  monkeypatch.setattr(probe, "NARROWING_COST", 0.0)
   kw = dict(l2_grid=(1e-4,), refine_samples=2048, max_devices=1)  # one λ: objectives compare probe for probe
   joint = probe.fit_softmax_probes(x[:3000], x[3000:], specs, **kw)
   assert shapes[0] == (2, 56) and (1, 56) in shapes and (1, 16) in shapes  # the noise group, then the rare task, left
@@ -231,11 +233,11 @@ def test_a_fit_above_its_start_is_refitted_from_the_prior_or_fails_loudly(monkey
   good = probe.fit_softmax_probes(x[:2400], x[2400:], spec, **kw)
   real, calls = probe._lbfgs, []
 
-  def spoiled(evaluate, params, *args, bad_calls, **kwargs):
-    out = real(evaluate, params, *args, **kwargs)
+  def spoiled(data, params, *args, bad_calls, **kwargs):
+    out = real(data, params, *args, **kwargs)
     calls.append(np.asarray(params[0]))
     if len(calls) in bad_calls:  # as if L-BFGS had ended far above where it started
-      return out[0], out[1] + 10.0, out[2], out[3]
+      return out._replace(f=out.f + 10.0)
     return out
 
   monkeypatch.setattr(probe, "_lbfgs", lambda *a, **k: spoiled(*a, bad_calls=(1,), **k))

@@ -42,7 +42,9 @@ import dataclasses
 import functools
 import math
 import threading
+import time
 from collections.abc import Sequence
+from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -55,6 +57,10 @@ from headspec.errors import UserError
 DEFAULT_L2_GRID = (1e-5, 1e-4, 1e-3)
 DEFAULT_TOL = 1e-5  # L-BFGS stops a probe when its objective changes (and is predicted to change) by less, relatively
 DEFAULT_MAX_ITER = 500  # L-BFGS iterations at most (each one pass over the training words; XPOS needs up to ~400)
+# L-BFGS narrows its pass to the probes still running when the multiply-adds that saves (estimated) are
+# worth more than compiling the step for the narrower shape: about a second of a 2-core CPU
+NARROWING_COST = 5e10
+CHUNK_LOGITS = 1 << 20  # logits per chunk of a full-batch pass (see _pass_data)
 _EMPTY_CLASS_BIAS = -30.0  # log-prior of a class absent from train: never predicted
 
 
@@ -77,6 +83,9 @@ class FittedProbes:
   `train_objective[name]` (G,) its final penalised train objective (nats per word + penalty),
   `iterations[name]` (G,) its L-BFGS iterations, `converged[name]` (G,) whether it met the tolerance;
   `start[name]` (G,) 'lda' or 'prior' (the start that scored the lower objective on a subset).
+  `profile`: where the fit's time went (start_s, adam_s, lbfgs_s, dev_s seconds; group_columns: Σ over
+  the full-batch passes of groups × packed weight columns in the pass, the passes' arithmetic is
+  about 4·N·K·group_columns), for benchmarks.
   """
 
   mean_GK: np.ndarray
@@ -91,6 +100,7 @@ class FittedProbes:
   iterations: dict = dataclasses.field(default_factory=dict)
   converged: dict = dataclasses.field(default_factory=dict)
   start: dict = dataclasses.field(default_factory=dict)
+  profile: dict = dataclasses.field(default_factory=dict)
 
 
 def _check(x_train_NGK, x_dev_NGK, specs):
@@ -354,77 +364,188 @@ def _axpy(s_GQ, p, q, block_T):
   return (q[0] + sp[0], q[1] + sp[1])
 
 
-@functools.partial(jax.jit, static_argnames=("layout", "with_grad"))
-def _full_objective(
-  params, x_CcGK, ys_ACc, mean_GK, std_GK, whiten_GKK, l2_T, inv_count_A, onehot_TQ, *, layout, with_grad
-):
+class _Pass(NamedTuple):
+  """The device arrays of a full-batch pass over the training words for some groups: xs_CGcK, the
+  standardised features in chunks of c words (the last padded with label -1), group-major so each
+  chunk's matmuls read it as it lies; whiten_GKK per group; the rest per column (l2_T), per label set
+  (ys_ACc, inv_count_A) or mapping columns to probes (block_T, onehot_TQ)."""
+
+  xs_CGcK: jax.Array
+  whiten_GKK: jax.Array
+  ys_ACc: tuple
+  l2_T: jax.Array
+  inv_count_A: jax.Array
+  block_T: jax.Array
+  onehot_TQ: jax.Array
+
+
+def _ce_and_logit_grad(z_GBT, ys_AB, inv_count_A, layout, with_grad):
+  """Per probe Σ_words CE / its labelled-word count (f_GQ) and the gradient of Σ f_GQ with respect to
+  the logits (softmax − one-hot, masked and scaled), written out rather than differentiated: no
+  scatter from take_along_axis's transpose, one exp per logit."""
+  f_parts, dz_parts = [], []
+  for (off, c, num_p), y_B, inv in zip(layout, ys_AB, inv_count_A):
+    z = z_GBT[:, :, off : off + num_p * c].reshape(*z_GBT.shape[:2], num_p, c)
+    top = jax.lax.stop_gradient(z.max(-1, keepdims=True))
+    e = jnp.exp(z - top)
+    total = e.sum(-1, keepdims=True)
+    onehot = (jnp.arange(c) == y_B[:, None, None]).astype(z.dtype)  # (B, 1, C); label -1: all zero
+    mask = (y_B >= 0).astype(z.dtype)[None, :, None]
+    nll = top[..., 0] + jnp.log(total[..., 0]) - (z * onehot).sum(-1)
+    f_parts.append((nll * mask).sum(1) * inv)  # (G, P)
+    if with_grad:
+      dz_parts.append(((e / total - onehot) * (mask * inv)[..., None]).reshape(*z_GBT.shape[:2], num_p * c))
+  return jnp.concatenate(f_parts, axis=1), (jnp.concatenate(dz_parts, axis=-1) if with_grad else None)
+
+
+def _full_objective(params, data, *, layout, with_grad):
   """Exact penalised objective f_GQ of every probe (mean CE over its labelled train words + (λ/2)‖W‖²),
-  and its gradient, over all training words: one pass, chunk by chunk (value and gradient accumulated
-  per chunk, so no chunk's logits outlive it). layout: per label set (ys_ACc, inv_count_A) its
-  (first column, classes C, probes P): P consecutive blocks of C columns; l2_T: each column's λ."""
-
-  def ce_sum(p, xs_GBK, ys_AB):
-    logits_GBT = _logits_GBC(xs_GBK, whiten_GKK, p[0], p[1])
-    out = []
-    for (off, c, num_p), y_B, inv in zip(layout, ys_AB, inv_count_A):
-      z = logits_GBT[:, :, off : off + num_p * c].reshape(*logits_GBT.shape[:2], num_p, c)
-      lse = jax.nn.logsumexp(z, axis=-1)
-      picked = jnp.take_along_axis(z, jnp.maximum(y_B, 0)[None, :, None, None], axis=-1)[..., 0]
-      out.append(((lse - picked) * (y_B >= 0)[None, :, None]).sum(1) * inv)  # (G, P)
-    f_GQ = jnp.concatenate(out, axis=1)
-    return f_GQ.sum(), f_GQ
-
-  def penalty(p):
-    w_GKT = jnp.einsum("gkl,glc->gkc", whiten_GKK, p[0])
-    f_GQ = _per_probe(0.5 * l2_T * jnp.square(w_GKT).sum(1), onehot_TQ)
-    return f_GQ.sum(), f_GQ
+  and its gradient (None without), over all training words: one pass, chunk by chunk (value and
+  gradient accumulated per chunk, so no chunk's logits outlive it): per chunk two matmuls (logits, and
+  the gradient xsᵀ·dz) and one exp per logit. layout: per label set its (first column, classes C,
+  probes P): P consecutive blocks of C columns. Traced inside the compiled L-BFGS calls below."""
+  v_GKT, b_GT = params
+  w_GKT = jnp.einsum("gkl,glc->gkc", data.whiten_GKK, v_GKT)
 
   def body(carry, chunk):
-    x_cGK, ys = chunk
-    xs_GcK = jnp.transpose((x_cGK - mean_GK) / std_GK, (1, 0, 2))
-    if with_grad:
-      (_, f_GQ), g = jax.value_and_grad(ce_sum, has_aux=True)(params, xs_GcK, ys)
-      return (carry[0] + f_GQ, jax.tree_util.tree_map(jnp.add, carry[1], g)), None
-    return (carry[0] + ce_sum(params, xs_GcK, ys)[1], carry[1]), None
+    xs_GcK, ys = chunk
+    z = jnp.einsum("gbk,gkt->gbt", xs_GcK, w_GKT) + b_GT[:, None, :]
+    f_GQ, dz_GcT = _ce_and_logit_grad(z, ys, data.inv_count_A, layout, with_grad)
+    if not with_grad:
+      return (carry[0] + f_GQ, carry[1], carry[2]), None
+    return (carry[0] + f_GQ, carry[1] + jnp.einsum("gbk,gbt->gkt", xs_GcK, dz_GcT), carry[2] + dz_GcT.sum(1)), None
 
-  zero_f = jnp.zeros((mean_GK.shape[0], onehot_TQ.shape[1]), jnp.float32)
-  zero_g = jax.tree_util.tree_map(jnp.zeros_like, params)
-  (f_GQ, g), _ = jax.lax.scan(body, (zero_f, zero_g), (x_CcGK, ys_ACc))
-  if with_grad:
-    (_, pen_GQ), pen_g = jax.value_and_grad(penalty, has_aux=True)(params)
-    return f_GQ + pen_GQ, jax.tree_util.tree_map(jnp.add, g, pen_g)
-  return f_GQ + penalty(params)[1], None
+  zero_f = jnp.zeros((b_GT.shape[0], data.onehot_TQ.shape[1]), jnp.float32)
+  (f_GQ, gw_GKT, gb_GT), _ = jax.lax.scan(
+    body, (zero_f, jnp.zeros_like(w_GKT), jnp.zeros_like(b_GT)), (data.xs_CGcK, data.ys_ACc)
+  )
+  f_GQ = f_GQ + _per_probe(0.5 * data.l2_T * jnp.square(w_GKT).sum(1), data.onehot_TQ)
+  if not with_grad:
+    return f_GQ, None
+  # w = A·v (A = whiten, symmetric): ∂/∂v = Aᵀ·∂/∂w, the penalty's ∂/∂w being λ·w
+  gv_GKT = jnp.einsum("gkl,gkc->glc", data.whiten_GKK, gw_GKT + data.l2_T * w_GKT)
+  return f_GQ, (gv_GKT, gb_GT)
 
 
-@jax.jit
-def _direction(g, history, block_T, onehot_TQ):
+class _State(NamedTuple):
+  """L-BFGS state, every array with the group axis first (so dropping finished groups is one gather):
+  params and gradient (v_GKT, b_GT), f_GQ, the last `memory` curvature pairs oldest first (s, y:
+  (v_GMKT, b_GMT), rho_GMQ; an empty slot has rho 0), and per probe done, iterations and the decrease
+  of the objective in its last iteration."""
+
+  params: tuple
+  f_GQ: jax.Array
+  grad: tuple
+  s_hist: tuple
+  y_hist: tuple
+  rho_GMQ: jax.Array
+  done_GQ: jax.Array
+  iters_GQ: jax.Array
+  last_GQ: jax.Array
+
+
+@functools.partial(jax.jit, static_argnames=("layout", "memory"))
+def _lbfgs_init(params, data, done_GQ, *, layout, memory):
+  """The state at `params` (one pass); probes marked done_GQ never move."""
+  f, g = _full_objective(params, data, layout=layout, with_grad=True)
+  hist = lambda p: jnp.zeros((p.shape[0], memory, *p.shape[1:]), p.dtype)
+  return _State(
+    params,
+    f,
+    g,
+    (hist(g[0]), hist(g[1])),
+    (hist(g[0]), hist(g[1])),
+    hist(f),
+    done_GQ,
+    jnp.zeros(f.shape, jnp.int32),
+    jnp.full(f.shape, jnp.inf, jnp.float32),
+  )
+
+
+def _direction(state, block_T, onehot_TQ):
   """The L-BFGS direction −H·g per probe: the two-loop recursion (Nocedal & Wright 2006, Alg. 7.4) over
-  `history` = (s, y, rho) stacked oldest first, with a fixed number of slots; an empty slot has rho = 0,
-  so its alpha and beta are 0 and it changes nothing. One compiled call per iteration instead of ~40
-  small dispatches (run eagerly, those dispatches are most of a CPU probe suite's time)."""
-  (s_v, s_b), (y_v, y_b), rho_M = history
-  pair = lambda v, b, m: (v[m], b[m])
-  q, alphas = g, []
-  for m in reversed(range(rho_M.shape[0])):
-    alpha = rho_M[m] * _vdot(pair(s_v, s_b, m), q, onehot_TQ)
-    q = _axpy(-alpha, pair(y_v, y_b, m), q, block_T)
-    alphas.append(alpha)
-  s, y, rho = pair(s_v, s_b, -1), pair(y_v, y_b, -1), rho_M[-1]
+  a fixed number of slots, each loop a lax.scan (small programs compile fast); an empty slot has
+  rho = 0, so its alpha and beta are 0 and it changes nothing."""
+  slots = lambda a: jnp.moveaxis(a, 1, 0)  # (G, M, ...) -> (M, G, ...)
+  hist = (slots(state.s_hist[0]), slots(state.s_hist[1]), slots(state.y_hist[0]), slots(state.y_hist[1]))
+  hist = hist + (slots(state.rho_GMQ),)
+
+  def newest_first(q, slot):
+    s_v, s_b, y_v, y_b, rho = slot
+    alpha = rho * _vdot((s_v, s_b), q, onehot_TQ)
+    return _axpy(-alpha, (y_v, y_b), q, block_T), alpha
+
+  q, alphas = jax.lax.scan(newest_first, state.grad, hist, reverse=True)
+  s, y, newest = (hist[0][-1], hist[1][-1]), (hist[2][-1], hist[3][-1]), hist[4][-1]
   yy = _vdot(y, y, onehot_TQ)
-  gamma = jnp.where((rho > 0) & (yy > 0), _vdot(s, y, onehot_TQ) / jnp.maximum(yy, 1e-30), 1.0)
-  r = _scale(gamma, q, block_T)
-  for m, alpha in zip(range(rho_M.shape[0]), reversed(alphas)):
-    beta = rho_M[m] * _vdot(pair(y_v, y_b, m), r, onehot_TQ)
-    r = _axpy(alpha - beta, pair(s_v, s_b, m), r, block_T)
+  gamma = jnp.where((newest > 0) & (yy > 0), _vdot(s, y, onehot_TQ) / jnp.maximum(yy, 1e-30), 1.0)
+
+  def oldest_first(r, slot):
+    (s_v, s_b, y_v, y_b, rho), alpha = slot
+    beta = rho * _vdot((y_v, y_b), r, onehot_TQ)
+    return _axpy(alpha - beta, (s_v, s_b), r, block_T), None
+
+  r, _ = jax.lax.scan(oldest_first, _scale(gamma, q, block_T), (hist, alphas))
   return (-r[0], -r[1])
 
 
-@jax.jit
-def _push(history, s, y, rho):
-  """history with (s, y, rho) appended as the newest slot and the oldest dropped."""
-  shift = lambda stack, new: jnp.concatenate([stack[1:], new[None]])
-  (s_v, s_b), (y_v, y_b), rho_M = history
-  return (shift(s_v, s[0]), shift(s_b, s[1])), (shift(y_v, y[0]), shift(y_b, y[1])), shift(rho_M, rho)
+def _line_search(state, d, slope_GQ, done_GQ, data, *, layout, max_trials):
+  """Armijo backtracking per probe (t = 1, ½, ¼, ... ; done probes t = 0), all probes sharing each
+  trial pass, in one lax.while_loop. After max_trials trials, a probe that none lowered goes back to
+  t = 0 (one more pass, so every probe's f and gradient are those of its accepted point). Returns
+  (trial params, f, gradient, t_GQ, passes made)."""
+  f = state.f_GQ
+  at = lambda t: _axpy(t, d, state.params, data.block_T)
+  # (slack: the float32 objective is summed over many words, resolution ~1e-6 relative)
+  bound = lambda t: f + 1e-4 * t * slope_GQ + 1e-6 * jnp.abs(f)
+
+  def trial(carry):
+    t, accepted, _, _, k = carry
+    give_up = k == max_trials
+    t = jnp.where(give_up & ~accepted, 0.0, t)
+    f_new, g_new = _full_objective(at(t), data, layout=layout, with_grad=True)
+    accepted = accepted | give_up | (jnp.isfinite(f_new) & (f_new <= bound(t)))
+    return jnp.where(accepted, t, 0.5 * t), accepted, f_new, g_new, k + 1
+
+  t0 = jnp.where(done_GQ, 0.0, 1.0).astype(jnp.float32)
+  carry = (t0, done_GQ, f, state.grad, jnp.int32(0))
+  t, _, f_new, g_new, k = jax.lax.while_loop(lambda c: ~c[1].all(), trial, carry)
+  return at(t), f_new, g_new, t, k
+
+
+@functools.partial(jax.jit, static_argnames=("layout", "tol", "min_iter", "max_trials"))
+def _lbfgs_step(state, data, *, layout, tol, min_iter=3, max_trials=12):
+  """One L-BFGS iteration of every probe, line search included, as one compiled call: returns the new
+  state and the passes over the data it made. A probe stops when its last step lowered f by less than
+  tol·|f| AND the quasi-Newton decrement −½gᵀd (≈ f − f*, Boyd & Vandenberghe 2004, §9.5) is below
+  tol·|f| too, after at least min_iter iterations (so the curvature pairs say something), or when no
+  step lowers it. A direction that is not a descent direction is replaced by steepest descent."""
+  g, block_T, onehot_TQ = state.grad, data.block_T, data.onehot_TQ
+  d = _direction(state, block_T, onehot_TQ)
+  bad_T = ~(_vdot(g, d, onehot_TQ) < 0)[:, block_T]
+  d = (jnp.where(bad_T[:, None, :], -g[0], d[0]), jnp.where(bad_T, -g[1], d[1]))
+  slope = _vdot(g, d, onehot_TQ)
+  f = state.f_GQ
+  small = (state.last_GQ <= tol * jnp.abs(f)) & (-0.5 * slope <= tol * jnp.abs(f)) & (state.iters_GQ >= min_iter)
+  done = state.done_GQ | small
+  trial, f_new, g_new, t, passes = _line_search(state, d, slope, done, data, layout=layout, max_trials=max_trials)
+  s = (trial[0] - state.params[0], trial[1] - state.params[1])
+  y = (g_new[0] - g[0], g_new[1] - g[1])
+  sy = _vdot(s, y, onehot_TQ)
+  push = lambda stack, new: jnp.concatenate([stack[:, 1:], new[:, None]], axis=1)
+  moving = ~done
+  new = _State(
+    trial,
+    jnp.where(done, f, f_new),
+    g_new,
+    (push(state.s_hist[0], s[0]), push(state.s_hist[1], s[1])),
+    (push(state.y_hist[0], y[0]), push(state.y_hist[1], y[1])),
+    push(state.rho_GMQ, jnp.where(sy > 1e-12, 1.0 / jnp.maximum(sy, 1e-12), 0.0)),
+    done | (moving & (t == 0)),
+    state.iters_GQ + moving,
+    jnp.where(moving, f - f_new, state.last_GQ),
+  )
+  return new, passes, ~new.done_GQ
 
 
 class _Turns:
@@ -451,74 +572,472 @@ class _Turns:
       self._lock.acquire()
 
 
-def _lbfgs(evaluate, params, block_T, onehot_TQ, *, tol, max_iter, memory=10, min_iter=3, fetch=np.asarray):
-  """Full-batch L-BFGS (Nocedal & Wright 2006, Alg. 7.4/7.5), one independent problem per probe.
+def _probe_blocks(probes, cols):
+  """The pass over the probes `probes` (sorted ids q = task·P + λ index): runs of consecutive λ blocks
+  of one task as [task, first λ, count], the packed columns they occupy (ascending) and the pass layout
+  (first column, classes, probes) of each run."""
+  runs = []
+  for q in probes:
+    a, lam = divmod(int(q), cols.num_l2)
+    if runs and runs[-1][0] == a and sum(runs[-1][1:]) == lam:
+      runs[-1][2] += 1
+    else:
+      runs.append([a, lam, 1])
+  widths = [n * cols.layout[a][1] for a, _, n in runs]
+  col_T = np.concatenate(
+    [cols.layout[a][0] + lam * cols.layout[a][1] + np.arange(w) for (a, lam, _), w in zip(runs, widths)]
+  )
+  starts = np.cumsum([0] + widths[:-1])
+  layout = tuple((int(start), cols.layout[a][1], n) for start, (a, _, n) in zip(starts, runs))
+  return runs, col_T, layout
 
-  Every probe (group g, task × l2 block q) has its own direction, curvature pairs, Armijo backtracking
-  step and stopping test, but all probes share each pass over the data (`evaluate(params, running_GQ)
-  -> f_GQ, grad`: running_GQ marks the probes still running, None all; the evaluation may skip the
-  others, returning NaN for their f and 0 for their gradient, which stopped probes never read). A probe stops when its last step lowered the objective by less than tol·|f| and its
-  predicted remaining decrease is below tol·|f| too (after at least min_iter iterations), or when no
-  step lowers it; the loop ends when every probe has stopped or after max_iter iterations.
-  fetch(x, dtype): reads a device value back (`_Turns.fetch` in the per-device threads).
-  Returns (params, f_GQ, iterations_GQ, converged_GQ).
-  """
-  f, g = evaluate(params, None)
-  f = fetch(f, np.float64)
-  shape = f.shape
-  done = np.zeros(shape, bool)
-  iters = np.zeros(shape, np.int32)
-  last_decrease = np.full(shape, np.inf)
-  zeros = lambda p: jnp.zeros((memory, *p.shape), p.dtype)
-  history = ((zeros(g[0]), zeros(g[1])), (zeros(g[0]), zeros(g[1])), jnp.zeros((memory, *shape), jnp.float32))
-  for _ in range(max_iter):
-    if done.all():
-      break
-    d = _direction(g, history, block_T, onehot_TQ)
-    slope = fetch(_vdot(g, d, onehot_TQ), np.float64)
-    bad = ~(slope < 0)
-    if bad.any():  # not a descent direction: steepest descent for that probe
-      bad_j = jnp.asarray(bad)
-      d = (
-        jnp.where(bad_j[:, block_T][:, None, :], -g[0], d[0]),
-        jnp.where(bad_j[:, block_T], -g[1], d[1]),
-      )
-      slope = fetch(_vdot(g, d, onehot_TQ), np.float64)
-    # Stopping test (per probe): the last step lowered f by less than tol·|f| AND the quasi-Newton
-    # decrement −½ gᵀd (≈ f − f*, Boyd & Vandenberghe 2004, §9.5) is below tol·|f| too, after at
-    # least `min_iter` iterations (so the curvature pairs say something).
-    small = (last_decrease <= tol * np.abs(f)) & (-0.5 * slope <= tol * np.abs(f)) & (iters >= min_iter)
-    done |= small
-    if done.all():
-      break
-    t = np.where(done, 0.0, 1.0)
-    accepted = done.copy()
-    for _ in range(12):  # Armijo backtracking, per probe
-      trial = _axpy(jnp.asarray(t, jnp.float32), d, params, block_T)
-      f_new, g_new = evaluate(trial, ~done)
-      f_new = fetch(f_new, np.float64)
-      # (slack: the float32 objective is summed over many words, resolution ~1e-6 relative)
-      ok = np.isfinite(f_new) & (f_new <= f + 1e-4 * t * slope + 1e-6 * np.abs(f))
-      accepted |= ok
-      if accepted.all():
+
+def _narrow_state(state, row_pos, col_pos, probe_pos, put):
+  """The state of the rows, packed columns and probes kept (positions in the current state), gathered on
+  the host (a few small arrays; a compiled gather would compile once per shape)."""
+  state = jax.device_get(state)
+  by_col = lambda a: put(a[row_pos][..., col_pos])
+  by_probe = lambda a: put(a[row_pos][..., probe_pos])
+  return _State(
+    jax.tree_util.tree_map(by_col, state.params),
+    by_probe(state.f_GQ),
+    jax.tree_util.tree_map(by_col, state.grad),
+    jax.tree_util.tree_map(by_col, state.s_hist),
+    jax.tree_util.tree_map(by_col, state.y_hist),
+    by_probe(state.rho_GMQ),
+    by_probe(state.done_GQ),
+    by_probe(state.iters_GQ),
+    by_probe(state.last_GQ),
+  )
+
+
+@jax.jit
+def _take_groups(xs_CGcK, whiten_GKK, idx):
+  return xs_CGcK[:, idx], whiten_GKK[idx]
+
+
+def _pow2_at_least(n):
+  return 1 << max(0, int(n) - 1).bit_length()
+
+
+class _Lbfgs:
+  """Full-batch L-BFGS (Nocedal & Wright 2006, Alg. 7.4/7.5), one independent problem per probe
+  (group g, task × l2 block q): its own direction, curvature pairs, Armijo step and stopping test, all
+  probes sharing each pass over the data. Each iteration is one compiled call (`_lbfgs_step`) and one
+  read of which probes are still running. Stopped probes stay in the pass, masked (fixed shapes: no
+  recompilation as probes stop), until the groups × columns that have a probe running (groups padded
+  with finished ones to a power of two) are at most half of those in the pass: then the state and the
+  data are gathered to them. Each narrowing halves the pass, so a fit compiles the step for at most
+  1 + log2(G·T) shapes whatever its iterations; XPOS at the weakest λ, which often runs hundreds of
+  iterations after everything else has stopped, then pays for its own columns only."""
+
+  def __init__(self, data, cols, *, tol, max_iter, fetch, memory=10):
+    self.base, self.cols, self.tol, self.max_iter, self.fetch, self.memory = data, cols, tol, max_iter, fetch, memory
+    self.group_columns = 0  # Σ over passes of groups × packed columns in the pass
+
+  def run(self, params, done_GQ):
+    """Returns (params, f_GQ, iterations_GQ, converged_GQ) as host arrays."""
+    num_g, total_t = params[1].shape
+    rows, probes = np.arange(num_g), np.arange(done_GQ.shape[1])
+    col_T, layout, data = np.arange(total_t), self.cols.pass_layout, self.base
+    state = _lbfgs_init(params, data, jnp.asarray(done_GQ), layout=layout, memory=self.memory)
+    self.group_columns += num_g * total_t
+    out = self._write(state, rows, col_T, probes, None)
+    f_start = out[2].astype(np.float64)
+    for iteration in range(1, self.max_iter + 1):
+      state, passes, running_GQ = _lbfgs_step(state, data, layout=layout, tol=self.tol)
+      passes, running_GQ = self.fetch((passes, running_GQ))
+      self.group_columns += int(passes) * len(rows) * len(col_T)
+      live_g = np.flatnonzero(running_GQ.any(1))
+      if not len(live_g):
         break
-      t = np.where(accepted, t, 0.5 * t)
-    t = np.where(accepted, t, 0.0)  # no step lowers the objective: the probe stops where it is
-    if not accepted.all():
-      trial = _axpy(jnp.asarray(t, jnp.float32), d, params, block_T)
-      f_new, g_new = evaluate(trial, ~done)
-      f_new = fetch(f_new, np.float64)
-    s = (trial[0] - params[0], trial[1] - params[1])
-    y = (g_new[0] - g[0], g_new[1] - g[1])
-    sy = _vdot(s, y, onehot_TQ)
-    rho = jnp.where(sy > 1e-12, 1.0 / jnp.maximum(sy, 1e-12), 0.0)
-    history = _push(history, s, y, rho)
-    moving = ~done
-    iters += moving
-    last_decrease = np.where(moving, f - f_new, last_decrease)
-    params, f, g = trial, np.where(done, f, f_new), g_new
-    done |= moving & (t == 0)
-  return params, f, iters, done
+      keep_q = np.flatnonzero(running_GQ.any(0))
+      size = _pow2_at_least(len(live_g))
+      runs, new_col_T, new_layout = _probe_blocks(probes[keep_q], self.cols)
+      if self._worth_narrowing(len(rows) * len(col_T), size * len(new_col_T), iteration):
+        out = self._write(state, rows, col_T, probes, out)
+        pick = np.concatenate([live_g, np.flatnonzero(~running_GQ.any(1))[: size - len(live_g)]])
+        put = functools.partial(jax.device_put, device=self.base.l2_T.device)
+        state = _narrow_state(state, pick, np.searchsorted(col_T, new_col_T), keep_q, put)
+        rows, probes, col_T, layout = rows[pick], probes[keep_q], new_col_T, new_layout
+        data = self._narrowed(rows, probes, col_T, runs)
+    out = self._write(state, rows, col_T, probes, out)
+    v, b, f, iters, done = out
+    return _LbfgsResult((v, b), f.astype(np.float64), iters, done, f_start, self.group_columns)
+
+  def _worth_narrowing(self, now, narrowed, iteration):
+    """Narrow the pass from `now` to `narrowed` groups × columns when that at least halves it and the
+    passes saved, if the probes still running need as many iterations again as they have had, outweigh
+    compiling the step for the new shape (~NARROWING_COST multiply-adds' worth on a CPU; a deterministic
+    rule, so a fit's arithmetic never depends on timing)."""
+    words, k = self.base.xs_CGcK.shape[0] * self.base.xs_CGcK.shape[2], self.base.xs_CGcK.shape[3]
+    saved = (now - narrowed) * 4.0 * words * (k + 5) * iteration
+    return narrowed <= 0.5 * now and saved >= NARROWING_COST
+
+  def _narrowed(self, rows, probes, col_T, runs):
+    """The pass over the groups `rows` and the probes `probes` (packed columns col_T, in runs)."""
+    base, cols = self.base, self.cols
+    put = lambda a: jax.device_put(a, base.l2_T.device)
+    xs, whiten = _take_groups(base.xs_CGcK, base.whiten_GKK, put(rows))
+    return _Pass(
+      xs,
+      whiten,
+      tuple(base.ys_ACc[a] for a, _, _ in runs),
+      put(cols.l2_T[col_T]),
+      put(cols.inv_count_A[[a for a, _, _ in runs]]),
+      put(np.searchsorted(probes, cols.block_T[col_T]).astype(np.int32)),
+      put(cols.onehot_TQ[np.ix_(col_T, probes)]),
+    )
+
+  def _write(self, state, rows, col_T, probes, out):
+    """Host copies of (v, b, f, iterations, done) with the state's rows, columns and probes written."""
+    now = self.fetch((state.params[0], state.params[1], state.f_GQ, state.iters_GQ, state.done_GQ))
+    if out is None:
+      return [np.array(a) for a in now]
+    k = np.arange(out[0].shape[1])
+    out[0][np.ix_(rows, k, col_T)] = now[0]
+    out[1][np.ix_(rows, col_T)] = now[1]
+    for a, new in zip(out[2:], now[2:]):
+      a[np.ix_(rows, probes)] = new
+    return out
+
+
+class _LbfgsResult(NamedTuple):
+  """Host arrays: params (v_GKT, b_GT), final and starting f_GQ, iterations_GQ, converged_GQ, and
+  Σ over the passes made of groups × packed columns in the pass."""
+
+  params: tuple
+  f: np.ndarray
+  iterations: np.ndarray
+  converged: np.ndarray
+  f_start: np.ndarray
+  group_columns: int
+
+
+def _lbfgs(data, params, done_GQ, *, cols, tol, max_iter, fetch=jax.device_get) -> _LbfgsResult:
+  """L-BFGS of every probe from `params` (probes marked done_GQ stay where they are); see _Lbfgs."""
+  return _Lbfgs(data, cols, tol=tol, max_iter=max_iter, fetch=fetch).run(params, done_GQ)
+
+
+def _whitening(corr_GKK):
+  """A = (R + εI)^(-1/2) of the feature correlation R (of x̂) per group, and its inverse."""
+  k = corr_GKK.shape[-1]
+  evals, evecs = np.linalg.eigh(corr_GKK + 1e-6 * np.eye(k))
+  evals = np.maximum(evals, 1e-4 * np.maximum(evals.max(-1, keepdims=True), 1e-12))
+  whiten = np.einsum("gkj,gj,glj->gkl", evecs, evals**-0.5, evecs)
+  unwhiten = np.einsum("gkj,gj,glj->gkl", evecs, evals**0.5, evecs)
+  return whiten, unwhiten
+
+
+@dataclasses.dataclass(frozen=True)
+class _Columns:
+  """The packed weight matrix: one block of C_s columns per task (the shared Adam phase at the weakest
+  λ: `layout_one`), later num_l2 blocks per task (`layout`); the probe q = task·P + λ index of each
+  column (block_T), its λ (l2_T), and per probe the class-prior model's objective and bias."""
+
+  specs: tuple
+  l2_P: np.ndarray
+  layout_one: tuple
+  total_one: int
+  layout: tuple
+  block_T: np.ndarray
+  l2_T: np.ndarray
+  onehot_TQ: np.ndarray
+  inv_count_A: np.ndarray
+  prior_objective_Q: np.ndarray
+  prior_b_T: np.ndarray
+
+  @classmethod
+  def make(cls, specs, l2_P, per_task):
+    num_l2 = len(l2_P)
+    offsets_one, total_one = _columns(specs, 1)
+    offsets, _ = _columns(specs, num_l2)
+    layout = tuple((off, s.num_classes) for off, s in zip(offsets, specs))
+    block_T = _block_map(layout, num_l2)
+    entropy = [-(pr[pr > 0] * np.log(pr[pr > 0])).sum() for _, pr in per_task]  # the prior model's objective
+    return cls(
+      specs,
+      l2_P,
+      tuple((off, s.num_classes) for off, s in zip(offsets_one, specs)),
+      total_one,
+      layout,
+      block_T,
+      l2_P[block_T % num_l2],
+      np.eye(len(specs) * num_l2, dtype=np.float32)[block_T],
+      np.asarray([1.0 / max((np.asarray(s.y_train_N) >= 0).sum(), 1) for s in specs], np.float32),
+      np.asarray(entropy, np.float64).repeat(num_l2),
+      np.concatenate([np.tile(_prior_bias(pr), num_l2) for _, pr in per_task]).astype(np.float32),
+    )
+
+  @property
+  def num_l2(self):
+    return len(self.l2_P)
+
+  @property
+  def pass_layout(self):
+    """(first column, classes, probes) per task, as _full_objective reads it."""
+    return tuple((off, c, self.num_l2) for off, c in self.layout)
+
+
+def _starts(x_train_NGK, cols, corr, per_task, sub_idx, mean, std, unwhiten, lda_ridge):
+  """The start of every probe (whitened coordinates, one block per task): the Fisher-LDA start where its
+  objective on the strided subset is below the class-prior model's, else the class prior (W = 0)."""
+  num_g, k = mean.shape
+  v0 = np.zeros((num_g, k, cols.total_one), np.float32)
+  b0 = np.zeros((num_g, cols.total_one), np.float32)
+  xs_sub = np.transpose((np.asarray(x_train_NGK[sub_idx], np.float32) - mean) / std, (1, 0, 2))
+  xs_sub = jax.device_put(xs_sub.astype(np.float32))
+  starts = {}
+  for s, (off, c), (mu, prior) in zip(cols.specs, cols.layout_one, per_task):
+    w, b = _lda_start(corr, mu, prior, lda_ridge)
+    prior_b = np.broadcast_to(_prior_bias(prior), b.shape)
+    y_sub = jax.device_put(np.asarray(s.y_train_N)[sub_idx].astype(np.int32))
+    f_lda, f_prior = (
+      np.asarray(
+        _objective_G(
+          xs_sub, y_sub, np.asarray(ww, np.float32), np.asarray(bb, np.float32), float(cols.l2_P[0]), num_classes=c
+        )
+      )
+      for ww, bb in ((w, b), (np.zeros_like(w), prior_b))
+    )
+    use_lda = np.isfinite(f_lda) & (f_lda <= f_prior)  # else the class-prior start (W = 0)
+    starts[s.name] = np.where(use_lda, "lda", "prior")
+    v0[:, :, off : off + c] = np.einsum("gkl,glc->gkc", unwhiten, w) * use_lda[:, None, None]
+    b0[:, off : off + c] = np.where(use_lda[:, None], b, prior_b)
+  return v0, b0, starts
+
+
+@dataclasses.dataclass(frozen=True)
+class _Fit:
+  """Everything the per-device fits share: the features, statistics, starts and settings."""
+
+  x_train_NGK: object
+  cols: _Columns
+  mean: np.ndarray
+  std: np.ndarray
+  whiten: np.ndarray
+  v0: np.ndarray
+  b0: np.ndarray
+  order: np.ndarray | None  # (steps, batch) word indices of Adam's minibatches
+  forked_steps: int
+  learning_rate: float
+  label_scale_A: np.ndarray
+  tol: float
+  max_iter: int
+  pass_chunk: int
+
+
+@functools.partial(jax.jit, static_argnames=("n", "count"))
+def _shuffles(seed, *, n, count):
+  keys = jax.random.split(jax.random.PRNGKey(seed), count)
+  return jax.vmap(lambda key: jax.random.permutation(key, n))(keys)
+
+
+def _adam_order(n, steps, batch_size, seed):
+  """Consecutive shuffles of the training words (more than one pass only when steps·batch > N)."""
+  if steps <= 0:
+    return None
+  order = np.asarray(_shuffles(seed, n=n, count=-(-steps * batch_size // n))).reshape(-1)[: steps * batch_size]
+  return order.reshape(steps, batch_size)
+
+
+@functools.partial(jax.jit, static_argnames=("layout_one", "num_l2", "total_one"))
+def _fork(tree, *, layout_one, num_l2, total_one):
+  return _fork_columns(tree, layout_one, num_l2, total_one)
+
+
+def _adam(fit, g0, g1, put):
+  """Minibatch Adam from the start for groups g0..g1-1: the shared phase at the weakest λ, then the
+  fork into one column block per λ and the rest of the steps with each block's own λ."""
+  cols = fit.cols
+  fork = functools.partial(_fork, layout_one=cols.layout_one, num_l2=cols.num_l2, total_one=cols.total_one)
+  params = (put(fit.v0[g0:g1]), put(fit.b0[g0:g1]))
+  if fit.order is None:
+    return fork(params)
+  steps = len(fit.order)
+  opt_state = jax.jit(_optimizer(fit.learning_rate, steps).init)(params)
+  stats = tuple(put(np.asarray(a[g0:g1], np.float32)) for a in (fit.mean, fit.std, fit.whiten))
+  x = put(np.asarray(fit.x_train_NGK[:, g0:g1], np.float32))
+  ys = tuple(put(np.asarray(s.y_train_N, np.int32)) for s in cols.specs)
+  common = dict(learning_rate=fit.learning_rate, total_steps=steps, groups=(0, g1 - g0))
+  shared = steps - fit.forked_steps
+  label_scale = put(fit.label_scale_A)
+  if shared > 0:
+    params, opt_state = _refine(
+      params,
+      opt_state,
+      x,
+      ys,
+      put(fit.order[:shared]),
+      *stats,
+      put(cols.l2_P[:1]),
+      label_scale,
+      layout=cols.layout_one,
+      **common,
+    )
+  params, opt_state = fork((params, opt_state))
+  if fit.forked_steps > 0:
+    params, opt_state = _refine(
+      params,
+      opt_state,
+      x,
+      ys,
+      put(fit.order[shared:]),
+      *stats,
+      put(cols.l2_P),
+      label_scale,
+      layout=cols.layout,
+      **common,
+    )
+  return params
+
+
+def _pass_data(fit, g0, g1, put):
+  """The device arrays of a full pass for groups g0..g1-1: standardised features in chunks (the last
+  padded), group-major. A chunk's logits, softmax and their gradient are a few G·c·T arrays: c is the
+  power of two (≤ pass_chunk) that keeps each near CHUNK_LOGITS floats, so they stay in cache (on the
+  2-core CPU a pass at c = 512 took a third of the time it took at 4096, G·T = 2496)."""
+  mean, std = (np.asarray(a[g0:g1], np.float32) for a in (fit.mean, fit.std))
+  xs = (np.asarray(fit.x_train_NGK[:, g0:g1], np.float32) - mean) / std
+  n = xs.shape[0]
+  fit_cache = _pow2_at_least(max(CHUNK_LOGITS // ((g1 - g0) * len(fit.cols.block_T)), 64))
+  c = max(1, min(fit.pass_chunk, fit_cache, n))
+  pad = -n % c
+  xs = np.concatenate([xs, np.zeros((pad,) + xs.shape[1:], np.float32)]).reshape(-1, c, *xs.shape[1:])
+  ys = tuple(
+    np.concatenate([np.asarray(s.y_train_N, np.int32), np.full(pad, -1, np.int32)]).reshape(-1, c)
+    for s in fit.cols.specs
+  )
+  cols = fit.cols
+  return _Pass(
+    put(np.ascontiguousarray(xs.transpose(0, 2, 1, 3))),
+    put(np.asarray(fit.whiten[g0:g1], np.float32)),
+    tuple(put(y) for y in ys),
+    put(cols.l2_T),
+    put(cols.inv_count_A),
+    put(cols.block_T),
+    put(cols.onehot_TQ),
+  )
+
+
+def _lbfgs_with_refit(fit, params, data, g0, fetch, profile):
+  """L-BFGS from the Adam result; a probe that ends above min(its start's objective, the class-prior
+  model's) is refitted from the class prior, and if that fails too the fit fails loudly. Success is
+  decided on the penalised objective, never on accuracy (an uninformative group legitimately sits at
+  the majority rate)."""
+  cols = fit.cols
+  run = functools.partial(_lbfgs, data, cols=cols, tol=fit.tol, max_iter=fit.max_iter, fetch=fetch)
+  params, f, iters, conv, f_start, passes = run(
+    params, np.zeros((params[1].shape[0], len(cols.prior_objective_Q)), bool)
+  )
+  profile["group_columns"] += passes
+  bound = np.minimum(f_start, cols.prior_objective_Q[None, :])
+  failed = ~(f <= bound + 1e-4 * np.abs(bound) + 1e-6)
+  if failed.any() and fit.max_iter > 0:
+    fail_T = failed[:, cols.block_T]
+    restart = (np.where(fail_T[:, None, :], 0.0, params[0]), np.where(fail_T, cols.prior_b_T[None, :], params[1]))
+    params2, f2, iters2, conv2, _, passes = run(jax.device_put(restart, data.l2_T.device), ~failed)
+    profile["group_columns"] += passes
+    params = (np.where(fail_T[:, None, :], params2[0], params[0]), np.where(fail_T, params2[1], params[1]))
+    f, iters, conv = np.where(failed, f2, f), np.where(failed, iters + iters2, iters), np.where(failed, conv2, conv)
+    failed = ~(f <= bound + 1e-4 * np.abs(bound) + 1e-6)
+  if failed.any():
+    g_bad, q_bad = np.argwhere(failed)[0]
+    raise RuntimeError(
+      f"softmax probe fit failed for {failed.sum()} probe(s), e.g. group {g0 + g_bad}, task "
+      f"{cols.specs[q_bad // cols.num_l2].name}, l2 {cols.l2_P[q_bad % cols.num_l2]:g}: objective {f[g_bad, q_bad]:.6g} "
+      f"is above min(start {f_start[g_bad, q_bad]:.6g}, class prior {cols.prior_objective_Q[q_bad]:.6g})"
+    )
+  return params, f, iters, conv
+
+
+def _fit_groups(fit, g0, g1, device, fetch, profile):
+  """Adam, then L-BFGS, for groups g0..g1-1 on one device: (v, b, f_GQ, iterations_GQ, converged_GQ)."""
+  put = lambda a: jax.device_put(a, device)
+  clock = time.perf_counter()
+  params = _adam(fit, g0, g1, put)
+  jax.block_until_ready(params)
+  profile["adam_s"] += time.perf_counter() - clock
+  clock = time.perf_counter()
+  params, f, iters, conv = _lbfgs_with_refit(fit, params, _pass_data(fit, g0, g1, put), g0, fetch, profile)
+  profile["lbfgs_s"] += time.perf_counter() - clock
+  return (np.asarray(params[0]), np.asarray(params[1]), f, iters, conv)
+
+
+def _fit_all_groups(fit, num_g, max_devices, profile):
+  """Groups are independent: on accelerators they are split over the local devices, one thread per
+  device taking turns (`_Turns`); on a CPU host one device in the calling thread (fit threads crashed
+  jaxlib 0.10.2's CPU backend: a segfault while compiling an L-BFGS program, 2 of 4 full test runs)."""
+  devices = jax.local_devices()[: max(1, min(num_g, max_devices or num_g))]
+  if devices[0].platform == "cpu":
+    devices = devices[:1]
+  if len(devices) == 1:
+    parts = [_fit_groups(fit, 0, num_g, devices[0], jax.device_get, profile)]
+  else:
+    turns = _Turns()
+
+    def in_turn(g0, g1, device):
+      with turns.turn():
+        return _fit_groups(fit, g0, g1, device, turns.fetch, profile)
+
+    bounds = np.linspace(0, num_g, len(devices) + 1).round().astype(int)
+    with concurrent.futures.ThreadPoolExecutor(len(devices)) as pool:
+      parts = list(pool.map(in_turn, bounds[:-1], bounds[1:], devices))
+  return tuple(np.concatenate([p[i] for p in parts]) for i in range(5))
+
+
+def _choose_on_dev(x_dev_NGK, cols, mean, std, whiten, v, b, chunk):
+  """Dev accuracy of every (group, task, λ) and per task the chosen λ (ties go to the larger λ):
+  {name: (acc_GP, best_G)}, and W_GKT, b_GT in standardised coordinates."""
+  w_GKT = np.einsum("gkl,glc->gkc", whiten.astype(np.float32), v)
+  mean_j, std_j, b_j = mean.astype(np.float32), std.astype(np.float32), b
+  hits = [np.zeros((mean.shape[0], cols.num_l2)) for _ in cols.specs]
+  for x, _, ys in _chunks(x_dev_NGK, [s.y_dev_N for s in cols.specs], chunk):
+    for h, c in zip(hits, _dev_correct(x, ys, mean_j, std_j, w_GKT, b_j, cols.layout, cols.num_l2)):
+      h += np.asarray(c)
+  chosen = {}
+  for s, h in zip(cols.specs, hits):
+    acc = h / max((np.asarray(s.y_dev_N) >= 0).sum(), 1)
+    chosen[s.name] = (acc, cols.num_l2 - 1 - np.argmax(acc[:, ::-1], axis=1))
+  return chosen, np.asarray(w_GKT), np.asarray(b_j)
+
+
+def _fitted(cols, mean, std, chosen, w, b, f_GQ, iters_GQ, conv_GQ, starts, profile):
+  """FittedProbes of the chosen λ per (group, task)."""
+  num_g = mean.shape[0]
+  out = {
+    key: {}
+    for key in (
+      "weights",
+      "biases",
+      "l2",
+      "dev_accuracy",
+      "dev_accuracy_best",
+      "train_objective",
+      "iterations",
+      "converged",
+    )
+  }
+  for a, (s, (off, c)) in enumerate(zip(cols.specs, cols.layout)):
+    acc, best = chosen[s.name]
+    col_GC = off + best[:, None] * c + np.arange(c)[None, :]
+    q = a * cols.num_l2 + best
+    out["weights"][s.name] = np.take_along_axis(w, col_GC[:, None, :], axis=2)
+    out["biases"][s.name] = np.take_along_axis(b, col_GC, axis=1)
+    out["l2"][s.name] = cols.l2_P[best]
+    out["dev_accuracy"][s.name] = acc
+    out["dev_accuracy_best"][s.name] = acc[np.arange(num_g), best]
+    out["train_objective"][s.name] = f_GQ[np.arange(num_g), q]
+    out["iterations"][s.name] = iters_GQ[np.arange(num_g), q]
+    out["converged"][s.name] = conv_GQ[np.arange(num_g), q]
+  return FittedProbes(
+    mean.astype(np.float32),
+    std.astype(np.float32),
+    l2_grid=tuple(float(v) for v in cols.l2_P),
+    start=starts,
+    profile=profile,
+    **out,
+  )
 
 
 def fit_softmax_probes(
@@ -552,286 +1071,38 @@ def fit_softmax_probes(
   """
   _check(x_train_NGK, x_dev_NGK, specs)
   specs = tuple(specs)
+  profile = dict(adam_s=0.0, lbfgs_s=0.0, group_columns=0)
+  clock = time.perf_counter()
   l2_P = np.asarray(sorted(l2_grid), np.float32)
-  num_l2 = len(l2_P)
   mean, std, corr, per_task, sub_idx = _statistics(x_train_NGK, specs, chunk, cov_samples)
-  num_g, k = mean.shape
-
-  # Whitening A = (R + εI)^(-1/2) of the feature covariance R (of x̂), per group.
-  evals, evecs = np.linalg.eigh(corr + 1e-6 * np.eye(k))
-  evals = np.maximum(evals, 1e-4 * np.maximum(evals.max(-1, keepdims=True), 1e-12))
-  whiten = np.einsum("gkj,gj,glj->gkl", evecs, evals**-0.5, evecs)
-  unwhiten = np.einsum("gkj,gj,glj->gkl", evecs, evals**0.5, evecs)
-
-  # Packed columns: first one block per task (shared phase at the weakest l2), later num_l2 blocks.
-  offsets_one, total_one = _columns(specs, 1)
-  layout_one = tuple((off, s.num_classes) for off, s in zip(offsets_one, specs))
-  offsets, total_c = _columns(specs, num_l2)
-  layout = tuple((off, s.num_classes) for off, s in zip(offsets, specs))
-  v0 = np.zeros((num_g, k, total_one), np.float32)
-  b0 = np.zeros((num_g, total_one), np.float32)
-  xs_sub = jnp.asarray(
-    np.transpose((np.asarray(x_train_NGK[sub_idx], np.float32) - mean) / std, (1, 0, 2)), jnp.float32
-  )
-  starts = {}
-  for s, (off, c), (mu, prior) in zip(specs, layout_one, per_task):
-    w, b = _lda_start(corr, mu, prior, lda_ridge)
-    prior_b = np.broadcast_to(_prior_bias(prior), b.shape)
-    y_sub = jnp.asarray(np.asarray(s.y_train_N)[sub_idx], jnp.int32)
-    f_lda, f_prior = (
-      np.asarray(
-        _objective_G(
-          xs_sub, y_sub, jnp.asarray(ww, jnp.float32), jnp.asarray(bb, jnp.float32), float(l2_P[0]), num_classes=c
-        )
-      )
-      for ww, bb in ((w, b), (np.zeros_like(w), prior_b))
-    )
-    use_lda = np.isfinite(f_lda) & (f_lda <= f_prior)  # else the class-prior start (W = 0)
-    starts[s.name] = np.where(use_lda, "lda", "prior")
-    v0[:, :, off : off + c] = np.einsum("gkl,glc->gkc", unwhiten, w) * use_lda[:, None, None]
-    b0[:, off : off + c] = np.where(use_lda[:, None], b, prior_b)
-  xs_sub = None
-
+  whiten, unwhiten = _whitening(corr)
+  cols = _Columns.make(specs, l2_P, per_task)
+  v0, b0, starts = _starts(x_train_NGK, cols, corr, per_task, sub_idx, mean, std, unwhiten, lda_ridge)
+  profile["start_s"] = time.perf_counter() - clock
   n = x_train_NGK.shape[0]
   steps = refine_samples // batch_size
-  forked_steps = int(round(steps * fork_fraction)) if num_l2 > 1 else 0
-  opt = _optimizer(learning_rate, steps)
-  if steps > 0:
-    # consecutive shuffles of the training words (more than one pass only when refine_samples > N)
-    keys = jax.random.split(jax.random.PRNGKey(seed), -(-steps * batch_size // n))
-    order = np.concatenate([np.asarray(jax.random.permutation(key, n)) for key in keys])[: steps * batch_size]
-    order = order.reshape(steps, batch_size)
   frac_labelled = [max((np.asarray(s.y_train_N) >= 0).mean(), 1e-12) for s in specs]
-  label_scale = np.asarray([1.0 / (batch_size * f) for f in frac_labelled], np.float32)
-  inv_count = np.asarray([1.0 / max((np.asarray(s.y_train_N) >= 0).sum(), 1) for s in specs], np.float32)
-  # the class-prior-only model's objective (W = 0, b = log prior): the train label entropy
-  prior_objective = np.asarray([-(pr[pr > 0] * np.log(pr[pr > 0])).sum() for _, pr in per_task], np.float64).repeat(
-    num_l2
+  fit = _Fit(
+    x_train_NGK,
+    cols,
+    mean,
+    std,
+    whiten,
+    v0,
+    b0,
+    _adam_order(n, steps, batch_size, seed),
+    int(round(steps * fork_fraction)) if len(l2_P) > 1 else 0,
+    learning_rate,
+    np.asarray([1.0 / (batch_size * f) for f in frac_labelled], np.float32),
+    tol,
+    max_iter,
+    pass_chunk,
   )
-  block_T = _block_map(layout, num_l2)
-  l2_T = l2_P[block_T % num_l2]  # each packed column's λ
-  onehot_TQ = np.eye(len(specs) * num_l2, dtype=np.float32)[block_T]
-  prior_b0 = np.concatenate([np.tile(_prior_bias(pr), num_l2) for _, pr in per_task]).astype(np.float32)
-
-  turns = _Turns()
-
-  def fit_groups(g0, g1, device):
-    with turns.turn():
-      return fit_groups_in_turn(g0, g1, device)
-
-  def fit_groups_in_turn(g0, g1, device):
-    """Adam, then L-BFGS, for groups g0..g1-1 on one device (a CPU device runs one program at a time)."""
-    fetch = turns.fetch
-    put = lambda a: jax.device_put(a, device)
-    params = (put(v0[g0:g1]), put(b0[g0:g1]))
-    opt_state = opt.init(params)
-    stats = tuple(put(np.asarray(a[g0:g1], np.float32)) for a in (mean, std, whiten))
-    x_part = np.asarray(x_train_NGK[:, g0:g1], np.float32)
-    ys = [np.asarray(s.y_train_N, np.int32) for s in specs]
-    # the full-batch passes read the training words in chunks of pass_chunk (the last padded, label -1)
-    c = min(pass_chunk, n)
-    pad = -n % c
-    x_chunks = put(
-      np.concatenate([x_part, np.zeros((pad,) + x_part.shape[1:], np.float32)]).reshape(-1, c, *x_part.shape[1:])
-    )
-    y_chunks = tuple(put(np.concatenate([y, np.full(pad, -1, np.int32)]).reshape(-1, c)) for y in ys)
-    full = functools.partial(
-      _full_objective,
-      x_CcGK=x_chunks,
-      ys_ACc=y_chunks,
-      mean_GK=stats[0],
-      std_GK=stats[1],
-      whiten_GKK=stats[2],
-      l2_T=put(l2_T),
-      inv_count_A=put(inv_count),
-      onehot_TQ=put(onehot_TQ),
-      layout=tuple((off, c, num_l2) for off, c in layout),
-    )
-    f_start = fetch(full(_fork_columns(params, layout_one, num_l2, total_one), with_grad=False)[0], np.float64)
-    if steps > 0:
-      x_dev = put(x_part)
-      data = (tuple(put(y) for y in ys), put(order), put(label_scale))
-      common = dict(learning_rate=learning_rate, total_steps=steps, groups=(0, g1 - g0))
-      if steps - forked_steps > 0:
-        params, opt_state = _refine(
-          params,
-          opt_state,
-          x_dev,
-          data[0],
-          data[1][: steps - forked_steps],
-          *stats,
-          put(l2_P[:1]),
-          data[2],
-          layout=layout_one,
-          **common,
-        )
-      params, opt_state = _fork_columns((params, opt_state), layout_one, num_l2, total_one)
-      if forked_steps > 0:
-        params, opt_state = _refine(
-          params,
-          opt_state,
-          x_dev,
-          data[0],
-          data[1][steps - forked_steps :],
-          *stats,
-          put(l2_P),
-          data[2],
-          layout=layout,
-          **common,
-        )
-      x_dev = None
-    else:
-      params = _fork_columns(params, layout_one, num_l2, total_one)
-
-    def narrowing_evaluate():
-      """A fresh `evaluate` for one L-BFGS run: its pass starts with every group and probe."""
-      pass_now = {"groups": np.arange(g1 - g0), "probes": np.arange(len(specs) * num_l2), "fn": None}
-
-      def evaluate(p, running_GQ):
-        """f_GQ and the gradient, computed on the probes still running (and the others of their pass):
-        once the running groups × columns are at most 3/4 of those in the pass, the pass narrows to the
-        groups with a probe running and the (task, λ) column blocks with one running. XPOS (50 classes)
-        at the weakest λ often runs hundreds of iterations after UPOS or a stronger λ has stopped, and
-        each pass costs N·K per group and column; the 3/4 bounds the recompilations a fit makes."""
-        groups = np.flatnonzero(running_GQ.any(1)) if running_GQ is not None else pass_now["groups"]
-        probes = np.flatnonzero(running_GQ[groups].any(0)) if running_GQ is not None else pass_now["probes"]
-        width = lambda qs: sum(layout[q // num_l2][1] for q in qs)
-        if len(groups) * width(probes) <= 0.75 * len(pass_now["groups"]) * width(pass_now["probes"]):
-          blocks = []  # [task, first λ index, λ count]: runs of consecutive λ blocks of one task
-          for q in probes:
-            a, lam = divmod(int(q), num_l2)
-            if blocks and blocks[-1][0] == a and sum(blocks[-1][1:]) == lam:
-              blocks[-1][2] += 1
-            else:
-              blocks.append([a, lam, 1])
-          cols = np.concatenate(
-            [layout[a][0] + np.arange(lam * layout[a][1], (lam + n) * layout[a][1]) for a, lam, n in blocks]
-          )
-          starts = np.cumsum([0] + [n * layout[a][1] for a, _, n in blocks[:-1]]).tolist()
-          g = put(groups)
-          pass_now.update(
-            groups=groups,
-            probes=probes,
-            cols=put(cols),
-            fn=functools.partial(
-              full,
-              x_CcGK=x_chunks[:, :, g],  # one copy of the running groups' x at a time
-              mean_GK=stats[0][g],
-              std_GK=stats[1][g],
-              whiten_GKK=stats[2][g],
-              ys_ACc=tuple(y_chunks[a] for a, _, _ in blocks),
-              l2_T=put(l2_T[cols]),
-              inv_count_A=put(inv_count[[a for a, _, _ in blocks]]),
-              onehot_TQ=put(onehot_TQ[np.ix_(cols, probes)]),
-              layout=tuple((start, layout[a][1], n) for start, (a, _, n) in zip(starts, blocks)),
-            ),
-          )
-        if pass_now["fn"] is None:
-          return full(p, with_grad=True)
-        groups, probes, cols = pass_now["groups"], pass_now["probes"], pass_now["cols"]
-        g = put(groups)
-        f_sub, (gv, gb) = pass_now["fn"]((p[0][g][:, :, cols], p[1][g][:, cols]), with_grad=True)
-        f_GQ = np.full((g1 - g0, len(specs) * num_l2), np.nan)
-        f_GQ[np.ix_(groups, probes)] = fetch(f_sub, np.float64)
-        zv, zb = (
-          jnp.zeros((len(groups),) + p[0].shape[1:], p[0].dtype),
-          jnp.zeros((len(groups), p[1].shape[1]), p[1].dtype),
-        )
-        gv, gb = zv.at[:, :, cols].set(gv), zb.at[:, cols].set(gb)
-        return f_GQ, (jnp.zeros_like(p[0]).at[g].set(gv), jnp.zeros_like(p[1]).at[g].set(gb))
-
-      return evaluate
-
-    if max_iter > 0:
-      params, f, iters, conv = _lbfgs(
-        narrowing_evaluate(), params, block_T, put(onehot_TQ), tol=tol, max_iter=max_iter, fetch=fetch
-      )
-    else:
-      f, iters, conv = (
-        fetch(full(params, with_grad=False)[0], np.float64),
-        np.zeros(f_start.shape, np.int32),
-        np.zeros(f_start.shape, bool),
-      )
-    # Success is decided on the penalised objective, never on accuracy (an uninformative group
-    # legitimately sits at the majority rate): the fit must end no worse than its start and than the
-    # class-prior-only model.
-    bound = np.minimum(f_start, prior_objective[None, :])
-    failed = ~(f <= bound + 1e-4 * np.abs(bound) + 1e-6)
-    if failed.any() and max_iter > 0:
-      fail_T = jnp.asarray(failed[:, block_T])
-      restart = (
-        jnp.where(fail_T[:, None, :], 0.0, params[0]),
-        jnp.where(fail_T, put(prior_b0)[None, :], params[1]),
-      )
-      params2, f2, iters2, conv2 = _lbfgs(
-        narrowing_evaluate(), restart, block_T, put(onehot_TQ), tol=tol, max_iter=max_iter, fetch=fetch
-      )
-      params = (jnp.where(fail_T[:, None, :], params2[0], params[0]), jnp.where(fail_T, params2[1], params[1]))
-      f, iters, conv = np.where(failed, f2, f), np.where(failed, iters + iters2, iters), np.where(failed, conv2, conv)
-      failed = ~(f <= bound + 1e-4 * np.abs(bound) + 1e-6)
-    if failed.any():
-      g_bad, q_bad = np.argwhere(failed)[0]
-      raise RuntimeError(
-        f"softmax probe fit failed for {failed.sum()} probe(s), e.g. group {g0 + g_bad}, task "
-        f"{specs[q_bad // num_l2].name}, l2 {l2_P[q_bad % num_l2]:g}: objective {f[g_bad, q_bad]:.6g} is above "
-        f"min(start {f_start[g_bad, q_bad]:.6g}, class prior {prior_objective[q_bad]:.6g})"
-      )
-    return fetch(params) + (f, iters, conv)
-
-  # Groups are independent: split them over the local accelerator devices.
-  devices = jax.local_devices()[: max(1, min(num_g, max_devices or num_g))]
-  if devices[0].platform == "cpu":
-    # On CPU hosts one device, fitted in the calling thread: the per-device fit threads crashed
-    # jaxlib 0.10.2's CPU backend (a segfault while compiling an L-BFGS program, 2 of 4 full test runs).
-    devices = devices[:1]
-  bounds = np.linspace(0, num_g, len(devices) + 1).round().astype(int)
-  if len(devices) == 1:
-    parts = [fit_groups(0, num_g, devices[0])]
-  else:
-    with concurrent.futures.ThreadPoolExecutor(len(devices)) as pool:
-      parts = list(pool.map(fit_groups, bounds[:-1], bounds[1:], devices))
-  params = tuple(jnp.concatenate([p[i] for p in parts]) for i in range(2))
-  f_GQ, iters_GQ, conv_GQ = (np.concatenate([p[i] for p in parts]) for i in (2, 3, 4))
-  mean_j, std_j = jnp.asarray(mean, jnp.float32), jnp.asarray(std, jnp.float32)
-  whiten_j = jnp.asarray(whiten, jnp.float32)
-  w_GKC = jnp.einsum("gkl,glc->gkc", whiten_j, params[0])
-  b_GC = params[1]
-
-  # Dev accuracy of every (group, task, l2); ties go to the larger l2.
-  hits = [np.zeros((num_g, num_l2)) for _ in specs]
-  for x, _, ys in _chunks(x_dev_NGK, [s.y_dev_N for s in specs], chunk):
-    for h, c in zip(hits, _dev_correct(x, ys, mean_j, std_j, w_GKC, b_GC, layout, num_l2)):
-      h += np.asarray(c)
-  w_np, b_np = np.asarray(w_GKC), np.asarray(b_GC)
-  weights, biases, l2, dev_acc, dev_best = {}, {}, {}, {}, {}
-  objective, iterations, converged = {}, {}, {}
-  for a, (s, (off, c), h) in enumerate(zip(specs, layout, hits)):
-    acc = h / max((np.asarray(s.y_dev_N) >= 0).sum(), 1)
-    best = num_l2 - 1 - np.argmax(acc[:, ::-1], axis=1)
-    cols = off + best[:, None] * c + np.arange(c)[None, :]  # (G, C)
-    weights[s.name] = np.take_along_axis(w_np, cols[:, None, :], axis=2)
-    biases[s.name] = np.take_along_axis(b_np, cols, axis=1)
-    l2[s.name] = l2_P[best]
-    dev_acc[s.name] = acc
-    dev_best[s.name] = acc[np.arange(num_g), best]
-    q = a * num_l2 + best
-    objective[s.name] = f_GQ[np.arange(num_g), q]
-    iterations[s.name] = iters_GQ[np.arange(num_g), q]
-    converged[s.name] = conv_GQ[np.arange(num_g), q]
-  return FittedProbes(
-    mean.astype(np.float32),
-    std.astype(np.float32),
-    weights,
-    biases,
-    l2,
-    dev_acc,
-    dev_best,
-    tuple(float(v) for v in l2_P),
-    objective,
-    iterations,
-    converged,
-    starts,
-  )
+  v, b, f_GQ, iters_GQ, conv_GQ = _fit_all_groups(fit, mean.shape[0], max_devices, profile)
+  clock = time.perf_counter()
+  chosen, w, b = _choose_on_dev(x_dev_NGK, cols, mean, std, whiten, v, b, chunk)
+  profile["dev_s"] = time.perf_counter() - clock
+  return _fitted(cols, mean, std, chosen, w, b, f_GQ, iters_GQ, conv_GQ, starts, profile)
 
 
 @jax.jit
