@@ -277,6 +277,11 @@ def _optimizer(learning_rate, total_steps):
   return optax.adam(optax.cosine_decay_schedule(learning_rate, max(total_steps, 1)))
 
 
+@functools.partial(jax.jit, static_argnames=("learning_rate", "total_steps"))
+def _adam_init(params, *, learning_rate, total_steps):
+  return _optimizer(learning_rate, total_steps).init(params)
+
+
 @functools.partial(jax.jit, static_argnames=("layout", "learning_rate", "total_steps", "groups"))
 def _refine(
   params,
@@ -855,7 +860,7 @@ def _adam(fit, g0, g1, put):
   if fit.order is None:
     return fork(params)
   steps = len(fit.order)
-  opt_state = jax.jit(_optimizer(fit.learning_rate, steps).init)(params)
+  opt_state = _adam_init(params, learning_rate=fit.learning_rate, total_steps=steps)
   stats = tuple(put(np.asarray(a[g0:g1], np.float32)) for a in (fit.mean, fit.std, fit.whiten))
   x = put(np.asarray(fit.x_train_NGK[:, g0:g1], np.float32))
   ys = tuple(put(np.asarray(s.y_train_N, np.int32)) for s in cols.specs)

@@ -1,0 +1,78 @@
+"""The softmax probe fit's cost structure: bounded compilations, one read per L-BFGS iteration, and
+results unchanged against the fit before issue 33 (benchmarks/probe_reference.json)."""
+
+import json
+import math
+
+import numpy as np
+from jax import monitoring
+
+from benchmarks import check_probe_reference as reference
+from headspec.probing import probe
+
+
+def _compiles(names):
+  """A list that collects the backend compilations of jitted functions whose name contains one of
+  `names`, and the listener to unregister."""
+  seen = []
+
+  def listener(event, duration, **kwargs):
+    if event == "/jax/core/compile/backend_compile_duration" and any(n in str(kwargs.get("fun_name")) for n in names):
+      seen.append(kwargs.get("fun_name"))
+
+  monitoring.register_event_duration_secs_listener(listener)
+  return seen, listener
+
+
+def test_results_agree_with_the_fit_before_the_rewrite():
+  """Every probe's penalised objective within 1e-3 relative of the old fit's or lower, every dev
+  accuracy within 0.1 point (20,000 dev words)."""
+  gaps = reference.compare(reference.fit_all(), json.loads(reference.REFERENCE.read_text()))
+  assert gaps["objective_worst_relative_excess"] <= 1e-3, gaps
+  assert gaps["dev_accuracy_max_abs_points"] <= 0.1, gaps
+
+
+def test_compilations_are_bounded_and_each_iteration_reads_once(monkeypatch):
+  """With narrowing at every chance (NARROWING_COST = 0) the L-BFGS step compiles at most 1 + log2 of
+  the pass's groups × columns times however many iterations run; every iteration reads the device
+  once (plus the host copies taken when the pass narrows)."""
+  x, specs = reference.problem()
+  n = reference.N_TRAIN
+  reads, real_lbfgs = [], probe._lbfgs
+  iterations = []
+
+  def counting(*args, fetch, **kwargs):
+    out = real_lbfgs(*args, fetch=lambda a: reads.append(1) or fetch(a), **kwargs)
+    iterations.append(int(out.iterations.max()))
+    return out
+
+  monkeypatch.setattr(probe, "_lbfgs", counting)
+  monkeypatch.setattr(probe, "NARROWING_COST", 0.0)
+  steps, listener = _compiles(["_lbfgs_step"])
+  narrowings = []
+  real_narrowed = probe._Lbfgs._narrowed
+  monkeypatch.setattr(probe._Lbfgs, "_narrowed", lambda self, *a: narrowings.append(1) or real_narrowed(self, *a))
+  try:
+    fitted = probe.fit_softmax_probes(x[:n], x[n:], specs, refine_samples=2048, batch_size=512)
+  finally:
+    monitoring.unregister_event_duration_listener(listener)
+  width = reference.G * 3 * (8 + 20)
+  assert narrowings, "the pass never narrowed"
+  assert 1 <= len(steps) <= 1 + len(narrowings) <= 1 + math.log2(width), (steps, narrowings)
+  assert max(iterations) > len(steps) + 5  # many iterations, few compilations
+  assert len(reads) <= sum(iterations) + len(iterations) * 2 + 2 * len(narrowings), (len(reads), iterations)
+  assert all(np.isfinite(fitted.train_objective[s.name]).all() for s in specs)
+
+
+def test_a_second_fit_of_the_same_shapes_compiles_nothing():
+  """Fits of the same shapes (a suite's layers, MDL's repeated blocks) reuse every compiled program."""
+  x, specs = reference.problem()
+  n = reference.N_TRAIN
+  kw = dict(refine_samples=2048, batch_size=512, l2_grid=(1e-3,))
+  probe.fit_softmax_probes(x[:n], x[n:], specs, **kw)
+  seen, listener = _compiles([""])
+  try:
+    probe.fit_softmax_probes(x[:n] * 2.0 + 1.0, x[n:], specs, **kw)
+  finally:
+    monitoring.unregister_event_duration_listener(listener)
+  assert seen == [], seen
