@@ -237,14 +237,15 @@ def copying_scores(model) -> np.ndarray:
   cfg = model.cfg
   D = cfg.d_model
   w_e_VD = np.asarray(model.token_embed_VD[...], np.float64)
-  final = _gain(model.ln_final, D) if cfg.pre_layernorm else np.ones(D)
+  final = _gain(model.ln_final, D) if cfg.final_norm else np.ones(D)
   w_u_DV = w_e_VD.T if cfg.tie_embeddings else np.asarray(model.unembed_DV[...], np.float64)
   w_u_DV = final[:, None] * w_u_DV
   ue_DD = w_u_DV @ w_e_VD  # W_U W_E, shared by every head
   out = np.zeros((cfg.num_layers, cfg.num_heads))
   for l, block in enumerate(model.blocks):
     gain = _gain(block.ln_attention, D) if cfg.pre_layernorm else np.ones(D)
-    w_v_DHK = gain[:, None, None] * np.asarray(block.attention.w_v_DHK[...], np.float64)
+    w_v_DGK = np.asarray(block.attention.w_v_DHK[...], np.float64)  # grouped-query: G K/V heads, repeated per head
+    w_v_DHK = gain[:, None, None] * np.repeat(w_v_DGK, cfg.num_heads // w_v_DGK.shape[1], axis=1)
     w_o_HKD = np.asarray(block.attention.w_o_HKD[...], np.float64)
     m_HKK = np.einsum("hkd,de,ehj->hkj", w_o_HKD, ue_DD, w_v_DHK)
     for h, lam in enumerate(np.linalg.eigvals(m_HKK)):
