@@ -292,6 +292,8 @@ def _check_keys(command: str, config, path) -> None:
 def _quiet_libraries(verbose: bool) -> None:
   """headspec's progress lines (absl INFO) on stderr; the libraries' (orbax, tfds) INFO logs only with
   --verbose."""
+  if not flags.FLAGS.is_parsed():  # absl's own flags (ours are FLAGS): their defaults, as app.run would parse
+    flags.FLAGS.mark_as_parsed()  # (else every process's first log line is "Logging before flag parsing")
   logging.use_absl_handler()  # what app.run does: absl's format, on stderr, for every logger
   logging.set_verbosity(logging.INFO)  # (with absl's handler: the root logger's level)
   if not verbose:

@@ -157,6 +157,7 @@ def test_cli(run_dir):
   assert done.returncode == 0, done.stderr[-2000:]
   assert f"{run_dir / 'diversity' / 'results.csv'}" in done.stdout
   assert "step 6:" in done.stderr and "model steps" in done.stderr  # absl INFO lines and the progress bar
+  assert "Logging before flag parsing" not in done.stderr
   bad = cli("--config.steps=5")
   lines = [l for l in bad.stderr.splitlines() if l.strip() and "WARNING" not in l and "warn" not in l.lower()]
   assert bad.returncode == 2 and len(lines) == 1 and lines[0].startswith("headspec: error: step(s) [5]"), bad.stderr

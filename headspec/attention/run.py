@@ -216,11 +216,11 @@ def draw_pictures(model, tokenizer, examples, folder, config) -> None:
   tmp.rename(folder)
 
 
-def analyse_job(job: targets.Target, data: Data, config, out_dir):
-  """Tables' rows and the summary section of one (model, step); draws its pictures."""
+def analyse_job(job: targets.Target, data: Data, config, out_dir, skipped=()):
+  """Tables' rows and the summary section of one (model, step); draws its pictures. `data`: only the
+  sentences the model can represent, `skipped`: the lines of `representable_data` for the summary."""
   t0 = time.perf_counter()
   model, tokenizer = job.load()
-  data, skipped = representable_data(data, tokenizer, model.cfg.max_len)
   causal = model.cfg.kind == "decoder"
   c = config.clark
   scores, stats = {}, {}
@@ -315,12 +315,16 @@ class Attention(jobloop.Analysis):
     self.data = self.ind_data = None
     if self.treebank:
       data_dir = targets.data_dir(config, self.run_config, purpose=f"the treebank ud/{config.treebank}")
-      data = self.data = load_data(config, data_dir, self.run_config)
+      data = load_data(config, data_dir, self.run_config)
       logging.info(
         f"attention of {len(jobs)} model step(s) on {data.select.key} ({len(data.select.sentences)} sentences)"
         + (f" and {data.report.key} ({len(data.report.sentences)})" if data.report else "")
         + f"; relations: {', '.join(data.relations)}"
       )
+      # Every job shares the first one's tokenizer and context (one run's steps, or one pretrained model), so
+      # one check serves them all, and a split the model cannot represent fails here, before any job.
+      model, tokenizer = jobs[0].load()
+      self.data, self.skipped = representable_data(data, tokenizer, model.cfg.max_len)
     if self.induction:
       ind = self.ind_data = induction_run.load_data(config, workdir, jobs)
       logging.info(
@@ -332,7 +336,7 @@ class Attention(jobloop.Analysis):
   def job(self, job):
     out, treebank_rows = {}, None
     if self.treebank:
-      rows, section = analyse_job(job, self.data, self.config, self.workdir / OUT)
+      rows, section = analyse_job(job, self.data, self.config, self.workdir / OUT, skipped=self.skipped)
       out = {tables.CLARK: rows["clark"], tables.CLARK_BASELINES: rows["baselines"]}
       self.sections.append(section)
       treebank_rows = dict(roles=rows["roles"], labels=rows["labels"])
