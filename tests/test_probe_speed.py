@@ -76,3 +76,31 @@ def test_a_second_fit_of_the_same_shapes_compiles_nothing():
   finally:
     monitoring.unregister_event_duration_listener(listener)
   assert seen == [], seen
+
+
+def test_arc_epochs_read_the_device_once_for_early_stopping(monkeypatch):
+  """The dev loss that early stopping reads is one compiled loop per packed-row width, however many
+  chunks the dev split takes, and gives the loss chunk by chunk summed on the host."""
+  from headspec.probing import arc
+
+  rng = np.random.default_rng(0)
+  lengths = rng.integers(3, 12, 300)
+  x = rng.standard_normal((lengths.sum(), 2, 8)).astype(np.float32)
+  heads = [rng.integers(0, n + 1, n) for n in lengths]
+  w = lengths[:200].sum()
+  calls, real = [], arc._nll_sum_PG
+  monkeypatch.setattr(arc, "_nll_sum_PG", lambda *a: calls.append(a[1].shape[0]) or real(*a))
+  fitted = arc.fit_arc_probes(x[:w], heads[:200], x[w:], heads[200:], epochs=3, patience=5, chunk_words=128)
+  assert len(calls) == fitted.epochs_run and calls[0] > 1  # one call per epoch (one width), several chunks in it
+  chunks, words = arc._dev_chunks(arc._buckets(lengths[200:], np.concatenate(heads[200:])), x[w:], 128)
+  params = tuple(
+    np.asarray(p)[None] for p in (np.stack([fitted.a_GKI]), np.stack([fitted.b_GKI]), np.stack([fitted.root_GI]))
+  )
+  params = tuple(p[0] for p in params)
+  one = arc._dev_nll(params, chunks, words, fitted.mean_GK, fitted.std_GK)
+  per_chunk = sum(
+    np.asarray(arc._nll_PG(params, c[0][i], c[1][i], c[2][i], fitted.mean_GK, fitted.std_GK), np.float64)
+    for c in chunks
+    for i in range(c[0].shape[0])
+  )
+  np.testing.assert_allclose(one, per_chunk / words, rtol=1e-5)

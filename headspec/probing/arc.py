@@ -164,22 +164,40 @@ def _buckets(lengths_U, heads_N):
   return out
 
 
-def _dev_nll(params, buckets, x_NGK, mean_GK, std_GK, chunk_words):
-  """Mean −log p(gold head) per (l2 value, group) over the scored words of a split."""
-  total, words = 0.0, 0
+def _in_chunks(a, rows, fill):
+  """a (R, ...) as (chunks, rows, ...), the last chunk padded with `fill`."""
+  pad = -a.shape[0] % rows
+  return np.concatenate([a, np.full((pad,) + a.shape[1:], fill, a.dtype)]).reshape(-1, rows, *a.shape[1:])
+
+
+def _dev_chunks(buckets, x_NGK, chunk_words):
+  """A split's packed rows per bucket, cut into chunks of about chunk_words words (the last padded with
+  empty rows), put on the device once: [(x_CBWGK, sentence_CBW, gold_CBW)], and the scored words."""
+  out, words = [], 0
   for _, words_N, packing, gold in buckets:
-    x_BWGK = packing.grid(x_NGK[words_N], 0.0, np.float32)
-    sentence_BW = packing.grid(packing.start_N, -1, np.int32)
     rows = max(1, chunk_words // packing.width)
-    for r0 in range(0, packing.num_rows, rows):
-      x = np.zeros((rows,) + x_BWGK.shape[1:], np.float32)
-      sentence = np.full((rows, packing.width), -1, np.int32)
-      g = np.full((rows, packing.width), -1, np.int32)
-      n = min(rows, packing.num_rows - r0)
-      x[:n], sentence[:n], g[:n] = x_BWGK[r0 : r0 + n], sentence_BW[r0 : r0 + n], gold[r0 : r0 + n]
-      total = total + np.asarray(_nll_PG(params, x, sentence, g, mean_GK, std_GK), np.float64)
+    x = _in_chunks(packing.grid(x_NGK[words_N], 0.0, np.float32), rows, 0.0)
+    sentence = _in_chunks(packing.grid(packing.start_N, -1, np.int32), rows, -1)
+    out.append(jax.device_put((x, sentence, _in_chunks(gold, rows, -1))))
     words += int((gold >= 0).sum())
-  return total / max(words, 1)
+  return out, words
+
+
+@jax.jit
+def _nll_sum_PG(params_PG, x_CBWGK, sentence_CBW, gold_CBW, mean_GK, std_GK):
+  """Σ −log p(gold head) per (l2 value, group) over chunks of packed rows, one compiled loop."""
+
+  def add(total, chunk):
+    return total + _nll_PG(params_PG, *chunk, mean_GK, std_GK), None
+
+  zero = jnp.zeros(params_PG[2].shape[:2], jnp.float32)
+  return jax.lax.scan(add, zero, (x_CBWGK, sentence_CBW, gold_CBW))[0]
+
+
+def _dev_nll(params, chunks, words, mean_GK, std_GK):
+  """Mean −log p(gold head) per (l2 value, group) over the scored words of a split: one read."""
+  total = sum(_nll_sum_PG(params, *c, mean_GK, std_GK) for c in chunks)
+  return np.asarray(total, np.float64) / max(words, 1)
 
 
 @jax.jit
@@ -276,14 +294,17 @@ def fit_arc_probes(
     jnp.broadcast_to(init(k_b, (num_g, k, rank)), (num_l, num_g, k, rank)),
     jnp.zeros((num_l, num_g, rank)),
   )
-  mean_j, std_j = jnp.asarray(mean, jnp.float32), jnp.asarray(std, jnp.float32)
+  mean_j, std_j, l2_j = jax.device_put((mean.astype(np.float32), std.astype(np.float32), l2_P))
   opt = optax.adam(learning_rate)
   opt_state = opt.init(params)
-  train_buckets = [
-    (packing.grid(x_train_NGK[words_N], 0.0, np.float32), packing.grid(packing.start_N, -1, np.int32), gold, packing)
+  train_buckets = [  # on the device once: every epoch reads them
+    jax.device_put(
+      (packing.grid(x_train_NGK[words_N], 0.0, np.float32), packing.grid(packing.start_N, -1, np.int32), gold)
+    )
+    + (packing,)
     for _, words_N, packing, gold in _buckets(lengths_U, heads_N)
   ]
-  dev_buckets = _buckets(lengths_dev_U, heads_dev_N)
+  dev_chunks, dev_words = _dev_chunks(_buckets(lengths_dev_U, heads_dev_N), x_dev_NGK, chunk_words)
   best = jax.device_get(params)
   best_loss = np.full((num_l, num_g), np.inf)
   best_epoch = np.zeros((num_l, num_g), np.int32)
@@ -299,12 +320,12 @@ def fit_arc_probes(
         gold_BW,
         mean_j,
         std_j,
-        jnp.asarray(l2_P),
+        l2_j,
         jax.random.fold_in(key, b),
         batch_rows=batch_rows,
         learning_rate=learning_rate,
       )
-    loss = _dev_nll(params, dev_buckets, x_dev_NGK, mean_j, std_j, chunk_words)
+    loss = _dev_nll(params, dev_chunks, dev_words, mean_j, std_j)
     better = loss < best_loss - 1e-4
     if better.any():
       host = jax.device_get(params)
