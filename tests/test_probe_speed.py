@@ -93,10 +93,7 @@ def test_arc_epochs_read_the_device_once_for_early_stopping(monkeypatch):
   fitted = arc.fit_arc_probes(x[:w], heads[:200], x[w:], heads[200:], epochs=3, patience=5, chunk_words=128)
   assert len(calls) == fitted.epochs_run and calls[0] > 1  # one call per epoch (one width), several chunks in it
   chunks, words = arc._dev_chunks(arc._buckets(lengths[200:], np.concatenate(heads[200:])), x[w:], 128)
-  params = tuple(
-    np.asarray(p)[None] for p in (np.stack([fitted.a_GKI]), np.stack([fitted.b_GKI]), np.stack([fitted.root_GI]))
-  )
-  params = tuple(p[0] for p in params)
+  params = (fitted.a_GKI[None], fitted.b_GKI[None], fitted.root_GI[None])  # one l2 value: the chosen
   one = arc._dev_nll(params, chunks, words, fitted.mean_GK, fitted.std_GK)
   per_chunk = sum(
     np.asarray(arc._nll_PG(params, c[0][i], c[1][i], c[2][i], fitted.mean_GK, fitted.std_GK), np.float64)
