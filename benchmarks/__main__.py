@@ -23,6 +23,8 @@ import sys
 import time
 from importlib import metadata
 
+# the probe fit before issue 33's rewrite (bench_probe --before times it beside today's, same load)
+PROBE_BEFORE = "31d0837^"
 # name -> (CPU-sized arguments, --full arguments, needs HEADSPEC_DATA_DIR)
 BENCHMARKS = {
   "train": (
@@ -30,7 +32,19 @@ BENCHMARKS = {
     ["--sizes=tiny,small,base,gpu_base,gpu_large", "--dtype=bfloat16"],
     False,
   ),
-  "probe": (["--heads=12", "--train=20000", "--dev=5000", "--sklearn_heads=1"], [], False),
+  "probe": (
+    [
+      "--heads=12",
+      "--train=20000",
+      "--dev=5000",
+      "--sklearn_heads=1",
+      "--scaling_heads=4",
+      "--scaling_train=47600",
+      f"--before={PROBE_BEFORE}",
+    ],
+    [],
+    False,
+  ),
   "diversity": (["--sequences=16", "--repeats=2"], [], False),
   "induction": ([], [], False),
   "ablation": (["--skip_minilm"], [], False),
@@ -94,7 +108,25 @@ def run(name: str, args: list[str]) -> dict:
   return entry
 
 
-def markdown(info: dict, entries: dict, full: bool) -> str:
+def kept_sections(path: str, rerun) -> dict:
+  """The `## name` sections of an existing report that this run does not redo (so --only=probe keeps
+  the other benchmarks' figures, each still headed by its own command and date line)."""
+  try:
+    with open(path) as f:
+      text = f.read()
+  except OSError:
+    return {}
+  sections, name = {}, None
+  for line in text.splitlines():
+    if line.startswith("## "):
+      name = line[3:].strip()
+      sections[name] = []
+    elif name is not None:
+      sections[name].append(line)
+  return {k: "\n".join(v).strip("\n") for k, v in sections.items() if k not in rerun and k in BENCHMARKS}
+
+
+def markdown(info: dict, entries: dict, full: bool, kept: dict | None = None) -> str:
   out = [
     "# Benchmarks",
     "",
@@ -106,7 +138,14 @@ def markdown(info: dict, entries: dict, full: bool) -> str:
     "- versions: " + ", ".join(f"{k} {v}" for k, v in info["versions"].items()),
     "",
   ]
-  for name, entry in entries.items():
+  kept = kept or {}
+  if kept:
+    out += [f"Sections not rerun on {info['date']} ({', '.join(kept)}) are kept from the previous report.", ""]
+  for name in [n for n in BENCHMARKS if n in entries or n in kept]:
+    if name in kept:
+      out += [f"## {name}", "", kept[name], ""]
+      continue
+    entry = entries[name]
     out += [f"## {name}", "", f"`{entry['command']}` — {entry['wall_s']} s wall", ""]
     if "skipped" in entry:
       out += [f"Skipped: {entry['skipped']}", ""]
@@ -148,8 +187,9 @@ def main(argv=None) -> int:
     print(
       f"  {entries[name]['wall_s']} s" + (f"  FAILED: {entries[name]['error']}" if "error" in entries[name] else "")
     )
+  kept = kept_sections(args.out, entries) if args.only else {}
   with open(args.out, "w") as f:  # a local report file, not a run directory
-    f.write(markdown(info, entries, args.full))
+    f.write(markdown(info, entries, args.full, kept))
   print(f"wrote {args.out}")
   return 1 if any("error" in e for e in entries.values()) else 0
 

@@ -11,19 +11,30 @@ does the same head by head, task by task and λ by λ with joblib n_jobs=2. scik
 two small scaling tables of headspec's fit time: against the number of heads (at the first of
 --scaling_train) and against the number of training words (at the first of --scaling_heads).
 Prints one JSON object: wall and CPU seconds, speed-up, per-task mean and max |Δ dev accuracy| on the
-heads both fitted, the scaling tables and the machine.
+heads both fitted, the scaling tables and the machine. Also, from the same run: the XLA compilations of
+every headspec fit (count and seconds), each fit stage's achieved GFLOP/s beside a plain matmul of the
+same shapes (the pass's two matmuls, logits and weight gradient, with no softmax), and with --before=REV
+the fit as it was at git revision REV (headspec/probing/probe.py from `git show`) on the scaling rows,
+so before and after are measured under the same load. Every timing comes with the load average.
 """
 
 import argparse
+import importlib.util
 import json
 import os
 import platform
+import subprocess
+import sys
+import tempfile
 import time
 
 os.environ.setdefault("XLA_FLAGS", f"--xla_force_host_platform_device_count={os.cpu_count()}")
 
+import jax  # noqa: E402
+import jax.numpy as jnp  # noqa: E402
 import joblib  # noqa: E402
 import numpy as np  # noqa: E402
+from jax import monitoring  # noqa: E402
 from sklearn.linear_model import LogisticRegression  # noqa: E402
 from sklearn.preprocessing import StandardScaler  # noqa: E402
 
@@ -50,10 +61,103 @@ def _sklearn_fit(x_train, y_train, x_dev, y_dev, l2_grid):
   return best, time.process_time() - cpu, iterations
 
 
+class _Compiles:
+  """XLA backend compilations (count, seconds per compiled function) while the context is open."""
+
+  def __enter__(self):
+    self.seconds, self.count = {}, 0
+
+    def listener(event, duration, **kwargs):
+      if event == "/jax/core/compile/backend_compile_duration":
+        name = str(kwargs.get("fun_name", "?"))
+        self.seconds[name] = self.seconds.get(name, 0.0) + duration
+        self.count += 1
+
+    self._listener = listener
+    monitoring.register_event_duration_secs_listener(listener)
+    return self
+
+  def __exit__(self, *exc):
+    monitoring.unregister_event_duration_listener(self._listener)
+
+  def seconds_of(self, *names):
+    return sum(v for k, v in self.seconds.items() if any(n in k for n in names))
+
+
+def _timed_fit(module, x_train, x_dev, specs, **kwargs):
+  """One cold fit: (fitted, wall s, CPU s, compilations, compile seconds, load average before)."""
+  load = os.getloadavg()
+  with _Compiles() as compiles:
+    wall, cpu = time.time(), time.process_time()
+    fitted = module.fit_softmax_probes(x_train, x_dev, specs, **kwargs)
+    wall, cpu = time.time() - wall, time.process_time() - cpu
+  return fitted, wall, cpu, compiles, load
+
+
+def _matmul_gflops(g, n, k, t, chunk):
+  """GFLOP/s of the pass's two matmuls alone (logits xs·W, gradient xsᵀ·Z) over n words in chunks."""
+  xs = jnp.asarray(np.random.default_rng(0).standard_normal((max(1, n // chunk), g, chunk, k)), jnp.float32)
+  w = jnp.asarray(np.random.default_rng(1).standard_normal((g, k, t)) / np.sqrt(k), jnp.float32)
+
+  @jax.jit
+  def two_matmuls(xs, w):
+    def body(acc, x):
+      return acc + jnp.einsum("gbk,gbt->gkt", x, jnp.einsum("gbk,gkt->gbt", x, w)), None
+
+    return jax.lax.scan(body, jnp.zeros_like(w), xs)[0]
+
+  jax.block_until_ready(two_matmuls(xs, w))
+  reps, wall = 3, time.perf_counter()
+  for _ in range(reps):
+    jax.block_until_ready(two_matmuls(xs, w))
+  return 4.0 * xs.shape[0] * chunk * g * k * t / ((time.perf_counter() - wall) / reps) / 1e9
+
+
+def _stages(fitted, compiles, n_train, heads, k, batch_size=2048, refine_samples=200_000):
+  """Each fit stage's seconds (compilation excluded) and achieved GFLOP/s (matmul multiply-adds ×2 of
+  logits and weight gradient), beside the plain matmul of the same shapes measured now."""
+  prof = fitted.profile
+  total_t = sum(c for _, c in TASKS) * len(fitted.l2_grid)
+  chunk = probe._pow2_at_least(max(probe.CHUNK_LOGITS // (heads * total_t), 64))
+  chunk = min(chunk, 4096, n_train)
+  lbfgs_s = prof["lbfgs_s"] - compiles.seconds_of("_lbfgs", "_take_groups")
+  lbfgs_flops = 4.0 * n_train * k * prof["group_columns"]
+  steps = refine_samples // batch_size
+  forked = round(steps * 0.25)
+  adam_flops = 4.0 * batch_size * heads * k * ((steps - forked) * total_t / len(fitted.l2_grid) + forked * total_t)
+  adam_s = prof["adam_s"] - compiles.seconds_of("_refine", "_adam_init", "_fork", "_shuffles")
+  matmul = _matmul_gflops(heads, n_train, k, total_t, chunk)
+  load = os.getloadavg()
+  return {
+    "lbfgs": {"seconds": round(lbfgs_s, 1), "gflop_per_s": round(lbfgs_flops / max(lbfgs_s, 1e-9) / 1e9, 1)},
+    "adam": {"seconds": round(adam_s, 1), "gflop_per_s": round(adam_flops / max(adam_s, 1e-9) / 1e9, 1)},
+    "plain_matmul_gflop_per_s": round(matmul, 1),
+    "plain_matmul_shapes": f"G {heads} x chunks of {chunk} words x K {k} x T {total_t} (L-BFGS pass, all columns)",
+    "load_average": [round(v, 2) for v in load],
+  }
+
+
+def _before_module(rev):
+  """headspec/probing/probe.py as it was at git revision rev, imported under its own name."""
+  source = subprocess.run(
+    ["git", "show", f"{rev}:headspec/probing/probe.py"], capture_output=True, text=True, check=True
+  ).stdout
+  path = os.path.join(tempfile.mkdtemp(), "probe_before.py")
+  with open(path, "w") as f:
+    f.write(source)
+  spec = importlib.util.spec_from_file_location("probe_before", path)
+  module = importlib.util.module_from_spec(spec)
+  sys.modules["probe_before"] = module
+  spec.loader.exec_module(module)
+  return module
+
+
 def _scaling(args, labels_all):
-  """headspec's fit time against heads (at the first --scaling_train words) and words (first heads)."""
+  """headspec's fit time (one cold fit, as a command runs it) against heads (at the first
+  --scaling_train words) and words (first heads); with --before, the old fit on the same rows."""
   heads_list = [int(v) for v in args.scaling_heads.split(",") if v]
   train_list = [int(v) for v in args.scaling_train.split(",") if v]
+  before = _before_module(args.before) if args.before else None
   rows = []
   for heads, n_train in [(h, train_list[0]) for h in heads_list] + [(heads_list[0], n) for n in train_list[1:]]:
     n = n_train + args.dev
@@ -62,10 +166,23 @@ def _scaling(args, labels_all):
     )
     x = synth.synthetic_head_features(labels, heads, args.k, seed=1)
     specs = [probe.ProbeSpec(name, c, labels[i][:n_train], labels[i][n_train:]) for i, (name, c) in enumerate(TASKS)]
-    probe.fit_softmax_probes(x[:n_train], x[n_train:], specs)  # compile this shape first
-    wall = time.time()
-    probe.fit_softmax_probes(x[:n_train], x[n_train:], specs)
-    rows.append(dict(heads=heads, n_train=n_train, seconds=round(time.time() - wall, 1)))
+    for label, module in (("after", probe), ("before", before)):
+      if module is None:
+        continue
+      fitted, wall, cpu, compiles, load = _timed_fit(module, x[:n_train], x[n_train:], specs)
+      rows.append(
+        dict(
+          code=label if before else "now",
+          heads=heads,
+          n_train=n_train,
+          seconds=round(wall, 1),
+          cpu_seconds=round(cpu, 1),
+          compilations=compiles.count,
+          compile_seconds=round(sum(compiles.seconds.values()), 1),
+          dev_accuracy_mean={name: round(float(fitted.dev_accuracy_best[name].mean()), 4) for name, _ in TASKS},
+          load_average_before=[round(v, 2) for v in load],
+        )
+      )
   return rows
 
 
@@ -86,6 +203,7 @@ def main():
   parser.add_argument("--sklearn_heads", type=int, default=3)
   parser.add_argument("--scaling_heads", default="4,8,16", help="'' skips the scaling tables")
   parser.add_argument("--scaling_train", default="10000,20000,40000")
+  parser.add_argument("--before", default="", help="git revision whose probe.py to time on the scaling rows too")
   args = parser.parse_args()
 
   n = args.train + args.dev
@@ -97,13 +215,13 @@ def main():
   ]
   load_before = os.getloadavg()
 
-  wall, cpu = time.time(), time.process_time()
-  fitted = probe.fit_softmax_probes(x_train, x_dev, specs)
-  jax_wall, jax_cpu = time.time() - wall, time.process_time() - cpu
+  fitted, jax_wall, jax_cpu, compiles, _ = _timed_fit(probe, x_train, x_dev, specs)
+  load_after_jax = os.getloadavg()
   jax_acc = {name: fitted.dev_accuracy_best[name] for name, _ in TASKS}
 
   heads = np.linspace(0, args.heads - 1, args.sklearn_heads).round().astype(int)
   jobs = [(h, t) for h in heads for t in range(len(TASKS))]
+  load_before_sklearn = os.getloadavg()
   wall = time.time()
   results = joblib.Parallel(n_jobs=2)(
     joblib.delayed(_sklearn_fit)(
@@ -129,12 +247,21 @@ def main():
     "l2_grid": list(fitted.l2_grid),
     "jax_seconds": round(jax_wall, 1),
     "jax_cpu_seconds": round(jax_cpu, 1),
+    "jax_compilations": compiles.count,
+    "jax_compile_seconds": round(sum(compiles.seconds.values()), 1),
+    "jax_lbfgs_iterations_max": {name: int(fitted.iterations[name].max()) for name, _ in TASKS},
+    "jax_load_average_before_after": [[round(v, 2) for v in load_before], [round(v, 2) for v in load_after_jax]],
+    "stages": _stages(fitted, compiles, args.train, args.heads, args.k),
     "sklearn_heads_measured": [int(h) for h in heads],
     "sklearn_seconds_measured": round(sk_wall, 1),
     "sklearn_seconds": round(sk_wall * scale, 1),
     "sklearn_seconds_note": f"extrapolated linearly from {len(heads)} of {args.heads} heads (x{scale:.1f}), joblib n_jobs=2",
     "sklearn_cpu_seconds": round(sk_cpu * scale, 1),
     "sklearn_max_iterations": max(r[2] for r in results),
+    "sklearn_load_average_before_after": [
+      [round(v, 2) for v in load_before_sklearn],
+      [round(v, 2) for v in os.getloadavg()],
+    ],
     "speedup_wall": round(sk_wall * scale / jax_wall, 1),
     "speedup_cpu": round(sk_cpu * scale / jax_cpu, 1),
     "dev_accuracy_delta_points": {

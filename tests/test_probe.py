@@ -177,7 +177,7 @@ def test_suite_defaults_reach_the_sklearn_objective():
 
 
 def test_stopped_probes_leave_the_pass_and_change_nothing(monkeypatch):
-  """Once the running groups × columns are at most half of the pass (and narrowing is worth a compile:
+  """Once the running groups × columns are at most 3/4 of the pass (and narrowing is worth a compile:
   NARROWING_COST = 0 here), L-BFGS passes over the data with the groups and (task, λ) blocks still
   running only. Each fit is then that of fitting it alone (to
   float noise: rare-class directions are flat, so trajectories may part within the tolerance), and

@@ -631,10 +631,12 @@ class _Lbfgs:
   probes sharing each pass over the data. Each iteration is one compiled call (`_lbfgs_step`) and one
   read of which probes are still running. Stopped probes stay in the pass, masked (fixed shapes: no
   recompilation as probes stop), until the groups × columns that have a probe running (groups padded
-  with finished ones to a power of two) are at most half of those in the pass: then the state and the
-  data are gathered to them. Each narrowing halves the pass, so a fit compiles the step for at most
-  1 + log2(G·T) shapes whatever its iterations; XPOS at the weakest λ, which often runs hundreds of
-  iterations after everything else has stopped, then pays for its own columns only."""
+  with finished ones to a power of two) are at most 3/4 of those in the pass and the saving is worth a
+  compile (`_worth_narrowing`): then the state and the data are gathered to them. Each narrowing cuts
+  the pass by a quarter, so a fit compiles the step for at most 1 + log_{4/3}(G·T) shapes whatever its
+  iterations, and for one shape when the problem is too small for narrowing to pay. XPOS at the weakest
+  λ, which often runs hundreds of iterations after everything else has stopped, then pays for its own
+  columns only."""
 
   def __init__(self, data, cols, *, tol, max_iter, fetch, memory=10):
     self.base, self.cols, self.tol, self.max_iter, self.fetch, self.memory = data, cols, tol, max_iter, fetch, memory
@@ -671,13 +673,13 @@ class _Lbfgs:
     return _LbfgsResult((v, b), f.astype(np.float64), iters, done, f_start, self.group_columns)
 
   def _worth_narrowing(self, now, narrowed, iteration):
-    """Narrow the pass from `now` to `narrowed` groups × columns when that at least halves it and the
+    """Narrow the pass from `now` to `narrowed` groups × columns when that cuts it by a quarter and the
     passes saved, if the probes still running need as many iterations again as they have had, outweigh
     compiling the step for the new shape (~NARROWING_COST multiply-adds' worth on a CPU; a deterministic
     rule, so a fit's arithmetic never depends on timing)."""
     words, k = self.base.xs_CGcK.shape[0] * self.base.xs_CGcK.shape[2], self.base.xs_CGcK.shape[3]
     saved = (now - narrowed) * 4.0 * words * (k + 5) * iteration
-    return narrowed <= 0.5 * now and saved >= NARROWING_COST
+    return narrowed <= 0.75 * now and saved >= NARROWING_COST
 
   def _narrowed(self, rows, probes, col_T, runs):
     """The pass over the groups `rows` and the probes `probes` (packed columns col_T, in runs)."""
