@@ -256,23 +256,6 @@ def _logits_GBC(xs_GBK, whiten_GKK, v_GKC, b_GC):
   return jnp.einsum("gbk,gkc->gbc", xs_GBK, w_GKC) + b_GC[:, None, :]
 
 
-def _loss(params, xs_GBK, ys_AB, whiten_GKK, l2_P, label_scale_A, layout):
-  """Σ over tasks and L2 values of the mean cross-entropy + (λ/2)‖W‖² (exact, per column block)."""
-  v_GKC, b_GC = params
-  logits_GBC = _logits_GBC(xs_GBK, whiten_GKK, v_GKC, b_GC)
-  w_GKC = jnp.einsum("gkl,glc->gkc", whiten_GKK, v_GKC)
-  total = 0.0
-  num_l2 = l2_P.shape[0]
-  for (off, c), y_B, scale in zip(layout, ys_AB, label_scale_A):
-    z_GBPC = logits_GBC[:, :, off : off + num_l2 * c].reshape(*logits_GBC.shape[:2], num_l2, c)
-    lse_GBP = jax.nn.logsumexp(z_GBPC, axis=-1)
-    picked_GBP = jnp.take_along_axis(z_GBPC, jnp.maximum(y_B, 0)[None, :, None, None], axis=-1)[..., 0]
-    nll = ((lse_GBP - picked_GBP) * (y_B >= 0)[None, :, None]).sum() * scale
-    w_GKPC = w_GKC[:, :, off : off + num_l2 * c].reshape(*w_GKC.shape[:2], num_l2, c)
-    total = total + nll + 0.5 * jnp.einsum("l,gklc->", l2_P, jnp.square(w_GKPC))
-  return total
-
-
 def _optimizer(learning_rate, total_steps):
   return optax.adam(optax.cosine_decay_schedule(learning_rate, max(total_steps, 1)))
 
@@ -282,7 +265,18 @@ def _adam_init(params, *, learning_rate, total_steps):
   return _optimizer(learning_rate, total_steps).init(params)
 
 
-@functools.partial(jax.jit, static_argnames=("layout", "learning_rate", "total_steps", "groups"))
+def _minibatch_grad(params, xs_GBK, ys_AB, whiten_GKK, l2_T, label_scale_A, layout):
+  """Gradient of Σ over probes of label_scale·Σ_batch CE + (λ/2)‖W‖² with respect to (v, b), written
+  out as the full pass's (_ce_and_logit_grad): two matmuls and one exp per logit."""
+  v_GKT, b_GT = params
+  w_GKT = jnp.einsum("gkl,glc->gkc", whiten_GKK, v_GKT)
+  z = jnp.einsum("gbk,gkt->gbt", xs_GBK, w_GKT) + b_GT[:, None, :]
+  _, dz_GBT = _ce_and_logit_grad(z, ys_AB, label_scale_A, layout, True)
+  gw_GKT = jnp.einsum("gbk,gbt->gkt", xs_GBK, dz_GBT) + l2_T * w_GKT
+  return jnp.einsum("gkl,gkc->glc", whiten_GKK, gw_GKT), dz_GBT.sum(1)
+
+
+@functools.partial(jax.jit, static_argnames=("layout", "learning_rate", "total_steps"))
 def _refine(
   params,
   opt_state,
@@ -292,24 +286,22 @@ def _refine(
   mean_GK,
   std_GK,
   whiten_GKK,
-  l2_P,
+  l2_T,
   label_scale_A,
   *,
   layout,
   learning_rate,
   total_steps,
-  groups,
 ):
-  """Minibatch Adam over the words in order_OB (T steps of B words), cosine-decayed over total_steps,
-  for the groups in range(*groups) of x_NGK (params and statistics hold just those groups)."""
+  """Minibatch Adam over the words in order_OB (T steps of B words), cosine-decayed over total_steps
+  (layout: per task (first column, classes, λ blocks); l2_T: each packed column's λ)."""
   opt = _optimizer(learning_rate, total_steps)
-  grad_fn = jax.grad(_loss)
 
   def step(carry, idx_B):
     params, opt_state = carry
-    xs_GBK = jnp.transpose((x_NGK[idx_B, groups[0] : groups[1]] - mean_GK) / std_GK, (1, 0, 2))
+    xs_GBK = jnp.transpose((x_NGK[idx_B] - mean_GK) / std_GK, (1, 0, 2))
     ys_AB = tuple(y_N[idx_B] for y_N in ys_AN)
-    grads = grad_fn(params, xs_GBK, ys_AB, whiten_GKK, l2_P, label_scale_A, layout)
+    grads = _minibatch_grad(params, xs_GBK, ys_AB, whiten_GKK, l2_T, label_scale_A, layout)
     updates, opt_state = opt.update(grads, opt_state, params)
     return (optax.apply_updates(params, updates), opt_state), None
 
@@ -866,7 +858,7 @@ def _adam(fit, g0, g1, put):
   stats = tuple(put(np.asarray(a[g0:g1], np.float32)) for a in (fit.mean, fit.std, fit.whiten))
   x = put(np.asarray(fit.x_train_NGK[:, g0:g1], np.float32))
   ys = tuple(put(np.asarray(s.y_train_N, np.int32)) for s in cols.specs)
-  common = dict(learning_rate=fit.learning_rate, total_steps=steps, groups=(0, g1 - g0))
+  common = dict(learning_rate=fit.learning_rate, total_steps=steps)
   shared = steps - fit.forked_steps
   label_scale = put(fit.label_scale_A)
   if shared > 0:
@@ -877,9 +869,9 @@ def _adam(fit, g0, g1, put):
       ys,
       put(fit.order[:shared]),
       *stats,
-      put(cols.l2_P[:1]),
+      put(np.full(cols.total_one, cols.l2_P[0], np.float32)),
       label_scale,
-      layout=cols.layout_one,
+      layout=tuple((off, c, 1) for off, c in cols.layout_one),
       **common,
     )
   params, opt_state = fork((params, opt_state))
@@ -891,9 +883,9 @@ def _adam(fit, g0, g1, put):
       ys,
       put(fit.order[shared:]),
       *stats,
-      put(cols.l2_P),
+      put(cols.l2_T),
       label_scale,
-      layout=cols.layout,
+      layout=cols.pass_layout,
       **common,
     )
   return params
