@@ -23,11 +23,13 @@ whole bill, so every (group, task, λ) probe shares each pass, in three stages:
      conditions the feature side of the Hessian (Böhning 1992 bounds it by ½(I − 11ᵀ/C) ⊗ R). The l2
      grid is a warm-started path: all grid values share the first (1 − fork_fraction) of the steps at
      the weakest l2, then each value continues with its own penalty;
-  3. full-batch L-BFGS (`_lbfgs`) per probe until its relative decrease and its quasi-Newton decrement
+  3. full-batch L-BFGS (`_Lbfgs`) per probe until its relative decrease and its quasi-Newton decrement
      are both below `tol` (or `max_iter`), every probe with its own direction, curvature pairs, step and
-     stopping test, all sharing each pass; the pass narrows to the groups and (task, λ) column blocks
-     still running. A probe that ends above min(its start's objective, the class-prior model's) is
-     refitted from the class prior, and the fit fails loudly if that does not help either.
+     stopping test, all sharing each pass. One iteration, line search included, is one compiled call
+     and one read; stopped probes are masked (fixed shapes), and the pass narrows to the groups and
+     (task, λ) column blocks still running only when that pays for a compile. A probe that ends above
+     min(its start's objective, the class-prior model's) is refitted from the class prior, and the fit
+     fails loudly if that does not help either.
 Groups are independent, so on accelerators they are split over the local JAX devices and fitted
 concurrently, one thread per device taking turns (`_Turns`); on a CPU host they are fitted on one
 device in the calling thread (fit threads crashed jaxlib 0.10.2's CPU backend).
