@@ -119,7 +119,10 @@ def hub_dir(repo: str, revision: str | None = None) -> pathlib.Path:
     ) from None
   except (errors.HfHubHTTPError, OSError) as e:
     raise UserError(f"{where}: cannot download ({str(e).splitlines()[0] if str(e) else type(e).__name__})") from None
-  return pathlib.Path(path)
+  path = pathlib.Path(path)
+  if not any(path.glob("*.safetensors")):  # only PyTorch .bin (or no) weights at this revision: never fetched
+    raise UserError(f"{where}: no safetensors weights at this revision (headspec reads safetensors only, no PyTorch)")
+  return path
 
 
 def model_dir_of(name_or_path: str | os.PathLike) -> pathlib.Path:

@@ -56,6 +56,17 @@ def hub_cache(tmp_path_factory):
   return cache
 
 
+@pytest.fixture(scope="module")
+def bin_only(hub_cache):
+  """A repository whose revision has PyTorch weights only (which the import never downloads)."""
+  snapshot = hub_cache / "models--tiny-org--bin-only" / "snapshots" / ("d" * 40)
+  snapshot.mkdir(parents=True)
+  (snapshot / "config.json").write_text(json.dumps({"model_type": "llama"}))
+  (hub_cache / "models--tiny-org--bin-only" / "refs").mkdir()
+  (hub_cache / "models--tiny-org--bin-only" / "refs" / "main").write_text("d" * 40)
+  return "hf:tiny-org/bin-only"
+
+
 @pytest.fixture
 def offline(hub_cache, monkeypatch):
   monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_CACHE", str(hub_cache))
@@ -87,9 +98,10 @@ def test_load_by_name_and_revision_from_the_cache(offline):
     ("hf:other/model", "hf:other/model: not in the local Hugging Face cache"),
     ("hf:bad name!", "not a Hugging Face model name"),
     (f"hf:{REPO}@", "not a Hugging Face model name"),
+    ("hf:tiny-org/bin-only", "hf:tiny-org/bin-only: no safetensors weights at this revision"),
   ],
 )
-def test_missing_or_malformed_names_are_one_line(offline, spec, message):
+def test_missing_or_malformed_names_are_one_line(offline, bin_only, spec, message):
   with pytest.raises(UserError, match=message) as error:
     targets.pretrained_target(spec)
   assert "\n" not in str(error.value)
