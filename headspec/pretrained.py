@@ -299,6 +299,8 @@ def _decoder_config(hf: dict, path: pathlib.Path) -> ModelConfig:
   L = hf["num_hidden_layers"]
   act_key = spec.get("act_key", "hidden_act")
   act = hf.get(act_key) or hf.get("hidden_act") or spec.get("act", "silu")
+  if family in ("gemma", "gemma2") and act == "gelu":  # Gemma's legacy value, meant (and run) as the tanh form
+    act = "gelu_pytorch_tanh"
   bias = hf.get("attention_bias", family == "gpt_neox")
   for flag in ("is_encoder_decoder", "add_cross_attention"):
     _check(not hf.get(flag, False), path, f"{flag}=true is not supported (decoder-only)")

@@ -302,6 +302,8 @@ def test_legacy_rope_keys_and_padded_vocabulary(root, tmp_path):
     16,
     (0, 0, 1, 1),
   )
+  gemma = _edited(root, tmp_path, "gemma", hidden_act="gelu", hidden_activation=None)  # the first releases' value
+  assert pretrained.load_pretrained(str(gemma))[0].cfg.activation == "gelu_tanh"  # as transformers runs it
   model, tokenizer = pretrained.load_pretrained(str(_tiny("gpt_neox", root)))
   assert model.cfg.vocab_size == tokenizer.vocab_size + 8 and model.cfg.rotary_fraction == 0.25
 
