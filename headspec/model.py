@@ -4,6 +4,11 @@ Attention is written out per head, because heads are the object of study: every 
 keys, values, attention map and context vector `Z_h = A_h V_h` can be returned, and a head mask
 scales `Z_h` before the output projection `W_O`.
 
+Intervention sites (`SITES`, docs/patching.md): named activations of every layer that a forward pass can
+return (`capture`) and edit (`interventions`, a dict {site: Edit} of arrays over [L, *the site's axes],
+x -> x·keep + add). Edits are traced data: changing what is patched never recompiles, and the outputs are
+differentiable in them. The head mask and head replacement are an edit of the site `z`.
+
 Shape glossary: the capital letters at the end of an array's name are its axes, one letter per axis,
 one meaning per letter throughout headspec (after penzai's model_parts.py):
   B batch (rows of a batch, also rows of packed sentences)   T tokens (query positions)
@@ -50,7 +55,23 @@ ACTIVATIONS = {
 NORMS = ("layernorm", "rmsnorm")
 QK_NORMS = ("none", "head", "full")  # Qwen3: RMSNorm over each head's K features; OLMo-2: over all H*K
 ROPE_SCALINGS = ("none", "linear", "llama3")
-CAPTURE_FIELDS = ("embeddings", "q", "k", "v", "probs", "z", "head_out", "residual")
+# Intervention sites: name -> the axes of one layer's activation (TransformerLens's hook names: docs/patching.md).
+SITES = {
+  "resid_pre": "BTD",  # the residual stream entering the block
+  "q": "BTHK",  # queries after QK-norm and rotary; per query head (grouped K/V repeated over their heads)
+  "k": "BTHK",  # T is the key position here
+  "v": "BTHK",
+  "pattern": "BHTS",  # the attention map A_h (after softmax, before attention dropout)
+  "z": "BTHK",  # Z_h = A_h V_h before W_O (the head mask and replacement edit it first)
+  "head_out": "BTHD",  # each head's output Z_h W_O^h; attn_out = sum over heads + b_O
+  "attn_out": "BTD",  # the attention sublayer's output as added to the residual stream
+  "resid_mid": "BTD",  # the residual stream after attention (post-LN: after its LayerNorm)
+  "mlp_out": "BTD",  # the MLP sublayer's output as added (zero in attention-only blocks)
+  "resid_post": "BTD",  # the block's output (= the next block's resid_pre)
+}
+# Capture names: the sites, plus 'embeddings' and the older names 'probs' (= pattern), 'residual' (= resid_post).
+CAPTURE_FIELDS = ("embeddings", "probs", "residual", *SITES)
+_FIELD_OF = {"pattern": "probs", "resid_post": "residual"}  # capture name -> its Intermediates field
 
 
 @dataclasses.dataclass(frozen=True)
@@ -170,7 +191,8 @@ class Intermediates:
   `z_LBTHK` is each head's context vector A_h V_h before the head mask and W_O; `head_out_LBTHD` is
   the head's actual contribution to the residual stream, mask_h * Z_h W_O^h (the bias b_O belongs to
   no head). `residual_LBTD` is the residual stream after each block; `embeddings_BTD` the input to
-  block 0 (probing reports it as layer -1).
+  block 0 (probing reports it as layer -1). Every site is captured as computed in that pass, before its
+  own edit (after edits upstream of it); `site(name)` reads one by its site name.
   """
 
   embeddings_BTD: jax.Array | None = None
@@ -181,6 +203,83 @@ class Intermediates:
   z_LBTHK: jax.Array | None = None
   head_out_LBTHD: jax.Array | None = None
   residual_LBTD: jax.Array | None = None
+  resid_pre_LBTD: jax.Array | None = None
+  resid_mid_LBTD: jax.Array | None = None
+  attn_out_LBTD: jax.Array | None = None
+  mlp_out_LBTD: jax.Array | None = None
+
+  def site(self, name: str) -> jax.Array | None:
+    """The captured activation of site (or capture name) `name`, [L, *SITES[name]]."""
+    field = _FIELD_OF.get(name, name)
+    matches = [f.name for f in dataclasses.fields(self) if f.name.rsplit("_", 1)[0] == field]
+    if not matches:
+      raise UserError(f"unknown site {name!r}; choose from {', '.join(SITES)}")
+    return getattr(self, matches[0])
+
+
+@flax.struct.dataclass
+class Edit:
+  """An edit of one site, x -> x·keep + add; keep and add broadcast to [L, *the site's axes] (None: 1, 0).
+
+  Patching a site to a value v where mask m is 1 is `Edit.patch(v, m)` (keep = 1 − m, add = m·v); scaling
+  by m is Edit(keep=m). Arrays are traced: new values never recompile, and outputs are differentiable in them.
+  """
+
+  keep: jax.Array | None = None
+  add: jax.Array | None = None
+
+  @classmethod
+  def patch(cls, value, mask) -> Edit:
+    """x becomes `value` where `mask` is 1 (x·(1 − m) + m·v between)."""
+    mask = jnp.asarray(mask, jnp.float32)
+    return cls(keep=1.0 - mask, add=mask * value)
+
+  def layer(self, layer: int) -> Edit:
+    """The edit of one layer (the leading L axis indexed)."""
+    return Edit(*(None if a is None else a[layer] for a in (self.keep, self.add)))
+
+  def __call__(self, x):
+    x = x if self.keep is None else x * self.keep.astype(x.dtype)
+    return x if self.add is None else x + self.add.astype(x.dtype)
+
+
+def _apply(edits: dict, name: str, x):
+  """`x` through the edits of site `name` (a tuple of one layer's Edits, in order), unchanged without."""
+  for edit in edits.get(name, ()):
+    x = edit(x)
+  return x
+
+
+def check_interventions(cfg: ModelConfig, interventions, B: int, T: int) -> dict:
+  """{site: Edit} with every array broadcastable to [L, *site axes]; UserError naming the bad site."""
+  if interventions is None:
+    return {}
+  if not isinstance(interventions, dict):
+    raise UserError(f"interventions: a {type(interventions).__name__}; give a dict {{site: Edit}}")
+  sizes = dict(B=B, T=T, S=T, H=cfg.num_heads, K=cfg.d_head, D=cfg.d_model)
+  out = {}
+  for name, edit in interventions.items():
+    if name not in SITES:
+      raise UserError(f"interventions: unknown site {name!r}; choose from {', '.join(SITES)}")
+    if not isinstance(edit, Edit):
+      raise UserError(f"interventions[{name!r}]: a {type(edit).__name__}; give a headspec.model.Edit")
+    full = (cfg.num_layers, *(sizes[a] for a in SITES[name]))
+    for part in ("keep", "add"):
+      array = getattr(edit, part)
+      if array is not None and (np.ndim(array) != len(full) or _broadcasts(np.shape(array), full) is None):
+        raise UserError(
+          f"interventions[{name!r}].{part} of shape {tuple(np.shape(array))} does not broadcast to "
+          f"[L,{','.join(SITES[name])}]={list(full)}"
+        )
+    out[name] = edit
+  return out
+
+
+def _broadcasts(shape, full):
+  try:
+    return np.broadcast_shapes(shape, full) == tuple(full) or None
+  except ValueError:
+    return None
 
 
 def _normal(rngs: nnx.Rngs, shape, std=0.02) -> nnx.Param:
@@ -280,7 +379,8 @@ class Attention(nnx.Module):
     B, T, H, K = y_BTHK.shape
     return norm(y_BTHK.reshape(B, T, H * K)).reshape(B, T, H, K)
 
-  def __call__(self, x_BTD, mask_BTS, head_mask_BH, dropout_rngs, capture, replacement_BHK=None, positions_BT=None):
+  def __call__(self, x_BTD, mask_BTS, dropout_rngs, capture, edits, positions_BT):
+    """(out_BTD, captured) with `edits` {site: (Edit of this layer, ...)} applied at q, k, v, pattern, z, head_out."""
     dt, cfg = self.dtype, self.cfg
     q_BTHK = self._project(x_BTD, self.w_q_DHK, self.b_q_HK)
     k_BSHK = self._project(x_BTD, self.w_k_DHK, self.b_k_HK)
@@ -293,31 +393,36 @@ class Attention(nnx.Module):
     if cfg.kv_heads != cfg.num_heads:  # grouped-query attention: every query head gets its group's K and V
       per_group = cfg.num_heads // cfg.kv_heads
       k_BSHK, v_BSHK = jnp.repeat(k_BSHK, per_group, axis=2), jnp.repeat(v_BSHK, per_group, axis=2)
+    captured = {name: value for name, value in (("q", q_BTHK), ("k", k_BSHK), ("v", v_BSHK)) if name in capture}
+    q_BTHK, k_BSHK, v_BSHK = _apply(edits, "q", q_BTHK), _apply(edits, "k", k_BSHK), _apply(edits, "v", v_BSHK)
     scale = cfg.attention_scale or q_BTHK.shape[-1] ** -0.5
     dropout_on = dropout_rngs is not None and self.attention_dropout.rate > 0
     probs_BHTS = None
-    if "probs" in capture or dropout_on or cfg.attention_softcap:  # explicit per-head path: A_h needed or changed
+    explicit = {"probs", "pattern"} & set(capture) or "pattern" in edits
+    if explicit or dropout_on or cfg.attention_softcap:  # explicit per-head path: A_h needed or changed
       logits_BHTS = jnp.einsum("bthk,bshk->bhts", q_BTHK, k_BSHK).astype(jnp.float32) * scale
       if cfg.attention_softcap:
         logits_BHTS = cfg.attention_softcap * jnp.tanh(logits_BHTS / cfg.attention_softcap)
       logits_BHTS = jnp.where(mask_BTS[:, None], logits_BHTS, jnp.finfo(jnp.float32).min)
       probs_BHTS = jax.nn.softmax(logits_BHTS, axis=-1)
+      captured.update({name: probs_BHTS for name in ("probs", "pattern") if name in capture})
+      probs_BHTS = _apply(edits, "pattern", probs_BHTS)
       dropped_BHTS = self.attention_dropout(probs_BHTS, deterministic=dropout_rngs is None, rngs=dropout_rngs)
       z_BTHK = jnp.einsum("bhts,bshk->bthk", dropped_BHTS.astype(dt), v_BSHK)
     else:  # fused (cuDNN's flash attention on GPU where it applies, XLA elsewhere); still per head
       z_BTHK = jax.nn.dot_product_attention(q_BTHK, k_BSHK, v_BSHK, mask=mask_BTS[:, None], scale=scale)
-    masked_BTHK = z_BTHK * head_mask_BH[:, None, :, None].astype(dt)
-    if replacement_BHK is not None:  # Z_h·m + (1 − m)·r: mean ablation when r is the mean Z_h
-      masked_BTHK = masked_BTHK + ((1 - head_mask_BH)[:, :, None] * replacement_BHK)[:, None].astype(dt)
-    out_BTD = jnp.einsum("bthk,hkd->btd", masked_BTHK, self.w_o_HKD[...].astype(dt))
+    if "z" in capture:
+      captured["z"] = z_BTHK
+    masked_BTHK = _apply(edits, "z", z_BTHK)  # the head mask first: Z_h·m + (1 − m)·r
+    if "head_out" in capture or "head_out" in edits:
+      head_out_BTHD = jnp.einsum("bthk,hkd->bthd", masked_BTHK, self.w_o_HKD[...].astype(dt))
+      captured.update({"head_out": head_out_BTHD} if "head_out" in capture else {})
+    if "head_out" in edits:
+      out_BTD = _apply(edits, "head_out", head_out_BTHD).sum(2)
+    else:
+      out_BTD = jnp.einsum("bthk,hkd->btd", masked_BTHK, self.w_o_HKD[...].astype(dt))
     if self.b_o_D is not None:
       out_BTD = out_BTD + self.b_o_D[...].astype(dt)
-    captured = {}
-    for name, value in (("q", q_BTHK), ("k", k_BSHK), ("v", v_BSHK), ("probs", probs_BHTS), ("z", z_BTHK)):
-      if name in capture:
-        captured[name] = value
-    if "head_out" in capture:
-      captured["head_out"] = jnp.einsum("bthk,hkd->bthd", masked_BTHK, self.w_o_HKD[...].astype(dt))
     return out_BTD, captured
 
 
@@ -371,39 +476,49 @@ class Block(nnx.Module):
     self.sublayer_norm, self.parallel_residual = cfg.sublayer_norm, cfg.parallel_residual
     self.window, self.causal = window, cfg.kind == "decoder"
 
-  def __call__(self, x_BTD, mask_BTS, head_mask_BH, dropout_rngs, capture, replacement_BHK=None, positions_BT=None):
+  def __call__(self, x_BTD, mask_BTS, dropout_rngs, capture, edits, positions_BT):
+    """(resid_post_BTD, captured): the sites resid_pre, attn_out, resid_mid, mlp_out, resid_post read and
+    edited where each is defined for this block's layout (`SITES`), the attention's sites inside it."""
     drop = lambda y: self.dropout(y, deterministic=dropout_rngs is None, rngs=dropout_rngs)
     if self.window:  # sliding-window attention: keys fewer than `window` positions back
       distance_BTS = positions_BT[:, :, None] - positions_BT[:, None, :]
       distance_BTS = distance_BTS if self.causal else jnp.abs(distance_BTS)
       mask_BTS = mask_BTS & (distance_BTS < self.window)
-    attend = lambda y: self.attention(y, mask_BTS, head_mask_BH, dropout_rngs, capture, replacement_BHK, positions_BT)
+    captured = {}
+
+    def site(name, value):  # captured as computed, then edited
+      if name in capture:
+        captured[name] = value
+      return _apply(edits, name, value)
+
+    x_BTD = site("resid_pre", x_BTD)
+    same = lambda y: y
     if self.sublayer_norm:  # Gemma-2 (pre-norm too) and OLMo-2 (no pre-norm): x + norm(sublayer(x))
-      same = lambda y: y
       pre_attention, post_attention = (
         (self.ln_attention, self.ln_attention_out) if self.pre_layernorm else (same, self.ln_attention)
       )
-      attn_BTD, captured = attend(pre_attention(x_BTD))
-      x_BTD = x_BTD + drop(post_attention(attn_BTD))
-      if not self.has_mlp:
-        return x_BTD, captured
-      pre_mlp, post_mlp = (self.ln_mlp, self.ln_mlp_out) if self.pre_layernorm else (same, self.ln_mlp)
-      return x_BTD + drop(post_mlp(self.mlp(pre_mlp(x_BTD)))), captured
-    if self.parallel_residual:  # GPT-NeoX: both sublayers read the block's input
-      attn_BTD, captured = attend(self.ln_attention(x_BTD))
-      mlp_BTD = self.mlp(self.ln_mlp(x_BTD)) if self.has_mlp else 0
-      return x_BTD + drop(attn_BTD) + drop(mlp_BTD), captured
-    if self.pre_layernorm:
-      attn_BTD, captured = attend(self.ln_attention(x_BTD))
-      x_BTD = x_BTD + drop(attn_BTD)
-      if not self.has_mlp:
-        return x_BTD, captured
-      return x_BTD + drop(self.mlp(self.ln_mlp(x_BTD))), captured
-    attn_BTD, captured = attend(x_BTD)
-    x_BTD = self.ln_attention(x_BTD + drop(attn_BTD))
-    if not self.has_mlp:
-      return x_BTD, captured
-    return self.ln_mlp(x_BTD + drop(self.mlp(x_BTD))), captured
+      if self.has_mlp:
+        pre_mlp, post_mlp = (self.ln_mlp, self.ln_mlp_out) if self.pre_layernorm else (same, self.ln_mlp)
+    elif self.pre_layernorm or self.parallel_residual:
+      pre_attention, post_attention = self.ln_attention, same
+      pre_mlp, post_mlp = (self.ln_mlp, same) if self.has_mlp else (None, None)
+    else:  # post-LN (BERT): the norms follow the residual adds
+      pre_attention, post_attention, pre_mlp, post_mlp = same, same, same, same
+    attn_BTD, inner = self.attention(pre_attention(x_BTD), mask_BTS, dropout_rngs, capture, edits, positions_BT)
+    captured.update(inner)
+    attn_out_BTD = site("attn_out", drop(post_attention(attn_BTD)))
+    post_ln = not (self.sublayer_norm or self.pre_layernorm or self.parallel_residual)
+    mid_BTD = site("resid_mid", self.ln_attention(x_BTD + attn_out_BTD) if post_ln else x_BTD + attn_out_BTD)
+    if not self.has_mlp:  # attention-only: mlp_out is zero
+      if "mlp_out" in capture or "mlp_out" in edits:
+        mid_BTD = mid_BTD + site("mlp_out", jnp.zeros_like(mid_BTD))
+      return site("resid_post", mid_BTD), captured
+    mlp_in_BTD = (
+      x_BTD if self.parallel_residual and not self.sublayer_norm else mid_BTD
+    )  # GPT-NeoX: both sublayers read the block's input
+    mlp_out_BTD = site("mlp_out", drop(post_mlp(self.mlp(pre_mlp(mlp_in_BTD)))))
+    post_BTD = self.ln_mlp(mid_BTD + mlp_out_BTD) if post_ln else mid_BTD + mlp_out_BTD
+    return site("resid_post", post_BTD), captured
 
 
 class Transformer(nnx.Module):
@@ -465,6 +580,7 @@ class Transformer(nnx.Module):
     segment_BT: jax.Array | None = None,
     head_mask: jax.Array | None = None,
     head_replacement: jax.Array | None = None,
+    interventions: dict[str, Edit] | None = None,
     capture: Collection[str] = (),
     dropout_rngs: nnx.Rngs | None = None,
     output: str = "logits",
@@ -475,7 +591,8 @@ class Transformer(nnx.Module):
     [B,L,H], multiplies Z_h before W_O (1 keeps, 0 removes, between scales); it is traced data, so new
     values never recompile, and the loss is differentiable in it. head_replacement: [L,H,K] or
     [B,L,H,K], what a masked head outputs instead (Z_h·m + (1 − m)·r; see `from_embeddings`).
-    dropout_rngs: None for deterministic. output: 'logits' or 'hidden' (the final hidden state).
+    interventions: {site: Edit} (`SITES`), applied after the head mask's edit of `z`. capture: names from
+    CAPTURE_FIELDS, each returned stacked over layers. dropout_rngs: None for deterministic. output: 'logits' or 'hidden' (the final hidden state).
     Packed rows (several sequences side by side in one row): positions_BT restarts at each sequence
     and segment_BT (int, equal within a sequence) keeps attention inside it, so each sequence's
     outputs are those of running it alone.
@@ -488,6 +605,7 @@ class Transformer(nnx.Module):
       segment_BT=segment_BT,
       head_mask=head_mask,
       head_replacement=head_replacement,
+      interventions=interventions,
       capture=capture,
       dropout_rngs=dropout_rngs,
       output=output,
@@ -507,6 +625,7 @@ class Transformer(nnx.Module):
     segment_BT=None,
     head_mask=None,
     head_replacement=None,
+    interventions=None,
     capture=(),
     dropout_rngs=None,
     start_layer: int = 0,
@@ -515,7 +634,7 @@ class Transformer(nnx.Module):
     """The forward pass after the embedding layer (for gradients with respect to input embeddings).
 
     head_replacement: [L,H,K] or per example [B,L,H,K], traced like head_mask: each head's output
-    becomes Z_h·m_h + (1 − m_h)·r_h before W_O, so m_h = 0 with r_h = the mean of Z_h over a data set
+    becomes Z_h·m_h + (1 − m_h)·r_h before W_O (an Edit of site z: keep m, add (1 − m)·r), so m_h = 0 with r_h = the mean of Z_h over a data set
     is mean ablation; None is r = 0 (plain masking). start_layer (a static int): `x_BTD` is the
     residual stream entering block `start_layer` (the output of block start_layer − 1, as captured in
     `residual_LBTD`), and only blocks start_layer.. run: the fast path for interventions that leave the
@@ -545,39 +664,37 @@ class Transformer(nnx.Module):
     if head_mask.shape not in ((L, H), (B, L, H)):
       raise UserError(f"head_mask of shape {head_mask.shape}: expected [L,H]={[L, H]} or [B,L,H]={[B, L, H]}")
     head_mask_BLH = jnp.broadcast_to(head_mask, (B, L, H))
-    replacement_BLHK = None
+    # The head mask and replacement: the first edit of site z (keep m, add (1 − m)·r), per layer [B,1,H,1|K].
+    head_keep_LBTHK = jnp.transpose(head_mask_BLH, (1, 0, 2))[:, :, None, :, None]
+    head_add_LBTHK = None
     if head_replacement is not None:
       head_replacement = jnp.asarray(head_replacement)
       if head_replacement.shape not in ((L, H, cfg.d_head), (B, L, H, cfg.d_head)):
         raise UserError(f"head_replacement of shape {head_replacement.shape}: expected [L,H,K] or [B,L,H,K]")
       replacement_BLHK = jnp.broadcast_to(head_replacement, (B, L, H, cfg.d_head))
+      head_add_LBTHK = jnp.transpose((1 - head_mask_BLH)[..., None] * replacement_BLHK, (1, 0, 2, 3))[:, :, None]
+    interventions = check_interventions(cfg, interventions, B, T)
+    names = {_FIELD_OF.get(name, name) for name in capture} - {"embeddings"}
+    block_capture = frozenset(names | {site for site, field in _FIELD_OF.items() if field in names})
 
-    per_layer = {name: [] for name in capture if name != "embeddings"}
+    per_layer = {name: [] for name in names}
     embeddings_BTD = x_BTD
     if start_layer == 0:
       x_BTD = self.embed_dropout(x_BTD, deterministic=dropout_rngs is None, rngs=dropout_rngs)
     for layer in range(start_layer, L):
-      replacement_BHK = None if replacement_BLHK is None else replacement_BLHK[:, layer]
-      x_BTD, captured = self.blocks[layer](
-        x_BTD, mask_BTS, head_mask_BLH[:, layer], dropout_rngs, capture, replacement_BHK, positions_BT
-      )
+      edits = {name: (edit.layer(layer),) for name, edit in interventions.items()}
+      edits["z"] = (Edit(head_keep_LBTHK[layer], None if head_add_LBTHK is None else head_add_LBTHK[layer]),)
+      edits["z"] += (interventions["z"].layer(layer),) if "z" in interventions else ()
+      x_BTD, captured = self.blocks[layer](x_BTD, mask_BTS, dropout_rngs, block_capture, edits, positions_BT)
       for name, value in captured.items():
-        per_layer[name].append(value)
-      if "residual" in capture:
-        per_layer["residual"].append(x_BTD)
+        field = _FIELD_OF.get(name, name)
+        if field in per_layer and len(per_layer[field]) < layer + 1 - start_layer:
+          per_layer[field].append(value)
     h_BTD = self.ln_final(x_BTD) if cfg.final_norm else x_BTD
     logits_BTV = h_BTD if output == "hidden" else self.unembed(h_BTD)
 
-    suffix = {
-      "q": "LBTHK",
-      "k": "LBTHK",
-      "v": "LBTHK",
-      "probs": "LBHTS",
-      "z": "LBTHK",
-      "head_out": "LBTHD",
-      "residual": "LBTD",
-    }
-    fields = {f"{name}_{suffix[name]}": jnp.stack(values) for name, values in per_layer.items()}
+    axes = {**{_FIELD_OF.get(name, name): axes_ for name, axes_ in SITES.items()}}
+    fields = {f"{name}_L{axes[name]}": jnp.stack(values) for name, values in per_layer.items()}
     if "embeddings" in capture:
       fields["embeddings_BTD"] = embeddings_BTD
     return logits_BTV, Intermediates(**fields)
