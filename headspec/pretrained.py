@@ -293,7 +293,7 @@ def _decoder_config(hf: dict, path: pathlib.Path) -> ModelConfig:
   spec = _DECODERS[family]
   D, H = hf["hidden_size"], hf["num_attention_heads"]
   K = hf.get("head_dim") or D // H
-  _check(K * H == D or "head_dim" in hf, path, f"hidden_size={D} is not a multiple of num_attention_heads={H}")
+  _check(K * H == D or hf.get("head_dim"), path, f"hidden_size={D} is not a multiple of num_attention_heads={H}")
   G = hf.get("num_key_value_heads") or H
   _check(H % G == 0, path, f"num_attention_heads={H} is not a multiple of num_key_value_heads={G}")
   L = hf["num_hidden_layers"]

@@ -281,6 +281,8 @@ def _edited(root, tmp_path, family, **changes) -> pathlib.Path:
     ("qwen2", dict(rope_parameters=None, rope_scaling={"type": "dynamic", "factor": 2.0}), "type 'dynamic'"),
     ("gemma2", dict(layer_types=["chunked_attention", "full_attention"]), r"layer_types \['chunked_attention'\]"),
     ("gpt_neox", dict(hidden_act="quick_gelu"), "hidden_act='quick_gelu' is not supported"),
+    ("llama", dict(head_dim=None, num_attention_heads=5), "hidden_size=64 is not a multiple of num_attention_heads=5"),
+    ("llama", dict(num_key_value_heads=3), "num_attention_heads=4 is not a multiple of num_key_value_heads=3"),
     ("distilbert", dict(sinusoidal_pos_embds=True), "sinusoidal_pos_embds=true is not supported"),
   ],
 )
