@@ -6,7 +6,7 @@ An analysis describes itself as an `Analysis` (its run.py) and `run` calls its p
   tables    every table it may write: `tables.check_writable` before any computation
   prepare   the data every job shares
   job       per (model, step): {table: rows}, merged into the tables right after that job (so an
-            interrupted run keeps the jobs that finished)
+            interrupted run keeps the jobs that finished); then `merged`: that job's figures
   finish    figures and reports; returns the path `run` returns (the main table or summary)
 A progress bar runs over the jobs (tqdm.auto: a widget in a notebook, a line on stderr in a terminal);
 `progress` makes the bars of stages inside a job. Provenance (run_info.json) is the decorator on each
@@ -58,6 +58,9 @@ class Analysis:
     """{tables.Table: rows (a list, a function of the old rows, or `Rows`)} of one (model, step)."""
     raise NotImplementedError
 
+  def merged(self, job: targets.Target) -> None:
+    """After `job`'s rows are in the tables: its own figures, if any."""
+
   def finish(self, jobs: Sequence[targets.Target]):
     raise NotImplementedError
 
@@ -84,5 +87,6 @@ def run(analysis: Analysis):
       logging.info("%s step %d", job.name, job.step)
       for table, rows in analysis.job(job).items():
         merge(analysis.workdir, table, rows)
+      analysis.merged(job)
       bar.update(1)
   return analysis.finish(jobs)

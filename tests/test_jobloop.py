@@ -40,6 +40,9 @@ class _Counting(jobloop.Analysis):
     row = dict(model=job.name, step=job.step, kind="icl_score", position="", value=0.5, ci_low=0.0, ci_high=1.0)
     return {tables.ICL: [row]}
 
+  def merged(self, job):  # the job's rows are in the table by now (its figures are drawn from them)
+    self.calls.append(f"merged {job.step}: steps {_steps(tables.path_of(self.workdir, tables.ICL))}")
+
   def finish(self, jobs):
     self.calls.append("finish")
     return tables.path_of(self.workdir, tables.ICL)
@@ -57,7 +60,10 @@ def _steps(path) -> list[str]:
 def test_run_calls_the_parts_in_order_and_merges_each_job(tmp_path, capsys):
   analysis = _Counting(None, tmp_path)
   path = jobloop.run(analysis)
-  assert analysis.calls == ["plan", "tables", "prepare", "job 1", "job 2", "finish"]
+  assert analysis.calls == [
+    *("plan", "tables", "prepare"),
+    *("job 1", "merged 1: steps ['1']", "job 2", "merged 2: steps ['1', '2']", "finish"),
+  ]
   assert _steps(path) == ["1", "2"]
   assert "counting: model steps" in capsys.readouterr().err  # the progress bar over the jobs
 

@@ -162,14 +162,17 @@ class Ablation(jobloop.Analysis):
     if job.lm_head not in self.sets:
       self.sets[job.lm_head] = evaluation_set(self.config, self.workdir, job, tokenizer, model.cfg)
     rows = ablate_job(job, model, self.sets[job.lm_head], self.config, self.plan_, self.task_cache, tokenizer)
-    for path in _figures(self.workdir / "ablation", job, rows, model.cfg.num_layers, model.cfg.num_heads):
-      logging.info(f"  wrote {path}")
+    self.drawn = (rows, model.cfg.num_layers, model.cfg.num_heads)  # drawn once the tables hold them
     kept = lambda r: r["kind"] != "probe_selective"  # ablation/causal.csv's induction rows: attention's
     return {
       table: jobloop.Rows(rows[table], others=kept) if table is tables.ABLATION_CAUSAL else rows[table]
       for table in TABLES
       if rows[table]
     }
+
+  def merged(self, job):
+    for path in _figures(self.workdir / "ablation", job, *self.drawn):
+      logging.info(f"  wrote {path}")
 
   def finish(self, jobs):
     out_dir = self.workdir / "ablation"
