@@ -586,3 +586,84 @@ def ablate(
     deltas=deltas,
     evaluation=es.description,
   )
+
+
+# ---------------------------------------------------------------------------------------- patch
+
+
+def _model_and_tokenizer(model, tokenizer):
+  """(Transformer, tokenizer) from `load(...)`'s result, a (model, tokenizer) pair or a bare Transformer."""
+  if hasattr(model, "cfg") and not isinstance(model, Loaded | tuple):
+    return model, tokenizer
+  loaded = _loaded(model)
+  return loaded.model, tokenizer if tokenizer is not None else loaded.tokenizer
+
+
+def _prompts(net, tokenizer, clean, corrupt, answers, metric):
+  from headspec.patching import patch as patch_lib
+
+  return patch_lib.prompts(net.cfg, clean, corrupt, answers, metric, tokenizer, getattr(tokenizer, "pad_id", 0))
+
+
+def patch(
+  model,
+  clean,
+  corrupt,
+  *,
+  site: str,
+  metric="logit_diff",
+  answers=None,
+  by_position: bool = True,
+  direction: str = "denoising",
+  layers=None,
+  heads=None,
+  positions=None,
+  tokenizer=None,
+):
+  """Activation patching (docs/patching.md): a pandas DataFrame `layer, head, position, value`, value the
+  metric when the corrupted run gets that site's clean activation there (direction='denoising', as
+  TransformerLens; 'noising': the clean run gets the corrupted one). head −1 for per-layer sites, position
+  −1 when by_position=False. `frame.attrs`: 'base' and 'source', the metric of the unpatched runs.
+
+  model: `load(...)`'s result, a (model, tokenizer) pair or a Transformer. clean, corrupt: equal-length
+  lists of texts (with a tokenizer) or of token-id lists, pairwise of equal token count. site: a name of
+  headspec.model.SITES. metric: 'logit_diff' (answers: one (correct_id, wrong_id) per prompt; logit
+  difference at each prompt's last token, mean over prompts) or a callable on the float32 logits [B,T,V]
+  (rows right-padded). layers, heads, positions: restrict the grid (default all). One compiled sweep does
+  every patch. Bad input is one headspec.errors.UserError naming the value.
+  """
+  from headspec.patching import patch as patch_lib
+
+  net, tokenizer = _model_and_tokenizer(model, tokenizer)
+  p = _prompts(net, tokenizer, clean, corrupt, answers, metric)
+  return patch_lib.patch(net, p, site=site, metric=metric, by_position=by_position, direction=direction,
+                         layers=layers, heads=heads, positions=positions)  # fmt: skip
+
+
+def attribution_patch(
+  model, clean, corrupt, *, site: str, metric="logit_diff", answers=None, by_position=True, direction="denoising",
+  tokenizer=None,
+):  # fmt: skip
+  """Attribution patching (Nanda 2023; Syed et al. 2023): `patch`'s table with value the first-order estimate
+  of the metric's change, (a_source − a_base)·∂metric/∂a, for every head and position from one forward and
+  one backward pass. `headspec.patching.patch.agreement(exact, estimate)` is its correlation with `patch`."""
+  from headspec.patching import patch as patch_lib
+
+  net, tokenizer = _model_and_tokenizer(model, tokenizer)
+  p = _prompts(net, tokenizer, clean, corrupt, answers, metric)
+  return patch_lib.attribution(net, p, site=site, metric=metric, by_position=by_position, direction=direction)
+
+
+def path_patch(
+  model, clean, corrupt, *, receivers=None, receiver_site="q", metric="logit_diff", answers=None, senders=None,
+  direction="denoising", tokenizer=None,
+):  # fmt: skip
+  """Path patching (Wang et al. 2022): per sender head, the metric when only its path into the receivers'
+  `receiver_site` ('q', 'k', 'v'; receivers (layer, head) pairs) or, with 'logits', its direct path to the
+  logits carries the source activation. Columns `layer, head` (the sender), `position` −1, `value`."""
+  from headspec.patching import patch as patch_lib
+
+  net, tokenizer = _model_and_tokenizer(model, tokenizer)
+  p = _prompts(net, tokenizer, clean, corrupt, answers, metric)
+  return patch_lib.path(net, p, metric=metric, receivers=receivers, receiver_site=receiver_site,
+                        direction=direction, senders=senders)  # fmt: skip

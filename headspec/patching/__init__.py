@@ -1,0 +1,1 @@
+"""Activation, attribution and path patching over the model's intervention sites (docs/patching.md)."""
