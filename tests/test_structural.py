@@ -4,6 +4,7 @@ recovery of known trees from features whose squared distances are tree distances
 import networkx as nx
 import numpy as np
 import pytest
+import test_probe_suite
 
 from headspec.errors import UserError
 from headspec.probing import structural
@@ -123,3 +124,36 @@ def test_control_trees_are_trees_fixed_by_word_type():
   assert attach_first["cat"] == (heads[0][1] == 1)  # the same type, the same behaviour
   assert any(controls.control_tree_heads(sentences, seed=s)[0].tolist() != heads[0].tolist() for s in range(4, 9))
   assert controls.control_tree_heads(sentences, seed=3)[0].tolist() == heads[0].tolist()
+
+
+ewt_part = test_probe_suite.ewt_part  # the fixture: 300/80/80 sentences of EWT dev, 40 of GUM dev
+
+
+def test_probe_command_writes_structural_rows(ewt_part, tmp_path):
+  """`headspec probe` with the distance and depth tasks: probes/structural.csv per group, metric and split,
+  the linear baselines in baselines.csv, a summary.md section and per-head heatmaps."""
+  from headspec import tables
+  from headspec.probing import run as probe_run
+
+  data, texts = ewt_part
+  workdir = test_probe_suite._make_run(tmp_path / "run", texts)
+  config = test_probe_suite._config(data)
+  config.probe.tasks = ("distance", "depth")
+  config.probe.structural_epochs = 3
+  config.probe.eval_splits, config.probe.extra_treebanks = ("test",), ()
+  probe_run.run(config, workdir)
+  rows = tables.read(workdir / "probes/structural.csv", tables.PROBE_STRUCTURAL)
+  splits = {"en_ewt/dev", "en_ewt/test"}  # dev: scored for the rankings
+  groups = 2 * 2 + 2 + 1
+  assert len(rows) == 2 * 2 * groups * len(splits)  # tasks x metrics x groups x splits
+  assert {(r["task"], r["metric"]) for r in rows} == {
+    ("distance", "uuas"), ("distance", "dspr"), ("depth", "root_acc"), ("depth", "nspr")
+  }  # fmt: skip
+  for r in rows:
+    assert r["split"] in splits and int(r["rank"]) == (8 if int(r["head"]) >= 0 else 16)  # capped at the width
+    assert float(r["ci_low"]) <= float(r["value"]) <= float(r["ci_high"])
+    assert float(r["selectivity"]) == pytest.approx(float(r["value"]) - float(r["control_value"]), abs=2e-6)
+  base = tables.read(workdir / "probes/baselines.csv", tables.PROBE_BASELINES)
+  assert {b["baseline"] for b in base} == {"linear_uuas", "linear_dspr", "linear_root_acc", "linear_nspr"}
+  assert "## Structural probes" in (workdir / "probes/summary.md").read_text()
+  assert (workdir / "probes/heatmap_uuas.png").is_file() and (workdir / "probes/heatmap_nspr.png").is_file()

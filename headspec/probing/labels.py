@@ -118,10 +118,12 @@ def load_data(config, keep=None) -> Data:
 
 def baselines(data: Data, tasks) -> list[dict]:
   """probes/baselines.csv rows: each task's baseline (tasks.py: majority label, most frequent head
-  offset) on every evaluation split."""
+  offset; a structural task's linear-structure baseline gives one row per metric) on every evaluation
+  split."""
   rows = []
   for split in data.evals:
     for t in tasks:
-      name, accuracy = t.baseline(data.vocab[t.name], data.train.labels[t.name], split.labels[t.name])
-      rows.append(dict(task=t.name, split=split.key, baseline=name, accuracy=accuracy, n=split.num_words))
+      out = t.baseline(data.vocab[t.name], data.train.labels[t.name], split.labels[t.name])
+      for name, accuracy in out if isinstance(out, list) else [out]:
+        rows.append(dict(task=t.name, split=split.key, baseline=name, accuracy=accuracy, n=split.num_words))
   return rows

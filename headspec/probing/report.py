@@ -235,10 +235,14 @@ def write_report(out_dir, *, primary_split: str, top_k: int = 5, select_split: s
   if skipped:
     text += "\n## Skipped sentences\n\nThe model cannot represent these; every number above is over the others.\n\n"
     text += "".join(f"- {line}\n" for line in skipped)
+  structural = tables.read(out_dir / "structural.csv", tables.PROBE_STRUCTURAL)
+  if structural:
+    text += structural_summary(structural, baselines, primary_split, select_split or primary_split, top_k)
   mdl = tables.read(out_dir / "mdl.csv", tables.MDL)
   if mdl:
     text += mdl_summary(mdl)
   remote.write_bytes_atomic(out_dir / "summary.md", text.encode())
+  _structural_heatmaps(structural, out_dir, primary_split)
   if not rows:
     return
   models = list(dict.fromkeys(r["model"] for r in rows))
@@ -252,6 +256,63 @@ def write_report(out_dir, *, primary_split: str, top_k: int = 5, select_split: s
     ]
     if sel:
       heatmap(sel, f"{model} step {step}: {task} probes on {primary_split}", out_dir / f"heatmap_{task}.png")
+
+
+def _last_step_of_trained(rows: list[dict]) -> tuple[str, int]:
+  models = list(dict.fromkeys(r["model"] for r in rows))
+  model = next((m for m in models if not m.endswith("-random")), models[0])
+  return model, max(int(r["step"]) for r in rows if r["model"] == model)
+
+
+def _structural_heatmaps(rows: list[dict], out_dir, split: str) -> None:
+  """heatmap_<metric>.png (uuas, dspr, root_acc, nspr) of the trained model's last step on `split`."""
+  if not rows:
+    return
+  model, step = _last_step_of_trained(rows)
+  for metric in dict.fromkeys(r["metric"] for r in rows):
+    sel = [
+      dict(r, accuracy=r["value"])
+      for r in rows
+      if (r["model"], int(r["step"]), r["metric"], r["split"]) == (model, step, metric, split)
+    ]
+    if sel:
+      task = sel[0]["task"]
+      heatmap(
+        sel, f"{model} step {step}: {task} probe {metric} on {split}", epath.Path(out_dir) / f"heatmap_{metric}.png"
+      )
+
+
+def structural_summary(rows: list[dict], baselines: list[dict], split: str, select_split: str, top_k: int) -> str:
+  """Markdown: per model, step and metric, the embeddings, every residual stream and the top_k heads
+  (ranked on select_split, reported on split) with CI, control-tree value and selectivity; the
+  linear-structure baseline beside each metric."""
+  linear = {(b["task"], b["baseline"]): float(b["accuracy"]) for b in baselines if b["split"] == split}
+  lines = ["## Structural probes (Hewitt & Manning 2019)", ""]
+  lines += [
+    f"On {split}; heads ranked on {select_split}. control: the same probe fitted to control trees "
+    "(probing/controls.py); linear: distances |i − j|, depth = position (H&M's linear baseline).",
+    "",
+    "| model | step | metric | source | value | 95% CI | control | selectivity | linear |",
+    "|---|---|---|---|---|---|---|---|---|",
+  ]
+  for model, step, metric in dict.fromkeys((r["model"], r["step"], r["metric"]) for r in rows):
+    mine = [r for r in rows if (r["model"], r["step"], r["metric"]) == (model, step, metric)]
+    here = [r for r in mine if r["split"] == split]
+    ranked = sorted(
+      (r for r in mine if r["split"] == select_split and int(r["head"]) >= 0), key=lambda r: -float(r["value"])
+    )
+    by_group = {(int(r["layer"]), int(r["head"])): r for r in here}
+    picked = [r for r in here if int(r["head"]) < 0]
+    picked += [by_group[k] for k in [(int(r["layer"]), int(r["head"])) for r in ranked[:top_k]] if k in by_group]
+    for r in picked:
+      layer, head = int(r["layer"]), int(r["head"])
+      source = "embeddings" if layer == -1 else (f"layer {layer} residual" if head < 0 else f"L{layer}H{head}")
+      base = linear.get((r["task"], f"linear_{metric}"), float("nan"))
+      lines.append(
+        f"| {model} | {step} | {metric} | {source} | {float(r['value']):.3f} | [{float(r['ci_low']):.3f}, "
+        f"{float(r['ci_high']):.3f}] | {float(r['control_value']):.3f} | {float(r['selectivity']):+.3f} | {base:.3f} |"
+      )
+  return "\n".join(lines + [""])
 
 
 def mdl_summary(rows: list[dict]) -> str:

@@ -74,7 +74,7 @@ class Tree:
     """d_NN: edges on the path between every two words (scipy's breadth-first shortest paths)."""
     n = len(self.heads)
     child = np.flatnonzero(np.asarray(self.heads) > 0)
-    graph = scipy.sparse.coo_matrix((np.ones(len(child)), (child, np.asarray(self.heads)[child] - 1)), shape=(n, n))
+    graph = scipy.sparse.csr_matrix((np.ones(len(child)), (child, np.asarray(self.heads)[child] - 1)), shape=(n, n))
     d = scipy.sparse.csgraph.shortest_path(graph, directed=False, unweighted=True)
     if not np.isfinite(d).all():
       raise UserError(f"structural probe: heads {np.asarray(self.heads).tolist()} do not connect every word")

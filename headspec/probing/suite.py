@@ -130,6 +130,7 @@ PART_TABLES = {
   "complexity": tables.COMPLEXITY,
   "mdl": tables.MDL,
   "fits": tables.PROBE_FITS,
+  "structural": tables.PROBE_STRUCTURAL,
 }
 
 
@@ -139,6 +140,9 @@ def job_tables(config) -> tuple[tables.Table, ...]:
   p = config.probe
   mdl_only = p.get("mdl_only", False)
   out = [] if mdl_only else [tables.PROBES, tables.PROBE_SELECTIVITY, tables.PROBE_FITS]
+  out += (
+    [tables.PROBE_STRUCTURAL] if not mdl_only and any(_structural(t) for t in tasks_lib.from_config(config)) else []
+  )
   out += [tables.COMPLEXITY] if p.get("complexity", False) and not mdl_only else []
   out += [tables.MDL] if p.get("mdl", False) else []
   return tuple(out)
@@ -224,6 +228,10 @@ def probe_job(
   return {table: out[table] for table in want}
 
 
+def _structural(task) -> bool:
+  return getattr(task, "structural", False)
+
+
 def _heads_only(layer: int, heads: list[int]) -> bool:
   return heads[0] >= 0
 
@@ -264,6 +272,12 @@ def _probe_source(ctx: _Job, layer: int, heads: list[int], read, what: str) -> d
   for split in ctx.score_splits.values():
     x = x_tune if split.key == data.tune.key else read(feats[split.key])
     for task in ctx.tasks:
+      if _structural(task):  # probes/structural.csv: tree metrics, not per-word accuracy
+        if split.key in eval_keys or split.key == data.tune.key:  # dev too: heads are ranked on it
+          for r in task.rows(fitted[task.name], x, split, num_resamples=p.bootstrap_resamples, seed=config.seed):
+            group = r.pop("group")
+            part["structural"].append(dict(model=job.name, step=job.step, layer=layer, head=heads[group], **r))
+        continue
       correct, control, weight = _scored(task, fitted[task.name], x, split)
       part["per_word"][(task.name, split.key)] = (
         np.asarray(correct, np.int8) - np.asarray(control, np.int8),

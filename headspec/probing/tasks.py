@@ -68,9 +68,20 @@ def fit_softmax(tasks, x_train_NGK, x_tune_NGK, data, config) -> dict:
   return {task.name: fitted for task in tasks}
 
 
+def _is_structural(fitted) -> bool:
+  return isinstance(fitted, tuple) and hasattr(fitted[0], "b_GKR")
+
+
 def fit_report(task_name: str, fitted) -> str:
   """One log line on how a task's fits went (softmax: objective, L-BFGS iterations, convergence;
-  arcs: train and dev UAS, kept epoch), '' if the fitter records nothing."""
+  arcs: train and dev UAS, kept epoch; structural: kept epoch, dev loss), '' if the fitter records nothing."""
+  if _is_structural(fitted):
+    f, c = fitted
+    return (
+      f"{task_name}: rank {f.rank}, epochs run {f.epochs_run} (kept {f.best_epoch_G.min()}-{f.best_epoch_G.max()}); "
+      f"dev L1 loss {f.dev_loss_G.min():.3f}-{f.dev_loss_G.max():.3f}, control {c.dev_loss_G.min():.3f}-"
+      f"{c.dev_loss_G.max():.3f}"
+    )
   if isinstance(fitted, tuple):  # arcs: (task probe, control probe)
     f, c = fitted
     if f.train_uas_G is None:
@@ -97,8 +108,24 @@ def fit_rows(task_name: str, fitted) -> list[dict]:
   """probes/fits.csv values per group, for the task's probe and its control: how each fit went
   (softmax: chosen λ, penalised train objective, L-BFGS iterations, convergence, start; arcs: chosen λ,
   the kept epoch as `iterations`, `converged` = dev loss rose after the kept epoch, train UAS, dev loss;
-  both: the chosen probe's dev accuracy). Returns [{'group': g, 'probe': 'task' | 'control', ...}]."""
+  both: the chosen probe's dev accuracy; structural: the kept epoch, its dev L1 loss, l2 0).
+  Returns [{'group': g, 'probe': 'task' | 'control', ...}]."""
   rows = []
+  if _is_structural(fitted):
+    for probe, f in zip(("task", "control"), fitted):
+      g, nan = len(f.dev_loss_G), np.full(len(f.dev_loss_G), np.nan)
+      columns = dict(
+        l2=np.zeros(g),
+        train_objective=nan,
+        iterations=f.best_epoch_G,
+        converged=f.best_epoch_G < f.epochs_run,
+        start=[""] * g,
+        train_accuracy=nan,
+        dev_accuracy=nan,
+        dev_loss=f.dev_loss_G,
+      )
+      rows += _per_group(probe, columns)
+    return rows
   if isinstance(fitted, tuple):  # arcs: (task probe, control probe)
     for probe, f in zip(("task", "control"), fitted):
       g = len(f.l2_G)
@@ -384,6 +411,8 @@ REGISTRY: dict = {
     LabelTask("xpos", lambda sentence, config: sentence.xpos),
     LabelTask("deprel", _deprels),
     ArcTask(),
+    StructuralTask("distance"),
+    StructuralTask("depth"),
   )
 }
 """Every probe task by name; `probe.tasks` in a config picks among them (probing/config.py)."""
