@@ -19,7 +19,9 @@ def probe_config() -> ml_collections.ConfigDict:
   c.model.pretrained = ""  # 'minilm' or a Hugging Face directory: probe it (step 0) instead of WORKDIR's checkpoints
 
   c.probe = ml_collections.ConfigDict()
-  c.probe.tasks = tuple(t for t in REGISTRY if t not in ("distance", "depth"))  # any of probing/tasks.py's: 'upos', 'xpos', 'deprel', 'arc', 'distance', 'depth'
+  c.probe.tasks = tuple(
+    t for t in REGISTRY if t not in ("distance", "depth")
+  )  # any of probing/tasks.py's: 'upos', 'xpos', 'deprel', 'arc', 'distance', 'depth'
   c.probe.treebank = "en_ewt"  # probes are fitted on its train split and tuned on its dev split
   c.probe.eval_splits = ("dev", "test")  # splits of probe.treebank the probes are scored on
   c.probe.extra_treebanks = ()  # cross-domain: scored on their dev/test splits that exist (e.g. 'en_gum')
@@ -48,7 +50,9 @@ def probe_config() -> ml_collections.ConfigDict:
   c.probe.arc_l2_grid = (1e-4, 1e-3, 1e-2)  # L2 penalties tried per arc probe; the best dev UAS is kept
   c.probe.arc_control = "hewitt_liang"  # 'hewitt_liang' (self / first / last word per type) | 'four_behaviours'
   c.probe.arc_ignore_punct = True  # leave punctuation (UPOS PUNCT) out of arc training and scoring, task and control
-  c.probe.structural_rank = 64  # rank of B in Hewitt & Manning's distance and depth probes (capped at the group's width)
+  c.probe.structural_rank = (
+    64  # rank of B in Hewitt & Manning's distance and depth probes (capped at the group's width)
+  )
   c.probe.structural_epochs = 40  # at most this many passes of the structural probes over train (H&M: 40)
   c.probe.structural_patience = 5  # stop after this many epochs in which no structural probe's dev loss improved
   c.probe.structural_learning_rate = 1e-3  # Adam's; divided by 10 after an epoch without dev improvement (H&M)
