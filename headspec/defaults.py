@@ -40,8 +40,32 @@ def train_config() -> ml_collections.ConfigDict:
   c.model.pre_layernorm = True
   c.model.positions = "learned"  # 'learned' | 'sinusoidal'
   c.model.tie_embeddings = True
-  c.model.activation = "gelu_tanh"  # 'gelu_exact' | 'gelu_tanh' | 'relu'
+  c.model.activation = "gelu_tanh"  # 'gelu_exact' | 'gelu_tanh' | 'relu' | 'silu'
   c.model.dtype = "float32"  # compute dtype: 'float32' | 'bfloat16'
+  # Modern-decoder options (docs/pretrained.md, configs/base_llama.py), each a ModelConfig field; these
+  # defaults are GPT-2/BERT's model, so configs that leave them alone train the same model as before.
+  c.model.norm = "layernorm"  # 'layernorm' | 'rmsnorm' (every norm of the model)
+  c.model.num_kv_heads = 0  # grouped-query attention: K/V heads shared by num_heads / num_kv_heads each; 0 = none
+  c.model.gated_mlp = False  # act(x W_gate) * (x W_in) W_out: SwiGLU with activation 'silu', GeGLU with 'gelu_tanh'
+  c.model.parallel_residual = False  # x + attn(ln1(x)) + mlp(ln2(x)) (GPT-NeoX)
+  c.model.sublayer_norm = False  # a norm on each sublayer's output before the residual add (Gemma-2, OLMo-2)
+  c.model.qk_norm = "none"  # 'none' | 'head' (Qwen3) | 'full' (OLMo-2): RMSNorm of queries and keys
+  c.model.attention_bias = True  # biases of W_Q, W_K, W_V
+  c.model.attention_out_bias = True  # bias of W_O
+  c.model.mlp_bias = True  # biases of the MLP's matrices
+  c.model.rope_theta = 10000.0  # positions='rotary': base of the rotation frequencies
+  c.model.rotary_fraction = 1.0  # the leading fraction of each head's features that rotate (GPT-NeoX rotary_pct)
+  c.model.rope_scaling = "none"  # 'none' | 'linear' | 'llama3' (Llama-3.1's frequency-dependent scaling)
+  c.model.rope_factor = 1.0  # rope_scaling's factor
+  c.model.rope_low_freq_factor = 1.0  # rope_scaling='llama3' only
+  c.model.rope_high_freq_factor = 4.0  # rope_scaling='llama3' only
+  c.model.rope_original_max_len = 0  # rope_scaling='llama3' only: the context the frequencies were trained for
+  c.model.attention_scale = 0.0  # the attention logits' scale; 0 = d_head ** -0.5
+  c.model.attention_softcap = 0.0  # cap * tanh(logits / cap) on attention logits; 0 = none (Gemma-2)
+  c.model.final_softcap = 0.0  # the same on the output logits; 0 = none (Gemma-2)
+  c.model.scale_embeddings = False  # token embeddings times sqrt(d_model) (Gemma)
+  c.model.attention_windows = ()  # per layer: a token sees the last w tokens only (w > 0), 0 = all; () = all
+  c.model.clip_qkv = 0.0  # clamp q, k, v to [-c, c]; 0 = none (OLMo)
   c.model.pretrained = ""  # 'minilm' or a Hugging Face-format directory; '' trains from scratch
 
   c.train = ml_collections.ConfigDict()

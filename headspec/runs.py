@@ -14,7 +14,9 @@ from headspec.errors import UserError
 from headspec.model import ModelConfig, Transformer
 
 # Config keys that fix the parameters' shapes (train.seq_len sizes the learned positions, data.vocab_size
-# the embeddings): a workdir's checkpoints only fit a config that agrees on each.
+# the embeddings; norm, K/V heads, gated MLP, sublayer norms, QK-norm and biases add, resize or drop
+# parameters): a workdir's checkpoints only fit a config that agrees on each. tests/test_model_keys.py
+# checks that every ModelConfig option that changes a parameter's shape is here.
 SHAPE_KEYS = (
   "model.kind",
   "model.num_layers",
@@ -26,18 +28,38 @@ SHAPE_KEYS = (
   "model.tie_embeddings",
   "model.pre_layernorm",
   "model.mlp",
+  "model.norm",
+  "model.num_kv_heads",
+  "model.gated_mlp",
+  "model.sublayer_norm",
+  "model.qk_norm",
+  "model.attention_bias",
+  "model.attention_out_bias",
+  "model.mlp_bias",
   "train.seq_len",
   "data.vocab_size",
 )
 # Keys that fix what the checkpoints' data position counts: WORKDIR/cache holds that corpus's tokens.
 DATA_KEYS = ("data.corpus",)
-# What a key means in a config.json written before the key existed.
-SHAPE_DEFAULTS = {"model.mlp": True}
+# What a key means in a config.json written before the key existed: ModelConfig's default (the model
+# such a run trained).
+SHAPE_DEFAULTS = {
+  f"model.{f.name}": f.default
+  for f in dataclasses.fields(ModelConfig)
+  if f"model.{f.name}" in SHAPE_KEYS and f.default is not dataclasses.MISSING
+}
 
 
 def _get(config, key: str):
   section, name = key.split(".")
   return (config.get(section) or {}).get(name, SHAPE_DEFAULTS.get(key))
+
+
+def kv_groups(workdir) -> tuple[int, ...]:
+  """Each head's K/V group in a `headspec train` run (read from WORKDIR/config.json, no model loaded):
+  head h's group is kv_groups(run)[h]; (0, 1, ..., H-1) without grouped-query attention. Join it to any
+  per-head table on `head` (docs/outputs.md); a loaded model's own is `model.cfg.kv_group_of_head`."""
+  return model_config(read_config(workdir).model, vocab_size=1, max_len=1).kv_group_of_head
 
 
 def model_config(model: ml_collections.ConfigDict, vocab_size: int, max_len: int) -> ModelConfig:
