@@ -245,6 +245,59 @@ def uas(pred_NG, heads_N) -> np.ndarray:
   return (np.asarray(pred_NG)[scored] == heads_N[scored][:, None]).mean(0)
 
 
+def _train_rows(x_NGK, lengths_U, heads_N):
+  """The training split's packed rows per width, on the device once (every epoch reads them):
+  [(x_BWGK, sentence_BW, gold_BW, packing)]."""
+  return [
+    jax.device_put((packing.grid(x_NGK[words_N], 0.0, np.float32), packing.grid(packing.start_N, -1, np.int32), gold))
+    + (packing,)
+    for _, words_N, packing, gold in _buckets(lengths_U, heads_N)
+  ]
+
+
+def _train_with_early_stopping(params, train_rows, dev, stats, key, *, epochs, patience, batch_words, learning_rate):
+  """Minibatch Adam, one compiled epoch per row width, with Hewitt & Liang's early stopping: after every
+  epoch the dev loss of every (l2, group) probe (one read), its parameters with the lowest loss kept;
+  stop after `patience` epochs with no improvement. Returns (best params, their dev loss, their epoch,
+  epochs run)."""
+  mean_j, std_j, l2_j = stats
+  opt_state = optax.adam(learning_rate).init(params)
+  num_l, num_g = params[2].shape[:2]
+  best = jax.device_get(params)
+  best_loss = np.full((num_l, num_g), np.inf)
+  best_epoch = np.zeros((num_l, num_g), np.int32)
+  since, epoch = 0, 0
+  for epoch, epoch_key in enumerate(jax.random.split(key, max(epochs, 1)), start=1):
+    for b, (x_BWGK, sentence_BW, gold_BW, packing) in enumerate(train_rows):
+      batch_rows = min(max(1, batch_words // packing.width), packing.num_rows)
+      params, opt_state = _epoch(
+        params,
+        opt_state,
+        x_BWGK,
+        sentence_BW,
+        gold_BW,
+        mean_j,
+        std_j,
+        l2_j,
+        jax.random.fold_in(epoch_key, b),
+        batch_rows=batch_rows,
+        learning_rate=learning_rate,
+      )
+    loss = _dev_nll(params, *dev, mean_j, std_j)
+    better = loss < best_loss - 1e-4
+    if better.any():
+      host = jax.device_get(params)
+      best = tuple(np.where(better.reshape(better.shape + (1,) * (h.ndim - 2)), h, o) for h, o in zip(host, best))
+      best_loss = np.where(better, loss, best_loss)
+      best_epoch = np.where(better, epoch, best_epoch)
+      since = 0
+    else:
+      since += 1
+      if since >= patience:
+        break
+  return best, best_loss, best_epoch, epoch
+
+
 def fit_arc_probes(
   x_train_NGK,
   heads_train: Sequence[np.ndarray],
@@ -295,48 +348,19 @@ def fit_arc_probes(
     jnp.zeros((num_l, num_g, rank)),
   )
   mean_j, std_j, l2_j = jax.device_put((mean.astype(np.float32), std.astype(np.float32), l2_P))
-  opt = optax.adam(learning_rate)
-  opt_state = opt.init(params)
-  train_buckets = [  # on the device once: every epoch reads them
-    jax.device_put(
-      (packing.grid(x_train_NGK[words_N], 0.0, np.float32), packing.grid(packing.start_N, -1, np.int32), gold)
-    )
-    + (packing,)
-    for _, words_N, packing, gold in _buckets(lengths_U, heads_N)
-  ]
+  train_rows = _train_rows(x_train_NGK, lengths_U, heads_N)
   dev_chunks, dev_words = _dev_chunks(_buckets(lengths_dev_U, heads_dev_N), x_dev_NGK, chunk_words)
-  best = jax.device_get(params)
-  best_loss = np.full((num_l, num_g), np.inf)
-  best_epoch = np.zeros((num_l, num_g), np.int32)
-  since, epoch = 0, 0
-  for epoch, key in enumerate(jax.random.split(k_train, max(epochs, 1)), start=1):
-    for b, (x_BWGK, sentence_BW, gold_BW, packing) in enumerate(train_buckets):
-      batch_rows = min(max(1, batch_words // packing.width), packing.num_rows)
-      params, opt_state = _epoch(
-        params,
-        opt_state,
-        x_BWGK,
-        sentence_BW,
-        gold_BW,
-        mean_j,
-        std_j,
-        l2_j,
-        jax.random.fold_in(key, b),
-        batch_rows=batch_rows,
-        learning_rate=learning_rate,
-      )
-    loss = _dev_nll(params, dev_chunks, dev_words, mean_j, std_j)
-    better = loss < best_loss - 1e-4
-    if better.any():
-      host = jax.device_get(params)
-      best = tuple(np.where(better.reshape(better.shape + (1,) * (h.ndim - 2)), h, o) for h, o in zip(host, best))
-      best_loss = np.where(better, loss, best_loss)
-      best_epoch = np.where(better, epoch, best_epoch)
-      since = 0
-    else:
-      since += 1
-      if since >= patience:
-        break
+  best, best_loss, best_epoch, epoch = _train_with_early_stopping(
+    params,
+    train_rows,
+    (dev_chunks, dev_words),
+    (mean_j, std_j, l2_j),
+    k_train,
+    epochs=epochs,
+    patience=patience,
+    batch_words=batch_words,
+    learning_rate=learning_rate,
+  )
   preds_P = _predict(
     [tuple(jnp.asarray(p[l]) for p in best) for l in range(num_l)], x_dev_NGK, lengths_dev_U, mean_j, std_j, chunk_words
   )
