@@ -33,7 +33,8 @@ STAGES = "stages"
 
 @dataclasses.dataclass(frozen=True)
 class Run:
-  """One training run of an experiment: ROOT/<name>, trained with `config` (configs/...py:ARGS)."""
+  """One training run of an experiment: ROOT/<name>, trained with `config` (configs/...py:ARGS); `config` ''
+  is a published series that is not trained (its analyses' configs name it: experiments/pythia_revisions.py)."""
 
   name: str
   config: str

@@ -4,7 +4,10 @@ ModelConfig's defaults (old configs train the same model), accepted on the comma
 
 import dataclasses
 import json
+import os
 import shutil
+import subprocess
+import sys
 
 import jax
 import pytest
@@ -166,3 +169,43 @@ def test_a_config_written_before_the_options_resumes_as_the_default_model(gqa_ru
   config.model.num_kv_heads = 2
   with pytest.raises(UserError, match="model.num_kv_heads is 0 there, 2 in this config"):
     runs.check_resume(old, config)
+
+
+def test_pythia_revisions_experiment_plans_analyses_of_published_steps_without_training():
+  """configs/experiments/pythia_revisions.py: a run without training (Run config ''), every analysis of the
+  specialization study on the published revisions as steps; planned offline with `launch --dry-run`."""
+  from headspec.ablation.run import check_config as check_ablate
+  from headspec.attention.config import check_config as check_attention
+  from headspec.configs.experiments import pythia_revisions as m
+  from headspec.diversity.run import _check_config as check_diversity
+  from headspec.probing.plan import check_config as check_probe
+
+  spec = "configs/experiments/pythia_revisions.py"
+  done = subprocess.run(
+    [sys.executable, "-m", "headspec.launch", "local", "--dry-run", f"--experiment={spec}", "--workdir=root"],
+    capture_output=True,
+    text=True,
+    env={**os.environ, "HEADSPEC_DATA_DIR": "/data"},
+    timeout=60,
+  )
+  assert done.returncode == 0, done.stderr
+  lines = [line for line in done.stdout.splitlines() if not line.startswith("#")]
+  assert len(lines) == 6 and not any("headspec train" in line for line in lines)
+  for line, stage in zip(lines, ("probe", "diversity", "attention", "ablate", "atlas")):
+    assert f"root/stages/pythia-160m-{stage}.done -- {stage}" in line and line.endswith("--workdir=root/pythia-160m")
+  assert lines[-1].endswith("headspec study --workdir=root")
+
+  probe = m.get_config("probe")
+  revisions = probe.model.pretrained.removeprefix("hf:EleutherAI/pythia-160m@").split(",")
+  assert revisions[:4] == ["step0", "step1", "step2", "step4"] and revisions[-1] == "step143000"
+  assert len(revisions) == len(m.STEPS) and probe.probe.steps == "all"
+  for name, check in (("probe", check_probe), ("attention", check_attention), ("diversity", check_diversity)):
+    check(m.get_config(f"model=pythia-410m,coarse,{name}"))
+  ablate = m.get_config("coarse,ablate")
+  check_ablate(ablate)
+  assert ablate.steps == "last" and ablate.model.pretrained.endswith(
+    "@step0,step64,step512,step4000,step32000,step143000"
+  )
+  for bad, message in (("modle=x", "bad argument 'modle=x'"), ("", "nothing to train")):
+    with pytest.raises(ValueError, match=message):
+      m.get_config(bad)

@@ -96,7 +96,8 @@ def experiment_plans(opts, rest: list[str]) -> list[list[Stage]]:
 
   stages = []
   for run in exp.runs:
-    stages.append(Stage(("train", f"--config={run.config}", f"--workdir={root}/{run.name}", *rest), distributed=True))
+    if run.config:  # '': a published model (its analyses' configs name it), nothing to train
+      stages.append(Stage(("train", f"--config={run.config}", f"--workdir={root}/{run.name}", *rest), distributed=True))
     stages += [resumable(run.name, command, config) for command, config in exp.analyses]
   stages += [resumable(name, command, config) for name, command, config in exp.references]
   stages.append(Stage(("study", f"--workdir={root}")))
