@@ -42,6 +42,7 @@ commands:
   ablate                       head ablations, importance, pruning, L0 gates, causal probe test
   atlas [--compare=RUN_B]      RUN/atlas.html: every head's numbers on one offline page (no --config)
   attention                    Clark et al. syntax from attention, head roles, pictures
+  patch                        activation, attribution and path patching of a built-in task (--config=patch_induction)
   study --workdir=ROOT         an experiment's tables and figures across runs (ROOT/study/; no --config)
   launch TARGET [...] -- CMD   run a command, study, sweep or experiment: local, multi-gpu, slurm, tpu (docs/scale.md)
   data download ud TREEBANK    fetch a Universal Dependencies treebank into the data directory
@@ -56,10 +57,11 @@ COMMANDS = {
   "ablate": "headspec.commands:ablate",
   "atlas": "headspec.commands:atlas",
   "attention": "headspec.commands:attention",
+  "patch": "headspec.commands:patch",
   "study": "headspec.commands:study",
   "data": "headspec.commands:data",
 }
-NEEDS_CONFIG = {"train", "probe", "diversity", "ablate", "attention"}
+NEEDS_CONFIG = {"train", "probe", "diversity", "ablate", "attention", "patch"}
 # command -> "module:function" of its default config; a --config lacking one of its keys is refused
 # (`_check_keys`): another command's config fails there, not with an AttributeError deep in the command.
 DEFAULTS = {
@@ -68,6 +70,7 @@ DEFAULTS = {
   "diversity": "headspec.diversity.config:diversity_config",
   "ablate": "headspec.ablation.config:ablate_config",
   "attention": "headspec.attention.config:attention_config",
+  "patch": "headspec.patching.config:patch_config",
 }
 
 

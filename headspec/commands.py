@@ -78,6 +78,14 @@ def ablate(config, workdir, args) -> None:
   print(f"ablation tables and figures: {out_dir}")
 
 
+def patch(config, workdir, args) -> None:
+  from headspec.patching.run import run
+
+  if args:
+    raise UserError(f"patch takes no arguments, got {' '.join(args)}")
+  print(f"patching tables and heatmaps: {run(config, workdir).parent}")
+
+
 def attention(config, workdir, args) -> None:
   from headspec.attention.run import run
 

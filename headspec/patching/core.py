@@ -125,13 +125,13 @@ def _attribution(graphdef, site: str, metric):
 def _path(graphdef, receiver_site: str, metric):
   @jax.jit
   def path(params, base_BT, source_BT, valid_BT, last_B, answers_B2, senders_E2, receivers_LH):
-    """[E] metric when sender e's effect reaches only the receivers (receivers_LH: 1 marks one; for
-    receiver_site 'logits' the sender's direct path to the logits)."""
+    """(base metric, source metric, [E] metric when sender e's effect reaches only the receivers):
+    receivers_LH marks them; for receiver_site 'logits', the sender's direct path to the logits."""
     TRACES["path"] += 1
     model = nnx.merge(graphdef, params)
     L, H = model.cfg.num_layers, model.cfg.num_heads
     capture = ("z",) if receiver_site == "logits" else ("z", receiver_site)
-    _, source_inter = model(source_BT, valid_BT=valid_BT, capture=("z",))
+    source_logits, source_inter = model(source_BT, valid_BT=valid_BT, capture=("z",))
     base_logits, base_inter = model(base_BT, valid_BT=valid_BT, capture=capture)
     value = functools.partial(metric_value, metric, last_B=last_B, answers_B2=answers_B2)
 
@@ -148,7 +148,8 @@ def _path(graphdef, receiver_site: str, metric):
       logits, _ = model(base_BT, valid_BT=valid_BT, interventions=receivers)
       return value(logits)
 
-    return value(base_logits), jax.lax.map(one, senders_E2, batch_size=min(PATCHES_PER_STEP, senders_E2.shape[0]))
+    values = jax.lax.map(one, senders_E2, batch_size=min(PATCHES_PER_STEP, senders_E2.shape[0]))
+    return value(base_logits), value(source_logits), values
 
   return path
 
@@ -183,12 +184,12 @@ def run_attribution(model, site, metric, base_BT, source_BT, valid_BT, last_B, a
 
 
 def run_path(model, receiver_site, metric, base_BT, source_BT, valid_BT, last_B, answers_B2, senders, receivers_LH):
-  """(base metric, [E] values): see `_path`."""
+  """(base metric, source metric, [E] values): see `_path`."""
   graphdef, params = nnx.split(model)
   fn = _path(graphdef, receiver_site, metric)
   arrays = (base_BT, source_BT, valid_BT, last_B, answers_B2, np.asarray(senders, np.int32), receivers_LH)
-  base, values = fn(params, *[jnp.asarray(a) for a in arrays])
-  return float(base), np.asarray(values)
+  base, source, values = fn(params, *[jnp.asarray(a) for a in arrays])
+  return float(base), float(source), np.asarray(values)
 
 
 def per_site_loop(model, site, metric, base_BT, source_BT, valid_BT, last_B, answers_B2, patches) -> np.ndarray:

@@ -187,11 +187,11 @@ def path(model, p: Prompts, *, metric, receivers=None, receiver_site="q", direct
   senders = [(a, b) for a in range(L) for b in range(H)] if senders is None else [
     _pair(s, L, H, "sender") for s in senders]  # fmt: skip
   base, source = p.runs(direction)
-  base_value, values = core.run_path(
+  base_value, source_value, values = core.run_path(
     model, receiver_site, metric, base, source, p.valid_BT, p.last_B, p.answers_B2, senders, receivers_LH
   )
   frame = _frame([(s[0], s[1], -1, float(v)) for s, v in zip(senders, values)])
-  frame.attrs.update(base=base_value, receiver_site=receiver_site, direction=direction)
+  frame.attrs.update(base=base_value, source=source_value, receiver_site=receiver_site, direction=direction)
   return frame
 
 

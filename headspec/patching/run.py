@@ -1,0 +1,141 @@
+"""`headspec patch`: activation, attribution and path patching of a built-in task at every requested step,
+through the one job loop (headspec/jobloop.py). Writes RUN/patching/results.csv, RUN/patching/summary.csv
+(docs/outputs.md) and a heatmap per (task, site, step): patching/<task>_<site>_<model>_step<step>.png."""
+
+from __future__ import annotations
+
+import pandas as pd
+
+from headspec import jobloop, remote, tables, targets
+from headspec.errors import UserError
+from headspec.model import SITES
+from headspec.patching import patch as patch_lib
+from headspec.patching import tasks
+
+RESULTS = tables.Table(
+  "patching/results.csv",
+  ("model", "step", "task", "method", "site", "direction", "layer", "head", "position", "value"),
+  ("model", "step", "task"),
+  int_columns=("step", "layer", "head", "position"),
+  float_columns=("value",),
+  values=("value",),
+)
+SUMMARY = tables.Table(
+  "patching/summary.csv",
+  ("model", "step", "task", "site", "metric", "value"),
+  ("model", "step", "task"),
+  int_columns=("step",),
+  float_columns=("value",),
+  values=("value",),
+)
+METHODS = ("activation", "attribution", "path_logits")
+
+
+def check_config(c) -> list[str]:
+  """The sites asked for; UserError naming the first bad key."""
+  if c.task not in ("induction", "ioi"):
+    raise UserError(f"patch: task={c.task!r}; choose 'induction' or 'ioi'")
+  sites = [s.strip() for s in c.sites.split(",") if s.strip()]
+  for site in sites:
+    patch_lib.check_site(site)
+  if not sites:
+    raise UserError("patch: sites is empty; name at least one of " + ", ".join(SITES))
+  if c.direction not in patch_lib.DIRECTIONS:
+    raise UserError(f"patch: direction={c.direction!r}; choose 'denoising' or 'noising'")
+  if c.count < 1:
+    raise UserError(f"patch: count={c.count} must be at least 1")
+  return sites
+
+
+def task_pairs(c, model, tokenizer):
+  """(clean, corrupt, answers) of the config's task for this model and tokenizer."""
+  from headspec.attention import induction as ind
+
+  if c.task == "induction":
+    specials = ind.special_ids(tokenizer)
+    bos = ind.bos_ids(tokenizer) if model.cfg.kind == "decoder" else []
+    return tasks.induction_pairs(model.cfg.vocab_size, specials, n=c.induction_n, count=c.count, seed=c.seed, bos=bos)
+  return tasks.ioi_pairs(tokenizer, count=c.count, seed=c.seed)
+
+
+class Patching(jobloop.Analysis):
+  name = "patch"
+
+  def plan(self):
+    self.sites = check_config(self.config)
+    return targets.plan(self.config, self.workdir, steps=self.config.steps, model_name=self.config.model_name)
+
+  def tables(self, jobs):
+    return (RESULTS, SUMMARY)
+
+  def job(self, job):
+    c = self.config
+    model, tokenizer = job.load()
+    if model.cfg.kind != "decoder":
+      raise UserError(f"patch: {job.name} is an encoder; the built-in tasks read a decoder's next-token logits")
+    clean, corrupt, answers = task_pairs(c, model, tokenizer)
+    p = patch_lib.prompts(model.cfg, clean, corrupt, answers, "logit_diff", tokenizer, tokenizer.pad_id)
+    rows, summary = [], []
+    key = dict(model=job.name, step=job.step, task=c.task)
+
+    def add(frame, method, site):
+      for r in frame.itertuples(index=False):
+        rows.append(key | dict(method=method, site=site, direction=c.direction, layer=r.layer, head=r.head,
+                               position=r.position, value=float(r.value)))  # fmt: skip
+
+    for site in self.sites:
+      exact = patch_lib.patch(
+        model, p, site=site, metric="logit_diff", by_position=c.by_position, direction=c.direction
+      )
+      add(exact, "activation", site)
+      summary += [key | dict(site=site, metric=m, value=exact.attrs[m]) for m in ("base", "source")]
+      if c.attribution:
+        estimate = patch_lib.attribution(model, p, site=site, metric="logit_diff", by_position=c.by_position,
+                                         direction=c.direction)  # fmt: skip
+        add(estimate, "attribution", site)
+        summary.append(key | dict(site=site, metric="agreement", value=patch_lib.agreement(exact, estimate)))
+    if c.path:
+      add(
+        patch_lib.path(model, p, metric="logit_diff", receiver_site="logits", direction=c.direction), "path_logits", "z"
+      )
+    return {RESULTS: rows, SUMMARY: summary}
+
+  def merged(self, job):
+    frame = pd.DataFrame(tables.read(tables.path_of(self.workdir, RESULTS), RESULTS))
+    frame = frame[(frame["model"] == job.name) & (frame["step"].astype(int) == job.step)]
+    for site in self.sites:
+      heatmap(frame[(frame["site"] == site) & (frame["method"] == "activation") & (frame["task"] == self.config.task)],
+              f"{self.config.task}: {site} ({self.config.direction}), {job.name} step {job.step}",
+              remote.run_path(self.workdir) / f"patching/{self.config.task}_{site}_{job.name}_step{job.step}.png")  # fmt: skip
+
+  def finish(self, jobs):
+    return tables.path_of(self.workdir, RESULTS)
+
+
+def heatmap(frame, title: str, path) -> None:
+  """value by (layer·head or layer) rows × position columns, diverging around the base metric."""
+  import matplotlib
+
+  matplotlib.use("Agg")
+  import matplotlib.pyplot as plt
+
+  if frame.empty:
+    return
+  frame = frame.astype({"layer": int, "head": int, "position": int, "value": float})
+  grid = frame.pivot_table(index=["layer", "head"], columns="position", values="value")
+  fig, ax = plt.subplots(figsize=(1 + 0.4 * grid.shape[1], 1 + 0.3 * grid.shape[0]))
+  image = ax.imshow(grid.to_numpy(), cmap="viridis", aspect="auto")
+  ax.set_yticks(range(len(grid.index)), [f"L{a}" + (f"H{b}" if b >= 0 else "") for a, b in grid.index])
+  ax.set_xticks(range(grid.shape[1]), [str(t) if t >= 0 else "all" for t in grid.columns])
+  ax.set_xlabel("position")
+  ax.set_title(title, fontsize=9)
+  fig.colorbar(image, ax=ax, label="metric (logit difference)")
+  fig.tight_layout()
+  with path.open("wb") as f:
+    fig.savefig(f, dpi=100)
+  plt.close(fig)
+
+
+def run(config, workdir):
+  """Every requested step; returns RUN/patching/results.csv."""
+  return jobloop.run(Patching(config, workdir))
