@@ -5,6 +5,7 @@ ModelConfig's defaults (old configs train the same model), accepted on the comma
 import dataclasses
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -209,3 +210,27 @@ def test_pythia_revisions_experiment_plans_analyses_of_published_steps_without_t
   for bad, message in (("modle=x", "bad argument 'modle=x'"), ("", "nothing to train")):
     with pytest.raises(ValueError, match=message):
       m.get_config(bad)
+
+
+def _ablation_only_run(path, **model):
+  """A run folder with config.json and one per-head table (what the atlas needs), no checkpoints."""
+  from headspec import tables
+
+  model = dict(kind="decoder", num_layers=1, num_heads=4, pretrained="", **model)
+  path.mkdir(parents=True)
+  (path / "config.json").write_text(json.dumps({"model": model, "train": {}}))
+  rows = [dict(model="r", step=1, method="zero", layer=0, head=h, metric="loss_delta", value=0.1 * h) for h in range(4)]
+  rows = [dict(r, ci_low="", ci_high="") for r in rows]
+  tables.write(tables.path_of(path, tables.ABLATION_HEADS), rows, tables.ABLATION_HEADS)
+  return path
+
+
+def test_the_atlas_shows_each_heads_kv_group(tmp_path):
+  from headspec.atlas import data, page
+
+  grouped = data.run_data(_ablation_only_run(tmp_path / "gqa", num_kv_heads=2))
+  assert grouped["kv_groups"] == [0, 0, 1, 1]
+  assert data.run_data(_ablation_only_run(tmp_path / "mha", num_kv_heads=0))["kv_groups"] is None
+  assert data.run_data(_ablation_only_run(tmp_path / "old"))["kv_groups"] is None  # config.json before the key
+  html = page.render(data.atlas_data(tmp_path / "gqa"))
+  assert re.search(r'"kv_groups":\s*\[0,\s*0,\s*1,\s*1\]', html) and "K/V group " in html

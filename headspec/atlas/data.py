@@ -391,6 +391,18 @@ class _RunData:
     return [{"step": r["step"], "loss": _num(r["loss"])} for r in records if _num(r.get("loss")) is not None]
 
 
+def _kv_groups(workdir: epath.Path, num_heads: int) -> list[int] | None:
+  """Each head's K/V group for a run trained with grouped-query attention (config.json model.num_kv_heads,
+  head h in group h // (H / num_kv_heads), as ModelConfig.kv_group_of_head); None otherwise (every head its
+  own K/V, or no config.json: a pretrained model's folder)."""
+  if tables.grid_shape(workdir) is None:
+    return None
+  groups = remote.read_json(workdir / "config.json")["model"].get("num_kv_heads") or num_heads
+  if not isinstance(groups, int) or groups >= num_heads or num_heads % groups:
+    return None
+  return [h // (num_heads // groups) for h in range(num_heads)]
+
+
 def _data_uri(path: epath.Path) -> str:
   return "data:image/png;base64," + base64.b64encode(path.read_bytes()).decode("ascii")
 
@@ -421,6 +433,7 @@ def run_data(workdir) -> dict:
     "model": run.primary,
     "layers": num_layers,
     "heads": num_heads,
+    "kv_groups": _kv_groups(workdir, num_heads),
     "tables": found,
     "metrics": [m.to_json(num_layers, num_heads) for m in run.metrics.values()],
     "layer_notes": run.layer_notes,

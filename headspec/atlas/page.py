@@ -365,6 +365,10 @@ function renderCard(r, l, h) {
   const extra = run.heads_extra[l + "," + h] || {};
   card.replaceChildren(el("h2", { id: "card-title", text: run.name + " · layer " + l + ", head " + h }));
   card.setAttribute("data-head", l + "," + h);
+  if (run.kv_groups) {  // grouped-query attention: the heads that share this head's keys and values
+    const g = run.kv_groups[h], shared = run.kv_groups.map((x, i) => x === g && i !== h ? "h" + i : null).filter(x => x);
+    card.append(el("p", { class: "kv-group", text: "K/V group " + g + (shared.length ? " (same keys and values as " + shared.join(", ") + ")" : "") }));
+  }
   // Role label and the scores behind it.
   const labelMetric = run.metrics.find(m => m.id === "label"), roleRows = [];
   const label = labelMetric ? atStep(labelMetric, state.step) : null, lc = label ? label.grid[l][h] : null;
