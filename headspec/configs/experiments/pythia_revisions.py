@@ -11,9 +11,9 @@ each revision's step is the number it names), and runs the analyses of configs/e
 on them: the probe suite on EWT and the diversity metrics at every revision, the attention analyses at
 every revision, the ablation suite with the causal test at the last, the atlas, then `headspec study`
 (ROOT/study/: emergence over steps, diversity, roles, causal, rankings). Nothing is trained: the run has no
-training stage (experiments.Run with config ''). Needs `pip install 'headspec[hub]'` and network on first
+training stage (experiments.Run with config ''). Needs `pip install huggingface_hub` and network on first
 use (each revision is about 0.3 GB for pythia-160m, cached in HF_HOME; later runs work with
-HF_HUB_OFFLINE=1). Resumable like every experiment: run the same command again.
+HF_HUB_OFFLINE=1); a revision with PyTorch .bin weights only is one line when a stage plans. Resumable like every experiment: run the same command again.
 
 Arguments (comma-separated, any order):
   model=NAME       an EleutherAI Pythia model (default pythia-160m: 12 layers × 12 heads); the deduped
