@@ -6,7 +6,7 @@ command's config keys with defaults and meanings (headspec/config_help.py).
 
 Thin: parses flags, loads the config, calls the command's library function. Errors a user can cause
 (headspec.errors.UserError, bad flags or config keys, a --workdir URL of an unknown scheme) print one
-line to stderr, its reason kept (`one_line`), and exit with status 2. `headspec launch TARGET ...` is headspec/launch.py's command line
+line to stderr, its reason kept (`one_line`), and exit with status 2. `headspec launch TARGET ...` is headspec/launch/'s command line
 (`python -m headspec.launch TARGET ...`), passed on as it is.
 """
 
@@ -44,7 +44,7 @@ commands:
   attention                    Clark et al. syntax from attention, head roles, pictures
   patch                        activation, attribution and path patching of a built-in task (--config=patch_induction)
   study --workdir=ROOT         an experiment's tables and figures across runs (ROOT/study/; no --config)
-  launch TARGET [...] -- CMD   run a command, study, sweep or experiment: local, multi-gpu, slurm, tpu (docs/scale.md)
+  launch TARGET [...] -- CMD   run a command, pipeline, sweep or experiment: local, multi-gpu, slurm, tpu (docs/scale.md)
   data download ud TREEBANK    fetch a Universal Dependencies treebank into the data directory
   data download text CORPUS    fetch a language-model corpus (wikitext_103, wikitext_2) into the data directory"""
 
