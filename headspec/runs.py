@@ -52,7 +52,10 @@ SHAPE_DEFAULTS = {
 
 def _get(config, key: str):
   section, name = key.split(".")
-  return (config.get(section) or {}).get(name, SHAPE_DEFAULTS.get(key))
+  value = (config.get(section) or {}).get(name, SHAPE_DEFAULTS.get(key))
+  if key == "model.num_kv_heads" and not value:  # 0: a K/V head per head, the same shapes as num_heads
+    return _get(config, "model.num_heads")
+  return value
 
 
 def kv_groups(workdir) -> tuple[int, ...]:

@@ -167,8 +167,10 @@ def test_a_config_written_before_the_options_resumes_as_the_default_model(gqa_ru
     config.model[key] = train_config().model[key]
   assert runs.check_resume(old, config) == [1]
   assert runs.kv_groups(old) == (0, 1, 2, 3)
+  config.model.num_kv_heads = 4  # the same shapes as 0: one K/V head per head
+  assert runs.check_resume(old, config) == [1]
   config.model.num_kv_heads = 2
-  with pytest.raises(UserError, match="model.num_kv_heads is 0 there, 2 in this config"):
+  with pytest.raises(UserError, match="model.num_kv_heads is 4 there, 2 in this config"):
     runs.check_resume(old, config)
 
 
