@@ -48,6 +48,7 @@ BENCHMARKS = {
   "diversity": (["--sequences=16", "--repeats=2"], [], False),
   "induction": ([], [], False),
   "ablation": (["--skip_minilm"], [], False),
+  "patching": ([], [], False),
   "attention": (["--max_sentences=200"], [], True),
   "extract": (["--split=dev"], ["--split=train"], True),
 }
