@@ -25,6 +25,16 @@ def check_config(config) -> None:
       "bootstrap_resamples, arc_epochs, arc_rank and arc_patience >= 1; probe.tol > 0; probe.l2_grid and "
       "probe.arc_l2_grid non-empty"
     )
+  rank = p.get("structural_rank", 1)
+  if (
+    min(p.get("structural_epochs", 1), p.get("structural_patience", 1), 1 if rank is None else rank) < 1
+    or p.get("structural_max_train_words", 0) < 0
+    or not p.get("structural_learning_rate", 1.0) > 0
+  ):
+    raise UserError(
+      "probe.structural_rank, structural_epochs and structural_patience must be >= 1, "
+      "structural_max_train_words >= 0 and structural_learning_rate > 0"
+    )
   fractions = [float(f) for f in p.get("mdl_fractions", (1.0,))]
   if not fractions or fractions[-1] != 1.0 or any(not 0 <= a < b for a, b in zip([0.0] + fractions, fractions)):
     raise UserError(f"probe.mdl_fractions={tuple(fractions)}: increasing fractions in (0, 1] ending at 1.0")
