@@ -24,3 +24,24 @@ def test_bad_structural_probe_values_are_one_line(key, value):
   with pytest.raises(UserError, match=f"probe.*{key.removeprefix('structural_')}") as e:
     plan.check_config(config)
   assert "\n" not in str(e.value)
+
+
+def test_a_structural_jobs_partial_folder_is_the_same_in_every_process(tmp_path):
+  """The resume key hashes the trees' heads and punctuation, not the Tree objects' addresses (which made
+  every rerun of a structural probe job start over)."""
+  import types
+
+  import numpy as np
+
+  from headspec.probing import structural, suite
+
+  def data(heads):
+    trees = [structural.Tree(np.array(heads), np.zeros(len(heads), bool))]
+    split = types.SimpleNamespace(labels={"distance": trees}, controls={"distance": list(trees)})
+    return types.SimpleNamespace(train=split, tune=split, evals=[])
+
+  job, config, wants = types.SimpleNamespace(name="m", step=1), probe_config(), {}
+  first, second = data([0, 1, 2]), data([0, 1, 2])  # both alive: distinct objects, equal trees
+  one, again = (suite._partial_dir(tmp_path, job, d, {}, config, wants) for d in (first, second))
+  assert one == again
+  assert suite._partial_dir(tmp_path, job, data([2, 0, 2]), {}, config, wants) != one

@@ -346,9 +346,10 @@ def _partial_dir(cache_dir: pathlib.Path, job, data: labels.Data, feats: dict, c
   for split in [data.train, data.tune] + data.evals:
     for table in (split.labels, split.controls):
       for name in sorted(table):
-        value = table[name]  # an array per word, or (arcs) one per sentence
+        value = table[name]  # an array per word, or one per sentence (arcs), or a structural.Tree per sentence
         for a in value if isinstance(value, (list, tuple)) else [value]:
-          digest.update(np.ascontiguousarray(a).tobytes())
+          for b in dataclasses.astuple(a) if dataclasses.is_dataclass(a) else (a,):  # a Tree's arrays, not its address
+            digest.update(np.ascontiguousarray(b).tobytes())
   return cache_dir / f"{job.name}-step{job.step}.partial-{digest.hexdigest()[:16]}"
 
 
