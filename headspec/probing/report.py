@@ -245,9 +245,7 @@ def write_report(out_dir, *, primary_split: str, top_k: int = 5, select_split: s
   _structural_heatmaps(structural, out_dir, primary_split)
   if not rows:
     return
-  models = list(dict.fromkeys(r["model"] for r in rows))
-  model = next((m for m in models if not m.endswith("-random")), models[0])
-  step = max(int(r["step"]) for r in rows if r["model"] == model)
+  model, step = _last_step_of_trained(rows)
   for task in dict.fromkeys(r["task"] for r in rows):
     sel = [
       r
@@ -259,6 +257,7 @@ def write_report(out_dir, *, primary_split: str, top_k: int = 5, select_split: s
 
 
 def _last_step_of_trained(rows: list[dict]) -> tuple[str, int]:
+  """(model, step) the heatmaps draw: the first model that is not a random baseline, at its last step."""
   models = list(dict.fromkeys(r["model"] for r in rows))
   model = next((m for m in models if not m.endswith("-random")), models[0])
   return model, max(int(r["step"]) for r in rows if r["model"] == model)
