@@ -155,7 +155,8 @@ class ModelConfig:
         f"model.num_kv_heads={self.num_kv_heads} must divide num_heads={self.num_heads}",
       ),
       (
-        0.0 < self.rotary_fraction <= 1.0 and int(self.d_head * self.rotary_fraction) % 2 == 0,
+        self.positions != "rotary"
+        or (0.0 < self.rotary_fraction <= 1.0 and int(self.d_head * self.rotary_fraction) % 2 == 0),
         f"model.rotary_fraction={self.rotary_fraction} must be in (0, 1] and rotate an even number of "
         f"the d_head={self.d_head} features",
       ),

@@ -195,6 +195,102 @@ def _load(folder: pathlib.Path, from_cache: bool) -> Features:
   )
 
 
+class _Files:
+  """The .npy files a split's features are appended to: z per layer [N,H,K], residual per layer [N,D],
+  embeddings [N,D]."""
+
+  def __init__(self, tmp, num_words: int, cfg, dtype: str):
+    N, H, K, D = num_words, cfg.num_heads, cfg.d_head, cfg.d_model
+    self.z = [_NpyAppender(tmp / f"z_{l}.npy", (N, H, K), dtype) for l in range(cfg.num_layers)]
+    self.residual = [_NpyAppender(tmp / f"residual_{l}.npy", (N, D), dtype) for l in range(cfg.num_layers)]
+    self.embeddings = _NpyAppender(tmp / "embeddings.npy", (N, D), dtype)
+
+  def append(self, outputs, words: list[np.ndarray]) -> np.ndarray:
+    """Appends one batch's pooled outputs, row by row in `words` order; returns the words written."""
+    z_LBWHK, residual_LBWD, embeddings_BWD = (np.asarray(x) for x in outputs)
+    rows = [(b, k) for b, mine in enumerate(words) for k in range(len(mine))]
+    b_idx, w_idx = (np.array(v, np.int64) for v in zip(*rows)) if rows else (np.zeros(0, np.int64),) * 2
+    for l, (z, residual) in enumerate(zip(self.z, self.residual)):
+      z.append(z_LBWHK[l, b_idx, w_idx])
+      residual.append(residual_LBWD[l, b_idx, w_idx])
+    self.embeddings.append(embeddings_BWD[b_idx, w_idx])
+    return np.concatenate(words) if words else np.zeros(0, np.int64)
+
+  def close(self) -> None:
+    for f in self.z + self.residual + [self.embeddings]:
+      f.close()
+
+
+def _plan_batches(lengths: np.ndarray, max_len: int, batch_tokens: int):
+  """(widths per window, [(row width T, rows: [[(window, first column), ...] per row])] per batch).
+
+  Windows packed side by side into rows of ROW_TOKENS tokens (longer windows: rows of the next power of
+  two, up to max_len), so a split compiles once per row width and little is spent on padding."""
+  widths = np.array([bucket_length(n, max_len, minimum=min(ROW_TOKENS, max_len)) for n in lengths])
+  batches = []
+  for T in np.unique(widths):
+    members = np.flatnonzero(widths == T)
+    placed = packing.first_fit(lengths[members], int(T))
+    first = np.concatenate([[0], np.cumsum(lengths[members])[:-1]])
+    row_U, start_U = placed.row_N[first], placed.start_N[first]
+    rows = [[] for _ in range(placed.num_rows)]
+    for u in np.lexsort((start_U, row_U)):
+      rows[row_U[u]].append((int(members[u]), int(start_U[u])))
+    B = max(1, batch_tokens // int(T))
+    batches += [(int(T), rows[i : i + B]) for i in range(0, len(rows), B)]
+  return widths, batches
+
+
+def _batch_inputs(T: int, rows, al, lengths, words_of_window, pad_id: int, batch_tokens: int, pooling: str):
+  """((tokens_BT, positions_BT, segment_BT, pool_BWT), the words of each row in pooled order) of one batch."""
+  B = max(1, batch_tokens // T)
+  tokens_BT = np.full((B, T), pad_id, np.int32)
+  positions_BT, segment_BT = np.zeros((B, T), np.int32), np.zeros((B, T), np.int32)
+  start_BW, end_BW = np.zeros((B, T), np.int64), np.zeros((B, T), np.int64)  # at most T words per row
+  words = []
+  for b, row in enumerate(rows):
+    mine_row, k = [], 0
+    for w, col in row:
+      n = lengths[w]
+      tokens_BT[b, col : col + n] = al.windows[w]
+      positions_BT[b, col : col + n], segment_BT[b, col : col + n] = np.arange(n), col + 1
+      mine = words_of_window[w]
+      start_BW[b, k : k + len(mine)] = col + al.word_start_N[mine]
+      end_BW[b, k : k + len(mine)] = col + al.word_end_N[mine]
+      mine_row.append(mine)
+      k += len(mine)
+    words.append(np.concatenate(mine_row))
+  pool_BWT = align_lib.pooling_matrix(start_BW, end_BW, T, pooling)
+  return (tokens_BT, positions_BT, segment_BT, pool_BWT), words
+
+
+def _run_batches(model, tokenizer, al, lengths, batches, batch_tokens, pooling, devices, files: _Files) -> np.ndarray:
+  """Runs every batch (round-robin over devices) and appends its features; returns the words in written order.
+
+  One writer thread, fed in batch order (so rows land in dispatch order), reads each batch back and
+  appends it to the files while this thread dispatches the next ones; at most two batches per device
+  are in flight, which bounds device memory."""
+  graphdef, state = nnx.split(model)
+  forward = _pooled_forward(graphdef)
+  states = [jax.device_put(state, d) for d in devices]  # the weights once per device
+  # Words grouped by their window, in word order within each window.
+  by_window = np.argsort(al.word_window_N, kind="stable")
+  bounds = np.searchsorted(al.word_window_N[by_window], np.arange(len(al.windows) + 1))
+  words_of_window = [by_window[bounds[w] : bounds[w + 1]] for w in range(len(al.windows))]
+  order, in_flight = [], collections.deque()
+  with concurrent.futures.ThreadPoolExecutor(1) as writer:
+    for i, (T, rows) in enumerate(batches):
+      inputs, words = _batch_inputs(T, rows, al, lengths, words_of_window, tokenizer.pad_id, batch_tokens, pooling)
+      d = i % len(devices)
+      outputs = forward(states[d], *jax.device_put(inputs, devices[d]))  # asynchronous
+      in_flight.append(writer.submit(files.append, outputs, words))
+      if len(in_flight) > 2 * len(devices):
+        order.append(in_flight.popleft().result())
+    order += [f.result() for f in in_flight]
+  files.close()
+  return np.concatenate(order).astype(np.int64)
+
+
 def extract_features(
   model,
   tokenizer,
@@ -232,96 +328,26 @@ def extract_features(
 
   t0 = time.perf_counter()
   al = align_lib.align(sentences, tokenizer, cfg.max_len, causal=cfg.kind == "decoder")
-  N, L, H, K, D = al.num_words, cfg.num_layers, cfg.num_heads, cfg.d_head, cfg.d_model
   tmp = cache_dir / f"{folder.name}.tmp-{os.getpid()}"
   shutil.rmtree(tmp, ignore_errors=True)
   tmp.mkdir(parents=True)
-  z_files = [_NpyAppender(tmp / f"z_{l}.npy", (N, H, K), dtype) for l in range(L)]
-  residual_files = [_NpyAppender(tmp / f"residual_{l}.npy", (N, D), dtype) for l in range(L)]
-  embeddings_file = _NpyAppender(tmp / "embeddings.npy", (N, D), dtype)
-
-  # Words grouped by their window, in word order within each window.
-  by_window = np.argsort(al.word_window_N, kind="stable")
-  bounds = np.searchsorted(al.word_window_N[by_window], np.arange(len(al.windows) + 1))
+  files = _Files(tmp, al.num_words, cfg, dtype)
   lengths = np.array([len(w) for w in al.windows])
-  # Windows packed side by side into rows of ROW_TOKENS tokens (longer windows: rows of the next power
-  # of two, up to max_len), so a split compiles once per row width and little is spent on padding.
-  widths = np.array([bucket_length(n, cfg.max_len, minimum=min(ROW_TOKENS, cfg.max_len)) for n in lengths])
-  batches = []  # (row width T, rows: [[(window, first column), ...] per row])
-  for T in np.unique(widths):
-    members = np.flatnonzero(widths == T)
-    placed = packing.first_fit(lengths[members], int(T))
-    first = np.concatenate([[0], np.cumsum(lengths[members])[:-1]])
-    row_U, start_U = placed.row_N[first], placed.start_N[first]
-    rows = [[] for _ in range(placed.num_rows)]
-    for u in np.lexsort((start_U, row_U)):
-      rows[row_U[u]].append((int(members[u]), int(start_U[u])))
-    B = max(1, batch_tokens // int(T))
-    batches += [(int(T), rows[i : i + B]) for i in range(0, len(rows), B)]
-
-  graphdef, state = nnx.split(model)
-  forward = _pooled_forward(graphdef)
+  widths, batches = _plan_batches(lengths, cfg.max_len, batch_tokens)
   devices = list(devices or jax.local_devices())
-  states = [jax.device_put(state, d) for d in devices]  # the weights once per device
-
-  def dispatch(i, T, rows):
-    B = max(1, batch_tokens // T)
-    tokens_BT = np.full((B, T), tokenizer.pad_id, np.int32)
-    positions_BT, segment_BT = np.zeros((B, T), np.int32), np.zeros((B, T), np.int32)
-    start_BW, end_BW = np.zeros((B, T), np.int64), np.zeros((B, T), np.int64)  # at most T words per row
-    words = []
-    for b, row in enumerate(rows):
-      mine_row, k = [], 0
-      for w, col in row:
-        n = lengths[w]
-        tokens_BT[b, col : col + n] = al.windows[w]
-        positions_BT[b, col : col + n], segment_BT[b, col : col + n] = np.arange(n), col + 1
-        mine = by_window[bounds[w] : bounds[w + 1]]
-        start_BW[b, k : k + len(mine)] = col + al.word_start_N[mine]
-        end_BW[b, k : k + len(mine)] = col + al.word_end_N[mine]
-        mine_row.append(mine)
-        k += len(mine)
-      words.append(np.concatenate(mine_row))
-    pool_BWT = align_lib.pooling_matrix(start_BW, end_BW, T, pooling)
-    d = i % len(devices)
-    inputs = jax.device_put((tokens_BT, positions_BT, segment_BT, pool_BWT), devices[d])
-    return forward(states[d], *inputs), words  # asynchronous: returns before the device has finished
-
-  def write(outputs, words):
-    z_LBWHK, residual_LBWD, embeddings_BWD = (np.asarray(x) for x in outputs)
-    rows = [(b, k) for b, mine in enumerate(words) for k in range(len(mine))]
-    b_idx, w_idx = (np.array(v, np.int64) for v in zip(*rows)) if rows else (np.zeros(0, np.int64),) * 2
-    for l in range(L):
-      z_files[l].append(z_LBWHK[l, b_idx, w_idx])
-      residual_files[l].append(residual_LBWD[l, b_idx, w_idx])
-    embeddings_file.append(embeddings_BWD[b_idx, w_idx])
-    return np.concatenate(words) if words else np.zeros(0, np.int64)
-
-  # One writer thread, fed in batch order (so rows land in dispatch order), reads each batch back and
-  # appends it to the files while this thread dispatches the next ones; at most two batches per device
-  # are in flight, which bounds device memory.
-  order, in_flight = [], collections.deque()
-  with concurrent.futures.ThreadPoolExecutor(1) as writer:
-    for i, (T, rows) in enumerate(batches):
-      in_flight.append(writer.submit(write, *dispatch(i, T, rows)))
-      if len(in_flight) > 2 * len(devices):
-        order.append(in_flight.popleft().result())
-    order += [f.result() for f in in_flight]
-  for f in z_files + residual_files + [embeddings_file]:
-    f.close()
-  order_N = np.concatenate(order).astype(np.int64)
-  assert len(order_N) == N and np.array_equal(np.sort(order_N), np.arange(N)), "every word is written once"
+  order_N = _run_batches(model, tokenizer, al, lengths, batches, batch_tokens, pooling, devices, files)
+  assert len(order_N) == al.num_words and np.array_equal(np.sort(order_N), np.arange(al.num_words)), "every word once"
   np.save(tmp / "order.npy", order_N)
   np.save(tmp / "word_sentence.npy", al.word_sentence_N)
   meta = dict(
     name=name,
     identity=identity,
-    num_words=N,
+    num_words=al.num_words,
     num_sentences=len(sentences),
-    num_layers=L,
-    num_heads=H,
-    d_head=K,
-    d_model=D,
+    num_layers=cfg.num_layers,
+    num_heads=cfg.num_heads,
+    d_head=cfg.d_head,
+    d_model=cfg.d_model,
     pooling=pooling,
     dtype=dtype,
     max_len=cfg.max_len,
@@ -341,7 +367,7 @@ def extract_features(
     tmp.rename(folder)
   if log:
     log(
-      f"  features {name}: {len(sentences)} sentences, {N} words, {al.num_split_sentences} split into "
+      f"  features {name}: {len(sentences)} sentences, {al.num_words} words, {al.num_split_sentences} split into "
       f"windows, rows of {'/'.join(map(str, meta['row_widths']))} tokens ({meta['fill']:.0%} filled), "
       f"{meta['seconds']:.1f} s on {len(devices)} device(s)"
     )
