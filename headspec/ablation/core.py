@@ -4,8 +4,8 @@ Each evaluation returns, per sequence, what its metric needs (`per_sequence_P`):
   'lm'        P = 3: (Σ_t w_t·NLL_t, Σ_t w_t·[argmax = target], Σ_t w_t) over the scored tokens t;
   'embedding' P = D: e = normalise(Σ_t valid_t h_t / Σ_t valid_t), the final hidden state mean-pooled.
 An intervention is a head mask m [L,H] and a replacement r [L,H,K]: head h outputs Z_h·m_h + (1 − m_h)·r_h
-before W_O (headspec/model.py): m_h = 0, r = 0 is zero ablation (Michel et al. 2019's mask ξ_h = 0);
-m_h = 0, r_h = E[Z_h] is mean ablation.
+before W_O (headspec/model.py: an Edit of the intervention site z): m_h = 0, r = 0 is zero ablation
+(Michel et al. 2019's mask ξ_h = 0); m_h = 0, r_h = E[Z_h] is mean ablation.
 
 `sweep` is the single-head sweep: one full pass caches the residual stream entering every block, then
 for each layer l the masks that touch only layer l run blocks l..L−1 from that cache (the layers below
@@ -50,17 +50,16 @@ def _output(kind: str) -> str:
 
 
 def _layer_inputs(model, kind: str, inputs_BT, valid_BT, mask_LH, replacement_LHK):
-  """(full output, [x entering block l for every l]) of one pass under (mask, replacement)."""
+  """(full output, [x entering block l for every l]: the site resid_pre) of one pass under (mask, replacement)."""
   out, inter = model(
     inputs_BT,
     valid_BT=valid_BT,
     head_mask=mask_LH,
     head_replacement=replacement_LHK,
-    capture=("embeddings", "residual"),
+    capture=("resid_pre",),
     output=_output(kind),
   )
-  L = model.cfg.num_layers
-  return out, [inter.embeddings_BTD] + [inter.residual_LBTD[l] for l in range(L - 1)]
+  return out, [inter.resid_pre_LBTD[l] for l in range(model.cfg.num_layers)]
 
 
 def _sweep(graphdef, kind: str):
