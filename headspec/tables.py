@@ -202,6 +202,23 @@ ICL = _table(
   floats="value,ci_low,ci_high",
 )
 
+PATCHING = Table(
+  "patching/results.csv",
+  ("model", "step", "task", "method", "site", "direction", "layer", "head", "position", "value"),
+  ("model", "step", "task"),
+  int_columns=("step", "layer", "head", "position"),
+  float_columns=("value",),
+  values=("value",),
+)
+PATCHING_SUMMARY = Table(
+  "patching/summary.csv",
+  ("model", "step", "task", "site", "metric", "value"),
+  ("model", "step", "task"),
+  int_columns=("step",),
+  float_columns=("value",),
+  values=("value",),
+)
+
 TABLES: dict[str, Table] = {
   t.path.removesuffix(".csv").replace("/results", "").replace("/", "_"): t
   for t in (
@@ -210,6 +227,8 @@ TABLES: dict[str, Table] = {
     PROBE_SELECTIVITY,
     PROBE_FITS,
     PROBE_STRUCTURAL,
+    PATCHING,
+    PATCHING_SUMMARY,
     MDL,
     COMPLEXITY,
     DIVERSITY,

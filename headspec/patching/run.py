@@ -12,22 +12,7 @@ from headspec.model import SITES
 from headspec.patching import patch as patch_lib
 from headspec.patching import tasks
 
-RESULTS = tables.Table(
-  "patching/results.csv",
-  ("model", "step", "task", "method", "site", "direction", "layer", "head", "position", "value"),
-  ("model", "step", "task"),
-  int_columns=("step", "layer", "head", "position"),
-  float_columns=("value",),
-  values=("value",),
-)
-SUMMARY = tables.Table(
-  "patching/summary.csv",
-  ("model", "step", "task", "site", "metric", "value"),
-  ("model", "step", "task"),
-  int_columns=("step",),
-  float_columns=("value",),
-  values=("value",),
-)
+RESULTS, SUMMARY = tables.PATCHING, tables.PATCHING_SUMMARY
 METHODS = ("activation", "attribution", "path_logits")
 
 
