@@ -46,6 +46,7 @@ def probe_config() -> ml_collections.ConfigDict:
   )
   c.probe.arc_epochs = 10  # at most this many passes of the arc probes over train (early stopping on dev loss)
   c.probe.arc_patience = 2  # stop after this many epochs in which no arc probe's dev loss improved
+  c.probe.arc_learning_rate = 1e-3  # Adam's step for the arc probes (1e-2 stopped after 1-2 epochs, underfitting)
   c.probe.arc_rank = 32  # rank of the bilinear arc probe, the same for every group (capped at the group's width)
   c.probe.arc_l2_grid = (1e-4, 1e-3, 1e-2)  # L2 penalties tried per arc probe; the best dev UAS is kept
   c.probe.arc_control = "hewitt_liang"  # 'hewitt_liang' (self / first / last word per type) | 'four_behaviours'

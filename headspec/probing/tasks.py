@@ -251,6 +251,7 @@ def fit_arc(tasks, x_train_NGK, x_tune_NGK, data, config) -> dict:
         seed=config.seed,
         epochs=p.arc_epochs,
         patience=p.get("arc_patience", 2),
+        learning_rate=p.get("arc_learning_rate", arc.DEFAULT_ARC_LEARNING_RATE),
       )
       for heads, tune_heads in (
         (train.labels[task.name], tune.labels[task.name]),
