@@ -45,3 +45,23 @@ def test_a_structural_jobs_partial_folder_is_the_same_in_every_process(tmp_path)
   one, again = (suite._partial_dir(tmp_path, job, d, {}, config, wants) for d in (first, second))
   assert one == again
   assert suite._partial_dir(tmp_path, job, data([2, 0, 2]), {}, config, wants) != one
+
+
+def test_structural_fits_converged_means_patience_epochs_without_improvement():
+  """probes/fits.csv `converged` of a structural probe (docs/outputs.md): the group went `patience` epochs
+  without a better dev loss, not merely 'its best epoch was not the last one'."""
+  import numpy as np
+
+  from headspec.probing import structural, tasks
+
+  rng = np.random.default_rng(0)
+  trees = [structural.Tree(np.array([0, 1, 2, 2]), np.zeros(4, bool)) for _ in range(6)]
+  x = rng.normal(size=(24, 2, 4)).astype(np.float32)
+  fitted = structural.fit_structural_probes(x, trees, x, trees, kind="depth", rank=2, epochs=3, patience=5)
+  assert fitted.epochs_run == 3 and not fitted.converged_G.any()  # 3 epochs cannot hold 5 without improvement
+  one = structural.FittedStructural(
+    "depth", *np.zeros((2, 1, 4)), np.zeros((1, 4, 2)), np.zeros(2), np.array([39, 10]), np.array([False, True]),
+    40, 2,
+  )  # fmt: skip
+  rows = tasks.fit_rows("depth", (one, one))
+  assert [bool(r["converged"]) for r in rows if r["probe"] == "task"] == [False, True]

@@ -87,7 +87,9 @@ class Tree:
 
 @dataclasses.dataclass(frozen=True)
 class FittedStructural:
-  """Per group: b_GKR (the kept map), the scaling (mean_GK is zero: features are not centred), dev loss at the kept epoch and that epoch."""
+  """Per group: b_GKR (the kept map), the scaling (mean_GK is zero: features are not centred), dev loss at the
+  kept epoch and that epoch, and whether the group stopped improving (`patience` epochs without a better dev
+  loss) before the epochs ran out."""
 
   kind: str
   mean_GK: np.ndarray
@@ -95,6 +97,7 @@ class FittedStructural:
   b_GKR: np.ndarray
   dev_loss_G: np.ndarray
   best_epoch_G: np.ndarray
+  converged_G: np.ndarray
   epochs_run: int
   rank: int
 
@@ -238,7 +241,7 @@ def fit_structural_probes(
   train = [(bk, bk.packing.grid(x_train_NGK[bk.words_N], 0.0, np.float32)) for bk in _buckets(trees_train, kind)]
   dev = _buckets(trees_dev, kind)
   best, best_loss = np.asarray(b), np.full(num_g, np.inf)
-  best_epoch, last_better = np.zeros(num_g, np.int32), np.zeros(num_g, np.int32)
+  best_epoch = np.zeros(num_g, np.int32)
   epoch = 0
   for epoch, key in enumerate(jax.random.split(k_train, max(epochs, 1)), start=1):
     for i, (bk, x_BWGK) in enumerate(train):
@@ -251,12 +254,13 @@ def fit_structural_probes(
     better = loss < best_loss - 1e-4
     lr_G = np.where(better, lr_G, lr_G * 0.1).astype(np.float32)  # ReduceLROnPlateau(factor 0.1, patience 0)
     best = np.where(better[:, None, None], np.asarray(b), best)
-    best_epoch, last_better = np.where(better, epoch, best_epoch), np.where(better, epoch, last_better)
+    best_epoch = np.where(better, epoch, best_epoch)
     best_loss = np.where(better, loss, best_loss)
-    if (epoch - last_better >= patience).all():
+    if (epoch - best_epoch >= patience).all():
       break
+  converged = epoch - best_epoch >= patience
   return FittedStructural(
-    kind, mean.astype(np.float32), std.astype(np.float32), best, best_loss, best_epoch, epoch, rank
+    kind, mean.astype(np.float32), std.astype(np.float32), best, best_loss, best_epoch, converged, epoch, rank
   )
 
 

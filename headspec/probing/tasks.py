@@ -118,7 +118,7 @@ def fit_rows(task_name: str, fitted) -> list[dict]:
         l2=np.zeros(g),
         train_objective=nan,
         iterations=f.best_epoch_G,
-        converged=f.best_epoch_G < f.epochs_run,
+        converged=f.converged_G,
         start=[""] * g,
         train_accuracy=nan,
         dev_accuracy=nan,
