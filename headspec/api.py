@@ -366,6 +366,11 @@ def _probe_config(loaded: Loaded, task: str, config, options: dict):
   from headspec.probing.config import probe_config
 
   c = probe_config() if config is None else config.copy_and_resolve_references()
+  if task in ("distance", "depth"):  # their rows are tree metrics (probes/structural.csv), not accuracies
+    raise ValueError(
+      f"probe: {task!r} is a structural probe; fit it with `headspec probe --config=... "
+      f"\"--config.probe.tasks=('{task}',)\"` (probes/structural.csv) or headspec.probing.structural"
+    )
   c.probe.tasks = (task,)
   for key, value in options.items():
     if value is None:

@@ -308,3 +308,11 @@ def test_public_names():
     assert getattr(headspec, name) is not None
   code = "import sys, headspec; headspec.read_table; headspec.TABLES; assert 'jax' not in sys.modules"
   subprocess.run([sys.executable, "-c", code], check=True)
+
+
+@pytest.mark.parametrize("task", ["distance", "depth"])
+def test_probe_refuses_structural_tasks_in_one_line(run_dir, task):
+  """headspec.probe returns per-word accuracies; the structural probes' tree metrics come from the command."""
+  with pytest.raises(ValueError, match=f"'{task}' is a structural probe") as e:
+    headspec.probe(headspec.load(run_dir), task, layer=0)
+  assert "\n" not in str(e.value)
