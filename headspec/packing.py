@@ -55,3 +55,17 @@ def first_fit(lengths_U: np.ndarray, width: int) -> Packing:
   first_N = np.concatenate([[0], np.cumsum(lengths_U)[:-1]])[seq_N]
   start_N = start_U[seq_N]
   return Packing(width, num_rows, row_U[seq_N], start_N + np.arange(len(seq_N)) - first_N, start_N)
+
+
+def by_width(lengths_U: np.ndarray, width: int) -> list[tuple[np.ndarray, np.ndarray, Packing]]:
+  """Sequences grouped by the row width they need (`width`, or the next power of two for longer ones),
+  each group packed: [(sequence ids, item ids in flat order, packing)] per width, narrowest first."""
+  lengths_U = np.asarray(lengths_U, np.int64)
+  offsets_U = np.concatenate([[0], np.cumsum(lengths_U)[:-1]])
+  widths_U = np.array([max(width, 1 << max(0, int(n) - 1).bit_length()) for n in lengths_U])
+  out = []
+  for w in np.unique(widths_U):
+    which_U = np.flatnonzero(widths_U == w)
+    items_N = np.concatenate([np.arange(offsets_U[s], offsets_U[s] + lengths_U[s]) for s in which_U])
+    out.append((which_U, items_N, first_fit(lengths_U[which_U], int(w))))
+  return out

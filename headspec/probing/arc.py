@@ -67,10 +67,6 @@ class FittedArcProbes:
   rank: int = 0
 
 
-def _width(longest: int) -> int:
-  return max(PACK_WIDTH, 1 << max(0, int(longest) - 1).bit_length())
-
-
 def _lengths_and_heads(heads: Sequence[np.ndarray], x_NGK, what: str) -> tuple[np.ndarray, np.ndarray]:
   """(lengths_U, heads_N) of per-sentence gold heads (1-based, 0 = ROOT), checked against x_NGK."""
   lengths_U = np.array([len(h) for h in heads], np.int64)
@@ -155,13 +151,8 @@ def _nll_PG(params_PG, x_BWGK, sentence_BW, gold_BW, mean_GK, std_GK):
 
 def _buckets(lengths_U, heads_N):
   """Sentences grouped by packed-row width (64, 128, ...): [(sentence ids, word ids, packing, gold grid)]."""
-  offsets_U = np.concatenate([[0], np.cumsum(lengths_U)[:-1]])
-  widths_U = np.array([_width(n) for n in lengths_U])
   out = []
-  for width in np.unique(widths_U):
-    which_U = np.flatnonzero(widths_U == width)
-    words_N = np.concatenate([np.arange(offsets_U[s], offsets_U[s] + lengths_U[s]) for s in which_U])
-    packing = packing_lib.first_fit(lengths_U[which_U], int(width))
+  for which_U, words_N, packing in packing_lib.by_width(lengths_U, PACK_WIDTH):
     gold = packing.grid(np.where(heads_N[words_N] < 0, -1, _candidates_N(packing, heads_N[words_N])), -1, np.int32)
     out.append((which_U, words_N, packing, gold))
   return out
@@ -217,13 +208,9 @@ def _predict(params_list, x_NGK, lengths_U, mean_GK, std_GK, chunk_words: int) -
   power of two; rows are scored in chunks of a fixed shape (padded with empty rows) per width.
   """
   x_NGK = np.asarray(x_NGK)
-  offsets_U = np.concatenate([[0], np.cumsum(lengths_U)[:-1]])
-  widths_U = np.array([_width(n) for n in lengths_U])
   preds = [np.zeros(x_NGK.shape[:2], np.int32) for _ in params_list]
-  for width in np.unique(widths_U):
-    which_U = np.flatnonzero(widths_U == width)
-    words_N = np.concatenate([np.arange(offsets_U[s], offsets_U[s] + lengths_U[s]) for s in which_U])
-    packing = packing_lib.first_fit(lengths_U[which_U], int(width))
+  for _, words_N, packing in packing_lib.by_width(lengths_U, PACK_WIDTH):
+    width = packing.width
     x_BWGK = packing.grid(x_NGK[words_N], 0.0, np.float32)
     sentence_BW = packing.grid(packing.start_N, -1, np.int32)
     rows = max(1, chunk_words // int(width))

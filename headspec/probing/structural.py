@@ -102,10 +102,6 @@ class FittedStructural:
   rank: int
 
 
-def _width(longest: int) -> int:
-  return max(PACK_WIDTH, 1 << max(0, int(longest) - 1).bit_length())
-
-
 def _predict_GBW(b_GKR, x_BWGK, kind: str):
   """Predicted squared distances s_GBWW (distance) or squared norms s_GBW (depth)."""
   t_GBWR = jnp.einsum("bwgk,gkr->gbwr", x_BWGK, b_GKR)
@@ -164,13 +160,9 @@ class _Bucket:
 
 def _buckets(trees: Sequence[Tree], kind: str) -> list[_Bucket]:
   lengths_U = np.array([len(t.heads) for t in trees], np.int64)
-  offsets_U = np.concatenate([[0], np.cumsum(lengths_U)[:-1]])
-  widths_U = np.array([_width(n) for n in lengths_U])
   out = []
-  for width in np.unique(widths_U):
-    which_U = np.flatnonzero(widths_U == width)
-    words_N = np.concatenate([np.arange(offsets_U[s], offsets_U[s] + lengths_U[s]) for s in which_U])
-    packing = packing_lib.first_fit(lengths_U[which_U], int(width))
+  for which_U, words_N, packing in packing_lib.by_width(lengths_U, PACK_WIDTH):
+    width = packing.width
     shape = (packing.num_rows, int(width)) + ((int(width),) if kind == "distance" else ())
     gold, weight = np.zeros(shape, np.float32), np.zeros(shape, np.float32)
     n0 = 0
