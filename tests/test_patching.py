@@ -6,22 +6,13 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from flax import nnx
+from test_model import TOKENS, make  # the same tiny encoder/decoder as the model tests
 
 from headspec.errors import UserError
-from headspec.model import SITES, Edit, ModelConfig, Transformer
+from headspec.model import SITES, Edit
 
 jax.config.update("jax_default_matmul_precision", "highest")
 
-
-def make(kind="decoder", **overrides):
-  fields = dict(kind=kind, vocab_size=61, num_layers=3, num_heads=4, d_model=32, d_head=12, d_ff=48, max_len=16)
-  if kind == "encoder":
-    fields.update(pre_layernorm=False, type_vocab_size=2, embedding_layernorm=True, activation="gelu_exact")
-  fields.update(overrides)
-  return Transformer(ModelConfig(**fields), rngs=nnx.Rngs(0))
-
-
-TOKENS = jnp.asarray(np.random.default_rng(0).integers(0, 61, (2, 11)), jnp.int32)
 OTHER = jnp.asarray(np.random.default_rng(1).integers(0, 61, (2, 11)), jnp.int32)
 
 
