@@ -223,6 +223,16 @@ def _punct(sentence) -> np.ndarray:
   return np.asarray([u == "PUNCT" for u in sentence.upos], bool)
 
 
+def _train_subset(train, max_words: int, config, *, max_length: int | None = None):
+  """(sentence ids, word selector) of the train split a probe family fits on: every sentence, or with
+  max_words > 0 a seeded subset of whole sentences of about that many words (stats.subsample)."""
+  if not max_words:
+    return np.arange(len(train.words)), slice(None)
+  lengths_U = np.array([len(w) for w in train.words])
+  chosen_U = stats.subsample(lengths_U, max_words, stats.train_sample_seed(config), max_length=max_length)
+  return chosen_U, np.isin(train.sentence_N, chosen_U)
+
+
 def fit_arc(tasks, x_train_NGK, x_tune_NGK, data, config) -> dict:
   """The bilinear arc probe and its control, trained on every train sentence (or, with
   `probe.arc_max_train_words` > 0, a seeded subset of about that many words of sentences that fit one
@@ -230,14 +240,7 @@ def fit_arc(tasks, x_train_NGK, x_tune_NGK, data, config) -> dict:
   from headspec.probing import arc
 
   p, train, tune = config.probe, data.train, data.tune
-  lengths_U = np.array([len(w) for w in train.words])
-  if p.arc_max_train_words:
-    chosen_U = stats.subsample(
-      lengths_U, p.arc_max_train_words, stats.train_sample_seed(config), max_length=arc.PACK_WIDTH
-    )
-    chosen_N = np.isin(train.sentence_N, chosen_U)
-  else:
-    chosen_U, chosen_N = np.arange(len(lengths_U)), slice(None)
+  chosen_U, chosen_N = _train_subset(train, p.arc_max_train_words, config, max_length=arc.PACK_WIDTH)
   out = {}
   for task in tasks:
     out[task.name] = tuple(
@@ -320,11 +323,7 @@ def fit_structural(tasks, x_train_NGK, x_tune_NGK, data, config) -> dict:
   from headspec.probing import structural
 
   p, train, tune = config.probe, data.train, data.tune
-  lengths_U = np.array([len(w) for w in train.words])
-  chosen_U = np.arange(len(lengths_U))
-  if p.get("structural_max_train_words", 0):
-    chosen_U = stats.subsample(lengths_U, p.structural_max_train_words, stats.train_sample_seed(config))
-  chosen_N = np.isin(train.sentence_N, chosen_U)
+  chosen_U, chosen_N = _train_subset(train, p.get("structural_max_train_words", 0), config)
   out = {}
   for task in tasks:
     out[task.name] = tuple(
