@@ -13,6 +13,11 @@ chosen on dev and reported on test (the maximum over 48 noisy dev estimates is b
                   head of the same run at step 0 (its untrained weights: random features already
                   tell word types apart, so they are slightly selective); the best residual stream (chosen on dev) for reference.
   layers.csv      per run and task: the first kept step at which each layer has a head above init.
+  structural.csv  per run, step and metric of Hewitt & Manning's structural probes (UUAS and DSpr. of the
+                  distance probe, root accuracy and NSpr. of the depth probe; probes/structural.csv): the
+                  head and the residual stream with the highest dev selectivity (value − control-tree
+                  value, as the other probes are chosen), their test value with its 95% CI, the control
+                  value and selectivity, beside H&M's linear-structure baseline on test.
   diversity.csv   per run, step, metric: the mean over layers and head pairs (or heads) of
                   diversity/results.csv.
   roles.csv       per run and step: the best previous-token, duplicate-token and induction scores of any
@@ -28,9 +33,10 @@ chosen on dev and reported on test (the maximum over 48 noisy dev estimates is b
                   zero_ablation and mean_ablation, the SIGNED loss change when the head alone is removed
                   (> 0: the model needs it); importance_raw, Michel et al. 2019's E|∂ℓ/∂m_h|; importance,
                   the same normalised per layer (the pruning ranking; comparable only within a layer).
-  reference.csv   the best head's test selectivity per task and the best head's Clark accuracy per
-                  relation (chosen on dev, on test) for each run's last step and each reference model
-                  (all-MiniLM-L6-v2), beside the best fixed-offset baseline and n (test words or arcs).
+  reference.csv   the best head's test selectivity per task, the best head's structural-probe value per
+                  metric (beside the linear baseline) and the best head's Clark accuracy per relation
+                  (beside the best fixed offset), all chosen on dev and reported on test, for each run's
+                  last step and each reference model (all-MiniLM-L6-v2); n: test words, sentences or arcs.
 
 Per condition, summary.md gives the mean over seeds and the range (min to max) of each figure.
 """
@@ -57,6 +63,8 @@ COLUMNS = {  # every study table's columns (docs/outputs.md), so that an empty t
   "above_init_heads,init_best,heads,"
   "residual_layer,residual_selectivity",
   "layers": "run,condition,seed,task,layer,first_step",
+  "structural": "run,condition,seed,step,task,metric,source,layer,head,value,ci_low,ci_high,control_value,"
+  "selectivity,linear,n",
   "diversity": "run,condition,seed,step,metric,value",
   "roles": "run,condition,seed,step,role,layer,head,score",
   "causal": "run,condition,seed,step,task,k,metric,value,ci_low,ci_high",
@@ -149,6 +157,42 @@ def emergence(run: dict, workdir) -> tuple[list[dict], list[dict]]:
       first.setdefault((task, int(layer)), int(step))
   layers = [dict(**run, task=t, layer=layer, first_step=s) for (t, layer), s in sorted(first.items())]
   return rows, layers
+
+
+def _structural_best(frame, workdir) -> list[dict]:
+  """Per (step, task, metric) of probes/structural.csv rows: the head and the residual stream (layer >= 0)
+  with the highest dev selectivity, as their test rows, with H&M's linear baseline on test beside them."""
+  dev, test = _splits(frame, os.fspath(tables.path_of(workdir, tables.PROBE_STRUCTURAL)))
+  base = _frame(workdir, tables.PROBE_BASELINES)
+  linear = (
+    {}
+    if base is None
+    else {(r["task"], r["baseline"]): r["accuracy"] for _, r in base[base["split"] == test].iterrows()}
+  )
+  out = []
+  for (step, task, metric), g in frame.groupby(["step", "task", "metric"]):
+    for source, mine in (("head", g[g["head"] >= 0]), ("residual", g[(g["head"] < 0) & (g["layer"] >= 0)])):
+      best = _best(mine[mine["split"] == dev], "selectivity")
+      if best is None:
+        continue
+      t = mine[(mine["split"] == test) & (mine["layer"] == best["layer"]) & (mine["head"] == best["head"])]
+      if t.empty:
+        continue
+      r = t.iloc[0]
+      out.append(
+        dict(step=int(step), task=task, metric=metric, source=source, layer=int(r["layer"]), head=int(r["head"]),
+             value=r["value"], ci_low=r["ci_low"], ci_high=r["ci_high"], control_value=r["control_value"],
+             selectivity=r["selectivity"], linear=linear.get((task, f"linear_{metric}"), np.nan), n=int(r["n"]))
+      )  # fmt: skip
+  return out
+
+
+def structural(run: dict, workdir) -> list[dict]:
+  """structural.csv rows of one run (module docstring) from probes/structural.csv and probes/baselines.csv."""
+  frame = _frame(workdir, tables.PROBE_STRUCTURAL)
+  if frame is None or frame.empty:
+    return []
+  return [dict(**run, **r) for r in _structural_best(frame, workdir)]
 
 
 def diversity(run: dict, workdir) -> list[dict]:
@@ -302,6 +346,15 @@ def reference(name: str, workdir, condition: str) -> list[dict]:
           n=int(r["n"]),
         )
       )
+  tree = _frame(workdir, tables.PROBE_STRUCTURAL)
+  if tree is not None and not tree.empty:
+    tree = tree[tree["step"] == tree["step"].max()]
+    for r in _structural_best(tree, workdir):
+      if r["source"] == "head":
+        out.append(
+          dict(run=name, condition=condition, kind="structural", what=r["metric"], layer=r["layer"], head=r["head"],
+               value=r["value"], baseline=r["linear"], n=r["n"])
+        )  # fmt: skip
   clark, base = _frame(workdir, tables.CLARK), _frame(workdir, tables.CLARK_BASELINES)
   if clark is not None and base is not None and not clark.empty:
     step = clark["step"].max()
@@ -335,7 +388,8 @@ def collect(root) -> dict:
   """Every study table of ROOT as a list of rows: {name: rows}."""
   plan = experiments.read_plan(root)
   root = remote.run_path(root)
-  out = {k: [] for k in ("training", "emergence", "layers", "diversity", "roles", "causal", "rankings", "reference")}
+  names = ("training", "emergence", "layers", "structural", "diversity", "roles", "causal", "rankings", "reference")
+  out = {k: [] for k in names}
   for r in plan["runs"]:
     run = dict(run=r["name"], condition=r["condition"], seed=r["seed"])
     workdir = root / r["name"]
@@ -343,6 +397,7 @@ def collect(root) -> dict:
     rows, layers = emergence(run, workdir)
     out["emergence"] += rows
     out["layers"] += layers
+    out["structural"] += structural(run, workdir)
     out["diversity"] += diversity(run, workdir)
     out["roles"] += roles(run, workdir)
     out["causal"] += causal(run, workdir)
@@ -510,6 +565,24 @@ def write_study(root) -> epath.Path:
   ]
   if len(frames["layers"]):
     parts += ["", "## First step with a head above step 0's best, per layer", _markdown(frames["layers"])]
+  if len(frames["structural"]):
+    st = frames["structural"]
+    st_last = st[st["step"] == st.groupby("run")["step"].transform("max")]
+    parts += [
+      "",
+      "## Structural probes (Hewitt & Manning 2019): the best head's test value by step",
+      "UUAS and DSpr. (distance probe), root accuracy and NSpr. (depth probe) of the head with the highest dev "
+      "selectivity (value − control-tree value).",
+      _markdown(_by_condition(st[st["source"] == "head"], ["metric", "step"], "value")),
+      "",
+      "## At the last step: structural probes, best head vs best residual stream (test; linear: H&M's baseline)",
+      _markdown(
+        st_last[
+          ["run", "metric", "source", "layer", "head", "value", "ci_low", "ci_high", "control_value", "selectivity"]
+          + ["linear"]
+        ]
+      ),
+    ]
   if len(frames["diversity"]):
     d = frames["diversity"]
     steps = sorted(set(d["step"]))
@@ -554,8 +627,9 @@ def write_study(root) -> epath.Path:
     parts += [
       "",
       "## Runs' last step and reference models: the best head's test value (chosen on dev)",
-      "probe_selectivity: selectivity; clark/*: attention accuracy on the arcs both models see, beside the best "
-      "fixed offset (baseline). Layers and heads: study/reference.csv.",
+      "probe_selectivity: selectivity; structural: the structural probe's value (UUAS, DSpr., root accuracy, "
+      "NSpr.) beside H&M's linear baseline; clark/*: attention accuracy on the arcs both models see, beside the "
+      "best fixed offset (baseline). Layers and heads: study/reference.csv.",
       _markdown(wide.reset_index()),
     ]
   parts += ["", "Figures: " + ", ".join(figures), ""]

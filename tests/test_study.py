@@ -253,3 +253,70 @@ def test_within_layer_permutation_keeps_layer_levels_and_holm():
   w_rho, w_p = study.within_layer_spearman(x, x + 0.01 * rng.normal(size=48), layer, permutations=2000)
   assert w_rho > 0.9 and w_p < 0.01
   np.testing.assert_allclose(study.holm([0.01, 0.04, 0.03, np.nan]), [0.03, 0.06, 0.06, np.nan])
+
+
+def _structural_rows(model, step, by_group):
+  """probes/structural.csv rows of the distance probe's UUAS: {(layer, head): (dev value, dev control, test
+  value, test control)}."""
+  rows = []
+  for (layer, head), (dev, dev_control, test, control) in by_group.items():
+    for split, value, ctl in (("en_ewt/dev", dev, dev_control), ("en_ewt/test", test, control)):
+      rows.append(
+        dict(
+          model=model, step=step, task="distance", layer=layer, head=head, split=split, metric="uuas", value=value,
+          ci_low=value - 0.02, ci_high=value + 0.02, control_value=ctl, selectivity=value - ctl, rank=8, n=80,
+        )
+      )  # fmt: skip
+  return rows
+
+
+def test_study_reports_structural_probes_chosen_on_dev_beside_control_and_linear(tmp_path):
+  """study/structural.csv: per run and step the head and the residual stream of highest DEV selectivity
+  (not dev value, not test), reported on test (value, CI, control, selectivity) beside the linear baseline on
+  test; the embeddings and random-weights rows are not candidates; reference.csv and summary.md carry them."""
+  root = tmp_path / "exp"
+  exp = experiments.Experiment(
+    runs=(experiments.Run("baseline_s0", "c.py", "baseline", 0),), analyses=(), references=(("ref", "probe", ""),)
+  )
+  experiments.write_plan(root, exp, "c.py")
+  step0 = {(0, 0): (0.51, 0.5, 0.50, 0.49), (0, 1): (0.5, 0.5, 0.52, 0.50)}
+  step100 = {
+    (0, 0): (0.80, 0.75, 0.61, 0.50),  # the best dev value, selectivity only 0.05
+    (0, 1): (0.70, 0.50, 0.70, 0.52),  # the best dev selectivity: chosen
+    (1, 0): (0.60, 0.50, 0.90, 0.50),  # the best on test, not chosen
+    (0, -1): (0.80, 0.50, 0.75, 0.50),  # the best residual stream on dev
+    (1, -1): (0.75, 0.50, 0.80, 0.50),
+    (-1, -1): (0.99, 0.10, 0.95, 0.10),  # the embeddings: never chosen
+  }
+  for folder, name in ((root / "baseline_s0", "baseline_s0"), (root / "ref", "ref")):
+    rows = _structural_rows(name, 0, step0) + _structural_rows(name, 100, step100)
+    rows += _structural_rows(f"{name}-random", 100, {(1, 1): (0.99, 0.0, 0.99, 0.0)})  # a control model: left out
+    tables.write(tables.path_of(folder, tables.PROBE_STRUCTURAL), rows, tables.PROBE_STRUCTURAL)
+    base = [
+      dict(task="distance", split=s, baseline="linear_uuas", accuracy=a, n=80)
+      for s, a in (("en_ewt/dev", 0.3), ("en_ewt/test", 0.45))
+    ]
+    tables.write(tables.path_of(folder, tables.PROBE_BASELINES), base, tables.PROBE_BASELINES)
+  sel = _selectivity_rows("baseline_s0", 100, {(0, 0): (0.1, 0.1, 0.05)})
+  tables.write(tables.path_of(root / "baseline_s0", tables.PROBE_SELECTIVITY), sel, tables.PROBE_SELECTIVITY)
+
+  summary = study.write_study(root).read_text()
+  st = pd.read_csv(root / "study/structural.csv")
+  assert list(st.columns) == study.COLUMNS["structural"].split(",")
+  assert len(st) == 1 + 2 and set(st["run"]) == {"baseline_s0"}  # step 0: a head; step 100: head, residual
+  last = st[st["step"] == 100].set_index("source")
+  assert (last.loc["head", "layer"], last.loc["head", "head"]) == (0, 1)  # dev's choice, not test's (1, 0)
+  assert last.loc["head", ["value", "control_value"]].tolist() == pytest.approx([0.70, 0.52])
+  assert last.loc["head", "selectivity"] == pytest.approx(0.18)
+  assert last.loc["head", ["ci_low", "ci_high"]].tolist() == pytest.approx([0.68, 0.72])
+  assert (last.loc["residual", "layer"], last.loc["residual", "head"]) == (0, -1)  # not the embeddings
+  assert last.loc["residual", "value"] == pytest.approx(0.75)
+  assert (st["linear"] == 0.45).all() and (st["metric"] == "uuas").all() and (st["n"] == 80).all()
+  assert list(st[st["step"] == 0]["source"]) == ["head"]  # no residual rows at step 0
+  ref = pd.read_csv(root / "study/reference.csv")
+  ref = ref[ref["kind"] == "structural"].set_index("run")
+  assert sorted(ref.index) == ["baseline_s0", "ref"] and (ref["what"] == "uuas").all()
+  assert ref.loc["ref", ["layer", "head"]].tolist() == [0, 1] and ref.loc["ref", "value"] == pytest.approx(0.70)
+  assert ref.loc["ref", "baseline"] == pytest.approx(0.45)
+  assert "## Structural probes (Hewitt & Manning 2019)" in summary
+  assert "| baseline_s0 | uuas | head | 0 | 1 | 0.700 | 0.680 | 0.720 | 0.520 | 0.180 | 0.450 |" in summary
