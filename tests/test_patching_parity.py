@@ -1,7 +1,9 @@
-"""Activation patching against TransformerLens 4 (TransformerBridge over the same Hugging Face directory):
-a random-weight GPT-2 with a large initializer_range (the default small one gives effects too small to
-compare), per-head per-position patching of z (`get_act_patch_attn_head_out_by_pos`, which patches hook_z)
-and of the residual stream entering each block (`get_act_patch_resid_pre`), denoising, to 1e-4."""
+"""Activation patching against TransformerLens 4 (TransformerBridge over the same Hugging Face directory),
+on a random-weight GPT-2 and on the tiny random model of every decoder family headspec loads
+(tests/test_pretrained_families.py): per-head per-position patching of z (`get_act_patch_attn_head_out_by_pos`,
+which patches hook_z) and of the residual stream entering each block (`get_act_patch_resid_pre`), denoising,
+to 1e-4. The initializer_range is large (0.3, the families' 0.2 with perturbed norms): the default small one
+gives effects too small to compare."""
 
 import os
 
@@ -17,12 +19,14 @@ torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 tokenizers = pytest.importorskip("tokenizers")
 pytest.importorskip("transformer_lens")
+from test_pretrained_families import FAMILIES, _tiny  # noqa: E402  (the families' tiny random models)
 from transformer_lens import patching  # noqa: E402
 from transformer_lens.model_bridge import TransformerBridge  # noqa: E402
 
 CLEAN = [[5, 9, 14, 20, 33, 7, 61], [8, 2, 40, 41, 12, 3, 90]]
 CORRUPT = [[5, 9, 17, 20, 33, 7, 61], [8, 2, 40, 44, 12, 3, 90]]
 ANSWERS = [[7, 11], [3, 4]]
+DECODERS = [family for family, (_, model_cls, _, _) in FAMILIES.items() if model_cls.endswith("ForCausalLM")]
 
 
 @pytest.fixture(scope="module")
@@ -42,8 +46,13 @@ def gpt2_dir(tmp_path_factory):
   return path
 
 
-def test_patching_equals_transformer_lens(gpt2_dir):
-  bridge = TransformerBridge.boot_transformers(str(gpt2_dir), device="cpu")
+@pytest.fixture(scope="module")
+def families_root(tmp_path_factory):
+  return str(tmp_path_factory.mktemp("families"))
+
+
+def _assert_parity(path):
+  bridge = TransformerBridge.boot_transformers(str(path), device="cpu")
   answers = torch.tensor(ANSWERS)
 
   def metric(logits):
@@ -54,11 +63,25 @@ def test_patching_equals_transformer_lens(gpt2_dir):
   corrupt = torch.tensor(CORRUPT)
   ref_z_LTH = patching.get_act_patch_attn_head_out_by_pos(bridge, corrupt, cache, metric).detach().numpy()
   ref_resid_LT = patching.get_act_patch_resid_pre(bridge, corrupt, cache, metric).detach().numpy()
-  loaded = headspec.load(gpt2_dir)
+  loaded = headspec.load(path)
+  L, H, T = loaded.model.cfg.num_layers, loaded.model.cfg.num_heads, len(CLEAN[0])
   z = headspec.patch(loaded, CLEAN, CORRUPT, site="z", answers=ANSWERS)
-  ours_z_LTH = z["value"].to_numpy().reshape(2, 3, 7).transpose(0, 2, 1)  # rows: layer, head, position
+  ours_z_LTH = z["value"].to_numpy().reshape(L, H, T).transpose(0, 2, 1)  # rows: layer, head, position
   resid = headspec.patch(loaded, CLEAN, CORRUPT, site="resid_pre", answers=ANSWERS)
   assert ref_z_LTH.std() > 0.05 and ref_resid_LT.std() > 0.05  # effects large enough to compare
   np.testing.assert_allclose(ours_z_LTH, ref_z_LTH, atol=1e-4)
-  np.testing.assert_allclose(resid["value"].to_numpy().reshape(2, 7), ref_resid_LT, atol=1e-4)
-  assert z.attrs["base"] == pytest.approx(float(metric(bridge(corrupt))), abs=1e-4)
+  np.testing.assert_allclose(resid["value"].to_numpy().reshape(L, T), ref_resid_LT, atol=1e-4)
+  with torch.no_grad():
+    assert z.attrs["base"] == pytest.approx(float(metric(bridge(corrupt))), abs=1e-4)
+
+
+def test_patching_equals_transformer_lens(gpt2_dir):
+  _assert_parity(gpt2_dir)
+
+
+@pytest.mark.slow  # ~10 s a family, most of it TransformerLens's one forward per patch
+@pytest.mark.parametrize("family", DECODERS)
+def test_patching_equals_transformer_lens_for_every_family(family, families_root):
+  """Grouped-query (llama, mistral, qwen2/3, gemma, gemma2), sliding windows shorter than the prompts
+  (mistral, gemma2), Gemma-2's logit softcaps, OLMo's clip_qkv, GPT-NeoX's partial rotary and parallel block."""
+  _assert_parity(_tiny(family, families_root))
