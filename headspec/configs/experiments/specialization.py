@@ -9,9 +9,10 @@ Every run is a 6-layer, 8-head causal decoder (dropout 0.1: the setting of the d
 `english_mix` from HEADSPEC_DATA_DIR, with checkpoints on a log-spaced schedule from step 0. Conditions:
 `baseline` (3 seeds), `drophead` (DropHead p=0.1, Zhou et al. 2020) and `disagreement` (Li et al. 2018's
 output disagreement, weight 0.01), 3 seeds each in the full setting. At every kept step: the probe suite
-on EWT (upos, xpos, deprel, arc; controls, bootstrap CIs), the diversity metrics, the attention analyses
-(Clark table on the arcs a decoder sees, head roles, previous-token and induction scores); at the last
-step the ablation suite with the causal test of specialization, then the run's head atlas (atlas.html);
+on EWT (upos, xpos, deprel, arc, distance, depth; controls, bootstrap CIs), the diversity metrics, the
+attention analyses (Clark table on the arcs a decoder sees, head roles, previous-token and induction
+scores); at the last step the ablation suite with the causal test of specialization, then the run's head
+atlas (atlas.html);
 all-MiniLM-L6-v2 through the same probe suite and Clark table; then `headspec study` writes ROOT/study/
 (tables, figures, summary.md).
 
