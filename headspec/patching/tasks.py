@@ -41,15 +41,16 @@ def induction_pairs(vocab_size: int, specials, *, n: int, count: int, seed: int,
 
 
 def ioi_pairs(tokenizer, *, count: int, seed: int):
-  """(clean, corrupt, answers) from the templates with names that are one token each (with their leading
-  space for byte-level tokenizers); UserError when fewer than three names are single tokens."""
+  """(clean, corrupt, answers) from the templates with names that are one token each where the templates put
+  them, after a space: the name's id is the one token that "When Mary" adds to "When", so byte-level BPE's
+  leading-space tokens ("ĠMary"), SentencePiece's "▁Mary" and uncased WordPiece's "mary" are all the ids the
+  prompts hold. Pairs whose names do not tokenize apart from their neighbours are skipped; UserError when
+  fewer than three names are single tokens or no pair is left."""
+  before = tokenizer.encode("When")
 
   def one_token(name):
-    for text in (" " + name, name):
-      ids = tokenizer.encode(text)
-      if len(ids) == 1:
-        return ids[0]
-    return None
+    ids = tokenizer.encode("When " + name)
+    return ids[-1] if len(ids) == len(before) + 1 and ids[: len(before)] == before else None
 
   names = [(name, one_token(name)) for name in IOI_NAMES]
   names = [(name, i) for name, i in names if i is not None]
@@ -59,13 +60,15 @@ def ioi_pairs(tokenizer, *, count: int, seed: int):
   clean, corrupt, answers = [], [], []
   for k in range(count):
     template = IOI_TEMPLATES[k % len(IOI_TEMPLATES)]
-    (a, a_id), (b, b_id), (c, _) = (names[i] for i in rng.choice(len(names), 3, replace=False))
+    (a, a_id), (b, b_id), (c, c_id) = (names[i] for i in rng.choice(len(names), 3, replace=False))
     ids = [list(tokenizer.prefix_ids) + tokenizer.encode(template.format(A=a, B=b, S=s)) for s in (b, c)]
-    if len(ids[0]) != len(ids[1]):
-      continue  # the names differ in length here; the pair would not align
+    differ = [(u, v) for u, v in zip(*ids) if u != v]
+    aligned = len(ids[0]) == len(ids[1]) and differ == [(b_id, c_id)]
+    if not (aligned and ids[0].count(a_id) == 1 and ids[0].count(b_id) == 2):
+      continue  # a name merged with its neighbours here; the pair would not align
     clean.append(ids[0])
     corrupt.append(ids[1])
     answers.append((a_id, b_id))
   if not clean:
-    raise UserError("ioi task: no template gave clean and corrupt prompts of equal token counts")
+    raise UserError("ioi task: no template gave clean and corrupt prompts that differ in the second name only")
   return clean, corrupt, answers
