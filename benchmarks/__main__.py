@@ -51,6 +51,7 @@ BENCHMARKS = {
   "patching": ([], [], False),
   "attention": (["--max_sentences=200"], [], True),
   "extract": (["--split=dev"], ["--split=train"], True),
+  "structural": ([], ["--all"], True),
 }
 VERSIONS = ("jax", "jaxlib", "flax", "optax", "numpy", "scikit-learn", "torch", "transformers")
 

@@ -4,6 +4,8 @@ import os
 import subprocess
 import sys
 
+import pytest
+
 import benchmarks.__main__ as runner
 
 
@@ -52,3 +54,30 @@ def test_extraction_benchmark_matches_transformers(data_dir):
   assert result["max_abs_diff_residual"] < 0.02  # float16 storage of values up to ~10
   assert result["sentences"].startswith("en_ewt/dev: 40 sentences")
   assert result["headspec_words_per_s"] > 0 and result["torch_words_per_s"] > 0 and result["scaling"][0]["length"] == 16
+
+
+@pytest.mark.slow
+def test_structural_benchmark_times_both_families_on_the_same_sources(data_dir):
+  """bench_structural on MiniLM's embeddings over ~200 EWT training words: the structural and the softmax
+  fits of the same source are both timed, with their totals, ratios and load averages (about a minute)."""
+  done = subprocess.run(
+    [sys.executable, "-m", "benchmarks.bench_structural", "--layers=-1", "--train_words=200", "--dev_sentences=10"],
+    capture_output=True,
+    text=True,
+    cwd=runner.__file__.rsplit("/benchmarks/", 1)[0],
+    env=dict(os.environ, HEADSPEC_DATA_DIR=str(data_dir)),
+  )
+  assert done.returncode == 0, done.stderr[-2000:]
+  result = runner.last_json(done.stdout)
+  (source,) = result["per_source"]
+  assert source["source"] == "layer -1 residual" and source["shape"][1:] == [1, 384]
+  assert 150 <= result["train_words"] == source["shape"][0] <= 400 and result["dev_sentences"] == 10
+  for family in ("softmax", "structural"):
+    assert source[family]["fit_s"] > 0 and source[family]["score_s"] > 0
+    assert len(source[family]["load_average_before"]) == 3
+  assert all(1 <= e <= 40 for runs in source["structural"]["epochs_run"].values() for e in runs)
+  total = result["total"]
+  assert result["ratio_fit_structural_over_softmax"] == pytest.approx(
+    total["structural"]["fit_s"] / total["softmax"]["fit_s"], rel=0.05
+  )
+  assert "structural" in runner.BENCHMARKS and runner.BENCHMARKS["structural"][2]  # needs HEADSPEC_DATA_DIR
