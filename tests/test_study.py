@@ -32,7 +32,7 @@ def test_experiment_config_every_stage_checks(small):
   m = _module()
   for condition in m.CONDITIONS:
     c = m.get_config(f"{small}condition={condition},seed=2")
-    assert (c.seed, c.model.num_layers, c.model.num_heads, c.data.corpus) == (2, 6, 8, "english_mix")
+    assert (c.seed, c.model.num_layers, c.model.num_heads, c.data.corpus) == (2, 6, 8, "wikitext_103")
     assert 0 in c.train.keep_steps and c.train.steps in c.train.keep_steps
   assert m.get_config(f"{small}condition=drophead").train.regularizers.drophead > 0
   assert m.get_config(f"{small}condition=disagreement").train.regularizers.output > 0

@@ -71,7 +71,7 @@ def get_config(arg: str | None = None):
   a = _args(arg)
   if not a["stage"]:
     raise ValueError(f"{ME}: nothing to train; give a stage ({', '.join(specialization.ANALYSES)})")
-  c = specialization._analysis_config(a["stage"], small=False, minilm=False)
+  c = specialization.analysis_config(a["stage"])
   c.model.pretrained = pretrained(arg)
   if a["stage"] == "probe":
     c.probe.steps = "all"

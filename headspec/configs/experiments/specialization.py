@@ -6,7 +6,8 @@ One command runs all of it (headspec/experiments.py; resumable: run it again aft
   headspec launch multi-gpu --experiment=configs/experiments/specialization.py --workdir=runs/spec
 
 Every run is a 6-layer, 8-head causal decoder (dropout 0.1: the setting of the diversity seed notes) on
-`english_mix` from HEADSPEC_DATA_DIR, with checkpoints on a log-spaced schedule from step 0. Conditions:
+WikiText-103 from HEADSPEC_DATA_DIR (`headspec data download text wikitext_103`; `corpus=english_mix` for the
+development corpus), with checkpoints on a log-spaced schedule from step 0. Conditions:
 `baseline` (3 seeds), `drophead` (DropHead p=0.1, Zhou et al. 2020) and `disagreement` (Li et al. 2018's
 output disagreement, weight 0.01), 3 seeds each in the full setting. At every kept step: the probe suite
 on EWT (upos, xpos, deprel, arc, distance, depth; controls, bootstrap CIs), the diversity metrics, the
@@ -21,6 +22,8 @@ Arguments (comma-separated, any order):
                    200, 800 kept, one seed per condition, probes on 4k EWT training words. Under an hour on a
                    2-core CPU in all (measured in docs/study.md). It tests the pipeline; it is far too short
                    to show induction heads, and one seed per condition cannot compare conditions.
+  corpus=NAME      the training text: wikitext_103 (the default, downloadable) | english_mix (the development
+                   corpus, only in the development data folder; the measurements in docs/study.md used it)
   condition=NAME   baseline | drophead | disagreement (training configs)
   seed=N           the training seed
   probe | diversity | attention | ablate     the analysis config of that stage instead of a training config
@@ -43,10 +46,12 @@ CONDITIONS = {  # condition -> train.regularizers overrides
 KEEP = (0, 10, 30, 100, 300, 1000, 3000)
 KEEP_SMALL = (0, 30, 200, 800)
 ANALYSES = ("probe", "diversity", "attention", "ablate")
+CORPORA = {"wikitext_103": "wikitext_103", "wikitext-103": "wikitext_103", "english_mix": "english_mix"}
+CORPUS = "wikitext_103"  # downloadable: `headspec data download text wikitext_103`
 
 
 def _args(arg):
-  out = {"small": False, "condition": "baseline", "seed": 0, "stage": "", "minilm": False}
+  out = {"small": False, "condition": "baseline", "seed": 0, "stage": "", "minilm": False, "corpus": CORPUS}
   for a in [a.strip() for a in (arg or "").split(",") if a.strip()]:
     key, _, value = a.partition("=")
     if a == "small":
@@ -59,10 +64,12 @@ def _args(arg):
       out["condition"] = value
     elif key == "seed" and value.lstrip("-").isdigit():
       out["seed"] = int(value)
+    elif key == "corpus" and value in CORPORA:
+      out["corpus"] = CORPORA[value]
     else:
       raise ValueError(
         f"configs/experiments/specialization.py: bad argument {a!r} (use small, condition={'|'.join(CONDITIONS)}, "
-        f"seed=N, {', '.join(ANALYSES)}, minilm)"
+        f"seed=N, corpus=wikitext_103|english_mix, {', '.join(ANALYSES)}, minilm)"
       )
   return out
 
@@ -71,12 +78,14 @@ def experiment(arg: str | None = None):
   """The runs, analyses and references of the study (headspec/experiments.py runs them in order)."""
   from headspec.experiments import Experiment, Run
 
-  small = _args(arg)["small"]
+  a = _args(arg)
+  small = a["small"]
   me = "configs/experiments/specialization.py"
   tag = "small," if small else ""
+  corpus = f"corpus={a['corpus']}," if a["corpus"] != CORPUS else ""
   seeds = (0,) if small else (0, 1, 2)
   runs = tuple(
-    Run(f"{condition}_s{seed}", f"{me}:{tag}condition={condition},seed={seed}", condition, seed)
+    Run(f"{condition}_s{seed}", f"{me}:{tag}{corpus}condition={condition},seed={seed}", condition, seed)
     for condition in CONDITIONS
     for seed in seeds
   )
@@ -90,12 +99,12 @@ def experiment(arg: str | None = None):
 def get_config(arg: str | None = None):
   a = _args(arg)
   if a["stage"]:
-    return _analysis_config(a["stage"], a["small"], a["minilm"])
+    return analysis_config(a["stage"], small=a["small"], minilm=a["minilm"])
   if a["minilm"]:
     raise ValueError("configs/experiments/specialization.py: 'minilm' goes with probe or attention")
   c = train_config()
   c.seed = a["seed"]
-  c.data.corpus = "english_mix"
+  c.data.corpus = a["corpus"]
   c.model.num_layers, c.model.num_heads = 6, 8
   c.model.dropout = c.model.attention_dropout = 0.1
   for key, value in CONDITIONS[a["condition"]].items():
@@ -116,7 +125,8 @@ def get_config(arg: str | None = None):
   return c
 
 
-def _analysis_config(stage: str, small: bool, minilm: bool):
+def analysis_config(stage: str, *, small: bool = False, minilm: bool = False):
+  """The study's analysis config of `stage` (also the grammar and induction settings' starting point)."""
   if stage == "probe":
     from headspec.probing.config import probe_config
 
