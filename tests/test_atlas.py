@@ -144,3 +144,68 @@ def test_headspec_exposes_build_atlas_lazily(full_run):
   assert frame["step"].dtype == "int64" and len(frame)
   with pytest.raises(UserError, match="no table"):
     headspec.read_table(full_run, "nope")
+
+
+@pytest.fixture(scope="module")
+def circuit_run(tmp_path_factory):
+  """Only the structural-probe and patching tables (known answers: tests/test_atlas_fixtures.py)."""
+  run = tmp_path_factory.mktemp("runs") / "circuit"
+  return write_run(run, probes=False, diversity=False, ablation=False, attention=False, structural=True, patching=True)
+
+
+def test_structural_probe_results_are_head_metrics(circuit_run):
+  data = run_data(circuit_run)
+  assert data["tables"] == ["probes/structural.csv", "patching/results.csv"]
+  by_id = {m["id"]: m for m in data["metrics"]}
+  uuas = by_id["structural/distance/synth/dev/uuas"]
+  assert uuas["group"] == "Structural probe" and "distance uuas · dev" in uuas["label"]
+  grid = uuas["grids"]["1000"]
+  best = max((c["v"], layer, head) for layer, row in enumerate(grid) for head, c in enumerate(row))
+  assert best[1:] == (1, 2) and grid[1][2]["ci"][1] - grid[1][2]["ci"][0] == pytest.approx(0.06)
+  assert "rank 8" in grid[1][2]["note"] and "n=80 sentences" in grid[1][2]["note"]
+  for expected in ("structural/distance/synth/test/dspr", "structural/depth/synth/dev/root_acc"):
+    assert expected in by_id, expected
+  notes = data["layer_notes"]["structural/depth/synth/test/nspr"]  # head −1 and layer −1: beside the grid
+  assert set(notes["residual"]["1000"]) == {"0", "1", "2"} and notes["embedding"]["1000"] is not None
+
+
+def test_patching_effect_is_a_head_metric_and_on_its_card(circuit_run):
+  data = run_data(circuit_run)
+  by_id = {m["id"]: m for m in data["metrics"]}
+  assert {m["group"] for m in data["metrics"]} == {"Structural probe", "Patching"}
+  assert sorted(i for i in by_id if i.startswith("patching/")) == [
+    "patching/induction/z/activation/denoising",
+    "patching/induction/z/attribution/denoising",
+    "patching/induction/z/path_logits/denoising",
+  ]  # resid_pre has no head: it is the resid column, not a metric
+  z = by_id["patching/induction/z/activation/denoising"]
+  assert z["diverging"] and z["steps"] == [1000]
+  grid = z["grids"]["1000"]
+  # (value − base) / (source − base) with base 1, source 3, at the head's strongest position (the last)
+  assert (grid[1][2]["v"], grid[0][1]["v"], grid[2][3]["v"]) == (1.0, -0.5, 0.25)
+  assert grid[1][2]["note"] == "position 3 of 4"
+  assert by_id["patching/induction/z/attribution/denoising"]["grids"]["1000"][1][2]["v"] == 0.5  # already a change
+  path = by_id["patching/induction/z/path_logits/denoising"]["grids"]["1000"][0][0]
+  assert path["v"] == pytest.approx(0.1) and path["note"] == "all positions"
+  assert data["layer_notes"]["patching/induction/z/activation/denoising"]["residual"]["1000"] == {
+    "0": 1.0,
+    "1": 1.0,
+    "2": 1.0,
+  }
+  card = data["heads_extra"]["1,2"]["patching"]
+  assert [x["label"] for x in card] == [
+    "induction · z · activation (denoising)",
+    "induction · z · attribution (denoising)",
+  ]
+  assert card[0]["positions"] == [[0, 0.0], [1, 0.0], [2, 0.0], [3, 1.0]]
+  page = build_atlas(circuit_run).read_text()
+  assert "Patching by position" in page and _embedded(page)["runs"][0]["heads_extra"]["1,2"]["patching"] == card
+
+
+def test_patching_without_its_summary_is_left_out_with_a_warning(tmp_path, capsys):
+  run = write_run(tmp_path / "nosummary", probes=False, diversity=False, ablation=False, attention=False, patching=True)
+  tables.path_of(run, tables.PATCHING_SUMMARY).unlink()
+  data = run_data(run)
+  err = capsys.readouterr().err
+  assert "summary.csv: no base and source logit difference for" in err and err.count("\n") == 1
+  assert data["metrics"] == [] and data["tables"] == ["patching/results.csv"]

@@ -41,7 +41,11 @@ HEAD_TABLES = (
   tables.CLARK,
   tables.ROLES,
   tables.LABELS,
+  tables.PROBE_STRUCTURAL,
+  tables.PATCHING,
 )
+# Patching sites with a head axis (headspec.model.SITES; JAX-free copy): the others are per layer.
+PATCHING_HEAD_SITES = ("q", "k", "v", "pattern", "z", "head_out")
 # Attention pictures embedded at most (base64 grows them by a third): the page must stay openable.
 MAX_IMAGE_BYTES = 24 * 2**20
 TOP_RELATIONS = 5
@@ -60,6 +64,8 @@ _GRID_COLUMNS = {
   tables.CLARK.path: {"layer": 0, "head": 0},
   tables.ROLES.path: {"layer": 0, "head": 0},
   tables.LABELS.path: {"layer": 0, "head": 0},
+  tables.PROBE_STRUCTURAL.path: {"layer": -1, "head": -1},
+  tables.PATCHING.path: {"layer": 0, "head": -1},
 }
 
 _DIVERGING = {"selectivity", "loss_delta", "accuracy_delta", "interaction"}
@@ -200,6 +206,14 @@ class _RunData:
   def extra(self, layer: int, head: int) -> dict:
     return self.extras.setdefault(f"{layer},{head}", {})
 
+  def layer_note(self, m: _Metric, step: int, layer: int, value) -> None:
+    """A value of the embedding output (layer −1) or of layer `layer`'s residual stream: beside the grid."""
+    notes = self.layer_notes.setdefault(m.spec["id"], {"residual": {}, "embedding": {}})
+    if layer < 0:
+      notes["embedding"][str(step)] = value
+    else:
+      notes["residual"].setdefault(str(step), {})[str(layer)] = value
+
   # --- one reader per table ---------------------------------------------------------------------------
   def probes(self) -> None:
     for r in self.rows[tables.PROBES.path]:
@@ -223,14 +237,98 @@ class _RunData:
       control = f"control {c:.3f}" if c is not None else ""
       if layer < 0 or head < 0:  # the embedding output or a layer's residual stream: beside the grid
         for m, v in ((acc, a), (sel, _num(r["selectivity"]))):
-          notes = self.layer_notes.setdefault(m.spec["id"], {"residual": {}, "embedding": {}})
-          if layer < 0:
-            notes["embedding"][str(step)] = v
-          else:
-            notes["residual"].setdefault(str(step), {})[str(layer)] = v
+          self.layer_note(m, step, layer, v)
         continue
       acc.set(step, layer, head, a, (lo, hi), f"{control}; {n}")
       sel.set(step, layer, head, _num(r["selectivity"]), None, f"accuracy {a:.3f} − {control}" if a is not None else "")
+
+  def structural(self) -> None:
+    """Hewitt & Manning (2019)'s structural probes (probes/structural.csv): one metric per task, split and tree
+    metric (UUAS, DSpr, root accuracy, NSpr), with its bootstrap CI; residual stream and embeddings beside."""
+    for r in self.rows[tables.PROBE_STRUCTURAL.path]:
+      layer, head, step = int(r["layer"]), int(r["head"]), int(r["step"])
+      task, split, name = r["task"], r["split"], r["metric"]
+      m = self.metric(
+        f"structural/{task}/{split}/{name}{self._suffix(r['model'])}",
+        "Structural probe",
+        f"{task} {name} · {_short_split(split)}{self._model_label(r['model'])}",
+        f"Structural probe ({task}, Hewitt & Manning 2019): {name} on {split} (95% bootstrap CI over sentences;"
+        " docs/probing.md).",
+      )
+      value = _num(r["value"])
+      if layer < 0 or head < 0:
+        self.layer_note(m, step, layer, value)
+        continue
+      control, sel = _num(r["control_value"]), _num(r["selectivity"])
+      note = f"control {control:.3f}; selectivity {sel:+.3f}; " if control is not None and sel is not None else ""
+      m.set(
+        step,
+        layer,
+        head,
+        value,
+        (_num(r["ci_low"]), _num(r["ci_high"])),
+        f"{note}rank {r['rank']}; n={r['n']} sentences",
+      )
+
+  def patching(self) -> None:
+    """Activation, attribution and path patching (patching/results.csv): per task, site, method and direction,
+    each head's effect as the fraction of the logit difference it restores, (value − base) / (source − base)
+    (Wang et al. 2022; attribution's value is already a change), at its strongest position, with every
+    position's on the card; resid_pre patching is the layer's residual-stream column. base and source (the
+    unpatched corrupted and clean runs) are summary.csv's; rows without them are left out with a warning."""
+    rows = self.rows[tables.PATCHING.path]
+    if not rows:
+      return
+    summary_path = tables.path_of(self.workdir, tables.PATCHING_SUMMARY)
+    runs = {}  # (model, step, task) -> (base, source), the same for every site
+    for r in tables.read(summary_path, tables.PATCHING_SUMMARY):
+      if r["metric"] in ("base", "source"):
+        runs.setdefault((r["model"], int(r["step"]), r["task"]), {})[r["metric"]] = _num(r["value"])
+    effects = collections.defaultdict(dict)  # (model, step, task, method, direction, site, layer, head) -> {pos: x}
+    missing = 0
+    for r in rows:
+      ends = runs.get((r["model"], int(r["step"]), r["task"]), {})
+      base, source, value = ends.get("base"), ends.get("source"), _num(r["value"])
+      if base is None or source is None:
+        missing += 1
+        continue
+      change = value if r["method"] == "attribution" or value is None else value - base
+      fraction = change / (source - base) if change is not None and abs(source - base) > 1e-9 else None
+      key = (r["model"], int(r["step"]), r["task"], r["method"], r["direction"], r["site"], int(r["layer"]))
+      effects[key + (int(r["head"]),)][int(r["position"])] = fraction
+    if missing:
+      _warn(f"{summary_path}: no base and source logit difference for {missing} row(s) of patching/results.csv")
+    resid = {k[:5] + (k[6],): v for k, v in effects.items() if k[5] == "resid_pre"}
+    last = {}  # the primary model's last step per (task, method, direction, site): its positions go on the card
+    for model, step, task, method, direction, site, _layer, head in effects:
+      if model == self.primary and head >= 0:
+        last[(task, method, direction, site)] = max(step, last.get((task, method, direction, site), step))
+    for (model, step, task, method, direction, site, layer, head), by_position in effects.items():
+      if site not in PATCHING_HEAD_SITES or head < 0:
+        continue
+      what = "direct path to the logits" if method == "path_logits" else f"{site} · {method}"
+      m = self.metric(
+        f"patching/{task}/{site}/{method}/{direction}{self._suffix(model)}",
+        "Patching",
+        f"{task} · {what} ({direction}){self._model_label(model)}",
+        f"Fraction of the {task} logit difference restored by patching the head's {site} ({method}, {direction};"
+        " docs/patching.md) at its strongest position; the resid column: the residual stream entering the layer.",
+        diverging=True,
+      )
+      position, best = max(by_position.items(), key=lambda pv: abs(pv[1]) if pv[1] is not None else -1)
+      where = "all positions" if position < 0 else f"position {position}"
+      m.set(step, layer, head, best, None, f"{where} of {len(by_position)}" if position >= 0 else where)
+      stream = resid.get((model, step, task, method, direction, layer))
+      if stream:
+        self.layer_note(m, step, layer, max(stream.values(), key=lambda v: abs(v) if v is not None else -1))
+      if model == self.primary and last[(task, method, direction, site)] == step and position >= 0:
+        self.extra(layer, head).setdefault("patching", []).append(
+          {
+            "label": f"{task} · {what} ({direction})",
+            "step": step,
+            "positions": [[t, x] for t, x in sorted(by_position.items())],
+          }
+        )
 
   def mdl(self) -> None:
     for r in self.rows[tables.MDL.path]:
@@ -417,13 +515,16 @@ def run_data(workdir) -> dict:
   if not any(run.rows.values()):
     names = ", ".join(t.path for t in HEAD_TABLES)
     raise UserError(
-      f"{workdir}: no results tables ({names}); run `headspec probe`, `diversity`, `ablate` or `attention` first"
+      f"{workdir}: no results tables ({names}); run `headspec probe`, `diversity`, `ablate`, `attention` or `patch`"
+      " first"
     )
   run.probes()
+  run.structural()
   run.mdl()
   run.diversity()
   run.ablation()
   run.attention()
+  run.patching()
   num_layers, num_heads = run.shape
   images, skipped = run.images()
   found = [t.path for t in HEAD_TABLES if run.rows[t.path]]

@@ -421,6 +421,17 @@ function renderCard(r, l, h) {
         el("td", { class: "num", text: fmt(x.joint) }), el("td", { class: "num", text: fmt(x.sum_of_singles) }),
         el("td", { class: "num", text: fmt(x.interaction) })))));
   }
+  if (extra.patching && extra.patching.length) {  // the head's patching effect at every position
+    const positions = [...new Set(extra.patching.flatMap(x => x.positions.map(p => p[0])))].sort((a, b) => a - b);
+    card.append(el("h3", { text: "Patching by position (fraction of the logit difference restored)" }));
+    card.append(el("table", { class: "patching" },
+      el("tr", {}, el("th", { text: "task · site" }), positions.map(t => el("th", { text: "t=" + t })), el("th", { text: "step" })),
+      extra.patching.map(x => {
+        const at = new Map(x.positions);
+        return el("tr", {}, el("td", { text: x.label }), positions.map(t => el("td", { class: "num", text: fmt(at.get(t)) })),
+          el("td", { class: "num", text: String(x.step) }));
+      })));
+  }
   // Attention pictures on the example sentences.
   card.append(el("h3", { text: "Attention on the example sentences" }));
   if (extra.images && extra.images.length) {
