@@ -6,7 +6,7 @@ import pandas as pd
 import pytest
 import tokenizers
 
-from headspec import cli, pretrained, tables
+from headspec import atlas, cli, pretrained, tables
 from headspec.data.hf_tokenizer import load_hf_tokenizer
 from headspec.data.tokenizer import load_tokenizer
 from headspec.errors import UserError
@@ -38,6 +38,11 @@ def test_patch_command_writes_tables_and_heatmaps(run_dir):
     "induction_resid_pre_patch_step2.png",
     "induction_z_patch_step2.png",
   ]
+  # The atlas reads the real tables: every head's z effect at step 2, resid_pre beside the grid.
+  data = atlas.run_data(run_dir)
+  z = {m["id"]: m for m in data["metrics"]}["patching/induction/z/activation/denoising"]
+  assert all(c is not None and c["note"].endswith(f"of {T}") for row in z["grids"]["2"] for c in row)
+  assert set(data["layer_notes"][z["id"]]["residual"]["2"]) == {"0", "1"}
 
 
 def _assert_ioi(tokenizer, clean, corrupt, answers):
