@@ -183,7 +183,7 @@ def test_patching_effect_is_a_head_metric_and_on_its_card(circuit_run):
   grid = z["grids"]["1000"]
   # (value − base) / (source − base) with base 1, source 3, at the head's strongest position (the last)
   assert (grid[1][2]["v"], grid[0][1]["v"], grid[2][3]["v"]) == (1.0, -0.5, 0.25)
-  assert grid[1][2]["note"] == "position 3 of 4"
+  assert grid[1][2]["note"] == "position 3 of 0–3"
   assert by_id["patching/induction/z/attribution/denoising"]["grids"]["1000"][1][2]["v"] == 0.5  # already a change
   path = by_id["patching/induction/z/path_logits/denoising"]["grids"]["1000"][0][0]
   assert path["v"] == pytest.approx(0.1) and path["note"] == "all positions"

@@ -41,7 +41,7 @@ def test_patch_command_writes_tables_and_heatmaps(run_dir):
   # The atlas reads the real tables: every head's z effect at step 2, resid_pre beside the grid.
   data = atlas.run_data(run_dir)
   z = {m["id"]: m for m in data["metrics"]}["patching/induction/z/activation/denoising"]
-  assert all(c is not None and c["note"].endswith(f"of {T}") for row in z["grids"]["2"] for c in row)
+  assert all(c is not None and c["note"].endswith(f"of 0–{T - 1}") for row in z["grids"]["2"] for c in row)
   assert set(data["layer_notes"][z["id"]]["residual"]["2"]) == {"0", "1"}
 
 

@@ -317,7 +317,7 @@ class _RunData:
       )
       position, best = max(by_position.items(), key=lambda pv: abs(pv[1]) if pv[1] is not None else -1)
       where = "all positions" if position < 0 else f"position {position}"
-      m.set(step, layer, head, best, None, f"{where} of {len(by_position)}" if position >= 0 else where)
+      m.set(step, layer, head, best, None, f"{where} of 0–{len(by_position) - 1}" if position >= 0 else where)
       stream = resid.get((model, step, task, method, direction, layer))
       if stream:
         self.layer_note(m, step, layer, max(stream.values(), key=lambda v: abs(v) if v is not None else -1))
