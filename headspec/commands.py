@@ -109,13 +109,23 @@ def study(config, workdir, args) -> None:
 
 def data(config, workdir, args) -> None:
   """`headspec data download ud TREEBANK [--repo R] [--release R] [--splits S] [--base-url U] [--force]`
-  or `headspec data download text CORPUS [--sha256 FILE=HEX] [--base-url U] [--force]`. `--help` anywhere
+  or `headspec data download text CORPUS [--sha256 FILE=HEX] [--base-url U] [--force]`
+  or `headspec data synthetic --out=DIR [--seed N] [--text-sentences N] [--repeats F]`. `--help` anywhere
   prints help, whether or not a data directory is set."""
   usage = (
     "usage: headspec data download ud TREEBANK [--release r2.16] [--splits dev,test] [--force] | "
-    "headspec data download text CORPUS [--force] (CORPUS: wikitext_103, wikitext_2)"
+    "headspec data download text CORPUS [--force] (CORPUS: wikitext_103, wikitext_2) | "
+    "headspec data synthetic --out=DIR [--seed=0] [--text-sentences=N] [--repeats=F]"
   )
   wants_help = any(a in ("-h", "--help", "help") for a in args)
+  if args[:1] == ["synthetic"]:  # writes its own --out folder: no data directory needed
+    from headspec.data import synthetic
+
+    if wants_help:
+      synthetic.parser().print_help()
+    else:
+      print(synthetic.main_synthetic(args[1:]))
+    return
   if wants_help and args[:1] == ["download"] and args[1:2] in (["ud"], ["text"]):
     from headspec.data import download, text_download
 

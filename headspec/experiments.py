@@ -4,6 +4,7 @@ An experiment config (configs/experiments/NAME.py) defines `experiment(arg) -> E
 `get_config(arg)`. `headspec launch TARGET --experiment=configs/experiments/NAME.py[:ARG] --workdir=ROOT`
 turns it into stages, in order:
 
+  data ROOT/data                                          the experiment's own data, when it writes it
   train ROOT/<run>, then every analysis of ROOT/<run>     run by run (training resumes from its last
                                                           checkpoint when the command is run again)
   <analysis> ROOT/<reference>                             pretrained reference models (e.g. MiniLM)
@@ -46,11 +47,14 @@ class Run:
 class Experiment:
   """`analyses`: (command, config spec) run on every run's directory in order ('' for a command that takes
   no config, such as atlas); `references`: (name, command, config spec) run once on ROOT/<name>
-  (pretrained models, compared with the runs)."""
+  (pretrained models, compared with the runs); `data`: the arguments of a `headspec data` command that
+  writes the experiment's own data, run first with --out=ROOT/data (then every stage with a config, training
+  and analyses, gets --config.data_dir=ROOT/data)."""
 
   runs: tuple[Run, ...]
   analyses: tuple[tuple[str, str], ...]
   references: tuple[tuple[str, str, str], ...] = ()
+  data: tuple[str, ...] = ()
 
 
 def check(experiment: Experiment, where: str) -> None:

@@ -20,6 +20,8 @@ import random
 
 import conllu
 
+from headspec.errors import UserError
+
 # --- Lexicon ---------------------------------------------------------------------------------
 # Nouns: singular, plural. The `_HUMAN` ones take `who` in relative clauses.
 _HUMAN = [
@@ -758,3 +760,45 @@ def write_synthetic(
   (text_dir / "train.txt").write_text(_documents(rng, text[num_valid:]), encoding="utf-8")
   (text_dir / "valid.txt").write_text(_documents(rng, text[:num_valid]), encoding="utf-8")
   return out_dir
+
+
+def parser():
+  """`headspec data synthetic`'s options (experiments write their data with it: configs/experiments/grammar.py)."""
+  from headspec.data.download import _ArgumentParser
+
+  parser = _ArgumentParser(
+    prog="headspec data synthetic",
+    description="Write the synthetic treebank (OUT/ud/synthetic/) and its text (OUT/text/synthetic/).",
+  )
+  parser.add_argument("--out", required=True, help="the data folder to write (a run's or experiment's data_dir)")
+  parser.add_argument("--seed", type=int, default=0)
+  parser.add_argument("--text-sentences", type=int, default=40000, help="sentences of text (1/20 go to valid)")
+  parser.add_argument("--treebank-sentences", default="4000,500,500", help="train,dev,test sentences")
+  parser.add_argument(
+    "--repeats", type=float, default=0.0, help="> 0: also text/synthetic_repeats/ (headspec/data/repeats.py)"
+  )
+  return parser
+
+
+def main_synthetic(args: list[str]) -> pathlib.Path:
+  """CLI entry: writes the treebank and text (and with --repeats the mixed corpus); returns OUT."""
+  options = parser().parse_args(args)
+  sizes = options.treebank_sentences.split(",")
+  if len(sizes) != 3 or not all(s.strip().isdigit() and int(s) > 0 for s in sizes):
+    raise UserError(f"--treebank-sentences={options.treebank_sentences}: use three positive counts, like 4000,500,500")
+  if options.text_sentences < 20:
+    raise UserError(f"--text-sentences={options.text_sentences}: at least 20 (1/20 of them are the valid split)")
+  num_train, num_dev, num_test = (int(s) for s in sizes)
+  out = write_synthetic(
+    options.out,
+    seed=options.seed,
+    num_train=num_train,
+    num_dev=num_dev,
+    num_test=num_test,
+    num_text_sentences=options.text_sentences,
+  )
+  if options.repeats:
+    from headspec.data.repeats import write_repeats
+
+    write_repeats(out, "synthetic", seed=options.seed, fraction=options.repeats)
+  return out

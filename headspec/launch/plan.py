@@ -89,12 +89,17 @@ def experiment_plans(opts, rest: list[str]) -> list[list[Stage]]:
   _check_experiment_options(opts, rest)
   exp = load_experiment(opts.experiment)
   root = opts.workdir.rstrip("/")
+  data = str(remote.run_path(root) / "data") if exp.data else ""  # absolute: runs' configs keep it
+  on_data = (f"--config.data_dir={data}",) if data else ()  # every stage with a config reads ROOT/data
 
   def resumable(name: str, command: str, config: str) -> Stage:  # `command` on ROOT/<name>, with its marker
-    argv = (command, *([f"--config={config}"] if config else []), f"--workdir={root}/{name}")
+    argv = (command, *([f"--config={config}", *on_data] if config else []), f"--workdir={root}/{name}")
     return Stage(("@stage", *experiments.stage_argv(root, f"{name}-{command}", argv)))
 
   stages = []
+  if data:  # the experiment's own data first (a --config.data_dir given after -- still wins for training)
+    stages.append(Stage(("@stage", *experiments.stage_argv(root, "data", ("data", *exp.data, f"--out={data}")))))
+    rest = [*on_data, *rest]
   for run in exp.runs:
     if run.config:  # '': a published model (its analyses' configs name it), nothing to train
       stages.append(Stage(("train", f"--config={run.config}", f"--workdir={root}/{run.name}", *rest), distributed=True))

@@ -1,0 +1,129 @@
+"""The study in the induction setting: when do previous-token, duplicate-token and induction heads form, and
+does the in-context loss drop with them (Olsson et al. 2022's phase change)? configs/induction.py as an
+experiment, on data it writes itself (docs/study.md "Settings").
+
+  headspec launch local --experiment=configs/experiments/induction.py --workdir=runs/induction
+
+The first stage writes ROOT/data (`headspec data synthetic --repeats=1`): the synthetic grammar's text
+with repeated random-word sequences mixed in (headspec/data/repeats.py: after every document, 8-24
+words drawn from the text's own words, written twice), corpus `synthetic_repeats`. Runs: causal decoders of
+LAYERS layers, attention-only and with MLPs (4 heads of 16, d_model 64, d_ff 256, no dropout), 5 seeds
+each, vocabulary 1,000 pieces, STEPS steps of 16×128 tokens, KEEP kept (dense through the first few hundred
+steps, where the induction bump appears in small models). At every kept step `headspec attention` without
+treebank analyses: previous-token, duplicate-token and induction scores on repeated random tokens
+([BOS] + 2×50 tokens), the in-context-learning score and loss by position on the run's validation rows,
+and the causal check (the top-k induction heads ablated vs random heads); then `headspec study`.
+
+Learning rate: LR_SWEEP (re-measured on seed 0, 2 layers with MLPs; final validation loss, nats/token).
+Time: TIMES (2-core CPU shared with other jobs, `nice`, with the load average then), extrapolated to all runs.
+
+Arguments (comma-separated): layers=N (2-4), mlp (MLPs on; default attention-only), seed=N, lr=X (training
+configs); attention (the analysis config); tiny (test sizes: one run, a few steps).
+"""
+
+from headspec.configs.experiments import specialization
+from headspec.defaults import train_config
+
+LAYERS = (2, 4)
+SEEDS = (0, 1, 2, 3, 4)
+STEPS = 800
+KEEP = (0, 25, 50, 75, 100, 150, 200, 300, 400, 600, 800)
+KEEP_TINY = (0, 8)
+LEARNING_RATE = 3e-3
+DATA = ("synthetic", "--seed=0", "--text-sentences=200000", "--treebank-sentences=100,100,100", "--repeats=1")
+DATA_TINY = ("synthetic", "--seed=0", "--text-sentences=2000", "--treebank-sentences=20,20,20", "--repeats=1")
+# Measured (docs/study.md "Settings").
+LR_SWEEP = {}
+TIMES = {}
+ME = "configs/experiments/induction.py"
+
+
+def _args(arg):
+  out = {"tiny": False, "layers": 2, "mlp": False, "seed": 0, "stage": "", "lr": LEARNING_RATE}
+  for a in [a.strip() for a in (arg or "").split(",") if a.strip()]:
+    key, _, value = a.partition("=")
+    if a in ("tiny", "mlp"):
+      out[a] = True
+    elif a == "attention":
+      out["stage"] = a
+    elif key == "layers" and value in ("2", "3", "4"):
+      out["layers"] = int(value)
+    elif key == "seed" and value.lstrip("-").isdigit():
+      out["seed"] = int(value)
+    elif key == "lr" and _positive(value):
+      out["lr"] = float(value)
+    else:
+      raise ValueError(f"{ME}: bad argument {a!r} (use layers=2|3|4, mlp, seed=N, lr=X, attention, tiny)")
+  return out
+
+
+def _positive(text: str) -> bool:
+  try:
+    return float(text) > 0
+  except ValueError:
+    return False
+
+
+def condition(layers: int, mlp: bool) -> str:
+  return f"L{layers}_{'mlp' if mlp else 'attn_only'}"
+
+
+def experiment(arg: str | None = None):
+  """The induction setting's data stage, runs and analyses (headspec/experiments.py runs them in order)."""
+  from headspec.experiments import Experiment, Run
+
+  tiny = _args(arg)["tiny"]
+  tag = "tiny," if tiny else ""
+  shapes = ((2, False),) if tiny else tuple((layers, mlp) for layers in LAYERS for mlp in (False, True))
+  runs = tuple(
+    Run(
+      f"{condition(layers, mlp)}_s{seed}",
+      f"{ME}:{tag}layers={layers},{'mlp,' if mlp else ''}seed={seed}",
+      condition(layers, mlp),
+      seed,
+    )
+    for layers, mlp in shapes
+    for seed in ((0,) if tiny else SEEDS)
+  )
+  return Experiment(runs=runs, analyses=(("attention", f"{ME}:{tag}attention"),), data=DATA_TINY if tiny else DATA)
+
+
+def get_config(arg: str | None = None):
+  a = _args(arg)
+  if a["stage"]:
+    return analysis_config(a["tiny"])
+  c = train_config()
+  c.seed = a["seed"]
+  c.data_dir = ""  # the experiment passes --config.data_dir=ROOT/data (its data stage writes it)
+  c.data.corpus = "synthetic_repeats"
+  c.data.vocab_size = 1000
+  c.model.num_layers, c.model.num_heads, c.model.mlp = a["layers"], 4, a["mlp"]
+  c.model.d_model, c.model.d_head, c.model.d_ff = 64, 16, 256
+  c.model.dropout = c.model.attention_dropout = 0.0
+  c.train.learning_rate = a["lr"]
+  c.train.batch_size, c.train.seq_len = 16, 128
+  if a["tiny"]:
+    c.data.vocab_size = 400
+    c.model.d_model, c.model.d_ff = 32, 64
+    c.train.steps, c.train.batch_size, c.train.warmup_steps = 8, 8, 2
+    c.train.log_every, c.train.eval_every, c.train.eval_batches = 4, 8, 2
+    c.train.checkpoint_every, c.train.keep_steps = 8, KEEP_TINY
+  else:
+    c.train.steps, c.train.warmup_steps = STEPS, 100
+    c.train.log_every, c.train.eval_every, c.train.eval_batches = 10, 200, 20  # log: the formation figure's loss
+    c.train.checkpoint_every, c.train.keep_steps = STEPS, KEEP
+  return c
+
+
+def analysis_config(tiny: bool = False):
+  """The attention analysis of every kept step, induction only (no treebank): scores, ICL, causal check."""
+  c = specialization.analysis_config("attention", small=True)
+  c.data_dir = ""
+  c.treebank = ""
+  c.induction.n = 50  # [BOS] + 100 tokens in the 128-token context
+  c.induction.num_tokens = 8192
+  if tiny:
+    c.induction.n, c.induction.num_sequences, c.induction.num_tokens = 10, 8, 512
+    c.induction.causal.num_sequences, c.induction.causal.random_seeds = 8, 1
+    c.roles.bootstrap_resamples = 20
+  return c
