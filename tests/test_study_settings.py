@@ -55,6 +55,9 @@ def test_induction_setting_runs_two_depths_with_and_without_mlps():
   a = induction.get_config("attention")
   assert (a.steps, a.treebank, a.induction.icl, a.induction.causal.enabled) == ("all", "", True, True)
   assert 2 * a.induction.n + 1 <= c.train.seq_len
+  assert [name for name, _ in exp.analyses] == ["attention", "probe"]  # `headspec study` needs probe selectivity
+  p = induction.get_config("probe")
+  assert p.probe.treebank == "synthetic" and {0, c.train.steps} <= {int(s) for s in p.probe.steps.split(",")}
   assert "--repeats=1" in exp.data
 
 

@@ -30,8 +30,9 @@ STEPS = 800
 KEEP = (0, 25, 50, 75, 100, 150, 200, 300, 400, 600, 800)
 KEEP_TINY = (0, 8)
 LEARNING_RATE = 3e-3
-DATA = ("synthetic", "--seed=0", "--text-sentences=200000", "--treebank-sentences=100,100,100", "--repeats=1")
-DATA_TINY = ("synthetic", "--seed=0", "--text-sentences=2000", "--treebank-sentences=20,20,20", "--repeats=1")
+PROBE_STEPS = (0, 150, STEPS)  # `headspec study` reads probe selectivity: upos and deprel at three kept steps
+DATA = ("synthetic", "--seed=0", "--text-sentences=200000", "--treebank-sentences=500,200,200", "--repeats=1")
+DATA_TINY = ("synthetic", "--seed=0", "--text-sentences=2000", "--treebank-sentences=100,50,50", "--repeats=1")
 # Measured (docs/study.md "Settings").
 LR_SWEEP = {}
 TIMES = {}
@@ -44,7 +45,7 @@ def _args(arg):
     key, _, value = a.partition("=")
     if a in ("tiny", "mlp"):
       out[a] = True
-    elif a == "attention":
+    elif a in ("attention", "probe"):
       out["stage"] = a
     elif key == "layers" and value in ("2", "3", "4"):
       out["layers"] = int(value)
@@ -53,7 +54,7 @@ def _args(arg):
     elif key == "lr" and _positive(value):
       out["lr"] = float(value)
     else:
-      raise ValueError(f"{ME}: bad argument {a!r} (use layers=2|3|4, mlp, seed=N, lr=X, attention, tiny)")
+      raise ValueError(f"{ME}: bad argument {a!r} (use layers=2|3|4, mlp, seed=N, lr=X, attention, probe, tiny)")
   return out
 
 
@@ -85,11 +86,14 @@ def experiment(arg: str | None = None):
     for layers, mlp in shapes
     for seed in ((0,) if tiny else SEEDS)
   )
-  return Experiment(runs=runs, analyses=(("attention", f"{ME}:{tag}attention"),), data=DATA_TINY if tiny else DATA)
+  analyses = tuple((a, f"{ME}:{tag}{a}") for a in ("attention", "probe"))
+  return Experiment(runs=runs, analyses=analyses, data=DATA_TINY if tiny else DATA)
 
 
 def get_config(arg: str | None = None):
   a = _args(arg)
+  if a["stage"] == "probe":
+    return probe_config(a["tiny"])
   if a["stage"]:
     return analysis_config(a["tiny"])
   c = train_config()
@@ -126,4 +130,18 @@ def analysis_config(tiny: bool = False):
     c.induction.n, c.induction.num_sequences, c.induction.num_tokens = 10, 8, 512
     c.induction.causal.num_sequences, c.induction.causal.random_seeds = 8, 1
     c.roles.bootstrap_resamples = 20
+  return c
+
+
+def probe_config(tiny: bool = False):
+  """UPOS and deprel selectivity on the synthetic treebank at PROBE_STEPS: what `headspec study` needs to
+  write its tables, kept cheap (the setting's question is the attention analyses')."""
+  c = specialization.analysis_config("probe", small=True)
+  c.data_dir = ""
+  c.probe.treebank = "synthetic"
+  c.probe.tasks = ("upos", "deprel")
+  c.probe.steps = ",".join(str(s) for s in (KEEP_TINY if tiny else PROBE_STEPS))
+  c.probe.max_train_words = 2000
+  if tiny:
+    c.probe.max_train_words, c.probe.max_iter, c.probe.refine_samples, c.probe.bootstrap_resamples = 300, 5, 0, 20
   return c
