@@ -39,6 +39,8 @@ def test_grammar_setting_runs_every_condition_with_five_seeds():
   with pytest.raises(ValueError, match="bad argument 'lr=x'"):
     grammar.get_config("lr=x")
   assert len(grammar.experiment("tiny").runs) == 1
+  part = grammar.experiment("condition=drophead")  # a part: the same runs' configs, so the whole one resumes
+  assert set(part.runs) == {r for r in exp.runs if r.condition == "drophead"} and part.analyses == exp.analyses
 
 
 def test_induction_setting_runs_two_depths_with_and_without_mlps():
@@ -59,6 +61,8 @@ def test_induction_setting_runs_two_depths_with_and_without_mlps():
   p = induction.get_config("probe")
   assert p.probe.treebank == "synthetic" and {0, c.train.steps} <= {int(s) for s in p.probe.steps.split(",")}
   assert "--repeats=1" in exp.data
+  part = induction.experiment("layers=2")
+  assert set(part.runs) == {r for r in exp.runs if r.condition.startswith("L2_")} and part.data == exp.data
 
 
 def test_settings_write_their_data_first_and_every_stage_reads_it(tmp_path):

@@ -72,9 +72,12 @@ def experiment(arg: str | None = None):
   """The grammar setting's data stage, runs and analyses (headspec/experiments.py runs them in order)."""
   from headspec.experiments import Experiment, Run
 
-  tiny = _args(arg)["tiny"]
+  a = _args(arg)
+  tiny = a["tiny"]
   tag = "tiny," if tiny else ""
   conditions, seeds = (("baseline",), (0,)) if tiny else (tuple(CONDITIONS), SEEDS)
+  if arg and "condition=" in arg:  # one part of the setting (run the parts, then the whole command resumes)
+    conditions = (a["condition"],)
   runs = tuple(
     Run(f"{condition}_s{seed}", f"{ME}:{tag}condition={condition},seed={seed}", condition, seed)
     for condition in conditions
@@ -121,8 +124,10 @@ def analysis_config(stage: str, tiny: bool = False):
   data folder (data_dir '' = the run's own)."""
   c = specialization.analysis_config(stage, small=True)
   c.data_dir = ""
-  if stage == "probe":
+  if stage == "probe":  # small heads and a regular language: 2k training words, 10 structural epochs
     c.probe.treebank = "synthetic"
+    c.probe.max_train_words = c.probe.arc_max_train_words = c.probe.structural_max_train_words = 2000
+    c.probe.structural_epochs, c.probe.structural_patience = 10, 2
   elif stage == "attention":
     c.treebank = "synthetic"
     c.clark.min_count = 20

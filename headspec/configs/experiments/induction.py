@@ -29,7 +29,7 @@ SEEDS = (0, 1, 2, 3, 4)
 STEPS = 800
 KEEP = (0, 25, 50, 75, 100, 150, 200, 300, 400, 600, 800)
 KEEP_TINY = (0, 8)
-LEARNING_RATE = 3e-3
+LEARNING_RATE = 1e-2
 PROBE_STEPS = (0, 150, STEPS)  # `headspec study` reads probe selectivity: upos and deprel at three kept steps
 DATA = ("synthetic", "--seed=0", "--text-sentences=200000", "--treebank-sentences=500,200,200", "--repeats=1")
 DATA_TINY = ("synthetic", "--seed=0", "--text-sentences=2000", "--treebank-sentences=100,50,50", "--repeats=1")
@@ -73,9 +73,11 @@ def experiment(arg: str | None = None):
   """The induction setting's data stage, runs and analyses (headspec/experiments.py runs them in order)."""
   from headspec.experiments import Experiment, Run
 
-  tiny = _args(arg)["tiny"]
+  a = _args(arg)
+  tiny = a["tiny"]
   tag = "tiny," if tiny else ""
-  shapes = ((2, False),) if tiny else tuple((layers, mlp) for layers in LAYERS for mlp in (False, True))
+  depths = (a["layers"],) if arg and "layers=" in arg else LAYERS  # layers=N: one part of the setting
+  shapes = ((2, False),) if tiny else tuple((layers, mlp) for layers in depths for mlp in (False, True))
   runs = tuple(
     Run(
       f"{condition(layers, mlp)}_s{seed}",
