@@ -48,7 +48,7 @@ import os
 import numpy as np
 from etils import epath
 
-from headspec import experiments, provenance, remote, tables, train_log
+from headspec import experiments, figures, provenance, remote, tables, train_log
 from headspec.errors import UserError
 
 OUT = "study"
@@ -447,7 +447,7 @@ def _draw(frames: dict, out: epath.Path) -> list[str]:
     for _run, g in frame.groupby("run"):
       g = g.sort_values("step")
       ax.plot(x_of(g["step"]), g[y], "o-", ms=3, lw=1, color=colors[g["condition"].iloc[0]])
-    ax.set_xscale("log")
+    figures.log_x(ax)
 
   def save(fig, name: str) -> None:
     fig.tight_layout()
@@ -469,7 +469,7 @@ def _draw(frames: dict, out: epath.Path) -> list[str]:
     axes[0, j].axhline(0, color="gray", lw=0.5)
     axes[1, j].set_xlabel("training step (0 drawn at 1)")
     for ax in axes[:, j]:
-      ax.set_xscale("log")
+      figures.log_x(ax)
   axes[0, 0].set_ylabel("selectivity (accuracy − control)")
   axes[1, 0].set_ylabel("heads above step 0's best (CI)")
   handles, labels = axes[0, 0].get_legend_handles_labels()

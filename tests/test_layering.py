@@ -20,7 +20,7 @@ ALLOWED = {
   ("attention", "headspec.ablation.causal"),
 }
 # The shared layer: below every analysis, so it imports none.
-SHARED = ("objectives", "alignment", "resampling", "evaltext", "heads", "regularizers", "jobloop")
+SHARED = ("objectives", "alignment", "resampling", "evaltext", "heads", "regularizers", "jobloop", "figures")
 
 
 def _modules() -> dict[str, pathlib.Path]:

@@ -17,7 +17,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 from etils import epath  # noqa: E402
 
-from headspec import remote  # noqa: E402
+from headspec import figures, remote  # noqa: E402
 
 
 def _save(fig, path) -> epath.Path:
@@ -105,7 +105,8 @@ def causal(rows: list[dict], path) -> epath.Path:
     ]
     ax.plot(ks, [np.mean(v) for v in rand], "k--", label="random, layer-matched (mean)")
     ax.fill_between(ks, [min(v) for v in rand], [max(v) for v in rand], color="0.85")
-    ax.set(xscale="log", xlabel="heads ablated (k)", ylabel="refitted probe accuracy (test)", title=task)
+    ax.set(xlabel="heads ablated (k)", ylabel="refitted probe accuracy (test)", title=task)
+    figures.log_x(ax)
     ax.legend(fontsize=7)
   return _save(fig, path)
 

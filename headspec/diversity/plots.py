@@ -14,10 +14,11 @@ from collections import defaultdict
 
 import matplotlib
 import numpy as np
-from matplotlib import animation, ticker
+from matplotlib import animation
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
+from headspec import figures
 from headspec.diversity.metrics import HEAD_METRICS, METRICS, PAIR_METRICS, REGISTRY
 
 GIF_METRIC = "output_dissimilarity"
@@ -84,14 +85,9 @@ def _set_step_axis(ax, steps) -> None:
   positive = [s for s in steps if s > 0]
   if len(steps) < 2 or not positive:
     return
-  if len(positive) == len(steps):
-    ax.set_xscale("log")
-  else:
-    ax.set_xscale("symlog", linthresh=min(positive))
+  figures.log_x(ax, linthresh=None if len(positive) == len(steps) else min(positive))
   if len(steps) <= 8:
     ax.set_xticks(steps)  # each checkpoint labelled, also within one decade
-  ax.xaxis.set_major_formatter(ticker.FuncFormatter(lambda x, _: f"{x:g}"))  # 1000, not 10^3
-  ax.xaxis.set_minor_formatter(ticker.NullFormatter())
 
 
 @matplotlib.rc_context({"text.parse_math": False})  # names and words drawn as written: `$` is not mathtext
