@@ -13,6 +13,9 @@ chosen on dev and reported on test (the maximum over 48 noisy dev estimates is b
                   head of the same run at step 0 (its untrained weights: random features already
                   tell word types apart, so they are slightly selective); the best residual stream (chosen on dev) for reference.
   layers.csv      per run and task: the first kept step at which each layer has a head above init.
+  formation.csv   per run and head: its formation step, the first kept step at which it is above init
+                  (the rule of `above_init_heads`), per probe task (test selectivity) and per role
+                  (attention/roles.csv score on repeated random sequences, its bootstrap CI); NaN: never.
   structural.csv  per run, step and metric of Hewitt & Manning's structural probes (UUAS and DSpr. of the
                   distance probe, root accuracy and NSpr. of the depth probe; probes/structural.csv): the
                   head and the residual stream with the highest dev selectivity (value − control-tree
@@ -23,7 +26,10 @@ chosen on dev and reported on test (the maximum over 48 noisy dev estimates is b
   roles.csv       per run and step: the best previous-token, duplicate-token and induction scores of any
                   head on repeated random sequences (attention/roles.csv, data=repeated_random).
   causal.csv      per run and task at the last step: ablating the k most selective heads vs k
-                  layer-matched random heads (ablation/causal.csv `*_vs_random` rows, paired CIs).
+                  layer-matched random heads (ablation/causal.csv `*_vs_random` rows, paired CIs), with
+                  `mde`, the smallest effect the test detects at 80% power (`mde`).
+  conditions.csv  per non-baseline condition and task: condition − baseline at the last step paired by seed
+                  (best head's test selectivity, best − median), mean and 95% t interval over seeds.
   rankings.csv    per run, task and measure of how much the model needs a head, at the last step:
                   Spearman's ρ between that measure and test selectivity over all heads, with a
                   permutation p-value over all heads; the mean of the per-layer ρ with a permutation
@@ -67,7 +73,9 @@ COLUMNS = {  # every study table's columns (docs/outputs.md), so that an empty t
   "selectivity,linear,n",
   "diversity": "run,condition,seed,step,metric,value",
   "roles": "run,condition,seed,step,role,layer,head,score",
-  "causal": "run,condition,seed,step,task,k,metric,value,ci_low,ci_high",
+  "causal": "run,condition,seed,step,task,k,metric,value,ci_low,ci_high,mde",
+  "formation": "run,condition,seed,source,task,layer,head,init_best,formation_step",
+  "conditions": "condition,task,measure,difference,ci_low,ci_high,seeds",
   "rankings": "run,condition,seed,step,task,measure,spearman,p_value,p_holm,within_layer_spearman,"
   "within_layer_p,within_layer_p_holm,heads",
   "reference": "run,condition,kind,what,layer,head,value,baseline,n",
@@ -111,6 +119,18 @@ def training(run: dict, workdir) -> list[dict]:
   return [by_step[s] for s in sorted(by_step)]
 
 
+def _init_best(heads, key: str, value: str) -> dict:
+  """{key: the largest `value` of any head at step 0} (the untrained weights' best head; absent when step 0
+  was not kept, so that the thresholds below are NaN)."""
+  return heads[heads["step"] == 0].groupby(key)[value].max().to_dict()
+
+
+def _above_init(ci_low, threshold):
+  """The rule for a head "above init" (emergence's above_init_heads, layers.csv and formation.csv): its CI
+  low end lies above the step-0 best head's value (NaN threshold: never)."""
+  return ci_low > threshold
+
+
 def emergence(run: dict, workdir) -> tuple[list[dict], list[dict]]:
   """(emergence rows, layers rows) of one run from probes/selectivity.csv."""
   sel = _frame(workdir, tables.PROBE_SELECTIVITY)
@@ -118,8 +138,7 @@ def emergence(run: dict, workdir) -> tuple[list[dict], list[dict]]:
     return [], []
   dev, test = _splits(sel, os.fspath(tables.path_of(workdir, tables.PROBE_SELECTIVITY)))
   rows, first = [], {}
-  at_init = sel[(sel["step"] == 0) & (sel["split"] == test) & (sel["head"] >= 0)]
-  init_best = at_init.groupby("task")["selectivity"].max().to_dict()  # NaN below when step 0 was not kept
+  init_best = _init_best(sel[(sel["split"] == test) & (sel["head"] >= 0)], "task", "selectivity")
   for (step, task), g in sel.groupby(["step", "task"]):
     heads = g[(g["split"] == test) & (g["head"] >= 0)]
     best = heads[heads["dev_rank"] == 1]
@@ -128,7 +147,7 @@ def emergence(run: dict, workdir) -> tuple[list[dict], list[dict]]:
     best = best.iloc[0]
     selective = heads[heads["selectivity_ci_low"] > 0]
     threshold = init_best.get(task, np.nan)
-    above_init = heads[heads["selectivity_ci_low"] > threshold]
+    above_init = heads[_above_init(heads["selectivity_ci_low"], threshold)]
     resid_dev = _best(g[(g["split"] == dev) & (g["head"] < 0) & (g["layer"] >= 0)], "selectivity")
     resid = dict(residual_layer=np.nan, residual_selectivity=np.nan)
     if resid_dev is not None:
@@ -157,6 +176,38 @@ def emergence(run: dict, workdir) -> tuple[list[dict], list[dict]]:
       first.setdefault((task, int(layer)), int(step))
   layers = [dict(**run, task=t, layer=layer, first_step=s) for (t, layer), s in sorted(first.items())]
   return rows, layers
+
+
+def _formation_rows(heads, key: str, value: str, low: str) -> list[dict]:
+  """Per (key, layer, head) of `heads` (one split, heads only, every kept step): step 0's best value of the
+  key (`init_best`) and the first kept step at which the head's CI lies above it (`_above_init`; NaN: never)."""
+  init_best = _init_best(heads, key, value)
+  out = []
+  for (k, layer, head), g in heads.groupby([key, "layer", "head"]):
+    threshold = init_best.get(k, np.nan)
+    above = g[_above_init(g[low], threshold)]
+    first = int(above["step"].min()) if len(above) else np.nan
+    out.append(dict(task=k, layer=int(layer), head=int(head), init_best=threshold, formation_step=first))
+  return out
+
+
+def formation(run: dict, workdir) -> list[dict]:
+  """formation.csv rows of one run: per head, the formation step of each probe task's test selectivity
+  (probes/selectivity.csv) and of each role's score on repeated random sequences (attention/roles.csv,
+  its bootstrap CI), by the rule of emergence's above_init_heads."""
+  out = []
+  sel = _frame(workdir, tables.PROBE_SELECTIVITY)
+  if sel is not None and not sel.empty:
+    _, test = _splits(sel, os.fspath(tables.path_of(workdir, tables.PROBE_SELECTIVITY)))
+    heads = sel[(sel["split"] == test) & (sel["head"] >= 0)]
+    out += [
+      dict(**run, source="probe", **r) for r in _formation_rows(heads, "task", "selectivity", "selectivity_ci_low")
+    ]
+  ro = _frame(workdir, tables.ROLES)
+  if ro is not None and not ro.empty:
+    heads = ro[(ro["data"] == "repeated_random") & ro["role"].isin(ROLES) & (ro["head"] >= 0)]
+    out += [dict(**run, source="role", **r) for r in _formation_rows(heads, "role", "score", "ci_low")]
+  return out
 
 
 def _structural_best(frame, workdir) -> list[dict]:
@@ -220,6 +271,14 @@ def roles(run: dict, workdir) -> list[dict]:
   return out
 
 
+def mde(ci_low, ci_high):
+  """The minimum detectable effect at 80% power (two-sided α = 0.05) of an estimate with this 95% CI:
+  (z_0.975 + z_0.80) × SE ≈ 2.8 × SE with SE = half-width / 1.96 (Bloom 1995, "Minimum detectable effects",
+  Evaluation Review 19(5); the standard normal power calculation). A bootstrap CI may be asymmetric: the
+  mean half-width, (ci_high − ci_low) / 2, is used."""
+  return (1.96 + 0.8416) * (np.asarray(ci_high, float) - np.asarray(ci_low, float)) / 2 / 1.96
+
+
 def causal(run: dict, workdir) -> list[dict]:
   frame = _frame(workdir, tables.ABLATION_CAUSAL)
   if frame is None:
@@ -236,9 +295,59 @@ def causal(run: dict, workdir) -> list[dict]:
       value=r["value"],
       ci_low=r["ci_low"],
       ci_high=r["ci_high"],
+      mde=float(mde(r["ci_low"], r["ci_high"])),
     )
     for _, r in frame.iterrows()
   ]
+
+
+def conditions(em, baseline: str = "baseline") -> list[dict]:
+  """conditions.csv rows from emergence rows: per non-baseline condition, task and measure (the best head's
+  test selectivity and best − median at each run's last step), the difference condition − baseline paired
+  by seed (seed s minus baseline's seed s, at the same last step), its mean over the paired seeds and a 95%
+  t interval over seeds (mean ± t_0.975,n−1 · sd / √n). A t interval rather than a bootstrap over seeds:
+  with 3 to 5 seeds a bootstrap has few distinct resamples and its percentile interval cannot reach past
+  the observed differences (too narrow); the t interval assumes roughly normal seed differences. With one
+  seed paired the interval is undefined and stays NaN."""
+  from scipy import stats
+
+  last = em[em["step"] == em.groupby("run")["step"].transform("max")]
+  last = last.assign(best_minus_median=last["selectivity"] - last["median_selectivity"])
+  base = last[last["condition"] == baseline]
+  out = []
+  for (condition, task), g in last[last["condition"] != baseline].groupby(["condition", "task"]):
+    paired = g.merge(base[base["task"] == task], on=["seed", "step"], suffixes=("", "_base"))
+    for measure in ("selectivity", "best_minus_median"):
+      d = (paired[measure] - paired[f"{measure}_base"]).dropna().to_numpy()
+      n = len(d)
+      mean = float(d.mean()) if n else np.nan
+      half = stats.t.ppf(0.975, n - 1) * d.std(ddof=1) / np.sqrt(n) if n >= 2 else np.nan
+      out.append(
+        dict(condition=condition, task=task, measure=measure, difference=mean, ci_low=mean - half,
+             ci_high=mean + half, seeds=n)
+      )  # fmt: skip
+  return out
+
+
+def _formation_summary(fo):
+  """Per condition, source, task and layer: the median formation step over the layer's heads in each seed
+  (a head that never formed counts as later than every step, so the median is NaN, never, when half or
+  more of the heads never formed), the median, min and max of those over seeds, and how many seeds had a
+  head of the layer form at all."""
+  keys = ["condition", "source", "task", "layer"]
+  per_seed = (
+    fo.assign(step=fo["formation_step"].fillna(np.inf), formed=fo["formation_step"].notna())
+    .groupby([*keys, "seed"])
+    .agg(median=("step", "median"), formed=("formed", "any"))
+    .reset_index()
+  )
+  per_seed["median"] = per_seed["median"].replace(np.inf, np.nan)
+  return (
+    per_seed.groupby(keys)
+    .agg(median=("median", "median"), min=("median", "min"), max=("median", "max"),
+         seeds_formed=("formed", "sum"), seeds=("seed", "count"))
+    .reset_index()
+  )  # fmt: skip
 
 
 def _ranks(x) -> np.ndarray:
@@ -388,7 +497,8 @@ def collect(root) -> dict:
   """Every study table of ROOT as a list of rows: {name: rows}."""
   plan = experiments.read_plan(root)
   root = remote.run_path(root)
-  names = ("training", "emergence", "layers", "structural", "diversity", "roles", "causal", "rankings", "reference")
+  names = ("training", "emergence", "layers", "formation", "structural", "diversity", "roles", "causal")
+  names += ("rankings", "reference")
   out = {k: [] for k in names}
   for r in plan["runs"]:
     run = dict(run=r["name"], condition=r["condition"], seed=r["seed"])
@@ -397,6 +507,7 @@ def collect(root) -> dict:
     rows, layers = emergence(run, workdir)
     out["emergence"] += rows
     out["layers"] += layers
+    out["formation"] += formation(run, workdir)
     out["structural"] += structural(run, workdir)
     out["diversity"] += diversity(run, workdir)
     out["roles"] += roles(run, workdir)
@@ -407,6 +518,9 @@ def collect(root) -> dict:
     out["reference"] += reference(name, root / name, "reference")
   if not out["emergence"]:
     raise UserError(f"{root}: no run has probes/selectivity.csv yet (run the experiment's probe stages first)")
+  import pandas as pd
+
+  out["conditions"] = conditions(pd.DataFrame(out["emergence"]))
   return out
 
 
@@ -423,6 +537,15 @@ def _markdown(frame, floats: str = ".3f") -> str:
     cells = [format(v, floats) if isinstance(v, float) else str(v) for v in r]
     lines.append("| " + " | ".join(cells) + " |")
   return "\n".join(lines)
+
+
+STATISTICS = """## Statistics: families of tests and their corrections
+- rankings: per run, one family of every task × measure × {all heads, within layer} permutation test,
+  Holm-adjusted (Holm 1979; p_holm, within_layer_p_holm).
+- selective_heads, above_init_heads, layers and formation: one CI comparison per head and step, uncorrected:
+  counts and first crossings to follow over training, not tests of a head.
+- causal: one paired CI per run, task and k, uncorrected; mde is its power.
+- conditions: one 95% t interval over seeds per condition × task × measure, uncorrected."""
 
 
 def _figures(frames: dict, out: epath.Path) -> list[str]:
@@ -565,6 +688,23 @@ def write_study(root) -> epath.Path:
   ]
   if len(frames["layers"]):
     parts += ["", "## First step with a head above step 0's best, per layer", _markdown(frames["layers"])]
+  if len(frames["formation"]):
+    parts += [
+      "",
+      "## Formation step per head (its CI above step 0's best head), median over a layer's heads, over seeds",
+      "Per seed the median over the layer's heads (a head that never formed counts as never: NaN when half or "
+      "more never did); median, min and max of those over seeds; seeds_formed: seeds with any head formed. "
+      "probe: test selectivity; role: score on repeated random sequences. Per head: study/formation.csv.",
+      _markdown(_formation_summary(frames["formation"]), ".0f"),
+    ]
+  if len(frames["conditions"]):
+    parts += [
+      "",
+      "## Regularizers vs baseline at the last step: condition − baseline, paired by seed (mean, 95% t interval)",
+      "selectivity: the best head's test selectivity; best_minus_median: best − median head. NaN interval: "
+      "one seed paired (undefined).",
+      _markdown(frames["conditions"], ".4f"),
+    ]
   if len(frames["structural"]):
     st = frames["structural"]
     st_last = st[st["step"] == st.groupby("run")["step"].transform("max")]
@@ -603,8 +743,11 @@ def write_study(root) -> epath.Path:
       "",
       "## Causal test: k most selective heads vs k layer-matched random heads (ablated − random)",
       _markdown(
-        c[c["metric"] == "probe_accuracy_vs_random"][["run", "task", "k", "value", "ci_low", "ci_high"]], ".4f"
+        c[c["metric"] == "probe_accuracy_vs_random"][["run", "task", "k", "value", "ci_low", "ci_high", "mde"]],
+        ".4f",
       ),
+      "mde: the smallest effect this test detects with 80% power at α = 0.05, 2.8 × SE, SE = CI half-width / "
+      "1.96 (Bloom 1995).",
     ]
   if len(frames["rankings"]):
     parts += [
@@ -632,7 +775,7 @@ def write_study(root) -> epath.Path:
       "best fixed offset (baseline). Layers and heads: study/reference.csv.",
       _markdown(wide.reset_index()),
     ]
-  parts += ["", "Figures: " + ", ".join(figures), ""]
+  parts += ["", STATISTICS, "", "Figures: " + ", ".join(figures), ""]
   summary = out / "summary.md"
   remote.write_bytes_atomic(summary, "\n".join(parts).encode())
   return summary
