@@ -320,3 +320,88 @@ def test_study_reports_structural_probes_chosen_on_dev_beside_control_and_linear
   assert ref.loc["ref", "baseline"] == pytest.approx(0.45)
   assert "## Structural probes (Hewitt & Manning 2019)" in summary
   assert "| baseline_s0 | uuas | head | 0 | 1 | 0.700 | 0.680 | 0.720 | 0.520 | 0.180 | 0.450 |" in summary
+
+
+def test_formation_step_per_head_roles_causal_power_and_statistics(tmp_path):
+  """formation.csv: per head the first kept step whose CI low end lies above step 0's best head (the rule of
+  above_init_heads), NaN when never, for probe selectivity and role scores; causal.csv's mde; summary.md's
+  formation, conditions (one seed: NaN interval) and statistics sections."""
+  root = tmp_path / "exp"
+  runs = (experiments.Run("baseline_s0", "c.py", "baseline", 0), experiments.Run("drophead_s0", "c.py", "drophead", 0))
+  experiments.write_plan(root, experiments.Experiment(runs=runs, analyses=()), "c.py")
+  step0 = {(0, 0): (0.01, 0.05, 0.0), (0, 1): (0.0, 0.0, -0.01)}  # init_best 0.05 (a point value, not a CI)
+  step10 = {(0, 0): (0.2, 0.2, 0.06), (0, 1): (0.1, 0.1, 0.05)}  # (0, 1)'s CI low 0.05 is not above 0.05
+  step100 = {(0, 0): (0.3, 0.3, 0.2), (0, 1): (0.1, 0.1, 0.04)}  # (0, 1) never forms
+  for name, shift in (("baseline_s0", 0.0), ("drophead_s0", 0.1)):
+    rows = []
+    for step, heads in ((0, step0), (10, step10), (100, step100)):
+      heads = {k: (d, t + shift * (step > 0), lo) for k, (d, t, lo) in heads.items()}
+      rows += _selectivity_rows(name, step, heads)
+    tables.write(tables.path_of(root / name, tables.PROBE_SELECTIVITY), rows, tables.PROBE_SELECTIVITY)
+  roles = [  # induction: head (0, 1) forms at step 100 (CI low 0.5 > step 0's best score 0.3); (0, 0) never
+    dict(model="baseline_s0", step=s, data="repeated_random", layer=0, head=h, role="induction", score=v,
+         ci_low=v - 0.1, ci_high=v + 0.1)
+    for s, h, v in ((0, 0, 0.3), (0, 1, 0.1), (10, 0, 0.35), (10, 1, 0.3), (100, 0, 0.3), (100, 1, 0.6))
+  ]  # fmt: skip
+  tables.write(tables.path_of(root / "baseline_s0", tables.ROLES), roles, tables.ROLES)
+  causal = [
+    dict(model="baseline_s0", step=100, kind="probe_selective", task="upos", k=2, selection="top", seed=0,
+         metric="probe_accuracy_vs_random", value=-0.05, ci_low=-0.09, ci_high=-0.01)
+  ]  # fmt: skip
+  tables.write(tables.path_of(root / "baseline_s0", tables.ABLATION_CAUSAL), causal, tables.ABLATION_CAUSAL)
+
+  summary = study.write_study(root).read_text()
+  fo = pd.read_csv(root / "study/formation.csv")
+  assert list(fo.columns) == study.COLUMNS["formation"].split(",")
+  base = fo[fo["run"] == "baseline_s0"].set_index(["source", "task", "head"])
+  assert base.loc[("probe", "upos", 0), "formation_step"] == 10
+  assert np.isnan(base.loc[("probe", "upos", 1), "formation_step"])
+  assert base.loc[("probe", "upos", 0), "init_best"] == pytest.approx(0.05)
+  assert base.loc[("role", "induction", 1), "formation_step"] == 100
+  assert np.isnan(base.loc[("role", "induction", 0), "formation_step"])
+  em = pd.read_csv(root / "study/emergence.csv")  # the same rule: heads above init at step 10 == formed by 10
+  assert em[(em["run"] == "baseline_s0") & (em["step"] == 10)]["above_init_heads"].item() == 1
+  c = pd.read_csv(root / "study/causal.csv")
+  assert c["mde"].item() == pytest.approx((1.96 + 0.8416) * 0.04 / 1.96)
+  assert "| baseline_s0 | upos | 2 | -0.0500 | -0.0900 | -0.0100 | 0.0572 |" in summary
+  # per layer, 2 heads, one never formed: the median is never (NaN), 1 seed formed
+  assert "| baseline | probe | upos | 0 | nan | nan | nan | 1 | 1 |" in summary
+  assert "| baseline | role | induction | 0 | nan | nan | nan | 1 | 1 |" in summary
+  co = pd.read_csv(root / "study/conditions.csv").set_index("measure")
+  assert co.loc["selectivity", "difference"] == pytest.approx(0.1) and co.loc["selectivity", "seeds"] == 1
+  assert np.isnan(co.loc["selectivity", "ci_low"]) and np.isnan(co.loc["selectivity", "ci_high"])
+  assert "## Statistics: families of tests and their corrections" in summary and "Holm" in summary
+
+
+def test_conditions_pair_seeds_with_a_t_interval():
+  """conditions(): condition − baseline paired by seed (an unpaired seed is left out), mean ± t·sd/√n."""
+  em = pd.DataFrame(
+    [
+      dict(run=f"{c}_s{s}", condition=c, seed=s, step=100, task="upos", selectivity=v, median_selectivity=0.0)
+      for c, s, v in [("baseline", 0, 0.1), ("baseline", 1, 0.5), ("baseline", 2, 0.2)]
+      + [("drophead", 0, 0.2), ("drophead", 1, 0.7), ("drophead", 2, 0.5), ("drophead", 3, 9.0)]
+    ]
+  )
+  rows = {r["measure"]: r for r in study.conditions(em)}
+  d = np.array([0.1, 0.2, 0.3])  # seed 3 has no baseline: unpaired
+  half = 4.302653 * d.std(ddof=1) / np.sqrt(3)  # t_0.975 with 2 degrees of freedom
+  r = rows["selectivity"]
+  assert r["seeds"] == 3 and r["difference"] == pytest.approx(0.2)
+  assert (r["ci_low"], r["ci_high"]) == pytest.approx((0.2 - half, 0.2 + half))
+  assert rows["best_minus_median"]["difference"] == pytest.approx(0.2)
+
+
+def test_formation_summary_median_over_heads_range_over_seeds():
+  """Per seed the median over a layer's heads (never = later than every step: a seed where most heads never
+  formed has no median), then the median, min and max over seeds and the seeds where any head formed."""
+  steps = {0: [10, 20, np.nan], 1: [5, np.nan, np.nan], 2: [100, 100, 200]}
+  fo = pd.DataFrame(
+    [
+      dict(condition="baseline", source="probe", task="upos", layer=0, head=h, seed=s, formation_step=v)
+      for s, values in steps.items()
+      for h, v in enumerate(values)
+    ]
+  )
+  r = study._formation_summary(fo).iloc[0]
+  assert (r["median"], r["min"], r["max"]) == (60, 20, 100)  # seed 1's median is never: left out
+  assert (r["seeds_formed"], r["seeds"]) == (3, 3)
