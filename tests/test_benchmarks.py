@@ -5,8 +5,11 @@ import subprocess
 import sys
 
 import pytest
+import test_probe_suite
 
 import benchmarks.__main__ as runner
+
+ewt_part = test_probe_suite.ewt_part  # the fixture: 300/80/80 sentences of EWT dev, 40 of GUM dev
 
 
 def test_last_json_and_flatten():
@@ -81,3 +84,35 @@ def test_structural_benchmark_times_both_families_on_the_same_sources(data_dir):
     total["structural"]["fit_s"] / total["softmax"]["fit_s"], rel=0.05
   )
   assert "structural" in runner.BENCHMARKS and runner.BENCHMARKS["structural"][2]  # needs HEADSPEC_DATA_DIR
+
+
+def test_structural_rank_sweep_reads_the_cache_and_reports_every_fit(ewt_part, tmp_path):
+  """benchmarks/check_structural_rank on a tiny probe run (width 16): a row per (layer, rank, task, split,
+  metric) with UUAS/root accuracy in [0, 1] and Spearman in [-1, 1]; rank 32 is capped at 16 and says so;
+  the run's feature cache is read, not extracted again."""
+  from benchmarks import check_structural_rank
+  from headspec.errors import UserError
+  from headspec.probing import run as probe_run
+
+  data, texts = ewt_part
+  workdir = test_probe_suite._make_run(tmp_path / "run", texts[:50])
+  config = test_probe_suite._config(data)
+  config.probe.update(tasks=("upos",), l2_grid=(1e-2,), eval_splits=("test",), extra_treebanks=())
+  config.probe.structural_epochs = 2
+  probe_run.run(config, workdir)  # the cache; the softmax probe alone is the cheapest run that writes it
+  cache = sorted(p.name for p in (workdir / "probes/cache").iterdir())
+  out = check_structural_rank.sweep(config, workdir, [-1, 1], [2, 4, 32], ["distance", "depth"])
+  assert sorted(p.name for p in (workdir / "probes/cache").iterdir()) == cache
+  assert out["splits"] == ["en_ewt/dev", "en_ewt/test"] and out["load_average_after"]
+  keys = {(r["layer"], r["asked_rank"], r["task"], r["split"], r["metric"]) for r in out["rows"]}
+  assert len(keys) == len(out["rows"]) == 2 * 3 * 2 * 2 * 2  # layers x ranks x tasks x splits x metrics
+  for r in out["rows"]:
+    assert r["rank"] == min(r["asked_rank"], 16) and r["capped"] == (r["asked_rank"] == 32)
+    low = -1 if r["metric"] in ("dspr", "nspr") else 0
+    assert low <= r["ci_low"] <= r["value"] <= r["ci_high"] <= 1, r
+    assert 1 <= r["epochs_run"] <= 2 and r["fit_s"] >= 0
+  assert "| 1 | 16 (capped) | distance | en_ewt/test | uuas " in check_structural_rank.markdown(out)
+  with pytest.raises(UserError, match="not structural"):
+    check_structural_rank.sweep(config, workdir, [0], [2], ["upos"])
+  with pytest.raises(UserError, match="no feature cache"):
+    check_structural_rank.sweep(config, tmp_path / "nothing", [0], [2], ["depth"])
