@@ -27,7 +27,7 @@ chosen on dev and reported on test (the maximum over 48 noisy dev estimates is b
                   head on repeated random sequences (attention/roles.csv, data=repeated_random).
   causal.csv      per run and task at the last step: ablating the k most selective heads vs k
                   layer-matched random heads (ablation/causal.csv `*_vs_random` rows, paired CIs), with
-                  `mde`, the smallest effect the test detects at 80% power (`mde`).
+                  `mde`, the smallest effect the test detects at 80% power (`mde()`).
   conditions.csv  per non-baseline condition and task: condition − baseline at the last step paired by seed
                   (best head's test selectivity, best − median), mean and 95% t interval over seeds.
   rankings.csv    per run, task and measure of how much the model needs a head, at the last step:
@@ -314,6 +314,8 @@ def conditions(em, baseline: str = "baseline") -> list[dict]:
   last = em[em["step"] == em.groupby("run")["step"].transform("max")]
   last = last.assign(best_minus_median=last["selectivity"] - last["median_selectivity"])
   base = last[last["condition"] == baseline]
+  if base.empty:  # nothing to pair with
+    return []
   out = []
   for (condition, task), g in last[last["condition"] != baseline].groupby(["condition", "task"]):
     paired = g.merge(base[base["task"] == task], on=["seed", "step"], suffixes=("", "_base"))
