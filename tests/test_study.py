@@ -389,6 +389,7 @@ def test_conditions_pair_seeds_with_a_t_interval():
   assert r["seeds"] == 3 and r["difference"] == pytest.approx(0.2)
   assert (r["ci_low"], r["ci_high"]) == pytest.approx((0.2 - half, 0.2 + half))
   assert rows["best_minus_median"]["difference"] == pytest.approx(0.2)
+  assert study.conditions(em[em["condition"] != "baseline"]) == []  # no baseline: nothing to pair with
 
 
 def test_formation_summary_median_over_heads_range_over_seeds():
