@@ -56,8 +56,9 @@ def sweep(config, workdir, layers, ranks, task_names) -> dict:
     raise UserError(f"--tasks: {bad or task_names!r} not structural; choose from distance, depth")
   if not ranks or min(ranks) < 1:
     raise UserError(f"--ranks: {ranks!r}; give positive integers")
-  job = plan.plan_jobs(config, workdir)[-1]
   config = config.copy_and_resolve_references()
+  config.probe.random_baseline = False  # else the last job is the random-weights copy
+  job = plan.plan_jobs(config, workdir)[-1]  # the run's last step
   config.probe.tasks = tuple(task_names)  # only the trees the sweep scores are built
   data, _ = suite.representable_data(config, job)  # the sentences the suite probed
   _, feats = suite.job_features(job, data, config, cache_dir)

@@ -87,9 +87,9 @@ def test_structural_benchmark_times_both_families_on_the_same_sources(data_dir):
 
 
 def test_structural_rank_sweep_reads_the_cache_and_reports_every_fit(ewt_part, tmp_path):
-  """benchmarks/check_structural_rank on a tiny probe run (width 16): a row per (layer, rank, task, split,
-  metric) with UUAS/root accuracy in [0, 1] and Spearman in [-1, 1]; rank 32 is capped at 16 and says so;
-  the run's feature cache is read, not extracted again."""
+  """benchmarks/check_structural_rank on a tiny probe run (width 16, with a random baseline): a row per
+  (layer, rank, task, split, metric) with UUAS/root accuracy in [0, 1] and Spearman in [-1, 1]; rank 32 is
+  capped at 16 and says so; the trained model's feature cache is read, not extracted again."""
   from benchmarks import check_structural_rank
   from headspec.errors import UserError
   from headspec.probing import run as probe_run
@@ -97,12 +97,13 @@ def test_structural_rank_sweep_reads_the_cache_and_reports_every_fit(ewt_part, t
   data, texts = ewt_part
   workdir = test_probe_suite._make_run(tmp_path / "run", texts[:50])
   config = test_probe_suite._config(data)
-  config.probe.update(tasks=("upos",), l2_grid=(1e-2,), eval_splits=("test",), extra_treebanks=())
+  config.probe.update(tasks=("upos",), l2_grid=(1e-2,), eval_splits=("test",), extra_treebanks=(), random_baseline=True)
   config.probe.structural_epochs = 2
   probe_run.run(config, workdir)  # the cache; the softmax probe alone is the cheapest run that writes it
   cache = sorted(p.name for p in (workdir / "probes/cache").iterdir())
   out = check_structural_rank.sweep(config, workdir, [-1, 1], [2, 4, 32], ["distance", "depth"])
   assert sorted(p.name for p in (workdir / "probes/cache").iterdir()) == cache
+  assert out["model"] == "run" and out["step"] == 5  # the trained model, not its random-weights copy
   assert out["splits"] == ["en_ewt/dev", "en_ewt/test"] and out["load_average_after"]
   keys = {(r["layer"], r["asked_rank"], r["task"], r["split"], r["metric"]) for r in out["rows"]}
   assert len(keys) == len(out["rows"]) == 2 * 3 * 2 * 2 * 2  # layers x ranks x tasks x splits x metrics
