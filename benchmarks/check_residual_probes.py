@@ -52,6 +52,8 @@ def check(config, workdir, layers, task_names, max_iter: int, chosen_l2: bool = 
     raise UserError(f"{results}: no probe results; run `headspec probe` with this config first")
   rows = tables.read(results, tables.PROBES)
   fits = tables.read(tables.path_of(workdir, tables.PROBE_FITS), tables.PROBE_FITS) if chosen_l2 else []
+  config = config.copy_and_resolve_references()
+  config.probe.random_baseline = False  # else the last job is the random-weights copy
   job = plan.plan_jobs(config, workdir)[-1]
   data, _ = suite.representable_data(config, job)  # the sentences the suite probed
   _, feats = suite.job_features(job, data, config, features.run_cache_dir(workdir))
