@@ -159,4 +159,4 @@ def main(argv):
 
 if __name__ == "__main__":
   cli.use_every_cpu_core()
-  app.run(main)
+  app.run(main, argv=cli.resolve_config(sys.argv))  # configs/NAME.py by name, as the headspec command

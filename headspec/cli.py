@@ -118,7 +118,7 @@ def main(argv: list[str]) -> int:
     return 0
   use_every_cpu_core()
   try:
-    argv = _resolve_config(argv)
+    argv = resolve_config(argv)
     command = _command_asking_help(argv)
     if command is not None:
       print(command_help(command))
@@ -229,7 +229,7 @@ def _command_asking_help(argv: list[str]) -> str | None:
   return words[0] if asks and words and words[0] in COMMANDS and words[0] != "data" else None
 
 
-def _resolve_config(argv: list[str]) -> list[str]:
+def resolve_config(argv: list[str]) -> list[str]:
   """argv with each --config value's file made a packaged config's path where it names one
   (`--config=probe_ewt`, or `configs/probe_ewt.py` where no such file exists: headspec/configs/)."""
   from headspec import configs
