@@ -28,11 +28,19 @@ from ml_collections import config_flags
 
 from headspec import cli
 
-_CONFIG = config_flags.DEFINE_config_file("config", None, "the probe run's config, configs/NAME.py")
-_WORKDIR = flags.DEFINE_string("workdir", None, "the probe run's directory")
-_LAYERS = flags.DEFINE_list("layers", ["0"], "residual-stream layers to sweep (-1 or 'embeddings': the embeddings)")
-_RANKS = flags.DEFINE_list("ranks", ["8", "16", "32", "64", "128"], "ranks of B (capped at the width)")
-_TASKS = flags.DEFINE_list("tasks", ["distance", "depth"], "structural tasks to sweep")
+_FLAGS = {}  # filled by _define_flags() when run as a script
+
+
+def _define_flags() -> dict:
+  """The command's flags, defined only when it runs as a script: the tests import this module beside
+  check_residual_probes, whose flags have the same names (absl refuses a name defined twice)."""
+  return dict(
+    config=config_flags.DEFINE_config_file("config", None, "the probe run's config, configs/NAME.py"),
+    workdir=flags.DEFINE_string("workdir", None, "the probe run's directory"),
+    layers=flags.DEFINE_list("layers", ["0"], "residual-stream layers to sweep (-1 or 'embeddings': the embeddings)"),
+    ranks=flags.DEFINE_list("ranks", ["8", "16", "32", "64", "128"], "ranks of B (capped at the width)"),
+    tasks=flags.DEFINE_list("tasks", ["distance", "depth"], "structural tasks to sweep"),
+  )
 
 
 def _load() -> list[float]:
@@ -140,16 +148,16 @@ def main(argv):
   del argv
   from headspec.errors import UserError
 
-  if _CONFIG.value is None or not _WORKDIR.value:
+  if _FLAGS["config"].value is None or not _FLAGS["workdir"].value:
     raise app.UsageError("needs --config=configs/NAME.py and --workdir=RUN (the probe run)")
   try:
-    layers = [-1 if v == "embeddings" else int(v) for v in _LAYERS.value]
-    ranks = [int(v) for v in _RANKS.value]
+    layers = [-1 if v == "embeddings" else int(v) for v in _FLAGS["layers"].value]
+    ranks = [int(v) for v in _FLAGS["ranks"].value]
   except ValueError as e:
     print(f"check_structural_rank: error: --layers/--ranks: {e}", file=sys.stderr)
     sys.exit(2)
   try:
-    result = sweep(_CONFIG.value, _WORKDIR.value, layers, ranks, _TASKS.value)
+    result = sweep(_FLAGS["config"].value, _FLAGS["workdir"].value, layers, ranks, _FLAGS["tasks"].value)
   except UserError as e:
     print(f"check_structural_rank: error: {e}", file=sys.stderr)
     sys.exit(2)
@@ -159,4 +167,5 @@ def main(argv):
 
 if __name__ == "__main__":
   cli.use_every_cpu_core()
+  _FLAGS.update(_define_flags())
   app.run(main, argv=cli.resolve_config(sys.argv))  # configs/NAME.py by name, as the headspec command

@@ -117,3 +117,14 @@ def test_structural_rank_sweep_reads_the_cache_and_reports_every_fit(ewt_part, t
     check_structural_rank.sweep(config, workdir, [0], [2], ["upos"])
   with pytest.raises(UserError, match="no feature cache"):
     check_structural_rank.sweep(config, tmp_path / "nothing", [0], [2], ["depth"])
+
+
+def test_check_scripts_import_together():
+  """check_residual_probes and check_structural_rank share flag names: one process imports both (the suite
+  does), so only a script run defines check_structural_rank's flags."""
+  import subprocess
+  import sys
+
+  code = "import benchmarks.check_residual_probes, benchmarks.check_structural_rank"
+  done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+  assert done.returncode == 0, done.stderr[-2000:]
