@@ -642,24 +642,13 @@ def _draw(frames: dict, out: epath.Path) -> list[str]:
 
 
 @provenance.recorded("study")
-def write_study(root) -> epath.Path:
-  """ROOT/study/{*.csv, *.png, summary.md}; returns the summary's path."""
-  import pandas as pd
-
-  rows = collect(root)
-  out = remote.run_path(root) / OUT
-  out.mkdir(parents=True, exist_ok=True)
-  frames = {k: pd.DataFrame(v, columns=COLUMNS[k].split(",")) for k, v in rows.items()}
-  for name, frame in frames.items():
-    remote.write_bytes_atomic(out / f"{name}.csv", frame.to_csv(index=False, float_format="%.6g").encode())
-  figures = _figures(frames, out)
+def _emergence_sections(frames: dict) -> list[str]:
+  """summary.md: training loss and the best head's selectivity over training, per condition."""
   em = frames["emergence"]
   last = em[em["step"] == em.groupby("run")["step"].transform("max")]
   tr = frames["training"]
   final = tr.dropna(subset=["eval_loss"]).groupby("run").tail(1) if len(tr) else tr
   parts = [
-    f"# Study: {os.fspath(root)}",
-    "",
     "Every number below is measured in this experiment's runs; heads are chosen on dev and reported on test.",
     "Per condition: the mean over seeds, the range (min, max) and the number of seeds.",
     "",
@@ -688,6 +677,12 @@ def write_study(root) -> epath.Path:
       ]
     ),
   ]
+  return parts
+
+
+def _formation_sections(frames: dict) -> list[str]:
+  """summary.md: when each layer's heads form, and the regularizers against baseline."""
+  parts = []
   if len(frames["layers"]):
     parts += ["", "## First step with a head above step 0's best, per layer", _markdown(frames["layers"])]
   if len(frames["formation"]):
@@ -707,6 +702,12 @@ def write_study(root) -> epath.Path:
       "one seed paired (undefined).",
       _markdown(frames["conditions"], ".4f"),
     ]
+  return parts
+
+
+def _structural_sections(frames: dict) -> list[str]:
+  """summary.md: Hewitt & Manning's structural probes, by step and at the last step."""
+  parts = []
   if len(frames["structural"]):
     st = frames["structural"]
     st_last = st[st["step"] == st.groupby("run")["step"].transform("max")]
@@ -725,6 +726,12 @@ def write_study(root) -> epath.Path:
         ]
       ),
     ]
+  return parts
+
+
+def _later_sections(frames: dict) -> list[str]:
+  """summary.md: diversity, roles, the causal test, rankings and the reference models."""
+  parts = []
   if len(frames["diversity"]):
     d = frames["diversity"]
     steps = sorted(set(d["step"]))
@@ -777,6 +784,22 @@ def write_study(root) -> epath.Path:
       "best fixed offset (baseline). Layers and heads: study/reference.csv.",
       _markdown(wide.reset_index()),
     ]
+  return parts
+
+
+def write_study(root) -> epath.Path:
+  """ROOT/study/{*.csv, *.png, summary.md}; returns the summary's path."""
+  import pandas as pd
+
+  rows = collect(root)
+  out = remote.run_path(root) / OUT
+  out.mkdir(parents=True, exist_ok=True)
+  frames = {k: pd.DataFrame(v, columns=COLUMNS[k].split(",")) for k, v in rows.items()}
+  for name, frame in frames.items():
+    remote.write_bytes_atomic(out / f"{name}.csv", frame.to_csv(index=False, float_format="%.6g").encode())
+  figures = _figures(frames, out)
+  parts = [f"# Study: {os.fspath(root)}", ""] + _emergence_sections(frames)
+  parts += _formation_sections(frames) + _structural_sections(frames) + _later_sections(frames)
   parts += ["", STATISTICS, "", "Figures: " + ", ".join(figures), ""]
   summary = out / "summary.md"
   remote.write_bytes_atomic(summary, "\n".join(parts).encode())
