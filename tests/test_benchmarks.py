@@ -42,18 +42,23 @@ def test_unknown_benchmark_is_refused(tmp_path):
   assert not (tmp_path / "B.md").exists()
 
 
-def test_extraction_benchmark_matches_transformers(data_dir):
-  """bench_extract on 40 EWT sentences: packed headspec extraction and Hugging Face's PyTorch model give
-  the same residual streams (float16 on both sides), and every figure is reported."""
+def _run_benchmark(name: str, data_dir, *args) -> dict:
+  """`python -m benchmarks.NAME ARGS` from the checkout on `data_dir`; its last JSON object (it must exit 0)."""
   done = subprocess.run(
-    [sys.executable, "-m", "benchmarks.bench_extract", "--max_sentences=40", "--lengths=16", "--repeats=1"],
+    [sys.executable, "-m", f"benchmarks.{name}", *args],
     capture_output=True,
     text=True,
     cwd=runner.__file__.rsplit("/benchmarks/", 1)[0],
     env=dict(os.environ, HEADSPEC_DATA_DIR=str(data_dir)),
   )
   assert done.returncode == 0, done.stderr[-2000:]
-  result = runner.last_json(done.stdout)
+  return runner.last_json(done.stdout)
+
+
+def test_extraction_benchmark_matches_transformers(data_dir):
+  """bench_extract on 40 EWT sentences: packed headspec extraction and Hugging Face's PyTorch model give
+  the same residual streams (float16 on both sides), and every figure is reported."""
+  result = _run_benchmark("bench_extract", data_dir, "--max_sentences=40", "--lengths=16", "--repeats=1")
   assert result["max_abs_diff_residual"] < 0.02  # float16 storage of values up to ~10
   assert result["sentences"].startswith("en_ewt/dev: 40 sentences")
   assert result["headspec_words_per_s"] > 0 and result["torch_words_per_s"] > 0 and result["scaling"][0]["length"] == 16
@@ -63,15 +68,7 @@ def test_extraction_benchmark_matches_transformers(data_dir):
 def test_structural_benchmark_times_both_families_on_the_same_sources(data_dir):
   """bench_structural on MiniLM's embeddings over ~200 EWT training words: the structural and the softmax
   fits of the same source are both timed, with their totals, ratios and load averages (about a minute)."""
-  done = subprocess.run(
-    [sys.executable, "-m", "benchmarks.bench_structural", "--layers=-1", "--train_words=200", "--dev_sentences=10"],
-    capture_output=True,
-    text=True,
-    cwd=runner.__file__.rsplit("/benchmarks/", 1)[0],
-    env=dict(os.environ, HEADSPEC_DATA_DIR=str(data_dir)),
-  )
-  assert done.returncode == 0, done.stderr[-2000:]
-  result = runner.last_json(done.stdout)
+  result = _run_benchmark("bench_structural", data_dir, "--layers=-1", "--train_words=200", "--dev_sentences=10")
   (source,) = result["per_source"]
   assert source["source"] == "layer -1 residual" and source["shape"][1:] == [1, 384]
   assert 150 <= result["train_words"] == source["shape"][0] <= 400 and result["dev_sentences"] == 10

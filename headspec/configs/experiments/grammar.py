@@ -59,7 +59,7 @@ def _args(arg):
       out["condition"] = value
     elif key == "seed" and value.lstrip("-").isdigit():
       out["seed"] = int(value)
-    elif key == "lr" and _positive(value):
+    elif key == "lr" and positive(value):
       out["lr"] = float(value)
     else:
       raise ValueError(
@@ -68,7 +68,8 @@ def _args(arg):
   return out
 
 
-def _positive(text: str) -> bool:
+def positive(text: str) -> bool:
+  """Whether an argument value reads as a number above 0 (lr=X of this setting and the induction one)."""
   try:
     return float(text) > 0
   except ValueError:

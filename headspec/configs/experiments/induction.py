@@ -41,7 +41,7 @@ configs; layers=N alone to experiment(): that part); attention | probe (the anal
 sizes: one run, a few steps).
 """
 
-from headspec.configs.experiments import specialization
+from headspec.configs.experiments import grammar, specialization
 from headspec.defaults import train_config
 
 LAYERS = (2, 4)
@@ -68,18 +68,11 @@ def _args(arg):
       out["layers"] = int(value)
     elif key == "seed" and value.lstrip("-").isdigit():
       out["seed"] = int(value)
-    elif key == "lr" and _positive(value):
+    elif key == "lr" and grammar.positive(value):
       out["lr"] = float(value)
     else:
       raise ValueError(f"{ME}: bad argument {a!r} (use layers=2|3|4, mlp, seed=N, lr=X, attention, probe, tiny)")
   return out
-
-
-def _positive(text: str) -> bool:
-  try:
-    return float(text) > 0
-  except ValueError:
-    return False
 
 
 def condition(layers: int, mlp: bool) -> str:
