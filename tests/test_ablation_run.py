@@ -222,7 +222,12 @@ def test_minilm_gates_refused_and_shift(tmp_path, capsys):
   err = capsys.readouterr().err.strip().splitlines()
   assert len(err) == 1 and "L0 gates need a trained LM head" in err[0]
   assert not (out / "ablation").exists()
-  assert ablate(tmp_path, out, "minilm", methods="zero,importance", num_sentences=8, batch_tokens=256, bootstrap_resamples=50) == 0
+  assert (
+    ablate(
+      tmp_path, out, "minilm", methods="zero,importance", num_sentences=8, batch_tokens=256, bootstrap_resamples=50
+    )
+    == 0
+  )
   rows = read(out, tables.ABLATION_HEADS)
   assert {(r["method"], r["metric"]) for r in rows} == {
     ("zero", "embedding_shift"),
