@@ -12,8 +12,10 @@ text), steps 0, 10, 30, 100, 300, 1000 kept. Conditions (specialization.CONDITIO
 disagreement, 5 seeds each: 15 runs. At every kept step: the probe suite (2k training words, 10 structural
 epochs), the diversity metrics and the attention analyses of the specialization study's small setting on the
 synthetic treebank; at the last step the ablation suite with the causal test; then the atlas and `headspec
-study`. `condition=NAME` runs one condition's 5 seeds (a part: the same run configs, so the whole command
-later resumes past it).
+study`. `condition=NAME` runs one condition's 5 seeds, `seed=N` one seed's run of each condition, both together one
+run (parts: the same run configs, so the whole command later resumes past them). Two parts may run at
+once in the same --workdir once its data stage is done (ROOT/stages/data.done): on the 2-core CPU two
+small runs side by side go faster than one after the other.
 
 Learning rate 1e-2, re-measured here (baseline, seed 0, 1,000 steps, warmup 100, cosine decay; validation
 loss at step 1000 in nats/token): 1e-3 3.210, 3e-3 3.048, 1e-2 3.010.
@@ -26,8 +28,8 @@ load: about 1 h 40 min per condition (`condition=NAME`), the part that fits the 
 suite is two thirds of it. In the measured run the best head's test selectivity at step 1000 was upos +0.39,
 xpos +0.35, deprel +0.34, arc +0.085 (CIs above 0; at step 0 they were -0.07 to +0.006).
 
-Arguments (comma-separated, any order): condition=NAME, seed=N (training configs; condition=NAME alone to
-experiment(): that part); probe | diversity | attention | ablate (that stage's analysis config); lr=X
+Arguments (comma-separated, any order): condition=NAME, seed=N (training configs; to experiment(): that
+part); probe | diversity | attention | ablate (that stage's analysis config); lr=X
 (training at another learning rate, for the sweep); tiny (test sizes: one run, a few steps, small analyses:
 tests/test_study_settings.py).
 """
@@ -86,6 +88,8 @@ def experiment(arg: str | None = None):
   conditions, seeds = (("baseline",), (0,)) if tiny else (tuple(CONDITIONS), SEEDS)
   if arg and "condition=" in arg:  # one part of the setting (run the parts, then the whole command resumes)
     conditions = (a["condition"],)
+  if arg and "seed=" in arg:  # a smaller part: that seed's run (of each condition, or of condition=NAME)
+    seeds = (a["seed"],)
   runs = tuple(
     Run(f"{condition}_s{seed}", f"{ME}:{tag}condition={condition},seed={seed}", condition, seed)
     for condition in conditions
