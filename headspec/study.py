@@ -44,7 +44,8 @@ chosen on dev and reported on test (the maximum over 48 noisy dev estimates is b
                   (beside the best fixed offset), all chosen on dev and reported on test, for each run's
                   last step and each reference model (all-MiniLM-L6-v2); n: test words, sentences or arcs.
 
-Per condition, summary.md gives the mean over seeds and the range (min to max) of each figure.
+Per condition, summary.md gives the mean over seeds, its 95% t interval over seeds (t_low, t_high) and the
+range (min to max) of each figure.
 """
 
 from __future__ import annotations
@@ -309,8 +310,6 @@ def conditions(em, baseline: str = "baseline") -> list[dict]:
   with 3 to 5 seeds a bootstrap has few distinct resamples and its percentile interval cannot reach past
   the observed differences (too narrow); the t interval assumes roughly normal seed differences. With one
   seed paired the interval is undefined and stays NaN."""
-  from scipy import stats
-
   last = em[em["step"] == em.groupby("run")["step"].transform("max")]
   last = last.assign(best_minus_median=last["selectivity"] - last["median_selectivity"])
   base = last[last["condition"] == baseline]
@@ -321,14 +320,25 @@ def conditions(em, baseline: str = "baseline") -> list[dict]:
     paired = g.merge(base[base["task"] == task], on=["seed", "step"], suffixes=("", "_base"))
     for measure in ("selectivity", "best_minus_median"):
       d = (paired[measure] - paired[f"{measure}_base"]).dropna().to_numpy()
-      n = len(d)
-      mean = float(d.mean()) if n else np.nan
-      half = stats.t.ppf(0.975, n - 1) * d.std(ddof=1) / np.sqrt(n) if n >= 2 else np.nan
+      mean, low, high = seed_interval(d)
       out.append(
-        dict(condition=condition, task=task, measure=measure, difference=mean, ci_low=mean - half,
-             ci_high=mean + half, seeds=n)
-      )  # fmt: skip
+        dict(condition=condition, task=task, measure=measure, difference=mean, ci_low=low, ci_high=high, seeds=len(d))
+      )
   return out
+
+
+def seed_interval(values) -> tuple[float, float, float]:
+  """(mean, low, high): the 95% t interval over seeds, mean ± t_0.975,n−1 · sd / √n (NaN for the bounds
+  with fewer than 2 seeds). Seeds are the study's unit of replication: this interval covers training,
+  probe fit and control draw, where the sentence bootstrap covers the evaluation sentences only."""
+  from scipy import stats
+
+  v = np.asarray(values, np.float64)
+  v = v[~np.isnan(v)]
+  n = len(v)
+  mean = float(v.mean()) if n else np.nan
+  half = float(stats.t.ppf(0.975, n - 1) * v.std(ddof=1) / np.sqrt(n)) if n >= 2 else np.nan
+  return mean, mean - half, mean + half
 
 
 def _formation_summary(fo):
@@ -527,9 +537,15 @@ def collect(root) -> dict:
 
 
 def _by_condition(frame, keys: list[str], value: str):
-  """Mean over seeds and the min..max range, per condition and `keys`."""
+  """Per condition and `keys`: the mean over seeds, its 95% t interval over seeds (seed_interval), the
+  min..max range and the number of seeds."""
+  import pandas as pd
+
   g = frame.groupby(["condition", *keys])[value]
-  return g.agg(["mean", "min", "max", "count"]).reset_index()
+  out = g.agg(["mean", "min", "max", "count"]).reset_index()
+  bounds = g.apply(lambda v: pd.Series(seed_interval(v)[1:], index=["t_low", "t_high"])).unstack().reset_index()
+  out = out.merge(bounds, on=["condition", *keys])
+  return out[["condition", *keys, "mean", "t_low", "t_high", "min", "max", "count"]]
 
 
 def _markdown(frame, floats: str = ".3f") -> str:
@@ -650,7 +666,8 @@ def _emergence_sections(frames: dict) -> list[str]:
   final = tr.dropna(subset=["eval_loss"]).groupby("run").tail(1) if len(tr) else tr
   parts = [
     "Every number below is measured in this experiment's runs; heads are chosen on dev and reported on test.",
-    "Per condition: the mean over seeds, the range (min, max) and the number of seeds.",
+    "Per condition: the mean over seeds, its 95% t interval over seeds (t_low, t_high; NaN with one seed), the "
+    "range (min, max) and the number of seeds.",
     "",
     *(
       ["## Last validation loss (nats/token)", _markdown(final[["run", "condition", "seed", "step", "eval_loss"]]), ""]

@@ -406,3 +406,18 @@ def test_formation_summary_median_over_heads_range_over_seeds():
   r = study._formation_summary(fo).iloc[0]
   assert (r["median"], r["min"], r["max"]) == (60, 20, 100)  # seed 1's median is never: left out
   assert (r["seeds_formed"], r["seeds"]) == (3, 3)
+
+
+def test_per_condition_tables_carry_a_t_interval_over_seeds():
+  """summary.md's per-condition figures: mean, its 95% t interval over seeds, min, max, count (NaN bounds
+  with one seed)."""
+  em = pd.DataFrame(
+    [dict(condition="baseline", task="upos", step=9, selectivity=v) for v in (0.1, 0.2, 0.6)]
+    + [dict(condition="drophead", task="upos", step=9, selectivity=0.3)]
+  )
+  t = study._by_condition(em, ["task", "step"], "selectivity").set_index("condition")
+  half = 4.302653 * np.std([0.1, 0.2, 0.6], ddof=1) / np.sqrt(3)
+  assert list(t.columns) == ["task", "step", "mean", "t_low", "t_high", "min", "max", "count"]
+  assert (t.loc["baseline", "t_low"], t.loc["baseline", "t_high"]) == pytest.approx((0.3 - half, 0.3 + half))
+  assert (t.loc["baseline", "min"], t.loc["baseline", "max"], t.loc["baseline", "count"]) == (0.1, 0.6, 3)
+  assert np.isnan(t.loc["drophead", "t_low"]) and t.loc["drophead", "mean"] == 0.3
