@@ -34,11 +34,11 @@ import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 import joblib  # noqa: E402
 import numpy as np  # noqa: E402
-from jax import monitoring  # noqa: E402
 from sklearn.linear_model import LogisticRegression  # noqa: E402
 from sklearn.preprocessing import StandardScaler  # noqa: E402
 
 from benchmarks import synthetic_probe_data as synth  # noqa: E402
+from headspec.compilations import Compilations  # noqa: E402
 from headspec.probing import probe  # noqa: E402
 
 TASKS = (("upos", synth.NUM_UPOS), ("xpos", synth.NUM_XPOS), ("deprel", synth.NUM_DEPREL))
@@ -61,33 +61,10 @@ def _sklearn_fit(x_train, y_train, x_dev, y_dev, l2_grid):
   return best, time.process_time() - cpu, iterations
 
 
-class _Compiles:
-  """XLA backend compilations (count, seconds per compiled function) while the context is open."""
-
-  def __enter__(self):
-    self.seconds, self.count = {}, 0
-
-    def listener(event, duration, **kwargs):
-      if event == "/jax/core/compile/backend_compile_duration":
-        name = str(kwargs.get("fun_name", "?"))
-        self.seconds[name] = self.seconds.get(name, 0.0) + duration
-        self.count += 1
-
-    self._listener = listener
-    monitoring.register_event_duration_secs_listener(listener)
-    return self
-
-  def __exit__(self, *exc):
-    monitoring.unregister_event_duration_listener(self._listener)
-
-  def seconds_of(self, *names):
-    return sum(v for k, v in self.seconds.items() if any(n in k for n in names))
-
-
 def _timed_fit(module, x_train, x_dev, specs, **kwargs):
   """One cold fit: (fitted, wall s, CPU s, compilations, compile seconds, load average before)."""
   load = os.getloadavg()
-  with _Compiles() as compiles:
+  with Compilations() as compiles:
     wall, cpu = time.time(), time.process_time()
     fitted = module.fit_softmax_probes(x_train, x_dev, specs, **kwargs)
     wall, cpu = time.time() - wall, time.process_time() - cpu
@@ -178,7 +155,7 @@ def _scaling(args, labels_all):
           seconds=round(wall, 1),
           cpu_seconds=round(cpu, 1),
           compilations=compiles.count,
-          compile_seconds=round(sum(compiles.seconds.values()), 1),
+          compile_seconds=round(compiles.total_seconds, 1),
           dev_accuracy_mean={name: round(float(fitted.dev_accuracy_best[name].mean()), 4) for name, _ in TASKS},
           load_average_before=[round(v, 2) for v in load],
         )
@@ -248,7 +225,7 @@ def main():
     "jax_seconds": round(jax_wall, 1),
     "jax_cpu_seconds": round(jax_cpu, 1),
     "jax_compilations": compiles.count,
-    "jax_compile_seconds": round(sum(compiles.seconds.values()), 1),
+    "jax_compile_seconds": round(compiles.total_seconds, 1),
     "jax_lbfgs_iterations_max": {name: int(fitted.iterations[name].max()) for name, _ in TASKS},
     "jax_load_average_before_after": [[round(v, 2) for v in load_before], [round(v, 2) for v in load_after_jax]],
     "stages": _stages(fitted, compiles, args.train, args.heads, args.k),

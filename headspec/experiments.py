@@ -74,17 +74,21 @@ def stage_argv(root: str, marker: str, args: tuple[str, ...]) -> tuple[str, ...]
 
 
 def write_plan(root, experiment: Experiment, spec: str) -> epath.Path:
-  """ROOT/experiment.json: the experiment's config spec and its runs and references."""
+  """ROOT/experiment.json: the experiment's config spec and its runs and references. The runs of a plan
+  already there from the same experiment file stay listed (new ones by name replace them): a part of a
+  setting (`grammar.py:seed=1`) adds its runs, so parts run one after another or side by side each report
+  every run done so far, and the whole command lists them all."""
   path = remote.run_path(root) / PLAN
   path.parent.mkdir(parents=True, exist_ok=True)
-  text = json.dumps(
-    dict(
-      experiment=spec,
-      runs=[dataclasses.asdict(r) for r in experiment.runs],
-      references=sorted({name for name, _, _ in experiment.references}),
-    ),
-    indent=1,
-  )
+  runs = [dataclasses.asdict(r) for r in experiment.runs]
+  references = {name for name, _, _ in experiment.references}
+  if path.exists():
+    old = json.loads(path.read_text())
+    if old.get("experiment", "").split(":")[0] == spec.split(":")[0]:
+      mine = {r["name"] for r in runs}
+      runs = [r for r in old.get("runs", []) if r["name"] not in mine] + runs
+      references |= set(old.get("references", []))
+  text = json.dumps(dict(experiment=spec, runs=runs, references=sorted(references)), indent=1)
   remote.write_bytes_atomic(path, text.encode())
   return path
 

@@ -1,6 +1,7 @@
 """The probing suite end to end: results.csv contract, merging, caching, bad input, and a trained model."""
 
 import csv
+import json
 import logging
 import pathlib
 
@@ -108,6 +109,9 @@ def test_suite_on_ewt_part(ewt_part, tmp_path, caplog):
   config.probe.random_baseline = True
   results = probe_run.run(config, workdir)
   assert results == workdir / "probes/results.csv"
+  # XLA compilations per model step (issue 33): the second step (same shapes) compiles nothing
+  compiles = json.loads((workdir / "probes/run_info.json").read_text())["xla_compilations"]
+  assert compiles["run step 9"] > 0 and compiles["run-random step 0"] == 0, compiles
   out = caplog.text
   assert "split into windows" in out and "en_ewt/train" in out
   rows = _rows(results)

@@ -421,3 +421,19 @@ def test_per_condition_tables_carry_a_t_interval_over_seeds():
   assert (t.loc["baseline", "t_low"], t.loc["baseline", "t_high"]) == pytest.approx((0.3 - half, 0.3 + half))
   assert (t.loc["baseline", "min"], t.loc["baseline", "max"], t.loc["baseline", "count"]) == (0.1, 0.6, 3)
   assert np.isnan(t.loc["drophead", "t_low"]) and t.loc["drophead", "mean"] == 0.3
+
+
+def test_parts_of_a_setting_add_their_runs_to_the_plan(tmp_path):
+  """A part (`grammar.py:seed=1`) keeps the runs of earlier parts of the same experiment file in
+  experiment.json, so each part's report covers every run done so far; another experiment file replaces."""
+  run = lambda name: experiments.Run(name, f"g.py:{name}", name.split("_")[0], int(name[-1]))
+  part = lambda *names: experiments.Experiment(runs=tuple(run(n) for n in names), analyses=())
+  experiments.write_plan(tmp_path, part("baseline_s0", "drophead_s0"), "g.py:seed=0")
+  experiments.write_plan(tmp_path, part("baseline_s1"), "g.py:condition=baseline,seed=1")
+  plan = experiments.read_plan(tmp_path)
+  assert [r["name"] for r in plan["runs"]] == ["baseline_s0", "drophead_s0", "baseline_s1"]
+  assert plan["experiment"] == "g.py:condition=baseline,seed=1"
+  experiments.write_plan(tmp_path, part("baseline_s0", "drophead_s0", "baseline_s1"), "g.py")  # the whole one
+  assert [r["name"] for r in experiments.read_plan(tmp_path)["runs"]] == ["baseline_s0", "drophead_s0", "baseline_s1"]
+  experiments.write_plan(tmp_path, part("other_s0"), "h.py")
+  assert [r["name"] for r in experiments.read_plan(tmp_path)["runs"]] == ["other_s0"]

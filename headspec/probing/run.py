@@ -20,6 +20,7 @@ from absl import logging
 from etils import epath
 
 from headspec import jobloop, provenance, remote, tables
+from headspec.compilations import Compilations
 from headspec.probing import complexity as complexity_lib
 from headspec.probing import features as features_lib
 from headspec.probing import plan, report, suite
@@ -55,7 +56,16 @@ class Probe(jobloop.Analysis):
     self.cache_dir.mkdir(parents=True, exist_ok=True)
 
   def job(self, job):
-    return suite.probe_job(job, self.data, self.config, self.cache_dir)
+    """One model step's features, fits and scores; its XLA compilations go to the log and to
+    probes/run_info.json (counts.xla_compilations[name step N]): a count that stays flat from one step
+    to the next shows that nothing recompiles per step, per iteration or per probe still running."""
+    with Compilations() as compiled:
+      rows = suite.probe_job(job, self.data, self.config, self.cache_dir)
+    where = f"{job.name} step {job.step}"
+    provenance.note("xla_compilations", compiled.count, under=where)
+    provenance.note("xla_compile_seconds", round(compiled.total_seconds, 1), under=where)
+    logging.info(f"{where}: {compiled.count} XLA compilations ({compiled.total_seconds:.0f} s compiling)")
+    return rows
 
   def finish(self, jobs):
     p = self.config.probe
