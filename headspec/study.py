@@ -548,6 +548,17 @@ def _by_condition(frame, keys: list[str], value: str):
   return out[["condition", *keys, "mean", "t_low", "t_high", "min", "max", "count"]]
 
 
+def _causal_over_seeds(causal):
+  """Per condition, task and k: the refitted causal test's value (selective − random) over seeds (mean, t
+  interval, range, count), the median mde and how many seeds' own CI lies below 0."""
+  c = causal[causal["metric"] == "probe_accuracy_vs_random"]
+  out = _by_condition(c, ["task", "k"], "value")
+  extra = c.groupby(["condition", "task", "k"]).agg(
+    mde=("mde", "median"), below_0=("ci_high", lambda v: int((v < 0).sum()))
+  )
+  return out.merge(extra.reset_index(), on=["condition", "task", "k"])
+
+
 def _markdown(frame, floats: str = ".3f") -> str:
   cols = list(frame.columns)
   lines = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
@@ -563,7 +574,9 @@ STATISTICS = """## Statistics: families of tests and their corrections
 - selective_heads, above_init_heads, layers and formation: one CI comparison per head and step, uncorrected:
   counts and first crossings to follow over training, not tests of a head.
 - causal: one paired CI per run, task and k, uncorrected; mde is its power.
-- conditions: one 95% t interval over seeds per condition × task × measure, uncorrected."""
+- conditions: one 95% t interval over seeds per condition × task × measure, uncorrected.
+- t_low, t_high in the per-condition tables: a 95% t interval over seeds (training, probe fit and control
+  draw vary with the seed), one per row, uncorrected; NaN with one seed."""
 
 
 def _figures(frames: dict, out: epath.Path) -> list[str]:
@@ -774,6 +787,10 @@ def _later_sections(frames: dict) -> list[str]:
       ),
       "mde: the smallest effect this test detects with 80% power at α = 0.05, 2.8 × SE, SE = CI half-width / "
       "1.96 (Bloom 1995).",
+      "",
+      "### Over seeds: the causal test's value per condition (mean, 95% t interval over seeds) and its median mde",
+      _markdown(_causal_over_seeds(c), ".4f"),
+      "below_0: seeds whose own CI lies below 0 (the selective heads matter more in that seed).",
     ]
   if len(frames["rankings"]):
     parts += [
@@ -787,6 +804,9 @@ def _later_sections(frames: dict) -> list[str]:
           ["run", "task", "measure", "spearman", "p_holm", "within_layer_spearman", "within_layer_p_holm", "heads"]
         ]
       ),
+      "",
+      "### Over seeds: Spearman ρ per condition (mean, 95% t interval over seeds, range)",
+      _markdown(_by_condition(frames["rankings"], ["task", "measure"], "spearman")),
     ]
   if len(frames["reference"]):
     ref = frames["reference"]

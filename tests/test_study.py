@@ -437,3 +437,14 @@ def test_parts_of_a_setting_add_their_runs_to_the_plan(tmp_path):
   assert [r["name"] for r in experiments.read_plan(tmp_path)["runs"]] == ["baseline_s0", "drophead_s0", "baseline_s1"]
   experiments.write_plan(tmp_path, part("other_s0"), "h.py")
   assert [r["name"] for r in experiments.read_plan(tmp_path)["runs"]] == ["other_s0"]
+
+
+def test_causal_test_over_seeds_counts_seeds_below_zero():
+  rows = [
+    dict(condition="baseline", task="upos", k=2, metric="probe_accuracy_vs_random", value=v, ci_low=v - 0.01,
+         ci_high=v + 0.01, mde=m)
+    for v, m in ((-0.03, 0.02), (-0.005, 0.03), (-0.02, 0.01))
+  ] + [dict(condition="baseline", task="upos", k=2, metric="other", value=9.0, ci_low=0, ci_high=0, mde=0)]  # fmt: skip
+  r = study._causal_over_seeds(pd.DataFrame(rows)).iloc[0]
+  assert r["mean"] == pytest.approx(-0.055 / 3) and r["count"] == 3 and r["below_0"] == 2 and r["mde"] == 0.02
+  assert r["t_low"] < r["mean"] < r["t_high"]
