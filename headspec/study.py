@@ -612,13 +612,30 @@ def _draw(frames: dict, out: epath.Path) -> list[str]:
   em = frames["emergence"]
   tasks = [t for t in TASKS if t in set(em["task"])]
   fig, axes = plt.subplots(2, len(tasks), figsize=(4 * len(tasks), 6.5), squeeze=False)
+  seeds = em.groupby("condition")["run"].nunique()
   for j, task in enumerate(tasks):
     for _run, g in em[em["task"] == task].groupby("run"):
       g = g.sort_values("step")
-      c = colors[g["condition"].iloc[0]]
-      axes[0, j].plot(x_of(g["step"]), g["selectivity"], "o-", color=c, ms=3, lw=1, label=g["condition"].iloc[0])
-      axes[0, j].fill_between(x_of(g["step"]), g["ci_low"], g["ci_high"], color=c, alpha=0.12)
+      condition = g["condition"].iloc[0]
+      c, many = colors[condition], seeds[condition] > 1
+      axes[0, j].plot(x_of(g["step"]), g["selectivity"], "o-", color=c, ms=2 if many else 3, lw=0.6 if many else 1,
+                      alpha=0.35 if many else 1, label=None if many else condition)  # fmt: skip
+      if not many:  # one seed: its sentence-bootstrap CI
+        axes[0, j].fill_between(x_of(g["step"]), g["ci_low"], g["ci_high"], color=c, alpha=0.12)
       axes[1, j].plot(x_of(g["step"]), g["above_init_heads"], "o-", color=c, ms=3, lw=1)
+    for condition, g in em[em["task"] == task].groupby("condition"):  # several seeds: mean, t interval band
+      if seeds[condition] > 1:
+        band = _by_condition(g, ["step"], "selectivity").sort_values("step")
+        c = colors[condition]
+        axes[0, j].plot(
+          x_of(band["step"]),
+          band["mean"],
+          "-",
+          color=c,
+          lw=2,
+          label=f"{condition}: mean of {seeds[condition]} seeds, 95% t band",
+        )
+        axes[0, j].fill_between(x_of(band["step"]), band["t_low"], band["t_high"], color=c, alpha=0.18)
     axes[0, j].set_title(f"{task}: best head (dev-chosen), test")
     axes[0, j].axhline(0, color="gray", lw=0.5)
     axes[1, j].set_xlabel("training step (0 drawn at 1)")

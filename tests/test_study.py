@@ -3,6 +3,7 @@
 import importlib.util
 import json
 import os
+import shutil
 import subprocess
 import sys
 
@@ -183,6 +184,12 @@ def test_study_chooses_on_dev_reports_test_and_counts_selective_heads(tmp_path):
     assert (out / figure).exists()
   text = summary.read_text()
   assert "Best head's test selectivity by step" in text and "| baseline | upos | 100 | 0.200 |" in text
+  # a second seed (here a copy): the figure draws the mean with its t band, summary.md the t interval
+  shutil.copytree(run, root / "baseline_s1")
+  runs = (exp.runs[0], experiments.Run("baseline_s1", "c.py", "baseline", 1))
+  experiments.write_plan(root, experiments.Experiment(runs=runs, analyses=()), "c.py")
+  text = study.write_study(root).read_text()
+  assert "| baseline | upos | 100 | 0.200 | 0.200 | 0.200 | 0.200 | 0.200 | 2 |" in text
 
 
 def test_study_without_probe_results_is_one_line(tmp_path):
