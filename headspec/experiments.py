@@ -22,10 +22,11 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
 
 from etils import epath
 
-from headspec import remote
+from headspec import remote, tables
 from headspec.errors import UserError
 
 PLAN = "experiment.json"
@@ -73,23 +74,39 @@ def stage_argv(root: str, marker: str, args: tuple[str, ...]) -> tuple[str, ...]
   return (f"{root}/{STAGES}/{marker}.done", "--", *args)
 
 
+PART_KEYS = ("condition", "seed", "layers")  # an experiment argument with one of these keys picks a part
+
+
+def _setting(spec: str) -> tuple[str, tuple[str, ...], bool]:
+  """(experiment file, its arguments other than the part keys, whether the spec names a part)."""
+  path, _, arg = spec.partition(":")
+  args = [a.strip() for a in arg.split(",") if a.strip()]
+  part = [a for a in args if a.partition("=")[0] in PART_KEYS]
+  return os.path.normpath(path), tuple(sorted(set(args) - set(part))), bool(part)
+
+
 def write_plan(root, experiment: Experiment, spec: str) -> epath.Path:
-  """ROOT/experiment.json: the experiment's config spec and its runs and references. The runs of a plan
-  already there from the same experiment file stay listed (new ones by name replace them): a part of a
-  setting (`grammar.py:seed=1`) adds its runs, so parts run one after another or side by side each report
-  every run done so far, and the whole command lists them all."""
+  """ROOT/experiment.json: the experiment's config spec and its runs and references. A part of a setting
+  (its spec names condition=, seed= or layers=) adds its runs to a plan of the same setting already there
+  (the same file and other arguments; a run of the same name is replaced), so parts run one after another
+  or side by side each report every run done so far; a spec naming no part (the whole setting) or another
+  setting writes its own runs only. Read, merge and write hold the plan's lock (tables.locked)."""
   path = remote.run_path(root) / PLAN
   path.parent.mkdir(parents=True, exist_ok=True)
   runs = [dataclasses.asdict(r) for r in experiment.runs]
   references = {name for name, _, _ in experiment.references}
-  if path.exists():
-    old = json.loads(path.read_text())
-    if old.get("experiment", "").split(":")[0] == spec.split(":")[0]:
-      mine = {r["name"] for r in runs}
-      runs = [r for r in old.get("runs", []) if r["name"] not in mine] + runs
-      references |= set(old.get("references", []))
-  text = json.dumps(dict(experiment=spec, runs=runs, references=sorted(references)), indent=1)
-  remote.write_bytes_atomic(path, text.encode())
+  file, args, part = _setting(spec)
+  with tables.locked(path) as check:
+    if part and path.exists():
+      old = json.loads(path.read_text())
+      old_file, old_args, _ = _setting(old.get("experiment") or "")
+      if (old_file, old_args) == (file, args):
+        mine = {r["name"] for r in runs}
+        runs = [r for r in old.get("runs", []) if r["name"] not in mine] + runs
+        references |= set(old.get("references", []))
+    text = json.dumps(dict(experiment=spec, runs=runs, references=sorted(references)), indent=1)
+    check()
+    remote.write_bytes_atomic(path, text.encode())
   return path
 
 

@@ -539,13 +539,18 @@ def collect(root) -> dict:
 def _by_condition(frame, keys: list[str], value: str):
   """Per condition and `keys`: the mean over seeds, its 95% t interval over seeds (seed_interval), the
   min..max range and the number of seeds."""
-  import pandas as pd
-
-  g = frame.groupby(["condition", *keys])[value]
-  out = g.agg(["mean", "min", "max", "count"]).reset_index()
-  bounds = g.apply(lambda v: pd.Series(seed_interval(v)[1:], index=["t_low", "t_high"])).unstack().reset_index()
-  out = out.merge(bounds, on=["condition", *keys])
-  return out[["condition", *keys, "mean", "t_low", "t_high", "min", "max", "count"]]
+  return (
+    frame.groupby(["condition", *keys])[value]
+    .agg(
+      mean="mean",
+      t_low=lambda v: seed_interval(v)[1],
+      t_high=lambda v: seed_interval(v)[2],
+      min="min",
+      max="max",
+      count="count",
+    )
+    .reset_index()
+  )
 
 
 def _causal_over_seeds(causal):
@@ -624,8 +629,11 @@ def _draw(frames: dict, out: epath.Path) -> list[str]:
         axes[0, j].fill_between(x_of(g["step"]), g["ci_low"], g["ci_high"], color=c, alpha=0.12)
       axes[1, j].plot(x_of(g["step"]), g["above_init_heads"], "o-", color=c, ms=3, lw=1)
     for condition, g in em[em["task"] == task].groupby("condition"):  # several seeds: mean, t interval band
-      if seeds[condition] > 1:
+      if seeds[condition] > 1:  # (a band from 3 seeds at a step on: with 2, t_0.975,1 = 12.7 swamps the plot)
         band = _by_condition(g, ["step"], "selectivity").sort_values("step")
+        band = band.assign(
+          t_low=band["t_low"].where(band["count"] >= 3), t_high=band["t_high"].where(band["count"] >= 3)
+        )
         c = colors[condition]
         axes[0, j].plot(
           x_of(band["step"]),
@@ -633,7 +641,7 @@ def _draw(frames: dict, out: epath.Path) -> list[str]:
           "-",
           color=c,
           lw=2,
-          label=f"{condition}: mean of {seeds[condition]} seeds, 95% t band",
+          label=f"{condition}: mean of up to {seeds[condition]} seeds, 95% t band (≥3)",
         )
         axes[0, j].fill_between(x_of(band["step"]), band["t_low"], band["t_high"], color=c, alpha=0.18)
     axes[0, j].set_title(f"{task}: best head (dev-chosen), test")

@@ -431,8 +431,8 @@ def test_per_condition_tables_carry_a_t_interval_over_seeds():
 
 
 def test_parts_of_a_setting_add_their_runs_to_the_plan(tmp_path):
-  """A part (`grammar.py:seed=1`) keeps the runs of earlier parts of the same experiment file in
-  experiment.json, so each part's report covers every run done so far; another experiment file replaces."""
+  """A part (`grammar.py:seed=1`) keeps the runs of earlier parts of the same setting in experiment.json,
+  so each part's report covers every run done so far; the whole setting, or another one, replaces them."""
   run = lambda name: experiments.Run(name, f"g.py:{name}", name.split("_")[0], int(name[-1]))
   part = lambda *names: experiments.Experiment(runs=tuple(run(n) for n in names), analyses=())
   experiments.write_plan(tmp_path, part("baseline_s0", "drophead_s0"), "g.py:seed=0")
@@ -440,10 +440,16 @@ def test_parts_of_a_setting_add_their_runs_to_the_plan(tmp_path):
   plan = experiments.read_plan(tmp_path)
   assert [r["name"] for r in plan["runs"]] == ["baseline_s0", "drophead_s0", "baseline_s1"]
   assert plan["experiment"] == "g.py:condition=baseline,seed=1"
-  experiments.write_plan(tmp_path, part("baseline_s0", "drophead_s0", "baseline_s1"), "g.py")  # the whole one
-  assert [r["name"] for r in experiments.read_plan(tmp_path)["runs"]] == ["baseline_s0", "drophead_s0", "baseline_s1"]
-  experiments.write_plan(tmp_path, part("other_s0"), "h.py")
+  experiments.write_plan(tmp_path, part("baseline_s7"), "./g.py:seed=7")  # the same file, spelled otherwise
+  assert [r["name"] for r in experiments.read_plan(tmp_path)["runs"]][-1] == "baseline_s7"
+  assert len(experiments.read_plan(tmp_path)["runs"]) == 4
+  experiments.write_plan(tmp_path, part("baseline_s0"), "g.py")  # the whole setting lists its own runs only
+  assert [r["name"] for r in experiments.read_plan(tmp_path)["runs"]] == ["baseline_s0"]
+  experiments.write_plan(tmp_path, part("tiny_s0"), "g.py:tiny,seed=0")  # a part of another setting: replaces
+  assert [r["name"] for r in experiments.read_plan(tmp_path)["runs"]] == ["tiny_s0"]
+  experiments.write_plan(tmp_path, part("other_s0"), "h.py:seed=0")
   assert [r["name"] for r in experiments.read_plan(tmp_path)["runs"]] == ["other_s0"]
+  assert not list(tmp_path.glob(".*.lock"))  # the plan's lock is gone after each write
 
 
 def test_causal_test_over_seeds_counts_seeds_below_zero():

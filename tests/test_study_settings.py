@@ -41,6 +41,8 @@ def test_grammar_setting_runs_every_condition_with_five_seeds():
   assert len(grammar.experiment("tiny").runs) == 1
   part = grammar.experiment("condition=drophead")  # a part: the same runs' configs, so the whole one resumes
   assert set(part.runs) == {r for r in exp.runs if r.condition == "drophead"} and part.analyses == exp.analyses
+  with pytest.raises(ValueError, match="not for the experiment"):
+    grammar.experiment("lr=3e-3")
   assert grammar.experiment("seed=2").runs == tuple(r for r in exp.runs if r.seed == 2)  # seed-major parts
   assert grammar.experiment("condition=baseline,seed=4").runs == tuple(r for r in exp.runs if r.name == "baseline_s4")
 

@@ -57,8 +57,9 @@ class Probe(jobloop.Analysis):
 
   def job(self, job):
     """One model step's features, fits and scores; its XLA compilations go to the log and to
-    probes/run_info.json (counts.xla_compilations[name step N]): a count that stays flat from one step
-    to the next shows that nothing recompiles per step, per iteration or per probe still running."""
+    probes/run_info.json (xla_compilations["NAME step N"]): in one process a later step of the same
+    shapes compiles nothing, so nothing recompiles per step, per iteration or per probe still running
+    (a resumed run's steps read from the feature cache skip their forward pass's compilations)."""
     with Compilations() as compiled:
       rows = suite.probe_job(job, self.data, self.config, self.cache_dir)
     where = f"{job.name} step {job.step}"

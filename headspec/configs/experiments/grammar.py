@@ -83,6 +83,8 @@ def experiment(arg: str | None = None):
   from headspec.experiments import Experiment, Run
 
   a = _args(arg)
+  if a["stage"] or "lr=" in (arg or ""):  # would be ignored: the runs' configs carry neither
+    raise ValueError(f"{ME}: lr=X and the stage names are for single configs, not for the experiment ({arg!r})")
   tiny = a["tiny"]
   tag = "tiny," if tiny else ""
   conditions, seeds = (("baseline",), (0,)) if tiny else (tuple(CONDITIONS), SEEDS)
