@@ -20,13 +20,10 @@ small runs side by side go faster than one after the other.
 Learning rate 1e-2, re-measured here (baseline, seed 0, 1,000 steps, warmup 100, cosine decay; validation
 loss at step 1000 in nats/token): 1e-3 3.210, 3e-3 3.048, 1e-2 3.010.
 
-Measured on the 2-core development CPU, `nice`, while other jobs ran (2026-11-25; 1-minute load average in
-brackets): data stage 13 s [7]; training 320 s at 1e-2 [6-11] (504-523 s for the other rates [11-17]); for
-one trained run (6 kept steps) probe 637 s [15 falling to 5; CPU 404 s], diversity 17 s [5], attention
-90 s [5], ablate 98 s [4]; atlas 1 s. About 20 minutes a run, so 15 runs take about 5 hours at that
-load: about 1 h 40 min per condition (`condition=NAME`), the part that fits the two-hour budget. The probe
-suite is two thirds of it. In the measured run the best head's test selectivity at step 1000 was upos +0.39,
-xpos +0.35, deprel +0.34, arc +0.085 (CIs above 0; at step 0 they were -0.07 to +0.006).
+Measured on the 2-core development CPU (2026-11-25): all 15 runs as seed parts two at a time in 1 h 44 min
+(load 3.5-7), 12.5-15 min a run (probe at 6 steps about 8 min, training about 2.5, ablate 1.5, attention 1),
+then the whole command's pass and the report about 4 min; data stage 13 s. One run alone at load 6-17 took
+about 20 minutes. Results: docs/study.md, "What the grammar setting measured".
 
 Arguments (comma-separated, any order): condition=NAME, seed=N (training configs; to experiment(): that
 part); probe | diversity | attention | ablate (that stage's analysis config); lr=X
