@@ -13,15 +13,17 @@ EVENT = "/jax/core/compile/backend_compile_duration"
 
 
 class Compilations:
-  """XLA backend compilations while the context is open: `count`, and `seconds` per compiled function."""
+  """XLA backend compilations while the context is open: `count`, and per compiled function its
+  `seconds` and `counts`."""
 
   def __enter__(self):
-    self.seconds, self.count = {}, 0
+    self.seconds, self.counts, self.count = {}, {}, 0
 
     def listener(event, duration, **kwargs):
       if event == EVENT:
         name = str(kwargs.get("fun_name", "?"))
         self.seconds[name] = self.seconds.get(name, 0.0) + duration
+        self.counts[name] = self.counts.get(name, 0) + 1
         self.count += 1
 
     self._listener = listener

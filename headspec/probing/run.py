@@ -57,13 +57,15 @@ class Probe(jobloop.Analysis):
 
   def job(self, job):
     """One model step's features, fits and scores; its XLA compilations go to the log and to
-    probes/run_info.json (xla_compilations["NAME step N"]): in one process a later step of the same
-    shapes compiles nothing, so nothing recompiles per step, per iteration or per probe still running
-    (a resumed run's steps read from the feature cache skip their forward pass's compilations)."""
+    probes/run_info.json (xla_compilations["NAME step N"], and per function): in one process a later
+    step of the same shapes compiles only L-BFGS narrowings to shapes no earlier fit reached, so nothing
+    recompiles per step, per iteration or per probe still running (a resumed run's steps read from the
+    feature cache skip their forward pass's compilations)."""
     with Compilations() as compiled:
       rows = suite.probe_job(job, self.data, self.config, self.cache_dir)
     where = f"{job.name} step {job.step}"
     provenance.note("xla_compilations", compiled.count, under=where)
+    provenance.note("xla_compilations_by_function", compiled.counts, under=where)
     provenance.note("xla_compile_seconds", round(compiled.total_seconds, 1), under=where)
     logging.info(f"{where}: {compiled.count} XLA compilations ({compiled.total_seconds:.0f} s compiling)")
     return rows
