@@ -110,6 +110,27 @@ def use_every_cpu_core() -> None:
     os.environ["XLA_FLAGS"] = f"{flags_now} --xla_force_host_platform_device_count={n}".strip()
 
 
+def compilation_cache_dir() -> pathlib.Path:
+  """Where `headspec` commands keep JAX's persistent compilation cache: $XDG_CACHE_HOME/headspec/jax
+  (default ~/.cache/headspec/jax)."""
+  return pathlib.Path(os.environ.get("XDG_CACHE_HOME") or pathlib.Path.home() / ".cache") / "headspec" / "jax"
+
+
+def use_compilation_cache() -> None:
+  """JAX's persistent compilation cache (jax.readthedocs.io, "Persistent compilation cache"), set before
+  JAX starts: a later command that compiles the same programs (the next `headspec probe` over a run's
+  checkpoints, another analysis of the same model) loads them from disk instead of compiling them.
+  On the 2-core CPU a small probe run spends about a quarter of its time compiling (docs/probing_core.md).
+  A user's JAX_COMPILATION_CACHE_DIR wins; HEADSPEC_COMPILATION_CACHE=0 turns it off. The cache key
+  holds the program, the jax/jaxlib versions and the devices, so a stale entry is never used. Every
+  program is kept (JAX's default keeps only those that took a second to compile; the probe fitter's
+  take about that each, and a hundred entries are a few MB)."""
+  if os.environ.get("HEADSPEC_COMPILATION_CACHE", "1") == "0" or "JAX_COMPILATION_CACHE_DIR" in os.environ:
+    return
+  os.environ["JAX_COMPILATION_CACHE_DIR"] = os.fspath(compilation_cache_dir())
+  os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")
+
+
 def main(argv: list[str]) -> int:
   if len(argv) > 1 and argv[1] == "launch":  # its own options (--config, --workdir mean a study's), its own parser
     return _launch(argv[2:])
@@ -117,6 +138,7 @@ def main(argv: list[str]) -> int:
     print(f"headspec {version()}")
     return 0
   use_every_cpu_core()
+  use_compilation_cache()
   try:
     argv = resolve_config(argv)
     command = _command_asking_help(argv)

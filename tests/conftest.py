@@ -1,11 +1,21 @@
 """Test setup: 8 fake CPU devices (set before JAX starts) and the data directory of the real-data tests."""
 
 import os
+import shutil
+import tempfile
 
 os.environ.setdefault("XLA_FLAGS", "")
 if "xla_force_host_platform_device_count" not in os.environ["XLA_FLAGS"]:
   os.environ["XLA_FLAGS"] += " --xla_force_host_platform_device_count=8"
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
+# One persistent compilation cache per test run, shared by the pytest-xdist workers and the commands
+# the tests start as subprocesses (they inherit it): a program that another test or worker compiled is
+# loaded, not compiled again. Every program is cached (no minimum compile time). A fresh folder per
+# run, so a run never reads what an earlier one (or other code) compiled.
+_RUN = os.environ.get("PYTEST_XDIST_TESTRUNUID") or f"pid{os.getpid()}"
+_JAX_CACHE = os.path.join(tempfile.gettempdir(), f"headspec-tests-jax-cache-{_RUN}")
+os.environ.setdefault("JAX_COMPILATION_CACHE_DIR", _JAX_CACHE)
+os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")
 
 import http.server  # noqa: E402
 import pathlib  # noqa: E402
@@ -123,3 +133,9 @@ def server(tmp_path):
   yield f"http://127.0.0.1:{httpd.server_address[1]}", root
   httpd.shutdown()
   httpd.server_close()
+
+
+def pytest_sessionfinish(session, exitstatus):
+  """The controller (not an xdist worker) removes the run's compilation cache once every worker is done."""
+  if "PYTEST_XDIST_WORKER" not in os.environ:
+    shutil.rmtree(_JAX_CACHE, ignore_errors=True)

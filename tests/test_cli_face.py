@@ -1,7 +1,11 @@
 """The command line's face: --version, `<command> --help` with every config key, configs by name from
 any directory (and the old `configs/NAME.py` paths), the packaging metadata."""
 
+import os
 import pathlib
+import shutil
+import subprocess
+import sys
 
 import pytest
 
@@ -15,6 +19,24 @@ def test_version(capsys):
   assert cli.main(["headspec", "--version"]) == 0
   assert capsys.readouterr().out.strip() == f"headspec {cli.version()}"
   assert cli.version() == headspec.__version__  # the editable install's metadata is the source's version
+
+
+@pytest.mark.parametrize("switch", ["", "0"])
+def test_commands_keep_compiled_programs_in_the_user_cache(switch, tmp_path):
+  """`headspec` commands turn on JAX's persistent compilation cache in $XDG_CACHE_HOME/headspec/jax
+  (a program compiled once is written there); HEADSPEC_COMPILATION_CACHE=0 turns it off; a user's
+  JAX_COMPILATION_CACHE_DIR wins (the suite sets its own, so this runs without it)."""
+  env = {k: v for k, v in os.environ.items() if not k.startswith(("JAX_COMPILATION", "JAX_PERSISTENT"))}
+  env.update(XDG_CACHE_HOME=str(tmp_path), HEADSPEC_COMPILATION_CACHE=switch or "1")
+  code = "from headspec import cli; cli.use_compilation_cache(); import jax; print(jax.jit(lambda x: x * 3)(2.0))"
+  out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
+  assert out.stdout.strip() == "6.0"
+  written = list((tmp_path / "headspec" / "jax").glob("*"))
+  assert bool(written) == (switch == ""), written
+  shutil.rmtree(tmp_path / "headspec", ignore_errors=True)
+  env.update(JAX_COMPILATION_CACHE_DIR=str(tmp_path / "mine"), JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0")
+  subprocess.run([sys.executable, "-c", code], env=env, check=True)
+  assert not (tmp_path / "headspec").exists() and any((tmp_path / "mine").glob("*"))
 
 
 @pytest.mark.parametrize("command", sorted(cli.DEFAULTS))
