@@ -66,11 +66,14 @@ def test_extraction_benchmark_matches_transformers(data_dir):
 
 @pytest.mark.slow
 def test_structural_benchmark_times_both_families_on_the_same_sources(data_dir):
-  """bench_structural on MiniLM's embeddings over ~200 EWT training words: the structural and the softmax
-  fits of the same source are both timed, with their totals, ratios and load averages (about a minute)."""
-  result = _run_benchmark("bench_structural", data_dir, "--layers=-1", "--train_words=200", "--dev_sentences=10")
-  (source,) = result["per_source"]
-  assert source["source"] == "layer -1 residual" and source["shape"][1:] == [1, 384]
+  """bench_structural on MiniLM's residual sources of the embeddings and layer 0 (--kind leaves layer 0's
+  heads out) over ~200 EWT training words: the structural and the softmax fits of the same source are
+  both timed, with their totals, ratios and load averages (about a minute)."""
+  args = ("--layers=-1,0", "--kind=residual", "--train_words=200", "--dev_sentences=10")
+  result = _run_benchmark("bench_structural", data_dir, *args)
+  assert sorted(s["source"] for s in result["per_source"]) == ["layer -1 residual", "layer 0 residual"]
+  source = result["per_source"][0]
+  assert source["shape"][1:] == [1, 384]
   assert 150 <= result["train_words"] == source["shape"][0] <= 400 and result["dev_sentences"] == 10
   for family in ("softmax", "structural"):
     assert source[family]["fit_s"] > 0 and source[family]["score_s"] > 0

@@ -114,7 +114,7 @@ def test_suite_on_ewt_part(ewt_part, tmp_path, caplog):
   # reached (which probes still run depends on the data), at most 1 + log_{4/3}(G·T) per fit
   info = json.loads((workdir / "probes/run_info.json").read_text())
   compiles, by_function = info["xla_compilations"], info["xla_compilations_by_function"]
-  assert compiles["run step 9"] > 0 and "jit(forward)" in by_function["run step 9"], by_function
+  assert compiles["run step 9"] > 0, by_function
   assert set(by_function["run-random step 0"]) <= {"jit(_lbfgs_step)", "jit(_take_groups)"}, by_function
   out = caplog.text
   assert "split into windows" in out and "en_ewt/train" in out
