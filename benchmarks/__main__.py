@@ -52,6 +52,7 @@ BENCHMARKS = {
   "attention": (["--max_sentences=200"], [], True),
   "extract": (["--split=dev"], ["--split=train"], True),
   "structural": ([], ["--all"], True),
+  "compile_cache": ([], [], False),
 }
 VERSIONS = ("jax", "jaxlib", "flax", "optax", "numpy", "scikit-learn", "torch", "transformers")
 

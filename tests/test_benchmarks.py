@@ -86,6 +86,19 @@ def test_structural_benchmark_times_both_families_on_the_same_sources(data_dir):
   assert "structural" in runner.BENCHMARKS and runner.BENCHMARKS["structural"][2]  # needs HEADSPEC_DATA_DIR
 
 
+@pytest.mark.slow
+def test_compile_cache_benchmark_loads_what_the_cold_command_compiled(data_dir):
+  """bench_compile_cache at its smallest (a 2-step decoder, 300 probe words, UPOS): the three commands
+  run the same XLA programs; the warm command loads them from the cache the cold one wrote, in less time
+  than compiling took."""
+  result = _run_benchmark("bench_compile_cache", data_dir, "--steps=2", "--train_words=300", "--tasks=upos")
+  off, cold, warm = (result["commands"][k] for k in ("off", "cold", "warm"))
+  assert off["xla_programs"] == cold["xla_programs"] == warm["xla_programs"] > 10
+  assert warm["xla_seconds"] < 0.5 * cold["xla_seconds"], result
+  assert result["cache_entries"] >= cold["xla_programs"] // 2 and result["cache_mb"] > 0
+  assert result["ratio_wall_warm_over_off"] == pytest.approx(warm["wall_s"] / off["wall_s"], abs=0.01)
+
+
 def test_structural_rank_sweep_reads_the_cache_and_reports_every_fit(ewt_part, tmp_path):
   """benchmarks/check_structural_rank on a tiny probe run (width 16, with a random baseline): a row per
   (layer, rank, task, split, metric) with UUAS/root accuracy in [0, 1] and Spearman in [-1, 1]; rank 32 is
