@@ -17,14 +17,13 @@ class Compilations:
   `seconds` and `counts`."""
 
   def __enter__(self):
-    self.seconds, self.counts, self.count = {}, {}, 0
+    self.seconds, self.counts = {}, {}
 
     def listener(event, duration, **kwargs):
       if event == EVENT:
         name = str(kwargs.get("fun_name", "?"))
         self.seconds[name] = self.seconds.get(name, 0.0) + duration
         self.counts[name] = self.counts.get(name, 0) + 1
-        self.count += 1
 
     self._listener = listener
     monitoring.register_event_duration_secs_listener(listener)
@@ -36,6 +35,10 @@ class Compilations:
   def seconds_of(self, *names) -> float:
     """Compile seconds of the functions whose name contains any of `names`."""
     return sum(v for k, v in self.seconds.items() if any(n in k for n in names))
+
+  @property
+  def count(self) -> int:
+    return sum(self.counts.values())
 
   @property
   def total_seconds(self) -> float:
