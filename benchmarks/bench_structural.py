@@ -3,8 +3,8 @@
   HEADSPEC_DATA_DIR=... python -m benchmarks.bench_structural [--train_words=2000] [--dev_sentences=100]
                                                                [--layers=0]
   HEADSPEC_DATA_DIR=... python -m benchmarks.bench_structural --all   # the issue's size: hours on a 2-core CPU
-  HEADSPEC_DATA_DIR=... python -m benchmarks.bench_structural --train_words=0 --dev_sentences=0 --kind=heads
-                                                               # layer 0's 12 heads on all of EWT: ~15 minutes
+  HEADSPEC_DATA_DIR=... python -m benchmarks.bench_structural --train_words=0 --dev_sentences=0
+                    # layer 0's heads and residual on all of EWT: 42 min (`python -m benchmarks --only=structural_ewt`)
 
 The issue's bar: the structural probes on all of EWT for all-MiniLM-L6-v2's 6 layers of 12 heads (Z_h, 32
 wide), 6 residual streams and the embeddings (384 wide) within the time of the softmax probes of the same

@@ -135,6 +135,14 @@ def server(tmp_path):
   httpd.server_close()
 
 
+def pytest_collection_modifyitems(config, items):
+  """The modules that hold a test marked `slow` run first, each module's tests kept together (their
+  module-scoped fixtures are built once): the long tests start at the beginning and the short ones fill in
+  behind them, instead of a long test starting last while the other pytest-xdist worker idles."""
+  slow_modules = {item.module for item in items if item.get_closest_marker("slow")}
+  items.sort(key=lambda item: item.module not in slow_modules)
+
+
 def pytest_sessionfinish(session, exitstatus):
   """The controller (not an xdist worker) removes the run's compilation cache once every worker is done."""
   if "PYTEST_XDIST_WORKER" not in os.environ:

@@ -31,6 +31,14 @@ def test_markdown_names_the_machine_and_every_figure():
   assert "Skipped: needs data" in text and "Failed: boom" in text
 
 
+def test_a_benchmark_may_run_another_modules_script():
+  """structural_ewt is bench_structural at issue 36's size (all of EWT, layer 0's two shapes)."""
+  assert runner.command("structural_ewt", runner.BENCHMARKS["structural_ewt"][0]) == (
+    "python -m benchmarks.bench_structural --train_words=0 --dev_sentences=0 --layers=0"
+  )
+  assert runner.command("probe", ["--heads=1"]) == "python -m benchmarks.bench_probe --heads=1"
+
+
 def test_unknown_benchmark_is_refused(tmp_path):
   done = subprocess.run(
     [sys.executable, "-m", "benchmarks", "--only=nope", f"--out={tmp_path / 'B.md'}"],

@@ -140,6 +140,7 @@ def test_decoder_learns_below_unigram_entropy(synthetic_data_dir, tmp_path):
   config.train.warmup_steps = 20
   config.train.eval_every = 200
   config.train.eval_batches = 4
+  config.train.log_every, config.train.checkpoint_every = 50, 200  # not a save and a host read every step
   train_and_evaluate(config, tmp_path)
   records = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
   eval_loss = [r["eval/loss"] for r in records if "eval/loss" in r][-1]
