@@ -25,6 +25,7 @@ from importlib import metadata
 
 # the probe fit before issue 33's rewrite (bench_probe --before times it beside today's, same load)
 PROBE_BEFORE = "31d0837^"
+STRUCTURAL_EWT = ["--train_words=0", "--dev_sentences=0", "--layers=0"]
 # name -> (CPU-sized arguments, --full arguments, needs HEADSPEC_DATA_DIR)
 BENCHMARKS = {
   "train": (
@@ -53,7 +54,7 @@ BENCHMARKS = {
   "extract": (["--split=dev"], ["--split=train"], True),
   "structural": ([], ["--all"], True),
   # issue 36's bar at full size: layer 0's 12 heads and its residual stream on all of EWT (~40 min, 2 cores)
-  "structural_ewt": (["--train_words=0", "--dev_sentences=0", "--layers=0"], ["--all"], True),
+  "structural_ewt": (STRUCTURAL_EWT, STRUCTURAL_EWT, True),  # --full: "structural" already runs --all
   "compile_cache": ([], [], False),
 }
 # a benchmark run by another's module, with other arguments
