@@ -198,7 +198,7 @@ def test_stopped_probes_leave_the_pass_and_change_nothing(monkeypatch):
   real = probe._lbfgs_step
 
   def recording(state, data, **kwargs):
-    shapes.append((data.xs_CGcK.shape[1], sum(num_p * c for _, c, num_p in kwargs["layout"])))
+    shapes.append((data.xs_CGKc.shape[1], sum(num_p * c for _, c, num_p in kwargs["layout"])))
     return real(state, data, **kwargs)
 
   monkeypatch.setattr(probe, "_lbfgs_step", recording)
