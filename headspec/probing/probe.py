@@ -62,7 +62,7 @@ DEFAULT_MAX_ITER = 500  # L-BFGS iterations at most (each one pass over the trai
 # L-BFGS narrows its pass to the probes still running when the multiply-adds that saves (estimated) are
 # worth more than compiling the step for the narrower shape: about a second of a 2-core CPU
 NARROWING_COST = 5e10
-CHUNK_LOGITS = 1 << 20  # logits per chunk of a full-batch pass (see _pass_data)
+CHUNK_LOGITS = 1 << 19  # logits per chunk of a full-batch pass (see _pass_data)
 _EMPTY_CLASS_BIAS = -30.0  # log-prior of a class absent from train: never predicted
 
 
@@ -905,14 +905,16 @@ def _adam(fit, g0, g1, put):
 def _pass_data(fit, g0, g1, put):
   """The device arrays of a full pass for groups g0..g1-1: standardised features in chunks (the last
   padded), group-major, words last. A chunk's logits, softmax and their gradient are a few G·T·c
-  arrays: chunks hold at most the power of two (≤ pass_chunk) that keeps each near CHUNK_LOGITS
-  floats, so they stay in cache (on the 2-core CPU a pass at c = 512 took a third of the time it took
-  at 4096, G·T = 2496), and the words are spread evenly over the chunks (padding under 64 words a
-  chunk)."""
+  arrays: chunks hold at most the power of two (512 ≤ c ≤ pass_chunk) that keeps each near
+  CHUNK_LOGITS floats, so they stay in cache, and the words are spread evenly over the chunks (padding
+  under 64 words a chunk). Measured on the 2-core CPU (GFLOP/s of a pass at c = 128 … 4096): 5,708
+  words × K 16 × 416 columns 22-28-16, best at 512-1024; 47,600 × 64 × 624 63-77-69, best at 1024;
+  12 groups × 20,000 × 32 × 624 48-56-38, best at 512-1024; 40,000 × 384 × 624 101-189-172, best at
+  512."""
   mean, std = (np.asarray(a[g0:g1], np.float32) for a in (fit.mean, fit.std))
   xs = (np.asarray(fit.x_train_NGK[:, g0:g1], np.float32) - mean) / std
   n = xs.shape[0]
-  fit_cache = _pow2_at_least(max(CHUNK_LOGITS // ((g1 - g0) * len(fit.cols.block_T)), 64))
+  fit_cache = _pow2_at_least(max(CHUNK_LOGITS // ((g1 - g0) * len(fit.cols.block_T)), 512))
   largest = max(1, min(fit.pass_chunk, fit_cache, n))
   chunks = -(-n // largest)
   c = min(largest, 64 * -(-n // (64 * chunks)))  # the fewest chunks, each a multiple of 64 words
