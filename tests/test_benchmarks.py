@@ -88,8 +88,8 @@ def test_structural_benchmark_times_both_families_on_the_same_sources(data_dir):
     assert len(source[family]["load_average_before"]) == 3
   assert all(1 <= e <= 40 for runs in source["structural"]["epochs_run"].values() for e in runs)
   total = result["total"]
-  assert result["ratio_fit_structural_over_softmax"] == pytest.approx(
-    total["structural"]["fit_s"] / total["softmax"]["fit_s"], rel=0.05
+  assert result["ratio_fit_structural_over_softmax"] == pytest.approx(  # the ratio is printed to 2 decimals
+    total["structural"]["fit_s"] / total["softmax"]["fit_s"], rel=0.05, abs=0.005
   )
   assert "structural" in runner.BENCHMARKS and runner.BENCHMARKS["structural"][2]  # needs HEADSPEC_DATA_DIR
 
