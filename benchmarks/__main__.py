@@ -23,8 +23,8 @@ import sys
 import time
 from importlib import metadata
 
-# the probe fit before issue 33's rewrite (bench_probe --before times it beside today's, same load)
-PROBE_BEFORE = "31d0837^"
+# the probe fit before its words-last pass (issue 33; bench_probe --before times it beside today's, same load)
+PROBE_BEFORE = "4747a52"
 STRUCTURAL_EWT = ["--train_words=0", "--dev_sentences=0", "--layers=0"]
 # name -> (CPU-sized arguments, --full arguments, needs HEADSPEC_DATA_DIR)
 BENCHMARKS = {

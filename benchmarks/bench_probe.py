@@ -73,13 +73,13 @@ def _timed_fit(module, x_train, x_dev, specs, **kwargs):
 
 def _matmul_gflops(g, n, k, t, chunk):
   """GFLOP/s of the pass's two matmuls alone (logits xs·W, gradient xsᵀ·Z) over n words in chunks."""
-  xs = jnp.asarray(np.random.default_rng(0).standard_normal((max(1, n // chunk), g, chunk, k)), jnp.float32)
+  xs = jnp.asarray(np.random.default_rng(0).standard_normal((max(1, n // chunk), g, k, chunk)), jnp.float32)
   w = jnp.asarray(np.random.default_rng(1).standard_normal((g, k, t)) / np.sqrt(k), jnp.float32)
 
   @jax.jit
-  def two_matmuls(xs, w):
+  def two_matmuls(xs, w):  # the pass's layout: features and logits words last
     def body(acc, x):
-      return acc + jnp.einsum("gbk,gbt->gkt", x, jnp.einsum("gbk,gkt->gbt", x, w)), None
+      return acc + jnp.einsum("gkb,gtb->gkt", x, jnp.einsum("gkt,gkb->gtb", w, x)), None
 
     return jax.lax.scan(body, jnp.zeros_like(w), xs)[0]
 
@@ -95,8 +95,7 @@ def _stages(fitted, compiles, n_train, heads, k, batch_size=2048, refine_samples
   logits and weight gradient), beside the plain matmul of the same shapes measured now."""
   prof = fitted.profile
   total_t = sum(c for _, c in TASKS) * len(fitted.l2_grid)
-  chunk = probe._pow2_at_least(max(probe.CHUNK_LOGITS // (heads * total_t), 64))
-  chunk = min(chunk, 4096, n_train)
+  chunk = probe.pass_chunk_words(n_train, heads, total_t)
   lbfgs_s = prof["lbfgs_s"] - compiles.seconds_of("_lbfgs", "_take_groups")
   lbfgs_flops = 4.0 * n_train * k * prof["group_columns"]
   steps = refine_samples // batch_size

@@ -902,6 +902,14 @@ def _adam(fit, g0, g1, put):
   return params
 
 
+def pass_chunk_words(n: int, groups: int, columns: int, most: int = 4096) -> int:
+  """Words per chunk of a full-batch pass (see _pass_data): the fewest chunks of at most the power of
+  two (512 ≤ c ≤ most) nearest CHUNK_LOGITS / (groups·columns), each a multiple of 64 words."""
+  largest = max(1, min(most, _pow2_at_least(max(CHUNK_LOGITS // (groups * columns), 512)), n))
+  chunks = -(-n // largest)
+  return min(largest, 64 * -(-n // (64 * chunks)))
+
+
 def _pass_data(fit, g0, g1, put):
   """The device arrays of a full pass for groups g0..g1-1: standardised features in chunks (the last
   padded), group-major, words last. A chunk's logits, softmax and their gradient are a few G·T·c
@@ -914,10 +922,7 @@ def _pass_data(fit, g0, g1, put):
   mean, std = (np.asarray(a[g0:g1], np.float32) for a in (fit.mean, fit.std))
   xs = (np.asarray(fit.x_train_NGK[:, g0:g1], np.float32) - mean) / std
   n = xs.shape[0]
-  fit_cache = _pow2_at_least(max(CHUNK_LOGITS // ((g1 - g0) * len(fit.cols.block_T)), 512))
-  largest = max(1, min(fit.pass_chunk, fit_cache, n))
-  chunks = -(-n // largest)
-  c = min(largest, 64 * -(-n // (64 * chunks)))  # the fewest chunks, each a multiple of 64 words
+  c = pass_chunk_words(n, g1 - g0, len(fit.cols.block_T), fit.pass_chunk)
   pad = -n % c
   xs = np.concatenate([xs, np.zeros((pad,) + xs.shape[1:], np.float32)]).reshape(-1, c, *xs.shape[1:])
   ys = tuple(
