@@ -364,8 +364,8 @@ def _axpy(s_GQ, p, q, block_T):
 class _Pass(NamedTuple):
   """The device arrays of a full-batch pass over the training words for some groups: xs_CGKc, the
   standardised features in chunks of c words (the last padded with label -1), group-major and words
-  last, as each chunk's matmuls and softmax read them (_softmax_ce); whiten_GKK per group; the rest per column (l2_T), per label set
-  (ys_ACc, inv_count_A) or mapping columns to probes (block_T, onehot_TQ)."""
+  last, as each chunk's matmuls and softmax read them (_softmax_ce); whiten_GKK per group; the rest per
+  column (l2_T), per label set (ys_ACc, inv_count_A) or mapping columns to probes (block_T, onehot_TQ)."""
 
   xs_CGKc: jax.Array
   whiten_GKK: jax.Array
@@ -903,8 +903,9 @@ def _adam(fit, g0, g1, put):
 
 
 def pass_chunk_words(n: int, groups: int, columns: int, most: int = 4096) -> int:
-  """Words per chunk of a full-batch pass (see _pass_data): the fewest chunks of at most the power of
-  two (512 ≤ c ≤ most) nearest CHUNK_LOGITS / (groups·columns), each a multiple of 64 words."""
+  """Words per chunk of a full-batch pass (see _pass_data): the fewest chunks of at most L words, L the
+  power of two at or above CHUNK_LOGITS / (groups·columns) kept within [512, most], each chunk a
+  multiple of 64 words."""
   largest = max(1, min(most, _pow2_at_least(max(CHUNK_LOGITS // (groups * columns), 512)), n))
   chunks = -(-n // largest)
   return min(largest, 64 * -(-n // (64 * chunks)))
@@ -913,12 +914,11 @@ def pass_chunk_words(n: int, groups: int, columns: int, most: int = 4096) -> int
 def _pass_data(fit, g0, g1, put):
   """The device arrays of a full pass for groups g0..g1-1: standardised features in chunks (the last
   padded), group-major, words last. A chunk's logits, softmax and their gradient are a few G·T·c
-  arrays: chunks hold at most the power of two (512 ≤ c ≤ pass_chunk) that keeps each near
-  CHUNK_LOGITS floats, so they stay in cache, and the words are spread evenly over the chunks (padding
-  under 64 words a chunk). Measured on the 2-core CPU (GFLOP/s of a pass at c = 128 … 4096): 5,708
-  words × K 16 × 416 columns 22-28-16, best at 512-1024; 47,600 × 64 × 624 63-77-69, best at 1024;
-  12 groups × 20,000 × 32 × 624 48-56-38, best at 512-1024; 40,000 × 384 × 624 101-189-172, best at
-  512."""
+  arrays, kept near CHUNK_LOGITS floats so they stay in cache (pass_chunk_words), and the words are
+  spread evenly over the chunks. Measured on the 2-core CPU, GFLOP/s of a pass at c = 128 (lowest,
+  best, 4096): 5,708 words × K 16 × 416 columns 22, 28 at 512-1024, 16; 47,600 × 64 × 624: 63, 77 at
+  1024, 69; 12 groups × 20,000 × 32 × 624: 48, 56 at 512-1024, 38; 40,000 × 384 × 624: 101, 189 at
+  512, 172."""
   mean, std = (np.asarray(a[g0:g1], np.float32) for a in (fit.mean, fit.std))
   xs = (np.asarray(fit.x_train_NGK[:, g0:g1], np.float32) - mean) / std
   n = xs.shape[0]
