@@ -7,6 +7,14 @@ import tempfile
 os.environ.setdefault("XLA_FLAGS", "")
 if "xla_force_host_platform_device_count" not in os.environ["XLA_FLAGS"]:
   os.environ["XLA_FLAGS"] += " --xla_force_host_platform_device_count=8"
+# One compute thread per process: `pytest -n 2` runs two workers (and the commands they start) on two
+# cores, and XLA's and BLAS's thread pools sized to every core oversubscribe them (load average 4+ and
+# more CPU for the same work). HEADSPEC_TEST_THREADS=0 keeps the libraries' defaults.
+if os.environ.get("HEADSPEC_TEST_THREADS", "1") != "0":
+  if "xla_cpu_multi_thread_eigen" not in os.environ["XLA_FLAGS"]:
+    os.environ["XLA_FLAGS"] += " --xla_cpu_multi_thread_eigen=false intra_op_parallelism_threads=1"
+  for name in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
+    os.environ.setdefault(name, "1")
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 # One persistent compilation cache per test run, shared by the pytest-xdist workers and the commands
 # the tests start as subprocesses (they inherit it): a program that another test or worker compiled is
@@ -115,6 +123,40 @@ def train_tiny_decoder(synthetic_data_dir, tmp_path_factory):
   return train
 
 
+@pytest.fixture(scope="session")
+def attention_only_decoder(tmp_path_factory):
+  """`get(num_layers)` -> tests/induction_recipe.py's trained attention-only decoder (seed 0, 1,500 steps). Each is trained
+  once per test run: its parameters are written to the run's temporary folder, which both pytest-xdist
+  workers share, under a lock, and the worker that did not train reads them."""
+  import fcntl
+
+  import induction_recipe
+  import jax
+  import numpy as np
+  from flax import nnx
+
+  base = tmp_path_factory.getbasetemp()
+  shared = base.parent if "PYTEST_XDIST_WORKER" in os.environ else base  # the parent is this run's own
+
+  def get(num_layers: int):
+    path = shared / f"attention-only-{num_layers}-layers.npz"
+    with open(shared / f"attention-only-{num_layers}-layers.lock", "w") as lock:
+      fcntl.flock(lock, fcntl.LOCK_EX)
+      if path.is_file():
+        graphdef, params = induction_recipe.train_attention_only(
+          num_layers, steps=0
+        )  # the structure; the values are read
+        leaves, treedef = jax.tree.flatten(params)
+        with np.load(path) as saved:
+          params = jax.tree.unflatten(treedef, [saved[f"a{i}"] for i in range(len(leaves))])
+      else:
+        graphdef, params = induction_recipe.train_attention_only(num_layers)
+        np.savez(path, **{f"a{i}": np.asarray(a) for i, a in enumerate(jax.tree.leaves(params))})
+    return nnx.merge(graphdef, params)
+
+  return get
+
+
 class _QuietHandler(http.server.SimpleHTTPRequestHandler):
   def log_message(self, *args):
     pass
@@ -140,7 +182,11 @@ def pytest_collection_modifyitems(config, items):
   module-scoped fixtures are built once): the long tests start at the beginning and the short ones fill in
   behind them, instead of a long test starting last while the other pytest-xdist worker idles."""
   slow_modules = {item.module for item in items if item.get_closest_marker("slow")}
-  items.sort(key=lambda item: item.module not in slow_modules)
+  # A module that reads the shared attention-only decoder after the first one (which trains it) goes to the
+  # end of its section, so that it finds the model written instead of waiting for the training.
+  sharing = [item.module for item in items if "attention_only_decoder" in getattr(item, "fixturenames", ())]
+  readers = set(sharing) - set(sharing[:1])
+  items.sort(key=lambda item: (item.module not in slow_modules, item.module in readers))
 
 
 def pytest_sessionfinish(session, exitstatus):

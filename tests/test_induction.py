@@ -9,6 +9,7 @@ import jax
 import numpy as np
 import pytest
 from flax import nnx
+from induction_recipe import INDUCTION_N, INDUCTION_SPECIALS, INDUCTION_VOCAB
 
 from headspec import runs, tables
 from headspec.attention import induction as ind
@@ -290,52 +291,24 @@ def test_encoder_refused_with_one_line(run_dir, monkeypatch):
 
 # --- an induction head forms where theory says it can (Olsson et al. 2022; Elhage et al. 2021) ---
 
-FORM_SEQ, FORM_VOCAB, FORM_SPECIALS, UNSEEN_N = 24, 64, (0, 1, 2), 6
-FORM_LENGTHS = [n for n in range(3, 12) if n != UNSEEN_N]  # the scored n is never trained on
 
-
-def train_attention_only(num_layers: int, *, steps: int, seed: int, batch: int = 128):
-  """A 4-head, d_model 64 attention-only decoder trained with headspec's own train_step on
-  `varied_repeat_batch` rows; returns (scores at the unseen n, first- and second-repeat losses).
-  Sinusoidal positions and an untied unembedding: with learned positions and tied embeddings no
-  induction head formed within 4,000 steps in our trials (docs/attention.md)."""
-  import functools
-
-  import jax.numpy as jnp
-  import optax
-
-  from headspec.objectives import Objective
-  from headspec.train import TrainState, train_step
-
-  cfg = ModelConfig(
-    kind="decoder", vocab_size=FORM_VOCAB, num_layers=num_layers, num_heads=4, d_model=64, d_head=16, d_ff=1,
-    max_len=FORM_SEQ, mlp=False, positions="sinusoidal", tie_embeddings=False,
-  )  # fmt: skip
-  graphdef, params = nnx.split(Transformer(cfg, rngs=nnx.Rngs(params=seed)))
-  tx = optax.adam(1e-3)
-  state = TrainState(step=jnp.zeros((), jnp.int32), params=params, opt_state=tx.init(params))
-  obj = Objective(kind="decoder", vocab_size=FORM_VOCAB, mask_id=0)
-  step = jax.jit(functools.partial(train_step, graphdef=graphdef, tx=tx, obj=obj), donate_argnums=0)
-  rng, key, ids = np.random.default_rng(seed), jax.random.key(seed), np.arange(batch, dtype=np.int32)
-  for _ in range(steps):
-    rows = ind.varied_repeat_batch(rng, batch, FORM_SEQ, FORM_VOCAB, FORM_SPECIALS, lengths=FORM_LENGTHS)
-    state, _ = step(state, {"tokens": rows, "example_id": ids}, key)
-  model = nnx.merge(graphdef, state.params)
-  x = ind.repeated_random_tokens(FORM_VOCAB, FORM_SPECIALS, n=UNSEEN_N, count=100, seed=seed + 1, bos=(2,))
-  p = ind.run(model, x, np.ones(x.shape, bool), np.array(FORM_SPECIALS))
-  first, second = ind.repeat_losses(p.nll_NT, UNSEEN_N)
+def _scores_and_repeat_losses(model):
+  """Role scores at the unseen n (repeated random tokens) and the mean first- and second-repeat losses."""
+  x = ind.repeated_random_tokens(INDUCTION_VOCAB, INDUCTION_SPECIALS, n=INDUCTION_N, count=100, seed=1, bos=(2,))
+  p = ind.run(model, x, np.ones(x.shape, bool), np.array(INDUCTION_SPECIALS))
+  first, second = ind.repeat_losses(p.nll_NT, INDUCTION_N)
   return {role: s[0] for role, s in ind.attention_scores(p, resamples=20, seed=0).items()}, first.mean(), second.mean()
 
 
 @pytest.mark.slow
-def test_induction_head_forms_in_two_layers_not_in_one():
+def test_induction_head_forms_in_two_layers_not_in_one(attention_only_decoder):
   """Two attention-only layers form an induction head at an n never trained on; one layer cannot.
 
   The layer-1 head composes with a layer-0 head that tells it where to look: a previous-token head
   (K-composition, Olsson et al.'s account) or a duplicate-token head (Q-composition). Which one forms is
   decided by the seed (docs/attention.md lists our trials), so the test asks for either."""
   (scores, first, second), (scores_1, first_1, second_1) = (
-    train_attention_only(layers, steps=1500, seed=0) for layers in (2, 1)
+    _scores_and_repeat_losses(attention_only_decoder(layers)) for layers in (2, 1)
   )
   induction, supplier = scores["induction"], np.maximum(scores["previous_token"], scores["duplicate_token"])
   assert induction[1].max() > 0.5 and induction[0].max() < 0.2, scores

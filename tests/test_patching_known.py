@@ -1,49 +1,27 @@
 """Known answers for patching: on the two-layer attention-only decoder that forms an induction head
-(tests/test_induction.py's recipe: sinusoidal positions, untied unembedding, `varied_repeat_batch` rows),
+(tests/induction_recipe.py: sinusoidal positions, untied unembedding, `varied_repeat_batch` rows),
 activation patching of the repeated-sequence task picks out the induction head, and path patching into
 its queries and keys picks out the layer-0 head it composes with (previous- or duplicate-token head)."""
 
-import functools
-
-import jax
-import jax.numpy as jnp
+import induction_recipe
 import numpy as np
-import optax
 import pytest
-from flax import nnx
 
 import headspec
 from headspec.attention import induction as ind
-from headspec.model import ModelConfig, Transformer
-from headspec.objectives import Objective
 from headspec.patching import tasks
-from headspec.train import TrainState, train_step
 
-SEQ, VOCAB, SPECIALS, N = 24, 64, (0, 1, 2), 6
-
-
-def train_induction_model(steps: int = 1500, seed: int = 0, batch: int = 128):
-  """A 2-layer, 4-head, d_model 64 attention-only decoder trained on repeated random sequences."""
-  cfg = ModelConfig(
-    kind="decoder", vocab_size=VOCAB, num_layers=2, num_heads=4, d_model=64, d_head=16, d_ff=1, max_len=SEQ,
-    mlp=False, positions="sinusoidal", tie_embeddings=False,
-  )  # fmt: skip
-  graphdef, params = nnx.split(Transformer(cfg, rngs=nnx.Rngs(params=seed)))
-  tx = optax.adam(1e-3)
-  state = TrainState(step=jnp.zeros((), jnp.int32), params=params, opt_state=tx.init(params))
-  obj = Objective(kind="decoder", vocab_size=VOCAB, mask_id=0)
-  step = jax.jit(functools.partial(train_step, graphdef=graphdef, tx=tx, obj=obj), donate_argnums=0)
-  rng, key, ids = np.random.default_rng(seed), jax.random.key(seed), np.arange(batch, dtype=np.int32)
-  lengths = [n for n in range(3, 12) if n != N]  # the patched n is never trained on
-  for _ in range(steps):
-    rows = ind.varied_repeat_batch(rng, batch, SEQ, VOCAB, SPECIALS, lengths=lengths)
-    state, _ = step(state, {"tokens": rows, "example_id": ids}, key)
-  return nnx.merge(graphdef, state.params)
+SEQ, VOCAB, SPECIALS, N = (
+  induction_recipe.INDUCTION_SEQ,
+  induction_recipe.INDUCTION_VOCAB,
+  induction_recipe.INDUCTION_SPECIALS,
+  induction_recipe.INDUCTION_N,
+)
 
 
 @pytest.fixture(scope="module")
-def induction_model():
-  return train_induction_model()
+def induction_model(attention_only_decoder):
+  return attention_only_decoder(2)
 
 
 @pytest.mark.slow
