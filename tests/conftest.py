@@ -7,14 +7,6 @@ import tempfile
 os.environ.setdefault("XLA_FLAGS", "")
 if "xla_force_host_platform_device_count" not in os.environ["XLA_FLAGS"]:
   os.environ["XLA_FLAGS"] += " --xla_force_host_platform_device_count=8"
-# One compute thread per process: `pytest -n 2` runs two workers (and the commands they start) on two
-# cores, and XLA's and BLAS's thread pools sized to every core oversubscribe them (load average 4+ and
-# more CPU for the same work). HEADSPEC_TEST_THREADS=0 keeps the libraries' defaults.
-if os.environ.get("HEADSPEC_TEST_THREADS", "1") != "0":
-  if "xla_cpu_multi_thread_eigen" not in os.environ["XLA_FLAGS"]:
-    os.environ["XLA_FLAGS"] += " --xla_cpu_multi_thread_eigen=false intra_op_parallelism_threads=1"
-  for name in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
-    os.environ.setdefault(name, "1")
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 # One persistent compilation cache per test run, shared by the pytest-xdist workers and the commands
 # the tests start as subprocesses (they inherit it): a program that another test or worker compiled is
@@ -125,9 +117,9 @@ def train_tiny_decoder(synthetic_data_dir, tmp_path_factory):
 
 @pytest.fixture(scope="session")
 def attention_only_decoder(tmp_path_factory):
-  """`get(num_layers)` -> tests/induction_recipe.py's trained attention-only decoder (seed 0, 1,500 steps). Each is trained
-  once per test run: its parameters are written to the run's temporary folder, which both pytest-xdist
-  workers share, under a lock, and the worker that did not train reads them."""
+  """`get(num_layers)` -> tests/induction_recipe.py's trained attention-only decoder (seed 0, 1,500
+  steps), trained once per test run: its parameters are written to the run's temporary folder, which
+  both pytest-xdist workers share, under a lock, and the worker that did not train reads them."""
   import fcntl
 
   import induction_recipe
@@ -143,9 +135,8 @@ def attention_only_decoder(tmp_path_factory):
     with open(shared / f"attention-only-{num_layers}-layers.lock", "w") as lock:
       fcntl.flock(lock, fcntl.LOCK_EX)
       if path.is_file():
-        graphdef, params = induction_recipe.train_attention_only(
-          num_layers, steps=0
-        )  # the structure; the values are read
+        # The structure from an untrained copy, the values from the file.
+        graphdef, params = induction_recipe.train_attention_only(num_layers, steps=0)
         leaves, treedef = jax.tree.flatten(params)
         with np.load(path) as saved:
           params = jax.tree.unflatten(treedef, [saved[f"a{i}"] for i in range(len(leaves))])
