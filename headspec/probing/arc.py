@@ -45,6 +45,10 @@ DEFAULT_ARC_L2_GRID = (1e-4, 1e-3, 1e-2)
 DEFAULT_ARC_LEARNING_RATE = 1e-3
 DEFAULT_ARC_RANK = 32  # the rank of A, B for every group (heads and residual streams alike), capped at K
 PACK_WIDTH = 64  # words per packed row; longer sentences get a row of their own (next power of two)
+# Words per chunk when scoring (dev loss every epoch, predictions): the (l2, group, row, word, candidate)
+# scores of a chunk stay small enough for the CPU's caches. MiniLM layer-3 heads, 40k EWT words, 10
+# epochs: the dev loss took 8.7 s at 8,192 words a chunk, 3.7 s at 1,024, with identical dev UAS.
+CHUNK_WORDS = 1024
 
 
 @dataclasses.dataclass(frozen=True)
@@ -300,7 +304,7 @@ def fit_arc_probes(
   epochs: int = 10,
   batch_words: int = 512,
   learning_rate: float = DEFAULT_ARC_LEARNING_RATE,
-  chunk_words: int = 8192,
+  chunk_words: int = CHUNK_WORDS,
   patience: int = 2,
   train_uas: bool = True,
 ) -> FittedArcProbes:
@@ -380,7 +384,7 @@ def fit_arc_probes(
   )
 
 
-def predict_heads(fitted: FittedArcProbes, x_NGK, lengths_U, *, chunk_words: int = 8192) -> np.ndarray:
+def predict_heads(fitted: FittedArcProbes, x_NGK, lengths_U, *, chunk_words: int = CHUNK_WORDS) -> np.ndarray:
   """Predicted head pred_NG (0 = ROOT, 1-based within its sentence) per word and group."""
   lengths_U = np.asarray(lengths_U, np.int64)
   if np.asarray(x_NGK).shape[0] != lengths_U.sum():
