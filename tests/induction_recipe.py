@@ -18,16 +18,21 @@ from headspec.train import TrainState, train_step
 INDUCTION_SEQ, INDUCTION_VOCAB, INDUCTION_SPECIALS, INDUCTION_N = 24, 64, (0, 1, 2), 6
 
 
-def train_attention_only(num_layers: int, *, steps: int = 1500, seed: int = 0, batch: int = 128):
-  """A 4-head, d_model 64 attention-only decoder trained with headspec's own train_step on
-  `varied_repeat_batch` rows of n = 3..11 repeated tokens (n = INDUCTION_N left out). Sinusoidal
-  positions and an untied unembedding: with learned positions and tied embeddings no induction head
-  formed within 4,000 steps in our trials (docs/attention.md)."""
+def initial(num_layers: int, seed: int = 0):
+  """(graphdef, params) of the untrained 4-head, d_model 64 attention-only decoder. Sinusoidal positions
+  and an untied unembedding: with learned positions and tied embeddings no induction head formed within
+  4,000 steps in our trials (docs/attention.md)."""
   cfg = ModelConfig(
     kind="decoder", vocab_size=INDUCTION_VOCAB, num_layers=num_layers, num_heads=4, d_model=64, d_head=16, d_ff=1,
     max_len=INDUCTION_SEQ, mlp=False, positions="sinusoidal", tie_embeddings=False,
   )  # fmt: skip
-  graphdef, params = nnx.split(Transformer(cfg, rngs=nnx.Rngs(params=seed)))
+  return nnx.split(Transformer(cfg, rngs=nnx.Rngs(params=seed)))
+
+
+def train_attention_only(num_layers: int, *, steps: int = 1500, seed: int = 0, batch: int = 128):
+  """`initial`'s decoder trained with headspec's own train_step on `varied_repeat_batch` rows of
+  n = 3..11 repeated tokens (n = INDUCTION_N left out)."""
+  graphdef, params = initial(num_layers, seed)
   tx = optax.adam(1e-3)
   state = TrainState(step=jnp.zeros((), jnp.int32), params=params, opt_state=tx.init(params))
   obj = Objective(kind="decoder", vocab_size=INDUCTION_VOCAB, mask_id=0)

@@ -3,20 +3,15 @@
 activation patching of the repeated-sequence task picks out the induction head, and path patching into
 its queries and keys picks out the layer-0 head it composes with (previous- or duplicate-token head)."""
 
-import induction_recipe
 import numpy as np
 import pytest
+from induction_recipe import INDUCTION_N as N
+from induction_recipe import INDUCTION_SPECIALS as SPECIALS
+from induction_recipe import INDUCTION_VOCAB as VOCAB
 
 import headspec
 from headspec.attention import induction as ind
 from headspec.patching import tasks
-
-SEQ, VOCAB, SPECIALS, N = (
-  induction_recipe.INDUCTION_SEQ,
-  induction_recipe.INDUCTION_VOCAB,
-  induction_recipe.INDUCTION_SPECIALS,
-  induction_recipe.INDUCTION_N,
-)
 
 
 @pytest.fixture(scope="module")
