@@ -1,6 +1,7 @@
 """Benchmark: what JAX's persistent compilation cache saves a second `headspec probe` command.
 
   python -m benchmarks.bench_compile_cache [--steps=20] [--train_words=5000] [--tasks=upos,xpos,deprel,arc,distance,depth]
+      [--treebank_sentences=4000,500,500]
 
 Each `headspec` command is a new process, and jit's in-memory cache dies with it: before the persistent
 cache every command compiled its programs again (the probe suite's ~95 on a small model). In one run,
@@ -64,7 +65,14 @@ def run(args) -> dict:
   with tempfile.TemporaryDirectory() as tmp:
     tmp = pathlib.Path(tmp)
     _headspec(
-      ["data", "synthetic", f"--out={tmp / 'data'}", "--text-sentences=8000"], dict(env, HEADSPEC_COMPILATION_CACHE="0")
+      [
+        "data",
+        "synthetic",
+        f"--out={tmp / 'data'}",
+        "--text-sentences=8000",
+        f"--treebank-sentences={args.treebank_sentences}",
+      ],
+      dict(env, HEADSPEC_COMPILATION_CACHE="0"),
     )
     trained = tmp / "trained"
     _headspec(
@@ -106,6 +114,7 @@ def main(argv=None):
   parser.add_argument("--steps", type=int, default=20, help="training steps of the probed decoder")
   parser.add_argument("--train_words", type=int, default=5000, help="probe.max_train_words")
   parser.add_argument("--tasks", default="upos,xpos,deprel,arc,distance,depth", help="probe.tasks")
+  parser.add_argument("--treebank_sentences", default="4000,500,500", help="the synthetic treebank's train,dev,test")
   print(json.dumps(run(parser.parse_args(argv)), indent=1))
 
 

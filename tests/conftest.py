@@ -1,4 +1,4 @@
-"""Test setup: 8 fake CPU devices (set before JAX starts) and the data directory of the real-data tests."""
+"""Test setup: 2 fake CPU devices (set before JAX starts) and the data directory of the real-data tests."""
 
 import os
 import shutil
@@ -6,7 +6,7 @@ import tempfile
 
 os.environ.setdefault("XLA_FLAGS", "")
 if "xla_force_host_platform_device_count" not in os.environ["XLA_FLAGS"]:
-  os.environ["XLA_FLAGS"] += " --xla_force_host_platform_device_count=8"
+  os.environ["XLA_FLAGS"] += " --xla_force_host_platform_device_count=2"
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 # One persistent compilation cache per test run, shared by the pytest-xdist workers and the commands
 # the tests start as subprocesses (they inherit it): a program that another test or worker compiled is

@@ -96,10 +96,13 @@ def test_structural_benchmark_times_both_families_on_the_same_sources(data_dir):
 
 @pytest.mark.slow
 def test_compile_cache_benchmark_loads_what_the_cold_command_compiled(data_dir):
-  """bench_compile_cache at its smallest (a 2-step decoder, 300 probe words, UPOS): the three commands
+  """bench_compile_cache at its smallest (a 2-step decoder, 300 probe words, UPOS, dev and test of 60
+  sentences): the three commands
   run the same XLA programs; the warm command loads them from the cache the cold one wrote, in less time
   than compiling took."""
-  result = _run_benchmark("bench_compile_cache", data_dir, "--steps=2", "--train_words=300", "--tasks=upos")
+  result = _run_benchmark(
+    "bench_compile_cache", data_dir, "--steps=2", "--train_words=300", "--tasks=upos", "--treebank_sentences=300,60,60"
+  )
   off, cold, warm = (result["commands"][k] for k in ("off", "cold", "warm"))
   assert off["xla_programs"] == cold["xla_programs"] == warm["xla_programs"] > 10
   assert warm["xla_seconds"] < 0.5 * cold["xla_seconds"], result
