@@ -46,6 +46,12 @@ def test_repeated_random_tokens():
   assert (ind.repeated_random_tokens(V, [0, 1, 2], n=N_REP, count=COUNT, seed=0, bos=(2,)) == x).all()
   with pytest.raises(UserError, match="induction.n"):
     ind.repeated_random_tokens(5, [0, 1, 2], n=3, count=1, seed=0)
+  among = [1, 2, 5, 7, 7, 9, 11, 13]  # its repeats and specials are dropped: 5 ids to draw from
+  y = ind.repeated_random_tokens(V, [0, 1, 2], n=5, count=COUNT, seed=0, bos=(2,), among=among)
+  assert all(sorted(row[1:6]) == [5, 7, 9, 11, 13] and (row[1:6] == row[6:]).all() for row in y)
+  assert len({tuple(row) for row in y}) > 1  # each row its own order
+  with pytest.raises(UserError, match="non-special ids drawn from"):
+    ind.repeated_random_tokens(V, [0, 1, 2], n=6, count=1, seed=0, among=among)
 
 
 @pytest.mark.parametrize(
@@ -206,6 +212,26 @@ def _config(**induction):
 def _read(path):
   with open(path, newline="") as f:
     return list(csv.DictReader(f))
+
+
+def test_draw_from_text_uses_only_the_evaluation_texts_ids(run_dir):
+  """induction.draw='text': r_1..r_n come from the ids that occur in the run's validation rows (no byte
+  pieces the text never uses), also with natural_text off; 'vocabulary' reaches ids outside them."""
+  from headspec import targets
+  from headspec.attention.config import check_config
+
+  drawn = {}
+  for draw in ("vocabulary", "text"):
+    c = _config(draw=draw, natural_text=False, num_sequences=200, n=10)
+    check_config(c)
+    jobs = targets.plan(c, run_dir, steps="4")
+    data = induction_run.load_data(c, run_dir, jobs)
+    drawn[draw] = set(np.unique(data.repeated_NT[:, data.prefix :]).tolist())
+    seen = set(np.unique(data.natural_NT[data.natural_valid_NT]).tolist())
+  assert drawn["text"] <= seen - set(data.specials.tolist()) and len(drawn["text"]) > 50
+  assert drawn["vocabulary"] - seen  # 200 x 10 draws from 512 ids reach ids the text never uses
+  with pytest.raises(UserError, match="induction.draw='words': use 'vocabulary' or 'text'"):
+    check_config(_config(draw="words"))
 
 
 def test_attention_command_induction_step(run_dir, caplog):

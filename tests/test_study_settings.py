@@ -60,6 +60,7 @@ def test_induction_setting_runs_two_depths_with_and_without_mlps():
   assert keep[0] == 0 and keep[-1] == c.train.steps and sum(s <= c.train.steps // 4 for s in keep) >= 6  # dense early
   a = induction.get_config("attention")
   assert (a.steps, a.treebank, a.induction.icl, a.induction.causal.enabled) == ("all", "", True, True)
+  assert a.induction.draw == "text"  # not the byte pieces the text never uses
   assert 2 * a.induction.n + 1 <= c.train.seq_len
   assert [name for name, _ in exp.analyses] == ["attention", "probe"]  # `headspec study` needs probe selectivity
   p = induction.get_config("probe")

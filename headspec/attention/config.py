@@ -59,6 +59,10 @@ def attention_config() -> ml_collections.ConfigDict:
   c.induction.n = 50  # repeat length of [BOS] r_1..r_n r_1..r_n (2n + 1 tokens must fit the context)
   c.induction.num_sequences = 200  # repeated random sequences (one seeded draw, the same at every step)
   c.induction.seed = 0  # their draw (the bootstrap uses `seed`)
+  # Where r_1..r_n come from: 'vocabulary' (every non-special id, as Olsson et al.) or 'text' (the ids that
+  # occur in the natural-text rows below; a small run's tokenizer holds pieces its text never uses, such
+  # as SentencePiece's 256 byte pieces, whose untrained embeddings make the sequence unlike anything seen).
+  c.induction.draw = "vocabulary"
   c.induction.batch_size = 50  # sequences per compiled forward
   c.induction.natural_text = True  # also score attention on natural text (the run's evaluation split)
   c.induction.num_tokens = 16384  # natural text: the first num_tokens tokens of that split (whole rows)
@@ -99,6 +103,8 @@ def check_config(config) -> None:
   i.enabled = {"true": "on", "false": "off"}.get(str(i.enabled).lower(), str(i.enabled).lower())
   if i.enabled not in ("auto", "on", "off"):
     raise UserError(f"induction.enabled={i.enabled!r}: use 'auto', 'on' or 'off'")
+  if i.draw not in ("vocabulary", "text"):
+    raise UserError(f"induction.draw={i.draw!r}: use 'vocabulary' or 'text'")
   if i.n < 1 or i.num_sequences < 2 or i.batch_size < 1 or i.num_tokens < 1 or i.seq_len < 2:
     raise UserError("induction.n, batch_size, num_tokens must be >= 1, num_sequences >= 2, seq_len >= 2")
   i.causal.methods = names(i.causal.methods)

@@ -3,7 +3,8 @@ copying scores per head, the in-context-learning (ICL) score, and when they form
 
 Attention scores, from captured attention A (query i, key j) of every head (docs/attention.md):
   On repeated random tokens `[BOS] r_1 … r_n r_1 … r_n` (r drawn without replacement from the
-  vocabulary minus the special tokens; `repeated_random_tokens`):
+  vocabulary minus the special tokens, or from the ids that occur in the run's evaluation text when
+  induction.draw='text'; `repeated_random_tokens`):
     previous_token   mean over i = 1 … 2n of A[i, i−1]
     duplicate_token  mean over i = n+1 … 2n of A[i, i−n]        (the same token, one repeat back)
     induction        mean over i = n+1 … 2n of A[i, i−n+1]      (the token AFTER it: prefix matching)
@@ -66,12 +67,16 @@ def bos_ids(tokenizer) -> list[int]:
   return prefix or [int(tokenizer.eos_id)]
 
 
-def repeated_random_tokens(vocab_size: int, specials, *, n: int, count: int, seed: int, bos=(2,)) -> np.ndarray:
+def repeated_random_tokens(
+  vocab_size: int, specials, *, n: int, count: int, seed: int, bos=(2,), among=None
+) -> np.ndarray:
   """[count, len(bos) + 2n] rows `BOS r_1 … r_n r_1 … r_n`, r drawn without replacement from the
-  vocabulary minus `specials`, each row with its own draw from one seeded generator."""
-  allowed = np.setdiff1d(np.arange(vocab_size), np.asarray(specials, np.int64))
+  vocabulary (or the ids `among`) minus `specials`, each row with its own draw from one seeded generator."""
+  pool = np.arange(vocab_size) if among is None else np.unique(np.asarray(among, np.int64))
+  allowed = np.setdiff1d(pool, np.asarray(specials, np.int64))
   if n < 1 or n > len(allowed):
-    raise UserError(f"induction.n={n}: must be in 1..{len(allowed)} (the non-special vocabulary)")
+    what = "the non-special vocabulary" if among is None else "the non-special ids drawn from"
+    raise UserError(f"induction.n={n}: must be in 1..{len(allowed)} ({what})")
   rng = np.random.default_rng(seed)
   r_NR = np.stack([rng.choice(allowed, n, replace=False) for _ in range(count)])
   bos_NB = np.broadcast_to(np.asarray(bos, np.int64), (count, len(bos)))

@@ -75,11 +75,8 @@ def load_data(config, workdir, jobs) -> Data:
       raise UserError(f"induction: a context of {T} tokens holds no repeated sequence ([BOS] + 2n with n >= 2)")
     logging.info(f"induction.n={i.n}: [BOS] + 2n tokens exceed the context of {T}; using n={n}")
   specials = ind.special_ids(tokenizer)
-  repeated = ind.repeated_random_tokens(
-    tokenizer.vocab_size, specials, n=n, count=i.num_sequences, seed=i.seed, bos=bos
-  )
   natural, valid, source = None, None, ""
-  if i.natural_text or (i.icl and any(j.lm_head for j in jobs)):
+  if i.natural_text or i.draw == "text" or (i.icl and any(j.lm_head for j in jobs)):
     from headspec.evaltext import evaluation_tokens  # the evaluation split every analysis reads
 
     c = ml_collections.ConfigDict(
@@ -96,6 +93,12 @@ def load_data(config, workdir, jobs) -> Data:
     natural, valid = evaluation_tokens(c, workdir, tokenizer)
     source = f"text/{i.corpus} valid" if config.model.pretrained else "the run's validation rows"
     source += f", {int(valid.sum())} tokens in rows of {natural.shape[1]}"
+  among = np.unique(natural[valid]) if i.draw == "text" else None
+  if among is not None:
+    logging.info(f"induction.draw='text': r drawn from the {len(among)} token ids that occur in {source}")
+  repeated = ind.repeated_random_tokens(
+    tokenizer.vocab_size, specials, n=n, count=i.num_sequences, seed=i.seed, bos=bos, among=among
+  )
   return Data(repeated, specials, len(bos), n, natural, valid, source)
 
 

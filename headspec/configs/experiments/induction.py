@@ -33,8 +33,9 @@ score rose from -0.005 at step 0 to 0.85 [0.27, 1.54] at step 200 (0.58 at step 
 0.007, and on the corpus' own repeated word sequences the second copy's loss was 3.31 nats against 3.47 for
 the first (an induction head takes it towards 0). Olsson et al. saw the phase change after 2.5-5B tokens, far
 beyond two hours of this CPU (about 30k tokens/s for the smallest model when idle); so at these sizes the
-setting measures the absence of the phase change. Note also that the repeated random tokens are drawn from the
-whole vocabulary, which here includes the 256 byte pieces that this text never uses.
+setting measures the absence of the phase change. The repeated random tokens are drawn from the ids that occur in
+the run's validation rows (induction.draw='text'): the whole vocabulary includes the 256 byte pieces that this
+text never uses.
 
 Arguments (comma-separated): layers=N (2-4), mlp (MLPs on; default attention-only), seed=N, lr=X (training
 configs; layers=N alone to experiment(): that part); attention | probe (the analysis configs); tiny (test
@@ -137,6 +138,7 @@ def analysis_config(tiny: bool = False):
   c.data_dir = ""
   c.treebank = ""
   c.induction.n = 50  # [BOS] + 100 tokens in the 128-token context
+  c.induction.draw = "text"  # r from the ids the text uses: its 1,000 pieces hold 256 byte pieces it never uses
   c.induction.num_tokens = 8192
   if tiny:
     c.induction.n, c.induction.num_sequences, c.induction.num_tokens = 10, 8, 512
