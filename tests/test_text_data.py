@@ -127,3 +127,22 @@ def test_english_mix_document_count(english_mix_data_dir, tmp_path):
     docs = text_tfds.load_documents(data_dir, "english_mix", split, tfds_dir=tmp_path)
     assert len(docs) == len(expected)
     assert docs[0] == expected[0] and docs[len(docs) - 1] == expected[-1]
+
+
+def test_two_processes_preparing_one_corpus_both_read_it(tmp_path):
+  """Two commands started at once on a fresh data folder (two `headspec train` parts, say) prepare the
+  same corpus: the second waits for the first's lock and reads what it wrote, instead of failing on
+  TFDS's final rename."""
+  docs = [f"document {i} " + " ".join(f"w{(i * j) % 97}" for j in range(40)) for i in range(3000)]
+  write_corpus(tmp_path, train="\n\n".join(docs), valid="one valid doc")
+  code = textwrap.dedent(f"""
+    from headspec.data import text_tfds
+    train = text_tfds.load_documents({str(tmp_path)!r}, "tiny", "train", tfds_dir={str(tmp_path / "tfds")!r})
+    print(len(train))
+  """)
+  procs = [
+    subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    for _ in range(2)
+  ]
+  outs = [p.communicate() for p in procs]
+  assert [(p.returncode, out.split()[-1:]) for p, (out, _) in zip(procs, outs)] == [(0, ["3000"])] * 2, outs

@@ -22,7 +22,7 @@ from collections.abc import Iterator, Sequence
 import tensorflow_datasets as tfds
 from etils import epath
 
-from headspec import provenance
+from headspec import provenance, tables
 from headspec.errors import UserError
 
 SPLITS = ("train", "valid")
@@ -163,12 +163,15 @@ def prepare_corpus(data_dir: str | os.PathLike, corpus: str, *, tfds_dir: str | 
   source_dir = pathlib.Path(data_dir) / "text" / corpus
   _check_source(source_dir)
   kwargs = dict(source_dir=source_dir, config=corpus, data_dir=os.fspath(tfds_dir), file_format="array_record")
-  builder = TextCorpus(**kwargs)
-  if builder.is_prepared() and builder.info.metadata.get("source") != _fingerprint(source_dir):
-    logging.info("%s changed since it was prepared: preparing again", source_dir)
-    shutil.rmtree(builder.data_dir)
+  # Two commands preparing the same corpus at once (two runs started together on a fresh data folder):
+  # the second waits here and finds it prepared; unlocked, TFDS's final rename fails in one of them.
+  with tables.locked(epath.Path(tfds_dir) / TextCorpus.name / corpus):
     builder = TextCorpus(**kwargs)
-  builder.download_and_prepare()
+    if builder.is_prepared() and builder.info.metadata.get("source") != _fingerprint(source_dir):
+      logging.info("%s changed since it was prepared: preparing again", source_dir)
+      shutil.rmtree(builder.data_dir)
+      builder = TextCorpus(**kwargs)
+    builder.download_and_prepare()
   return builder
 
 
