@@ -93,8 +93,9 @@ def load_data(config, workdir, jobs) -> Data:
     natural, valid = evaluation_tokens(c, workdir, tokenizer)
     source = f"text/{i.corpus} valid" if config.model.pretrained else "the run's validation rows"
     source += f", {int(valid.sum())} tokens in rows of {natural.shape[1]}"
-  among = np.unique(natural[valid]) if i.draw == "text" else None
-  if among is not None:
+  among = None
+  if i.draw == "text":
+    among = np.unique(natural[valid])
     logging.info(f"induction.draw='text': r drawn from the {len(among)} token ids that occur in {source}")
   repeated = ind.repeated_random_tokens(
     tokenizer.vocab_size, specials, n=n, count=i.num_sequences, seed=i.seed, bos=bos, among=among
