@@ -284,7 +284,24 @@ def _broadcasts(shape, full):
 
 
 def _normal(rngs: nnx.Rngs, shape, std=0.02) -> nnx.Param:
-  return nnx.Param(std * jax.random.normal(rngs.params(), shape, jnp.float32))
+  """std · N(0, 1) of `shape`, drawn with the next key of `rngs.params`.
+
+  Outside a trace the draw is `_standard_normal(key, m)[:n]` with m the power of two ≥ n = |shape|:
+  with partitionable threefry (JAX's default) an element's bits depend only on its flat index, so this
+  is bit-identical to `jax.random.normal(key, shape)` op by op, but compiles one program per size
+  bucket instead of one per parameter shape (threefry takes XLA's CPU backend ~0.5 s per program; a
+  model's init compiled per shape, or as one jit, took 4-14 s before it ran)."""
+  key = rngs.params()
+  if isinstance(key, jax.core.Tracer) or not jax.config.jax_threefry_partitionable:
+    return nnx.Param(std * jax.random.normal(key, shape, jnp.float32))
+  n = math.prod(shape)
+  flat_n = np.asarray(_standard_normal(key, 1 << max(n - 1, 0).bit_length()))[:n]
+  return nnx.Param(jnp.asarray(flat_n.reshape(shape) * np.float32(std)))
+
+
+@functools.partial(jax.jit, static_argnums=1)
+def _standard_normal(key, size: int) -> jax.Array:
+  return jax.random.normal(key, (size,), jnp.float32)
 
 
 def _zeros(shape) -> nnx.Param:
@@ -714,16 +731,8 @@ class Transformer(nnx.Module):
     return logits_BTV
 
 
-@functools.lru_cache(maxsize=4)
-def _random_init(cfg: ModelConfig):
-  """(graphdef, jit(key) -> state) of `cfg` with fresh weights; compiled once per architecture (eager
-  initialisation, one compiled op per parameter, is slow on CPU)."""
-  graphdef, _ = nnx.split(nnx.eval_shape(lambda: Transformer(cfg, rngs=nnx.Rngs(params=0))))
-  return graphdef, jax.jit(lambda key: nnx.split(Transformer(cfg, rngs=nnx.Rngs(params=key)))[1])
-
-
 def random_like(cfg: ModelConfig, seed: int) -> Transformer:
-  """The architecture `cfg` with random weights, as `Transformer(cfg, rngs=nnx.Rngs(params=seed))` draws
-  them: the random-weights control of the analyses."""
-  graphdef, init = _random_init(cfg)
-  return nnx.merge(graphdef, init(jax.random.key(seed)))
+  """The architecture `cfg` with random weights, `Transformer(cfg, rngs=nnx.Rngs(params=seed))`: the
+  random-weights control of the analyses, and bit for bit the step-0 weights of a run trained with
+  `seed` (headspec/train.py draws them the same way)."""
+  return Transformer(cfg, rngs=nnx.Rngs(params=seed))
