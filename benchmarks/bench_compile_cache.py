@@ -83,8 +83,8 @@ def run(args) -> dict:
         f"--config.data_dir={tmp / 'data'}",
         f"--config.train.steps={args.steps}",
         f"--config.train.checkpoint_every={args.steps}",
-        f"--config.train.eval_every={args.steps}",
-        f"--config.train.diversity_every={args.steps}",
+        "--config.train.eval_every=0",  # the probe reads only the checkpoint: no evaluation programs
+        "--config.train.diversity_every=0",
         "--config.train.keep_steps=()",
       ],
       dict(env, HEADSPEC_COMPILATION_CACHE="0"),

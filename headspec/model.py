@@ -286,15 +286,14 @@ def _broadcasts(shape, full):
 def _normal(rngs: nnx.Rngs, shape, std=0.02) -> nnx.Param:
   """std · N(0, 1) of `shape`, drawn with the next key of `rngs.params`.
 
-  Outside a trace the draw is `_standard_normal(key, m)[:n]` with m the power of two ≥ n = |shape|:
-  with partitionable threefry (JAX's default) an element's bits depend only on its flat index, so this
-  is bit-identical to `jax.random.normal(key, shape)` op by op, but compiles one program per size
-  bucket instead of one per parameter shape (threefry takes XLA's CPU backend ~0.5 s per program; a
-  model's init compiled per shape, or as one jit, took 4-14 s before it ran)."""
-  key = rngs.params()
-  if isinstance(key, jax.core.Tracer) or not jax.config.jax_threefry_partitionable:
-    return nnx.Param(std * jax.random.normal(key, shape, jnp.float32))
-  n = math.prod(shape)
+  Outside a trace, for n = |shape| ≤ 2^24, the draw is `_standard_normal(key, m)[:n]` with m the power
+  of two ≥ n: with partitionable threefry (JAX's default) an element's bits depend only on its flat
+  index, so this is bit-identical to `jax.random.normal(key, shape)` op by op, but compiles one program
+  per size bucket instead of one per parameter shape (threefry takes XLA's CPU backend ~0.5 s per
+  program; a model's init compiled per shape, or as one jit, took 4-14 s before it ran)."""
+  key, n = rngs.params(), math.prod(shape)
+  if isinstance(key, jax.core.Tracer) or not jax.config.jax_threefry_partitionable or n > 1 << 24:
+    return nnx.Param(std * jax.random.normal(key, shape, jnp.float32))  # a big one stays on its device
   flat_n = np.asarray(_standard_normal(key, 1 << max(n - 1, 0).bit_length()))[:n]
   return nnx.Param(jnp.asarray(flat_n.reshape(shape) * np.float32(std)))
 
