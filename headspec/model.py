@@ -289,8 +289,8 @@ def _normal(rngs: nnx.Rngs, shape, std=0.02) -> nnx.Param:
   Outside a trace, for n = |shape| ≤ 2^24, the draw is `_standard_normal(key, m)[:n]` with m the power
   of two ≥ n: with partitionable threefry (JAX's default) an element's bits depend only on its flat
   index, so this is bit-identical to `jax.random.normal(key, shape)` op by op, but compiles one program
-  per size bucket instead of one per parameter shape (threefry takes XLA's CPU backend ~0.5 s per
-  program; a model's init compiled per shape, or as one jit, took 4-14 s before it ran)."""
+  per size bucket instead of one per parameter shape (threefry takes XLA's CPU backend ~0.3-0.5 s per
+  program, so an init compiled per shape, or as one jit, spends seconds per architecture compiling)."""
   key, n = rngs.params(), math.prod(shape)
   if isinstance(key, jax.core.Tracer) or not jax.config.jax_threefry_partitionable or n > 1 << 24:
     return nnx.Param(std * jax.random.normal(key, shape, jnp.float32))  # a big one stays on its device

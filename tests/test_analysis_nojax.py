@@ -25,7 +25,7 @@ def _analysis_extra() -> list[str]:
 def test_analysis_script_runs_without_jax(tmp_path):
   venv = tmp_path / "venv"
   # No pip inside the venv: this environment's pip installs into it (--python), without compiling .pyc
-  # files (23 s of the test's 55 s went to ensurepip and byte-compiling pandas and matplotlib).
+  # files; ensurepip and byte-compiling pandas and matplotlib were half of this test's time.
   subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True)
   python = str(venv / "bin" / "python")
   pip = [sys.executable, "-m", "pip", "--python", python, "install", "-q", "--no-compile", "--disable-pip-version-check"]
