@@ -28,7 +28,7 @@ def test_analysis_script_runs_without_jax(tmp_path):
   # files; ensurepip and byte-compiling pandas and matplotlib were half of this test's time.
   subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True)
   python = str(venv / "bin" / "python")
-  pip = [sys.executable, "-m", "pip", "--python", python, "install", "-q", "--no-compile", "--disable-pip-version-check"]
+  pip = [sys.executable, "-m", "pip", "--python", python, "install", "-q", "--no-compile"]
   deps = subprocess.run([*pip, *_analysis_extra()], capture_output=True, text=True)
   if deps.returncode != 0:
     why = f"pip could not install the analysis extra (no package index?): {deps.stderr.strip()[-300:]}"
