@@ -56,6 +56,7 @@ BENCHMARKS = {
   # issue 36's bar at full size: layer 0's 12 heads and its residual stream on all of EWT (~40 min, 2 cores)
   "structural_ewt": (STRUCTURAL_EWT, STRUCTURAL_EWT, True),  # --full: "structural" already runs --all
   "compile_cache": ([], [], False),
+  "init": ([], [], False),  # model initialisation: bucketed draws against per-shape and one jit
 }
 # a benchmark run by another's module, with other arguments
 MODULES = {"structural_ewt": "structural"}

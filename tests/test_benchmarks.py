@@ -63,6 +63,18 @@ def _run_benchmark(name: str, data_dir, *args) -> dict:
   return runner.last_json(done.stdout)
 
 
+def test_init_benchmark_draws_the_per_shape_weights(data_dir):
+  """bench_init on a 1-layer, 8-wide model: the bucketed draw equals the per-shape draw bit for bit, in
+  fresh processes, and the three ways' seconds and ratios are reported."""
+  sizes = _run_benchmark("bench_init", data_dir, "--sizes=tiny")["sizes"]
+  tiny = sizes["tiny"]
+  assert list(sizes) == ["tiny"] and tiny["bucketed_equals_per_shape"], tiny
+  assert all(s > 0 for s in tiny["seconds"].values())
+  assert tiny["ratio_per_shape_over_bucketed"] == pytest.approx(
+    tiny["seconds"]["per_shape"] / tiny["seconds"]["bucketed"], abs=0.01
+  )
+
+
 def test_extraction_benchmark_matches_transformers(data_dir):
   """bench_extract on 40 EWT sentences: packed headspec extraction and Hugging Face's PyTorch model give
   the same residual streams (float16 on both sides), and every figure is reported."""
