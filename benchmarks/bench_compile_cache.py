@@ -28,6 +28,8 @@ import sys
 import tempfile
 import time
 
+from benchmarks import uncached_environment
+
 
 def _headspec(args: list[str], env: dict) -> None:
   done = subprocess.run([sys.executable, "-m", "headspec", *args], env=env, capture_output=True, text=True)
@@ -61,7 +63,7 @@ def _probe(run: pathlib.Path, data: pathlib.Path, args, env: dict) -> dict:
 
 
 def run(args) -> dict:
-  env = {k: v for k, v in os.environ.items() if not k.startswith(("JAX_COMPILATION", "JAX_PERSISTENT"))}
+  env = uncached_environment()
   with tempfile.TemporaryDirectory() as tmp:
     tmp = pathlib.Path(tmp)
     _headspec(

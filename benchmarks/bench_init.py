@@ -22,11 +22,11 @@ import subprocess
 import sys
 import time
 
-SIZES = {  # name -> ModelConfig keywords
+from benchmarks import uncached_environment
+
+SIZES = {  # name -> ModelConfig keywords ("quickstart": the quickstart decoder's own config)
   "tiny": dict(kind="decoder", vocab_size=50, num_layers=1, num_heads=2, d_model=8, d_head=4, d_ff=16, max_len=8),
-  "quickstart": dict(
-    kind="decoder", vocab_size=1000, num_layers=2, num_heads=4, d_model=64, d_head=16, d_ff=256, max_len=64
-  ),
+  "quickstart": None,
   "minilm": dict(
     kind="encoder", vocab_size=30522, num_layers=6, num_heads=12, d_model=384, d_head=32, d_ff=1536, max_len=512
   ),
@@ -42,8 +42,14 @@ def _draw(size: str, way: str) -> dict:
   from flax import nnx
 
   from headspec import model
+  from headspec.quickstart import quickstart_config
+  from headspec.runs import model_config
 
-  cfg = model.ModelConfig(**SIZES[size])
+  if SIZES[size] is None:
+    c = quickstart_config("decoder")
+    cfg = model_config(c.model, vocab_size=c.data.vocab_size, max_len=c.train.seq_len)
+  else:
+    cfg = model.ModelConfig(**SIZES[size])
   if way == "per_shape":
     model._normal = lambda rngs, shape, std=0.02: nnx.Param(std * jax.random.normal(rngs.params(), shape, jnp.float32))
   start = time.perf_counter()
@@ -58,8 +64,9 @@ def _draw(size: str, way: str) -> dict:
 
 
 def run(sizes: list[str]) -> dict:
-  env = {k: v for k, v in os.environ.items() if not k.startswith(("JAX_COMPILATION", "JAX_PERSISTENT"))}
-  out = {}
+  from benchmarks.__main__ import last_json
+
+  env, out = uncached_environment(), {}
   for size in sizes:
     ways = {}
     for way in WAYS:
@@ -71,7 +78,7 @@ def run(sizes: list[str]) -> dict:
       )
       if done.returncode != 0:
         raise SystemExit(f"bench_init {size} {way} failed: {done.stderr[-2000:]}")
-      ways[way] = json.loads(done.stdout.strip().splitlines()[-1])
+      ways[way] = last_json(done.stdout)
     out[size] = {
       "seconds": {way: ways[way]["seconds"] for way in WAYS},
       "bucketed_equals_per_shape": ways["bucketed"]["sha256"] == ways["per_shape"]["sha256"],
