@@ -1,5 +1,8 @@
 """Softmax probes: agree with scikit-learn's LogisticRegression, pick l2 on dev, are deterministic."""
 
+import conllu
+import jax
+import jax.numpy as jnp
 import numpy as np
 import pytest
 from sklearn.linear_model import LogisticRegression
@@ -214,8 +217,10 @@ def test_stopped_probes_leave_the_pass_and_change_nothing(monkeypatch):
     ref = _sklearn_objective(x[:3000, 0], y[:3000], 1e-4)
     assert abs(joint.train_objective[spec.name][0] - ref) <= 1e-3 * ref, (spec.name, ref)
 
-  # three λ of one task: the strong penalties converge first and their column blocks leave the pass
+  # three λ of one task, plain L-BFGS: the strong penalties converge first and their column blocks leave
+  # the pass (preconditioned, all three stop within a few iterations of each other: nothing to narrow)
   shapes.clear()
+  kw["precondition"] = False
   grid = probe.fit_softmax_probes(x[:3000, :1], x[3000:, :1], specs[1:], **{**kw, "l2_grid": (1e-4, 1e-2, 1e-1)})
   assert shapes[0] == (1, 120) and shapes[-1][1] < 120, shapes
   monkeypatch.undo()
@@ -250,3 +255,64 @@ def test_a_fit_above_its_start_is_refitted_from_the_prior_or_fails_loudly(monkey
   monkeypatch.setattr(probe, "_lbfgs", lambda *a, **k: spoiled(*a, bad_calls=(1, 2), **k))
   with pytest.raises(RuntimeError, match="softmax probe fit failed for 1 probe.*task a, l2 0.001"):
     probe.fit_softmax_probes(x[:2400], x[2400:], spec, **kw)
+
+
+def test_class_blocks_are_the_hessians_diagonal_blocks():
+  """The preconditioner's blocks (_curvature_blocks, every word) are the exact Hessian of the penalised
+  objective restricted to each packed column's (v_t, b_t), in whitened coordinates, λ term included."""
+  rng = np.random.default_rng(3)
+  num_chunks, num_g, k, c = 2, 2, 4, 8
+  layout_two = ((0, 3), (6, 5))  # two tasks of 3 and 5 classes, 2 λ each: 16 columns
+  num_l2, num_t = 2, 16
+  block_T = probe._block_map(layout_two, num_l2)
+  a_gkk = rng.standard_normal((num_g, k, k))
+  ys = tuple(rng.integers(-1, cls, (num_chunks, c)).astype(np.int32) for _, cls in layout_two)
+  data = probe._Pass(
+    jnp.asarray(rng.standard_normal((num_chunks, num_g, k, c)), jnp.float32),
+    jnp.asarray(np.eye(k) + 0.2 * (a_gkk + a_gkk.transpose(0, 2, 1)), jnp.float32),
+    tuple(jnp.asarray(y) for y in ys),
+    jnp.asarray(np.asarray([1e-2, 1e-1])[block_T % num_l2], jnp.float32),
+    jnp.asarray([1.0 / (y >= 0).sum() for y in ys], jnp.float32),
+    jnp.asarray(block_T),
+    jnp.asarray(np.eye(4, dtype=np.float32)[block_T]),
+  )
+  layout = tuple((off, cls, num_l2) for off, cls in layout_two)
+  params = (
+    jnp.asarray(rng.standard_normal((num_g, k, num_t)), jnp.float32),
+    jnp.asarray(rng.standard_normal((num_g, num_t)), jnp.float32),
+  )
+
+  def total(flat):
+    v, b = flat[: num_g * k * num_t].reshape(num_g, k, num_t), flat[num_g * k * num_t :].reshape(num_g, num_t)
+    return probe._full_objective((v, b), data, layout=layout, with_grad=False)[0].sum()
+
+  hess = np.asarray(jax.hessian(total)(jnp.concatenate([params[0].reshape(-1), params[1].reshape(-1)])))
+  blocks = np.asarray(probe._curvature_blocks(params, data, layout=layout, stride=1))
+  for g in range(num_g):
+    for t in range(num_t):
+      idx = np.r_[np.ravel_multi_index((g, np.arange(k), t), (num_g, k, num_t)), num_g * k * num_t + g * num_t + t]
+      np.testing.assert_allclose(blocks[g, t], hess[np.ix_(idx, idx)], rtol=2e-4, atol=1e-6)
+
+
+def test_preconditioning_converges_word_level_probes_in_fewer_iterations(synthetic_data_dir):
+  """XPOS of the embedded synthetic treebank from word-identity features (a random vector per word
+  type, repeated at every occurrence, with a shared component: what an embedding layer gives; word
+  identity nearly decides the tag) at the weakest default λ, L-BFGS from the LDA start. Plain L-BFGS
+  crawls (the Hessian's small eigenvalues are the penalty's); the class-block preconditioned one
+  reaches the same minimum in at most half the iterations (measured: 46 against 123)."""
+  sentences = conllu.parse((synthetic_data_dir / "ud/synthetic/synthetic-ud-train.conllu").read_text())
+  words = [(t["form"].lower(), t["xpos"]) for s in sentences for t in s if isinstance(t["id"], int)]
+  types = {w: i for i, w in enumerate(sorted({w for w, _ in words}))}
+  tags = {t: i for i, t in enumerate(sorted({t for _, t in words}))}
+  word = np.asarray([types[w] for w, _ in words])
+  y = np.asarray([tags[t] for _, t in words], np.int32)
+  rng = np.random.default_rng(0)
+  emb = rng.standard_normal((len(types), 16)) + 3.0 * rng.standard_normal(16) * rng.standard_normal((len(types), 1))
+  x = emb[word][:, None].astype(np.float32)
+  n = int(0.8 * len(word))
+  spec = [probe.ProbeSpec("xpos", len(tags), y[:n], y[n:])]
+  kw = dict(l2_grid=(1e-5,), refine_samples=0, max_iter=2000, tol=1e-6)
+  plain, pre = (probe.fit_softmax_probes(x[:n], x[n:], spec, precondition=p, **kw) for p in (False, True))
+  assert plain.converged["xpos"][0] and pre.converged["xpos"][0]
+  assert pre.iterations["xpos"][0] <= 0.5 * plain.iterations["xpos"][0], (pre.iterations, plain.iterations)
+  assert pre.train_objective["xpos"][0] <= plain.train_objective["xpos"][0] * (1 + 1e-5)  # the same minimum or lower
