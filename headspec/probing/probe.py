@@ -67,10 +67,15 @@ DEFAULT_MAX_ITER = 500  # L-BFGS iterations at most (each one pass over the trai
 # with preconditioning, whose probes need fewer iterations than the rule's "as many again" (issue 33)
 NARROWING_COST = 2e11
 # Preconditioned L-BFGS (see _preconditioner): the class blocks are recomputed every PRECONDITION_EVERY
-# iterations from about PRECONDITION_WORDS training words, when they take at most
-# PRECONDITION_MAX_FLOATS floats (G·T·(K+1)²: K up to ~230 at 600 columns; wider sources run plain L-BFGS)
+# iterations from about PRECONDITION_WORDS training words, where it pays (_Lbfgs._preconditioned): a
+# pass of at least PRECONDITION_MIN_WORK multiply-adds (below, a fit is bound by compiling, and the
+# preconditioner's programs cost more than it saves), a refresh of at most PRECONDITION_MAX_PASSES
+# passes' multiply-adds ((K+1)·words/(2N): a 384-wide stream is too wide) and blocks of at most
+# PRECONDITION_MAX_FLOATS floats (G·T·(K+1)²)
 PRECONDITION_EVERY = 20
 PRECONDITION_WORDS = 12_288
+PRECONDITION_MIN_WORK = 1e8
+PRECONDITION_MAX_PASSES = 32
 PRECONDITION_MAX_FLOATS = 1 << 25
 CHUNK_LOGITS = 1 << 19  # logits per chunk of a full-batch pass (see _pass_data)
 _EMPTY_CLASS_BIAS = -30.0  # log-prior of a class absent from train: never predicted
@@ -621,6 +626,7 @@ def _lbfgs_step(state, data, *, layout, tol, min_iter=3, max_trials=12):
     done | (moving & (t == 0)),
     state.iters_GQ + moving,
     jnp.where(moving, f - f_new, state.last_GQ),
+    state.precond,
   )
   return new, passes, ~new.done_GQ
 
@@ -701,10 +707,10 @@ def _pow2_at_least(n):
 class _Lbfgs:
   """Full-batch L-BFGS (Nocedal & Wright 2006, Alg. 7.4/7.5), one independent problem per probe
   (group g, task × l2 block q): its own direction, curvature pairs, Armijo step and stopping test, all
-  probes sharing each pass over the data. Preconditioned (`precondition`, where the blocks fit in
-  PRECONDITION_MAX_FLOATS): H₀ = γ·M with M the inverse of each class's Hessian block
-  (`_preconditioner`), recomputed every PRECONDITION_EVERY iterations; plain H₀ = γ·I otherwise. Each iteration is one compiled call (`_lbfgs_step`) and one
-  read of which probes are still running. Stopped probes stay in the pass, masked (fixed shapes: no
+  probes sharing each pass over the data. Preconditioned where it pays (`_preconditioned`): H₀ = γ·M
+  with M the inverse of each class's Hessian block (`_preconditioner`), recomputed every
+  PRECONDITION_EVERY iterations; plain H₀ = γ·I otherwise. Each iteration is one compiled call
+  (`_lbfgs_step`) and one read of which probes are still running. Stopped probes stay in the pass, masked (fixed shapes: no
   recompilation as probes stop), until the groups × columns that have a probe running (groups padded
   with finished ones to a power of two) are at most 3/4 of those in the pass and the saving is worth a
   compile (`_worth_narrowing`): then the state and the data are gathered to them. Each narrowing cuts
@@ -754,10 +760,18 @@ class _Lbfgs:
     return _LbfgsResult((v, b), f.astype(np.float64), iters, done, f_start, self.group_columns)
 
   def _preconditioned(self):
-    """Whether this fit keeps class-block preconditioners: asked for, and G·T·(K+1)² floats fit."""
-    xs = self.base.xs_CGKc
+    """Whether this fit keeps class-block preconditioners: asked for, and worth it (see
+    PRECONDITION_MIN_WORK; measured on the 2-core CPU, 2026-11-27: a 384-wide stream of 2,000 words took
+    23.3 s preconditioned against 5.7 s plain, a fit of 500 words × 32 with 5 iterations 3.8 s against
+    2.9 s, and 4 heads × 16 of 47,600 words 14.8 s against 23.6 s)."""
+    num_chunks, num_g, k, words = self.base.xs_CGKc.shape
+    n, num_t = num_chunks * words, len(self.cols.block_T)
+    sample = min(n, words * -(-PRECONDITION_WORDS // words))
     return (
-      self.precondition and xs.shape[1] * len(self.cols.block_T) * (xs.shape[2] + 1) ** 2 <= PRECONDITION_MAX_FLOATS
+      self.precondition
+      and n * num_g * num_t * k >= PRECONDITION_MIN_WORK
+      and (k + 1) * sample <= 2 * PRECONDITION_MAX_PASSES * n
+      and num_g * num_t * (k + 1) ** 2 <= PRECONDITION_MAX_FLOATS
     )
 
   def _stride(self):
