@@ -217,10 +217,8 @@ def test_stopped_probes_leave_the_pass_and_change_nothing(monkeypatch):
     ref = _sklearn_objective(x[:3000, 0], y[:3000], 1e-4)
     assert abs(joint.train_objective[spec.name][0] - ref) <= 1e-3 * ref, (spec.name, ref)
 
-  # three λ of one task, plain L-BFGS: the strong penalties converge first and their column blocks leave
-  # the pass (preconditioned, all three stop within a few iterations of each other: nothing to narrow)
+  # three λ of one task: the strong penalties converge first and their column blocks leave the pass
   shapes.clear()
-  kw["precondition"] = False
   grid = probe.fit_softmax_probes(x[:3000, :1], x[3000:, :1], specs[1:], **{**kw, "l2_grid": (1e-4, 1e-2, 1e-1)})
   assert shapes[0] == (1, 120) and shapes[-1][1] < 120, shapes
   monkeypatch.undo()

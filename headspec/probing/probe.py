@@ -26,10 +26,10 @@ whole bill, so every (group, task, λ) probe shares each pass, in three stages:
   3. full-batch L-BFGS (`_Lbfgs`) per probe until its relative decrease and its quasi-Newton decrement
      are both below `tol` (or `max_iter`), every probe with its own direction, curvature pairs, step and
      stopping test, all sharing each pass. Its initial inverse Hessian is each class's exact Hessian
-     block, inverted, refreshed every PRECONDITION_EVERY iterations (`_preconditioner`): on word-level
-     features the weak-λ probes are nearly separable, and this cut the Hessian's condition number
-     150-fold and the iterations about threefold. One iteration, line search included, is one compiled call
-     and one read; stopped probes are masked (fixed shapes), and the pass narrows to the groups and
+     block, inverted, refreshed every PRECONDITION_EVERY iterations (`_preconditioner`), where that
+     pays: on word-level features the weak-λ probes are nearly separable, and this cut the Hessian's
+     condition number 150-fold and the iterations about threefold. One iteration, line search
+     included, is one compiled call and one read; stopped probes are masked (fixed shapes), and the pass narrows to the groups and
      (task, λ) column blocks still running only when that pays for a compile. A probe that ends above
      min(its start's objective, the class-prior model's) is refitted from the class prior, and the fit
      fails loudly if that does not help either.
@@ -710,8 +710,8 @@ class _Lbfgs:
   probes sharing each pass over the data. Preconditioned where it pays (`_preconditioned`): H₀ = γ·M
   with M the inverse of each class's Hessian block (`_preconditioner`), recomputed every
   PRECONDITION_EVERY iterations; plain H₀ = γ·I otherwise. Each iteration is one compiled call
-  (`_lbfgs_step`) and one read of which probes are still running. Stopped probes stay in the pass, masked (fixed shapes: no
-  recompilation as probes stop), until the groups × columns that have a probe running (groups padded
+  (`_lbfgs_step`) and one read of which probes are still running. Stopped probes stay in the pass,
+  masked (fixed shapes: no recompilation as probes stop), until the groups × columns that have a probe running (groups padded
   with finished ones to a power of two) are at most 3/4 of those in the pass and the saving is worth a
   compile (`_worth_narrowing`): then the state and the data are gathered to them. Each narrowing cuts
   the pass by a quarter, so a fit compiles the step for at most 1 + log_{4/3}(G·T) shapes whatever its
