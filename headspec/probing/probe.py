@@ -766,7 +766,7 @@ class _Lbfgs:
     2.9 s, and 4 heads × 16 of 47,600 words 14.8 s against 23.6 s)."""
     num_chunks, num_g, k, words = self.base.xs_CGKc.shape
     n, num_t = num_chunks * words, len(self.cols.block_T)
-    sample = min(n, words * -(-PRECONDITION_WORDS // words))
+    sample = -(-num_chunks // self._stride()) * words  # the words _curvature_blocks reads
     return (
       self.precondition
       and n * num_g * num_t * k >= PRECONDITION_MIN_WORK
