@@ -26,6 +26,11 @@ def train_config() -> ml_collections.ConfigDict:
   c.data.corpus = "wikitext_103"
   c.data.vocab_size = 8000  # SentencePiece vocabulary trained on the corpus
   c.data.tfds_dir = ""  # where TFDS builders write; '' = data_dir/tfds
+  # Induction heads (headspec/data/repeats.py RepeatRows): this fraction of each training batch's rows are
+  # repeated random sequences of the corpus' own ids, each row seq_len / repeat_chunk of them (0: one).
+  # Evaluation rows stay the corpus' text.
+  c.data.repeat_rows = 0.0
+  c.data.repeat_chunk = 0
 
   c.model = ml_collections.ConfigDict()
   c.model.kind = "decoder"  # 'encoder' (masked LM) | 'decoder' (causal LM)

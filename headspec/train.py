@@ -29,7 +29,9 @@ from flax import nnx
 from jax.experimental import multihost_utils
 
 from headspec import checkpoints, parallel, provenance, regularizers, remote, runs, targets
+from headspec.attention.induction import bos_ids, special_ids
 from headspec.data import lm_pipeline, text_tfds
+from headspec.data import repeats as repeats_lib
 from headspec.data import tokenizer as tokenizer_lib
 from headspec.diversity import metrics as diversity
 from headspec.errors import UserError
@@ -202,6 +204,14 @@ def check_config(config: ml_collections.ConfigDict) -> None:
       raise UserError(f"{key}={value!r}: must be a number {requirement}")
   if reg.drophead_schedule not in ("constant", "v"):
     raise UserError(f"train.regularizers.drophead_schedule={reg.drophead_schedule!r}: must be 'constant' or 'v'")
+  chunk = config.data.repeat_chunk or train.seq_len
+  if not (_number(config.data.repeat_rows) and 0 <= config.data.repeat_rows <= 1):
+    raise UserError(f"data.repeat_rows={config.data.repeat_rows!r}: must be a number in [0, 1]")
+  if config.data.repeat_rows and not (_int(chunk) and 11 <= chunk and train.seq_len % chunk == 0):
+    raise UserError(
+      f"data.repeat_chunk={config.data.repeat_chunk!r}: must divide train.seq_len={train.seq_len} and be >= 11 "
+      "(a BOS and twice a 5-token sequence)"
+    )
   keep = train.keep_steps
   if not isinstance(keep, (tuple, list)) or not all(_int(s) and s >= 0 for s in keep):
     raise UserError(f"train.keep_steps={keep!r}: must be a tuple of integers >= 0, like (0, 100, 1000)")
@@ -301,7 +311,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir, *, devices=No
   state = jax.device_put(state, devices[0] if pmap else parallel.replicated(mesh))
   state, data_state, mngr = _restore(config, workdir, saved, state)
   train_NT, valid_NT = prepare_rows(config, workdir, tokenizer)
-  data_iter = _data_iterator(config, workdir, train_NT, data_state, saved)
+  data_iter = _data_iterator(config, workdir, train_NT, data_state, saved, tokenizer)
   runs.save_config(workdir, config, is_lead=parallel.is_lead())  # checked by check_resume above
   if mngr is None:
     mngr = checkpoints.manager(workdir, keep_last=config.train.keep_last, keep_steps=config.train.keep_steps)
@@ -334,7 +344,22 @@ def _restore(config, workdir, saved, state):
   return state, data_state, mngr
 
 
-def _data_iterator(config, workdir, train_NT, data_state, saved):
+def _repeat_rows(config, train_NT, tokenizer) -> repeats_lib.RepeatRows | None:
+  """data.repeat_rows' mixer, drawing from the ids the training text uses (specials excluded)."""
+  if not config.data.repeat_rows:
+    return None
+  return repeats_lib.RepeatRows(
+    fraction=config.data.repeat_rows,
+    ids=np.setdiff1d(np.unique(train_NT), special_ids(tokenizer)),
+    chunk=config.data.repeat_chunk or config.train.seq_len,
+    bos=tuple(bos_ids(tokenizer)),
+    vocab_size=tokenizer.vocab_size,
+    seed=config.seed,
+    process_index=jax.process_index(),
+  )
+
+
+def _data_iterator(config, workdir, train_NT, data_state, saved, tokenizer):
   """This process's share of the training rows, at the restored position when there is one."""
   data_iter = lm_pipeline.make_lm_iterator(
     train_NT,
@@ -342,6 +367,7 @@ def _data_iterator(config, workdir, train_NT, data_state, saved):
     seed=config.seed,
     process_index=jax.process_index(),
     process_count=jax.process_count(),
+    repeats=_repeat_rows(config, train_NT, tokenizer),
   )
   if data_state is not None:
     try:

@@ -125,3 +125,58 @@ def test_finite_epochs_end_on_a_full_global_batch():
     assert [b["tokens"][:, 0].tolist() for b in iterator] == expected
   with pytest.raises(UserError, match="less than one global batch"):
     lm_pipeline.make_lm_iterator(rows(3), global_batch_size=4, seed=0, num_epochs=1)
+
+
+def _repeats(fraction, chunk=16, process_index=0):
+  from headspec.data.repeats import RepeatRows
+
+  return RepeatRows(
+    fraction=fraction, ids=np.arange(3, 200), chunk=chunk, bos=(2,), vocab_size=256, seed=5, process_index=process_index
+  )
+
+
+def test_repeat_rows_replace_the_first_rows_and_resume():
+  """data.repeat_rows: the first round(fraction·B) rows of each batch are `BOS p r r f` chunks over the given
+  ids (each chunk's tokens distinct but for r's second copy), the rest the corpus' rows; a resumed iterator
+  draws the same rows."""
+  tokens = rows(40, t=32)
+  make = lambda: lm_pipeline.make_lm_iterator(tokens, global_batch_size=8, seed=1, repeats=_repeats(0.75))
+  batches = take(make(), 6)
+  plain = take(lm_pipeline.make_lm_iterator(tokens, global_batch_size=8, seed=1), 6)
+  for mixed, text in zip(batches, plain):
+    np.testing.assert_array_equal(mixed[6:], text[6:])  # round(0.75 · 8) = 6 rows replaced
+    for row in mixed[:6]:
+      for chunk in row.reshape(2, 16):
+        assert chunk[0] == 2 and np.isin(chunk[1:], np.arange(3, 200)).all()
+        values, counts = np.unique(chunk[1:], return_counts=True)
+        n = int((counts == 2).sum())  # r, written twice, back to back
+        assert 5 <= n <= 7 and counts.max() == 2
+        starts = [i for i in range(1, 16 - 2 * n + 1) if (chunk[i : i + n] == chunk[i + n : i + 2 * n]).all()]
+        assert starts, chunk
+  assert not np.array_equal(batches[0][:6], batches[1][:6])  # each batch its own draw
+  iterator = make()
+  take(iterator, 2)
+  state = json.loads(json.dumps(iterator.get_state()))
+  resumed = make()
+  resumed.set_state(state)
+  np.testing.assert_array_equal(np.stack(take(resumed, 4)), np.stack(batches[2:]))
+  other_host = take(
+    lm_pipeline.make_lm_iterator(tokens, global_batch_size=8, seed=1, repeats=_repeats(0.75, process_index=1)), 1
+  )
+  assert not np.array_equal(other_host[0][:6], batches[0][:6])
+
+
+def test_repeat_rows_config_is_checked_before_training(tmp_path):
+  from headspec.defaults import train_config
+  from headspec.train import check_config
+
+  c = train_config()
+  c.train.seq_len = 32
+  c.data.repeat_rows = 1.5
+  with pytest.raises(UserError, match=r"data.repeat_rows=1.5: must be a number in \[0, 1\]"):
+    check_config(c)
+  c.data.repeat_rows, c.data.repeat_chunk = 0.5, 12
+  with pytest.raises(UserError, match="data.repeat_chunk=12: must divide train.seq_len=32"):
+    check_config(c)
+  c.data.repeat_chunk = 16
+  check_config(c)

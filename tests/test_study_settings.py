@@ -6,6 +6,7 @@ import pathlib
 import subprocess
 import sys
 
+import numpy as np
 import pytest
 
 from headspec import commands
@@ -56,6 +57,7 @@ def test_induction_setting_runs_two_depths_with_and_without_mlps():
     c = plan.load_config(run.config)
     assert (c.model.num_layers, c.model.mlp) == (int(run.condition[1]), run.condition.endswith("_mlp"))
     assert c.data.corpus == "synthetic_repeats" and c.seed == run.seed
+    assert 0.5 < c.data.repeat_rows < 1 and c.model.positions == "rotary"  # where induction heads formed
   keep = c.train.keep_steps
   assert keep[0] == 0 and keep[-1] == c.train.steps and sum(s <= c.train.steps // 4 for s in keep) >= 6  # dense early
   a = induction.get_config("attention")
@@ -153,3 +155,17 @@ def test_tiny_grammar_setting_runs_end_to_end(tmp_path):
     assert (run / table).stat().st_size > 0, table
   assert (run / "atlas.html").is_file() and (tmp_path / "study" / "summary.md").is_file()
   assert sorted(p.name for p in (tmp_path / "stages").glob("*.done"))[-1] == "data.done"
+
+
+def test_tiny_induction_run_trains_on_repeat_rows(tmp_path):
+  """The induction setting's training config at `tiny` sizes trains through `data.repeat_rows` (most of each
+  batch repeated random sequences of the text's own ids) and evaluates on the text alone."""
+  from headspec.train import train_and_evaluate
+
+  write_synthetic(tmp_path, num_train=5, num_dev=5, num_test=5, num_text_sentences=2000)
+  write_repeats(tmp_path, "synthetic")
+  c = induction.get_config("tiny,seed=0")
+  c.data_dir = str(tmp_path)
+  assert c.data.repeat_rows == induction.REPEAT_ROWS and c.train.seq_len == induction.SEQ_LEN
+  metrics = train_and_evaluate(c, tmp_path / "run")
+  assert np.isfinite(metrics["loss"]) and (tmp_path / "run" / "checkpoints").is_dir()

@@ -39,6 +39,7 @@ import optax
 from flax import nnx
 
 from headspec.attention.roles import ratio_ci
+from headspec.data.repeats import varied_repeat_batch as varied_repeat_batch  # public here too (notebooks)
 from headspec.errors import UserError
 
 ATTENTION_ROLES = ("previous_token", "duplicate_token", "induction")
@@ -81,32 +82,6 @@ def repeated_random_tokens(
   r_NR = np.stack([rng.choice(allowed, n, replace=False) for _ in range(count)])
   bos_NB = np.broadcast_to(np.asarray(bos, np.int64), (count, len(bos)))
   return np.concatenate([bos_NB, r_NR, r_NR], axis=1).astype(np.int32)
-
-
-def varied_repeat_batch(
-  rng: np.random.Generator, count: int, seq_len: int, vocab_size: int, specials, *, lengths, bos=(2,)
-):
-  """[count, seq_len] training rows `BOS p_1 … p_m r_1 … r_n r_1 … r_n f_1 …` with n drawn from `lengths`,
-  a random-length random prefix p (m uniform in 0 … seq_len − len(bos) − 2n) and random filler f, every
-  token of a row distinct (drawn without replacement from the non-special vocabulary), so the second
-  repeat is predictable only in context. Varying n and the repeat's start keeps a one-layer model from
-  solving the task by attending to a fixed offset (`repeated_random_tokens` has one n and no prefix)."""
-  allowed = np.setdiff1d(np.arange(vocab_size), np.asarray(specials, np.int64))
-  lengths = np.asarray(lengths, np.int64)
-  body = seq_len - len(bos)
-  if lengths.min() < 1 or 2 * lengths.max() > body or body - lengths.min() > len(allowed):
-    raise UserError(
-      f"lengths {lengths.min()}…{lengths.max()}: 2n must fit {body} tokens after BOS, and the rest of a row in the vocabulary"
-    )
-  rows = np.empty((count, seq_len), np.int64)
-  rows[:, : len(bos)] = bos
-  for row in rows:
-    n = int(rng.choice(lengths))
-    m = int(rng.integers(0, body - 2 * n + 1))
-    tokens = rng.choice(allowed, body - n, replace=False)
-    r, others = tokens[:n], tokens[n:]
-    row[len(bos) :] = np.concatenate([others[:m], r, r, others[m:]])
-  return rows.astype(np.int32)
 
 
 def pattern_masks(tokens_BT, valid_BT, ordinary_BT):

@@ -18,6 +18,7 @@ import numpy as np
 from etils import epath
 
 from headspec import remote
+from headspec.data.repeats import RepeatRows
 from headspec.data.tokenizer import Tokenizer
 from headspec.errors import UserError
 
@@ -72,6 +73,7 @@ def make_lm_iterator(
   process_count: int = 1,
   shuffle: bool = True,
   num_epochs: int | None = None,
+  repeats: RepeatRows | None = None,
 ) -> grain.DatasetIterator:
   """Iterator of {'tokens': int32 [global_batch_size // process_count, T]}: this host's rows of each batch.
 
@@ -79,6 +81,8 @@ def make_lm_iterator(
   p-th of its `process_count` equal slices, so hosts' rows are disjoint and together form the global
   batch. Deterministic given `seed`. Infinite when `num_epochs` is None; otherwise ends after the last
   full global batch (same count on every host). `get_state()` / `set_state()` resume exactly.
+  `repeats`: replace a fraction of each batch's rows with repeated random sequences (RepeatRows.mix,
+  drawn from the batch's index, so a resumed iterator draws the same rows).
   """
   if tokens_NT.ndim != 2 or len(tokens_NT) == 0:
     raise UserError(f"LM data: empty corpus (token rows of shape {tokens_NT.shape})")
@@ -106,5 +110,7 @@ def make_lm_iterator(
     rows = rows[: num_batches * global_batch_size]
   host_batches = rows.batch(per_host, drop_remainder=True)[process_index::process_count]
   batches = host_batches.map(lambda tokens_BT: {"tokens": tokens_BT})
+  if repeats is not None and repeats.fraction > 0:
+    batches = batches.map_with_index(repeats.mix)
   # A few threads and a short prefetch queue: rows are in memory, so reading is cheap.
   return iter(batches.to_iter_dataset(grain.ReadOptions(num_threads=2, prefetch_buffer_size=4)))

@@ -1,4 +1,5 @@
-"""A text corpus with repeated random-word sequences mixed in, for studying induction heads.
+"""Repeated random sequences for studying induction heads: written into a text corpus, or mixed into
+training batches.
 
 Olsson et al. (2022) find induction heads by their behaviour on repeated random tokens; a small decoder
 trained on short natural or grammar text meets few exact repeats, so `write_repeats` copies the corpus
@@ -7,12 +8,21 @@ probability `fraction`, inserts one document: a sequence of `min_words`..`max_wo
 uniformly (with replacement) from the source's own words, written `copies` times on one line. The words
 are the corpus' own, so the tokenizer trained on the mix has pieces for them. Seeded per split:
 the same arguments give byte-identical files.
+
+`RepeatRows` instead replaces a fraction of every training batch's rows with rows of repeated random
+token sequences (`varied_repeat_batch`) drawn from the corpus' own ids (`data.repeat_rows`): measured on
+the induction setting's 2-layer decoder (docs/study.md, "Induction"), an induction head forms within a
+few thousand steps only where such sequences make up most of the rows; repeats written into the text as
+words, at the shares tried, formed none.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import pathlib
 import random
+
+import numpy as np
 
 from headspec.data.text_tfds import SPLITS, read_text_documents
 from headspec.errors import UserError
@@ -56,3 +66,63 @@ def write_repeats(
         documents.append(" ".join([sequence] * copies))
     (out_dir / f"{split}.txt").write_text("\n\n".join(documents) + "\n", encoding="utf-8")
   return out_dir
+
+
+def varied_repeat_batch(
+  rng: np.random.Generator, count: int, seq_len: int, vocab_size: int, specials, *, lengths, bos=(2,)
+):
+  """[count, seq_len] training rows `BOS p_1 … p_m r_1 … r_n r_1 … r_n f_1 …` with n drawn from `lengths`,
+  a random-length random prefix p (m uniform in 0 … seq_len − len(bos) − 2n) and random filler f, every
+  token of a row distinct (drawn without replacement from the non-special vocabulary), so the second
+  repeat is predictable only in context. Varying n and the repeat's start keeps a one-layer model from
+  solving the task by attending to a fixed offset (`repeated_random_tokens` has one n and no prefix)."""
+  allowed = np.setdiff1d(np.arange(vocab_size), np.asarray(specials, np.int64))
+  lengths = np.asarray(lengths, np.int64)
+  body = seq_len - len(bos)
+  if lengths.min() < 1 or 2 * lengths.max() > body or body - lengths.min() > len(allowed):
+    raise UserError(
+      f"lengths {lengths.min()}…{lengths.max()}: 2n must fit {body} tokens after BOS, and the rest of a row in the vocabulary"
+    )
+  rows = np.empty((count, seq_len), np.int64)
+  rows[:, : len(bos)] = bos
+  for row in rows:
+    n = int(rng.choice(lengths))
+    m = int(rng.integers(0, body - 2 * n + 1))
+    tokens = rng.choice(allowed, body - n, replace=False)
+    r, others = tokens[:n], tokens[n:]
+    row[len(bos) :] = np.concatenate([others[:m], r, r, others[m:]])
+  return rows.astype(np.int32)
+
+
+@dataclasses.dataclass(frozen=True)
+class RepeatRows:
+  """Which rows of a training batch become repeated random sequences (`mix`): the first
+  round(fraction · B) rows of each batch, each the concatenation of seq_len / chunk rows of
+  `varied_repeat_batch` (r of 5 … min(30, (chunk − len(bos)) / 2) tokens) over `ids`, drawn from a
+  generator seeded by (seed, process, batch index), so a resumed run draws the same rows."""
+
+  fraction: float
+  ids: np.ndarray  # the ids drawn from (the corpus' own, without specials)
+  chunk: int
+  bos: tuple[int, ...]
+  vocab_size: int
+  seed: int
+  process_index: int = 0
+
+  def mix(self, index: int, batch: dict) -> dict:
+    tokens_BT = batch["tokens"]
+    B, T = tokens_BT.shape
+    k = round(self.fraction * B)
+    if k == 0:
+      return batch
+    rng = np.random.default_rng([self.seed, self.process_index, index])
+    not_drawn = np.setdiff1d(np.arange(self.vocab_size), self.ids)
+    lengths = range(5, min(30, (self.chunk - len(self.bos)) // 2) + 1)
+    rows_BT = np.concatenate(
+      [
+        varied_repeat_batch(rng, k, self.chunk, self.vocab_size, not_drawn, lengths=lengths, bos=self.bos)
+        for _ in range(T // self.chunk)
+      ],
+      axis=1,
+    )
+    return {**batch, "tokens": np.concatenate([rows_BT, tokens_BT[k:]])}

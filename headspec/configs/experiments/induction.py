@@ -7,35 +7,31 @@ experiment, on data it writes itself (docs/study.md "Settings").
 
 The first stage writes ROOT/data (`headspec data synthetic --repeats=1`): the synthetic grammar's text
 with repeated random-word sequences mixed in (headspec/data/repeats.py: after every document, 8-24 words
-drawn from the text's own words, written twice; about a fifth of the words), corpus `synthetic_repeats`
-(4.0M tokens), and a 500/200/200-sentence treebank. Runs: causal decoders of 2 and 4 layers, attention-only
-and with MLPs (4 heads of 16, d_model 64, d_ff 256, no dropout), 5 seeds each: 20 runs; vocabulary 1,000
-pieces, 800 steps of 16×128 tokens (1.6M tokens), 11 kept steps, dense through the first 200. At every kept
-step `headspec attention` without treebank analyses: previous-token, duplicate-token and induction scores on
-repeated random tokens ([BOS] + 2×50), the in-context-learning score and loss by position on the run's
-validation rows, and the causal check (the top-k induction heads ablated vs layer-matched random heads).
-Then a cheap probe (upos, deprel at steps 0, 150, 800: `headspec study` reads probe selectivity) and the
-report. `layers=N` runs one depth's 10 runs (a part: the same run configs; the whole command resumes past it).
+drawn from the text's own words, written twice), corpus `synthetic_repeats` (4.0M tokens), and a
+500/200/200-sentence treebank. Training replaces 75% of every batch's rows with repeated random sequences of
+the text's own ids (`data.repeat_rows`, RepeatRows: `BOS p r r f`, r of 5-15 tokens); validation rows stay
+text. Runs: causal decoders of 2 and 4 layers, attention-only and with MLPs (4 heads of 16, d_model 64, d_ff
+256, rotary positions, no dropout), 5 seeds each: 20 runs; vocabulary 1,000 pieces, 6,000 steps of 64×32 tokens (12.3M
+tokens), 12 kept steps. At every kept step `headspec attention` without treebank analyses: previous-token,
+duplicate-token and induction scores on repeated random tokens ([BOS] + 2×15 of the text's ids), the
+in-context-learning score and loss by position on the run's validation rows (text only), and the causal check
+(the top-k induction heads ablated vs layer-matched random heads). Then a cheap probe (upos, deprel at steps
+0, 2000, 6000 on the treebank sentences that fit the 32-token context: `headspec study` reads probe
+selectivity) and the report. `layers=N` runs one depth's 10 runs (a part: the same run configs; the whole
+command resumes past it).
 
-Learning rate 1e-2, re-measured here (2 layers with MLPs, seed 0, 800 steps; validation loss at step 800,
-nats/token): 1e-3 3.563, 3e-3 3.298, 1e-2 3.227. The 4-layer models were not swept.
-
-Measured on the 2-core development CPU, `nice`, while other jobs ran (2026-11-25; 1-minute load average in
-brackets): data stage 38 s [15]; training 800 steps, 2 layers with MLPs 241-265 s [14-19]; from 200-step
-runs' throughput [11-14], 2 layers attention-only about 170 s, 4 layers with MLPs about 380 s (4 layers
-attention-only not measured: taken as 280 s); attention at 11 kept steps 488 s [14-15] (38-58 s a step);
-probe 35 s [4]. About 4.4 hours for all 20 runs at those loads; `layers=2` (10 runs) about 2 hours, the part
-that fits the two-hour budget. In the measured run (2 layers with MLPs,
-3e-3) NO induction head formed by step 800: the best induction score on repeated random tokens stayed at
-0.015 (label threshold 0.4) and the best previous-token score reached 0.099, while the in-context-learning
-score rose from -0.005 at step 0 to 0.85 [0.27, 1.54] at step 200 (0.58 at step 800). A 3,000-step check
-(2 layers attention-only, 1e-2, 6.1M tokens, 226 s at load 3-5) formed none either: best induction score
-0.007, and on the corpus' own repeated word sequences the second copy's loss was 3.31 nats against 3.47 for
-the first (an induction head takes it towards 0). Olsson et al. saw the phase change after 2.5-5B tokens, far
-beyond two hours of this CPU (about 30k tokens/s for the smallest model when idle); so at these sizes the
-setting measures the absence of the phase change. The repeated random tokens are drawn from the ids that occur in
-the run's validation rows (induction.draw='text'): the whole vocabulary includes the 256 byte pieces that this
-text never uses.
+Why this data (docs/study.md, "Induction"; `python -m benchmarks.check_induction_data`, 2026-11-27): the
+2-layer attention-only model formed no induction head within 1,778-6,000 steps on 128-token rows of the text
+with word repeats, nor on 128-token rows each holding one repeated sequence, nor on 32-token rows half of
+which were text; it formed one by step 316 on 32-token rows that were all repeated sequences, and between
+steps 1,778 and 3,162 with 75% of them (the second copy's loss 4.97 nats at step 6,000 against 6.36 for the
+first); with learned positions, none by step 3,200. The setting's own seed-0 run (2 layers, attention-only):
+the second copy's loss fell from 6.34 at step 1,500 to 5.36 at step 6,000 (first copy 6.38), carried by
+several heads with diffuse scores (best induction score 0.115, below the 0.4 label; ablating the top one
+raised the second copy's loss 0.32 nats more than a layer-matched random head). The earlier setting (800
+steps of 16×128 rows of the text alone, lr 1e-2) formed none (docs/study.md). Time (2-core CPU, beside one
+other job): training about 7-8 min, attention at 12 steps 69 s, probe 60 s; lr 3e-3 against 1e-2 compared
+only with learned positions (text validation loss 3.237 against 3.267 at step 6,000).
 
 Arguments (comma-separated): layers=N (2-4), mlp (MLPs on; default attention-only), seed=N, lr=X (training
 configs; layers=N alone to experiment(): that part); attention | probe (the analysis configs); tiny (test
@@ -47,11 +43,13 @@ from headspec.defaults import train_config
 
 LAYERS = (2, 4)
 SEEDS = (0, 1, 2, 3, 4)
-STEPS = 800
-KEEP = (0, 25, 50, 75, 100, 150, 200, 300, 400, 600, 800)
+STEPS = 6000
+KEEP = (0, 100, 300, 600, 1000, 1500, 2000, 2500, 3000, 4000, 5000, 6000)
 KEEP_TINY = (0, 8)
-LEARNING_RATE = 1e-2
-PROBE_STEPS = (0, 150, STEPS)  # `headspec study` reads probe selectivity: upos and deprel at three kept steps
+LEARNING_RATE = 3e-3
+SEQ_LEN, BATCH = 32, 64
+REPEAT_ROWS = 0.75  # of every batch's rows: repeated random sequences of the text's ids (data.repeat_rows)
+PROBE_STEPS = (0, 2000, STEPS)  # `headspec study` reads probe selectivity: upos and deprel at three kept steps
 DATA = ("synthetic", "--seed=0", "--text-sentences=200000", "--treebank-sentences=500,200,200", "--repeats=1")
 DATA_TINY = ("synthetic", "--seed=0", "--text-sentences=2000", "--treebank-sentences=100,50,50", "--repeats=1")
 ME = "configs/experiments/induction.py"
@@ -117,8 +115,10 @@ def get_config(arg: str | None = None):
   c.model.num_layers, c.model.num_heads, c.model.mlp = a["layers"], 4, a["mlp"]
   c.model.d_model, c.model.d_head, c.model.d_ff = 64, 16, 256
   c.model.dropout = c.model.attention_dropout = 0.0
+  c.model.positions = "rotary"  # with learned positions no induction head formed in 3,200 steps (docs/study.md)
+  c.data.repeat_rows = REPEAT_ROWS
   c.train.learning_rate = a["lr"]
-  c.train.batch_size, c.train.seq_len = 16, 128
+  c.train.batch_size, c.train.seq_len = BATCH, SEQ_LEN
   if a["tiny"]:
     c.data.vocab_size = 400
     c.model.d_model, c.model.d_ff = 32, 64
@@ -127,7 +127,7 @@ def get_config(arg: str | None = None):
     c.train.checkpoint_every, c.train.keep_steps = 8, KEEP_TINY
   else:
     c.train.steps, c.train.warmup_steps = STEPS, 100
-    c.train.log_every, c.train.eval_every, c.train.eval_batches = 10, 200, 20  # log: the formation figure's loss
+    c.train.log_every, c.train.eval_every, c.train.eval_batches = 20, 1000, 20  # log: the formation figure's loss
     c.train.checkpoint_every, c.train.keep_steps = STEPS, KEEP
   return c
 
@@ -137,7 +137,7 @@ def analysis_config(tiny: bool = False):
   c = specialization.analysis_config("attention", small=True)
   c.data_dir = ""
   c.treebank = ""
-  c.induction.n = 50  # [BOS] + 100 tokens in the 128-token context
+  c.induction.n = (SEQ_LEN - 1) // 2  # [BOS] + 2 × 15 tokens in the 32-token context
   c.induction.draw = "text"  # r from the ids the text uses: its 1,000 pieces hold 256 byte pieces it never uses
   c.induction.num_tokens = 8192
   if tiny:
