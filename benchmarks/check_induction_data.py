@@ -6,9 +6,10 @@
 
 Trains the induction setting's smallest model (configs/experiments/induction.py: 2 attention-only layers,
 4 heads of 16, d_model 64; headspec's own `train_step` and AdamW schedule) on rows of the setting's text
-(`--corpus`, tokenized by a 1,000-piece SentencePiece model trained on it), with a fraction `--synthetic`
+(`--corpus`, tokenized by a 1,000-piece SentencePiece model trained on it once and kept, with the token
+streams, in DATA/check_induction_data/<corpus>/), with a fraction `--synthetic`
 of each batch's rows replaced by repeated random sequences: rows of `--chunk` tokens `BOS p r r f`
-(headspec.attention.induction.varied_repeat_batch: every token of a chunk distinct, r of 5..min(30,
+(headspec.data.repeats.varied_repeat_batch: every token of a chunk distinct, r of 5..min(30,
 chunk/2) tokens, so r's second copy is predictable only in context), concatenated to `--seq_len`. The ids
 are the text's own (`--pool` most frequent of them, or all that occur in its validation rows).
 
