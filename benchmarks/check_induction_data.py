@@ -9,7 +9,7 @@ Trains the induction setting's smallest model (configs/experiments/induction.py:
 (`--corpus`, tokenized by a 1,000-piece SentencePiece model trained on it once and kept, with the token
 streams, in DATA/check_induction_data/<corpus>/), with a fraction `--synthetic`
 of each batch's rows replaced by repeated random sequences: rows of `--chunk` tokens `BOS p r r f`
-(headspec.data.repeats.varied_repeat_batch: every token of a chunk distinct, r of 5..min(30,
+(headspec.data.repeats.repeat_chunks: every token of a chunk distinct, r of 5..min(30,
 chunk/2) tokens, so r's second copy is predictable only in context), concatenated to `--seq_len`. The ids
 are the text's own (`--pool` most frequent of them, or all that occur in its validation rows).
 
@@ -79,6 +79,7 @@ def eval_steps(steps: int) -> list[int]:
 
 def main(_):
   from headspec.attention import induction as ind
+  from headspec.data.repeats import repeat_chunks
   from headspec.model import ModelConfig, Transformer
   from headspec.objectives import Objective
   from headspec.train import TrainState, make_optimizer, train_step
@@ -88,7 +89,8 @@ def main(_):
   specials = ind.special_ids(tokenizer)
   text_ids = np.setdiff1d(np.unique(rows["valid"]), specials)
   counts = np.bincount(rows["train"].ravel(), minlength=tokenizer.vocab_size)
-  by_count = [i for i in np.argsort(-counts, kind="stable") if i in set(text_ids.tolist())]
+  in_text = set(text_ids.tolist())
+  by_count = [i for i in np.argsort(-counts, kind="stable") if i in in_text]
   pool = np.asarray(by_count[: f["pool"]] if f["pool"] else text_ids)
   not_drawn = np.setdiff1d(np.arange(tokenizer.vocab_size), pool)  # varied_repeat_batch's `specials`
   cfg = ModelConfig(
@@ -109,15 +111,10 @@ def main(_):
   probe_NT = ind.repeated_random_tokens(
     tokenizer.vocab_size, specials, n=n, count=100, seed=0, bos=ind.bos_ids(tokenizer), among=text_ids
   )
-  chunk = f["chunk"] or f["seq_len"]
-  lengths = range(5, min(f["max_repeat"], (chunk - 1) // 2) + 1)
+  chunk, bos = f["chunk"] or f["seq_len"], tuple(ind.bos_ids(tokenizer))
 
   def repeat_rows(count):
-    parts = [
-      ind.varied_repeat_batch(rng, count, chunk, tokenizer.vocab_size, not_drawn, lengths=lengths, bos=ind.bos_ids(tokenizer))
-      for _ in range(f["seq_len"] // chunk)
-    ]  # fmt: skip
-    return np.concatenate(parts, axis=1)
+    return repeat_chunks(rng, count, f["seq_len"], chunk, tokenizer.vocab_size, not_drawn, bos, f["max_repeat"])
 
   records, losses, t0 = [], [], time.perf_counter()
   evals = set(eval_steps(f["steps"]))

@@ -19,6 +19,7 @@ words, at the shares tried, formed none.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import pathlib
 import random
 
@@ -94,12 +95,22 @@ def varied_repeat_batch(
   return rows.astype(np.int32)
 
 
+def repeat_chunks(rng, count: int, seq_len: int, chunk: int, vocab_size: int, not_drawn, bos, max_repeat: int = 30):
+  """[count, seq_len] rows, each seq_len / chunk `varied_repeat_batch` chunks of `chunk` tokens
+  (r of 5 … min(max_repeat, (chunk − len(bos)) / 2) tokens), none drawing an id of `not_drawn`."""
+  lengths = range(5, min(max_repeat, (chunk - len(bos)) // 2) + 1)
+  parts = [
+    varied_repeat_batch(rng, count, chunk, vocab_size, not_drawn, lengths=lengths, bos=bos)
+    for _ in range(seq_len // chunk)
+  ]
+  return np.concatenate(parts, axis=1)
+
+
 @dataclasses.dataclass(frozen=True)
 class RepeatRows:
   """Which rows of a training batch become repeated random sequences (`mix`): the first
-  round(fraction · B) rows of each batch, each the concatenation of seq_len / chunk rows of
-  `varied_repeat_batch` (r of 5 … min(30, (chunk − len(bos)) / 2) tokens) over `ids`, drawn from a
-  generator seeded by (seed, process, batch index), so a resumed run draws the same rows."""
+  round(fraction · B) rows of each batch, `repeat_chunks` over `ids`, drawn from a generator seeded by
+  (seed, process, batch index), so a resumed run draws the same rows."""
 
   fraction: float
   ids: np.ndarray  # the ids drawn from (the corpus' own, without specials)
@@ -109,6 +120,10 @@ class RepeatRows:
   seed: int
   process_index: int = 0
 
+  @functools.cached_property
+  def not_drawn(self) -> np.ndarray:
+    return np.setdiff1d(np.arange(self.vocab_size), self.ids)
+
   def mix(self, index: int, batch: dict) -> dict:
     tokens_BT = batch["tokens"]
     B, T = tokens_BT.shape
@@ -116,13 +131,5 @@ class RepeatRows:
     if k == 0:
       return batch
     rng = np.random.default_rng([self.seed, self.process_index, index])
-    not_drawn = np.setdiff1d(np.arange(self.vocab_size), self.ids)
-    lengths = range(5, min(30, (self.chunk - len(self.bos)) // 2) + 1)
-    rows_BT = np.concatenate(
-      [
-        varied_repeat_batch(rng, k, self.chunk, self.vocab_size, not_drawn, lengths=lengths, bos=self.bos)
-        for _ in range(T // self.chunk)
-      ],
-      axis=1,
-    )
+    rows_BT = repeat_chunks(rng, k, T, self.chunk, self.vocab_size, self.not_drawn, self.bos)
     return {**batch, "tokens": np.concatenate([rows_BT, tokens_BT[k:]])}
