@@ -25,6 +25,13 @@ chosen on dev and reported on test (the maximum over 48 noisy dev estimates is b
                   diversity/results.csv.
   roles.csv       per run and step: the best previous-token, duplicate-token and induction scores of any
                   head on repeated random sequences (attention/roles.csv, data=repeated_random).
+  induction.csv   per run, step and measure (decoders with the induction step of `headspec attention`): from
+                  attention/icl.csv the loss on the first and second copy of repeated random sequences and
+                  repeat_drop = first − second (the in-context loss drop induction heads bring), and the ICL
+                  score on text; from ablation/causal.csv (kind=induction) the top-k induction heads ablated,
+                  the second copy's loss change and its excess over k layer-matched random heads, with CIs.
+                  formation.csv also gets source=loss, task=repeat_drop (layer, head −1): the first kept step
+                  whose repeat_drop CI lies above step 0's value.
   causal.csv      per run and task at the last step: ablating the k most selective heads vs k
                   layer-matched random heads (ablation/causal.csv `*_vs_random` rows, paired CIs), with
                   `mde`, the smallest effect the test detects at 80% power (`mde()`).
@@ -75,6 +82,7 @@ COLUMNS = {  # every study table's columns (docs/outputs.md), so that an empty t
   "diversity": "run,condition,seed,step,metric,value",
   "roles": "run,condition,seed,step,role,layer,head,score",
   "causal": "run,condition,seed,step,task,k,metric,value,ci_low,ci_high,mde",
+  "induction": "run,condition,seed,step,measure,k,value,ci_low,ci_high",
   "formation": "run,condition,seed,source,task,layer,head,init_best,formation_step",
   "conditions": "condition,task,measure,difference,ci_low,ci_high,seeds",
   "rankings": "run,condition,seed,step,task,measure,spearman,p_value,p_holm,within_layer_spearman,"
@@ -270,6 +278,40 @@ def roles(run: dict, workdir) -> list[dict]:
       dict(**run, step=int(step), role=role, layer=int(best["layer"]), head=int(best["head"]), score=best["score"])
     )
   return out
+
+
+REPEAT_KINDS = ("repeat_first", "repeat_second", "repeat_drop", "icl_score")
+INDUCTION_CAUSAL = ("loss_delta_second", "loss_delta_second_vs_random")
+
+
+def induction(run: dict, workdir) -> list[dict]:
+  """induction.csv rows of one run (module docstring): every kept step's in-context losses and causal check."""
+  out = []
+  icl = _frame(workdir, tables.ICL)
+  if icl is not None:
+    for _, r in icl[icl["kind"].isin(REPEAT_KINDS)].iterrows():
+      out.append(dict(**run, step=int(r["step"]), measure=r["kind"], k=np.nan, value=r["value"],
+                      ci_low=r["ci_low"], ci_high=r["ci_high"]))  # fmt: skip
+  ca = _frame(workdir, tables.ABLATION_CAUSAL)
+  if ca is not None:
+    mine = ca[(ca["kind"] == "induction") & (ca["selection"] == "top_induction") & ca["metric"].isin(INDUCTION_CAUSAL)]
+    for _, r in mine.iterrows():
+      ablation = str(r["task"]).rpartition("/")[2]  # repeated_random/zero -> zero
+      out.append(dict(**run, step=int(r["step"]), measure=f"{r['metric']} ({ablation})", k=int(r["k"]),
+                      value=r["value"], ci_low=r["ci_low"], ci_high=r["ci_high"]))  # fmt: skip
+  return out
+
+
+def _drop_formation(rows: list[dict]) -> list[dict]:
+  """formation.csv's row for the repeat drop of one run: the first kept step whose CI lies above step 0's value."""
+  drop = [r for r in rows if r["measure"] == "repeat_drop"]
+  init = [r["value"] for r in drop if r["step"] == 0]
+  if not drop or not init:
+    return []
+  above = [r["step"] for r in drop if _above_init(r["ci_low"], init[0])]
+  first = min(above) if above else np.nan
+  run = {k: drop[0][k] for k in ("run", "condition", "seed")}
+  return [dict(**run, source="loss", task="repeat_drop", layer=-1, head=-1, init_best=init[0], formation_step=first)]
 
 
 def mde(ci_low, ci_high):
@@ -509,7 +551,7 @@ def collect(root) -> dict:
   """Every study table of ROOT as a list of rows: {name: rows}."""
   plan = experiments.read_plan(root)
   root = remote.run_path(root)
-  names = ("training", "emergence", "layers", "formation", "structural", "diversity", "roles", "causal")
+  names = ("training", "emergence", "layers", "formation", "structural", "diversity", "roles", "induction", "causal")
   names += ("rankings", "reference")
   out = {k: [] for k in names}
   for r in plan["runs"]:
@@ -523,6 +565,9 @@ def collect(root) -> dict:
     out["structural"] += structural(run, workdir)
     out["diversity"] += diversity(run, workdir)
     out["roles"] += roles(run, workdir)
+    ind_rows = induction(run, workdir)
+    out["induction"] += ind_rows
+    out["formation"] += _drop_formation(ind_rows)
     out["causal"] += causal(run, workdir)
     out["rankings"] += rankings(run, workdir)
     out["reference"] += reference(r["name"], workdir, r["condition"])
@@ -684,6 +729,17 @@ def _draw(frames: dict, out: epath.Path) -> list[str]:
     ax.legend(unique.values(), unique.keys(), fontsize=8)
     save(fig, "loss.png")
 
+  ind = frames["induction"]
+  shown = (("repeat_drop", "repeat drop: 1st − 2nd copy (nats)"),
+           ("loss_delta_second_vs_random (zero)", "top induction head ablated − random head\n(2nd copy loss, k = 1)"))  # fmt: skip
+  if len(ind):
+    fig, axes = plt.subplots(1, len(shown), figsize=(4.5 * len(shown), 3.4), squeeze=False)
+    for ax, (measure, title) in zip(axes[0], shown):
+      per_run(ax, ind[(ind["measure"] == measure) & (ind["k"].isna() | (ind["k"] == 1))], "value")
+      ax.axhline(0, color="gray", lw=0.5)
+      ax.set_title(title, fontsize=9)
+    save(fig, "induction.png")
+
   ro = frames["roles"]
   if len(ro):
     fig, axes = plt.subplots(1, len(ROLES), figsize=(4 * len(ROLES), 3.2), squeeze=False)
@@ -800,6 +856,20 @@ def _later_sections(frames: dict) -> list[str]:
       "",
       "## Best previous-token / duplicate-token / induction score by step",
       _markdown(_by_condition(frames["roles"], ["role", "step"], "score")),
+    ]
+  if len(frames["induction"]):
+    ind = frames["induction"]
+    shown = ["repeat_drop", "icl_score", "loss_delta_second_vs_random (zero)"]
+    ind = ind[ind["measure"].isin(shown) & (ind["k"].isna() | (ind["k"] == 1))]
+    parts += [
+      "",
+      "## Induction by step: the in-context loss drop and the causal check",
+      "repeat_drop: loss on the first copy of repeated random sequences − on the second (nats; > 0: the model "
+      "copies from context); icl_score: loss at a late − an early token of the text (< 0: context helps); "
+      "loss_delta_second_vs_random (zero), k = 1: the second copy's loss rise when the top induction head is "
+      "zero-ablated, minus when a layer-matched random head is. Every k, mean ablation and CIs: "
+      "study/induction.csv; the repeat drop's formation step: the formation table (source loss).",
+      _markdown(_by_condition(ind.fillna({"k": 0}), ["measure", "step"], "value")),
     ]
   if len(frames["causal"]):
     c = frames["causal"]

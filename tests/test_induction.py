@@ -277,8 +277,11 @@ def test_attention_command_induction_step(run_dir, caplog):
     (str(s), str(l), str(h)) for s in (0, 2, 4) for l in range(2) for h in range(2)
   }
   icl = _read(run_dir / "attention" / "icl.csv")
-  assert {r["kind"] for r in icl} == {"loss_at_position", "icl_score"}
-  assert all(r["position"] == "" for r in icl if r["kind"] == "icl_score")
+  assert {r["kind"] for r in icl} == {"loss_at_position", "icl_score", "repeat_first", "repeat_second", "repeat_drop"}
+  assert all(r["position"] == "" for r in icl if r["kind"] != "loss_at_position")
+  by = {(r["step"], r["kind"]): float(r["value"]) for r in icl}
+  for s in ("0", "2", "4"):  # the drop is the copies' difference
+    assert by[s, "repeat_drop"] == pytest.approx(by[s, "repeat_first"] - by[s, "repeat_second"], abs=1e-5)
   assert sorted(int(r["position"]) for r in icl if r["kind"] == "loss_at_position" and r["step"] == "4") == list(
     range(1, 40)
   )
@@ -342,3 +345,15 @@ def test_induction_head_forms_in_two_layers_not_in_one(attention_only_decoder):
   assert second < first - 2.0, (first, second)  # in-context learning: the second repeat is predicted
   assert scores_1["induction"].max() < 0.2, scores_1
   assert second_1 > first_1 - 0.5, (first_1, second_1)
+
+
+def test_repeat_loss_cis_are_the_copies_means_and_their_difference():
+  """repeat_first / repeat_second: the copies' mean losses; repeat_drop: first − second, with a bootstrap CI
+  over sequences that holds the mean and shrinks to it when every sequence agrees."""
+  first, second = np.array([6.0, 6.2, 6.4, 6.6]), np.array([5.0, 6.2, 4.4, 6.0])
+  out = ind.repeat_loss_cis(first, second, resamples=200, seed=0)
+  assert out["repeat_first"][0] == pytest.approx(6.3) and out["repeat_second"][0] == pytest.approx(5.4)
+  v, lo, hi = out["repeat_drop"]
+  assert v == pytest.approx(0.9) and lo < v < hi
+  v, lo, hi = ind.repeat_loss_cis(first, first - 0.5, resamples=50, seed=0)["repeat_drop"]
+  assert (v, lo, hi) == pytest.approx((0.5, 0.5, 0.5))

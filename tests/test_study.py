@@ -461,3 +461,47 @@ def test_causal_test_over_seeds_counts_seeds_below_zero():
   r = study._causal_over_seeds(pd.DataFrame(rows)).iloc[0]
   assert r["mean"] == pytest.approx(-0.055 / 3) and r["count"] == 3 and r["below_0"] == 2 and r["mde"] == 0.02
   assert r["t_low"] < r["mean"] < r["t_high"]
+
+
+def test_induction_table_drop_formation_and_causal_by_step(tmp_path):
+  """induction.csv: the repeated sequences' copy losses, the ICL score and the induction causal check at every
+  kept step (other icl kinds and causal selections left out); formation.csv's repeat_drop row: the first step
+  whose CI low lies above step 0's drop; summary.md's induction section and induction.png."""
+  root = tmp_path / "exp"
+  experiments.write_plan(
+    root, experiments.Experiment(runs=(experiments.Run("L2_s0", "c.py", "L2", 0),), analyses=()), "c.py"
+  )
+  run = root / "L2_s0"
+  tables.write(tables.path_of(run, tables.PROBE_SELECTIVITY), _selectivity_rows("L2_s0", 0, {(0, 0): (0.0, 0.0, -0.1)}),
+               tables.PROBE_SELECTIVITY)  # fmt: skip
+  drops = {0: (0.01, -0.02, 0.04), 100: (0.02, 0.005, 0.03), 300: (0.8, 0.6, 1.0)}  # 100: CI low under 0.01
+  icl = [dict(model="L2_s0", step=s, kind="repeat_drop", position="", value=v, ci_low=lo, ci_high=hi)
+         for s, (v, lo, hi) in drops.items()]  # fmt: skip
+  icl += [dict(model="L2_s0", step=0, kind="loss_at_position", position=1, value=6.0, ci_low=5.9, ci_high=6.1)]
+  tables.write(tables.path_of(run, tables.ICL), icl, tables.ICL)
+  causal = [
+    dict(model="L2_s0", step=s, kind="induction", task=f"repeated_random/{a}", k=1, selection=sel, seed=-1,
+         metric=m, value=v, ci_low=v - 0.1, ci_high=v + 0.1)
+    for s, v in ((0, 0.0), (300, 0.5))
+    for a in ("zero", "mean")
+    for sel, m in (("top_induction", "loss_delta_second_vs_random"), ("top_induction", "loss_delta_first"),
+                   ("random_layer_matched", "loss_delta_second"))
+  ]  # fmt: skip
+  tables.write(tables.path_of(run, tables.ABLATION_CAUSAL), causal, tables.ABLATION_CAUSAL)
+
+  summary = study.write_study(root).read_text()
+  ind = pd.read_csv(root / "study/induction.csv")
+  assert sorted(set(ind["measure"])) == [
+    "loss_delta_second_vs_random (mean)",
+    "loss_delta_second_vs_random (zero)",
+    "repeat_drop",
+  ]
+  assert len(ind) == 3 + 4 and ind[ind["measure"] == "repeat_drop"]["k"].isna().all()
+  zero = ind[ind["measure"] == "loss_delta_second_vs_random (zero)"].set_index("step")
+  assert zero.loc[300, "value"] == pytest.approx(0.5) and zero.loc[300, "k"] == 1
+  fo = pd.read_csv(root / "study/formation.csv")
+  drop = fo[fo["source"] == "loss"].iloc[0]
+  assert (drop["task"], drop["layer"], drop["head"], drop["formation_step"]) == ("repeat_drop", -1, -1, 300)
+  assert drop["init_best"] == pytest.approx(0.01)
+  assert "## Induction by step" in summary and "| L2 | repeat_drop | 300 | 0.800 |" in summary
+  assert (root / "study/induction.png").exists()

@@ -280,6 +280,22 @@ def repeat_losses(nll_NT, n: int, prefix: int = 1):
   return first, second
 
 
+def repeat_loss_cis(first_N, second_N, *, resamples: int, seed: int) -> dict:
+  """{kind: (value, low, high)} over sequences of `repeat_losses`' per-sequence means: `repeat_first`, the
+  loss on r_2 … r_n of the first copy (≈ ln of the ids r is drawn from: nothing to copy yet),
+  `repeat_second`, of the second copy, and `repeat_drop` = first − second, the in-context loss drop that
+  prefix matching and copying give (Olsson et al. 2022's in-context learning on repeated tokens; ≈ 0 before
+  induction heads form). Percentile bootstrap CIs over sequences (headspec/resampling.py, as icl_score)."""
+  first_N, second_N = np.asarray(first_N, np.float64), np.asarray(second_N, np.float64)
+  out = {}
+  for kind, v_N in (("repeat_first", first_N), ("repeat_second", second_N), ("repeat_drop", first_N - second_N)):
+    value, low, high = ratio_ci(
+      v_N[:, None], np.ones(len(v_N)), np.arange(len(v_N)), num_resamples=resamples, seed=seed
+    )
+    out[kind] = (float(value[0]), float(low[0]), float(high[0]))
+  return out
+
+
 # --- formation over training ---
 
 

@@ -7,7 +7,9 @@ Per (model, step) of `targets.plan` (headspec/attention/run.py calls `analyse`):
   attention/labels.csv   previous_token / duplicate_token / induction at score >= induction.label_min on
                          repeated_random, copying at >= induction.copying_min (each rule names its threshold)
   attention/icl.csv      loss_at_position (every position of the natural-text rows) and icl_score
-                         (loss at the late position − at the early one, `induction.icl_positions`)
+                         (loss at the late position − at the early one, `induction.icl_positions`);
+                         repeat_first, repeat_second, repeat_drop (the repeated random sequences' loss
+                         on each copy and first − second, `induction.repeat_loss_cis`)
   ablation/causal.csv    kind=induction: the top-k induction heads ablated (headspec/ablation/causal.py)
 After every step (`formation`): attention/induction_formation.png (per-head induction and previous-token
 scores, the ICL score and the training loss of metrics.jsonl on one step axis) and
@@ -170,6 +172,9 @@ def analyse(job: targets.Target, model, data: Data, config) -> dict:
     f"loss first repeat {first.mean():.3f}, second {second.mean():.3f} ({time.perf_counter() - t0:.1f} s)"
   )
   icl_rows = []
+  if job.lm_head:  # the copies' losses mean something only with a trained LM head
+    for kind, (v, lo, hi) in ind.repeat_loss_cis(first, second, resamples=R, seed=seed).items():
+      icl_rows.append(dict(model=job.name, step=job.step, kind=kind, position="", value=v, ci_low=lo, ci_high=hi))
   if data.natural_NT is not None:
     nat = ind.run(model, data.natural_NT, data.natural_valid_NT, data.specials, batch_size=i.batch_size)
     if i.natural_text:
@@ -277,12 +282,9 @@ def formation(workdir, model: str, threshold: float) -> epath.Path:
       score[r["role"]][index[int(r["step"])], int(r["layer"]), int(r["head"])] = float(r["score"])
   best_S = np.nanmax(score["induction"].reshape(len(steps), -1), axis=1)
   lo, hi = ind.formation_window(steps, best_S, threshold)
-  icl = [
-    r
-    for r in tables.read(tables.path_of(workdir, tables.ICL), tables.ICL)
-    if r["model"] == model and r["kind"] == "icl_score"
-  ]
-  icl.sort(key=lambda r: int(r["step"]))
+  mine = [r for r in tables.read(tables.path_of(workdir, tables.ICL), tables.ICL) if r["model"] == model]
+  icl = sorted((r for r in mine if r["kind"] == "icl_score"), key=lambda r: int(r["step"]))
+  drop_by = {int(r["step"]): float(r["value"]) for r in mine if r["kind"] == "repeat_drop"}
   out = workdir / "attention"
   out.mkdir(parents=True, exist_ok=True)
   if len(steps) >= 2:
@@ -300,8 +302,8 @@ def formation(workdir, model: str, threshold: float) -> epath.Path:
     "",
     f"Formation window (best head's induction score on repeated random tokens vs {threshold:.2f}): {window}.",
     "",
-    "| step | best induction (head) | best previous-token (head) | ICL score |",
-    "|---:|---|---|---:|",
+    "| step | best induction (head) | best previous-token (head) | ICL score | repeat drop (1st − 2nd copy) |",
+    "|---:|---|---|---:|---:|",
   ]
   icl_by = {int(r["step"]): float(r["value"]) for r in icl}
   for n, s in enumerate(steps):
@@ -309,7 +311,7 @@ def formation(workdir, model: str, threshold: float) -> epath.Path:
     bp = np.unravel_index(np.nanargmax(score["previous_token"][n]), (L, H))
     lines.append(
       f"| {s} | {score['induction'][n][bi]:.3f} (L{bi[0]}H{bi[1]}) | {score['previous_token'][n][bp]:.3f} "
-      f"(L{bp[0]}H{bp[1]}) | {icl_by.get(s, float('nan')):+.3f} |"
+      f"(L{bp[0]}H{bp[1]}) | {icl_by.get(s, float('nan')):+.3f} | {drop_by.get(s, float('nan')):+.3f} |"
     )
   md = out / "induction_summary.md"
   md.write_text("\n".join(lines) + "\n")

@@ -4,6 +4,7 @@ experiment, on data it writes itself (docs/study.md "Settings").
 
   headspec launch local --experiment=configs/experiments/induction.py --workdir=runs/induction
   headspec launch local --experiment=configs/experiments/induction.py:layers=2 --workdir=runs/induction
+  headspec launch local --experiment=configs/experiments/induction.py:condition=L2_mlp,seed=1 --workdir=runs/induction
 
 The first stage writes ROOT/data (`headspec data synthetic --repeats=1`): the synthetic grammar's text
 with repeated random-word sequences mixed in (headspec/data/repeats.py: after every document, 8-24 words
@@ -33,9 +34,10 @@ steps of 16×128 rows of the text alone, lr 1e-2) formed none (docs/study.md). T
 other job): training about 7-8 min, attention at 12 steps 69 s, probe 60 s; lr 3e-3 against 1e-2 compared
 only with learned positions (text validation loss 3.237 against 3.267 at step 6,000).
 
-Arguments (comma-separated): layers=N (2-4), mlp (MLPs on; default attention-only), seed=N, lr=X (training
-configs; layers=N alone to experiment(): that part); attention | probe (the analysis configs); tiny (test
-sizes: one run, a few steps).
+Arguments (comma-separated): layers=N (2-4), mlp (MLPs on; default attention-only), condition=L2_attn_only
+(the same as layers=2; L4_mlp as layers=4,mlp), seed=N, lr=X (training configs); given to experiment(),
+layers=N, condition=C and seed=N each pick a part (one depth's, one condition's, one seed's runs; they
+combine); attention | probe (the analysis configs); tiny (test sizes: one run, a few steps).
 """
 
 from headspec.configs.experiments import grammar, specialization
@@ -46,7 +48,7 @@ SEEDS = (0, 1, 2, 3, 4)
 STEPS = 6000
 KEEP = (0, 100, 300, 600, 1000, 1500, 2000, 2500, 3000, 4000, 5000, 6000)
 KEEP_TINY = (0, 8)
-LEARNING_RATE = 3e-3
+LEARNING_RATE = 1e-3
 SEQ_LEN, BATCH = 32, 64
 REPEAT_ROWS = 0.75  # of every batch's rows: repeated random sequences of the text's ids (data.repeat_rows)
 PROBE_STEPS = (0, 2000, STEPS)  # `headspec study` reads probe selectivity: upos and deprel at three kept steps
@@ -65,17 +67,25 @@ def _args(arg):
       out["stage"] = a
     elif key == "layers" and value in ("2", "3", "4"):
       out["layers"] = int(value)
+    elif key == "condition" and value in CONDITIONS:
+      out["layers"], out["mlp"] = CONDITIONS[value]
     elif key == "seed" and value.lstrip("-").isdigit():
       out["seed"] = int(value)
     elif key == "lr" and grammar.positive(value):
       out["lr"] = float(value)
     else:
-      raise ValueError(f"{ME}: bad argument {a!r} (use layers=2|3|4, mlp, seed=N, lr=X, attention, probe, tiny)")
+      raise ValueError(
+        f"{ME}: bad argument {a!r} (use layers=2|3|4, mlp, condition={'|'.join(CONDITIONS)}, seed=N, lr=X, "
+        "attention, probe, tiny)"
+      )
   return out
 
 
 def condition(layers: int, mlp: bool) -> str:
   return f"L{layers}_{'mlp' if mlp else 'attn_only'}"
+
+
+CONDITIONS = {condition(layers, mlp): (layers, mlp) for layers in (2, 3, 4) for mlp in (False, True)}
 
 
 def experiment(arg: str | None = None):
@@ -85,8 +95,14 @@ def experiment(arg: str | None = None):
   a = _args(arg)
   tiny = a["tiny"]
   tag = "tiny," if tiny else ""
-  depths = (a["layers"],) if arg and "layers=" in arg else LAYERS  # layers=N: one part of the setting
-  shapes = ((2, False),) if tiny else tuple((layers, mlp) for layers in depths for mlp in (False, True))
+  named = {a.strip().partition("=")[0] for a in (arg or "").split(",")}  # the part keys it names
+  depths = (a["layers"],) if "layers" in named else LAYERS  # layers=N: one depth's runs
+  shapes = tuple((layers, mlp) for layers in depths for mlp in (False, True))
+  if "condition" in named:  # condition=L2_attn_only: one condition's runs
+    shapes = ((a["layers"], a["mlp"]),)
+  seeds = (a["seed"],) if "seed" in named else SEEDS  # seed=N: one seed's runs
+  if tiny:
+    shapes, seeds = ((2, False),), (0,)
   runs = tuple(
     Run(
       f"{condition(layers, mlp)}_s{seed}",
@@ -95,7 +111,7 @@ def experiment(arg: str | None = None):
       seed,
     )
     for layers, mlp in shapes
-    for seed in ((0,) if tiny else SEEDS)
+    for seed in seeds
   )
   analyses = tuple((a, f"{ME}:{tag}{a}") for a in ("attention", "probe"))
   return Experiment(runs=runs, analyses=analyses, data=DATA_TINY if tiny else DATA)
