@@ -31,7 +31,7 @@ chosen on dev and reported on test (the maximum over 48 noisy dev estimates is b
                   score on text; from ablation/causal.csv (kind=induction) the top-k induction heads ablated,
                   the second copy's loss change and its excess over k layer-matched random heads, with CIs.
                   formation.csv also gets source=loss, task=repeat_drop (layer, head −1): the first kept step
-                  whose repeat_drop CI lies above step 0's value.
+                  whose repeat_drop CI lies above step 0's value + 1 nat (DROP_FORMED).
   causal.csv      per run and task at the last step: ablating the k most selective heads vs k
                   layer-matched random heads (ablation/causal.csv `*_vs_random` rows, paired CIs), with
                   `mde`, the smallest effect the test detects at 80% power (`mde()`).
@@ -302,13 +302,19 @@ def induction(run: dict, workdir) -> list[dict]:
   return out
 
 
+DROP_FORMED = 1.0  # nats: the repeat drop counts as formed once the second copy is e ≈ 2.7 times likelier
+
+
 def _drop_formation(rows: list[dict]) -> list[dict]:
-  """formation.csv's row for the repeat drop of one run: the first kept step whose CI lies above step 0's value."""
+  """formation.csv's row for the repeat drop of one run: the first kept step whose CI lies above step 0's
+  value + DROP_FORMED nats. (Step 0's own rule, CI above step 0's value, fires at the first step of any
+  training: 200 sequences make the drop's CI a few hundredths of a nat wide, and copying a token or two
+  already moves it that much; a nat is a drop that prefix matching and copying make, not bigram noise.)"""
   drop = [r for r in rows if r["measure"] == "repeat_drop"]
   init = [r["value"] for r in drop if r["step"] == 0]
   if not drop or not init:
     return []
-  above = [r["step"] for r in drop if _above_init(r["ci_low"], init[0])]
+  above = [r["step"] for r in drop if _above_init(r["ci_low"], init[0] + DROP_FORMED)]
   first = min(above) if above else np.nan
   run = {k: drop[0][k] for k in ("run", "condition", "seed")}
   return [dict(**run, source="loss", task="repeat_drop", layer=-1, head=-1, init_best=init[0], formation_step=first)]
