@@ -320,6 +320,27 @@ def _drop_formation(rows: list[dict]) -> list[dict]:
   return [dict(**run, source="loss", task="repeat_drop", layer=-1, head=-1, init_best=init[0], formation_step=first)]
 
 
+LABEL_MIN = 0.4  # induction.label_min's default: the score at which labels.csv names a head by its role
+
+
+def _label_steps(roles_frame):
+  """Per condition and role: the first kept step at which a run's best head reaches LABEL_MIN (Olsson et al.'s
+  formation window's upper end, attention/induction_summary.md), its median and range over seeds, and how
+  many seeds reached it by their last step."""
+  import pandas as pd
+
+  rows = []
+  for (condition, _run, role), g in roles_frame.groupby(["condition", "run", "role"]):
+    reached = g[g["score"] >= LABEL_MIN]["step"]
+    rows.append(dict(condition=condition, role=role, step=reached.min() if len(reached) else np.nan))
+  frame = pd.DataFrame(rows, columns=["condition", "role", "step"])
+  return (
+    frame.groupby(["condition", "role"])["step"]
+    .agg(median="median", min="min", max="max", seeds_reached="count", seeds="size")
+    .reset_index()
+  )
+
+
 def mde(ci_low, ci_high):
   """The minimum detectable effect at 80% power (two-sided α = 0.05) of an estimate with this 95% CI:
   (z_0.975 + z_0.80) × SE ≈ 2.8 × SE with SE = half-width / 1.96 (Bloom 1995, "Minimum detectable effects",
@@ -877,6 +898,14 @@ def _later_sections(frames: dict) -> list[str]:
       "study/induction.csv; the repeat drop's formation step: the formation table (source loss).",
       _markdown(_by_condition(ind.fillna({"k": 0}), ["measure", "step"], "value")),
     ]
+    if len(frames["roles"]):
+      parts += [
+        "",
+        f"### First kept step with a head at or above {LABEL_MIN} (the role's label), over seeds",
+        "median, min and max over the seeds that reached it; seeds_reached of seeds. The per-head formation "
+        "steps by the CI rule (above step 0's best head) are in the formation table.",
+        _markdown(_label_steps(frames["roles"]), ".0f"),
+      ]
   if len(frames["causal"]):
     c = frames["causal"]
     parts += [

@@ -506,3 +506,13 @@ def test_induction_table_drop_formation_and_causal_by_step(tmp_path):
   assert drop["init_best"] == pytest.approx(0.01)
   assert "## Induction by step" in summary and "| L2 | repeat_drop | 300 | 1.600 |" in summary
   assert (root / "study/induction.png").exists()
+  # the first step a head reaches the label threshold (0.4), over seeds
+  roles = [dict(run="a", condition="L2", seed=0, step=s, role="induction", layer=1, head=0, score=v)
+           for s, v in ((0, 0.05), (100, 0.41), (300, 0.9))]  # fmt: skip
+  roles += [dict(run="b", condition="L2", seed=1, step=s, role="induction", layer=1, head=0, score=v)
+            for s, v in ((0, 0.05), (100, 0.2), (300, 0.5))]  # fmt: skip
+  roles += [
+    dict(run="c", condition="L2", seed=2, step=s, role="induction", layer=1, head=0, score=0.1) for s in (0, 300)
+  ]
+  got = study._label_steps(pd.DataFrame(roles)).iloc[0]
+  assert (got["median"], got["min"], got["max"], got["seeds_reached"], got["seeds"]) == (200, 100, 300, 2, 3)
