@@ -6,7 +6,6 @@ import pathlib
 import subprocess
 import sys
 
-import numpy as np
 import pytest
 
 from headspec import commands
@@ -64,7 +63,14 @@ def test_induction_setting_runs_two_depths_with_and_without_mlps():
   assert (a.steps, a.treebank, a.induction.icl, a.induction.causal.enabled) == ("all", "", True, True)
   assert a.induction.draw == "text"  # not the byte pieces the text never uses
   assert 2 * a.induction.n + 1 <= c.train.seq_len
-  assert [name for name, _ in exp.analyses] == ["attention", "probe"]  # `headspec study` needs probe selectivity
+  assert [name for name, _ in exp.analyses] == ["attention", "diversity", "probe"]  # study needs probe selectivity
+  assert induction.get_config("diversity").steps == "all"
+  assert induction.experiment("condition=L4_mlp,seed=3").runs == tuple(r for r in exp.runs if r.name == "L4_mlp_s3")
+  assert induction.experiment("seed=1").runs == tuple(r for r in exp.runs if r.seed == 1)
+  assert (
+    induction.get_config("condition=L4_mlp").model.num_layers == 4
+    and induction.get_config("condition=L4_mlp").model.mlp
+  )
   p = induction.get_config("probe")
   assert p.probe.treebank == "synthetic" and {0, c.train.steps} <= {int(s) for s in p.probe.steps.split(",")}
   assert "--repeats=1" in exp.data
@@ -157,15 +163,24 @@ def test_tiny_grammar_setting_runs_end_to_end(tmp_path):
   assert sorted(p.name for p in (tmp_path / "stages").glob("*.done"))[-1] == "data.done"
 
 
-def test_tiny_induction_run_trains_on_repeat_rows(tmp_path):
-  """The induction setting's training config at `tiny` sizes trains through `data.repeat_rows` (most of each
-  batch repeated random sequences of the text's own ids) and evaluates on the text alone."""
-  from headspec.train import train_and_evaluate
+@pytest.mark.slow
+def test_tiny_induction_setting_runs_end_to_end(tmp_path):
+  """`headspec launch local` on the induction setting's `tiny` sizes: data, one run trained through
+  `data.repeat_rows` (most of each batch repeated random sequences of the text's own ids), every analysis,
+  and the report's induction tables (the repeat drop and the causal check at every kept step)."""
+  import pandas as pd
 
-  write_synthetic(tmp_path, num_train=5, num_dev=5, num_test=5, num_text_sentences=2000)
-  write_repeats(tmp_path, "synthetic")
   c = induction.get_config("tiny,seed=0")
-  c.data_dir = str(tmp_path)
   assert c.data.repeat_rows == induction.REPEAT_ROWS and c.train.seq_len == induction.SEQ_LEN
-  metrics = train_and_evaluate(c, tmp_path / "run")
-  assert np.isfinite(metrics["loss"]) and (tmp_path / "run" / "checkpoints").is_dir()
+  command = [sys.executable, "-m", "headspec.launch", "local", "--experiment=configs/experiments/induction.py:tiny"]
+  env = {k: v for k, v in os.environ.items() if k != "HEADSPEC_DATA_DIR"}  # nothing from the development data
+  done = subprocess.run([*command, f"--workdir={tmp_path}"], capture_output=True, text=True, cwd=REPO, env=env)
+  assert done.returncode == 0, done.stderr[-3000:]
+  run = tmp_path / "L2_attn_only_s0"
+  for table in ("probes/selectivity.csv", "diversity/results.csv", "attention/icl.csv", "ablation/causal.csv"):
+    assert (run / table).stat().st_size > 0, table
+  ind = pd.read_csv(tmp_path / "study" / "induction.csv")
+  kept = set(induction.KEEP_TINY)
+  for measure in ("repeat_drop", "icl_score", "loss_delta_second_vs_random (zero)"):
+    assert set(ind[ind["measure"] == measure]["step"]) == kept, measure
+  assert "## Induction by step" in (tmp_path / "study" / "summary.md").read_text()

@@ -16,7 +16,8 @@ text. Runs: causal decoders of 2 and 4 layers, attention-only and with MLPs (4 h
 tokens), 12 kept steps. At every kept step `headspec attention` without treebank analyses: previous-token,
 duplicate-token and induction scores on repeated random tokens ([BOS] + 2×15 of the text's ids), the
 in-context-learning score and loss by position on the run's validation rows (text only), and the causal check
-(the top-k induction heads ablated vs layer-matched random heads). Then a cheap probe (upos, deprel at steps
+(the top-k induction heads ablated vs layer-matched random heads), and the diversity metrics on 4,096
+validation tokens. Then a cheap probe (upos, deprel at steps
 0, 2000, 6000 on the treebank sentences that fit the 32-token context: `headspec study` reads probe
 selectivity) and the report. `layers=N` runs one depth's 10 runs (a part: the same run configs; the whole
 command resumes past it).
@@ -37,7 +38,7 @@ only with learned positions (text validation loss 3.237 against 3.267 at step 6,
 Arguments (comma-separated): layers=N (2-4), mlp (MLPs on; default attention-only), condition=L2_attn_only
 (the same as layers=2; L4_mlp as layers=4,mlp), seed=N, lr=X (training configs); given to experiment(),
 layers=N, condition=C and seed=N each pick a part (one depth's, one condition's, one seed's runs; they
-combine); attention | probe (the analysis configs); tiny (test sizes: one run, a few steps).
+combine); attention | diversity | probe (the analysis configs); tiny (test sizes: one run, a few steps).
 """
 
 from headspec.configs.experiments import grammar, specialization
@@ -63,7 +64,7 @@ def _args(arg):
     key, _, value = a.partition("=")
     if a in ("tiny", "mlp"):
       out[a] = True
-    elif a in ("attention", "probe"):
+    elif a in ("attention", "diversity", "probe"):
       out["stage"] = a
     elif key == "layers" and value in ("2", "3", "4"):
       out["layers"] = int(value)
@@ -113,7 +114,7 @@ def experiment(arg: str | None = None):
     for layers, mlp in shapes
     for seed in seeds
   )
-  analyses = tuple((a, f"{ME}:{tag}{a}") for a in ("attention", "probe"))
+  analyses = tuple((a, f"{ME}:{tag}{a}") for a in ("attention", "diversity", "probe"))
   return Experiment(runs=runs, analyses=analyses, data=DATA_TINY if tiny else DATA)
 
 
@@ -121,6 +122,8 @@ def get_config(arg: str | None = None):
   a = _args(arg)
   if a["stage"] == "probe":
     return probe_config(a["tiny"])
+  if a["stage"] == "diversity":
+    return diversity_config(a["tiny"])
   if a["stage"]:
     return analysis_config(a["tiny"])
   c = train_config()
@@ -160,6 +163,15 @@ def analysis_config(tiny: bool = False):
     c.induction.n, c.induction.num_sequences, c.induction.num_tokens = 10, 8, 512
     c.induction.causal.num_sequences, c.induction.causal.random_seeds = 8, 1
     c.roles.bootstrap_resamples = 20
+  return c
+
+
+def diversity_config(tiny: bool = False):
+  """The diversity metrics (docs/diversity.md) at every kept step on 4,096 of the run's validation tokens."""
+  c = specialization.analysis_config("diversity", small=True)
+  c.data_dir = ""
+  if tiny:
+    c.num_tokens = 512
   return c
 
 
