@@ -29,7 +29,8 @@ chosen on dev and reported on test (the maximum over 48 noisy dev estimates is b
                   attention/icl.csv the loss on the first and second copy of repeated random sequences and
                   repeat_drop = first − second (the in-context loss drop induction heads bring), and the ICL
                   score on text; from ablation/causal.csv (kind=induction) the top-k induction heads ablated,
-                  the second copy's loss change and its excess over k layer-matched random heads, with CIs.
+                  the second copy's loss change and its excess over k layer-matched random heads, with CIs
+                  and `mde` (the check's power, `mde()`).
                   formation.csv also gets source=loss, task=repeat_drop (layer, head −1): the first kept step
                   whose repeat_drop CI lies above step 0's value + 1 nat (DROP_FORMED).
   causal.csv      per run and task at the last step: ablating the k most selective heads vs k
@@ -82,7 +83,7 @@ COLUMNS = {  # every study table's columns (docs/outputs.md), so that an empty t
   "diversity": "run,condition,seed,step,metric,value",
   "roles": "run,condition,seed,step,role,layer,head,score",
   "causal": "run,condition,seed,step,task,k,metric,value,ci_low,ci_high,mde",
-  "induction": "run,condition,seed,step,measure,k,value,ci_low,ci_high",
+  "induction": "run,condition,seed,step,measure,k,value,ci_low,ci_high,mde",
   "formation": "run,condition,seed,source,task,layer,head,init_best,formation_step",
   "conditions": "condition,task,measure,difference,ci_low,ci_high,seeds",
   "rankings": "run,condition,seed,step,task,measure,spearman,p_value,p_holm,within_layer_spearman,"
@@ -291,14 +292,15 @@ def induction(run: dict, workdir) -> list[dict]:
   if icl is not None:
     for _, r in icl[icl["kind"].isin(REPEAT_KINDS)].iterrows():
       out.append(dict(**run, step=int(r["step"]), measure=r["kind"], k=np.nan, value=r["value"],
-                      ci_low=r["ci_low"], ci_high=r["ci_high"]))  # fmt: skip
+                      ci_low=r["ci_low"], ci_high=r["ci_high"], mde=np.nan))  # fmt: skip
   ca = _frame(workdir, tables.ABLATION_CAUSAL)
   if ca is not None:
     mine = ca[(ca["kind"] == "induction") & (ca["selection"] == "top_induction") & ca["metric"].isin(INDUCTION_CAUSAL)]
     for _, r in mine.iterrows():
       ablation = str(r["task"]).rpartition("/")[2]  # repeated_random/zero -> zero
       out.append(dict(**run, step=int(r["step"]), measure=f"{r['metric']} ({ablation})", k=int(r["k"]),
-                      value=r["value"], ci_low=r["ci_low"], ci_high=r["ci_high"]))  # fmt: skip
+                      value=r["value"], ci_low=r["ci_low"], ci_high=r["ci_high"],
+                      mde=float(mde(r["ci_low"], r["ci_high"]))))  # fmt: skip
   return out
 
 
@@ -897,6 +899,9 @@ def _later_sections(frames: dict) -> list[str]:
       "zero-ablated, minus when a layer-matched random head is. Every k, mean ablation and CIs: "
       "study/induction.csv; the repeat drop's formation step: the formation table (source loss).",
       _markdown(_by_condition(ind.fillna({"k": 0}), ["measure", "step"], "value")),
+      "",
+      "Power of the causal check (k = 1, zero ablation): the median over runs and steps of mde, the smallest "
+      f"excess it detects at 80% power: {ind['mde'].median():.3f} nats.",
     ]
     if len(frames["roles"]):
       parts += [

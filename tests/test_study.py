@@ -500,6 +500,7 @@ def test_induction_table_drop_formation_and_causal_by_step(tmp_path):
   assert len(ind) == 3 + 4 and ind[ind["measure"] == "repeat_drop"]["k"].isna().all()
   zero = ind[ind["measure"] == "loss_delta_second_vs_random (zero)"].set_index("step")
   assert zero.loc[300, "value"] == pytest.approx(0.5) and zero.loc[300, "k"] == 1
+  assert zero.loc[300, "mde"] == pytest.approx(study.mde(0.4, 0.6), rel=1e-5)  # written with 6 digits
   fo = pd.read_csv(root / "study/formation.csv")
   drop = fo[fo["source"] == "loss"].iloc[0]
   assert (drop["task"], drop["layer"], drop["head"], drop["formation_step"]) == ("repeat_drop", -1, -1, 300)
