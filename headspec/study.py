@@ -281,7 +281,7 @@ def roles(run: dict, workdir) -> list[dict]:
   return out
 
 
-REPEAT_KINDS = ("repeat_first", "repeat_second", "repeat_drop", "icl_score")
+ICL_KINDS = ("repeat_first", "repeat_second", "repeat_drop", "icl_score")
 INDUCTION_CAUSAL = ("loss_delta_second", "loss_delta_second_vs_random")
 
 
@@ -290,7 +290,7 @@ def induction(run: dict, workdir) -> list[dict]:
   out = []
   icl = _frame(workdir, tables.ICL)
   if icl is not None:
-    for _, r in icl[icl["kind"].isin(REPEAT_KINDS)].iterrows():
+    for _, r in icl[icl["kind"].isin(ICL_KINDS)].iterrows():
       out.append(dict(**run, step=int(r["step"]), measure=r["kind"], k=np.nan, value=r["value"],
                       ci_low=r["ci_low"], ci_high=r["ci_high"], mde=np.nan))  # fmt: skip
   ca = _frame(workdir, tables.ABLATION_CAUSAL)
@@ -322,18 +322,22 @@ def _drop_formation(rows: list[dict]) -> list[dict]:
   return [dict(**run, source="loss", task="repeat_drop", layer=-1, head=-1, init_best=init[0], formation_step=first)]
 
 
-LABEL_MIN = 0.4  # induction.label_min's default: the score at which labels.csv names a head by its role
+def _label_min() -> float:
+  """induction.label_min's default: the score at which attention/labels.csv names a head by its role."""
+  from headspec.attention.config import attention_config
+
+  return float(attention_config().induction.label_min)
 
 
 def _label_steps(roles_frame):
-  """Per condition and role: the first kept step at which a run's best head reaches LABEL_MIN (Olsson et al.'s
+  """Per condition and role: the first kept step at which a run's best head reaches `_label_min()` (Olsson et al.'s
   formation window's upper end, attention/induction_summary.md), its median and range over seeds, and how
   many seeds reached it by their last step."""
   import pandas as pd
 
-  rows = []
+  rows, label_min = [], _label_min()
   for (condition, _run, role), g in roles_frame.groupby(["condition", "run", "role"]):
-    reached = g[g["score"] >= LABEL_MIN]["step"]
+    reached = g[g["score"] >= label_min]["step"]
     rows.append(dict(condition=condition, role=role, step=reached.min() if len(reached) else np.nan))
   frame = pd.DataFrame(rows, columns=["condition", "role", "step"])
   return (
@@ -671,7 +675,8 @@ def _draw(frames: dict, out: epath.Path) -> list[str]:
   import matplotlib.pyplot as plt
 
   written = []
-  colors = {c: f"C{i}" for i, c in enumerate(sorted(set(frames["emergence"]["condition"])))}
+  seen = set().union(*(set(f["condition"]) for f in frames.values() if "condition" in f))
+  colors = {c: f"C{i}" for i, c in enumerate(sorted(seen))}  # a part's runs may lack a table yet
 
   def x_of(steps):  # log-spaced steps with step 0 drawn at 1
     return np.maximum(np.asarray(steps, float), 1.0)
@@ -831,7 +836,9 @@ def _formation_sections(frames: dict) -> list[str]:
       "## Formation step per head (its CI above step 0's best head), median over a layer's heads, over seeds",
       "Per seed the median over the layer's heads (a head that never formed counts as never: NaN when half or "
       "more never did); median, min and max of those over seeds; seeds_formed: seeds with any head formed. "
-      "probe: test selectivity; role: score on repeated random sequences. Per head: study/formation.csv.",
+      "probe: test selectivity; role: score on repeated random sequences; loss: the repeat drop of the whole "
+      f"model (layer −1), formed when its CI lies {DROP_FORMED:g} nat above step 0's. Per head: "
+      "study/formation.csv.",
       _markdown(_formation_summary(frames["formation"]), ".0f"),
     ]
   if len(frames["conditions"]):
@@ -898,15 +905,18 @@ def _later_sections(frames: dict) -> list[str]:
       "loss_delta_second_vs_random (zero), k = 1: the second copy's loss rise when the top induction head is "
       "zero-ablated, minus when a layer-matched random head is. Every k, mean ablation and CIs: "
       "study/induction.csv; the repeat drop's formation step: the formation table (source loss).",
-      _markdown(_by_condition(ind.fillna({"k": 0}), ["measure", "step"], "value")),
-      "",
-      "Power of the causal check (k = 1, zero ablation): the median over runs and steps of mde, the smallest "
-      f"excess it detects at 80% power: {ind['mde'].median():.3f} nats.",
+      _markdown(_by_condition(ind, ["measure", "step"], "value")),
     ]
+    if ind["mde"].notna().any():
+      parts += [
+        "",
+        "Power of the causal check (k = 1, zero ablation): the median over runs and steps of mde, the smallest "
+        f"excess it detects at 80% power: {ind['mde'].median():.3f} nats.",
+      ]
     if len(frames["roles"]):
       parts += [
         "",
-        f"### First kept step with a head at or above {LABEL_MIN} (the role's label), over seeds",
+        f"### First kept step with a head at or above {_label_min()} (the role's label), over seeds",
         "median, min and max over the seeds that reached it; seeds_reached of seeds. The per-head formation "
         "steps by the CI rule (above step 0's best head) are in the formation table.",
         _markdown(_label_steps(frames["roles"]), ".0f"),

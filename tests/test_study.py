@@ -489,8 +489,12 @@ def test_induction_table_drop_formation_and_causal_by_step(tmp_path):
                    ("random_layer_matched", "loss_delta_second"))
   ]  # fmt: skip
   tables.write(tables.path_of(run, tables.ABLATION_CAUSAL), causal, tables.ABLATION_CAUSAL)
+  roles = [dict(model="L2_s0", step=s, data="repeated_random", layer=1, head=0, role="induction", score=v,
+                ci_low=v - 0.01, ci_high=v + 0.01) for s, v in ((0, 0.05), (100, 0.3), (300, 0.45))]  # fmt: skip
+  tables.write(tables.path_of(run, tables.ROLES), roles, tables.ROLES)
 
   summary = study.write_study(root).read_text()
+  assert "| L2 | induction | 300 | 300 | 300 | 1 | 1 |" in summary  # the first step at the 0.4 label
   ind = pd.read_csv(root / "study/induction.csv")
   assert sorted(set(ind["measure"])) == [
     "loss_delta_second_vs_random (mean)",

@@ -67,6 +67,12 @@ def test_induction_setting_runs_two_depths_with_and_without_mlps():
   assert induction.get_config("diversity").steps == "all"
   assert induction.experiment("condition=L4_mlp,seed=3").runs == tuple(r for r in exp.runs if r.name == "L4_mlp_s3")
   assert induction.experiment("seed=1").runs == tuple(r for r in exp.runs if r.seed == 1)
+  assert induction.experiment("layers=4,mlp").runs == induction.experiment("condition=L4_mlp").runs
+  for parts in ("condition=L2_mlp,layers=4", "layers=4,condition=L2_mlp", "condition=L2_attn_only,mlp"):
+    with pytest.raises(ValueError, match="exclude each other"):  # in either order: refused, never one silently
+      induction.experiment(parts)
+  with pytest.raises(ValueError, match="lr= is not for the experiment"):
+    induction.experiment("lr=3e-3")
   assert (
     induction.get_config("condition=L4_mlp").model.num_layers == 4
     and induction.get_config("condition=L4_mlp").model.mlp

@@ -287,13 +287,10 @@ def repeat_loss_cis(first_N, second_N, *, resamples: int, seed: int) -> dict:
   prefix matching and copying give (Olsson et al. 2022's in-context learning on repeated tokens; ≈ 0 before
   induction heads form). Percentile bootstrap CIs over sequences (headspec/resampling.py, as icl_score)."""
   first_N, second_N = np.asarray(first_N, np.float64), np.asarray(second_N, np.float64)
-  out = {}
-  for kind, v_N in (("repeat_first", first_N), ("repeat_second", second_N), ("repeat_drop", first_N - second_N)):
-    value, low, high = ratio_ci(
-      v_N[:, None], np.ones(len(v_N)), np.arange(len(v_N)), num_resamples=resamples, seed=seed
-    )
-    out[kind] = (float(value[0]), float(low[0]), float(high[0]))
-  return out
+  v_N3 = np.stack([first_N, second_N, first_N - second_N], 1)  # one bootstrap: the three CIs share resamples
+  value, low, high = ratio_ci(v_N3, np.ones(len(v_N3)), np.arange(len(v_N3)), num_resamples=resamples, seed=seed)
+  kinds = ("repeat_first", "repeat_second", "repeat_drop")
+  return {kind: (float(value[g]), float(low[g]), float(high[g])) for g, kind in enumerate(kinds)}
 
 
 # --- formation over training ---

@@ -38,8 +38,9 @@ repeats, and the setting asks about the repeats. Time (2-core CPU, two runs side
 
 Arguments (comma-separated): layers=N (2-4), mlp (MLPs on; default attention-only), condition=L2_attn_only
 (the same as layers=2; L4_mlp as layers=4,mlp), seed=N, lr=X (training configs); given to experiment(),
-layers=N, condition=C and seed=N each pick a part (one depth's, one condition's, one seed's runs; they
-combine); attention | diversity | probe (the analysis configs); tiny (test sizes: one run, a few steps).
+layers=N, mlp, condition=C and seed=N each pick a part (one depth's, the MLP runs, one condition's, one
+seed's runs; they combine as filters, and parts that exclude each other are refused); attention |
+diversity | probe (the analysis configs); tiny (test sizes: one run, a few steps).
 """
 
 from headspec.configs.experiments import grammar, specialization
@@ -78,7 +79,7 @@ def _args(arg):
     else:
       raise ValueError(
         f"{ME}: bad argument {a!r} (use layers=2|3|4, mlp, condition={'|'.join(CONDITIONS)}, seed=N, lr=X, "
-        "attention, probe, tiny)"
+        "attention, diversity, probe, tiny)"
       )
   return out
 
@@ -97,14 +98,27 @@ def experiment(arg: str | None = None):
   a = _args(arg)
   tiny = a["tiny"]
   tag = "tiny," if tiny else ""
-  named = {a.strip().partition("=")[0] for a in (arg or "").split(",")}  # the part keys it names
-  depths = (a["layers"],) if "layers" in named else LAYERS  # layers=N: one depth's runs
-  shapes = tuple((layers, mlp) for layers in depths for mlp in (False, True))
-  if "condition" in named:  # condition=L2_attn_only: one condition's runs
-    shapes = ((a["layers"], a["mlp"]),)
-  seeds = (a["seed"],) if "seed" in named else SEEDS  # seed=N: one seed's runs
-  if tiny:
-    shapes, seeds = ((2, False),), (0,)
+  given = dict(t.strip().partition("=")[::2] for t in (arg or "").split(",") if t.strip())
+  if "lr" in given:
+    raise ValueError(
+      f"{ME}: lr= is not for the experiment (its runs train at LEARNING_RATE); give it to a training config"
+    )
+  # Parts, each a filter: layers=N one depth, mlp the MLP runs, condition=C one condition, seed=N one seed.
+  depths = (int(given["layers"]),) if "layers" in given else LAYERS  # checked by _args; not the condition's
+  shapes = [(layers, mlp) for layers in depths for mlp in (False, True)]
+  if "mlp" in given:
+    shapes = [s for s in shapes if s[1]]
+  if "condition" in given:
+    shapes = (
+      [s for s in shapes if s == CONDITIONS[given["condition"]]]
+      if "layers" in given or "mlp" in given
+      else [CONDITIONS[given["condition"]]]
+    )
+  if not shapes:
+    raise ValueError(f"{ME}: {arg!r} names parts that exclude each other (condition= against layers= or mlp)")
+  seeds = (a["seed"],) if "seed" in given else SEEDS
+  if tiny:  # the test sizes: one run, whatever the parts
+    shapes, seeds = [(2, False)], (0,)
   runs = tuple(
     Run(
       f"{condition(layers, mlp)}_s{seed}",
