@@ -24,7 +24,8 @@ chosen on dev and reported on test (the maximum over 48 noisy dev estimates is b
   diversity.csv   per run, step, metric: the mean over layers and head pairs (or heads) of
                   diversity/results.csv.
   roles.csv       per run and step: the best previous-token, duplicate-token and induction scores of any
-                  head on repeated random sequences (attention/roles.csv, data=repeated_random).
+                  head on repeated random sequences (attention/roles.csv, data=repeated_random), and the
+                  median head's (best − median: whether one head carries the role).
   induction.csv   per run, step and measure (decoders with the induction step of `headspec attention`): from
                   attention/icl.csv the loss on the first and second copy of repeated random sequences and
                   repeat_drop = first − second (the in-context loss drop induction heads bring), and the ICL
@@ -81,7 +82,7 @@ COLUMNS = {  # every study table's columns (docs/outputs.md), so that an empty t
   "structural": "run,condition,seed,step,task,metric,source,layer,head,value,ci_low,ci_high,control_value,"
   "selectivity,linear,n",
   "diversity": "run,condition,seed,step,metric,value",
-  "roles": "run,condition,seed,step,role,layer,head,score",
+  "roles": "run,condition,seed,step,role,layer,head,score,median_score",
   "causal": "run,condition,seed,step,task,k,metric,value,ci_low,ci_high,mde",
   "induction": "run,condition,seed,step,measure,k,value,ci_low,ci_high,mde",
   "formation": "run,condition,seed,source,task,layer,head,init_best,formation_step",
@@ -276,8 +277,9 @@ def roles(run: dict, workdir) -> list[dict]:
     if best is None:
       continue
     out.append(
-      dict(**run, step=int(step), role=role, layer=int(best["layer"]), head=int(best["head"]), score=best["score"])
-    )
+      dict(**run, step=int(step), role=role, layer=int(best["layer"]), head=int(best["head"]), score=best["score"],
+           median_score=g["score"].median())
+    )  # fmt: skip
   return out
 
 
@@ -892,6 +894,15 @@ def _later_sections(frames: dict) -> list[str]:
       "",
       "## Best previous-token / duplicate-token / induction score by step",
       _markdown(_by_condition(frames["roles"], ["role", "step"], "score")),
+      "",
+      "### Best − median head's score, by step (whether one head carries the role)",
+      _markdown(
+        _by_condition(
+          frames["roles"].assign(gap=frames["roles"]["score"] - frames["roles"]["median_score"]),
+          ["role", "step"],
+          "gap",
+        )
+      ),
     ]
   if len(frames["induction"]):
     ind = frames["induction"]

@@ -368,6 +368,8 @@ def test_formation_step_per_head_roles_causal_power_and_statistics(tmp_path):
   assert np.isnan(base.loc[("role", "induction", 0), "formation_step"])
   em = pd.read_csv(root / "study/emergence.csv")  # the same rule: heads above init at step 10 == formed by 10
   assert em[(em["run"] == "baseline_s0") & (em["step"] == 10)]["above_init_heads"].item() == 1
+  ro = pd.read_csv(root / "study/roles.csv").set_index("step")
+  assert (ro.loc[100, "head"], ro.loc[100, "score"], ro.loc[100, "median_score"]) == (1, 0.6, pytest.approx(0.45))
   c = pd.read_csv(root / "study/causal.csv")
   assert c["mde"].item() == pytest.approx((1.96 + 0.8416) * 0.04 / 1.96)
   assert "| baseline_s0 | upos | 2 | -0.0500 | -0.0900 | -0.0100 | 0.0572 |" in summary
