@@ -774,6 +774,9 @@ def _draw(frames: dict, out: epath.Path) -> list[str]:
       per_run(ax, ind[(ind["measure"] == measure) & (ind["k"].isna() | (ind["k"] == 1))], "value")
       ax.axhline(0, color="gray", lw=0.5)
       ax.set_title(title, fontsize=9)
+      ax.set_xlabel("training step (0 drawn at 1)")
+    drawn = sorted(set(ind["condition"]))
+    axes[0, 0].legend([plt.Line2D([], [], color=colors[c]) for c in drawn], drawn, fontsize=8)  # one line a run
     save(fig, "induction.png")
 
   ro = frames["roles"]
