@@ -659,6 +659,9 @@ STATISTICS = """## Statistics: families of tests and their corrections
 - selective_heads, above_init_heads, layers and formation: one CI comparison per head and step, uncorrected:
   counts and first crossings to follow over training, not tests of a head.
 - causal: one paired CI per run, task and k, uncorrected; mde is its power.
+- induction: the causal check of the top-k induction heads, one paired CI per run, kept step, k and ablation,
+  uncorrected (a curve over training to read, not a family of tests); mde is its power. The repeat drop's
+  formation step: its CI 1 nat above step 0's; the label steps: the best head's score at 0.4, no CI.
 - conditions: one 95% t interval over seeds per condition × task × measure, uncorrected.
 - t_low, t_high in the per-condition tables: a 95% t interval over seeds (training, probe fit and control
   draw vary with the seed), one per row, uncorrected; NaN with one seed."""
