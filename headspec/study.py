@@ -768,7 +768,7 @@ def _draw(frames: dict, out: epath.Path) -> list[str]:
     ax.legend(unique.values(), unique.keys(), fontsize=8)
     save(fig, "loss.png")
 
-  ind = frames["induction"]
+  ind = frames.get("induction", ())  # a caller may draw a subset of the tables
   shown = (("repeat_drop", "repeat drop: 1st − 2nd copy (nats)"),
            ("loss_delta_second_vs_random (zero)", "top induction head ablated − random head\n(2nd copy loss, k = 1)"))  # fmt: skip
   if len(ind):

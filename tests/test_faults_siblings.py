@@ -241,8 +241,13 @@ def test_study_figures_draw_condition_names_with_dollars(tmp_path):
     "training": pd.DataFrame(training),
     "roles": pd.DataFrame(columns=["run", "condition", "seed", "step", "role", "score"]),
   }
-  assert study._figures(frames, tmp_path) == ["emergence.png", "diversity.png", "loss.png"]
-  assert all((tmp_path / name).stat().st_size > 0 for name in ("emergence.png", "diversity.png", "loss.png"))
+  assert study._figures(frames, tmp_path) == ["emergence.png", "diversity.png", "loss.png"]  # no induction frame
+  frames["induction"] = pd.DataFrame(
+    [dict(run("L$2$", "$s0"), step=s, measure="repeat_drop", k=float("nan"), value=v) for s, v in ((0, 0.0), (10, 1.0))]
+  )
+  drawn = ["emergence.png", "diversity.png", "loss.png", "induction.png"]
+  assert study._figures(frames, tmp_path) == drawn
+  assert all((tmp_path / name).stat().st_size > 0 for name in drawn)
 
 
 # --- f: the probe report reads its tables through tables.read (every row checked) --------------------------
