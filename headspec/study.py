@@ -676,6 +676,41 @@ def _figures(frames: dict, out: epath.Path) -> list[str]:
     return _draw(frames, out)
 
 
+def _loss_figure(tr, colors):
+  """study/loss.png: every run's training loss (line) and validation loss (points) by step."""
+  import matplotlib.pyplot as plt
+
+  fig, ax = plt.subplots(figsize=(5.5, 3.5))
+  for _run, g in tr.groupby("run"):
+    c = colors.get(g["condition"].iloc[0], "k")
+    ax.plot(g["step"], g["loss"], lw=0.8, color=c, alpha=0.6, label=g["condition"].iloc[0])
+    ev = g.dropna(subset=["eval_loss"])
+    ax.plot(ev["step"], ev["eval_loss"], "o--", ms=3, lw=1, color=c)
+  ax.set_xlabel("training step")
+  ax.set_ylabel("loss (nats/token): train —, validation o--")
+  handles, labels = ax.get_legend_handles_labels()
+  unique = dict(zip(labels, handles))
+  ax.legend(unique.values(), unique.keys(), fontsize=8)
+  return fig
+
+
+def _induction_figure(ind, per_run, colors):
+  """study/induction.png: the repeat drop and the top induction head's causal check (k = 1) per run by step."""
+  import matplotlib.pyplot as plt
+
+  shown = (("repeat_drop", "repeat drop: 1st − 2nd copy (nats)"),
+           ("loss_delta_second_vs_random (zero)", "top induction head ablated − random head\n(2nd copy loss, k = 1)"))  # fmt: skip
+  fig, axes = plt.subplots(1, len(shown), figsize=(4.5 * len(shown), 3.4), squeeze=False)
+  for ax, (measure, title) in zip(axes[0], shown):
+    per_run(ax, ind[(ind["measure"] == measure) & (ind["k"].isna() | (ind["k"] == 1))], "value")
+    ax.axhline(0, color="gray", lw=0.5)
+    ax.set_title(title, fontsize=9)
+    ax.set_xlabel("training step (0 drawn at 1)")
+  drawn = sorted(set(ind["condition"]))
+  axes[0, 0].legend([plt.Line2D([], [], color=colors[c]) for c in drawn], drawn, fontsize=8)  # one line a run
+  return fig
+
+
 def _draw(frames: dict, out: epath.Path) -> list[str]:
   import matplotlib.pyplot as plt
 
@@ -755,32 +790,11 @@ def _draw(frames: dict, out: epath.Path) -> list[str]:
 
   tr = frames["training"]
   if len(tr):
-    fig, ax = plt.subplots(figsize=(5.5, 3.5))
-    for _run, g in tr.groupby("run"):
-      c = colors.get(g["condition"].iloc[0], "k")
-      ax.plot(g["step"], g["loss"], lw=0.8, color=c, alpha=0.6, label=g["condition"].iloc[0])
-      ev = g.dropna(subset=["eval_loss"])
-      ax.plot(ev["step"], ev["eval_loss"], "o--", ms=3, lw=1, color=c)
-    ax.set_xlabel("training step")
-    ax.set_ylabel("loss (nats/token): train —, validation o--")
-    handles, labels = ax.get_legend_handles_labels()
-    unique = dict(zip(labels, handles))
-    ax.legend(unique.values(), unique.keys(), fontsize=8)
-    save(fig, "loss.png")
+    save(_loss_figure(tr, colors), "loss.png")
 
   ind = frames.get("induction", ())  # a caller may draw a subset of the tables
-  shown = (("repeat_drop", "repeat drop: 1st − 2nd copy (nats)"),
-           ("loss_delta_second_vs_random (zero)", "top induction head ablated − random head\n(2nd copy loss, k = 1)"))  # fmt: skip
   if len(ind):
-    fig, axes = plt.subplots(1, len(shown), figsize=(4.5 * len(shown), 3.4), squeeze=False)
-    for ax, (measure, title) in zip(axes[0], shown):
-      per_run(ax, ind[(ind["measure"] == measure) & (ind["k"].isna() | (ind["k"] == 1))], "value")
-      ax.axhline(0, color="gray", lw=0.5)
-      ax.set_title(title, fontsize=9)
-      ax.set_xlabel("training step (0 drawn at 1)")
-    drawn = sorted(set(ind["condition"]))
-    axes[0, 0].legend([plt.Line2D([], [], color=colors[c]) for c in drawn], drawn, fontsize=8)  # one line a run
-    save(fig, "induction.png")
+    save(_induction_figure(ind, per_run, colors), "induction.png")
 
   ro = frames["roles"]
   if len(ro):

@@ -155,13 +155,18 @@ def test_repeats_keep_every_document_and_add_sequences_written_twice(tmp_path):
     write_repeats(tmp_path, "wikitext_103")
 
 
+def _launch_tiny(experiment: str, root) -> None:
+  """`headspec launch local` on a setting's `tiny` sizes into ROOT, with nothing from the development data."""
+  command = [sys.executable, "-m", "headspec.launch", "local", f"--experiment={experiment}:tiny", f"--workdir={root}"]
+  env = {k: v for k, v in os.environ.items() if k != "HEADSPEC_DATA_DIR"}
+  done = subprocess.run(command, capture_output=True, text=True, cwd=REPO, env=env)
+  assert done.returncode == 0, done.stderr[-3000:]
+
+
 @pytest.mark.slow
 def test_tiny_grammar_setting_runs_end_to_end(tmp_path):
   """`headspec launch local` on the grammar setting's `tiny` sizes: data, one run, every analysis, the report."""
-  command = [sys.executable, "-m", "headspec.launch", "local", "--experiment=configs/experiments/grammar.py:tiny"]
-  env = {k: v for k, v in os.environ.items() if k != "HEADSPEC_DATA_DIR"}  # nothing from the development data
-  done = subprocess.run([*command, f"--workdir={tmp_path}"], capture_output=True, text=True, cwd=REPO, env=env)
-  assert done.returncode == 0, done.stderr[-3000:]
+  _launch_tiny("configs/experiments/grammar.py", tmp_path)
   run = tmp_path / "baseline_s0"
   for table in ("probes/results.csv", "diversity/results.csv", "attention/roles.csv", "ablation/heads.csv"):
     assert (run / table).stat().st_size > 0, table
@@ -178,10 +183,7 @@ def test_tiny_induction_setting_runs_end_to_end(tmp_path):
 
   c = induction.get_config("tiny,seed=0")
   assert c.data.repeat_rows == induction.REPEAT_ROWS and c.train.seq_len == induction.SEQ_LEN
-  command = [sys.executable, "-m", "headspec.launch", "local", "--experiment=configs/experiments/induction.py:tiny"]
-  env = {k: v for k, v in os.environ.items() if k != "HEADSPEC_DATA_DIR"}  # nothing from the development data
-  done = subprocess.run([*command, f"--workdir={tmp_path}"], capture_output=True, text=True, cwd=REPO, env=env)
-  assert done.returncode == 0, done.stderr[-3000:]
+  _launch_tiny("configs/experiments/induction.py", tmp_path)
   run = tmp_path / "L2_attn_only_s0"
   for table in ("probes/selectivity.csv", "diversity/results.csv", "attention/icl.csv", "ablation/causal.csv"):
     assert (run / table).stat().st_size > 0, table
