@@ -93,6 +93,57 @@ def test_punctuation_is_left_out_of_uuas_and_root_accuracy():
   assert structural.score_sentences([depth], [tree], "depth").correct_UG[0, 0] == 1
 
 
+def _scores_one_by_one(pred, trees, kind):
+  """The metrics' sums sentence by sentence, with networkx's MST and scipy's spearmanr: what the stacked
+  scoring must reproduce."""
+  import scipy.stats
+
+  out = []
+  for p, t in zip(pred, trees):
+    keep = np.flatnonzero(~t.punct)
+    n = len(t.heads)
+    if kind == "distance":
+
+      def mst(d, keep=keep):
+        graph = nx.Graph()
+        graph.add_weighted_edges_from((int(keep[i]), int(keep[j]), d[i, j]) for i in range(len(keep)) for j in range(i))
+        return {tuple(sorted(e)) for e in nx.minimum_spanning_tree(graph).edges()}
+
+      gold = mst(t.distances()[np.ix_(keep, keep)]) if len(keep) > 1 else set()
+      shared = [len(gold & mst(pg[np.ix_(keep, keep)])) if len(keep) > 1 else 0 for pg in p]
+      rho = [sum(np.nan_to_num(scipy.stats.spearmanr(pg[i], t.distances()[i])[0]) for i in range(n)) for pg in p]
+      out.append((shared, len(gold), rho, n))
+    else:
+      root = int(np.flatnonzero(t.heads == 0)[0])
+      hit = [int(np.argmin(np.where(t.punct, np.inf, pg)) == root) if not t.punct.all() else 0 for pg in p]
+      rho = [np.nan_to_num(scipy.stats.spearmanr(pg, t.depths())[0]) for pg in p]
+      out.append((hit, int(not t.punct.all()), rho, 1))
+  return out
+
+
+@pytest.mark.parametrize("kind", structural.KINDS)
+def test_stacked_scoring_matches_sentence_by_sentence(kind):
+  rng = np.random.default_rng(4)
+  trees = _trees(rng, 60, lengths=(1, 9), punct_rate=0.3)  # many sentences per length, some all punctuation
+  pred = [
+    (3 * rng.random((3, len(t.heads), len(t.heads))) + t.distances())
+    if kind == "distance"
+    else rng.random((3, len(t.heads)))
+    for t in trees
+  ]
+  pred = [(p + p.transpose(0, 2, 1)) / 2 if kind == "distance" else p for p in pred]
+  for p in pred:
+    if kind == "distance":
+      p[:, np.arange(p.shape[1]), np.arange(p.shape[1])] = 0
+  got = structural.score_sentences(pred, trees, kind)
+  want = _scores_one_by_one(pred, trees, kind)
+  np.testing.assert_array_equal(got.correct_UG, [w[0] for w in want])
+  np.testing.assert_array_equal(got.total_U, [w[1] for w in want])
+  np.testing.assert_allclose(got.spearman_UG, [w[2] for w in want], atol=1e-12)
+  np.testing.assert_array_equal(got.count_U, [w[3] for w in want])
+  assert got.correct_UG.sum() > 0 and (got.correct_UG < got.total_U[:, None]).any()  # neither all nor none
+
+
 @pytest.mark.parametrize("kind", structural.KINDS)
 def test_recovers_known_trees(kind):
   rng = np.random.default_rng(1)

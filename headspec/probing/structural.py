@@ -71,18 +71,25 @@ class Tree:
       raise UserError(f"structural probe: {len(self.punct)} punctuation flags for {n} words")
 
   def distances(self) -> np.ndarray:
-    """d_NN: edges on the path between every two words (scipy's breadth-first shortest paths)."""
+    """d_NN: edges on the path between every two words (scipy's breadth-first shortest paths), computed once
+    per tree: a split's trees are fitted and scored against for every feature source of every model."""
+    return self._distances
+
+  def depths(self) -> np.ndarray:
+    """depth_N: edges from the root word."""
+    return self._distances[int(np.flatnonzero(np.asarray(self.heads) == 0)[0])]
+
+  @functools.cached_property
+  def _distances(self) -> np.ndarray:
     n = len(self.heads)
     child = np.flatnonzero(np.asarray(self.heads) > 0)
     graph = scipy.sparse.csr_matrix((np.ones(len(child)), (child, np.asarray(self.heads)[child] - 1)), shape=(n, n))
     d = scipy.sparse.csgraph.shortest_path(graph, directed=False, unweighted=True)
     if not np.isfinite(d).all():
       raise UserError(f"structural probe: heads {np.asarray(self.heads).tolist()} do not connect every word")
-    return d.astype(np.float32)
-
-  def depths(self) -> np.ndarray:
-    """depth_N: edges from the root word."""
-    return self.distances()[int(np.flatnonzero(np.asarray(self.heads) == 0)[0])]
+    d = d.astype(np.float32)
+    d.flags.writeable = False  # shared by every caller
+    return d
 
 
 @dataclasses.dataclass(frozen=True)
@@ -262,24 +269,22 @@ def predictions(fitted: FittedStructural, x_NGK, trees: Sequence[Tree], *, chunk
   x_NGK = np.asarray(x_NGK, np.float32)
   b = jnp.asarray(fitted.b_GKR)
   mean, std = jnp.asarray(fitted.mean_GK), jnp.asarray(fitted.std_GK)
+  lengths_U = np.array([len(t.heads) for t in trees], np.int64)
   out: list = [None] * len(trees)
-  for bk in _buckets(trees, "depth"):  # the packing alone; gold is not read
-    x_BWGK = bk.packing.grid(x_NGK[bk.words_N], 0.0, np.float32)
-    rows = max(1, chunk_words // bk.packing.width)
-    n0 = 0
-    starts = {}
-    for s in bk.sentences_U:
-      starts[int(s)] = (int(bk.packing.row_N[n0]), int(bk.packing.col_N[n0]), len(trees[s].heads))
-      n0 += len(trees[s].heads)
-    for r0 in range(0, bk.packing.num_rows, rows):
+  for which_U, words_N, packing in packing_lib.by_width(lengths_U, PACK_WIDTH):
+    x_BWGK = packing.grid(x_NGK[words_N], 0.0, np.float32)
+    first_U = np.concatenate([[0], np.cumsum(lengths_U[which_U])[:-1]])  # each sentence's first word in words_N
+    row_U, col_U = packing.row_N[first_U], packing.col_N[first_U]
+    rows = max(1, chunk_words // packing.width)
+    for r0 in range(0, packing.num_rows, rows):
       x = np.zeros((rows,) + x_BWGK.shape[1:], np.float32)
-      n = min(rows, bk.packing.num_rows - r0)
+      n = min(rows, packing.num_rows - r0)
       x[:n] = x_BWGK[r0 : r0 + n]
       p = np.asarray(_predict_chunk(b, x, mean, std, kind=fitted.kind))
-      for s, (row, col, length) in starts.items():
-        if r0 <= row < r0 + n:
-          cols = slice(col, col + length)
-          out[s] = p[:, row - r0, cols, cols] if fitted.kind == "distance" else p[:, row - r0, cols]
+      for i in np.flatnonzero((row_U >= r0) & (row_U < r0 + n)):
+        cols = slice(int(col_U[i]), int(col_U[i]) + int(lengths_U[which_U[i]]))
+        row = int(row_U[i]) - r0
+        out[which_U[i]] = p[:, row, cols, cols] if fitted.kind == "distance" else p[:, row, cols]
   return out
 
 
@@ -321,23 +326,20 @@ def _edges(parent_N) -> set:
   return {tuple(sorted((v, int(p)))) for v, p in enumerate(parent_N) if p >= 0}
 
 
-def _uuas_counts(pred_GNN, tree: Tree) -> tuple[np.ndarray, int]:
-  """(shared edges per group, gold edges) over the sentence's non-punctuation words."""
-  keep = np.flatnonzero(~np.asarray(tree.punct, bool))
-  if len(keep) < 2:
-    return np.zeros(len(pred_GNN)), 0
-  gold = _edges(mst_parents(tree.distances()[None][:, keep][:, :, keep])[0])
-  pred = mst_parents(pred_GNN[:, keep][:, :, keep])
-  return np.array([len(gold & _edges(p)) for p in pred], np.float64), len(gold)
-
-
-def _row_spearman(pred_GMN, gold_MN) -> np.ndarray:
-  """Spearman ρ of each row (last axis) of pred with gold's row, per group: ρ_GM (nan for a constant row)."""
-  rp = scipy.stats.rankdata(pred_GMN, axis=-1)
-  rg = scipy.stats.rankdata(gold_MN, axis=-1)[None]
+def _row_spearman(pred, gold) -> np.ndarray:
+  """Spearman ρ between each row (last axis) of pred and the matching row of gold (broadcast against pred):
+  ρ with pred's shape less its last axis (nan for a constant row). Ties get their average rank."""
+  rp = scipy.stats.rankdata(pred, axis=-1)
+  rg = scipy.stats.rankdata(gold, axis=-1)
   rp, rg = rp - rp.mean(-1, keepdims=True), rg - rg.mean(-1, keepdims=True)
   with np.errstate(invalid="ignore", divide="ignore"):
     return (rp * rg).sum(-1) / np.sqrt((rp**2).sum(-1) * (rg**2).sum(-1))
+
+
+def _same_size(sizes_U) -> list[tuple[int, np.ndarray]]:
+  """[(size, the sentences of that size)]: the scoring runs on stacks of equal-sized sentences at once."""
+  sizes_U = np.asarray(sizes_U)
+  return [(int(n), np.flatnonzero(sizes_U == n)) for n in np.unique(sizes_U)]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -358,22 +360,41 @@ class SentenceScores:
 
 
 def score_sentences(pred: Sequence[np.ndarray], trees: Sequence[Tree], kind: str) -> SentenceScores:
-  """Scores per-sentence predictions (from `predictions` or `linear_predictions`) against gold trees."""
+  """Scores per-sentence predictions (from `predictions` or `linear_predictions`) against gold trees;
+  sentences of one length (for UUAS: of one count of non-punctuation words) are scored as one stack."""
   num_g = len(pred[0])
   length_U = np.array([len(t.heads) for t in trees])
   correct, total = np.zeros((len(trees), num_g)), np.zeros(len(trees))
   spearman, count = np.zeros((len(trees), num_g)), np.zeros(len(trees))
-  for u, (p, t) in enumerate(zip(pred, trees)):
-    if kind == "distance":
-      correct[u], total[u] = _uuas_counts(p, t)
-      rho_GN = _row_spearman(p, t.distances())
-      spearman[u], count[u] = np.nansum(rho_GN, -1), len(t.heads)
-    else:
-      punct = np.asarray(t.punct, bool)
-      if not punct.all():
-        least_G = np.argmin(np.where(punct[None], np.inf, p), axis=-1)
-        correct[u], total[u] = least_G == int(np.flatnonzero(np.asarray(t.heads) == 0)[0]), 1
-      spearman[u], count[u] = np.nan_to_num(_row_spearman(p[:, None, :], t.depths()[None])[:, 0]), 1
+  keep_U = [np.flatnonzero(~np.asarray(t.punct, bool)) for t in trees]
+  for n, us in _same_size(length_U):
+    p = np.stack([pred[u] for u in us])  # (V, G, n, n) or (V, G, n)
+    if kind == "distance":  # DSpr.: word i's predicted against gold distances to every word
+      gold = np.stack([trees[u].distances() for u in us])[:, None]
+      spearman[us], count[us] = np.nansum(_row_spearman(p, gold), -1), n
+      continue
+    gold = np.stack([trees[u].depths() for u in us])[:, None]  # NSpr.: the sentence's depths
+    spearman[us], count[us] = np.nan_to_num(_row_spearman(p, gold)), 1
+    punct = np.stack([np.asarray(trees[u].punct, bool) for u in us])[:, None]  # root acc.: least deep word
+    least = np.argmin(np.where(punct, np.inf, p), axis=-1)
+    root = np.array([int(np.flatnonzero(np.asarray(trees[u].heads) == 0)[0]) for u in us])
+    scorable = ~punct.all(-1)[:, 0]
+    correct[us] = np.where(scorable[:, None], least == root[:, None], 0)
+    total[us] = scorable
+  if kind == "distance":  # UUAS: the MST of predicted against that of gold distances, punctuation left out
+    for m, us in _same_size([len(k) for k in keep_U]):
+      if m < 2:
+        continue
+      sub = [np.ix_(keep_U[u], keep_U[u]) for u in us]
+      p = np.stack([pred[u][(slice(None), *ix)] for u, ix in zip(us, sub)])  # (V, G, m, m)
+      gold = np.stack([trees[u].distances()[ix] for u, ix in zip(us, sub)])  # (V, m, m)
+      gold_parent = mst_parents(gold)
+      gold_edge = np.zeros((len(us), m, m), bool)
+      v = np.arange(len(us))[:, None]
+      gold_edge[v, np.arange(1, m), gold_parent[:, 1:]] = gold_edge[v, gold_parent[:, 1:], np.arange(1, m)] = True
+      parent = mst_parents(p.reshape(-1, m, m)).reshape(len(us), num_g, m)
+      correct[us] = gold_edge[v[:, :, None], np.arange(1, m), parent[:, :, 1:]].sum(-1)
+      total[us] = m - 1
   return SentenceScores(kind, length_U, correct, total, spearman, count)
 
 
