@@ -51,7 +51,18 @@ def test_tree_distances_and_depths():
   np.testing.assert_array_equal(t.depths(), [1, 0, 1, 2])
 
 
-@pytest.mark.parametrize("heads", [[0, 0], [1, 0], [2, 3, 1], [0, 5]])
+def test_tree_distances_match_scipy_shortest_paths():
+  import scipy.sparse
+  import scipy.sparse.csgraph
+
+  rng = np.random.default_rng(2)
+  for t in _trees(rng, 50, lengths=(1, 30)):
+    n, child = len(t.heads), np.flatnonzero(t.heads > 0)
+    graph = scipy.sparse.csr_matrix((np.ones(len(child)), (child, t.heads[child] - 1)), shape=(n, n))
+    np.testing.assert_array_equal(t.distances(), scipy.sparse.csgraph.shortest_path(graph, directed=False))
+
+
+@pytest.mark.parametrize("heads", [[0, 0], [1, 0], [2, 3, 1], [0, 5], [0, 3, 2], [0, 1, 4, 3]])
 def test_not_a_tree_is_one_line(heads):
   with pytest.raises(UserError, match="structural probe"):
     structural.Tree(np.array(heads), np.zeros(len(heads), bool)).distances()
