@@ -57,6 +57,7 @@ BENCHMARKS = {
   "structural_ewt": (STRUCTURAL_EWT, STRUCTURAL_EWT, True),  # --full: "structural" already runs --all
   "compile_cache": ([], [], False),
   "init": ([], [], False),  # model initialisation: bucketed draws against per-shape and one jit
+  "quickstart": ([], [], False),  # README command 1 stage by stage, empty compilation cache (~11 min, 2 cores)
 }
 # a benchmark run by another's module, with other arguments
 MODULES = {"structural_ewt": "structural"}

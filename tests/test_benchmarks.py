@@ -164,3 +164,39 @@ def test_check_scripts_import_together():
   code = "import benchmarks.check_residual_probes, benchmarks.check_structural_rank"
   done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
   assert done.returncode == 0, done.stderr[-2000:]
+
+
+def test_quickstart_benchmark_knows_every_stage_the_quickstart_prints():
+  """bench_quickstart times stages by the lines headspec/quickstart.py prints: each must still be printed
+  there (a renamed line would fold its stage's time into the stage before it)."""
+  import inspect
+
+  from benchmarks import bench_quickstart
+  from headspec import quickstart
+
+  source = inspect.getsource(quickstart.run_quickstart)
+  for start, _ in bench_quickstart.STAGES:
+    template = start.replace("the decoder", "the {kind}").replace("the encoder", "the {kind}")
+    assert template in source if start.startswith(("training", "probing")) else start in source, start
+  assert bench_quickstart._stage("probing every head of the encoder on the synthetic treebank") == (
+    "probe encoder + random copy"
+  )
+  assert bench_quickstart._stage("I1128 probing 2 model step(s)") is None
+
+
+def test_quickstart_benchmark_reads_compilations_and_the_upos_row(tmp_path):
+  import json
+
+  from benchmarks import bench_quickstart
+
+  for kind in ("decoder", "encoder"):
+    probes = tmp_path / kind / "probes"
+    probes.mkdir(parents=True)
+    info = {"xla_compilations": {f"{kind} step 300": 7}, "xla_compile_seconds": {f"{kind} step 300": 1.5}}
+    (probes / "run_info.json").write_text(json.dumps(info))
+    (probes / "summary.md").write_text(
+      "# x\n| task | baseline |\n|---|---|\n| upos | 0.202 (majority) |\n| xpos | 0.1 |\n"
+    )
+  facts = bench_quickstart._probe_facts(str(tmp_path))
+  assert facts["encoder"]["xla_compilations"] == {"encoder step 300": 7}
+  assert facts["decoder"]["summary_upos_row"] == "upos ; 0.202 (majority)"
