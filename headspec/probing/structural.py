@@ -313,7 +313,8 @@ def mst_parents(d_GNN: np.ndarray) -> np.ndarray:
   node 0 (parent −1); edges are (v, parent_v) for v ≥ 1.
 
   By hand: networkx and scipy build one tree per call (and scipy drops zero-weight edges); this grows
-  the trees of every probe of a sentence at once, O(N²) array steps per sentence."""
+  the trees of every probe of every sentence of one size at once (score_sentences stacks them along the
+  leading axis), N − 1 array steps per stack."""
   d_GNN = np.asarray(d_GNN, np.float64)
   num_g, n, _ = d_GNN.shape
   parent = np.full((num_g, n), -1, np.int64)
