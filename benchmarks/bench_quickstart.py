@@ -18,6 +18,7 @@ import argparse
 import json
 import os
 import resource
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -92,7 +93,7 @@ def main() -> None:
                 "load_average_after": [round(v, 2) for v in os.getloadavg()]},
   }  # fmt: skip
   if not args.keep:
-    subprocess.run(["rm", "-rf", workdir], check=False)
+    shutil.rmtree(workdir, ignore_errors=True)
   print(json.dumps(result, indent=1))
 
 

@@ -378,7 +378,6 @@ def score_sentences(pred: Sequence[np.ndarray], trees: Sequence[Tree], kind: str
   length_U = np.array([len(t.heads) for t in trees])
   correct, total = np.zeros((len(trees), num_g)), np.zeros(len(trees))
   spearman, count = np.zeros((len(trees), num_g)), np.zeros(len(trees))
-  keep_U = [np.flatnonzero(~np.asarray(t.punct, bool)) for t in trees]
   for n, us in _same_size(length_U):
     p = np.stack([pred[u] for u in us])  # (V, G, n, n) or (V, G, n)
     if kind == "distance":  # DSpr.: word i's predicted against gold distances to every word
@@ -394,6 +393,7 @@ def score_sentences(pred: Sequence[np.ndarray], trees: Sequence[Tree], kind: str
     correct[us] = np.where(scorable[:, None], least == root[:, None], 0)
     total[us] = scorable
   if kind == "distance":  # UUAS: the MST of predicted against that of gold distances, punctuation left out
+    keep_U = [np.flatnonzero(~np.asarray(t.punct, bool)) for t in trees]
     for m, us in _same_size([len(k) for k in keep_U]):
       if m < 2:
         continue
