@@ -116,6 +116,19 @@ def layer_matched_mask(selective_LH, seed: int) -> np.ndarray:
   return mask
 
 
+def below_label_mask(score_LH, top_LH, label_min: float, k: int, seed: int) -> np.ndarray | None:
+  """k heads drawn uniformly from the heads of every layer that `top_LH` keeps and that score below
+  `label_min` (heads the role's label does not name); None when fewer than k are. Not layer-matched: the
+  control for a layer whose heads all carry the role, where a layer-matched draw picks another of them."""
+  score, kept = np.asarray(score_LH).ravel(), np.asarray(top_LH).ravel() != 0
+  pool = np.flatnonzero(kept & (score < label_min))
+  if len(pool) < k:
+    return None
+  mask = np.ones(score.size, np.float32)
+  mask[np.random.default_rng(seed).choice(pool, k, replace=False)] = 0.0
+  return mask.reshape(np.shape(score_LH))
+
+
 def overlap(selective_LH, random_LH) -> float:
   """Fraction of the heads `random_LH` removes that `selective_LH` removes too."""
   removed = np.asarray(random_LH) == 0
@@ -362,6 +375,7 @@ INDUCTION_METRICS = (
   "loss_delta_second",
   "second_minus_first",
   "loss_delta_second_vs_random",
+  "loss_delta_second_vs_below_label",
   "overlap_with_selective",
 )
 
@@ -382,18 +396,25 @@ def repeat_eval_sets(tokens_NT, n: int, prefix: int, batch_size: int):
   return tuple(out)
 
 
-def induction_rows(model, tokens_NT, n: int, prefix: int, induction_LH, c, *, resamples: int, seed: int, batch_size=25):
+def induction_rows(
+  model, tokens_NT, n: int, prefix: int, induction_LH, c, *, resamples: int, seed: int, label_min=None, batch_size=25
+):
   """ablation/causal.csv rows (without model, step, kind) of the induction-head causal check.
 
   For each method (zero, mean) and k: the k heads with the largest induction score (`top_induction`,
-  seed −1) and `c.random_seeds` layer-matched random sets (`random_layer_matched`, seed s, drawn from the
-  heads outside the top k as in `layer_matched_mask`, with their `overlap_with_selective`) are ablated;
-  `task` is 'repeated_random/<method>'. Metrics (loss in nats, ablated − unablated, on the same tokens):
+  seed −1), `c.random_seeds` layer-matched random sets (`random_layer_matched`, seed s, drawn from the
+  heads outside the top k as in `layer_matched_mask`, with their `overlap_with_selective`) and, given
+  `label_min`, `c.random_seeds` sets of k heads scoring below it in any layer (`random_below_label`,
+  `below_label_mask`; none for a k that fewer such heads allow) are ablated; `task` is
+  'repeated_random/<method>'. Metrics (loss in nats, ablated − unablated, on the same tokens):
     loss_delta_first / loss_delta_second   on the first / second repeat (r_2..r_n of each)
     second_minus_first                     their difference (paired bootstrap over sequences)
     loss_delta_second_vs_random            (top_induction rows only) its second-repeat delta minus the
-                                           mean over the random sets (paired bootstrap)
-  Induction heads matter when second_minus_first and *_vs_random have CIs above 0.
+                                           mean over the layer-matched sets (paired bootstrap)
+    loss_delta_second_vs_below_label       (top_induction rows only) the same against the below-label
+                                           sets: the control when a layer's other heads are induction
+                                           heads too, which the layer-matched draw then ablates
+  Induction heads matter when second_minus_first and a *_vs_ control have CIs above 0.
   """
   L, H = np.shape(induction_LH)
   first, second = repeat_eval_sets(tokens_NT, n, prefix, batch_size)
@@ -409,6 +430,11 @@ def induction_rows(model, tokens_NT, n: int, prefix: int, induction_LH, c, *, re
     for s in range(c.random_seeds):
       masks.append(layer_matched_mask(top, seed + 1000 * k + s))
       labels.append((k, "random_layer_matched", s))
+    for s in range(c.random_seeds if label_min is not None else 0):
+      below = below_label_mask(induction_LH, top, label_min, k, seed + 1000 * k + 500 + s)
+      if below is not None:
+        masks.append(below)
+        labels.append((k, "random_below_label", s))
   rows = []
   for method in c.methods:
     if method not in replacements:
@@ -436,12 +462,16 @@ def induction_rows(model, tokens_NT, n: int, prefix: int, induction_LH, c, *, re
       for metric, (v, low, high) in series.items():
         rows.append(dict(task=task, k=k, selection=selection, seed=s, metric=metric, value=float(v[g]),
                          ci_low=float(low[g]), ci_high=float(high[g])))  # fmt: skip
-      if selection == "top_induction":
-        rand = [i for i, x in enumerate(labels[1:]) if x[0] == k and x[1] == "random_layer_matched"]
-        diff_R = b2[:, g] - b2[:, rand].mean(1)
-        rows.append(dict(task=task, k=k, selection=selection, seed=-1, metric="loss_delta_second_vs_random",
-                         value=float(v2[g] - v2[rand].mean()), ci_low=float(np.percentile(diff_R, 2.5)),
-                         ci_high=float(np.percentile(diff_R, 97.5))))  # fmt: skip
+      if selection != "top_induction":
+        continue
+      for control, metric in (("random_layer_matched", "loss_delta_second_vs_random"),
+                              ("random_below_label", "loss_delta_second_vs_below_label")):  # fmt: skip
+        rand = [i for i, x in enumerate(labels[1:]) if x[0] == k and x[1] == control]
+        if rand:
+          diff_R = b2[:, g] - b2[:, rand].mean(1)
+          rows.append(dict(task=task, k=k, selection=selection, seed=-1, metric=metric,
+                           value=float(v2[g] - v2[rand].mean()), ci_low=float(np.percentile(diff_R, 2.5)),
+                           ci_high=float(np.percentile(diff_R, 97.5))))  # fmt: skip
   return rows
 
 
@@ -452,13 +482,21 @@ def induction_verdicts(rows: list[dict]) -> list[str]:
   for (task, k, metric), r in sorted(by.items()):
     if metric != "second_minus_first":
       continue
-    vr = by[(task, k, "loss_delta_second_vs_random")]
-    ok = r["ci_low"] > 0 and vr["ci_low"] > 0
+    controls = [
+      (by[(task, k, metric)], what)
+      for metric, what in (
+        ("loss_delta_second_vs_random", "random heads of the same layers"),
+        ("loss_delta_second_vs_below_label", "random heads below the label"),
+      )  # fmt: skip
+      if (task, k, metric) in by
+    ]
+    ok = r["ci_low"] > 0 and any(vr["ci_low"] > 0 for vr, _ in controls)
     lines.append(
       f"{task} k={k}: loss +{by[(task, k, 'loss_delta_second')]['value']:.3f} on the second repeat vs "
       f"+{by[(task, k, 'loss_delta_first')]['value']:.3f} on the first (difference {r['value']:+.3f} "
-      f"[{r['ci_low']:+.3f}, {r['ci_high']:+.3f}]); vs random heads of the same layers {vr['value']:+.3f} "
-      f"[{vr['ci_low']:+.3f}, {vr['ci_high']:+.3f}]: "
+      f"[{r['ci_low']:+.3f}, {r['ci_high']:+.3f}]); "
+      + "; ".join(f"vs {what} {vr['value']:+.3f} [{vr['ci_low']:+.3f}, {vr['ci_high']:+.3f}]" for vr, what in controls)
+      + ": "
       + ("the induction heads do the in-context copying" if ok else "not clearly (a CI reaches 0)")
     )
   return lines

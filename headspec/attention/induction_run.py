@@ -199,7 +199,7 @@ def analyse(job: targets.Target, model, data: Data, config) -> dict:
   if c.enabled and job.lm_head:
     tokens = data.repeated_NT[: c.num_sequences]
     causal_rows = causal_lib.induction_rows(
-      model, tokens, data.n, data.prefix, scores["induction"][0], c, resamples=R, seed=seed
+      model, tokens, data.n, data.prefix, scores["induction"][0], c, resamples=R, seed=seed, label_min=i.label_min
     )
     for r in causal_rows:
       r.update(model=job.name, step=job.step, kind="induction")
