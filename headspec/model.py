@@ -34,7 +34,6 @@ options computes what it computed before they existed, and a seed draws the same
 from __future__ import annotations
 
 import dataclasses
-import functools
 import math
 from collections.abc import Collection
 
@@ -44,6 +43,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
+from headspec import draws
 from headspec.errors import UserError
 
 ACTIVATIONS = {
@@ -284,23 +284,9 @@ def _broadcasts(shape, full):
 
 
 def _normal(rngs: nnx.Rngs, shape, std=0.02) -> nnx.Param:
-  """std · N(0, 1) of `shape`, drawn with the next key of `rngs.params`.
-
-  Outside a trace, for n = |shape| ≤ 2^24, the draw is `_standard_normal(key, m)[:n]` with m the power
-  of two ≥ n: with partitionable threefry (JAX's default) an element's bits depend only on its flat
-  index, so this is bit-identical to `jax.random.normal(key, shape)` op by op, but compiles one program
-  per size bucket instead of one per parameter shape (threefry takes XLA's CPU backend ~0.3-0.5 s per
-  program, so an init compiled per shape, or as one jit, spends seconds per architecture compiling)."""
-  key, n = rngs.params(), math.prod(shape)
-  if isinstance(key, jax.core.Tracer) or not jax.config.jax_threefry_partitionable or n > 1 << 24:
-    return nnx.Param(std * jax.random.normal(key, shape, jnp.float32))  # a big one stays on its device
-  flat_n = np.asarray(_standard_normal(key, 1 << max(n - 1, 0).bit_length()))[:n]
-  return nnx.Param(jnp.asarray(flat_n.reshape(shape) * np.float32(std)))
-
-
-@functools.partial(jax.jit, static_argnums=1)
-def _standard_normal(key, size: int) -> jax.Array:
-  return jax.random.normal(key, (size,), jnp.float32)
+  """std · N(0, 1) of `shape`, drawn with the next key of `rngs.params` (headspec/draws.py: bit for bit
+  `jax.random.normal`, compiled once per size bucket rather than per parameter shape)."""
+  return nnx.Param(draws.normal(rngs.params(), shape, std))
 
 
 def _zeros(shape) -> nnx.Param:

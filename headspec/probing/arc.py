@@ -36,6 +36,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
+from headspec import draws
 from headspec import packing as packing_lib
 from headspec.errors import UserError
 
@@ -335,7 +336,7 @@ def fit_arc_probes(
   l2_P = np.asarray(sorted(l2_grid), np.float32)
   num_l = len(l2_P)
   k_a, k_b, _, k_train = jax.random.split(jax.random.PRNGKey(seed), 4)
-  init = lambda key, shape: jax.random.normal(key, shape) / np.sqrt(shape[-2])
+  init = lambda key, shape: draws.normal(key, shape) / np.sqrt(shape[-2])  # one program per size bucket
   params = (
     jnp.broadcast_to(init(k_a, (num_g, k, rank)), (num_l, num_g, k, rank)),
     jnp.broadcast_to(init(k_b, (num_g, k, rank)), (num_l, num_g, k, rank)),

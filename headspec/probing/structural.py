@@ -40,8 +40,8 @@ import numpy as np
 import optax
 import scipy.stats
 
+from headspec import draws, resampling
 from headspec import packing as packing_lib
-from headspec import resampling
 from headspec.errors import UserError
 
 KINDS = ("distance", "depth")
@@ -245,7 +245,7 @@ def fit_structural_probes(
   mean = np.zeros_like(mean)  # scaled, not centred (module docstring)
   mean_j, std_j = jnp.asarray(mean, jnp.float32), jnp.asarray(std, jnp.float32)
   k_init, k_train = jax.random.split(jax.random.PRNGKey(seed))
-  b = jax.random.uniform(k_init, (num_g, k, rank), minval=-0.05, maxval=0.05)  # H&M's initialisation
+  b = draws.uniform(k_init, (num_g, k, rank), -0.05, 0.05)  # H&M's initialisation; draws.py: bucketed
   opt_state = optax.scale_by_adam().init(b)
   lr_G = np.full(num_g, learning_rate, np.float32)
   train = [(bk, bk.packing.grid(x_train_NGK[bk.words_N], 0.0, np.float32)) for bk in _buckets(trees_train, kind)]
