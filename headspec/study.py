@@ -284,7 +284,7 @@ def roles(run: dict, workdir) -> list[dict]:
 
 
 ICL_KINDS = ("repeat_first", "repeat_second", "repeat_drop", "icl_score")
-INDUCTION_CAUSAL = ("loss_delta_second", "loss_delta_second_vs_random", "loss_delta_second_vs_below_label")
+INDUCTION_CAUSAL = ("loss_delta_second", "loss_delta_second_vs_random", "loss_delta_second_vs_unlabelled")
 
 
 def induction(run: dict, workdir) -> list[dict]:
@@ -696,12 +696,12 @@ def _loss_figure(tr, colors):
 
 def _induction_figure(ind, per_run, colors):
   """study/induction.png: the repeat drop and the top induction head's causal checks (k = 1, against
-  layer-matched and below-label random heads) per run by step."""
+  layer-matched and unlabelled random heads) per run by step."""
   import matplotlib.pyplot as plt
 
   shown = (("repeat_drop", "repeat drop: 1st − 2nd copy (nats)"),
            ("loss_delta_second_vs_random (zero)", "top induction head ablated − random head\n(2nd copy loss, k = 1)"),
-           ("loss_delta_second_vs_below_label (zero)", "top induction head − random head below\nthe label (k = 1)"))  # fmt: skip
+           ("loss_delta_second_vs_unlabelled (zero)", "top induction head − random unlabelled\nhead (k = 1)"))  # fmt: skip
   fig, axes = plt.subplots(1, len(shown), figsize=(4.5 * len(shown), 3.4), squeeze=False)
   for ax, (measure, title) in zip(axes[0], shown):
     per_run(ax, ind[(ind["measure"] == measure) & (ind["k"].isna() | (ind["k"] == 1))], "value")
@@ -932,7 +932,7 @@ def _later_sections(frames: dict) -> list[str]:
       "repeat_drop",
       "icl_score",
       "loss_delta_second_vs_random (zero)",
-      "loss_delta_second_vs_below_label (zero)",
+      "loss_delta_second_vs_unlabelled (zero)",
     ]
     ind = ind[ind["measure"].isin(shown) & (ind["k"].isna() | (ind["k"] == 1))]
     parts += [
@@ -941,8 +941,9 @@ def _later_sections(frames: dict) -> list[str]:
       "repeat_drop: loss on the first copy of repeated random sequences − on the second (nats; > 0: the model "
       "copies from context); icl_score: loss at a late − an early token of the text (< 0: context helps); "
       "loss_delta_second_vs_random (zero), k = 1: the second copy's loss rise when the top induction head is "
-      "zero-ablated, minus when a layer-matched random head is; loss_delta_second_vs_below_label (zero): the "
-      "same minus a random head of any layer scoring below the label (the control where the top head's layer "
+      "zero-ablated, minus when a layer-matched random head is; loss_delta_second_vs_unlabelled (zero): the "
+      "same minus a random head of any layer that no previous-token, duplicate-token or induction label names "
+      "(the control where the top head's layer "
       "holds other induction heads, which the layer-matched draw then picks). Every k, mean ablation and CIs: "
       "study/induction.csv; the repeat drop's formation step: the formation table (source loss).",
       _markdown(_by_condition(ind, ["measure", "step"], "value")),

@@ -183,25 +183,25 @@ def test_layer_matched_random_heads_avoid_the_selective_ones():
   assert causal.overlap(sel, causal.layer_matched_mask(sel, 0)) == pytest.approx(2 / 5)
 
 
-def test_below_label_control_draws_k_heads_the_label_does_not_name():
+def test_unlabelled_control_draws_k_heads_no_role_label_names():
   """A layer full of induction heads (layer 1 here): the layer-matched draw for the top head can only pick
-  another of them; the below-label draw takes k heads scoring under the label, from any layer, never a top
-  head, and is None when fewer than k such heads remain."""
+  another of them; the unlabelled draw takes k heads from any layer that no role label names (not the
+  previous-token head L0H3 either), never a top head, and is None when fewer than k such heads remain."""
   from headspec.ablation import causal
 
-  score = np.array([[0.1, 0.9, 0.0, 0.3], [0.95, 0.8, 0.7, 0.6]])
-  top = causal.selective_mask(score, 1)
-  assert ((causal.layer_matched_mask(top, 0)[1] == 0) & (score[1] >= 0.4)).sum() == 1  # another induction head
+  induction = np.array([[0.1, 0.9, 0.0, 0.3], [0.95, 0.8, 0.7, 0.6]])
+  unlabelled = (induction < 0.4) & ~np.array([[0, 0, 0, 1], [0, 0, 0, 0]], bool)  # L0H3: a previous-token head
+  top = causal.selective_mask(induction, 1)
+  assert ((causal.layer_matched_mask(top, 0)[1] == 0) & (induction[1] >= 0.4)).sum() == 1  # another induction head
   drawn = set()
   for seed in range(40):
-    mask = causal.below_label_mask(score, top, 0.4, 2, seed)
-    removed = {tuple(x) for x in np.argwhere(mask == 0)}
-    assert len(removed) == 2 and all(score[x] < 0.4 for x in removed)
+    removed = {tuple(x) for x in np.argwhere(causal.unlabelled_mask(unlabelled, top, 1, seed) == 0)}
+    assert len(removed) == 1 and all(unlabelled[x] for x in removed)
     drawn |= removed
-  assert drawn == {(0, 0), (0, 2), (0, 3)}  # uniform over the pool: each is drawn
-  np.testing.assert_array_equal(
-    causal.below_label_mask(score, top, 0.4, 2, 3), causal.below_label_mask(score, top, 0.4, 2, 3)
-  )
-  assert causal.below_label_mask(score, top, 0.4, 4, 0) is None  # 3 heads below the label
-  low = np.full((2, 4), 0.1)  # at step 0 no head is named: the top heads themselves are never drawn
-  assert (causal.below_label_mask(low, causal.selective_mask(low, 4), 0.4, 4, 0) == 0).sum() == 4
+  assert drawn == {(0, 0), (0, 2)}  # uniform over the pool: each is drawn
+  again = [causal.unlabelled_mask(unlabelled, top, 2, 3) for _ in range(2)]
+  np.testing.assert_array_equal(*again)
+  assert (again[0] == 0).sum() == 2 and causal.unlabelled_mask(unlabelled, top, 3, 0) is None  # 2 unlabelled heads
+  low = np.ones((2, 4), bool)  # at step 0 no head is named: the top heads themselves are never drawn
+  mask = causal.unlabelled_mask(low, causal.selective_mask(induction, 4), 4, 0)
+  assert (mask == 0).sum() == 4 and not ((mask == 0) & (causal.selective_mask(induction, 4) == 0)).any()

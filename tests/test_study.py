@@ -488,7 +488,7 @@ def test_induction_table_drop_formation_and_causal_by_step(tmp_path):
     for s, v in ((0, 0.0), (300, 0.5))
     for a in ("zero", "mean")
     for sel, m in (("top_induction", "loss_delta_second_vs_random"), ("top_induction", "loss_delta_first"),
-                   ("top_induction", "loss_delta_second_vs_below_label"), ("random_layer_matched", "loss_delta_second"))
+                   ("top_induction", "loss_delta_second_vs_unlabelled"), ("random_layer_matched", "loss_delta_second"))
   ]  # fmt: skip
   tables.write(tables.path_of(run, tables.ABLATION_CAUSAL), causal, tables.ABLATION_CAUSAL)
   roles = [dict(model="L2_s0", step=s, data="repeated_random", layer=1, head=0, role="induction", score=v,
@@ -499,10 +499,10 @@ def test_induction_table_drop_formation_and_causal_by_step(tmp_path):
   assert "| L2 | induction | 300 | 300 | 300 | 1 | 1 |" in summary  # the first step at the 0.4 label
   ind = pd.read_csv(root / "study/induction.csv")
   assert sorted(set(ind["measure"])) == [
-    "loss_delta_second_vs_below_label (mean)",
-    "loss_delta_second_vs_below_label (zero)",
     "loss_delta_second_vs_random (mean)",
     "loss_delta_second_vs_random (zero)",
+    "loss_delta_second_vs_unlabelled (mean)",
+    "loss_delta_second_vs_unlabelled (zero)",
     "repeat_drop",
   ]
   assert len(ind) == 3 + 8 and ind[ind["measure"] == "repeat_drop"]["k"].isna().all()
@@ -514,7 +514,7 @@ def test_induction_table_drop_formation_and_causal_by_step(tmp_path):
   assert (drop["task"], drop["layer"], drop["head"], drop["formation_step"]) == ("repeat_drop", -1, -1, 300)
   assert drop["init_best"] == pytest.approx(0.01)
   assert "## Induction by step" in summary and "| L2 | repeat_drop | 300 | 1.600 |" in summary
-  assert "| L2 | loss_delta_second_vs_below_label (zero) | 300 | 0.500 |" in summary
+  assert "| L2 | loss_delta_second_vs_unlabelled (zero) | 300 | 0.500 |" in summary
   assert (root / "study/induction.png").exists()
   # the first step a head reaches the label threshold (0.4), over seeds
   roles = [dict(run="a", condition="L2", seed=0, step=s, role="induction", layer=1, head=0, score=v)

@@ -116,17 +116,16 @@ def layer_matched_mask(selective_LH, seed: int) -> np.ndarray:
   return mask
 
 
-def below_label_mask(score_LH, top_LH, label_min: float, k: int, seed: int) -> np.ndarray | None:
-  """k heads drawn uniformly from the heads of every layer that `top_LH` keeps and that score below
-  `label_min` (heads the role's label does not name); None when fewer than k are. Not layer-matched: the
-  control for a layer whose heads all carry the role, where a layer-matched draw picks another of them."""
-  score, kept = np.asarray(score_LH).ravel(), np.asarray(top_LH).ravel() != 0
-  pool = np.flatnonzero(kept & (score < label_min))
+def unlabelled_mask(unlabelled_LH, top_LH, k: int, seed: int) -> np.ndarray | None:
+  """k heads drawn uniformly from the heads of every layer that `top_LH` keeps and that no role label names
+  (`unlabelled_LH` true); None when fewer than k are. Not layer-matched: the control for a layer whose heads
+  all carry the role, where a layer-matched draw picks another of them."""
+  pool = np.flatnonzero((np.asarray(top_LH).ravel() != 0) & np.asarray(unlabelled_LH, bool).ravel())
   if len(pool) < k:
     return None
-  mask = np.ones(score.size, np.float32)
+  mask = np.ones(np.size(top_LH), np.float32)
   mask[np.random.default_rng(seed).choice(pool, k, replace=False)] = 0.0
-  return mask.reshape(np.shape(score_LH))
+  return mask.reshape(np.shape(top_LH))
 
 
 def overlap(selective_LH, random_LH) -> float:
@@ -375,7 +374,7 @@ INDUCTION_METRICS = (
   "loss_delta_second",
   "second_minus_first",
   "loss_delta_second_vs_random",
-  "loss_delta_second_vs_below_label",
+  "loss_delta_second_vs_unlabelled",
   "overlap_with_selective",
 )
 
@@ -397,21 +396,23 @@ def repeat_eval_sets(tokens_NT, n: int, prefix: int, batch_size: int):
 
 
 def induction_rows(
-  model, tokens_NT, n: int, prefix: int, induction_LH, c, *, resamples: int, seed: int, label_min=None, batch_size=25
-):
+  model, tokens_NT, n: int, prefix: int, induction_LH, c, *, resamples: int, seed: int, unlabelled_LH=None,
+  batch_size=25,
+):  # fmt: skip
   """ablation/causal.csv rows (without model, step, kind) of the induction-head causal check.
 
   For each method (zero, mean) and k: the k heads with the largest induction score (`top_induction`,
   seed −1), `c.random_seeds` layer-matched random sets (`random_layer_matched`, seed s, drawn from the
   heads outside the top k as in `layer_matched_mask`, with their `overlap_with_selective`) and, given
-  `label_min`, `c.random_seeds` sets of k heads scoring below it in any layer (`random_below_label`,
-  `below_label_mask`; none for a k that fewer such heads allow) are ablated; `task` is
-  'repeated_random/<method>'. Metrics (loss in nats, ablated − unablated, on the same tokens):
+  `unlabelled_LH` (the heads that no previous-token, duplicate-token or induction label names),
+  `c.random_seeds` sets of k of those heads from any layer (`random_unlabelled`, `unlabelled_mask`; none for
+  a k that fewer such heads allow) are ablated; `task` is 'repeated_random/<method>'. Metrics (loss in
+  nats, ablated − unablated, on the same tokens):
     loss_delta_first / loss_delta_second   on the first / second repeat (r_2..r_n of each)
     second_minus_first                     their difference (paired bootstrap over sequences)
     loss_delta_second_vs_random            (top_induction rows only) its second-repeat delta minus the
                                            mean over the layer-matched sets (paired bootstrap)
-    loss_delta_second_vs_below_label       (top_induction rows only) the same against the below-label
+    loss_delta_second_vs_unlabelled        (top_induction rows only) the same against the unlabelled
                                            sets: the control when a layer's other heads are induction
                                            heads too, which the layer-matched draw then ablates
   Induction heads matter when second_minus_first and a *_vs_ control have CIs above 0.
@@ -430,11 +431,11 @@ def induction_rows(
     for s in range(c.random_seeds):
       masks.append(layer_matched_mask(top, seed + 1000 * k + s))
       labels.append((k, "random_layer_matched", s))
-    for s in range(c.random_seeds if label_min is not None else 0):
-      below = below_label_mask(induction_LH, top, label_min, k, seed + 1000 * k + 500 + s)
-      if below is not None:
-        masks.append(below)
-        labels.append((k, "random_below_label", s))
+    for s in range(c.random_seeds if unlabelled_LH is not None else 0):
+      other = unlabelled_mask(unlabelled_LH, top, k, seed + 1000 * k + 500 + s)
+      if other is not None:
+        masks.append(other)
+        labels.append((k, "random_unlabelled", s))
   rows = []
   for method in c.methods:
     if method not in replacements:
@@ -465,7 +466,7 @@ def induction_rows(
       if selection != "top_induction":
         continue
       for control, metric in (("random_layer_matched", "loss_delta_second_vs_random"),
-                              ("random_below_label", "loss_delta_second_vs_below_label")):  # fmt: skip
+                              ("random_unlabelled", "loss_delta_second_vs_unlabelled")):  # fmt: skip
         rand = [i for i, x in enumerate(labels[1:]) if x[0] == k and x[1] == control]
         if rand:
           diff_R = b2[:, g] - b2[:, rand].mean(1)
@@ -486,7 +487,7 @@ def induction_verdicts(rows: list[dict]) -> list[str]:
       (by[(task, k, metric)], what)
       for metric, what in (
         ("loss_delta_second_vs_random", "random heads of the same layers"),
-        ("loss_delta_second_vs_below_label", "random heads below the label"),
+        ("loss_delta_second_vs_unlabelled", "random unlabelled heads"),
       )  # fmt: skip
       if (task, k, metric) in by
     ]

@@ -198,8 +198,9 @@ def analyse(job: targets.Target, model, data: Data, config) -> dict:
   c = i.causal
   if c.enabled and job.lm_head:
     tokens = data.repeated_NT[: c.num_sequences]
+    unlabelled = np.all([scores[role][0] < i.label_min for role in ind.ATTENTION_ROLES], axis=0)  # no role label
     causal_rows = causal_lib.induction_rows(
-      model, tokens, data.n, data.prefix, scores["induction"][0], c, resamples=R, seed=seed, label_min=i.label_min
+      model, tokens, data.n, data.prefix, scores["induction"][0], c, resamples=R, seed=seed, unlabelled_LH=unlabelled
     )
     for r in causal_rows:
       r.update(model=job.name, step=job.step, kind="induction")
