@@ -35,7 +35,10 @@ def normal(key, shape, std: float = 1.0) -> jax.Array:
   if not _bucketed(key, shape):
     return std * jax.random.normal(key, shape, jnp.float32)
   n = math.prod(shape)
-  return jnp.asarray(np.asarray(_normal(key, _bucket(n)))[:n].reshape(shape) * np.float32(std))
+  flat = _normal(key, _bucket(n))
+  if isinstance(flat, jax.core.Tracer):  # a concrete key inside someone's jit: jax.random's own draw
+    return std * jax.random.normal(key, shape, jnp.float32)
+  return jnp.asarray(np.asarray(flat)[:n].reshape(shape) * np.float32(std))
 
 
 def uniform(key, shape, minval: float = 0.0, maxval: float = 1.0) -> jax.Array:
@@ -43,7 +46,10 @@ def uniform(key, shape, minval: float = 0.0, maxval: float = 1.0) -> jax.Array:
   if not _bucketed(key, shape):
     return jax.random.uniform(key, shape, jnp.float32, minval=minval, maxval=maxval)
   n = math.prod(shape)
-  return jnp.asarray(np.asarray(_uniform(key, _bucket(n), float(minval), float(maxval)))[:n].reshape(shape))
+  flat = _uniform(key, _bucket(n), float(minval), float(maxval))
+  if isinstance(flat, jax.core.Tracer):  # a concrete key inside someone's jit: jax.random's own draw
+    return jax.random.uniform(key, shape, jnp.float32, minval=minval, maxval=maxval)
+  return jnp.asarray(np.asarray(flat)[:n].reshape(shape))
 
 
 @functools.partial(jax.jit, static_argnums=1)
