@@ -30,7 +30,7 @@ chosen on dev and reported on test (the maximum over 48 noisy dev estimates is b
                   attention/icl.csv the loss on the first and second copy of repeated random sequences and
                   repeat_drop = first − second (the in-context loss drop induction heads bring), and the ICL
                   score on text; from ablation/causal.csv (kind=induction) the top-k induction heads ablated,
-                  the second copy's loss change and its excess over k layer-matched random heads, with CIs
+                  the second copy's loss change and its excess over k layer-matched and k unlabelled random heads, with CIs
                   and `mde` (the check's power, `mde()`).
                   formation.csv also gets source=loss, task=repeat_drop (layer, head −1): the first kept step
                   whose repeat_drop CI lies above step 0's value + 1 nat (DROP_FORMED).

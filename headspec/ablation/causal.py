@@ -117,8 +117,9 @@ def layer_matched_mask(selective_LH, seed: int) -> np.ndarray:
 
 
 def unlabelled_mask(unlabelled_LH, top_LH, k: int, seed: int) -> np.ndarray | None:
-  """k heads drawn uniformly from the heads of every layer that `top_LH` keeps and that no role label names
-  (`unlabelled_LH` true); None when fewer than k are. Not layer-matched: the control for a layer whose heads
+  """k heads drawn uniformly from the heads of any layer that `top_LH` does not ablate (mask 1) and that
+  have no previous-token, duplicate-token or induction label (`unlabelled_LH` true; copying labels are not
+  considered); None when fewer than k such heads exist. Not layer-matched: the control for a layer whose heads
   all carry the role, where a layer-matched draw picks another of them."""
   pool = np.flatnonzero((np.asarray(top_LH).ravel() != 0) & np.asarray(unlabelled_LH, bool).ravel())
   if len(pool) < k:
@@ -484,19 +485,19 @@ def induction_verdicts(rows: list[dict]) -> list[str]:
     if metric != "second_minus_first":
       continue
     controls = [
-      (by[(task, k, metric)], what)
-      for metric, what in (
+      (by[(task, k, m)], what)
+      for m, what in (
         ("loss_delta_second_vs_random", "random heads of the same layers"),
         ("loss_delta_second_vs_unlabelled", "random unlabelled heads"),
-      )  # fmt: skip
-      if (task, k, metric) in by
+      )
+      if (task, k, m) in by
     ]
     ok = r["ci_low"] > 0 and any(vr["ci_low"] > 0 for vr, _ in controls)
     lines.append(
       f"{task} k={k}: loss +{by[(task, k, 'loss_delta_second')]['value']:.3f} on the second repeat vs "
       f"+{by[(task, k, 'loss_delta_first')]['value']:.3f} on the first (difference {r['value']:+.3f} "
-      f"[{r['ci_low']:+.3f}, {r['ci_high']:+.3f}]); "
-      + "; ".join(f"vs {what} {vr['value']:+.3f} [{vr['ci_low']:+.3f}, {vr['ci_high']:+.3f}]" for vr, what in controls)
+      f"[{r['ci_low']:+.3f}, {r['ci_high']:+.3f}])"
+      + "".join(f"; vs {what} {vr['value']:+.3f} [{vr['ci_low']:+.3f}, {vr['ci_high']:+.3f}]" for vr, what in controls)
       + ": "
       + ("the induction heads do the in-context copying" if ok else "not clearly (a CI reaches 0)")
     )
