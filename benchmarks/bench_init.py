@@ -2,8 +2,8 @@
 
   python -m benchmarks.bench_init [--sizes=quickstart,minilm]
 
-- `bucketed`: `Transformer(cfg, rngs=nnx.Rngs(params=0))` as headspec draws it (headspec/model.py `_normal` through headspec/draws.py:
-  each parameter the first |shape| values of a power-of-two draw, one compiled program per size bucket);
+- `bucketed`: `Transformer(cfg, rngs=nnx.Rngs(params=0))` as headspec draws it (headspec/model.py `_normal`
+  through headspec/draws.py: each parameter the first |shape| values of a power-of-two draw, one compiled program per size bucket);
 - `per_shape`: the same draws with `jax.random.normal(key, shape)` per parameter, op by op (one compiled
   threefry program per parameter shape);
 - `one_jit`: the whole initialisation under one `jax.jit` (one program per architecture).

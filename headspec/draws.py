@@ -21,35 +21,31 @@ import numpy as np
 MAX_BUCKETED = 1 << 24  # a larger draw is made in place on its device (the bucket would double its memory)
 
 
-def _bucketed(key, shape) -> bool:
-  n = math.prod(shape)
-  return not isinstance(key, jax.core.Tracer) and jax.config.jax_threefry_partitionable and n <= MAX_BUCKETED
-
-
-def _bucket(n: int) -> int:
-  return 1 << max(n - 1, 0).bit_length()
-
-
 def normal(key, shape, std: float = 1.0) -> jax.Array:
   """float32 `std * jax.random.normal(key, shape)`, bit for bit (one float32 product, on the host)."""
-  if not _bucketed(key, shape):
+  head = _head(_normal, key, shape)
+  if head is None:
     return std * jax.random.normal(key, shape, jnp.float32)
-  n = math.prod(shape)
-  flat = _normal(key, _bucket(n))
-  if isinstance(flat, jax.core.Tracer):  # a concrete key inside someone's jit: jax.random's own draw
-    return std * jax.random.normal(key, shape, jnp.float32)
-  return jnp.asarray(np.asarray(flat)[:n].reshape(shape) * np.float32(std))
+  return jnp.asarray(head * np.float32(std))
 
 
 def uniform(key, shape, minval: float = 0.0, maxval: float = 1.0) -> jax.Array:
   """float32 `jax.random.uniform(key, shape, minval=minval, maxval=maxval)`, bit for bit."""
-  if not _bucketed(key, shape):
+  head = _head(functools.partial(_uniform, minval=float(minval), maxval=float(maxval)), key, shape)
+  if head is None:
     return jax.random.uniform(key, shape, jnp.float32, minval=minval, maxval=maxval)
+  return jnp.asarray(head)
+
+
+def _head(draw, key, shape) -> np.ndarray | None:
+  """The first |shape| values of `draw(key, bucket)`, shaped, on the host; None where bucketing does not
+  apply (non-partitionable threefry, a draw above MAX_BUCKETED, or inside a trace: a traced key, or a
+  concrete one captured by someone's jit), and the caller draws with jax.random itself."""
   n = math.prod(shape)
-  flat = _uniform(key, _bucket(n), float(minval), float(maxval))
-  if isinstance(flat, jax.core.Tracer):  # a concrete key inside someone's jit: jax.random's own draw
-    return jax.random.uniform(key, shape, jnp.float32, minval=minval, maxval=maxval)
-  return jnp.asarray(np.asarray(flat)[:n].reshape(shape))
+  if isinstance(key, jax.core.Tracer) or not jax.config.jax_threefry_partitionable or n > MAX_BUCKETED:
+    return None
+  flat = draw(key, 1 << max(n - 1, 0).bit_length())
+  return None if isinstance(flat, jax.core.Tracer) else np.asarray(flat)[:n].reshape(shape)
 
 
 @functools.partial(jax.jit, static_argnums=1)
@@ -57,6 +53,6 @@ def _normal(key, size: int) -> jax.Array:
   return jax.random.normal(key, (size,), jnp.float32)
 
 
-@functools.partial(jax.jit, static_argnums=(1, 2, 3))
-def _uniform(key, size: int, minval: float, maxval: float) -> jax.Array:
+@functools.partial(jax.jit, static_argnums=(1,), static_argnames=("minval", "maxval"))
+def _uniform(key, size: int, *, minval: float, maxval: float) -> jax.Array:
   return jax.random.uniform(key, (size,), jnp.float32, minval=minval, maxval=maxval)

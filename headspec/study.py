@@ -30,8 +30,8 @@ chosen on dev and reported on test (the maximum over 48 noisy dev estimates is b
                   attention/icl.csv the loss on the first and second copy of repeated random sequences and
                   repeat_drop = first − second (the in-context loss drop induction heads bring), and the ICL
                   score on text; from ablation/causal.csv (kind=induction) the top-k induction heads ablated,
-                  the second copy's loss change and its excess over k layer-matched and k unlabelled random heads, with CIs
-                  and `mde` (the check's power, `mde()`).
+                  the second copy's loss change and its excess over k layer-matched and k unlabelled random
+                  heads, with CIs and `mde` (the check's power, `mde()`).
                   formation.csv also gets source=loss, task=repeat_drop (layer, head −1): the first kept step
                   whose repeat_drop CI lies above step 0's value + 1 nat (DROP_FORMED).
   causal.csv      per run and task at the last step: ablating the k most selective heads vs k
@@ -701,7 +701,8 @@ def _induction_figure(ind, per_run, colors):
 
   shown = (("repeat_drop", "repeat drop: 1st − 2nd copy (nats)"),
            ("loss_delta_second_vs_random (zero)", "top induction head ablated − random head\n(2nd copy loss, k = 1)"),
-           ("loss_delta_second_vs_unlabelled (zero)", "top induction head − random unlabelled\nhead (k = 1)"))  # fmt: skip
+           ("loss_delta_second_vs_unlabelled (zero)",
+            "top induction head ablated − random\nunlabelled head (2nd copy loss, k = 1)"))  # fmt: skip
   fig, axes = plt.subplots(1, len(shown), figsize=(4.5 * len(shown), 3.4), squeeze=False)
   for ax, (measure, title) in zip(axes[0], shown):
     per_run(ax, ind[(ind["measure"] == measure) & (ind["k"].isna() | (ind["k"] == 1))], "value")
@@ -900,6 +901,47 @@ def _structural_sections(frames: dict) -> list[str]:
   return parts
 
 
+def _induction_section(frames: dict) -> list[str]:
+  """summary.md's induction section: the repeat drop, ICL score and the causal checks (k = 1) by step,
+  the check's power and the first step a head reaches the role's label."""
+  ind = frames["induction"]
+  shown = [
+    "repeat_drop",
+    "icl_score",
+    "loss_delta_second_vs_random (zero)",
+    "loss_delta_second_vs_unlabelled (zero)",
+  ]
+  ind = ind[ind["measure"].isin(shown) & (ind["k"].isna() | (ind["k"] == 1))]
+  parts = [
+    "",
+    "## Induction by step: the in-context loss drop and the causal check",
+    "repeat_drop: loss on the first copy of repeated random sequences − on the second (nats; > 0: the model "
+    "copies from context); icl_score: loss at a late − an early token of the text (< 0: context helps); "
+    "loss_delta_second_vs_random (zero), k = 1: the second copy's loss rise when the top induction head is "
+    "zero-ablated, minus when a layer-matched random head is; loss_delta_second_vs_unlabelled (zero): the "
+    "same minus a random head of any layer that no previous-token, duplicate-token or induction label names "
+    "(the control where the top head's layer holds other induction heads, which the layer-matched draw then "
+    "picks). Every k, mean ablation and CIs: "
+    "study/induction.csv; the repeat drop's formation step: the formation table (source loss).",
+    _markdown(_by_condition(ind, ["measure", "step"], "value")),
+  ]
+  if ind["mde"].notna().any():
+    parts += [
+      "",
+      "Power of the causal check (k = 1, zero ablation): the median over runs and steps of mde, the smallest "
+      f"excess it detects at 80% power: {ind['mde'].median():.3f} nats.",
+    ]
+  if len(frames["roles"]):
+    parts += [
+      "",
+      f"### First kept step with a head at or above {_label_min()} (the role's label), over seeds",
+      "median, min and max over the seeds that reached it; seeds_reached of seeds. The per-head formation "
+      "steps by the CI rule (above step 0's best head) are in the formation table.",
+      _markdown(_label_steps(frames["roles"]), ".0f"),
+    ]
+  return parts
+
+
 def _later_sections(frames: dict) -> list[str]:
   """summary.md: diversity, roles, the causal test, rankings and the reference models."""
   parts = []
@@ -927,41 +969,7 @@ def _later_sections(frames: dict) -> list[str]:
       ),
     ]
   if len(frames["induction"]):
-    ind = frames["induction"]
-    shown = [
-      "repeat_drop",
-      "icl_score",
-      "loss_delta_second_vs_random (zero)",
-      "loss_delta_second_vs_unlabelled (zero)",
-    ]
-    ind = ind[ind["measure"].isin(shown) & (ind["k"].isna() | (ind["k"] == 1))]
-    parts += [
-      "",
-      "## Induction by step: the in-context loss drop and the causal check",
-      "repeat_drop: loss on the first copy of repeated random sequences − on the second (nats; > 0: the model "
-      "copies from context); icl_score: loss at a late − an early token of the text (< 0: context helps); "
-      "loss_delta_second_vs_random (zero), k = 1: the second copy's loss rise when the top induction head is "
-      "zero-ablated, minus when a layer-matched random head is; loss_delta_second_vs_unlabelled (zero): the "
-      "same minus a random head of any layer that no previous-token, duplicate-token or induction label names "
-      "(the control where the top head's layer "
-      "holds other induction heads, which the layer-matched draw then picks). Every k, mean ablation and CIs: "
-      "study/induction.csv; the repeat drop's formation step: the formation table (source loss).",
-      _markdown(_by_condition(ind, ["measure", "step"], "value")),
-    ]
-    if ind["mde"].notna().any():
-      parts += [
-        "",
-        "Power of the causal check (k = 1, zero ablation): the median over runs and steps of mde, the smallest "
-        f"excess it detects at 80% power: {ind['mde'].median():.3f} nats.",
-      ]
-    if len(frames["roles"]):
-      parts += [
-        "",
-        f"### First kept step with a head at or above {_label_min()} (the role's label), over seeds",
-        "median, min and max over the seeds that reached it; seeds_reached of seeds. The per-head formation "
-        "steps by the CI rule (above step 0's best head) are in the formation table.",
-        _markdown(_label_steps(frames["roles"]), ".0f"),
-      ]
+    parts += _induction_section(frames)
   if len(frames["causal"]):
     c = frames["causal"]
     parts += [

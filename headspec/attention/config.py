@@ -135,8 +135,6 @@ def induction_causal_config() -> ml_collections.ConfigDict:
   c.enabled = True  # ablate the top-k induction heads after scoring them (decoders with a trained LM head)
   c.ks = (1, 2, 4)  # how many of the best induction heads (repeated_random induction score) are ablated
   c.methods = ("zero", "mean")  # zero: Z_h = 0; mean: Z_h = its mean over the repeated sequences' tokens
-  c.random_seeds = (
-    5  # random head sets per k and control: layer-matched (as many heads per layer as the top k) and unlabelled
-  )
+  c.random_seeds = 5  # random head sets per k and control (layer-matched, and unlabelled: no role label)
   c.num_sequences = 100  # repeated random sequences scored (the first of induction.num_sequences)
   return c

@@ -17,8 +17,8 @@ tokens (12.3M tokens) at lr 1e-3, 12 kept steps. At every kept step `headspec at
 analyses: previous-token, duplicate-token and induction scores on repeated random tokens ([BOS] + 2×15 of
 the text's ids) with the loss on each copy, the in-context-learning score and loss by position on the run's
 validation rows (text only), and the causal check (the top-k induction heads ablated vs layer-matched and vs
-unlabelled random heads); the diversity metrics on 4,096 validation tokens. Then a cheap probe (upos, deprel at steps 0, 2000,
-6000 on the treebank sentences that fit the 32-token context: `headspec study` reads probe selectivity) and
+unlabelled random heads); the diversity metrics on 4,096 validation tokens. Then a cheap probe (upos, deprel
+at steps 0, 2000, 6000 on the treebank sentences that fit the 32-token context: `headspec study` reads probe selectivity) and
 the report. Parts (`layers=N`, `condition=C`, `seed=N`) list the same run configs, so the whole command
 resumes past them.
 
