@@ -299,7 +299,7 @@ def test_pinned_registry_and_cli(tmp_path, monkeypatch, capsys):
   assert err.startswith("headspec: error: ") and "train-00000-of-00001.parquet: download failed" in err, err
   assert not (tmp_path / "text" / "wikitext_2").exists()
   assert cli.main(["headspec", "data", "download", "text", "bogus"]) == 2
-  assert "unknown corpus 'bogus': downloadable are wikitext_103, wikitext_2" in capsys.readouterr().err
+  assert "unknown corpus 'bogus': downloadable are english_mix, wikitext_103, wikitext_2" in capsys.readouterr().err
 
 
 def test_ud_splits_option(server, source, tmp_path):
@@ -313,3 +313,115 @@ def test_ud_splits_option(server, source, tmp_path):
   assert treebank.available_splits(tmp_path, "en_gum") == ["dev", "test"]
   with pytest.raises(UserError, match="splits 'dev,valid': choose from train, dev, test"):
     download.download_ud("en_gum", tmp_path, base_url=base_url, splits=("dev", "valid"))
+
+
+# ---- english_mix (headspec/data/english_mix.py) ----
+
+
+def _zip(files: dict[str, str]) -> bytes:
+  import io
+  import zipfile
+
+  out = io.BytesIO()
+  with zipfile.ZipFile(out, "w") as archive:
+    for name, text in files.items():
+      archive.writestr(name, text.encode("latin-1"))
+  return out.getvalue()
+
+
+# Tiny packages laid out as the real ones: a valid document (english_mix.VALID) and the files that are not
+# documents (README, cats.txt, the treebank's parsed files) in each.
+TINY_PACKAGES = {
+  "brown": {
+    "brown/README": "x",
+    "brown/cats.txt": "ca01 news",
+    "brown/ca01": "\n\n\tThe/at jury/nn said/vbd ``/`` no/at ''/'' ./.\n\n\n\tA/at 1/2-inch/jj pipe/nn ./.\n",
+    "brown/ca05": "\n\n\tValid/jj one/cd ./.\n",
+  },
+  "abc": {"abc/README": "x", "abc/rural.txt": "PM  denies\n\nthe  claim .  \n"},
+  "movie_reviews": {
+    "movie_reviews/neg/cv000_1.txt": "bad film . \nvery . \n",
+    "movie_reviews/pos/cv038_9749.txt": "good . \n",
+  },
+  "state_union": {"state_union/1945-Truman.txt": "Mr. Speaker,\n\n  Thank you.\n"},
+  "inaugural": {"inaugural/1789-Washington.txt": "Fellow-Citizens \x96 of the Senate\n"},
+  "webtext": {"webtext/README": "x", "webtext/wine.txt": "Lovely wine\n"},
+  "treebank": {
+    "treebank/raw/wsj_0001": ".START \n\nPierre Vinken, 61 years old. \n",
+    "treebank/parsed/wsj_0001.prd": "(S)",
+  },
+}
+TINY_TRAIN = (
+  "The jury said `` no '' .\nA 1/2-inch pipe .\n\nPM denies\nthe claim .\n\nbad film .\nvery .\n\n"
+  "Mr. Speaker,\nThank you.\n\nFellow-Citizens \x96 of the Senate\n\nLovely wine\n\nPierre Vinken, 61 years old.\n"
+)
+TINY_VALID = "Valid one .\n\ngood .\n"
+
+
+@pytest.fixture()
+def english_mix_served(server):
+  """(base_url, served folder, packages) for the tiny packages at english_mix.REVISION."""
+  from headspec.data import english_mix
+
+  base_url, root = server
+  packages = []
+  for name, files in TINY_PACKAGES.items():
+    data = _zip(files)
+    package = english_mix.Package(name, len(data), hashlib.sha256(data).hexdigest())
+    target = root / english_mix.REVISION / package.path
+    target.parent.mkdir(parents=True, exist_ok=True)
+    target.write_bytes(data)
+    packages.append(package)
+  return base_url, root, tuple(packages)
+
+
+def _sha(text: str) -> str:
+  return hashlib.sha256(text.encode("utf-8")).hexdigest()
+
+
+def test_english_mix_is_built_from_the_packages_by_its_rules(english_mix_served, tmp_path):
+  """Brown without tags, one sentence a line; other files' non-blank lines with whitespace runs made one
+  space; `.START` removed; README, cats.txt and parsed files skipped; VALID's documents in valid.txt."""
+  from headspec.data import english_mix
+
+  base_url, _, packages = english_mix_served
+  pins = {"train": _sha(TINY_TRAIN), "valid": _sha(TINY_VALID)}
+  folder = english_mix.download(tmp_path, base_url=base_url, packages=packages, output_sha256=pins, log=lambda _: None)
+  assert folder == tmp_path / "text" / "english_mix" and _leftovers(tmp_path) == ["english_mix"]
+  assert (folder / "train.txt").read_text(encoding="utf-8") == TINY_TRAIN
+  assert (folder / "valid.txt").read_text(encoding="utf-8") == TINY_VALID
+  record = json.loads((folder / "SOURCE.json").read_text())
+  assert record["documents"] == {"train": 7, "valid": 2} and record["sha256"] == pins
+  assert record["files"][0]["url"] == f"{base_url}/{english_mix.REVISION}/packages/corpora/brown.zip"
+  assert list(text_tfds.load_documents(tmp_path, "english_mix", "valid", tfds_dir=tmp_path / "tfds")) == [
+    "Valid one .",
+    "good .",
+  ]
+
+
+def test_english_mix_refuses_an_altered_package_or_build_and_writes_nothing(english_mix_served, tmp_path):
+  from headspec.data import english_mix
+
+  base_url, root, packages = english_mix_served
+  pins = {"train": _sha(TINY_TRAIN), "valid": _sha(TINY_VALID)}
+  with pytest.raises(UserError, match=r"english_mix valid.txt: built with SHA-256 [0-9a-f]{64}, not the development"):
+    english_mix.download(tmp_path, base_url=base_url, packages=packages, output_sha256={**pins, "valid": "0" * 64})
+  assert _leftovers(tmp_path) == []
+  served = root / english_mix.REVISION / packages[3].path
+  data = bytearray(served.read_bytes())
+  data[-30] ^= 0xFF
+  served.write_bytes(bytes(data))
+  with pytest.raises(UserError, match=r"state_union.zip: SHA-256 [0-9a-f]{64} does not match the pinned"):
+    english_mix.download(tmp_path, base_url=base_url, packages=packages, output_sha256=pins, log=lambda _: None)
+  assert _leftovers(tmp_path) == []
+
+
+def test_english_mix_cli_names_the_package_it_could_not_fetch(tmp_path, monkeypatch, capsys):
+  monkeypatch.setenv("HEADSPEC_DATA_DIR", str(tmp_path))
+  assert text_download.download_command("english-mix") == "headspec data download text english_mix"
+  assert cli.main(["headspec", "data", "download", "text", "english_mix", "--base-url=http://127.0.0.1:9"]) == 2
+  err = capsys.readouterr().err.strip().splitlines()[-1]
+  assert err.startswith("headspec: error: ") and "packages/corpora/brown.zip: download failed" in err, err
+  assert not (tmp_path / "text" / "english_mix").exists()
+  with pytest.raises(UserError, match="every english_mix package is pinned"):
+    text_download.download_text("english_mix", tmp_path, sha256={"brown.zip": "0" * 64})

@@ -41,8 +41,14 @@ def test_experiment_config_every_stage_checks(small):
     check(m.get_config(f"{small}{name}"))
   check_ablate(m.get_config(f"{small}ablate"))
   exp = m.experiment(small.rstrip(","))
-  seeds = 1 if small else 3  # the full setting: 3 seeds per condition (claims that compare conditions need them)
-  assert all(sum(r.condition == c for r in exp.runs) == seeds for c in m.CONDITIONS)
+  # 3 seeds per condition in both settings (claims that compare conditions need them), run in parts if need be
+  assert all(sorted(r.seed for r in exp.runs if r.condition == c) == [0, 1, 2] for c in m.CONDITIONS)
+  part = m.experiment(f"{small}condition=drophead,seed=1")
+  assert [(r.name, r.config) for r in part.runs] == [(r.name, r.config) for r in exp.runs if r.name == "drophead_s1"]
+  assert m.experiment(f"{small}seed=2").runs == tuple(r for r in exp.runs if r.seed == 2)
+  assert part.analyses == exp.analyses and part.references == exp.references
+  with pytest.raises(ValueError, match="not for the experiment"):
+    m.experiment(f"{small}probe")
   with pytest.raises(ValueError, match="bad argument 'conditon=x'"):
     m.get_config("conditon=x")
 

@@ -111,11 +111,23 @@ def english_mix_data_dir():
   configured = os.environ.get("HEADSPEC_DATA_DIR")
   if not configured or not (pathlib.Path(configured) / "text" / "english_mix").is_dir():
     (pytest.fail if os.environ.get("CI") else pytest.skip)(  # CI has the development data
-      "text/english_mix is the development corpus, not downloadable: it is in the development data folder "
-      "(run with HEADSPEC_DATA_DIR=<that folder>, as CI does); HEADSPEC_DATA_DIR="
-      f"{configured or '(unset)'} has none"
+      f"HEADSPEC_DATA_DIR={configured or '(unset)'} has no text/english_mix; get it with "
+      "`headspec data download text english_mix` (CI: the development data folder has it)"
     )
   return pathlib.Path(configured)
+
+
+def test_english_mix_pins_are_the_development_corpus(english_mix_data_dir):
+  """`headspec data download text english_mix` checks what it builds against these SHA-256: the
+  development corpus's (the real packages were checked to build it byte for byte, docs/data.md)."""
+  import hashlib
+
+  from headspec.data import english_mix
+
+  for split, pin in english_mix.OUTPUT_SHA256.items():
+    path = english_mix_data_dir / "text" / "english_mix" / f"{split}.txt"
+    assert hashlib.sha256(path.read_bytes()).hexdigest() == pin, split
+  assert len(english_mix.VALID) == 56
 
 
 @pytest.mark.slow

@@ -15,6 +15,9 @@ document: its non-blank lines, stripped, heading lines included verbatim. The ra
 
 Every file of the shipped corpora is pinned. A source added with `sha256=None` (no public value found)
 makes the download refuse to start until `--sha256=FILE=HEX` supplies one (see docs/data.md).
+
+`english_mix`, the development corpus, comes from zip files rather than parquet: its sources and rules
+are in headspec/data/english_mix.py; it is fetched, checked and swapped in the same way (`install_corpus`).
 """
 
 from __future__ import annotations
@@ -141,10 +144,18 @@ def canonical_name(name: str) -> str:
   return name.strip().lower().replace("-", "_")
 
 
+ENGLISH_MIX = "english_mix"  # built from NLTK data packages (headspec/data/english_mix.py), not parquet
+
+
+def downloadable() -> list[str]:
+  """The corpus names `headspec data download text` takes."""
+  return sorted([*CORPORA, ENGLISH_MIX])
+
+
 def download_command(corpus: str) -> str | None:
   """`headspec data download text <corpus>` for a known corpus name, else None."""
   name = canonical_name(corpus)
-  return f"headspec data download text {name}" if name in CORPORA else None
+  return f"headspec data download text {name}" if name in downloadable() else None
 
 
 def is_title(line: str) -> bool:
@@ -170,7 +181,7 @@ def wikitext_documents(rows: Iterable[str]) -> Iterator[str]:
     yield "\n".join(lines)
 
 
-def _fetch_verified(url: str, dest: pathlib.Path, remote: RemoteFile, sha256: str, timeout: float) -> None:
+def fetch_verified(url: str, dest: pathlib.Path, remote: RemoteFile, sha256: str, timeout: float) -> None:
   """Streams url into dest, hashing as it goes; a short, oversized or altered file is a UserError."""
   request = urllib.request.Request(url, headers={"User-Agent": "headspec-data-download"})
   digest, size, length = hashlib.sha256(), 0, None
@@ -231,7 +242,7 @@ def _check_parquet(source: TextSource, split: str, paths: list[pathlib.Path]) ->
     raise UserError(f"{source.name} {split}: {rows} rows in the parquet files, expected {expected}")
 
 
-def _write_documents(documents: Iterable[str], path: pathlib.Path) -> int:
+def write_documents(documents: Iterable[str], path: pathlib.Path) -> int:
   count = 0
   with open(path, "w", encoding="utf-8") as out:
     for count, doc in enumerate(documents, start=1):
@@ -267,31 +278,11 @@ def _hashes(source: TextSource, overrides: dict[str, str]) -> dict[str, str]:
   return hashes
 
 
-def download_text(
-  corpus: str,
-  data_dir,
-  *,
-  base_url: str = HF_DATASETS_URL,
-  force: bool = False,
-  sha256: dict[str, str] | None = None,
-  timeout: float = 60.0,
-  sources: dict[str, TextSource] | None = None,
-  log=print,
-) -> pathlib.Path:
-  """Builds data_dir/text/<corpus>/ from its pinned, verified source files; returns the folder.
-
-  An existing corpus (train.txt and valid.txt present) is kept unless `force`. `sha256` maps a file
-  name (or repository path) to its SHA-256 for files that have no pinned value.
-  """
-  sources = CORPORA if sources is None else sources
-  name = canonical_name(corpus)
-  source = sources.get(name)
-  if source is None:
-    raise UserError(
-      f"unknown corpus {corpus!r}: downloadable are {', '.join(sorted(sources))}; any other corpus is a folder "
-      f"DATA_DIR/text/<name>/ with train.txt and valid.txt (documents separated by a blank line)"
-    )
-  hashes = _hashes(source, sha256 or {})  # before any network or file-system work
+def install_corpus(data_dir, name: str, fill, *, force: bool = False, log=print) -> pathlib.Path:
+  """Builds data_dir/text/<name>/ through `fill(corpus_dir, staging) -> record` (it writes train.txt and
+  valid.txt into corpus_dir, may keep downloads in staging, and returns what SOURCE.json records), all in
+  a hidden `.<name>.*.partial` folder that replaces the corpus only when complete. An existing corpus
+  (train.txt and valid.txt present) is kept unless `force`."""
   root = pathlib.Path(data_dir) / "text"
   target = root / name
   if target.exists() and not force:
@@ -306,23 +297,7 @@ def download_text(
   try:
     corpus_dir = staging / name
     corpus_dir.mkdir()
-    record = {"corpus": name, "repository": source.repo, "revision": source.revision, "files": [], "documents": {}}
-    for split in SPLITS:
-      paths = []
-      for remote in source.files[split]:
-        url = source.url(base_url, remote)
-        log(f"{url}: downloading ({'?' if remote.size is None else f'{remote.size / 1e6:.1f} MB'})")
-        path = staging / pathlib.PurePosixPath(remote.path).name
-        _fetch_verified(url, path, remote, hashes[remote.path], timeout)
-        paths.append(path)
-        record["files"].append({"url": url, "bytes": path.stat().st_size, "sha256": hashes[remote.path]})
-      _check_parquet(source, split, paths)
-      count = _write_documents(wikitext_documents(_parquet_rows(paths)), corpus_dir / f"{split}.txt")
-      if count == 0:
-        raise UserError(f"{source.name} {split}: no documents in the downloaded files")
-      record["documents"][split] = count
-      log(f"{target / f'{split}.txt'}: {count} documents")
-    record["conversion"] = "one document per article (from a ' = Title = ' heading to the next), lines stripped"
+    record = fill(corpus_dir, staging)
     (corpus_dir / "SOURCE.json").write_text(json.dumps(record, indent=2) + "\n", encoding="utf-8")
     if target.exists():  # --force: swap, so that the old corpus stays whole until the new one is in place
       old = staging / ".replaced"
@@ -333,6 +308,65 @@ def download_text(
   return target
 
 
+def download_text(
+  corpus: str,
+  data_dir,
+  *,
+  base_url: str | None = None,
+  force: bool = False,
+  sha256: dict[str, str] | None = None,
+  timeout: float = 60.0,
+  sources: dict[str, TextSource] | None = None,
+  log=print,
+) -> pathlib.Path:
+  """Builds data_dir/text/<corpus>/ from its pinned, verified source files; returns the folder.
+
+  An existing corpus (train.txt and valid.txt present) is kept unless `force`. `sha256` maps a file
+  name (or repository path) to its SHA-256 for files that have no pinned value. `base_url`: the
+  source's own host when None.
+  """
+  name = canonical_name(corpus)
+  if sources is None and name == ENGLISH_MIX:
+    from headspec.data import english_mix  # pylint: disable=g-import-not-at-top
+
+    if sha256:
+      raise UserError("--sha256 is for unpinned files; every english_mix package is pinned")
+    return english_mix.download(data_dir, base_url=base_url, force=force, timeout=timeout, log=log)
+  sources = CORPORA if sources is None else sources
+  source = sources.get(name)
+  if source is None:
+    known = downloadable() if sources is CORPORA else sorted(sources)
+    raise UserError(
+      f"unknown corpus {corpus!r}: downloadable are {', '.join(known)}; any other corpus is a folder "
+      f"DATA_DIR/text/<name>/ with train.txt and valid.txt (documents separated by a blank line)"
+    )
+  hashes = _hashes(source, sha256 or {})  # before any network or file-system work
+  base_url = base_url or HF_DATASETS_URL
+  target = pathlib.Path(data_dir) / "text" / name
+
+  def fill(corpus_dir: pathlib.Path, staging: pathlib.Path) -> dict:
+    record = {"corpus": name, "repository": source.repo, "revision": source.revision, "files": [], "documents": {}}
+    for split in SPLITS:
+      paths = []
+      for remote in source.files[split]:
+        url = source.url(base_url, remote)
+        log(f"{url}: downloading ({'?' if remote.size is None else f'{remote.size / 1e6:.1f} MB'})")
+        path = staging / pathlib.PurePosixPath(remote.path).name
+        fetch_verified(url, path, remote, hashes[remote.path], timeout)
+        paths.append(path)
+        record["files"].append({"url": url, "bytes": path.stat().st_size, "sha256": hashes[remote.path]})
+      _check_parquet(source, split, paths)
+      count = write_documents(wikitext_documents(_parquet_rows(paths)), corpus_dir / f"{split}.txt")
+      if count == 0:
+        raise UserError(f"{source.name} {split}: no documents in the downloaded files")
+      record["documents"][split] = count
+      log(f"{target / f'{split}.txt'}: {count} documents")
+    record["conversion"] = "one document per article (from a ' = Title = ' heading to the next), lines stripped"
+    return record
+
+  return install_corpus(data_dir, name, fill, force=force, log=log)
+
+
 def parser():
   """`headspec data download text`'s options (its --help needs no data directory)."""
   from headspec.data.download import _ArgumentParser  # pylint: disable=g-import-not-at-top
@@ -340,9 +374,9 @@ def parser():
   parser = _ArgumentParser(
     prog="headspec data download text", description="Fetch a public LM corpus into DATA_DIR/text/<corpus>/."
   )
-  parser.add_argument("corpus", help=f"one of {', '.join(sorted(CORPORA))}")
+  parser.add_argument("corpus", help=f"one of {', '.join(downloadable())}")
   parser.add_argument("--sha256", action="append", default=[], metavar="FILE=HEX", help="for unpinned files")
-  parser.add_argument("--base-url", default=HF_DATASETS_URL)
+  parser.add_argument("--base-url", default=None, help="another host serving the same paths (default: the source's)")
   parser.add_argument("--force", action="store_true", help="replace an existing corpus folder")
   return parser
 

@@ -138,7 +138,7 @@ def _missing_corpus_hint(corpus: str) -> str:
   command = text_download.download_command(corpus)
   if command:
     return f"get it with `{command}`"
-  known = " or ".join(text_download.CORPORA)
+  known = ", ".join(text_download.downloadable())
   return (
     f"make it: a folder with train.txt and valid.txt, documents separated by a blank line (docs/data.md); "
     f"or download {known} with `headspec data download text NAME` and set --config.data.corpus=NAME"

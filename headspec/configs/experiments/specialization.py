@@ -7,7 +7,7 @@ One command runs all of it (headspec/experiments.py; resumable: run it again aft
 
 Every run is a 6-layer, 8-head causal decoder (dropout 0.1: the setting of the diversity seed notes) on
 WikiText-103 from HEADSPEC_DATA_DIR (`headspec data download text wikitext_103`; `corpus=english_mix` for the
-development corpus), with checkpoints on a log-spaced schedule from step 0. Conditions:
+development corpus, `headspec data download text english_mix`), with checkpoints on a log-spaced schedule from step 0. Conditions:
 `baseline` (3 seeds), `drophead` (DropHead p=0.1, Zhou et al. 2020) and `disagreement` (Li et al. 2018's
 output disagreement, weight 0.01), 3 seeds each in the full setting. At every kept step: the probe suite
 on EWT (upos, xpos, deprel, arc, distance, depth; controls, bootstrap CIs), the diversity metrics, the
@@ -18,12 +18,16 @@ all-MiniLM-L6-v2 through the same probe suite and Clark table; then `headspec st
 (tables, figures, summary.md).
 
 Arguments (comma-separated, any order):
-  small            the CPU smoke setting: d_model 128, 800 steps of 16×64 tokens (0.8M tokens), steps 0, 30,
-                   200, 800 kept, one seed per condition, probes on 4k EWT training words. Under an hour on a
-                   2-core CPU in all (measured in docs/study.md). It tests the pipeline; it is far too short
-                   to show induction heads, and one seed per condition cannot compare conditions.
-  corpus=NAME      the training text: wikitext_103 (the default, downloadable) | english_mix (the development
-                   corpus, only in the development data folder; the measurements in docs/study.md used it)
+  small            the CPU setting (the bridge to the GPU one): d_model 128, 800 steps of 16×64 tokens (0.8M
+                   tokens), steps 0, 30, 200, 800 kept, 3 seeds per condition, probes on 4k EWT training
+                   words. About 15-20 min a run on a 2-core CPU (docs/study.md); far too short to show
+                   induction heads.
+  condition=NAME, seed=N   with no stage: a part of the experiment (that condition's runs, that seed's, or
+                   one run); the parts list the same runs with the same configs, so the whole command
+                   afterwards skips what they did
+  corpus=NAME      the training text: wikitext_103 (the default) | english_mix (the development corpus, 4.2M
+                   words of NLTK corpora; the measurements in docs/study.md used it); both downloadable with
+                   `headspec data download text NAME`
   condition=NAME   baseline | drophead | disagreement (training configs)
   seed=N           the training seed
   probe | diversity | attention | ablate     the analysis config of that stage instead of a training config
@@ -45,6 +49,7 @@ CONDITIONS = {  # condition -> train.regularizers overrides
 }
 KEEP = (0, 10, 30, 100, 300, 1000, 3000)
 KEEP_SMALL = (0, 30, 200, 800)
+SEEDS = (0, 1, 2)  # per condition, in both settings: claims that compare conditions need seed intervals
 ANALYSES = ("probe", "diversity", "attention", "ablate")
 CORPORA = {"wikitext_103": "wikitext_103", "wikitext-103": "wikitext_103", "english_mix": "english_mix"}
 CORPUS = "wikitext_103"  # downloadable: `headspec data download text wikitext_103`
@@ -83,10 +88,16 @@ def experiment(arg: str | None = None):
   me = "configs/experiments/specialization.py"
   tag = "small," if small else ""
   corpus = f"corpus={a['corpus']}," if a["corpus"] != CORPUS else ""
-  seeds = (0,) if small else (0, 1, 2)
+  if a["stage"] or a["minilm"]:  # would be ignored: the runs' configs carry neither
+    raise ValueError(f"{me}: the stage names and minilm are for single configs, not for the experiment ({arg!r})")
+  conditions, seeds = tuple(CONDITIONS), SEEDS
+  if arg and "condition=" in arg:  # one part of the setting (run the parts, then the whole command resumes)
+    conditions = (a["condition"],)
+  if arg and "seed=" in arg:  # a smaller part: that seed's run (of each condition, or of condition=NAME)
+    seeds = (a["seed"],)
   runs = tuple(
     Run(f"{condition}_s{seed}", f"{me}:{tag}{corpus}condition={condition},seed={seed}", condition, seed)
-    for condition in CONDITIONS
+    for condition in conditions
     for seed in seeds
   )
   return Experiment(
