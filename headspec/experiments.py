@@ -26,7 +26,7 @@ import os
 
 from etils import epath
 
-from headspec import remote, tables
+from headspec import configs, remote, tables
 from headspec.errors import UserError
 
 PLAN = "experiment.json"
@@ -78,11 +78,13 @@ PART_KEYS = ("condition", "seed", "layers")  # an experiment argument with one o
 
 
 def _setting(spec: str) -> tuple[str, tuple[str, ...], bool]:
-  """(experiment file, its arguments other than the part keys, whether the spec names a part)."""
-  path, _, arg = spec.partition(":")
+  """(experiment file, its arguments other than the part keys, whether the spec names a part). The file is
+  resolved as the launcher resolves it (a packaged config by name, `configs/...` path or absolute path; any
+  other file by its real path), so every spelling of one setting is the same setting."""
+  path, _, arg = configs.resolve(spec).partition(":")
   args = [a.strip() for a in arg.split(",") if a.strip()]
   part = [a for a in args if a.partition("=")[0] in PART_KEYS]
-  return os.path.normpath(path), tuple(sorted(set(args) - set(part))), bool(part)
+  return os.path.realpath(path), tuple(sorted(set(args) - set(part))), bool(part)
 
 
 def write_plan(root, experiment: Experiment, spec: str) -> epath.Path:

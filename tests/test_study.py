@@ -451,6 +451,15 @@ def test_parts_of_a_setting_add_their_runs_to_the_plan(tmp_path):
   experiments.write_plan(tmp_path, part("baseline_s7"), "./g.py:seed=7")  # the same file, spelled otherwise
   assert [r["name"] for r in experiments.read_plan(tmp_path)["runs"]][-1] == "baseline_s7"
   assert len(experiments.read_plan(tmp_path)["runs"]) == 4
+  # A packaged setting by its `configs/` path, its absolute path in another checkout, or its name: one setting.
+  spellings = (
+    "configs/experiments/induction.py",
+    "/elsewhere/configs/experiments/induction.py",
+    "experiments/induction",
+  )
+  for seed, spelling in enumerate(spellings):
+    experiments.write_plan(tmp_path / "ind", part(f"L2_mlp_s{seed}"), f"{spelling}:condition=L2_mlp,seed={seed}")
+  assert [r["name"] for r in experiments.read_plan(tmp_path / "ind")["runs"]] == ["L2_mlp_s0", "L2_mlp_s1", "L2_mlp_s2"]
   experiments.write_plan(tmp_path, part("baseline_s0"), "g.py")  # the whole setting lists its own runs only
   assert [r["name"] for r in experiments.read_plan(tmp_path)["runs"]] == ["baseline_s0"]
   experiments.write_plan(tmp_path, part("tiny_s0"), "g.py:tiny,seed=0")  # a part of another setting: replaces
