@@ -46,7 +46,7 @@ commands:
   study --workdir=ROOT         an experiment's tables and figures across runs (ROOT/study/; no --config)
   launch TARGET [...] -- CMD   run a command, pipeline, sweep or experiment: local, multi-gpu, slurm, tpu (docs/scale.md)
   data download ud TREEBANK    fetch a Universal Dependencies treebank into the data directory
-  data download text CORPUS    fetch a language-model corpus (wikitext_103, wikitext_2) into the data directory
+  data download text CORPUS    fetch a language-model corpus (english_mix, wikitext_103, wikitext_2) into the data directory
   data synthetic --out=DIR     write the synthetic treebank and its text (experiments' own data) into DIR"""
 
 # command -> "module:function"; each takes (config, workdir, args) and returns nothing.

@@ -114,7 +114,7 @@ def data(config, workdir, args) -> None:
   prints help, whether or not a data directory is set."""
   usage = (
     "usage: headspec data download ud TREEBANK [--release r2.16] [--splits dev,test] [--force] | "
-    "headspec data download text CORPUS [--force] (CORPUS: wikitext_103, wikitext_2) | "
+    "headspec data download text CORPUS [--force] (CORPUS: english_mix, wikitext_103, wikitext_2) | "
     "headspec data synthetic --out=DIR [--seed=0] [--text-sentences=N] [--repeats=F]"
   )
   wants_help = any(a in ("-h", "--help", "help") for a in args)
