@@ -297,6 +297,7 @@ def test_pinned_registry_and_cli(tmp_path, monkeypatch, capsys):
   assert cli.main(["headspec", "data", "download", "text", "wikitext-2", "--base-url=http://127.0.0.1:9"]) == 2
   err = capsys.readouterr().err.strip().splitlines()[-1]  # progress lines, then the one error line
   assert err.startswith("headspec: error: ") and "train-00000-of-00001.parquet: download failed" in err, err
+  assert "http://127.0.0.1:9/" in err  # --base-url was used
   assert not (tmp_path / "text" / "wikitext_2").exists()
   assert cli.main(["headspec", "data", "download", "text", "bogus"]) == 2
   assert "unknown corpus 'bogus': downloadable are english_mix, wikitext_103, wikitext_2" in capsys.readouterr().err
@@ -323,9 +324,11 @@ def _zip(files: dict[str, str]) -> bytes:
   import zipfile
 
   out = io.BytesIO()
-  with zipfile.ZipFile(out, "w") as archive:
-    for name, text in files.items():
+  with zipfile.ZipFile(out, "w") as archive:  # in reverse order, with folder entries: the build sorts and skips
+    for name, text in reversed(files.items()):
       archive.writestr(name, text.encode("latin-1"))
+    for folder in sorted({name.rsplit("/", 1)[0] + "/" for name in files}):
+      archive.writestr(folder, b"")
   return out.getvalue()
 
 
@@ -422,6 +425,34 @@ def test_english_mix_cli_names_the_package_it_could_not_fetch(tmp_path, monkeypa
   assert cli.main(["headspec", "data", "download", "text", "english_mix", "--base-url=http://127.0.0.1:9"]) == 2
   err = capsys.readouterr().err.strip().splitlines()[-1]
   assert err.startswith("headspec: error: ") and "packages/corpora/brown.zip: download failed" in err, err
+  assert err.split("headspec: error: ")[1].startswith("http://127.0.0.1:9/")
   assert not (tmp_path / "text" / "english_mix").exists()
   with pytest.raises(UserError, match="every english_mix package is pinned"):
     text_download.download_text("english_mix", tmp_path, sha256={"brown.zip": "0" * 64})
+
+
+def test_each_corpus_is_fetched_from_its_own_host_by_default(tmp_path, monkeypatch):
+  """With no --base-url, WikiText comes from the Hugging Face dataset at its pinned revision and english_mix
+  from nltk_data at its pinned commit; every english_mix package is pinned (size and SHA-256)."""
+  from headspec.data import english_mix
+
+  asked = []
+
+  def refuse(url, *args, **kwargs):
+    asked.append(url)
+    raise UserError(f"{url}: not fetched in this test")
+
+  monkeypatch.setattr(text_download, "fetch_verified", refuse)
+  for corpus in ("wikitext_2", "english_mix"):
+    with pytest.raises(UserError, match="not fetched in this test"):
+      text_download.download_text(corpus, tmp_path, log=lambda _: None)
+  assert asked == [
+    f"https://huggingface.co/datasets/Salesforce/wikitext/resolve/{text_download.WIKITEXT_REVISION}/"
+    "wikitext-2-raw-v1/train-00000-of-00001.parquet",
+    f"https://raw.githubusercontent.com/nltk/nltk_data/{english_mix.REVISION}/packages/corpora/brown.zip",
+  ]
+  assert _leftovers(tmp_path) == []
+  assert len(english_mix.PACKAGES) == 7 and re.fullmatch(r"[0-9a-f]{40}", english_mix.REVISION)
+  assert all(p.size > 0 and re.fullmatch(r"[0-9a-f]{64}", p.sha256) for p in english_mix.PACKAGES)
+  with pytest.raises(UserError, match=re.escape("get it with `headspec data download text english_mix`")):
+    text_tfds.load_documents(tmp_path, "english_mix", "train", tfds_dir=tmp_path / "tfds")

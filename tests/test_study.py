@@ -46,9 +46,11 @@ def test_experiment_config_every_stage_checks(small):
   part = m.experiment(f"{small}condition=drophead,seed=1")
   assert [(r.name, r.config) for r in part.runs] == [(r.name, r.config) for r in exp.runs if r.name == "drophead_s1"]
   assert m.experiment(f"{small}seed=2").runs == tuple(r for r in exp.runs if r.seed == 2)
-  assert part.analyses == exp.analyses and part.references == exp.references
-  with pytest.raises(ValueError, match="not for the experiment"):
-    m.experiment(f"{small}probe")
+  assert part.analyses == exp.analyses and [r[0] for r in exp.references] == ["minilm", "minilm"]
+  assert part.references == ()  # MiniLM with the whole command only: parts may run side by side
+  for single in ("probe", "minilm"):  # single-config arguments
+    with pytest.raises(ValueError, match="not for the experiment"):
+      m.experiment(f"{small}{single}")
   with pytest.raises(ValueError, match="bad argument 'conditon=x'"):
     m.get_config("conditon=x")
 

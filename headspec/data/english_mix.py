@@ -29,6 +29,9 @@ import re
 import zipfile
 from collections.abc import Iterator
 
+from headspec.data import text_download
+from headspec.errors import UserError
+
 NAME = "english_mix"
 # nltk/nltk_data's gh-pages branch at this commit (2024) serves the packages nltk.download fetches.
 REVISION = "5db857e6f7df11eabb5e5665836db9ec8df07e28"
@@ -148,9 +151,6 @@ def download(
   """Fetches and checks every package, builds DATA_DIR/text/english_mix/ and checks the built files
   against `output_sha256` (the development corpus's) before it is moved into place; returns the folder.
   `packages` and `output_sha256` are for tests (a small corpus served locally)."""
-  from headspec.data import text_download  # pylint: disable=g-import-not-at-top
-  from headspec.errors import UserError  # pylint: disable=g-import-not-at-top
-
   base_url = base_url or BASE_URL
   output_sha256 = OUTPUT_SHA256 if output_sha256 is None else output_sha256
 

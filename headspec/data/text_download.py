@@ -302,7 +302,13 @@ def install_corpus(data_dir, name: str, fill, *, force: bool = False, log=print)
     if target.exists():  # --force: swap, so that the old corpus stays whole until the new one is in place
       old = staging / ".replaced"
       os.replace(target, old)
-    os.replace(corpus_dir, target)
+      try:
+        os.replace(corpus_dir, target)
+      except OSError:
+        os.replace(old, target)  # put the old corpus back before the staging folder is removed
+        raise
+    else:
+      os.replace(corpus_dir, target)
   finally:
     shutil.rmtree(staging, ignore_errors=True)
   return target

@@ -2,14 +2,15 @@
 
 One command runs all of it (headspec/experiments.py; resumable: run it again after an interruption):
 
-  headspec launch local --experiment=configs/experiments/specialization.py:small --workdir=runs/spec_small
+  headspec launch local --experiment=configs/experiments/specialization.py:small,corpus=english_mix --workdir=runs/natural
+  headspec launch local --experiment=configs/experiments/specialization.py:small,corpus=english_mix,seed=1 --workdir=...
   headspec launch multi-gpu --experiment=configs/experiments/specialization.py --workdir=runs/spec
 
 Every run is a 6-layer, 8-head causal decoder (dropout 0.1: the setting of the diversity seed notes) on
 WikiText-103 from HEADSPEC_DATA_DIR (`headspec data download text wikitext_103`; `corpus=english_mix` for the
-development corpus, `headspec data download text english_mix`), with checkpoints on a log-spaced schedule from step 0. Conditions:
-`baseline` (3 seeds), `drophead` (DropHead p=0.1, Zhou et al. 2020) and `disagreement` (Li et al. 2018's
-output disagreement, weight 0.01), 3 seeds each in the full setting. At every kept step: the probe suite
+development corpus: `headspec data download text english_mix`), with checkpoints on a log-spaced schedule
+from step 0. Conditions, 3 seeds each: `baseline`, `drophead` (DropHead p=0.1, Zhou et al. 2020) and
+`disagreement` (Li et al. 2018's output disagreement, weight 0.01). At every kept step: the probe suite
 on EWT (upos, xpos, deprel, arc, distance, depth; controls, bootstrap CIs), the diversity metrics, the
 attention analyses (Clark table on the arcs a decoder sees, head roles, previous-token and induction
 scores); at the last step the ablation suite with the causal test of specialization, then the run's head
@@ -22,14 +23,14 @@ Arguments (comma-separated, any order):
                    tokens), steps 0, 30, 200, 800 kept, 3 seeds per condition, probes on 4k EWT training
                    words. About 15-20 min a run on a 2-core CPU (docs/study.md); far too short to show
                    induction heads.
-  condition=NAME, seed=N   with no stage: a part of the experiment (that condition's runs, that seed's, or
-                   one run); the parts list the same runs with the same configs, so the whole command
-                   afterwards skips what they did
   corpus=NAME      the training text: wikitext_103 (the default) | english_mix (the development corpus, 4.2M
                    words of NLTK corpora; the measurements in docs/study.md used it); both downloadable with
                    `headspec data download text NAME`
-  condition=NAME   baseline | drophead | disagreement (training configs)
-  seed=N           the training seed
+  condition=NAME   baseline | drophead | disagreement: a training config; for --experiment, a part (that
+                   condition's runs; with seed=N, one run). Parts list the same runs with the same configs,
+                   so the whole command afterwards skips what they did. MiniLM runs with the whole command
+                   only, so parts may run side by side
+  seed=N           the training seed; for --experiment, a part (that seed's run of each condition)
   probe | diversity | attention | ablate     the analysis config of that stage instead of a training config
   minilm           with probe or attention: the same analysis of all-MiniLM-L6-v2
 
@@ -100,10 +101,12 @@ def experiment(arg: str | None = None):
     for condition in conditions
     for seed in seeds
   )
+  part = len(runs) < len(CONDITIONS) * len(SEEDS)
   return Experiment(
     runs=runs,
     analyses=tuple((a, f"{me}:{tag}{a}") for a in ANALYSES) + (("atlas", ""),),
-    references=tuple(("minilm", a, f"{me}:{tag}{a},minilm") for a in ("probe", "attention")),
+    # the whole command only: stages have no lock, and parts may run side by side
+    references=() if part else tuple(("minilm", a, f"{me}:{tag}{a},minilm") for a in ("probe", "attention")),
   )
 
 
