@@ -32,7 +32,7 @@ from collections.abc import Iterator
 from headspec.data import text_download
 from headspec.errors import UserError
 
-NAME = "english_mix"
+NAME = text_download.ENGLISH_MIX
 # nltk/nltk_data's gh-pages branch at this commit (2024) serves the packages nltk.download fetches.
 REVISION = "5db857e6f7df11eabb5e5665836db9ec8df07e28"
 BASE_URL = "https://raw.githubusercontent.com/nltk/nltk_data"
@@ -98,12 +98,10 @@ def url(package: Package, base_url: str = BASE_URL) -> str:
   return f"{base_url.rstrip('/')}/{REVISION}/{package.path}"
 
 
-def _lines(text: str) -> str:
-  return "\n".join(" ".join(line.split()) for line in text.splitlines() if line.strip())
-
-
-def _brown(text: str) -> str:
-  return "\n".join(" ".join(t.rsplit("/", 1)[0] for t in line.split()) for line in text.splitlines() if line.strip())
+def _lines(text: str, tagged: bool = False) -> str:
+  """The non-blank lines, words joined by one space; `tagged` (Brown): each `word/tag` as its word."""
+  word = (lambda t: t.rsplit("/", 1)[0]) if tagged else (lambda t: t)
+  return "\n".join(" ".join(map(word, line.split())) for line in text.splitlines() if line.strip())
 
 
 def _members(package: str, archive: zipfile.ZipFile) -> list[str]:
@@ -121,12 +119,9 @@ def documents(package: str, data: bytes) -> Iterator[tuple[str, str]]:
   with zipfile.ZipFile(io.BytesIO(data)) as archive:
     for name in _members(package, archive):
       text = archive.read(name).decode("latin-1")
-      if package == "brown":
-        yield name, _brown(text)
-      elif package == "treebank":
-        yield name, _lines(text.replace(".START", ""))
-      else:
-        yield name, _lines(text)
+      if package == "treebank":
+        text = text.replace(".START", "")
+      yield name, _lines(text, tagged=package == "brown")
 
 
 def split_documents(zips: dict[str, bytes], packages: tuple[Package, ...] = PACKAGES) -> dict[str, list[str]]:
