@@ -57,6 +57,8 @@ BENCHMARKS = {
   "structural_ewt": (STRUCTURAL_EWT, STRUCTURAL_EWT, True),  # --full: "structural" already runs --all
   "compile_cache": ([], [], False),
   "init": ([], [], False),  # model initialisation: bucketed draws against per-shape and one jit
+  # issue 33's 40k MiniLM run; --full: the reference config on all of EWT train (MDL off in both)
+  "probe_minilm": (["--max_train_words=40000"], ["--max_train_words=0"], True),
   "quickstart": ([], [], False),  # README command 1 stage by stage, empty compilation cache (~11 min, 2 cores)
 }
 # a benchmark run by another's module, with other arguments

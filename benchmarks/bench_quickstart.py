@@ -2,10 +2,10 @@
 
   python -m benchmarks.bench_quickstart [--keep=DIR]
 
-Runs `python -m headspec quickstart` in a fresh temporary work directory, in a subprocess whose JAX
-compilation cache is a new empty folder (as on a fresh machine: every program is compiled), and reads its
-output line by line: a stage starts at the line the quickstart prints for it ("training the decoder",
-"probing every head of the encoder", ...), so each stage's seconds are the time between two such lines.
+Runs `python -m headspec quickstart` in a fresh temporary work directory through
+benchmarks/timed_command.py (a subprocess with a new, empty JAX compilation cache) and reads its output
+line by line: a stage starts at the line the quickstart prints for it ("training the decoder", "probing
+every head of the encoder", ...), so each stage's seconds are the time between two such lines.
 From each run's probes/run_info.json it adds the XLA compilations and compile seconds of every probed model
 step. Prints one JSON object: total wall and CPU seconds (the subprocess's user + system), the stages, the
 compilations, the probe tables' first lines (so a speed-up that changed the results shows), and the load
@@ -17,12 +17,11 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import resource
 import shutil
-import subprocess
-import sys
 import tempfile
 import time
+
+from benchmarks import timed_command
 
 # the quickstart's own progress lines (headspec/quickstart.py) -> stage name
 STAGES = (
@@ -42,27 +41,18 @@ def _stage(line: str) -> str | None:
 
 
 def time_quickstart(workdir: str) -> dict:
-  env = dict(os.environ, JAX_COMPILATION_CACHE_DIR=os.path.join(workdir, "jax-cache"))
-  env["JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS"] = "0"
-  cmd = [sys.executable, "-m", "headspec", "quickstart", f"--workdir={workdir}/runs"]
-  usage0 = resource.getrusage(resource.RUSAGE_CHILDREN)
-  t0 = time.perf_counter()
-  stages, current, started, tail = {}, "start-up", t0, []
-  with subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) as proc:
-    for line in proc.stdout:
-      tail = (tail + [line.rstrip()])[-20:]
-      name = _stage(line)
-      if name:
-        now = time.perf_counter()
-        stages[current] = round(now - started, 1)
-        current, started = name, now
-  wall = time.perf_counter() - t0
-  if proc.returncode:
-    raise SystemExit(f"headspec quickstart exited {proc.returncode}:\n" + "\n".join(tail))
+  stages, current, started = {}, "start-up", time.perf_counter()
+
+  def on_line(line: str, now: float) -> None:
+    nonlocal current, started
+    name = _stage(line)
+    if name:
+      stages[current] = round(now - started, 1)
+      current, started = name, now
+
+  timing = timed_command.run(["quickstart", f"--workdir={workdir}/runs"], workdir, on_line)
   stages[current] = round(time.perf_counter() - started, 1)
-  usage = resource.getrusage(resource.RUSAGE_CHILDREN)
-  cpu = usage.ru_utime - usage0.ru_utime + usage.ru_stime - usage0.ru_stime
-  return {"wall_s": round(wall, 1), "cpu_s": round(cpu, 1), "stages_s": stages}
+  return {**timing, "stages_s": stages}
 
 
 def _probe_facts(runs: str) -> dict:
@@ -89,9 +79,8 @@ def main() -> None:
     **timing,
     "target_s": 240,
     "probes": _probe_facts(os.path.join(workdir, "runs")),
-    "machine": {"cores": os.cpu_count(), "load_average_before": [round(v, 2) for v in load_before],
-                "load_average_after": [round(v, 2) for v in os.getloadavg()]},
-  }  # fmt: skip
+    "machine": timed_command.machine(load_before),
+  }
   if not args.keep:
     shutil.rmtree(workdir, ignore_errors=True)
   print(json.dumps(result, indent=1))

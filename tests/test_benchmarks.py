@@ -200,3 +200,45 @@ def test_quickstart_benchmark_reads_compilations_and_the_upos_row(tmp_path):
   facts = bench_quickstart._probe_facts(str(tmp_path))
   assert facts["encoder"]["xla_compilations"] == {"encoder step 300": 7}
   assert facts["decoder"]["summary_upos_row"] == "upos ; 0.202 (majority)"
+
+
+def test_minilm_probe_benchmark_adds_up_the_suites_fit_lines_and_reads_the_run(tmp_path):
+  """bench_probe_minilm sums the probe suite's 'fitted ... (N s)' lines by kind and by source (a line the
+  suite logs, tested against headspec/probing/suite.py's format) and reads compilations and iterations."""
+  import inspect
+  import json
+
+  from benchmarks import bench_probe_minilm
+  from headspec.probing import suite
+
+  assert "fitted {" in inspect.getsource(suite._probe_source)
+  lines = [
+    "I1128 09:28:33.2 suite.py:255]     layer 0 heads: fitted upos, xpos, deprel (36 s)\n",
+    "I1128 09:28:40.4 suite.py:255]     layer 0 heads: fitted arc (7 s)\n",
+    "I1128 09:28:52.9 suite.py:255]     layer 0 heads: fitted distance, depth (13 s)\n",
+    "I1128 09:29:08.1 suite.py:255]     embeddings: fitted upos, xpos, deprel (5 s)\n",
+    "I1128 09:29:18.5 suite.py:267]     layer 1 heads upos: train objective 2.39, L-BFGS iterations 3-10\n",
+  ]
+  out = bench_probe_minilm.fit_seconds(lines)
+  assert out["by_kind"] == {"softmax": 41, "arc": 7, "structural": 13}
+  assert out["by_source"] == {"layer 0 heads": 56, "embeddings": 5}
+  info = {
+    "xla_compilations": {"m step 0": 7, "m-random step 0": 2},
+    "xla_compile_seconds": {"m step 0": 1.5, "m-random step 0": 0.25},
+    "xla_compilations_by_function": {
+      "m step 0": {"jit(_lbfgs_step)": 3, "jit(stage)": 4},
+      "m-random step 0": {"jit(stage)": 2},
+    },
+    "train_words": 40000,
+  }
+  (tmp_path / "run_info.json").write_text(json.dumps(info))
+  (tmp_path / "fits.csv").write_text(
+    "model,step,task,layer,head,probe,iterations\nm,0,upos,0,0,task,12\nm,0,upos,0,1,control,30\n"
+    "m,0,xpos,0,0,task,40\nm,0,arc,0,0,task,\n"
+  )
+  (tmp_path / "summary.md").write_text("| task | baseline |\n|---|---|\n| upos | 0.2 (majority) |\n")
+  facts = bench_probe_minilm.run_facts(str(tmp_path))
+  assert (facts["xla_compilations"], facts["xla_compile_seconds"]) == (9, 1.8)
+  assert facts["xla_compilations_top"] == {"jit(stage)": 6, "jit(_lbfgs_step)": 3}
+  assert facts["lbfgs_iterations_max"] == {"upos": 30, "xpos": 40} and facts["lbfgs_iterations_total"] == 82
+  assert facts["softmax_fits"] == 3 and facts["summary_upos_row"] == "upos ; 0.2 (majority)"
