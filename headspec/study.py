@@ -38,7 +38,8 @@ chosen on dev and reported on test (the maximum over 48 noisy dev estimates is b
                   layer-matched random heads (ablation/causal.csv `*_vs_random` rows, paired CIs), with
                   `mde`, the smallest effect the test detects at 80% power (`mde()`).
   conditions.csv  per non-baseline condition and task: condition − baseline at the last step paired by seed
-                  (best head's test selectivity, best − median), mean and 95% t interval over seeds.
+                  (best head's test selectivity, best − median; task '': each diversity metric), mean and
+                  95% t interval over seeds.
   rankings.csv    per run, task and measure of how much the model needs a head, at the last step:
                   Spearman's ρ between that measure and test selectivity over all heads, with a
                   permutation p-value over all heads; the mean of the per-layer ρ with a permutation
@@ -379,28 +380,38 @@ def causal(run: dict, workdir) -> list[dict]:
   ]
 
 
-def conditions(em, baseline: str = "baseline") -> list[dict]:
-  """conditions.csv rows from emergence rows: per non-baseline condition, task and measure (the best head's
-  test selectivity and best − median at each run's last step), the difference condition − baseline paired
-  by seed (seed s minus baseline's seed s, at the same last step), its mean over the paired seeds and a 95%
-  t interval over seeds (mean ± t_0.975,n−1 · sd / √n). A t interval rather than a bootstrap over seeds:
-  with 3 to 5 seeds a bootstrap has few distinct resamples and its percentile interval cannot reach past
-  the observed differences (too narrow); the t interval assumes roughly normal seed differences. With one
-  seed paired the interval is undefined and stays NaN."""
+def conditions(em, div=None, baseline: str = "baseline") -> list[dict]:
+  """conditions.csv rows: per non-baseline condition, the difference condition − baseline paired by seed
+  (seed s minus baseline's seed s, at each run's last step), its mean over the paired seeds and a 95% t
+  interval over seeds (mean ± t_0.975,n−1 · sd / √n). From the emergence rows `em`, per task, measures
+  `selectivity` (the best head's test selectivity) and `best_minus_median`; from the diversity rows `div`
+  (when given), task '' and each diversity metric as the measure (its mean over layers and head pairs). A
+  t interval rather than a bootstrap over seeds: with 3 to 5 seeds a bootstrap has few distinct resamples
+  and its percentile interval cannot reach past the observed differences (too narrow); the t interval
+  assumes roughly normal seed differences. With one seed paired the interval is undefined and stays NaN."""
   last = em[em["step"] == em.groupby("run")["step"].transform("max")]
   last = last.assign(best_minus_median=last["selectivity"] - last["median_selectivity"])
+  out = _paired(last, "task", ("selectivity", "best_minus_median"), baseline)
+  if div is not None and len(div):
+    d = div[div["step"] == div.groupby("run")["step"].transform("max")]
+    out += _paired(d.pivot_table(index=["run", "condition", "seed", "step"], columns="metric", values="value")
+                   .reset_index().assign(task=""), "task", tuple(sorted(d["metric"].unique())), baseline)  # fmt: skip
+  return out
+
+
+def _paired(last, key: str, measures: tuple[str, ...], baseline: str) -> list[dict]:
+  """condition − baseline per (condition, `key`) and measure, paired on (seed, step); see `conditions`."""
   base = last[last["condition"] == baseline]
   if base.empty:  # nothing to pair with
     return []
   out = []
-  for (condition, task), g in last[last["condition"] != baseline].groupby(["condition", "task"]):
-    paired = g.merge(base[base["task"] == task], on=["seed", "step"], suffixes=("", "_base"))
-    for measure in ("selectivity", "best_minus_median"):
+  for (condition, k), g in last[last["condition"] != baseline].groupby(["condition", key]):
+    paired = g.merge(base[base[key] == k], on=["seed", "step"], suffixes=("", "_base"))
+    for measure in measures:
       d = (paired[measure] - paired[f"{measure}_base"]).dropna().to_numpy()
       mean, low, high = seed_interval(d)
-      out.append(
-        dict(condition=condition, task=task, measure=measure, difference=mean, ci_low=low, ci_high=high, seeds=len(d))
-      )
+      out.append(dict(condition=condition, task=k, measure=measure, difference=mean, ci_low=low, ci_high=high,
+                      seeds=len(d)))  # fmt: skip
   return out
 
 
@@ -612,7 +623,7 @@ def collect(root) -> dict:
     raise UserError(f"{root}: no run has probes/selectivity.csv yet (run the experiment's probe stages first)")
   import pandas as pd
 
-  out["conditions"] = conditions(pd.DataFrame(out["emergence"]))
+  out["conditions"] = conditions(pd.DataFrame(out["emergence"]), pd.DataFrame(out["diversity"]))
   return out
 
 
@@ -662,7 +673,8 @@ STATISTICS = """## Statistics: families of tests and their corrections
 - induction: the causal check of the top-k induction heads, one paired CI per run, kept step, k and ablation,
   uncorrected (a curve over training to read, not a family of tests); mde is its power. The repeat drop's
   formation step: its CI 1 nat above step 0's; the label steps: the best head's score at 0.4, no CI.
-- conditions: one 95% t interval over seeds per condition × task × measure, uncorrected.
+- conditions: one 95% t interval over seeds per condition × task × measure and per condition × diversity
+  metric, uncorrected.
 - t_low, t_high in the per-condition tables: a 95% t interval over seeds (training, probe fit and control
   draw vary with the seed), one per row, uncorrected; NaN with one seed."""
 
@@ -870,8 +882,8 @@ def _formation_sections(frames: dict) -> list[str]:
     parts += [
       "",
       "## Regularizers vs baseline at the last step: condition − baseline, paired by seed (mean, 95% t interval)",
-      "selectivity: the best head's test selectivity; best_minus_median: best − median head. NaN interval: "
-      "one seed paired (undefined).",
+      "selectivity: the best head's test selectivity; best_minus_median: best − median head; rows without a "
+      "task: the diversity metrics (mean over layers and head pairs). NaN interval: one seed paired (undefined).",
       _markdown(frames["conditions"], ".4f"),
     ]
   return parts

@@ -407,6 +407,21 @@ def test_conditions_pair_seeds_with_a_t_interval():
   assert (r["ci_low"], r["ci_high"]) == pytest.approx((0.2 - half, 0.2 + half))
   assert rows["best_minus_median"]["difference"] == pytest.approx(0.2)
   assert study.conditions(em[em["condition"] != "baseline"]) == []  # no baseline: nothing to pair with
+  # the diversity metrics at each run's last step, paired the same way (task ''); earlier steps ignored
+  div = pd.DataFrame(
+    [
+      dict(run=f"{c}_s{s}", condition=c, seed=s, step=step, metric=m, value=v + (step == 100) * (m == "cka") * s)
+      for c, s, v in [("baseline", 0, 0.1), ("baseline", 1, 0.5), ("drophead", 0, 0.2), ("drophead", 1, 0.7)]
+      for m in ("cka", "js_distance")
+      for step in (0, 100)
+    ]
+  )
+  rows = {r["measure"]: r for r in study.conditions(em, div) if r["task"] == ""}
+  assert set(rows) == {"cka", "js_distance"} and rows["cka"]["seeds"] == 2
+  assert rows["js_distance"]["difference"] == pytest.approx(0.15)  # (0.1 + 0.2) / 2
+  assert rows["cka"]["difference"] == pytest.approx(0.15)  # the seed offsets cancel in the pairs
+  half = 12.7062 * np.std([0.1, 0.2], ddof=1) / np.sqrt(2)
+  assert (rows["cka"]["ci_low"], rows["cka"]["ci_high"]) == pytest.approx((0.15 - half, 0.15 + half), rel=1e-4)
 
 
 def test_formation_summary_median_over_heads_range_over_seeds():
