@@ -20,7 +20,6 @@ import argparse
 import json
 import os
 import re
-import shutil
 import tempfile
 
 import pandas as pd
@@ -57,8 +56,6 @@ def run_facts(probes: str) -> dict:
       by_function[name] = by_function.get(name, 0) + n
   fits = pd.read_csv(os.path.join(probes, "fits.csv"))
   softmax = fits[fits["task"].isin(["upos", "xpos", "deprel"]) & fits["iterations"].notna()]
-  with open(os.path.join(probes, "summary.md")) as f:
-    upos = next((line for line in f.read().splitlines() if line.startswith("| upos |")), "")
   return {
     "xla_compilations": sum(info["xla_compilations"].values()),
     "xla_compile_seconds": round(sum(info["xla_compile_seconds"].values()), 1),
@@ -67,7 +64,7 @@ def run_facts(probes: str) -> dict:
     "softmax_fits": len(softmax),
     "lbfgs_iterations_max": {t: int(g["iterations"].max()) for t, g in softmax.groupby("task")},
     "lbfgs_iterations_total": int(softmax["iterations"].sum()),
-    "summary_upos_row": " ; ".join(cell.strip() for cell in upos.strip("|").split("|")),
+    "summary_upos_row": timed_command.upos_row(os.path.join(probes, "summary.md")),
   }
 
 
@@ -102,9 +99,7 @@ def main() -> None:
     **run_facts(os.path.join(workdir, "run", "probes")),
     "machine": timed_command.machine(load_before),
   }
-  if not args.keep:
-    shutil.rmtree(workdir, ignore_errors=True)
-  print(json.dumps(result, indent=1))
+  timed_command.finish(result, workdir, args.keep)
 
 
 if __name__ == "__main__":

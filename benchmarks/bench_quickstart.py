@@ -17,7 +17,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import shutil
 import tempfile
 import time
 
@@ -61,9 +60,7 @@ def _probe_facts(runs: str) -> dict:
     with open(os.path.join(runs, kind, "probes", "run_info.json")) as f:
       info = json.load(f)
     out[kind] = {"xla_compilations": info["xla_compilations"], "xla_compile_seconds": info["xla_compile_seconds"]}
-    with open(os.path.join(runs, kind, "probes", "summary.md")) as f:  # its first table's UPOS row
-      upos = next(line for line in f.read().splitlines() if line.startswith("| upos |"))
-    out[kind]["summary_upos_row"] = " ; ".join(cell.strip() for cell in upos.strip("|").split("|"))
+    out[kind]["summary_upos_row"] = timed_command.upos_row(os.path.join(runs, kind, "probes", "summary.md"))
   return out
 
 
@@ -81,9 +78,7 @@ def main() -> None:
     "probes": _probe_facts(os.path.join(workdir, "runs")),
     "machine": timed_command.machine(load_before),
   }
-  if not args.keep:
-    shutil.rmtree(workdir, ignore_errors=True)
-  print(json.dumps(result, indent=1))
+  timed_command.finish(result, workdir, args.keep)
 
 
 if __name__ == "__main__":

@@ -2,13 +2,15 @@
 folder (as on a fresh machine: every program is compiled), reading its output line by line as it comes.
 
 Shared by bench_quickstart (stages by the lines the quickstart prints) and bench_probe_minilm (fit times
-by the lines the probe suite logs).
+by the lines the probe suite logs), with what both read back and how both end.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import resource
+import shutil
 import subprocess
 import sys
 import time
@@ -44,3 +46,18 @@ def machine(load_before) -> dict:
     "load_average_before": [round(v, 2) for v in load_before],
     "load_average_after": [round(v, 2) for v in os.getloadavg()],
   }
+
+
+def upos_row(summary_md: str) -> str:
+  """The first '| upos |' row of a probe run's summary.md, cells joined by ' ; ' ('' when absent), so a
+  speed-up that changed the results shows in the benchmark's output."""
+  with open(summary_md) as f:
+    row = next((line for line in f.read().splitlines() if line.startswith("| upos |")), "")
+  return " ; ".join(cell.strip() for cell in row.strip("|").split("|")) if row else ""
+
+
+def finish(result: dict, workdir: str, keep: str) -> None:
+  """Removes the temporary work directory (unless --keep named it) and prints the result as JSON."""
+  if not keep:
+    shutil.rmtree(workdir, ignore_errors=True)
+  print(json.dumps(result, indent=1))

@@ -391,26 +391,26 @@ def conditions(em, div=None, baseline: str = "baseline") -> list[dict]:
   assumes roughly normal seed differences. With one seed paired the interval is undefined and stays NaN."""
   last = em[em["step"] == em.groupby("run")["step"].transform("max")]
   last = last.assign(best_minus_median=last["selectivity"] - last["median_selectivity"])
-  out = _paired(last, "task", ("selectivity", "best_minus_median"), baseline)
+  out = _paired(last, ("selectivity", "best_minus_median"), baseline)
   if div is not None and len(div):
     d = div[div["step"] == div.groupby("run")["step"].transform("max")]
     out += _paired(d.pivot_table(index=["run", "condition", "seed", "step"], columns="metric", values="value")
-                   .reset_index().assign(task=""), "task", tuple(sorted(d["metric"].unique())), baseline)  # fmt: skip
+                   .reset_index().assign(task=""), tuple(sorted(d["metric"].unique())), baseline)  # fmt: skip
   return out
 
 
-def _paired(last, key: str, measures: tuple[str, ...], baseline: str) -> list[dict]:
-  """condition − baseline per (condition, `key`) and measure, paired on (seed, step); see `conditions`."""
+def _paired(last, measures: tuple[str, ...], baseline: str) -> list[dict]:
+  """condition − baseline per (condition, task) and measure, paired on (seed, step); see `conditions`."""
   base = last[last["condition"] == baseline]
   if base.empty:  # nothing to pair with
     return []
   out = []
-  for (condition, k), g in last[last["condition"] != baseline].groupby(["condition", key]):
-    paired = g.merge(base[base[key] == k], on=["seed", "step"], suffixes=("", "_base"))
+  for (condition, task), g in last[last["condition"] != baseline].groupby(["condition", "task"]):
+    paired = g.merge(base[base["task"] == task], on=["seed", "step"], suffixes=("", "_base"))
     for measure in measures:
       d = (paired[measure] - paired[f"{measure}_base"]).dropna().to_numpy()
       mean, low, high = seed_interval(d)
-      out.append(dict(condition=condition, task=k, measure=measure, difference=mean, ci_low=low, ci_high=high,
+      out.append(dict(condition=condition, task=task, measure=measure, difference=mean, ci_low=low, ci_high=high,
                       seeds=len(d)))  # fmt: skip
   return out
 
