@@ -79,8 +79,10 @@ class SentencePieceTokenizer:
 
   def word_pieces(self, words: Sequence[str]) -> list[list[int]]:
     # Pieces never cross whitespace (split_by_whitespace) and each word gets the '▁' it has after a space,
-    # so encoding words one by one equals encoding them joined by spaces.
-    return [pieces or [self.unk_id] for pieces in self._sp.encode(list(words))]
+    # so encoding words one by one equals encoding them joined by spaces. One thread: for a list, spm
+    # otherwise starts a thread pool per call, ~1.3 ms, 6x the encoding of a 12-word sentence itself
+    # (EWT dev's 2,001 sentences: 2.6 s against 0.4 s on the 2-core CPU).
+    return [pieces or [self.unk_id] for pieces in self._sp.encode(list(words), num_threads=1)]
 
   def decode(self, ids: Sequence[int]) -> str:
     return self._sp.decode([int(i) for i in ids])
