@@ -300,6 +300,27 @@ def test_attention_command_induction_step(run_dir, caplog):
   assert len(_read(run_dir / "attention" / "roles.csv")) == before
 
 
+def test_causal_check_at_the_last_step_only(run_dir):
+  """induction.causal.steps='last' runs the causal check at each model's last planned step, not before."""
+  from headspec import targets
+  from headspec.attention.config import check_config
+
+  c = _config()
+  c.induction.causal.steps = "last"
+  check_config(c)
+  jobs = targets.plan(c, run_dir, steps="all")
+  data = induction_run.load_data(c, run_dir, jobs)
+  assert data.causal_at == {(run_dir.name, 4)}
+  first = next(j for j in jobs if j.step == 0)
+  model, _ = first.load()
+  assert induction_run.analyse(first, model, data, c)["causal"] == []
+  c.induction.causal.steps = "all"
+  assert induction_run.load_data(c, run_dir, jobs).causal_at == {(run_dir.name, s) for s in (0, 2, 4)}
+  with pytest.raises(UserError, match="induction.causal.steps='first': use 'all' or 'last'"):
+    c.induction.causal.steps = "first"
+    check_config(c)
+
+
 def test_encoder_refused_with_one_line(run_dir, monkeypatch):
   from headspec import targets
 

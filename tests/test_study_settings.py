@@ -103,6 +103,18 @@ def test_natural_text_setting_defaults_to_the_downloadable_corpus():
     specialization.get_config("corpus=wikitext")
 
 
+def test_natural_text_setting_cuts_stay_its_own():
+  """The small natural-text setting probes heads only and checks induction causally at the last step; the
+  grammar and induction settings, which start from the same analysis configs, keep residuals and every step."""
+  assert specialization.get_config("small").train.keep_steps == (0, 200, 800)
+  assert specialization.get_config("small,probe").probe.residuals is False
+  assert specialization.get_config("small,probe,minilm").probe.residuals is True
+  assert specialization.get_config("small,attention").induction.causal.steps == "last"
+  assert specialization.get_config("probe").probe.residuals is True  # the GPU setting
+  assert specialization.analysis_config("probe", small=True).probe.residuals is True
+  assert induction.get_config("attention").induction.causal.steps == "all"
+
+
 def test_natural_text_setting_without_its_corpus_says_how_to_get_it(tmp_path):
   done = subprocess.run(
     [sys.executable, "-m", "headspec", "train", "--config=configs/experiments/specialization.py:small"]

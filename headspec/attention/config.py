@@ -109,6 +109,8 @@ def check_config(config) -> None:
     raise UserError("induction.n, batch_size, num_tokens must be >= 1, num_sequences >= 2, seq_len >= 2")
   i.causal.methods = names(i.causal.methods)
   bad = [m for m in i.causal.methods if m not in ("zero", "mean")]
+  if i.causal.steps not in ("all", "last"):
+    raise UserError(f"induction.causal.steps={i.causal.steps!r}: use 'all' or 'last'")
   if bad or any(int(k) < 1 for k in i.causal.ks) or i.causal.random_seeds < 1 or i.causal.num_sequences < 2:
     raise UserError(
       "induction.causal: methods from zero, mean; ks >= 1; random_seeds >= 1; num_sequences >= 2 "
@@ -137,4 +139,5 @@ def induction_causal_config() -> ml_collections.ConfigDict:
   c.methods = ("zero", "mean")  # zero: Z_h = 0; mean: Z_h = its mean over the repeated sequences' tokens
   c.random_seeds = 5  # random head sets per k and control (layer-matched, and unlabelled: no role label)
   c.num_sequences = 100  # repeated random sequences scored (the first of induction.num_sequences)
+  c.steps = "all"  # 'all': at every analysed step; 'last': at each model's last analysed step only
   return c

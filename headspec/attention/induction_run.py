@@ -61,6 +61,16 @@ class Data:
   natural_NT: np.ndarray | None
   natural_valid_NT: np.ndarray | None
   natural_source: str
+  causal_at: frozenset = frozenset()  # the (model, step) pairs the causal check runs at (induction.causal.steps)
+
+
+def _causal_at(config, jobs) -> frozenset:
+  """induction.causal.steps: 'all' the planned steps, or 'last', each model's last planned step only."""
+  last = {}
+  for j in jobs:
+    last[j.name] = max(last.get(j.name, j.step), j.step)
+  every = config.induction.causal.steps == "all"
+  return frozenset((j.name, j.step) for j in jobs if every or j.step == last[j.name])
 
 
 def load_data(config, workdir, jobs) -> Data:
@@ -102,7 +112,7 @@ def load_data(config, workdir, jobs) -> Data:
   repeated = ind.repeated_random_tokens(
     tokenizer.vocab_size, specials, n=n, count=i.num_sequences, seed=i.seed, bos=bos, among=among
   )
-  return Data(repeated, specials, len(bos), n, natural, valid, source)
+  return Data(repeated, specials, len(bos), n, natural, valid, source, _causal_at(config, jobs))
 
 
 def _role_rows(out: dict, data: str, *, model: str, step: int) -> list[dict]:
@@ -196,7 +206,7 @@ def analyse(job: targets.Target, model, data: Data, config) -> dict:
       logging.info(f"{tag}: ICL score skipped: {job.name} has no trained LM head (its losses mean nothing)")
   causal_rows = []
   c = i.causal
-  if c.enabled and job.lm_head:
+  if c.enabled and job.lm_head and (job.name, job.step) in data.causal_at:
     tokens = data.repeated_NT[: c.num_sequences]
     unlabelled = np.all([scores[role][0] < i.label_min for role in ind.ATTENTION_ROLES], axis=0)  # no role label
     causal_rows = causal_lib.induction_rows(
@@ -206,6 +216,8 @@ def analyse(job: targets.Target, model, data: Data, config) -> dict:
       r.update(model=job.name, step=job.step, kind="induction")
     for line in causal_lib.induction_verdicts(causal_rows):
       logging.info(f"{tag}: {line}")
+  elif c.enabled and job.lm_head:
+    logging.info(f"{tag}: induction causal check at the last step only (induction.causal.steps='last')")
   elif c.enabled:
     logging.info(f"{tag}: induction causal check skipped: no trained LM head")
   all_scores = dict(scores, copying=(copying, nan, nan))
