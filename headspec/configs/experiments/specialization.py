@@ -50,7 +50,7 @@ CONDITIONS = {  # condition -> train.regularizers overrides
   "disagreement": {"output": 0.01},
 }
 KEEP = (0, 10, 30, 100, 300, 1000, 3000)
-KEEP_SMALL = (0, 200, 800)  # step 30 was not told from step 0 in any task or seed (docs/study.md)
+KEEP_SMALL = (0, 200, 800)  # step 30 could not be told from step 0 (docs/study.md)
 SEEDS = (0, 1, 2)  # per condition, in both settings: claims that compare conditions need seed intervals
 ANALYSES = ("probe", "diversity", "attention", "ablate")
 CORPORA = {"wikitext_103": "wikitext_103", "wikitext-103": "wikitext_103", "english_mix": "english_mix"}
