@@ -316,8 +316,8 @@ def test_causal_check_at_the_last_step_only(run_dir):
   assert induction_run.analyse(first, model, data, c)["causal"] == []
   c.induction.causal.steps = "all"
   assert induction_run.load_data(c, run_dir, jobs).causal_at == {(run_dir.name, s) for s in (0, 2, 4)}
+  c.induction.causal.steps = "first"
   with pytest.raises(UserError, match="induction.causal.steps='first': use 'all' or 'last'"):
-    c.induction.causal.steps = "first"
     check_config(c)
 
 

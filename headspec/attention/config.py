@@ -107,10 +107,10 @@ def check_config(config) -> None:
     raise UserError(f"induction.draw={i.draw!r}: use 'vocabulary' or 'text'")
   if i.n < 1 or i.num_sequences < 2 or i.batch_size < 1 or i.num_tokens < 1 or i.seq_len < 2:
     raise UserError("induction.n, batch_size, num_tokens must be >= 1, num_sequences >= 2, seq_len >= 2")
-  i.causal.methods = names(i.causal.methods)
-  bad = [m for m in i.causal.methods if m not in ("zero", "mean")]
   if i.causal.steps not in ("all", "last"):
     raise UserError(f"induction.causal.steps={i.causal.steps!r}: use 'all' or 'last'")
+  i.causal.methods = names(i.causal.methods)
+  bad = [m for m in i.causal.methods if m not in ("zero", "mean")]
   if bad or any(int(k) < 1 for k in i.causal.ks) or i.causal.random_seeds < 1 or i.causal.num_sequences < 2:
     raise UserError(
       "induction.causal: methods from zero, mean; ks >= 1; random_seeds >= 1; num_sequences >= 2 "
