@@ -97,6 +97,42 @@ def test_packed_prediction_matches_per_sentence_scoring():
     start += n
 
 
+@pytest.mark.parametrize("rank", [6, 3])
+def test_scores_and_gradients_match_the_factored_form(rank):
+  """Full rank (r = K) scores through the merged K × K map M = A Bᵀ, lower rank through the factors; both
+  give the factored form's scores and loss gradients (written here with jnp, float32 tolerance)."""
+  import jax
+  import jax.numpy as jnp
+
+  rng = np.random.default_rng(3)
+  p, g, b, w, k = 2, 3, 2, 8, 6
+  x = jnp.asarray(rng.standard_normal((b, w, g, k)), jnp.float32)
+  sentence = jnp.asarray([[0, 0, 0, 3, 3, 3, 3, -1], [0, 0, 0, 0, 0, 5, 5, 5]], jnp.int32)
+  gold = jnp.asarray([[0, 2, 1, 0, 5, 4, 6, -1], [3, 0, 1, 1, 2, 0, 7, 8]], jnp.int32)
+  params = tuple(
+    jnp.asarray(rng.standard_normal(shape), jnp.float32) for shape in ((p, g, k, rank), (p, g, k, rank), (p, g, rank))
+  )
+
+  def factored(params):
+    a, bb, u = params
+    q, kk = jnp.einsum("bwgk,pgkr->pgbwr", x, a), jnp.einsum("bwgk,pgkr->pgbwr", x, bb)
+    s = jnp.concatenate([jnp.einsum("pgbwr,pgr->pgbw", q, u)[..., None], jnp.einsum("pgbir,pgbjr->pgbij", q, kk)], -1)
+    same = (sentence[:, :, None] == sentence[:, None, :]) & (sentence[:, None, :] >= 0)
+    return jnp.where(jnp.concatenate([jnp.ones_like(same[..., :1]), same], -1), s, -jnp.inf)
+
+  np.testing.assert_allclose(arc._scores(params, x, sentence), factored(params), rtol=1e-5, atol=1e-4)
+  l2 = jnp.asarray([1e-3, 1e-2], jnp.float32)
+  grad = jax.grad(lambda q: arc._loss_PG(q, x, sentence, gold, l2, 0.1).sum())(params)
+
+  def loss_factored(q):
+    logp = jax.nn.log_softmax(factored(q), -1)
+    nll = -jnp.where(jax.nn.one_hot(gold, logp.shape[-1], dtype=bool), logp, 0.0).sum((-3, -2, -1)) * 0.1
+    return (nll + 0.5 * l2[:, None] * sum(jnp.sum(jnp.square(t), axis=tuple(range(2, t.ndim))) for t in q)).sum()
+
+  for got, want in zip(grad, jax.grad(loss_factored)(params)):
+    np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
+
+
 def test_rejects_heads_beyond_sentence_and_mismatched_features():
   x, h, _ = _planted(10, 4)
   bad = [hh.copy() for hh in h]

@@ -47,9 +47,10 @@ DEFAULT_ARC_LEARNING_RATE = 1e-3
 DEFAULT_ARC_RANK = 32  # the rank of A, B for every group (heads and residual streams alike), capped at K
 PACK_WIDTH = 64  # words per packed row; longer sentences get a row of their own (next power of two)
 # Words per chunk when scoring (dev loss every epoch, predictions): the (l2, group, row, word, candidate)
-# scores of a chunk stay small enough for the CPU's caches. MiniLM layer-3 heads, 40k EWT words, 10
-# epochs: the dev loss took 8.7 s at 8,192 words a chunk, 3.7 s at 1,024, with identical dev UAS.
-CHUNK_WORDS = 1024
+# scores of a chunk stay small enough for the CPU's caches. MiniLM layer-0 heads, 40k EWT words, 10
+# epochs, merged K × K form (2026-11-28, idle 2-core CPU): the dev loss took 2.3 s at 1,024 words a
+# chunk, 1.7-1.8 s at 512, 1.6 s at 256 and 3.2 s at 2,048 (the factored form: 8.7 s at 8,192, 3.7 s at 1,024).
+CHUNK_WORDS = 512
 
 
 @dataclasses.dataclass(frozen=True)
@@ -97,12 +98,24 @@ def _scores(params, xs_BWGK, sentence_BW):
   """s_...GBWJ over candidates j = 0 (ROOT), 1..W (the row's words) for every group (and any leading axes
   of the params, e.g. the l2 grid); a word's candidates are ROOT and the words of its own sentence
   (sentence_BW: first column of each word's sentence, -1 = empty). Written as einsums over all groups at
-  once rather than vmapped per group: XLA's CPU backend runs the batched form about 1.5x faster."""
+  once rather than vmapped per group: XLA's CPU backend runs the batched form about 1.5x faster.
+
+  Where the rank is not below K (every head group: K ≤ 32), the form is merged into one K × K map
+  M = A Bᵀ first, s_ij = (x̂_i M) · x̂_j and s_i,ROOT = x̂_i · (A u): the same model and gradients (A, B, u
+  stay the parameters), one K × K map per word instead of two K × r, and the second factor is the
+  features themselves, shared by every λ. An arc training step of 12 heads × 3 λ (K = r = 32, 512 words)
+  took 5.6 ms against 9.9 for the factored form (docs/probing_core.md)."""
   a_GKI, b_GKI, root_GI = params
-  q_GBWI = jnp.einsum("bwgk,...gkr->...gbwr", xs_BWGK, a_GKI)
-  k_GBWI = jnp.einsum("bwgk,...gkr->...gbwr", xs_BWGK, b_GKI)
-  s_GBWW = jnp.einsum("...bir,...bjr->...bij", q_GBWI, k_GBWI)
-  s_root_GBW = jnp.einsum("...gbwr,...gr->...gbw", q_GBWI, root_GI)
+  if a_GKI.shape[-1] >= a_GKI.shape[-2]:
+    m_GKK = jnp.einsum("...gkr,...gjr->...gkj", a_GKI, b_GKI)
+    q_GBWK = jnp.einsum("bwgk,...gkj->...gbwj", xs_BWGK, m_GKK)
+    s_GBWW = jnp.einsum("...gbik,bjgk->...gbij", q_GBWK, xs_BWGK)
+    s_root_GBW = jnp.einsum("bwgk,...gk->...gbw", xs_BWGK, jnp.einsum("...gkr,...gr->...gk", a_GKI, root_GI))
+  else:
+    q_GBWI = jnp.einsum("bwgk,...gkr->...gbwr", xs_BWGK, a_GKI)
+    k_GBWI = jnp.einsum("bwgk,...gkr->...gbwr", xs_BWGK, b_GKI)
+    s_GBWW = jnp.einsum("...bir,...bjr->...bij", q_GBWI, k_GBWI)
+    s_root_GBW = jnp.einsum("...gbwr,...gr->...gbw", q_GBWI, root_GI)
   s_GBWJ = jnp.concatenate([s_root_GBW[..., None], s_GBWW], axis=-1)
   same_BWW = (sentence_BW[:, :, None] == sentence_BW[:, None, :]) & (sentence_BW[:, None, :] >= 0)
   cand_BWJ = jnp.concatenate([jnp.ones_like(same_BWW[..., :1]), same_BWW], axis=-1)
