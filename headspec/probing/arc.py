@@ -100,11 +100,11 @@ def _scores(params, xs_BWGK, sentence_BW):
   (sentence_BW: first column of each word's sentence, -1 = empty). Written as einsums over all groups at
   once rather than vmapped per group: XLA's CPU backend runs the batched form about 1.5x faster.
 
-  Where the rank is not below K (every head group: K ≤ 32), the form is merged into one K × K map
-  M = A Bᵀ first, s_ij = (x̂_i M) · x̂_j and s_i,ROOT = x̂_i · (A u): the same model and gradients (A, B, u
-  stay the parameters), one K × K map per word instead of two K × r, and the second factor is the
-  features themselves, shared by every λ. An arc training step of 12 heads × 3 λ (K = r = 32, 512 words)
-  took 5.6 ms against 9.9 for the factored form (docs/probing_core.md)."""
+  Where the rank is not below K (every head group: K ≤ 32), the form is merged into one K × K map first,
+  M = a_GKI b_GKIᵀ (AᵀB in the module's notation): s_ij = (x̂_i M) · x̂_j and s_i,ROOT = x̂_i · (Aᵀu). The
+  same model and gradients (A, B, u stay the parameters), one K × K map per word instead of two K × r,
+  and the second factor is the features themselves, shared by every λ. An arc training step of 12 heads
+  × 3 λ (K = r = 32, 512 words) took 5.6 ms against 9.9 for the factored form (docs/probing_core.md)."""
   a_GKI, b_GKI, root_GI = params
   if a_GKI.shape[-1] >= a_GKI.shape[-2]:
     m_GKK = jnp.einsum("...gkr,...gjr->...gkj", a_GKI, b_GKI)
