@@ -26,7 +26,8 @@ import pandas as pd
 
 from benchmarks import timed_command
 
-FITTED = re.compile(r"    (.+): fitted (.+) \((\d+) s\)$")
+# the source is the text after the log prefix's "]": a tqdm bar on the same line (stderr) ends in "]" too
+FITTED = re.compile(r"\]\s+([^\]]+?): fitted (.+) \((\d+) s\)$")
 # the first task a fitter names -> the kind of fit (headspec/probing/suite.py fits a source's tasks by fitter)
 KINDS = {"upos": "softmax", "xpos": "softmax", "deprel": "softmax", "arc": "arc", "distance": "structural",
          "depth": "structural"}  # fmt: skip

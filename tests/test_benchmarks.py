@@ -213,7 +213,8 @@ def test_minilm_probe_benchmark_adds_up_the_suites_fit_lines_and_reads_the_run(t
 
   assert "fitted {" in inspect.getsource(suite._probe_source)
   lines = [
-    "I1128 09:28:33.2 suite.py:255]     layer 0 heads: fitted upos, xpos, deprel (36 s)\n",
+    "probes:   0%|          | 0/13 [00:00<?, ?group/s][AI1128 09:28:33.2 suite.py:255]     layer 0 heads: fitted upos, "
+    "xpos, deprel (36 s)\n",  # a progress bar before the log line, as stderr interleaves them
     "I1128 09:28:40.4 suite.py:255]     layer 0 heads: fitted arc (7 s)\n",
     "I1128 09:28:52.9 suite.py:255]     layer 0 heads: fitted distance, depth (13 s)\n",
     "I1128 09:29:08.1 suite.py:255]     embeddings: fitted upos, xpos, deprel (5 s)\n",

@@ -77,6 +77,8 @@ PRECONDITION_WORDS = 12_288
 PRECONDITION_MIN_WORK = 1e8
 PRECONDITION_MAX_PASSES = 32
 PRECONDITION_MAX_FLOATS = 1 << 25
+PRECONDITION_SHARED_WORK = 4e9
+PRECONDITION_EVERY_SHARED = 50
 CHUNK_LOGITS = 1 << 19  # logits per chunk of a full-batch pass (see _pass_data)
 _EMPTY_CLASS_BIAS = -30.0  # log-prior of a class absent from train: never predicted
 
@@ -450,10 +452,11 @@ def _full_objective(params, data, *, layout, with_grad):
   return f_GQ, (gv_GKT, gb_GT)
 
 
-def _curvature_blocks(params, data, *, layout, stride):
+def _curvature_blocks(params, data, *, layout, stride, shared=False):
   """Per packed column t its class block of the Hessian in whitened coordinates, (K+1)×(K+1) over
   (v_t, b_t): Σ_n a_nt x̃ₙx̃ₙᵀ with x̃ₙ = [A·x̂ₙ; 1] and a_nt = weight_n·p_nt(1 − p_nt), plus the
-  penalty's λ_t·A² (A = whiten), from every `stride`-th chunk of words."""
+  penalty's λ_t·A² (A = whiten), from every `stride`-th chunk of words. shared: one block per probe
+  instead, its classes' a_nt averaged (G, Q, K+1, K+1): C times smaller, for wide groups."""
   v_GKT, b_GT = params
   w_GKT = jnp.einsum("gkl,glc->gkc", data.whiten_GKK, v_GKT)
   num_g, k = w_GKT.shape[:2]
@@ -462,46 +465,84 @@ def _curvature_blocks(params, data, *, layout, stride):
     xs_GKc, ys = chunk
     num_b = xs_GKc.shape[-1]
     z_GTB = jnp.einsum("gkt,gkb->gtb", w_GKT, xs_GKc) + b_GT[:, :, None]
-    parts = []
+    parts, col_parts = [], []
     for (off, c, num_p), y_B, scale in zip(layout, ys, data.inv_count_A):
       p = jax.nn.softmax(z_GTB[:, off : off + num_p * c].reshape(num_g, num_p, c, num_b), axis=2)
-      parts.append((p * (1.0 - p) * ((y_B >= 0) * scale)).reshape(num_g, num_p * c, num_b))
-    a_GTB = jnp.concatenate(parts, axis=1)
+      a = p * (1.0 - p) * ((y_B >= 0) * scale)
+      parts.append(a.mean(2) if shared else a.reshape(num_g, num_p * c, num_b))
+      if shared:
+        col_parts.append(a.sum(-1).reshape(num_g, num_p * c))
+    a_GTB = jnp.concatenate(parts, axis=1)  # (G, Q, B) when shared
+    acc, col_GT = acc
     xt_GJB = jnp.concatenate(
       [jnp.einsum("gkl,gkb->glb", data.whiten_GKK, xs_GKc), jnp.ones((num_g, 1, num_b), xs_GKc.dtype)], axis=1
     )
+    if shared:  # Q blocks of a wide group: weight x̃ per probe first, a Q·J·B temporary (J² is large)
+      weighted_GQJB = a_GTB[:, :, None, :] * xt_GJB[:, None]
+      h = jnp.einsum("gqjb,glb->gqjl", weighted_GQJB, xt_GJB).reshape(acc.shape)
+      return (acc + h, col_GT + jnp.concatenate(col_parts, axis=1)), None
     # Σ_b a_tb·(x̃_b x̃_bᵀ) as one matmul of a (T × B) with the words' outer products (B × J²): a
     # J²·B temporary instead of the J·T·B of weighting x̃ per column first (17 MB against 158 MB a chunk
     # at K = 64, 594 columns, 1,024 words)
     outer_GQB = (xt_GJB[:, :, None, :] * xt_GJB[:, None, :, :]).reshape(num_g, (k + 1) ** 2, num_b)
-    return acc + jnp.einsum("gtb,gqb->gtq", a_GTB, outer_GQB), None
+    return (acc + jnp.einsum("gtb,gqb->gtq", a_GTB, outer_GQB), col_GT), None
 
-  zero = jnp.zeros((num_g, b_GT.shape[1], (k + 1) ** 2), jnp.float32)
-  h, _ = jax.lax.scan(body, zero, (data.xs_CGKc[::stride], tuple(y[::stride] for y in data.ys_ACc)))
+  blocks = data.onehot_TQ.shape[1] if shared else b_GT.shape[1]
+  zero = jnp.zeros((num_g, blocks, (k + 1) ** 2), jnp.float32), jnp.zeros(b_GT.shape, jnp.float32)
+  (h, col_GT), _ = jax.lax.scan(body, zero, (data.xs_CGKc[::stride], tuple(y[::stride] for y in data.ys_ACc)))
   h = h.reshape(num_g, -1, k + 1, k + 1) * stride
   a2_GKK = jnp.einsum("gkl,glm->gkm", data.whiten_GKK, data.whiten_GKK)
-  return h.at[:, :, :k, :k].add(data.l2_T[None, :, None, None] * a2_GKK[:, None])
+  l2 = data.l2_T @ data.onehot_TQ / data.onehot_TQ.sum(0) if shared else data.l2_T  # a probe's λ
+  h = h.at[:, :, :k, :k].add(l2[None, :, None, None] * a2_GKK[:, None])
+  if not shared:
+    return h
+  # each column's curvature against its probe's average (Σ_n a_nt, the λ added to both)
+  mean_GQ = (col_GT @ data.onehot_TQ) / data.onehot_TQ.sum(0)
+  return h, (mean_GQ[:, data.block_T] + data.l2_T) / (col_GT + data.l2_T)
 
 
-@functools.partial(jax.jit, static_argnames=("layout", "stride"))
-def _preconditioner(params, data, *, layout, stride=1):
+class _SharedBlocks(NamedTuple):
+  """A preconditioner with one block per probe (G, Q, K+1, K+1), shared by its classes' columns, each
+  column's product scaled by its curvature against the probe's average (scale_GT)."""
+
+  m_GQJJ: jax.Array
+  scale_GT: jax.Array
+
+
+@functools.partial(jax.jit, static_argnames=("layout", "stride", "shared"))
+def _preconditioner(params, data, *, layout, stride=1, shared=False):
   """The inverse of each column's class block (_curvature_blocks), its eigenvalues floored at 1e-6 of
   the largest: the initial inverse Hessian H₀ = γ·M of preconditioned L-BFGS (Nocedal & Wright 2006,
   §7.2 on choosing H₀; M is a block-Jacobi preconditioner: the exact Hessian's per-class blocks). On the
   quickstart decoder's embeddings (UPOS, λ = 1e-5) it took the condition number of the Hessian in
   whitened coordinates from 3.2e6 to 2.1e4 (docs/probing_core.md). The cross-class coupling is left
-  out: its full (K+1)C-wide Hessian would be 1,000-20,000 wide per probe."""
-  h = _curvature_blocks(params, data, layout=layout, stride=stride)
+  out: its full (K+1)C-wide Hessian would be 1,000-20,000 wide per probe. shared: one block per probe
+  (the class blocks' average, `_SharedBlocks`), for groups too wide for a block per column: on
+  all-MiniLM-L6-v2's 384-wide residual streams, where blocks per column would be 624 × 385² floats."""
+  h = _curvature_blocks(params, data, layout=layout, stride=stride, shared=shared)
+  h, scale_GT = h if shared else (h, None)
   evals, evecs = jnp.linalg.eigh(h)
   evals = jnp.maximum(evals, 1e-6 * evals[..., -1:] + 1e-30)
-  return jnp.einsum("gtij,gtj,gtlj->gtil", evecs, 1.0 / evals, evecs)
+  m = jnp.einsum("gtij,gtj,gtlj->gtil", evecs, 1.0 / evals, evecs)
+  return _SharedBlocks(m, scale_GT) if shared else m
 
 
-def _precondition(m_GTJJ, p):
-  """M·p per column for a packed parameter pair p = (v_GKT, b_GT)."""
+def _precondition(m, p, layout):
+  """M·p per column for a packed parameter pair p = (v_GKT, b_GT): m is a block per column (G, T, J, J)
+  or `_SharedBlocks`, whose probe blocks apply to the columns of each probe in the pass's layout."""
   k = p[0].shape[1]
   p_GTJ = jnp.concatenate([jnp.swapaxes(p[0], 1, 2), p[1][..., None]], axis=-1)
-  out = jnp.einsum("gtij,gtj->gti", m_GTJJ, p_GTJ)
+  if isinstance(m, _SharedBlocks):
+    parts, first = [], 0
+    for off, c, num_p in layout:
+      p_GPCJ = p_GTJ[:, off : off + num_p * c].reshape(p_GTJ.shape[0], num_p, c, k + 1)
+      parts.append(
+        jnp.einsum("gpij,gpcj->gpci", m.m_GQJJ[:, first : first + num_p], p_GPCJ).reshape(p_GPCJ.shape[0], -1, k + 1)
+      )
+      first += num_p
+    out = jnp.concatenate(parts, axis=1) * m.scale_GT[..., None]
+  else:
+    out = jnp.einsum("gtij,gtj->gti", m, p_GTJ)
   return (jnp.swapaxes(out[..., :k], 1, 2), out[..., k])
 
 
@@ -509,7 +550,7 @@ class _State(NamedTuple):
   """L-BFGS state, every array with the group axis first (so dropping finished groups is one gather):
   params and gradient (v_GKT, b_GT), f_GQ, the last `memory` curvature pairs oldest first (s, y:
   (v_GMKT, b_GMT), rho_GMQ; an empty slot has rho 0), per probe done, iterations and the decrease
-  of the objective in its last iteration, and the preconditioner (G, T, K+1, K+1) or None."""
+  of the objective in its last iteration, and the preconditioner (G, T, K+1, K+1), _SharedBlocks or None."""
 
   params: tuple
   f_GQ: jax.Array
@@ -520,7 +561,7 @@ class _State(NamedTuple):
   done_GQ: jax.Array
   iters_GQ: jax.Array
   last_GQ: jax.Array
-  precond: jax.Array | None = None
+  precond: jax.Array | _SharedBlocks | None = None
 
 
 @functools.partial(jax.jit, static_argnames=("layout", "memory"))
@@ -541,7 +582,7 @@ def _lbfgs_init(params, data, done_GQ, *, layout, memory):
   )
 
 
-def _direction(state, block_T, onehot_TQ):
+def _direction(state, block_T, onehot_TQ, layout):
   """The L-BFGS direction −H·g per probe: the two-loop recursion (Nocedal & Wright 2006, Alg. 7.4) over
   a fixed number of slots, each loop a lax.scan (small programs compile fast); an empty slot has
   rho = 0, so its alpha and beta are 0 and it changes nothing. H₀ = γ·M with the state's class-block
@@ -557,7 +598,7 @@ def _direction(state, block_T, onehot_TQ):
 
   q, alphas = jax.lax.scan(newest_first, state.grad, hist, reverse=True)
   s, y, newest = (hist[0][-1], hist[1][-1]), (hist[2][-1], hist[3][-1]), hist[4][-1]
-  h0 = (lambda p: p) if state.precond is None else functools.partial(_precondition, state.precond)
+  h0 = (lambda p: p) if state.precond is None else (lambda p: _precondition(state.precond, p, layout))
   yy = _vdot(y, h0(y), onehot_TQ)
   gamma = jnp.where((newest > 0) & (yy > 0), _vdot(s, y, onehot_TQ) / jnp.maximum(yy, 1e-30), 1.0)
   q = h0(q)
@@ -603,7 +644,7 @@ def _lbfgs_step(state, data, *, layout, tol, min_iter=3, max_trials=12):
   tol·|f| too, after at least min_iter iterations (so the curvature pairs say something), or when no
   step lowers it. A direction that is not a descent direction is replaced by steepest descent."""
   g, block_T, onehot_TQ = state.grad, data.block_T, data.onehot_TQ
-  d = _direction(state, block_T, onehot_TQ)
+  d = _direction(state, block_T, onehot_TQ, layout)
   bad_T = ~(_vdot(g, d, onehot_TQ) < 0)[:, block_T]
   d = (jnp.where(bad_T[:, None, :], -g[0], d[0]), jnp.where(bad_T, -g[1], d[1]))
   slope = _vdot(g, d, onehot_TQ)
@@ -691,8 +732,16 @@ def _narrow_state(state, row_pos, col_pos, probe_pos, put):
     by_probe(state.done_GQ),
     by_probe(state.iters_GQ),
     by_probe(state.last_GQ),
-    None if state.precond is None else put(state.precond[row_pos][:, col_pos]),
+    _narrow_precond(state.precond, row_pos, col_pos, probe_pos, put),
   )
+
+
+def _narrow_precond(m, row_pos, col_pos, probe_pos, put):
+  if m is None:
+    return None
+  if isinstance(m, _SharedBlocks):
+    return _SharedBlocks(put(m.m_GQJJ[row_pos][:, probe_pos]), put(m.scale_GT[row_pos][:, col_pos]))
+  return put(m[row_pos][:, col_pos])
 
 
 @jax.jit
@@ -731,7 +780,8 @@ class _Lbfgs:
     col_T, layout, data = np.arange(total_t), self.cols.pass_layout, self.base
     state = _lbfgs_init(params, data, jnp.asarray(done_GQ), layout=layout, memory=self.memory)
     self.group_columns += num_g * total_t
-    refresh = functools.partial(_preconditioner, stride=self._stride()) if self._preconditioned() else None
+    mode = self._preconditioned()
+    refresh = mode and functools.partial(_preconditioner, stride=self._stride(), shared=mode == "probe")
     if refresh:
       state = state._replace(precond=refresh(state.params, data, layout=layout))
     out = self._write(state, rows, col_T, probes, None)
@@ -739,7 +789,7 @@ class _Lbfgs:
     for iteration in range(1, self.max_iter + 1):
       state, passes, running_GQ = _lbfgs_step(state, data, layout=layout, tol=self.tol)
       passes, running_GQ = self.fetch((passes, running_GQ))
-      if refresh and iteration % PRECONDITION_EVERY == 0:
+      if refresh and iteration % (PRECONDITION_EVERY_SHARED if mode == "probe" else PRECONDITION_EVERY) == 0:
         state = state._replace(precond=refresh(state.params, data, layout=layout))
       self.group_columns += int(passes) * len(rows) * len(col_T)
       live_g = np.flatnonzero(running_GQ.any(1))
@@ -760,19 +810,24 @@ class _Lbfgs:
     return _LbfgsResult((v, b), f.astype(np.float64), iters, done, f_start, self.group_columns)
 
   def _preconditioned(self):
-    """Whether this fit keeps class-block preconditioners: asked for, and worth it (see
-    PRECONDITION_MIN_WORK; measured on the 2-core CPU, 2026-11-27: a 384-wide stream of 2,000 words took
-    23.3 s preconditioned against 5.7 s plain, a fit of 500 words × 32 with 5 iterations 3.8 s against
-    2.9 s, and 4 heads × 16 of 47,600 words 14.8 s against 23.6 s)."""
+    """Which preconditioner this fit keeps: 'column' (a class block per packed column) where asked for
+    and worth it (see PRECONDITION_MIN_WORK; measured on the 2-core CPU, 2026-11-27: a 384-wide stream
+    of 2,000 words took 23.3 s preconditioned against 5.7 s plain, a fit of 500 words × 32 with 5
+    iterations 3.8 s against 2.9 s, and 4 heads × 16 of 47,600 words 14.8 s against 23.6 s); 'probe'
+    (one block per probe, `_SharedBlocks`) where blocks per column are too large or too costly to
+    refresh but the pass is at least PRECONDITION_SHARED_WORK multiply-adds (a 384-wide stream of 40k
+    words); None: plain L-BFGS."""
     num_chunks, num_g, k, words = self.base.xs_CGKc.shape
-    n, num_t = num_chunks * words, len(self.cols.block_T)
+    n, num_t, num_q = num_chunks * words, len(self.cols.block_T), self.cols.onehot_TQ.shape[1]
     sample = -(-num_chunks // self._stride()) * words  # the words _curvature_blocks reads
-    return (
-      self.precondition
-      and n * num_g * num_t * k >= PRECONDITION_MIN_WORK
-      and (k + 1) * sample <= 2 * PRECONDITION_MAX_PASSES * n
-      and num_g * num_t * (k + 1) ** 2 <= PRECONDITION_MAX_FLOATS
-    )
+    work = n * num_g * num_t * k
+    if not self.precondition or work < PRECONDITION_MIN_WORK:
+      return None
+    if (k + 1) * sample <= 2 * PRECONDITION_MAX_PASSES * n and num_g * num_t * (k + 1) ** 2 <= PRECONDITION_MAX_FLOATS:
+      return "column"
+    if work >= PRECONDITION_SHARED_WORK and num_g * num_q * (k + 1) ** 2 <= PRECONDITION_MAX_FLOATS:
+      return "probe"
+    return None
 
   def _stride(self):
     """Every how many chunks of words the class blocks are estimated from (about PRECONDITION_WORDS)."""
