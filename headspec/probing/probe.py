@@ -28,7 +28,9 @@ whole bill, so every (group, task, λ) probe shares each pass, in three stages:
      stopping test, all sharing each pass. Its initial inverse Hessian is each class's exact Hessian
      block, inverted, refreshed every PRECONDITION_EVERY iterations (`_preconditioner`), where that
      pays: on word-level features the weak-λ probes are nearly separable, and this cut the Hessian's
-     condition number 150-fold and the iterations about threefold. One iteration, line search
+     condition number 150-fold and the iterations about threefold. Groups too wide for a block per
+     column (384-wide residual streams) get one block per probe, its classes' average, each column
+     scaled by its own curvature (`_SharedBlocks`). One iteration, line search
      included, is one compiled call and one read; stopped probes are masked (fixed shapes), and the pass narrows to the groups and
      (task, λ) column blocks still running only when that pays for a compile. A probe that ends above
      min(its start's objective, the class-prior model's) is refitted from the class prior, and the fit
@@ -71,7 +73,10 @@ NARROWING_COST = 2e11
 # pass of at least PRECONDITION_MIN_WORK multiply-adds (below, a fit is bound by compiling, and the
 # preconditioner's programs cost more than it saves), a refresh of at most PRECONDITION_MAX_PASSES
 # passes' multiply-adds ((K+1)·words/(2N): a 384-wide stream is too wide) and blocks of at most
-# PRECONDITION_MAX_FLOATS floats (G·T·(K+1)²)
+# PRECONDITION_MAX_FLOATS floats (G·T·(K+1)²). Wider groups get one block per probe (G·Q·(K+1)² floats)
+# where a pass is at least PRECONDITION_SHARED_WORK multiply-adds, refreshed every
+# PRECONDITION_EVERY_SHARED iterations: all-MiniLM-L6-v2's layer-2 residual stream at 40k EWT words
+# (2026-11-28, idle 2-core CPU) took 165 s plain, 139 s refreshed every 20 and 129 s every 50.
 PRECONDITION_EVERY = 20
 PRECONDITION_WORDS = 12_288
 PRECONDITION_MIN_WORK = 1e8
@@ -781,7 +786,10 @@ class _Lbfgs:
     state = _lbfgs_init(params, data, jnp.asarray(done_GQ), layout=layout, memory=self.memory)
     self.group_columns += num_g * total_t
     mode = self._preconditioned()
-    refresh = mode and functools.partial(_preconditioner, stride=self._stride(), shared=mode == "probe")
+    refresh = (
+      None if mode is None else functools.partial(_preconditioner, stride=self._stride(), shared=mode == "probe")
+    )
+    every = PRECONDITION_EVERY_SHARED if mode == "probe" else PRECONDITION_EVERY
     if refresh:
       state = state._replace(precond=refresh(state.params, data, layout=layout))
     out = self._write(state, rows, col_T, probes, None)
@@ -789,7 +797,7 @@ class _Lbfgs:
     for iteration in range(1, self.max_iter + 1):
       state, passes, running_GQ = _lbfgs_step(state, data, layout=layout, tol=self.tol)
       passes, running_GQ = self.fetch((passes, running_GQ))
-      if refresh and iteration % (PRECONDITION_EVERY_SHARED if mode == "probe" else PRECONDITION_EVERY) == 0:
+      if refresh and iteration % every == 0:
         state = state._replace(precond=refresh(state.params, data, layout=layout))
       self.group_columns += int(passes) * len(rows) * len(col_T)
       live_g = np.flatnonzero(running_GQ.any(1))
