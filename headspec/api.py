@@ -17,12 +17,14 @@ Shape letters are headspec/model.py's glossary: L layers, H heads, K head width,
 
 from __future__ import annotations
 
+import atexit
 import dataclasses
 import functools
 import json
 import os
 import pathlib
 import re
+import shutil
 import tempfile
 import uuid
 from collections.abc import Iterator, Sequence
@@ -399,7 +401,11 @@ def _cache_dir(loaded: Loaded, cache_dir) -> pathlib.Path:
 
 @functools.cache
 def _temporary_cache() -> pathlib.Path:
-  return pathlib.Path(tempfile.mkdtemp(prefix="headspec-features-"))
+  """One feature cache per process (a pretrained model's features of a treebank are ~250 MB), removed
+  when the process exits."""
+  path = pathlib.Path(tempfile.mkdtemp(prefix="headspec-features-"))
+  atexit.register(shutil.rmtree, path, ignore_errors=True)
+  return path
 
 
 def probe(
@@ -431,7 +437,8 @@ def probe(
   treebank, eval_splits, max_train_words (a seeded subsample of whole train sentences of about that
   many words: faster, and says so in no other way, so report it), data_dir, seed and any probe.* key
   given as a keyword (l2_grid=..., refine_samples=..., pooling=..., bootstrap_resamples=...) override it.
-  cache_dir: the feature cache (default: a run's RUN/probes/cache, else a temporary folder).
+  cache_dir: the feature cache (default: a run's RUN/probes/cache, else a temporary folder removed when
+  the process exits).
   A progress bar (tqdm.auto) counts the feature groups fitted; the stages' lines are absl INFO logs.
   """
   import pandas as pd

@@ -316,3 +316,14 @@ def test_probe_refuses_structural_tasks_in_one_line(run_dir, task):
   with pytest.raises(ValueError, match=f"'{task}' is a structural probe") as e:
     headspec.probe(headspec.load(run_dir), task, layer=0)
   assert "\n" not in str(e.value)
+
+
+def test_temporary_feature_cache_is_removed_at_exit(tmp_path):
+  """A pretrained model's features (~250 MB of MiniLM's on a treebank) in the per-process temporary
+  cache must not outlive the process."""
+  code = "from headspec import api; p = api._temporary_cache(); (p / 'x').write_text('1'); print(p)"
+  env = dict(os.environ, TMPDIR=str(tmp_path))
+  done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, check=True)
+  path = pathlib.Path(done.stdout.strip())
+  assert path.parent == tmp_path and path.name.startswith("headspec-features-")
+  assert not path.exists()
