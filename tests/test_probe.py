@@ -305,13 +305,9 @@ def test_class_blocks_are_the_hessians_diagonal_blocks():
   np.testing.assert_allclose(np.asarray(scale_GT), (mean_GT + l2_T) / (data_GT + l2_T), rtol=2e-4)
 
 
-def test_preconditioning_converges_word_level_probes_in_fewer_iterations(synthetic_data_dir, monkeypatch):
-  """XPOS of the embedded synthetic treebank from word-identity features (a random vector per word
-  type, repeated at every occurrence, with a shared component: what an embedding layer gives; word
-  identity nearly decides the tag) at the weakest default λ, L-BFGS from the LDA start. Plain L-BFGS
-  crawls (the Hessian's small eigenvalues are the penalty's); the class-block preconditioned one
-  reaches the same minimum in at most half the iterations (measured: 49 against 123), and with one
-  block per probe shared by its classes (as 384-wide streams get) in at most 3/4 (measured: 76)."""
+def _word_identity_xpos(synthetic_data_dir):
+  """XPOS of the synthetic treebank from word-identity features (x: N × 1 group × 16, the spec, and the
+  number of training words n: the first n words train, the rest are dev)."""
   sentences = conllu.parse((synthetic_data_dir / "ud/synthetic/synthetic-ud-train.conllu").read_text())
   words = [(t["form"].lower(), t["xpos"]) for s in sentences for t in s if isinstance(t["id"], int)]
   types = {w: i for i, w in enumerate(sorted({w for w, _ in words}))}
@@ -322,7 +318,17 @@ def test_preconditioning_converges_word_level_probes_in_fewer_iterations(synthet
   emb = rng.standard_normal((len(types), 16)) + 3.0 * rng.standard_normal(16) * rng.standard_normal((len(types), 1))
   x = emb[word][:, None].astype(np.float32)
   n = int(0.8 * len(word))
-  spec = [probe.ProbeSpec("xpos", len(tags), y[:n], y[n:])]
+  return x, [probe.ProbeSpec("xpos", len(tags), y[:n], y[n:])], n
+
+
+def test_preconditioning_converges_word_level_probes_in_fewer_iterations(synthetic_data_dir, monkeypatch):
+  """XPOS of the embedded synthetic treebank from word-identity features (a random vector per word
+  type, repeated at every occurrence, with a shared component: what an embedding layer gives; word
+  identity nearly decides the tag) at the weakest default λ, L-BFGS from the LDA start. Plain L-BFGS
+  crawls (the Hessian's small eigenvalues are the penalty's); the class-block preconditioned one
+  reaches the same minimum in at most half the iterations (measured: 49 against 123), and with one
+  block per probe shared by its classes (as 384-wide streams get) in at most 3/4 (measured: 76)."""
+  x, spec, n = _word_identity_xpos(synthetic_data_dir)
   kw = dict(l2_grid=(1e-5,), refine_samples=0, max_iter=2000, tol=1e-6)
   monkeypatch.setattr(probe, "PRECONDITION_MIN_WORK", 0)  # this small problem would be left plain
   plain, pre = (probe.fit_softmax_probes(x[:n], x[n:], spec, precondition=p, **kw) for p in (False, True))
@@ -336,3 +342,29 @@ def test_preconditioning_converges_word_level_probes_in_fewer_iterations(synthet
   assert shared.converged["xpos"][0]
   assert shared.iterations["xpos"][0] <= 0.75 * plain.iterations["xpos"][0], (shared.iterations, plain.iterations)
   assert shared.train_objective["xpos"][0] <= plain.train_objective["xpos"][0] * (1 + 1e-5)
+
+
+@pytest.mark.parametrize("mode", ["column", "probe"])
+def test_shared_blocks_refresh_at_the_first_shape_only(synthetic_data_dir, monkeypatch, mode):
+  """Once the pass has narrowed to the probes still running, class blocks per column are refreshed at the
+  narrowed shape (cheap, and it saves iterations), one block per probe is not (each narrowed shape would
+  compile the refresh anew for no saving: probe.py, `_Lbfgs.run`)."""
+  x, spec, n = _word_identity_xpos(synthetic_data_dir)
+  monkeypatch.setattr(probe, "PRECONDITION_MIN_WORK", 0)
+  monkeypatch.setattr(probe, "NARROWING_COST", 0)  # narrow as soon as a quarter of the pass has stopped
+  monkeypatch.setattr(probe, "PRECONDITION_EVERY", 5)
+  monkeypatch.setattr(probe, "PRECONDITION_EVERY_SHARED", 5)
+  if mode == "probe":
+    monkeypatch.setattr(probe, "PRECONDITION_MAX_FLOATS", 3 * 17**2)
+    monkeypatch.setattr(probe, "PRECONDITION_SHARED_WORK", 0)
+  widths, refresh = [], probe._preconditioner
+
+  def spy(params, data, **kw):
+    widths.append(params[1].shape[1])
+    return refresh(params, data, **kw)
+
+  monkeypatch.setattr(probe, "_preconditioner", spy)
+  fitted = probe.fit_softmax_probes(x[:n], x[n:], spec, l2_grid=(1e-5, 1e-2, 1.0), refine_samples=0, tol=1e-6)
+  assert fitted.converged["xpos"].all() and len(widths) > 2
+  full = widths[0]
+  assert any(w < full for w in widths) == (mode == "column"), widths
