@@ -25,6 +25,7 @@ from importlib import metadata
 
 # the probe fit before its words-last pass (issue 33; bench_probe --before times it beside today's, same load)
 PROBE_BEFORE = "4747a52"
+PROBE_EWT = ["--heads=12", "--train=200000", "--dev=25000", "--sklearn_heads=1", "--scaling_heads="]
 STRUCTURAL_EWT = ["--train_words=0", "--dev_sentences=0", "--layers=0"]
 # name -> (CPU-sized arguments, --full arguments, needs HEADSPEC_DATA_DIR)
 BENCHMARKS = {
@@ -46,6 +47,8 @@ BENCHMARKS = {
     [],
     False,
   ),
+  # issue 33's bench_probe at all of EWT's size (200k training words), 12 heads, scikit-learn on one
+  "probe_ewt": (PROBE_EWT, PROBE_EWT, False),
   "diversity": (["--sequences=16", "--repeats=2"], [], False),
   "induction": ([], [], False),
   "ablation": (["--skip_minilm"], [], False),
@@ -62,7 +65,7 @@ BENCHMARKS = {
   "quickstart": ([], [], False),  # README command 1 stage by stage, empty compilation cache (~11 min, 2 cores)
 }
 # a benchmark run by another's module, with other arguments
-MODULES = {"structural_ewt": "structural"}
+MODULES = {"structural_ewt": "structural", "probe_ewt": "probe"}
 VERSIONS = ("jax", "jaxlib", "flax", "optax", "numpy", "scikit-learn", "torch", "transformers")
 
 

@@ -32,9 +32,13 @@ def test_markdown_names_the_machine_and_every_figure():
 
 
 def test_a_benchmark_may_run_another_modules_script():
-  """structural_ewt is bench_structural at issue 36's size (all of EWT, layer 0's two shapes)."""
+  """structural_ewt is bench_structural at issue 36's size (all of EWT, layer 0's two shapes); probe_ewt is
+  bench_probe at all of EWT's 200k training words (issue 33 asks for both sizes)."""
   assert runner.command("structural_ewt", runner.BENCHMARKS["structural_ewt"][0]) == (
     "python -m benchmarks.bench_structural --train_words=0 --dev_sentences=0 --layers=0"
+  )
+  assert runner.command("probe_ewt", runner.BENCHMARKS["probe_ewt"][0]) == (
+    "python -m benchmarks.bench_probe --heads=12 --train=200000 --dev=25000 --sklearn_heads=1 --scaling_heads="
   )
   assert runner.command("probe", ["--heads=1"]) == "python -m benchmarks.bench_probe --heads=1"
 
