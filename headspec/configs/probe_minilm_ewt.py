@@ -9,7 +9,7 @@ control, punctuation left out); 95% bootstrap CIs; L2 chosen on EWT dev, reporte
 dev and test). Every probe is fitted on ALL
 of EWT train (204,577 words; softmax probes iterated to convergence, arc probes of rank 32 with early
 stopping on dev loss, at most 30 epochs). Pass --config.probe.max_train_words=40000 for a quicker look
-(30 min on the idle 2-core CPU with MDL off, 2026-11-28: BENCHMARKS.md "probe_minilm"),
+(30-32 min on the idle 2-core CPU with MDL off, 2026-11-28/29: BENCHMARKS.md "probe_minilm"),
 --config.probe.residuals=False for the heads only.
 On the 2-core development CPU this run takes hours: 6-13 min per layer of 12 heads when idle, 97 min
 for all heads and the embeddings, partly shared (2026-11-24, MDL off); use an unshared machine; it resumes. MDL (probe.mdl,

@@ -794,7 +794,7 @@ class _Lbfgs:
     # The shared blocks are refreshed at the pass's first shape only: at a narrowed shape a refresh
     # compiles anew (~1 s each, 5 in a 384-wide stream's fit at 40k words) for no fewer iterations
     # (all-MiniLM-L6-v2's embeddings 96.6 -> 89.4 s, layer 2's stream 156.4 -> 145.9 s; objectives within
-    # 2e-4 relative). Column blocks keep their refresh: without it the quickstart decoder's probes took
+    # 2.2e-4 relative). Column blocks keep their refresh: without it the quickstart decoder's probes took
     # 2.5% more iterations.
     refresh_narrowed = mode == "column"
     if refresh:
