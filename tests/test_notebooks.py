@@ -72,9 +72,12 @@ def test_notebooks_are_kept_with_outputs():
 
 @pytest.mark.slow
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.stem)
-def test_notebook_runs_and_outputs_match(path, tmp_path):
+def test_notebook_runs_and_outputs_match(path, tmp_path, monkeypatch):
   if not os.environ.get("HEADSPEC_DATA_DIR"):
     pytest.fail("HEADSPEC_DATA_DIR is unset: the notebooks read the treebanks from it", pytrace=False)
+  # the kernel inherits it: the notebooks' scratch folders (tempfile.mkdtemp, ~40 MB of runs each) go
+  # into pytest's temporary folder, not the system's
+  monkeypatch.setenv("TMPDIR", str(tmp_path))
   recorded = nbformat.read(path, as_version=4)
   fresh = nbformat.read(path, as_version=4)
   t0 = time.perf_counter()
