@@ -796,7 +796,6 @@ class _Lbfgs:
     # (all-MiniLM-L6-v2's embeddings 96.6 -> 89.4 s, layer 2's stream 156.4 -> 145.9 s; objectives within
     # 2.2e-4 relative). Column blocks keep their refresh: without it the quickstart decoder's probes took
     # 2.5% more iterations.
-    refresh_narrowed = mode == "column"
     if refresh:
       state = state._replace(precond=refresh(state.params, data, layout=layout))
     out = self._write(state, rows, col_T, probes, None)
@@ -805,7 +804,7 @@ class _Lbfgs:
       state, passes, running_GQ = _lbfgs_step(state, data, layout=layout, tol=self.tol)
       passes, running_GQ = self.fetch((passes, running_GQ))
       narrowed = len(rows) < num_g or len(col_T) < total_t
-      if refresh and iteration % every == 0 and (refresh_narrowed or not narrowed):
+      if refresh and iteration % every == 0 and (mode == "column" or not narrowed):
         state = state._replace(precond=refresh(state.params, data, layout=layout))
       self.group_columns += int(passes) * len(rows) * len(col_T)
       live_g = np.flatnonzero(running_GQ.any(1))
