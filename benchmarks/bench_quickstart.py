@@ -2,14 +2,15 @@
 
   python -m benchmarks.bench_quickstart [--keep=DIR]
 
-Runs `python -m headspec quickstart` in a fresh temporary work directory through
-benchmarks/timed_command.py (a subprocess with a new, empty JAX compilation cache) and reads its output
-line by line: a stage starts at the line the quickstart prints for it ("training the decoder", "probing
-every head of the encoder", ...), so each stage's seconds are the time between two such lines.
-From each run's probes/run_info.json it adds the XLA compilations and compile seconds of every probed model
-step. Prints one JSON object: total wall and CPU seconds (the subprocess's user + system), the stages, the
-compilations, the probe tables' first lines (so a speed-up that changed the results shows), and the load
-average before and after. The issue's target is 4 minutes on the 2-core CPU.
+Runs `python -m headspec quickstart` in a fresh temporary work directory through benchmarks/timed_command.py
+(a subprocess with a new, empty JAX compilation cache) and reads its output line by line: a stage starts at
+the line the quickstart prints for it ("training the decoder", "probing every head of the encoder", ...), so
+each stage's seconds are the time between two such lines. From each run's probes/run_info.json it adds the
+XLA compilations and compile seconds of every probed model step, and its softmax fits' L-BFGS passes beside
+their arithmetic floor (benchmarks/plain_matmul.py). Prints one JSON object: total wall and CPU seconds (the
+subprocess's user + system), the stages, the compilations, the probe tables' first lines (so a speed-up that
+changed the results shows), and the load average before and after. The issue's target is 4 minutes on the
+2-core CPU.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ import os
 import tempfile
 import time
 
-from benchmarks import timed_command
+from benchmarks import plain_matmul, timed_command
 
 # the quickstart's own progress lines (headspec/quickstart.py) -> stage name
 STAGES = (
@@ -61,6 +62,7 @@ def _probe_facts(runs: str) -> dict:
       info = json.load(f)
     out[kind] = {"xla_compilations": info["xla_compilations"], "xla_compile_seconds": info["xla_compile_seconds"]}
     out[kind]["summary_upos_row"] = timed_command.upos_row(os.path.join(runs, kind, "probes", "summary.md"))
+    out[kind]["lbfgs_floor"] = plain_matmul.floor(info.get("lbfgs_passes", {}))
   return out
 
 

@@ -235,6 +235,11 @@ def test_minilm_probe_benchmark_adds_up_the_suites_fit_lines_and_reads_the_run(t
       "m-random step 0": {"jit(stage)": 2},
     },
     "train_words": 40000,
+    "lbfgs_passes": {
+      "m step 0 layer 0 heads": dict(gflop=2.0, seconds=1.0, words=512, groups=2, width=8, columns=16),
+      "m step 0 layer 1 heads": dict(gflop=1.0, seconds=0.5, words=512, groups=2, width=8, columns=16),
+      "m step 0 embeddings": dict(gflop=4.0, seconds=1.0, words=512, groups=1, width=32, columns=16),
+    },
   }
   (tmp_path / "run_info.json").write_text(json.dumps(info))
   (tmp_path / "fits.csv").write_text(
@@ -247,3 +252,10 @@ def test_minilm_probe_benchmark_adds_up_the_suites_fit_lines_and_reads_the_run(t
   assert facts["xla_compilations_top"] == {"jit(stage)": 6, "jit(_lbfgs_step)": 3}
   assert facts["lbfgs_iterations_max"] == {"upos": 30, "xpos": 40} and facts["lbfgs_iterations_total"] == 82
   assert facts["softmax_fits"] == 3 and facts["summary_upos_row"] == "upos ; 0.2 (majority)"
+  floor = facts["lbfgs_floor"]  # per shape: the fits' arithmetic at a plain matmul's rate, measured now
+  heads, wide = floor["by_shape"]["G 2 x K 8 x T 16 at N 512"], floor["by_shape"]["G 1 x K 32 x T 16 at N 512"]
+  assert (heads["fits"], heads["gflop"], heads["seconds"], heads["gflop_per_s"]) == (2, 3.0, 1.5, 2.0)
+  for shape in (heads, wide):
+    assert shape["plain_matmul_gflop_per_s"] > 0
+    assert shape["floor_s"] == pytest.approx(shape["gflop"] / shape["plain_matmul_gflop_per_s"], rel=0.01, abs=0.1)
+  assert floor["total"]["gflop"] == 7.0 and floor["total"]["seconds"] == 2.5

@@ -210,6 +210,13 @@ def test_stopped_probes_leave_the_pass_and_change_nothing(monkeypatch):
   joint = probe.fit_softmax_probes(x[:3000], x[3000:], specs, **kw)
   assert shapes[0] == (2, 56) and (1, 56) in shapes and (1, 16) in shapes  # the noise group, then the rare task, left
   assert joint.converged["separable"].all() and joint.iterations["separable"][0] > joint.iterations["rare"][0]
+  # the passes' arithmetic (benchmarks set it beside a plain matmul): every step is at least one pass at
+  # its shape, narrowed ones included, plus the start's
+  work = joint.lbfgs_arithmetic()
+  assert {key: work[key] for key in ("words", "groups", "width", "columns")} == dict(
+    words=3000, groups=2, width=8, columns=56
+  )
+  assert work["gflop"] >= 4 * 3000 * 8 * (2 * 56 + sum(g * t for g, t in shapes)) / 1e9 > 0 and work["seconds"] > 0
   for spec, y in zip(specs, (separable, rare)):
     alone = probe.fit_softmax_probes(x[:3000, :1], x[3000:, :1], [spec], **kw)
     np.testing.assert_allclose(joint.train_objective[spec.name][0], alone.train_objective[spec.name][0], rtol=1e-4)

@@ -118,6 +118,13 @@ def test_suite_on_ewt_part(ewt_part, tmp_path, caplog):
   assert compiles["run step 9"] > 0, by_function
   narrowing = {"jit(_lbfgs_step)", "jit(_take_groups)", "jit(_preconditioner)"}
   assert set(by_function["run-random step 0"]) <= narrowing, by_function
+  # every source's softmax fit records its L-BFGS passes' arithmetic and full-pass shape (benchmarks)
+  passes = info["lbfgs_passes"]
+  assert {key.split(" step ")[0] for key in passes} == {"run", "run-random"}
+  assert len(passes) == 2 * len([k for k in passes if k.startswith("run step 9")])
+  num_p = len(config.probe.l2_grid)
+  for rec in passes.values():  # controls have their task's classes: 2 · Σ classes · λ columns
+    assert rec["words"] == info["train_words"] and rec["gflop"] > 0 and rec["columns"] % (2 * num_p) == 0, rec
   out = caplog.text
   assert "split into windows" in out and "en_ewt/train" in out
   rows = _rows(results)

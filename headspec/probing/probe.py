@@ -109,7 +109,7 @@ class FittedProbes:
   `start[name]` (G,) 'lda' or 'prior' (the start that scored the lower objective on a subset).
   `profile`: where the fit's time went (start_s, adam_s, lbfgs_s, dev_s seconds; group_columns: Σ over
   the full-batch passes of groups × packed weight columns in the pass, the passes' arithmetic is
-  about 4·N·K·group_columns), for benchmarks.
+  about 4·N·K·group_columns; words N, groups G, width K and columns T of the full pass), for benchmarks.
   """
 
   mean_GK: np.ndarray
@@ -125,6 +125,17 @@ class FittedProbes:
   converged: dict = dataclasses.field(default_factory=dict)
   start: dict = dataclasses.field(default_factory=dict)
   profile: dict = dataclasses.field(default_factory=dict)
+
+  def lbfgs_arithmetic(self) -> dict:
+    """The L-BFGS passes' matmul arithmetic, 4·N·K·group_columns (logits xs·W and gradient xsᵀ·Z, two
+    multiply-adds per weight per word), their seconds (compilation included) and the full pass's shape:
+    what a benchmark needs to set the fit beside a plain matmul of the same shapes."""
+    p = self.profile
+    return {
+      "gflop": round(4.0 * p["words"] * p["width"] * p["group_columns"] / 1e9, 3),
+      "seconds": round(p["lbfgs_s"], 2),
+      **{key: p[key] for key in ("words", "groups", "width", "columns")},
+    }
 
 
 def _check(x_train_NGK, x_dev_NGK, specs):
@@ -1280,6 +1291,7 @@ def fit_softmax_probes(
   v0, b0, starts = _starts(x_train_NGK, cols, corr, per_task, sub_idx, mean, std, unwhiten, lda_ridge)
   profile["start_s"] = time.perf_counter() - clock
   n = x_train_NGK.shape[0]
+  profile.update(words=n, groups=x_train_NGK.shape[1], width=x_train_NGK.shape[2], columns=len(cols.block_T))
   steps = refine_samples // batch_size
   frac_labelled = [max((np.asarray(s.y_train_N) >= 0).mean(), 1e-12) for s in specs]
   fit = _Fit(

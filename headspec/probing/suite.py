@@ -25,7 +25,7 @@ import numpy as np
 from absl import logging
 
 from headspec import alignment as align
-from headspec import jobloop, remote, resampling, tables, targets
+from headspec import jobloop, provenance, remote, resampling, tables, targets
 from headspec.probing import complexity as complexity_lib
 from headspec.probing import labels, mdl, plan
 from headspec.probing import tasks as tasks_lib
@@ -253,6 +253,9 @@ def _probe_source(ctx: _Job, layer: int, heads: list[int], read, what: str) -> d
     t0 = time.perf_counter()
     fitted.update(fit(members, x_train, x_tune, data, config))
     logging.info(f"    {what}: fitted {', '.join(t.name for t in members)} ({time.perf_counter() - t0:.0f} s)")
+  for f in {id(f): f for f in fitted.values() if hasattr(f, "lbfgs_arithmetic")}.values():  # the softmax fit
+    # probes/run_info.json: what benchmarks set beside a plain matmul of the same shapes (issue 33)
+    provenance.note("lbfgs_passes", f.lbfgs_arithmetic(), under=f"{job.name} step {job.step} {what}")
   if ctx.wants["complexity"]:
     for task in ctx.tasks:
       if task.fit is tasks_lib.fit_softmax:
