@@ -84,7 +84,7 @@ PRECONDITION_MAX_PASSES = 32
 PRECONDITION_MAX_FLOATS = 1 << 25
 PRECONDITION_SHARED_WORK = 4e9
 PRECONDITION_EVERY_SHARED = 50
-CHUNK_LOGITS = 1 << 19  # logits per chunk of a full-batch pass (see _pass_data)
+CHUNK_LOGITS = 1 << 21  # logits per chunk of a full-batch pass, at most (see pass_chunk_words)
 _EMPTY_CLASS_BIAS = -30.0  # log-prior of a class absent from train: never predicted
 
 
@@ -1088,11 +1088,16 @@ def _adam(fit, g0, g1, put):
   return params
 
 
-def pass_chunk_words(n: int, groups: int, columns: int, most: int = 4096) -> int:
+def pass_chunk_words(n: int, groups: int, columns: int, most: int = 2048) -> int:
   """Words per chunk of a full-batch pass (see _pass_data): the fewest chunks of at most L words, L the
-  power of two at or above CHUNK_LOGITS / (groups·columns) kept within [512, most], each chunk a
-  multiple of 64 words."""
-  largest = max(1, min(most, _pow2_at_least(max(CHUNK_LOGITS // (groups * columns), 512)), n))
+  power of two at or below CHUNK_LOGITS / (groups·columns) kept within [256, most], each chunk a
+  multiple of 64 words. Measured on the 2-core CPU (2026-11-29, one pass alone, value and gradient, ms
+  at 256 / 512 / 1,024 / 2,048 words a chunk): 12 groups × K 32 × 600 columns of 39,936 words 464-520 /
+  555-589 / - / - (256 chosen; it was 512); 4 × 16 × 354 of 47,104 words 82 / 78 / 74 / - (1,024; was
+  512); 1 × 64 × 354 - / - / 41-44 / 39 (2,048, as before); 1 × 384 × 600 of 39,936 words - / 208 /
+  206-224 / 212-226 (2,048; was 1,024, within the noise)."""
+  fit = CHUNK_LOGITS // (groups * columns)
+  largest = max(1, min(most, max(1 << (max(fit, 1).bit_length() - 1), 256), n))
   chunks = -(-n // largest)
   return min(largest, 64 * -(-n // (64 * chunks)))
 
@@ -1100,11 +1105,8 @@ def pass_chunk_words(n: int, groups: int, columns: int, most: int = 4096) -> int
 def _pass_data(fit, g0, g1, put):
   """The device arrays of a full pass for groups g0..g1-1: standardised features in chunks (the last
   padded), group-major, words last. A chunk's logits, softmax and their gradient are a few G·T·c
-  arrays, kept near CHUNK_LOGITS floats so they stay in cache (pass_chunk_words), and the words are
-  spread evenly over the chunks. Measured on the 2-core CPU, GFLOP/s of a pass at c = 128 (lowest,
-  best, 4096): 5,708 words × K 16 × 416 columns 22, 28 at 512-1024, 16; 47,600 × 64 × 624: 63, 77 at
-  1024, 69; 12 groups × 20,000 × 32 × 624: 48, 56 at 512-1024, 38; 40,000 × 384 × 624: 101, 189 at
-  512, 172."""
+  arrays, at most CHUNK_LOGITS floats so they stay in cache (pass_chunk_words), and the words are
+  spread evenly over the chunks."""
   mean, std = (np.asarray(a[g0:g1], np.float32) for a in (fit.mean, fit.std))
   xs = (np.asarray(fit.x_train_NGK[:, g0:g1], np.float32) - mean) / std
   n = xs.shape[0]
@@ -1266,7 +1268,7 @@ def fit_softmax_probes(
   max_devices: int | None = None,
   tol: float = DEFAULT_TOL,
   max_iter: int = DEFAULT_MAX_ITER,
-  pass_chunk: int = 4096,
+  pass_chunk: int = 2048,
   precondition: bool = True,
 ) -> FittedProbes:
   """Fits one softmax probe per (group, task) and picks its L2 on dev; see the module docstring.
