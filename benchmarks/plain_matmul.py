@@ -41,7 +41,8 @@ def floor(lbfgs_passes: dict) -> dict:
   """Per full-pass shape ('G 12 × K 32 × T 624 at N 40000'): the fits' L-BFGS GFLOP and seconds
   (compilation included), their achieved GFLOP/s, a plain matmul's GFLOP/s at that shape measured now,
   and `floor_s`, the seconds the passes' matmuls alone take at the plain rate; with the totals. Narrowed
-  passes (fewer groups or columns) are counted at the full shape's rate, so the floor is an estimate."""
+  passes (fewer groups or columns) are counted at the full shape's rate and preconditioner refreshes not
+  at all, so the floor is an estimate from below."""
   shapes: dict[tuple, dict] = {}
   for rec in lbfgs_passes.values():
     key = (rec["groups"], rec["width"], rec["columns"], rec["words"])
