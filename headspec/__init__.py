@@ -28,6 +28,9 @@ _LAZY = {
   "Loaded": ("headspec.api", "Loaded"),
   "Captured": ("headspec.api", "Captured"),
   "Ablation": ("headspec.api", "Ablation"),
+  # Sparse autoencoders on attention outputs (headspec/sae/, docs/sae.md).
+  "fit_sae": ("headspec.sae.train", "fit_sae"),
+  "sae_head_fractions": ("headspec.sae.metrics", "sae_head_fractions"),
 }
 
 __all__ = [
@@ -39,6 +42,7 @@ __all__ = [
   "ablate",
   "attribution_patch",
   "build_atlas",
+  "fit_sae",
   "load",
   "patch",
   "path_patch",
@@ -46,6 +50,7 @@ __all__ = [
   "read_table",
   "read_tables",
   "run",
+  "sae_head_fractions",
   "split_words",
 ]
 

@@ -1,0 +1,87 @@
+"""The sparse autoencoder: f = σ(W_enc (x − b_dec) + b_enc), x̂ = W_dec f + b_dec.
+
+σ is ReLU (Bricken et al. 2023, "Towards Monosemanticity"; trained with an L1 penalty) or TopK: keep the k
+largest pre-activations, ReLU'd, zero the rest (Gao et al. 2024, "Scaling and evaluating sparse
+autoencoders"). Subtracting b_dec before encoding is both papers' pre-encoder bias. Decoder rows W_dec[f]
+(one per feature, the "columns" of the papers' W_dec) are kept at unit norm by training, so a feature's
+activation is its coefficient along a unit direction.
+
+Here K is the input width (for the concatenated z of a layer, H·K of the model) and F the features.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import flax
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+KINDS = ("topk", "relu")
+
+
+def topk_activation(pre_NF, k: int):
+  """ReLU of the k largest entries of each row, zeros elsewhere (Gao et al. 2024, eq. 2)."""
+  values_Nk, index_Nk = jax.lax.top_k(pre_NF, k)
+  rows_N1 = jnp.arange(pre_NF.shape[0])[:, None]
+  return jnp.zeros_like(pre_NF).at[rows_N1, index_Nk].set(jax.nn.relu(values_Nk))
+
+
+def activate(pre_NF, kind: str, k: int):
+  return topk_activation(pre_NF, k) if kind == "topk" else jax.nn.relu(pre_NF)
+
+
+def pre_activations(params: dict, x_NK):
+  return (x_NK - params["b_dec_K"]) @ params["W_enc_KF"] + params["b_enc_F"]
+
+
+def reconstruct(params: dict, f_NF):
+  return f_NF @ params["W_dec_FK"] + params["b_dec_K"]
+
+
+@flax.struct.dataclass
+class SAE:
+  """A trained SAE (arrays in float32). `encode(x_NK)` -> f_NF, `decode(f_NF)` -> x̂_NK, `__call__` both.
+
+  kind: 'topk' | 'relu'; k: active features per input for TopK (0 for ReLU). `info`: how it was trained
+  (steps, final loss, input scale), for the record.
+  """
+
+  W_enc_KF: jax.Array
+  b_enc_F: jax.Array
+  W_dec_FK: jax.Array
+  b_dec_K: jax.Array
+  kind: str = flax.struct.field(pytree_node=False, default="topk")
+  k: int = flax.struct.field(pytree_node=False, default=0)
+  info: dict = flax.struct.field(pytree_node=False, default_factory=dict)
+
+  @property
+  def params(self) -> dict:
+    return dict(W_enc_KF=self.W_enc_KF, b_enc_F=self.b_enc_F, W_dec_FK=self.W_dec_FK, b_dec_K=self.b_dec_K)
+
+  @property
+  def num_features(self) -> int:
+    return int(self.W_dec_FK.shape[0])
+
+  @property
+  def width(self) -> int:
+    return int(self.W_dec_FK.shape[1])
+
+  def encode(self, x_NK):
+    """Feature activations f_NF (≥ 0; at most k nonzero per row for TopK)."""
+    return _encode(self.params, jnp.asarray(x_NK, jnp.float32), self.kind, self.k)
+
+  def decode(self, f_NF):
+    return reconstruct(self.params, jnp.asarray(f_NF, jnp.float32))
+
+  def __call__(self, x_NK):
+    return self.decode(self.encode(x_NK))
+
+  def numpy(self) -> dict[str, np.ndarray]:
+    return {name: np.asarray(value) for name, value in self.params.items()}
+
+
+@functools.partial(jax.jit, static_argnames=("kind", "k"))
+def _encode(params, x_NK, kind: str, k: int):
+  return activate(pre_activations(params, x_NK), kind, k)
