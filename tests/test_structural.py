@@ -156,16 +156,23 @@ def test_stacked_scoring_matches_sentence_by_sentence(kind):
 
 
 @pytest.mark.parametrize("kind", structural.KINDS)
-def test_recovers_known_trees(kind):
+@pytest.mark.parametrize("scale", structural.SCALES)
+def test_recovers_known_trees(kind, scale):
+  """Raw features (the default, as H&M) mixed by a map with orthonormal rows, so they keep the tree's scale;
+  standardised ones (scale='std') mixed by a map whose dimensions differ in scale by 10^±1.5, which the
+  standardisation removes."""
   rng = np.random.default_rng(1)
   train, dev = _trees(rng, 200, lengths=(3, 12)), _trees(rng, 40, lengths=(5, 12), punct_rate=0.2)
-  mix = rng.normal(size=(16, 24))
+  mix = np.linalg.qr(rng.normal(size=(24, 16)))[0].T
+  if scale == "std":
+    mix = mix * 10.0 ** rng.uniform(-1.5, 1.5, size=24)
   x_train, x_dev = _embed(train, mix), _embed(dev, mix)
   noise = np.concatenate([x_train, rng.normal(size=x_train.shape).astype(np.float32)], axis=1)  # group 2: noise
   noise_dev = np.concatenate([x_dev, rng.normal(size=x_dev.shape).astype(np.float32)], axis=1)
   fitted = structural.fit_structural_probes(
-    noise, train, noise_dev, dev, kind=kind, rank=16, epochs=40, learning_rate=1e-2, batch_words=64, seed=0
-  )
+    noise, train, noise_dev, dev, kind=kind, rank=16, epochs=40, learning_rate=1e-2, batch_words=64, seed=0,
+    scale=scale,
+  )  # fmt: skip
   out = structural.metrics(structural.score_sentences(structural.predictions(fitted, noise_dev, dev), dev, kind))
   names = ("uuas", "dspr") if kind == "distance" else ("root_acc", "nspr")
   assert out[names[0]][0][0] == 1.0 and out[names[1]][0][0] > 0.9  # < 1: gold values tie, predictions do not

@@ -321,6 +321,7 @@ def fit_arc_probes(
   chunk_words: int = CHUNK_WORDS,
   patience: int = 2,
   train_uas: bool = True,
+  l2_G=None,
 ) -> FittedArcProbes:
   """Fits the bilinear arc probe for every group and l2 value; keeps the best l2 per group on dev.
 
@@ -331,7 +332,8 @@ def fit_arc_probes(
   Hewitt & Liang's control-tasks code: after every epoch the dev loss of every (l2, group) probe is
   measured and its parameters with the lowest dev loss are kept; training stops after `patience`
   epochs in which no probe improved, or after `epochs`. Then the l2 with the best dev UAS is kept per
-  group. Minibatches are `batch_words // width` packed rows. Deterministic given seed.
+  group (or, with l2_G, each group's given λ of the grid: Hewitt & Liang 2019's control fitted at its task's
+  λ). Minibatches are `batch_words // width` packed rows. Deterministic given seed.
   """
   x_train_NGK, x_dev_NGK = np.asarray(x_train_NGK, np.float32), np.asarray(x_dev_NGK, np.float32)
   lengths_U, heads_N = _lengths_and_heads(heads_train, x_train_NGK, "train")
@@ -348,6 +350,8 @@ def fit_arc_probes(
   words = None
   l2_P = np.asarray(sorted(l2_grid), np.float32)
   num_l = len(l2_P)
+  if l2_G is not None and (np.shape(l2_G) != (num_g,) or not np.isin(np.float32(l2_G), l2_P).all()):
+    raise UserError(f"arc probe: l2_G {np.asarray(l2_G).tolist()} must give each of {num_g} groups a λ of {l2_P}")
   k_a, k_b, _, k_train = jax.random.split(jax.random.PRNGKey(seed), 4)
   init = lambda key, shape: draws.normal(key, shape) / np.sqrt(shape[-2])  # one program per size bucket
   params = (
@@ -374,6 +378,8 @@ def fit_arc_probes(
   )
   dev_uas_GP = np.stack([uas(p, heads_dev_N) for p in preds_P], axis=1)
   best_G = num_l - 1 - np.argmax(dev_uas_GP[:, ::-1], axis=1)
+  if l2_G is not None:
+    best_G = np.searchsorted(l2_P, np.float32(l2_G))
   pick = lambda p: np.asarray(p)[best_G, np.arange(num_g)]
   chosen = tuple(pick(p) for p in best)
   train_uas_G = np.full(num_g, np.nan)

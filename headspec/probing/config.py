@@ -34,6 +34,9 @@ def probe_config() -> ml_collections.ConfigDict:
   c.probe.residuals = True  # also probe the embeddings and every layer's residual stream (False: the heads only)
   c.probe.random_baseline = False  # also probe the same architecture with random weights (model name + '-random')
   c.probe.l2_grid = (1e-5, 1e-4, 1e-3)  # L2 penalties λ tried per probe; the best on dev is kept
+  # 'tied': λ chosen on the task's dev accuracy, its control fitted at that λ (Hewitt & Liang 2019);
+  # 'separate': the control chooses its own λ on its own dev accuracy (softmax and arc probes)
+  c.probe.control_lambda = "tied"
   c.probe.refine_samples = (
     200_000  # training words Adam visits after the closed-form LDA start (several passes if N is smaller; 0: LDA only)
   )
@@ -55,6 +58,8 @@ def probe_config() -> ml_collections.ConfigDict:
   c.probe.structural_epochs = 40  # at most this many passes of the structural probes over train (H&M: 40)
   c.probe.structural_patience = 5  # stop after this many epochs in which no structural probe's dev loss improved
   c.probe.structural_learning_rate = 1e-3  # Adam's; divided by 10 after an epoch without dev improvement (H&M)
+  c.probe.structural_batch_sentences = 20  # sentences per minibatch, reshuffled every epoch (H&M's batch_size)
+  c.probe.structural_scale = "raw"  # 'raw' features as H&M | 'std': divided by their train std (docs/probing.md)
   c.probe.structural_max_train_words = 0  # 0: every train sentence; else a seeded subset of about this many words
   c.probe.complexity = False  # also write probes/complexity.csv: every λ's dev accuracy (Hewitt & Liang 2019)
   c.probe.mdl = False  # also write probes/mdl.csv: Voita & Titov (2020) online codelength per group, task and control

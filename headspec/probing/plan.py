@@ -30,11 +30,17 @@ def check_config(config) -> None:
     min(p.get("structural_epochs", 1), p.get("structural_patience", 1), 1 if rank is None else rank) < 1
     or p.get("structural_max_train_words", 0) < 0
     or not p.get("structural_learning_rate", 1.0) > 0
+    or p.get("structural_batch_sentences", 1) < 1
   ):
     raise UserError(
-      "probe.structural_rank, structural_epochs and structural_patience must be >= 1, "
-      "structural_max_train_words >= 0 and structural_learning_rate > 0"
+      "probe.structural_rank, structural_epochs, structural_patience and structural_batch_sentences must be "
+      ">= 1, structural_max_train_words >= 0 and structural_learning_rate > 0"
     )
+  from headspec.probing import structural
+
+  if p.get("structural_scale", "raw") not in structural.SCALES:
+    raise UserError(f"probe.structural_scale={p.structural_scale!r}: use one of {', '.join(structural.SCALES)}")
+  tasks_lib.control_lambda(config)  # 'tied' | 'separate'
   fractions = [float(f) for f in p.get("mdl_fractions", (1.0,))]
   if not fractions or fractions[-1] != 1.0 or any(not 0 <= a < b for a, b in zip([0.0] + fractions, fractions)):
     raise UserError(f"probe.mdl_fractions={tuple(fractions)}: increasing fractions in (0, 1] ending at 1.0")

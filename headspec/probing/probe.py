@@ -1270,6 +1270,7 @@ def fit_softmax_probes(
   max_iter: int = DEFAULT_MAX_ITER,
   pass_chunk: int = 2048,
   precondition: bool = True,
+  choose_with: dict[str, str] | None = None,
 ) -> FittedProbes:
   """Fits one softmax probe per (group, task) and picks its L2 on dev; see the module docstring.
 
@@ -1280,9 +1281,15 @@ def fit_softmax_probes(
   tol (relative), at most max_iter iterations (0: no L-BFGS). A probe whose final objective is above
   its start's or the class-prior-only model's is refitted from the class prior; if that fails too,
   RuntimeError. precondition: L-BFGS with the class-block preconditioner (where it fits in memory;
-  False: the plain γ·I start, for comparisons). Deterministic given `seed`.
+  False: the plain γ·I start, for comparisons). choose_with {name: other}: the probe `name` keeps, per group,
+  the λ chosen on `other`'s dev accuracy (Hewitt & Liang 2019: a control fitted at its task's λ).
+  Deterministic given `seed`.
   """
   _check(x_train_NGK, x_dev_NGK, specs)
+  names = {s.name for s in specs}
+  for name, other in (choose_with or {}).items():
+    if name not in names or other not in names:
+      raise UserError(f"choose_with {name!r}: {other!r}: both must name one of the specs {sorted(names)}")
   specs = tuple(specs)
   profile = dict(adam_s=0.0, lbfgs_s=0.0, group_columns=0)
   clock = time.perf_counter()
@@ -1316,6 +1323,7 @@ def fit_softmax_probes(
   v, b, f_GQ, iters_GQ, conv_GQ = _fit_all_groups(fit, mean.shape[0], max_devices, profile)
   clock = time.perf_counter()
   chosen, w, b = _choose_on_dev(x_dev_NGK, cols, mean, std, whiten, v, b, chunk)
+  chosen |= {name: (chosen[name][0], chosen[other][1]) for name, other in (choose_with or {}).items()}
   profile["dev_s"] = time.perf_counter() - clock
   return _fitted(cols, mean, std, chosen, w, b, f_GQ, iters_GQ, conv_GQ, starts, profile)
 

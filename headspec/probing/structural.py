@@ -6,13 +6,25 @@ john-hewitt/structural-probes). For the words h_1..h_n of a sentence and a rank-
   distance probe  d̂(i, j) = ‖B(x̂_i − x̂_j)‖²  fitted to the tree distance d(i, j) (edges on the path)
   depth probe     ‖ŵ_i‖ = ‖B x̂_i‖²           fitted to the depth of word i (edges from the root word)
 
-x̂ = x / σ is the feature scaled by its train standard deviation (for conditioning; B absorbs it, so the
-probe family is H&M's). It is not centred: ‖B(x − μ)‖² is a different family from ‖Bx‖² for depths. Training as the reference code: L1 loss, per sentence normalised by n²
-(distance) or n (depth) and averaged over the sentences of a batch; Adam (lr 1e-3, batches of ~20
-sentences: `batch_words` 512), the learning rate divided by 10 after an epoch whose dev loss did not
-improve (ReduceLROnPlateau, patience 0), parameters kept at the lowest dev loss, training stopped after
-`patience` (5) epochs without an improvement of 1e-4. Every feature group (each head's Z_h, each
-layer's residual stream) is fitted at once, each with its own map, learning rate and stopping point.
+x̂ = x, the raw feature, as H&M's probe reads it (`scale='std'` divides it by its train standard deviation:
+B absorbs that, so the family is the same, but Adam's path is not; docs/probing.md gives the measured
+difference). It is not centred: ‖B(x − μ)‖² is a different family from ‖Bx‖² for depths.
+
+Training as the reference code's regimen.py (john-hewitt/structural-probes; each difference named):
+  - L1 loss, per sentence normalised by n² (distance) or n (depth), averaged over the sentences of a batch;
+  - Adam (lr 1e-3), B initialised uniform in ±0.05;
+  - every epoch the train sentences in a new order (a permutation from the seed, folded with the epoch:
+    DataLoader(shuffle=True)), cut into batches of consecutive sentences, at most `batch_sentences` (20,
+    H&M's batch_size); here a batch's sentences lie side by side in rows of 64 words (headspec/packing.py's
+    widths: a longer sentence joins the open batch of its wider rows), at most `batch_words` slots, so a
+    batch of long sentences closes with fewer than 20;
+  - after each epoch the dev loss; torch's ReduceLROnPlateau(mode 'min', factor 0.1, patience 0, threshold
+    1e-4 relative, eps 1e-8) stepped on the SUMMED dev loss (Σ over sentences, regimen.py's epoch_dev_loss);
+    the parameters kept when the MEAN dev loss improves by 1e-4 (absolute), and training stopped after
+    `patience` (5) epochs without such an improvement, at most `epochs` (40).
+Every feature group (each head's Z_h, each layer's residual stream) is fitted at once, each with its own map,
+learning-rate schedule and stopping point: a group that has stopped is frozen (its steps scaled by 0) while
+the others train on, as if each were trained alone.
 
 Metrics (the reference code's reporter.py), each per group:
   UUAS      the minimum spanning tree of the predicted distances against the gold tree, both over the
@@ -105,9 +117,10 @@ class Tree:
 
 @dataclasses.dataclass(frozen=True)
 class FittedStructural:
-  """Per group: b_GKR (the kept map), the scaling (mean_GK is zero: features are not centred), dev loss at the
-  kept epoch and that epoch, and whether the group stopped improving (`patience` epochs without a better dev
-  loss) before the epochs ran out."""
+  """Per group: b_GKR (the kept map), the scaling (mean_GK is zero: features are not centred; std_GK is 1 for
+  raw features), dev loss at the kept epoch and that epoch, whether the group stopped (`patience` epochs
+  without a better dev loss) before the epochs ran out, the epoch it stopped at (or the last), the mean dev
+  loss of every epoch (dev_loss_EG, nan once the group has stopped) and its final learning rate."""
 
   kind: str
   mean_GK: np.ndarray
@@ -118,6 +131,10 @@ class FittedStructural:
   converged_G: np.ndarray
   epochs_run: int
   rank: int
+  stopped_epoch_G: np.ndarray | None = None
+  dev_loss_EG: np.ndarray | None = None
+  lr_G: np.ndarray | None = None
+  scale: str = "raw"
 
 
 def _predict_GBW(b_GKR, x_BWGK, kind: str):
@@ -135,23 +152,118 @@ def _l1_G(b_GKR, x_BWGK, gold, weight, kind: str):
   return jnp.sum(weight * jnp.abs(_predict_GBW(b_GKR, x_BWGK, kind) - gold), axis=tuple(range(1, gold.ndim + 1)))
 
 
-@functools.partial(jax.jit, static_argnames=("batch_rows", "kind"))
-def _epoch(b_GKR, opt_state, lr_G, x_BWGK, gold, weight, first_BW, mean_GK, std_GK, key, *, batch_rows, kind):
-  """One pass of minibatch Adam over the packed rows (shuffled); each group's step scaled by its lr."""
-  num_b = x_BWGK.shape[0]
-  steps = max(num_b // batch_rows, 1)
+@dataclasses.dataclass(frozen=True)
+class _TrainWords:
+  """The train split as flat per-word tables, so an epoch's batches are gathered on the device from word
+  ids alone (the order of sentences changes every epoch): sentence_N, position_N (within its sentence),
+  length_N (its sentence's), and the gold: for distance each sentence's d_nn flattened into gold_P with
+  row_offset_N[i] = its sentence's offset + position_i · n (so d(i, j) = gold_P[row_offset_N[i] +
+  position_N[j]]), for depth gold_P = depth_N (row_offset_N = the word's own index)."""
 
-  def loss(b, idx):
-    x = (x_BWGK[idx] - mean_GK) / std_GK
-    return _l1_G(b, x, gold[idx], weight[idx], kind).sum() / jnp.maximum(first_BW[idx].sum(), 1)
+  sentence_N: np.ndarray
+  position_N: np.ndarray
+  length_N: np.ndarray
+  row_offset_N: np.ndarray
+  gold_P: np.ndarray
 
-  def step(carry, idx):
-    b, s = carry
-    updates, s = optax.scale_by_adam().update(jax.grad(loss)(b, idx), s)
-    return (b - lr_G[:, None, None] * updates, s), None
+  @classmethod
+  def make(cls, trees: Sequence[Tree], kind: str) -> _TrainWords:
+    lengths_U = np.array([len(t.heads) for t in trees], np.int64)
+    sentence_N = np.repeat(np.arange(len(trees)), lengths_U)
+    first_U = np.concatenate([[0], np.cumsum(lengths_U)[:-1]])
+    position_N = np.arange(len(sentence_N)) - first_U[sentence_N]
+    length_N = lengths_U[sentence_N]
+    if kind == "distance":
+      gold_P = np.concatenate([t.distances().ravel() for t in trees]).astype(np.float32)
+      square_U = np.concatenate([[0], np.cumsum(lengths_U**2)[:-1]])
+      row_offset_N = square_U[sentence_N] + position_N * length_N
+    else:
+      gold_P = np.concatenate([t.depths() for t in trees]).astype(np.float32)
+      row_offset_N = np.arange(len(sentence_N))
+    i32 = lambda a: np.asarray(a, np.int32)
+    return cls(i32(sentence_N), i32(position_N), i32(length_N), i32(row_offset_N), gold_P)
 
-  order = jax.random.permutation(key, num_b)[: steps * batch_rows].reshape(steps, batch_rows)
-  return jax.lax.scan(step, (b_GKR, opt_state), order)[0]
+
+def epoch_order(key, epoch: int, num_sentences: int) -> np.ndarray:
+  """order_U: the train sentences in the order epoch `epoch` (1-based) visits them, a permutation drawn
+  from `key` folded with the epoch, as H&M's DataLoader(shuffle=True) draws one per epoch."""
+  return np.asarray(jax.random.permutation(jax.random.fold_in(key, epoch), num_sentences))
+
+
+def _row_width(n: int, width: int = PACK_WIDTH) -> int:
+  return max(width, 1 << max(0, int(n) - 1).bit_length())  # as packing.by_width
+
+
+def epoch_batches(lengths_U, order_U, *, batch_sentences: int, batch_words: int, width: int = PACK_WIDTH):
+  """One epoch's minibatches: consecutive sentences of order_U, at most `batch_sentences` a batch (H&M's
+  DataLoader batches), laid side by side into the rows of a [batch_words // W, W] grid (W = `width`, or
+  the next power of two for a longer sentence, which joins the open batch of its width); a sentence that
+  fits no row of its open batch closes it. Yields (idx_BW, number of sentences) in the order the batches
+  close: idx_BW holds each slot's word id (words numbered in sentence order), −1 where empty."""
+  lengths_U = np.asarray(lengths_U, np.int64)
+  first_U = np.concatenate([[0], np.cumsum(lengths_U)[:-1]])
+  open_batches: dict = {}  # width -> [idx_BW, free_B, sentences]
+
+  def new(w):
+    rows = max(1, batch_words // w)
+    return [np.full((rows, w), -1, np.int32), np.full(rows, w, np.int64), 0]
+
+  for s in order_U:
+    n = int(lengths_U[s])
+    w = _row_width(n, width)
+    batch = open_batches.setdefault(w, new(w))
+    fits = np.flatnonzero(batch[1] >= n)
+    if not len(fits):  # closes the open batch; the sentence starts the next
+      yield batch[0], batch[2]
+      batch = open_batches[w] = new(w)
+      fits = np.flatnonzero(batch[1] >= n)
+    r = int(fits[0])
+    col = w - int(batch[1][r])
+    batch[0][r, col : col + n] = np.arange(first_U[s], first_U[s] + n)
+    batch[1][r] -= n
+    batch[2] += 1
+    if batch[2] == batch_sentences:
+      yield batch[0], batch[2]
+      del open_batches[w]
+  for batch in open_batches.values():
+    yield batch[0], batch[2]
+
+
+def reduce_on_plateau(lr_G, best_G, bad_G, loss_G, *, factor=0.1, patience=0, threshold=1e-4, eps=1e-8):
+  """One step of torch.optim.lr_scheduler.ReduceLROnPlateau (mode 'min', threshold_mode 'rel', cooldown 0,
+  min_lr 0) per group, as H&M's regimen.py steps it once an epoch on the summed dev loss (factor 0.1,
+  patience 0, torch's default threshold 1e-4 and eps 1e-8): a loss below best·(1 − threshold) is the new
+  best; after more than `patience` epochs without one the rate is multiplied by `factor` (unless that
+  changes it by no more than eps) and the count starts again. Returns (lr_G, best_G, bad_G)."""
+  better = loss_G < best_G * (1.0 - threshold)
+  best_G = np.where(better, loss_G, best_G)
+  bad_G = np.where(better, 0, bad_G + 1)
+  reduce = bad_G > patience
+  new_lr = lr_G * factor
+  lr_G = np.where(reduce & (lr_G - new_lr > eps), new_lr, lr_G)
+  return lr_G.astype(np.float32), best_G, np.where(reduce, 0, bad_G)
+
+
+@functools.partial(jax.jit, static_argnames="kind")
+def _step(b_GKR, opt_state, lr_G, x_NGK, words, std_GK, idx_BW, *, kind):
+  """One Adam step on one batch (its slots' word ids idx_BW, −1 empty), gathered from the flat train
+  words: the mean over the batch's sentences of each sentence's normalised L1 loss, each group's step
+  scaled by its lr (0 for a group that has stopped)."""
+  sentence_N, position_N, length_N, row_offset_N, gold_P = words
+  valid = idx_BW >= 0
+  i = jnp.where(valid, idx_BW, 0)
+  x = jnp.where(valid[..., None, None], x_NGK[i], 0.0) / std_GK
+  n = length_N[i].astype(jnp.float32)
+  if kind == "distance":
+    same = valid[:, :, None] & valid[:, None, :] & (sentence_N[i][:, :, None] == sentence_N[i][:, None, :])
+    gold = jnp.where(same, gold_P[jnp.where(same, row_offset_N[i][:, :, None] + position_N[i][:, None, :], 0)], 0.0)
+    weight = jnp.where(same, 1.0 / jnp.square(n)[:, :, None], 0.0)
+  else:
+    gold, weight = jnp.where(valid, gold_P[row_offset_N[i]], 0.0), jnp.where(valid, 1.0 / n, 0.0)
+  num_sentences = jnp.maximum(jnp.sum(valid & (position_N[i] == 0)), 1)
+  loss = lambda b: _l1_G(b, x, gold, weight, kind).sum() / num_sentences
+  updates, opt_state = optax.scale_by_adam().update(jax.grad(loss)(b_GKR), opt_state)
+  return b_GKR - lr_G[:, None, None] * updates, opt_state
 
 
 @functools.partial(jax.jit, static_argnames="kind")
@@ -224,6 +336,9 @@ def _dev_loss_G(b, rows, num_sentences: int, mean, std, kind) -> np.ndarray:
   return total / num_sentences
 
 
+SCALES = ("raw", "std")
+
+
 def fit_structural_probes(
   x_train_NGK,
   trees_train: Sequence[Tree],
@@ -235,12 +350,23 @@ def fit_structural_probes(
   epochs: int = 40,
   patience: int = 5,
   learning_rate: float = 1e-3,
+  batch_sentences: int = 20,
   batch_words: int = 512,
+  scale: str = "raw",
   seed: int = 0,
 ) -> FittedStructural:
-  """Fits the distance or depth probe of every group (see the module docstring); deterministic given seed."""
+  """Fits the distance or depth probe of every group as H&M's regimen.py trains one (module docstring);
+  scale='std' divides the features by their train std first (the family is the same, B absorbs it; the
+  optimisation is not). Deterministic given seed."""
   if kind not in KINDS:
     raise UserError(f"structural probe: kind must be one of {KINDS}, got {kind!r}")
+  if scale not in SCALES:
+    raise UserError(f"structural probe: scale must be one of {SCALES}, got {scale!r}")
+  if batch_sentences < 1 or batch_words < 1 or patience < 1:
+    raise UserError(
+      f"structural probe: batch_sentences ({batch_sentences}), batch_words ({batch_words}) and patience "
+      f"({patience}) must be at least 1"
+    )
   _check(x_train_NGK, trees_train, "train")
   _check(x_dev_NGK, trees_dev, "dev")
   from headspec.probing.probe import floored_std  # the one standardisation of every probe
@@ -248,39 +374,52 @@ def fit_structural_probes(
   x_train_NGK, x_dev_NGK = np.asarray(x_train_NGK, np.float32), np.asarray(x_dev_NGK, np.float32)
   _, num_g, k = x_train_NGK.shape
   rank = k if rank is None else min(int(rank), k)
-  mean = x_train_NGK.mean(0, dtype=np.float64)
-  std = floored_std(mean, x_train_NGK.std(0, dtype=np.float64))
-  mean = np.zeros_like(mean)  # scaled, not centred (module docstring)
+  mean = np.zeros((num_g, k))  # scaled at most, never centred (module docstring)
+  if scale == "std":
+    std = floored_std(x_train_NGK.mean(0, dtype=np.float64), x_train_NGK.std(0, dtype=np.float64))
+  else:
+    std = np.ones((num_g, k))
   mean_j, std_j = jnp.asarray(mean, jnp.float32), jnp.asarray(std, jnp.float32)
   k_init, k_train = jax.random.split(jax.random.PRNGKey(seed))
   b = draws.uniform(k_init, (num_g, k, rank), -0.05, 0.05)  # H&M's initialisation; draws.py: bucketed
   opt_state = optax.scale_by_adam().init(b)
-  lr_G = np.full(num_g, learning_rate, np.float32)
-  train_buckets, dev_buckets = _buckets(trees_train, kind), _buckets(trees_dev, kind)
-  train = list(zip(train_buckets, _on_device(train_buckets, x_train_NGK)))
+  lengths_U = np.array([len(t.heads) for t in trees_train], np.int64)
+  words = jax.device_put(dataclasses.astuple(_TrainWords.make(trees_train, kind)))
+  x_train_j = jax.device_put(x_train_NGK)
+  dev_buckets = _buckets(trees_dev, kind)
   dev, num_dev = _on_device(dev_buckets, x_dev_NGK), sum(len(bk.sentences_U) for bk in dev_buckets)
+  lr_G = np.full(num_g, learning_rate, np.float32)
+  plateau_best, plateau_bad = np.full(num_g, np.inf), np.zeros(num_g, np.int64)
+  active = np.ones(num_g, bool)
   best, best_loss = np.asarray(b), np.full(num_g, np.inf)
-  best_epoch = np.zeros(num_g, np.int32)
+  best_epoch, stopped_epoch = np.zeros(num_g, np.int32), np.zeros(num_g, np.int32)
+  history = []
   epoch = 0
-  for epoch, key in enumerate(jax.random.split(k_train, max(epochs, 1)), start=1):
-    for i, (bk, rows) in enumerate(train):
-      batch_rows = min(max(1, batch_words // bk.packing.width), bk.packing.num_rows)
-      b, opt_state = _epoch(
-        b, opt_state, jnp.asarray(lr_G), *rows, mean_j, std_j,
-        jax.random.fold_in(key, i), batch_rows=batch_rows, kind=kind,
-      )  # fmt: skip
-    loss = _dev_loss_G(b, dev, num_dev, mean_j, std_j, kind)
-    better = loss < best_loss - 1e-4
-    lr_G = np.where(better, lr_G, lr_G * 0.1).astype(np.float32)  # ReduceLROnPlateau(factor 0.1, patience 0)
+  for epoch in range(1, max(epochs, 1) + 1):
+    step_lr = jnp.asarray(np.where(active, lr_G, 0.0).astype(np.float32))  # a stopped group is frozen
+    order = epoch_order(k_train, epoch, len(lengths_U))
+    for idx_BW, _ in epoch_batches(lengths_U, order, batch_sentences=batch_sentences, batch_words=batch_words):
+      b, opt_state = _step(b, opt_state, step_lr, x_train_j, words, std_j, idx_BW, kind=kind)
+    summed = _dev_loss_G(b, dev, 1, mean_j, std_j, kind)  # Σ over dev sentences, as regimen.py's epoch_dev_loss
+    loss = summed / num_dev
+    history.append(np.where(active, loss, np.nan))
+    lr_new, best_new, bad_new = reduce_on_plateau(lr_G, plateau_best, plateau_bad, summed)
+    lr_G, plateau_best, plateau_bad = (np.where(active, n, o) for n, o in ((lr_new, lr_G), (best_new, plateau_best),
+                                                                           (bad_new, plateau_bad)))  # fmt: skip
+    better = active & (loss < best_loss - 1e-4)  # regimen.py: saved when the mean dev loss improves by 1e-4
     best = np.where(better[:, None, None], np.asarray(b), best)
     best_epoch = np.where(better, epoch, best_epoch)
     best_loss = np.where(better, loss, best_loss)
-    if (epoch - best_epoch >= patience).all():
+    stop = active & ~better & (epoch - best_epoch >= patience)  # regimen.py: `patience` epochs without one
+    stopped_epoch = np.where(stop, epoch, stopped_epoch)
+    active &= ~stop
+    if not active.any():
       break
-  converged = epoch - best_epoch >= patience
+  stopped_epoch = np.where(active, epoch, stopped_epoch)
   return FittedStructural(
-    kind, mean.astype(np.float32), std.astype(np.float32), best, best_loss, best_epoch, converged, epoch, rank
-  )
+    kind, mean.astype(np.float32), std.astype(np.float32), best, best_loss, best_epoch, ~active, epoch, rank,
+    stopped_epoch, np.stack(history), lr_G, scale,
+  )  # fmt: skip
 
 
 def predictions(fitted: FittedStructural, x_NGK, trees: Sequence[Tree], *, chunk_words: int = 8192) -> list[np.ndarray]:

@@ -13,7 +13,10 @@ Every task is ONE entry of `REGISTRY` (docs/probing.md, "Adding a probe task"). 
       the L2 penalty picked on data.tune (`data` is a labels.Data);
   score(fitted, x_NGK, split) -> (correct_NG, control_correct_NG[, scored_N]): per word and group,
       whether the probe and the control probe are right on `split`; an optional third value marks the
-      words that are scored (arcs leave punctuation out when `probe.arc_ignore_punct`).
+      words that are scored (arcs leave punctuation out when `probe.arc_ignore_punct`);
+  missing(sentences, config, role, vocab) -> '' or what a split lacks for the task (role 'train': nothing
+      to fit, vocab None; 'dev': nothing to pick λ or the epoch on; 'eval': nothing to score), checked by
+      labels.load_data before any model is run (optional: a task without it is never refused).
 
 The built-in tasks: 'upos', 'xpos', 'deprel' (softmax probes, probe.py; words labelled with a class
 never seen in train count as wrong, never predicted) and 'arc' (bilinear head-selection probe, arc.py).
@@ -42,9 +45,24 @@ class Vocabulary:
   counts_C: np.ndarray
 
 
+CONTROL_LAMBDAS = ("tied", "separate")
+
+
+def control_lambda(config) -> str:
+  """`probe.control_lambda`: 'tied' (the default; Hewitt & Liang 2019 tune one probe configuration and fit
+  it to the task and its control): each group's λ is chosen on the task's dev accuracy and the control is
+  fitted at that λ, so selectivity compares one probe on two label sets; 'separate': each chooses its own λ
+  on its own dev accuracy (best-tuned task minus best-tuned control)."""
+  mode = config.probe.get("control_lambda", "tied")
+  if mode not in CONTROL_LAMBDAS:
+    raise UserError(f"probe.control_lambda={mode!r}: use one of {', '.join(CONTROL_LAMBDAS)}")
+  return mode
+
+
 def fit_softmax(tasks, x_train_NGK, x_tune_NGK, data, config) -> dict:
   """One `probe.fit_softmax_probes` for every softmax task and its control (labels unseen in train
-  are ignored on tune); every task maps to the same FittedProbes, read by the task's name."""
+  are ignored on tune); every task maps to the same FittedProbes, read by the task's name. The control's
+  λ per group: the task's (`probe.control_lambda='tied'`) or its own best on dev ('separate')."""
   from headspec.probing import probe
 
   train, tune = data.train, data.tune
@@ -55,10 +73,12 @@ def fit_softmax(tasks, x_train_NGK, x_tune_NGK, data, config) -> dict:
     specs.append(probe.ProbeSpec(task.name, c, train.labels[task.name], np.where(tune_y < c, tune_y, -1)))
     specs.append(probe.ProbeSpec(f"{task.name}/control", c, train.controls[task.name], tune.controls[task.name]))
   p = config.probe
+  tied = control_lambda(config) == "tied"
   fitted = probe.fit_softmax_probes(
     x_train_NGK,
     x_tune_NGK,
     specs,
+    choose_with={f"{task.name}/control": task.name for task in tasks} if tied else None,
     l2_grid=tuple(p.l2_grid),
     seed=config.seed,
     refine_samples=p.refine_samples,
@@ -192,6 +212,13 @@ class LabelTask:
   def baseline(self, vocab, train_gold, gold) -> tuple[str, float]:
     return "majority", stats.majority_baseline(train_gold, gold)
 
+  def missing(self, sentences, config, role: str, vocab: Vocabulary | None) -> str:
+    """Every word is scored; only dev can lack what is needed: a word whose label train has (λ is
+    picked on those)."""
+    if role == "dev" and not set(vocab.classes) & {v for s in sentences for v in self.read(s, config)}:
+      return f"no word has a {self.name} label seen in train (the L2 penalty is picked on those)"
+    return ""
+
   def score(self, fitted, x_NGK, split) -> tuple[np.ndarray, np.ndarray]:
     from headspec.probing import probe
 
@@ -241,10 +268,12 @@ def fit_arc(tasks, x_train_NGK, x_tune_NGK, data, config) -> dict:
 
   p, train, tune = config.probe, data.train, data.tune
   chosen_U, chosen_N = _train_subset(train, p.arc_max_train_words, config, max_length=arc.PACK_WIDTH)
+  tied = control_lambda(config) == "tied"
   out = {}
   for task in tasks:
-    out[task.name] = tuple(
-      arc.fit_arc_probes(
+
+    def fit(heads, tune_heads, l2_G=None):
+      return arc.fit_arc_probes(
         x_train_NGK[chosen_N],
         [heads[u] for u in chosen_U],
         x_tune_NGK,
@@ -255,12 +284,12 @@ def fit_arc(tasks, x_train_NGK, x_tune_NGK, data, config) -> dict:
         epochs=p.arc_epochs,
         patience=p.get("arc_patience", 2),
         learning_rate=p.get("arc_learning_rate", arc.DEFAULT_ARC_LEARNING_RATE),
+        l2_G=l2_G,
       )
-      for heads, tune_heads in (
-        (train.labels[task.name], tune.labels[task.name]),
-        (train.controls[task.name], tune.controls[task.name]),
-      )
-    )
+
+    gold = fit(train.labels[task.name], tune.labels[task.name])
+    control = fit(train.controls[task.name], tune.controls[task.name], gold.l2_G if tied else None)
+    out[task.name] = (gold, control)
   return out
 
 
@@ -277,7 +306,19 @@ class ArcTask:
       [np.where(h > 0, h - np.arange(1, len(h) + 1), 0) for h in self.labels(train_sentences, None, config)]
     )
     values, freq = np.unique(offsets[offsets != 0], return_counts=True)
-    return int(values[np.argmax(freq)])
+    return int(values[np.argmax(freq)])  # labels.load_data refused a train split without such an arc
+
+  def missing(self, sentences, config, role: str, vocab) -> str:
+    """Train needs an arc between two words (a word whose head is another word; a one-word sentence has
+    only its root); dev and evaluation splits need a scored word. Punctuation counts for neither with
+    `probe.arc_ignore_punct`."""
+    heads = np.concatenate([np.asarray(h) for h in self.labels(sentences, None, config)])
+    left_out = " (punctuation is left out: probe.arc_ignore_punct)" if _ignore_punct(config) else ""
+    if role == "train" and not (heads > 0).any():
+      return f"no scorable arc, no word has another word as its head{left_out}"
+    if role != "train" and not (heads >= 0).any():
+      return "no scorable word, every word is punctuation, which probe.arc_ignore_punct leaves out"
+    return ""
 
   def labels(self, sentences, vocab, config) -> list[np.ndarray]:
     """Gold heads; with `probe.arc_ignore_punct`, punctuation words (UPOS PUNCT) get -1 (not scored)."""
@@ -319,7 +360,9 @@ class ArcTask:
 def fit_structural(tasks, x_train_NGK, x_tune_NGK, data, config) -> dict:
   """Hewitt & Manning's distance or depth probe and its control-tree probe (structural.py) per task, on
   every train sentence (or, with `probe.structural_max_train_words` > 0, a seeded subset of about that
-  many words); rank `probe.structural_rank`, Adam with early stopping on dev loss."""
+  many words); rank `probe.structural_rank`, trained as H&M's regimen.py (structural.py): raw features
+  (`probe.structural_scale='std'`: divided by their train std), sentences reshuffled every epoch into batches
+  of `probe.structural_batch_sentences`, early stopping on dev loss."""
   from headspec.probing import structural
 
   p, train, tune = config.probe, data.train, data.tune
@@ -337,6 +380,8 @@ def fit_structural(tasks, x_train_NGK, x_tune_NGK, data, config) -> dict:
         epochs=p.get("structural_epochs", 40),
         patience=p.get("structural_patience", 5),
         learning_rate=p.get("structural_learning_rate", 1e-3),
+        batch_sentences=p.get("structural_batch_sentences", 20),
+        scale=p.get("structural_scale", "raw"),
         seed=config.seed,
       )
       for trees, tune_trees in (
@@ -359,6 +404,17 @@ class StructuralTask:
 
   def vocabulary(self, train_sentences, config) -> None:
     return None
+
+  def missing(self, sentences, config, role: str, vocab) -> str:
+    """distance: a sentence with two words (train) or two non-punctuation words (UUAS's edges: dev and
+    evaluation splits); depth: a non-punctuation word outside train (root accuracy's)."""
+    sizes = [len(s.words) if role == "train" else int((~_punct(s)).sum()) for s in sentences]
+    words = "words" if role == "train" else "non-punctuation words"
+    if self.name == "distance" and max(sizes) < 2:
+      return f"no pair of {words} in one sentence (the distance probe's tree distances)"
+    if role != "train" and max(sizes) < 1:
+      return "no non-punctuation word (root accuracy's candidates)"
+    return ""
 
   def labels(self, sentences, vocab, config) -> list:
     from headspec.probing import structural
