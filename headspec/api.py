@@ -111,6 +111,8 @@ def load(source: str | os.PathLike, step: int | None = None, revision: str | Non
     from headspec import pretrained as pretrained_lib
 
     repo, named = pretrained_lib.parse_hub_name(text)  # not a folder: a Hub name
+    if named and revision is not None and revision != named:
+      raise UserError(f"load({text!r}, revision={revision!r}): two revisions; give it in the name or as revision=")
     text = pretrained_lib.HUB_PREFIX + repo + (f"@{revision or named}" if revision or named else "")
   elif revision is not None:
     raise UserError(f"load({text!r}, revision={revision!r}): revisions are of Hub names, not of local folders")

