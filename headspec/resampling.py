@@ -117,3 +117,92 @@ def _paired_ci(diff_NG, sentence_index_N, num_resamples, seed, confidence, weigh
   alpha = (1.0 - confidence) / 2.0
   low_G, high_G = np.percentile(est_RG, [100 * alpha, 100 * (1 - alpha)], axis=0)
   return sums_UG.sum(0) / words_U.sum(), low_G, high_G
+
+
+# --- tests over seeds and their corrections (the study's statistics; docs/study.md "Statistics") ---
+
+
+def holm(p_values) -> np.ndarray:
+  """Holm's (1979) step-down adjustment of a family of p-values (NaN entries are left out and stay NaN)."""
+  p = np.asarray(p_values, np.float64)
+  out = np.full(p.shape, np.nan)
+  idx = np.flatnonzero(~np.isnan(p))
+  order = idx[np.argsort(p[idx], kind="stable")]
+  m, running = len(order), 0.0
+  for i, j in enumerate(order):
+    running = max(running, min(1.0, (m - i) * p[j]))
+    out[j] = running
+  return out
+
+
+def _finite(values) -> np.ndarray:
+  v = np.asarray(values, np.float64)
+  return v[~np.isnan(v)]
+
+
+def one_sample_t(values, *, confidence: float = 0.95) -> dict:
+  """The one-sample t test of mean 0 over seeds: {mean, low, high (mean ± t·sd/√n), n, p (two-sided)};
+  NaN bounds and p with fewer than 2 values (or no spread: p is then 0 or 1 by the mean's sign)."""
+  from scipy import stats
+
+  v = _finite(values)
+  n = len(v)
+  mean = float(v.mean()) if n else np.nan
+  if n < 2:
+    return dict(mean=mean, low=np.nan, high=np.nan, n=n, p=np.nan)
+  se = v.std(ddof=1) / np.sqrt(n)
+  half = float(stats.t.ppf(0.5 + confidence / 2, n - 1) * se)
+  p = float(2 * stats.t.sf(abs(mean) / se, n - 1)) if se > 0 else float(mean == 0)
+  return dict(mean=mean, low=mean - half, high=mean + half, n=n, p=p)
+
+
+def welch_t(a, b, *, confidence: float = 0.95) -> dict:
+  """Welch's unequal-variance t test of mean(a) − mean(b) (Welch 1947): {mean, low, high, n (len a),
+  n_b, df, p}; NaN bounds and p unless both have 2 or more values."""
+  from scipy import stats
+
+  a, b = _finite(a), _finite(b)
+  mean = float(a.mean() - b.mean()) if len(a) and len(b) else np.nan
+  if len(a) < 2 or len(b) < 2:
+    return dict(mean=mean, low=np.nan, high=np.nan, n=len(a), n_b=len(b), df=np.nan, p=np.nan)
+  va, vb = a.var(ddof=1) / len(a), b.var(ddof=1) / len(b)
+  se = np.sqrt(va + vb)
+  if se == 0:
+    return dict(mean=mean, low=mean, high=mean, n=len(a), n_b=len(b), df=np.nan, p=float(mean == 0))
+  df = (va + vb) ** 2 / (va**2 / (len(a) - 1) + vb**2 / (len(b) - 1))
+  half = float(stats.t.ppf(0.5 + confidence / 2, df) * se)
+  p = float(2 * stats.t.sf(abs(mean) / se, df))
+  return dict(mean=mean, low=mean - half, high=mean + half, n=len(a), n_b=len(b), df=float(df), p=p)
+
+
+def tost(values, margin: float) -> float:
+  """Schuirmann's (1987) two one-sided t tests of equivalence over seeds: the p-value for "the mean lies
+  inside (−margin, +margin)", max of the one-sided p of mean > −margin and of mean < +margin. Small (say
+  < 0.05): the mean is shown to be within the margin; an interval that merely includes 0 shows nothing of
+  the kind. NaN with fewer than 2 values or a margin that is not positive."""
+  from scipy import stats
+
+  v = _finite(values)
+  n = len(v)
+  if n < 2 or not margin > 0:
+    return float("nan")
+  se = v.std(ddof=1) / np.sqrt(n)
+  if se == 0:
+    return float(0.0 if abs(v.mean()) < margin else 1.0)
+  p_low = stats.t.sf((v.mean() + margin) / se, n - 1)  # H0: mean <= −margin
+  p_high = stats.t.cdf((v.mean() - margin) / se, n - 1)  # H0: mean >= +margin
+  return float(max(p_low, p_high))
+
+
+def mean_over_draws_R(boot_RD, *, resample_draws: bool, seed: int) -> np.ndarray:
+  """[R] the mean over D random draws (head sets) in each of R bootstrap resamples `boot_RD` (the draws'
+  values on the same sentence resamples). resample_draws: the draws are a sample of the possible ones, so
+  each resample also draws the D draws with replacement (a two-stage bootstrap over sentences and draws,
+  Davison & Hinkley 1997 §3.8); False when the draws enumerate every possible one (their mean is then exact
+  and only the sentences vary)."""
+  boot_RD = np.asarray(boot_RD, np.float64)
+  R, D = boot_RD.shape
+  if not resample_draws or D < 2:
+    return boot_RD.mean(1)
+  pick_RD = np.random.default_rng(seed).integers(0, D, size=(R, D))
+  return np.take_along_axis(boot_RD, pick_RD, axis=1).mean(1)

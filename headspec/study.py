@@ -17,10 +17,12 @@ chosen on dev and reported on test (the maximum over 48 noisy dev estimates is b
                   (the rule of `above_init_heads`), per probe task (test selectivity) and per role
                   (attention/roles.csv score on repeated random sequences, its bootstrap CI); NaN: never.
   structural.csv  per run, step and metric of Hewitt & Manning's structural probes (UUAS and DSpr. of the
-                  distance probe, root accuracy and NSpr. of the depth probe; probes/structural.csv): the
-                  head and the residual stream with the highest dev selectivity (value − control-tree
-                  value, as the other probes are chosen), their test value with its 95% CI, the control
-                  value and selectivity, beside H&M's linear-structure baseline on test.
+                  distance probe, root accuracy and NSpr. of the depth probe; probes/structural.csv): per
+                  `choice`, the head and the residual stream with the highest dev value (best_value: the
+                  one whose raw value is compared over steps and with the baseline) and with the highest
+                  dev selectivity (most_selective: value − control-tree value, as the other probes are
+                  chosen), their test value with its 95% CI, the control value and selectivity, beside
+                  H&M's linear-structure baseline on test.
   diversity.csv   per run, step, metric: the mean over layers and head pairs (or heads) of
                   diversity/results.csv.
   roles.csv       per run and step: the best previous-token, duplicate-token and induction scores of any
@@ -35,11 +37,18 @@ chosen on dev and reported on test (the maximum over 48 noisy dev estimates is b
                   formation.csv also gets source=loss, task=repeat_drop (layer, head −1): the first kept step
                   whose repeat_drop CI lies above step 0's value + 1 nat (DROP_FORMED).
   causal.csv      per run and task at the last step: ablating the k most selective heads vs k
-                  layer-matched random heads (ablation/causal.csv `*_vs_random` rows, paired CIs), with
-                  `mde`, the smallest effect the test detects at 80% power (`mde()`).
-  conditions.csv  per non-baseline condition and task: condition − baseline at the last step paired by seed
-                  (best head's test selectivity, best − median; task '': each diversity metric), mean and
-                  95% t interval over seeds.
+                  layer-matched random heads (ablation/causal.csv `*_vs_random` rows, paired CIs:
+                  probe_accuracy_vs_random is decodability after ablation, a probe refitted on the ablated
+                  model, not whether the model uses the heads; loss_delta_vs_random the LM loss), with
+                  `mde`, the smallest effect the test detects at 80% power (`mde()`; not an equivalence bound).
+  conditions.csv  per non-baseline condition and task: condition − baseline at the last step, paired by seed
+                  (Welch where the conditions share fewer than 2 seeds): best head's test selectivity, best −
+                  median; task '': each diversity metric; per task and k: the causal test's decodability and
+                  LM-loss rows. Mean, 95% t interval, the test, its p and Holm's p within its `family`.
+  causal_seeds.csv  per condition, task, k and metric (decodability after ablation, LM loss): the causal test
+                  over seeds, one-sample t test with Holm, and the TOST of |mean| < tost_margin.
+  formation_tests.csv  per quantity that forms (a role's label step, the repeat drop) and pair of conditions:
+                  Fisher's exact test of the seeds formed, Mann–Whitney U of the steps, Holm over the pairs.
   rankings.csv    per run, task and measure of how much the model needs a head, at the last step:
                   Spearman's ρ between that measure and test selectivity over all heads, with a
                   permutation p-value over all heads; the mean of the per-layer ρ with a permutation
@@ -49,8 +58,8 @@ chosen on dev and reported on test (the maximum over 48 noisy dev estimates is b
                   zero_ablation and mean_ablation, the SIGNED loss change when the head alone is removed
                   (> 0: the model needs it); importance_raw, Michel et al. 2019's E|∂ℓ/∂m_h|; importance,
                   the same normalised per layer (the pruning ranking; comparable only within a layer).
-  reference.csv   the best head's test selectivity per task, the best head's structural-probe value per
-                  metric (beside the linear baseline) and the best head's Clark accuracy per relation
+  reference.csv   the best head's test selectivity per task, the structural-probe value per metric of the
+                  head with the best dev value (beside the linear baseline) and the best head's Clark accuracy per relation
                   (beside the best fixed offset), all chosen on dev and reported on test, for each run's
                   last step and each reference model (all-MiniLM-L6-v2); n: test words, sentences or arcs.
 
@@ -65,7 +74,7 @@ import os
 import numpy as np
 from etils import epath
 
-from headspec import experiments, figures, provenance, remote, tables, train_log
+from headspec import experiments, figures, provenance, remote, resampling, tables, train_log
 from headspec.errors import UserError
 
 OUT = "study"
@@ -80,14 +89,18 @@ COLUMNS = {  # every study table's columns (docs/outputs.md), so that an empty t
   "above_init_heads,init_best,heads,"
   "residual_layer,residual_selectivity",
   "layers": "run,condition,seed,task,layer,first_step",
-  "structural": "run,condition,seed,step,task,metric,source,layer,head,value,ci_low,ci_high,control_value,"
+  "structural": "run,condition,seed,step,task,metric,source,choice,layer,head,value,ci_low,ci_high,control_value,"
   "selectivity,linear,n",
   "diversity": "run,condition,seed,step,metric,value",
   "roles": "run,condition,seed,step,role,layer,head,score,median_score",
   "causal": "run,condition,seed,step,task,k,metric,value,ci_low,ci_high,mde",
   "induction": "run,condition,seed,step,measure,k,value,ci_low,ci_high,mde",
   "formation": "run,condition,seed,source,task,layer,head,init_best,formation_step",
-  "conditions": "condition,task,measure,difference,ci_low,ci_high,seeds",
+  "causal_seeds": "condition,task,k,metric,mean,t_low,t_high,min,max,seeds,p_value,family,p_holm,mde,below_0,"
+  "above_0,tost_margin,tost_p",
+  "formation_tests": "quantity,condition_a,condition_b,formed_a,seeds_a,formed_b,seeds_b,median_step_a,"
+  "median_step_b,fisher_p,fisher_p_holm,mannwhitney_u,mannwhitney_p,mannwhitney_p_holm",
+  "conditions": "condition,task,measure,k,difference,ci_low,ci_high,seeds,baseline_seeds,test,p_value,family,p_holm",
   "rankings": "run,condition,seed,step,task,measure,spearman,p_value,p_holm,within_layer_spearman,"
   "within_layer_p,within_layer_p_holm,heads",
   "reference": "run,condition,kind,what,layer,head,value,baseline,n",
@@ -222,9 +235,17 @@ def formation(run: dict, workdir) -> list[dict]:
   return out
 
 
+STRUCTURAL_CHOICES = (  # (choice, the dev column that picks the head): both are reported, named by `choice`
+  ("best_value", "value"),  # the highest dev value: what a raw UUAS/DSpr. compares across steps and with the
+  #                           linear baseline (the choice of probing/report.py)
+  ("most_selective", "selectivity"),  # the highest dev value − control-tree value: as the other probes choose
+)
+
+
 def _structural_best(frame, workdir) -> list[dict]:
-  """Per (step, task, metric) of probes/structural.csv rows: the head and the residual stream (layer >= 0)
-  with the highest dev selectivity, as their test rows, with H&M's linear baseline on test beside them."""
+  """Per (step, task, metric) of probes/structural.csv rows and per `STRUCTURAL_CHOICES`: the head and the
+  residual stream (layer >= 0) with the highest dev value (`best_value`) and with the highest dev selectivity
+  (`most_selective`), as their test rows, with H&M's linear baseline on test beside them."""
   dev, test = _splits(frame, os.fspath(tables.path_of(workdir, tables.PROBE_STRUCTURAL)))
   base = _frame(workdir, tables.PROBE_BASELINES)
   linear = (
@@ -235,18 +256,20 @@ def _structural_best(frame, workdir) -> list[dict]:
   out = []
   for (step, task, metric), g in frame.groupby(["step", "task", "metric"]):
     for source, mine in (("head", g[g["head"] >= 0]), ("residual", g[(g["head"] < 0) & (g["layer"] >= 0)])):
-      best = _best(mine[mine["split"] == dev], "selectivity")
-      if best is None:
-        continue
-      t = mine[(mine["split"] == test) & (mine["layer"] == best["layer"]) & (mine["head"] == best["head"])]
-      if t.empty:
-        continue
-      r = t.iloc[0]
-      out.append(
-        dict(step=int(step), task=task, metric=metric, source=source, layer=int(r["layer"]), head=int(r["head"]),
-             value=r["value"], ci_low=r["ci_low"], ci_high=r["ci_high"], control_value=r["control_value"],
-             selectivity=r["selectivity"], linear=linear.get((task, f"linear_{metric}"), np.nan), n=int(r["n"]))
-      )  # fmt: skip
+      for choice, column in STRUCTURAL_CHOICES:
+        best = _best(mine[mine["split"] == dev], column)
+        if best is None:
+          continue
+        t = mine[(mine["split"] == test) & (mine["layer"] == best["layer"]) & (mine["head"] == best["head"])]
+        if t.empty:
+          continue
+        r = t.iloc[0]
+        out.append(
+          dict(step=int(step), task=task, metric=metric, source=source, choice=choice, layer=int(r["layer"]),
+               head=int(r["head"]), value=r["value"], ci_low=r["ci_low"], ci_high=r["ci_high"],
+               control_value=r["control_value"], selectivity=r["selectivity"],
+               linear=linear.get((task, f"linear_{metric}"), np.nan), n=int(r["n"]))
+        )  # fmt: skip
   return out
 
 
@@ -380,38 +403,85 @@ def causal(run: dict, workdir) -> list[dict]:
   ]
 
 
-def conditions(em, div=None, baseline: str = "baseline") -> list[dict]:
-  """conditions.csv rows: per non-baseline condition, the difference condition − baseline paired by seed
-  (seed s minus baseline's seed s, at each run's last step), its mean over the paired seeds and a 95% t
-  interval over seeds (mean ± t_0.975,n−1 · sd / √n). From the emergence rows `em`, per task, measures
-  `selectivity` (the best head's test selectivity) and `best_minus_median`; from the diversity rows `div`
-  (when given), task '' and each diversity metric as the measure (its mean over layers and head pairs). A
-  t interval rather than a bootstrap over seeds: with 3 to 5 seeds a bootstrap has few distinct resamples
-  and its percentile interval cannot reach past the observed differences (too narrow); the t interval
-  assumes roughly normal seed differences. With one seed paired the interval is undefined and stays NaN."""
+CAUSAL_MEASURES = {  # the causal test's metrics the study tests over seeds, and what each measures
+  "probe_accuracy_vs_random": "decodability after ablation (a probe refitted on the ablated last layer)",
+  "loss_delta_vs_random": "LM loss change (> 0: the model needs the selective heads more)",
+}
+# Equivalence margins of the TOST (`causal_seeds`): |selective − random| below this counts as "no more than".
+# headspec study takes no config, so the margin is this constant, written beside every TOST p in its table.
+EQUIVALENCE_MARGINS = {"probe_accuracy_vs_random": 0.01, "loss_delta_vs_random": 0.01}
+
+
+def conditions(em, div=None, causal=None, baseline: str = "baseline") -> list[dict]:
+  """conditions.csv rows: per non-baseline condition, the difference condition − baseline at each run's last
+  step, tested (`_difference`): paired by seed where the two conditions share 2 or more seeds (seed s minus
+  baseline's seed s; a t test over the pairs, its 95% t interval), else Welch's t test over all seeds of each.
+  Measures, each with its family (`family`, Holm-adjusted within it, `p_holm`; docs/study.md "Statistics"):
+    <condition>:specialization  from the emergence rows `em`, per task, `selectivity` (the best head's test
+                                selectivity) and `best_minus_median`;
+    <condition>:diversity       from the diversity rows `div`, task '' and each diversity metric (its mean
+                                over layers and head pairs);
+    <condition>:<metric>        from the study's causal rows `causal`, per task and k, each of
+                                CAUSAL_MEASURES (the causal test's selective − random, per run).
+  A t interval rather than a bootstrap over seeds: with 3 to 5 seeds a bootstrap has few distinct resamples
+  and its percentile interval cannot reach past the observed differences (too narrow); the t test assumes
+  roughly normal seed differences. With one seed paired the interval and p are undefined and stay NaN."""
   last = em[em["step"] == em.groupby("run")["step"].transform("max")]
-  last = last.assign(best_minus_median=last["selectivity"] - last["median_selectivity"])
-  out = _paired(last, ("selectivity", "best_minus_median"), baseline)
+  last = last.assign(best_minus_median=last["selectivity"] - last["median_selectivity"], k=np.nan)
+  out = _paired(last, ("selectivity", "best_minus_median"), baseline, "specialization")
   if div is not None and len(div):
     d = div[div["step"] == div.groupby("run")["step"].transform("max")]
-    out += _paired(d.pivot_table(index=["run", "condition", "seed", "step"], columns="metric", values="value")
-                   .reset_index().assign(task=""), tuple(sorted(d["metric"].unique())), baseline)  # fmt: skip
+    wide = d.pivot_table(index=["run", "condition", "seed", "step"], columns="metric", values="value")
+    out += _paired(wide.reset_index().assign(task="", k=np.nan), tuple(sorted(d["metric"].unique())), baseline,
+                   "diversity")  # fmt: skip
+  if causal is not None and len(causal):
+    for metric in CAUSAL_MEASURES:
+      c = causal[causal["metric"] == metric]
+      if len(c):
+        out += _paired(c.rename(columns={"value": metric}), (metric,), baseline, metric, by=("task", "k"))
+  adjusted = {}
+  for family in dict.fromkeys(r["family"] for r in out):
+    mine = [i for i, r in enumerate(out) if r["family"] == family]
+    adjusted.update(zip(mine, resampling.holm([out[i]["p_value"] for i in mine])))
+  for i, r in enumerate(out):
+    r["p_holm"] = float(adjusted[i])
   return out
 
 
-def _paired(last, measures: tuple[str, ...], baseline: str) -> list[dict]:
-  """condition − baseline per (condition, task) and measure, paired on (seed, step); see `conditions`."""
+def _difference(cond, base) -> dict:
+  """condition − baseline of one measure: `cond`, `base` {seed: value}. Paired t test over the shared seeds
+  when there are 2 or more (or exactly 1 and no Welch is possible: its difference, NaN interval and p),
+  else Welch's t test over every seed of each."""
+  shared = sorted(set(cond) & set(base))
+  if len(shared) >= 2 or (len(shared) == 1 and (len(cond) < 2 or len(base) < 2)):
+    t = resampling.one_sample_t([cond[s] - base[s] for s in shared])
+    return dict(difference=t["mean"], ci_low=t["low"], ci_high=t["high"], seeds=t["n"], baseline_seeds=t["n"],
+                test="paired_t", p_value=t["p"])  # fmt: skip
+  t = resampling.welch_t(list(cond.values()), list(base.values()))
+  return dict(difference=t["mean"], ci_low=t["low"], ci_high=t["high"], seeds=t["n"], baseline_seeds=t["n_b"],
+              test="welch_t", p_value=t["p"])  # fmt: skip
+
+
+def _paired(last, measures: tuple[str, ...], baseline: str, kind: str, by=("task",)) -> list[dict]:
+  """condition − baseline per (condition, *by) and measure, at each run's last step (`_difference`): one
+  row each, family `<condition>:<kind>`. A seed whose runs end at different steps is not paired."""
   base = last[last["condition"] == baseline]
-  if base.empty:  # nothing to pair with
+  if base.empty:  # nothing to compare with
     return []
   out = []
-  for (condition, task), g in last[last["condition"] != baseline].groupby(["condition", "task"]):
-    paired = g.merge(base[base["task"] == task], on=["seed", "step"], suffixes=("", "_base"))
+  for (condition, *keys), g in last[last["condition"] != baseline].groupby(["condition", *by], dropna=False):
+    b = base
+    for key, value in zip(by, keys):
+      b = b[b[key].isna()] if isinstance(value, float) and np.isnan(value) else b[b[key] == value]
     for measure in measures:
-      d = (paired[measure] - paired[f"{measure}_base"]).dropna().to_numpy()
-      mean, low, high = seed_interval(d)
-      out.append(dict(condition=condition, task=task, measure=measure, difference=mean, ci_low=low, ci_high=high,
-                      seeds=len(d)))  # fmt: skip
+      mine = {(s, st): v for s, st, v in zip(g["seed"], g["step"], g[measure]) if not np.isnan(v)}
+      theirs = {(s, st): v for s, st, v in zip(b["seed"], b["step"], b[measure]) if not np.isnan(v)}
+      if not mine or not theirs:
+        continue
+      row = _difference(mine, theirs)
+      keyed = dict(zip(by, keys))
+      out.append(dict(condition=condition, task=keyed.get("task", ""), measure=measure, k=keyed.get("k", np.nan),
+                      **row, family=f"{condition}:{kind}"))  # fmt: skip
   return out
 
 
@@ -485,17 +555,7 @@ def within_layer_spearman(x, y, layer, *, permutations: int = 10000, seed: int =
   return rho, float((1 + np.sum(np.abs(shuffled) >= abs(rho) - 1e-12)) / (permutations + 1))
 
 
-def holm(p_values) -> np.ndarray:
-  """Holm's (1979) step-down adjustment of a family of p-values (NaN entries are left out and stay NaN)."""
-  p = np.asarray(p_values, np.float64)
-  out = np.full(p.shape, np.nan)
-  idx = np.flatnonzero(~np.isnan(p))
-  order = idx[np.argsort(p[idx], kind="stable")]
-  m, running = len(order), 0.0
-  for i, j in enumerate(order):
-    running = max(running, min(1.0, (m - i) * p[j]))
-    out[j] = running
-  return out
+holm = resampling.holm  # Holm (1979), shared with the other analyses (headspec/resampling.py)
 
 
 # How much the model needs a head (ablation/heads.csv (method, metric)); signed ablation effects first.
@@ -559,7 +619,7 @@ def reference(name: str, workdir, condition: str) -> list[dict]:
   if tree is not None and not tree.empty:
     tree = tree[tree["step"] == tree["step"].max()]
     for r in _structural_best(tree, workdir):
-      if r["source"] == "head":
+      if r["source"] == "head" and r["choice"] == "best_value":  # a raw value beside the linear baseline
         out.append(
           dict(run=name, condition=condition, kind="structural", what=r["metric"], layer=r["layer"], head=r["head"],
                value=r["value"], baseline=r["linear"], n=r["n"])
@@ -598,7 +658,7 @@ def collect(root) -> dict:
   plan = experiments.read_plan(root)
   root = remote.run_path(root)
   names = ("training", "emergence", "layers", "formation", "structural", "diversity", "roles", "induction", "causal")
-  names += ("rankings", "reference")
+  names += ("rankings", "reference")  # conditions, causal_seeds, formation_tests: from these, below
   out = {k: [] for k in names}
   for r in plan["runs"]:
     run = dict(run=r["name"], condition=r["condition"], seed=r["seed"])
@@ -623,7 +683,13 @@ def collect(root) -> dict:
     raise UserError(f"{root}: no run has probes/selectivity.csv yet (run the experiment's probe stages first)")
   import pandas as pd
 
-  out["conditions"] = conditions(pd.DataFrame(out["emergence"]), pd.DataFrame(out["diversity"]))
+  causal_frame = pd.DataFrame(out["causal"], columns=COLUMNS["causal"].split(","))
+  out["conditions"] = conditions(pd.DataFrame(out["emergence"]), pd.DataFrame(out["diversity"]), causal_frame)
+  out["causal_seeds"] = causal_seeds(causal_frame)
+  out["formation_tests"] = formation_tests(
+    pd.DataFrame(out["roles"], columns=COLUMNS["roles"].split(",")),
+    pd.DataFrame(out["formation"], columns=COLUMNS["formation"].split(",")),
+  )
   return out
 
 
@@ -644,15 +710,84 @@ def _by_condition(frame, keys: list[str], value: str):
   )
 
 
-def _causal_over_seeds(causal):
-  """Per condition, task and k: the refitted causal test's value (selective − random) over seeds (mean, t
-  interval, range, count), the median mde and how many seeds' own CI lies below 0."""
-  c = causal[causal["metric"] == "probe_accuracy_vs_random"]
-  out = _by_condition(c, ["task", "k"], "value")
-  extra = c.groupby(["condition", "task", "k"]).agg(
-    mde=("mde", "median"), below_0=("ci_high", lambda v: int((v < 0).sum()))
-  )
-  return out.merge(extra.reset_index(), on=["condition", "task", "k"])
+def causal_seeds(causal) -> list[dict]:
+  """causal_seeds.csv rows: per condition, task, k and each of CAUSAL_MEASURES, the runs' causal test
+  (selective − random) over seeds: mean, 95% t interval, range, seed count, the one-sample t test of 0
+  (`p_value`; Holm over the family `<condition>:<metric>`, every task × k, `p_holm`), the median `mde`, the
+  seeds whose own CI lies below / above 0, and Schuirmann's TOST of |mean| < `tost_margin`
+  (EQUIVALENCE_MARGINS; `tost_p`: what a "no more than" statement needs)."""
+  out = []
+  c = causal[causal["metric"].isin(list(CAUSAL_MEASURES))]
+  for (condition, metric, task, k), g in c.groupby(["condition", "metric", "task", "k"]):
+    t = resampling.one_sample_t(g["value"])
+    margin = EQUIVALENCE_MARGINS[metric]
+    out.append(
+      dict(condition=condition, task=task, k=int(k), metric=metric, mean=t["mean"], t_low=t["low"],
+           t_high=t["high"], min=g["value"].min(), max=g["value"].max(), seeds=t["n"], p_value=t["p"],
+           family=f"{condition}:{metric}", mde=g["mde"].median(), below_0=int((g["ci_high"] < 0).sum()),
+           above_0=int((g["ci_low"] > 0).sum()), tost_margin=margin, tost_p=resampling.tost(g["value"], margin))
+    )  # fmt: skip
+  for family in dict.fromkeys(r["family"] for r in out):
+    mine = [r for r in out if r["family"] == family]
+    for r, p in zip(mine, resampling.holm([r["p_value"] for r in mine])):
+      r["p_holm"] = float(p)
+  return out
+
+
+FORMATION_NEVER = np.inf  # a run that never formed ranks after every kept step in the Mann–Whitney test
+
+
+def formation_tests(roles_frame, formation_frame) -> list[dict]:
+  """formation_tests.csv rows: for each quantity that forms in some run — `label/<role>` (the first kept step
+  a run's best head reaches `_label_min()`, `_label_steps`) and `loss/repeat_drop` (formation.csv, source
+  loss) — and each pair of conditions: how many seeds formed (Fisher's exact test of formed / not formed,
+  `fisher_p`) and when (Mann–Whitney U of the steps, a run that never formed counted as later than every
+  step, FORMATION_NEVER; `mannwhitney_p`, two-sided, scipy's default method: exact without ties, else the
+  normal approximation with tie correction). Holm within each quantity and test over the condition pairs
+  (`fisher_p_holm`, `mannwhitney_p_holm`)."""
+  from itertools import combinations
+
+  from scipy import stats
+
+  per_run = []  # (quantity, condition, run, step or NaN)
+  if roles_frame is not None and len(roles_frame):
+    label_min = _label_min()
+    for (condition, run, role), g in roles_frame.groupby(["condition", "run", "role"]):
+      reached = g[g["score"] >= label_min]["step"]
+      per_run.append((f"label/{role}", condition, run, float(reached.min()) if len(reached) else np.nan))
+  if formation_frame is not None and len(formation_frame):
+    fo = formation_frame[(formation_frame["source"] == "loss") & (formation_frame["task"] == "repeat_drop")]
+    per_run += [
+      ("loss/repeat_drop", c, r, float(v)) for c, r, v in zip(fo["condition"], fo["run"], fo["formation_step"])
+    ]
+  out = []
+  for quantity in dict.fromkeys(q for q, *_ in per_run):
+    steps = {}
+    for q, condition, _run, step in per_run:
+      if q == quantity:
+        steps.setdefault(condition, []).append(step)
+    if not any(np.isfinite(v) for vs in steps.values() for v in vs):
+      continue  # formed in no run: nothing to compare
+    rows = []
+    for a, b in combinations(sorted(steps), 2):
+      sa, sb = np.asarray(steps[a]), np.asarray(steps[b])
+      fa, fb = int(np.isfinite(sa).sum()), int(np.isfinite(sb).sum())
+      fisher = stats.fisher_exact([[fa, len(sa) - fa], [fb, len(sb) - fb]]).pvalue
+      ra, rb = np.where(np.isfinite(sa), sa, FORMATION_NEVER), np.where(np.isfinite(sb), sb, FORMATION_NEVER)
+      if np.unique(np.concatenate([ra, rb])).size == 1:  # every run formed at the same step, or none did
+        u, mw = len(ra) * len(rb) / 2, 1.0
+      else:
+        test = stats.mannwhitneyu(ra, rb, alternative="two-sided")
+        u, mw = float(test.statistic), float(test.pvalue)
+      median = lambda v: float(np.median(v)) if np.isfinite(np.median(v)) else np.nan
+      rows.append(dict(quantity=quantity, condition_a=a, condition_b=b, formed_a=fa, seeds_a=len(sa), formed_b=fb,
+                       seeds_b=len(sb), median_step_a=median(ra), median_step_b=median(rb), fisher_p=float(fisher),
+                       mannwhitney_u=u, mannwhitney_p=mw))  # fmt: skip
+    for test in ("fisher_p", "mannwhitney_p"):
+      for r, p in zip(rows, resampling.holm([r[test] for r in rows])):
+        r[f"{test}_holm"] = float(p)
+    out += rows
+  return out
 
 
 def _markdown(frame, floats: str = ".3f") -> str:
@@ -669,12 +804,19 @@ STATISTICS = """## Statistics: families of tests and their corrections
   Holm-adjusted (Holm 1979; p_holm, within_layer_p_holm).
 - selective_heads, above_init_heads, layers and formation: one CI comparison per head and step, uncorrected:
   counts and first crossings to follow over training, not tests of a head.
-- causal: one paired CI per run, task and k, uncorrected; mde is its power.
+- causal: one paired CI per run, task and k, uncorrected; mde is its power, not an equivalence bound.
+  causal_seeds: over seeds, a one-sample t test per condition, task, k and metric, Holm within condition ×
+  metric (every task × k); tost_p tests |mean| < tost_margin (Schuirmann 1987), for "no more than" statements.
+  probe_accuracy_vs_random is decodability after ablation (a refitted probe), not use; loss_delta_vs_random
+  is the LM loss.
 - induction: the causal check of the top-k induction heads, one paired CI per run, kept step, k and ablation,
   uncorrected (a curve over training to read, not a family of tests); mde is its power. The repeat drop's
   formation step: its CI 1 nat above step 0's; the label steps: the best head's score at 0.4, no CI.
-- conditions: one 95% t interval over seeds per condition × task × measure and per condition × diversity
-  metric, uncorrected.
+  formation_tests: per pair of conditions, Fisher's exact test of the seeds formed and Mann–Whitney U of the
+  steps (never = after every step), Holm within each quantity and test over the pairs.
+- conditions: condition − baseline per measure, paired t test by seed (Welch where fewer than 2 seeds are
+  shared), Holm within each family: condition × {specialization (task × 2 measures), diversity (every
+  metric), probe_accuracy_vs_random (task × k), loss_delta_vs_random (task × k)}.
 - t_low, t_high in the per-condition tables: a 95% t interval over seeds (training, probe fit and control
   draw vary with the seed), one per row, uncorrected; NaN with one seed."""
 
@@ -881,16 +1023,23 @@ def _formation_sections(frames: dict) -> list[str]:
   if len(frames["conditions"]):
     parts += [
       "",
-      "## Regularizers vs baseline at the last step: condition − baseline, paired by seed (mean, 95% t interval)",
-      "selectivity: the best head's test selectivity; best_minus_median: best − median head; rows without a "
-      "task: the diversity metrics (mean over layers and head pairs). NaN interval: one seed paired (undefined).",
+      "## Regularizers vs baseline at the last step: condition − baseline, tested",
+      "paired_t: a t test over the seeds both conditions ran (mean, 95% t interval); welch_t: Welch's t test where "
+      "they share fewer than 2 seeds. p_holm: Holm within the family (condition:specialization, condition:diversity, "
+      'condition:probe_accuracy_vs_random, condition:loss_delta_vs_random; docs/study.md "Statistics"). '
+      "selectivity: the best head's test selectivity; best_minus_median: best − median head; rows without a task: "
+      "the diversity metrics (mean over layers and head pairs); rows with k: the causal test's selective − random "
+      "(probe_accuracy_vs_random: decodability after ablation; loss_delta_vs_random: the LM loss). NaN: one seed.",
       _markdown(frames["conditions"], ".4f"),
     ]
   return parts
 
 
 def _structural_sections(frames: dict) -> list[str]:
-  """summary.md: Hewitt & Manning's structural probes, by step and at the last step."""
+  """summary.md: Hewitt & Manning's structural probes, by step and at the last step. The by-step value is the
+  head with the best DEV VALUE (`choice` best_value): a raw UUAS/DSpr. compared across steps and with the
+  linear baseline must come from the head chosen for that value; the most selective head's (value − control)
+  is beside it at the last step."""
   parts = []
   if len(frames["structural"]):
     st = frames["structural"]
@@ -899,14 +1048,25 @@ def _structural_sections(frames: dict) -> list[str]:
       "",
       "## Structural probes (Hewitt & Manning 2019): the best head's test value by step",
       "UUAS and DSpr. (distance probe), root accuracy and NSpr. (depth probe) of the head with the highest dev "
-      "selectivity (value − control-tree value).",
-      _markdown(_by_condition(st[st["source"] == "head"], ["metric", "step"], "value")),
+      "value (choice best_value; study/structural.csv also has the most selective head, choice most_selective).",
+      _markdown(
+        _by_condition(st[(st["source"] == "head") & (st["choice"] == "best_value")], ["metric", "step"], "value")
+      ),  # fmt: skip
       "",
-      "## At the last step: structural probes, best head vs best residual stream (test; linear: H&M's baseline)",
+      "## Structural probes: the most selective head's test selectivity (value − control-tree value) by step",
+      _markdown(
+        _by_condition(
+          st[(st["source"] == "head") & (st["choice"] == "most_selective")], ["metric", "step"], "selectivity"
+        )
+      ),  # fmt: skip
+      "",
+      "## At the last step: structural probes, both choices, head and residual stream (test; linear: H&M's baseline)",
+      "best_value: the highest dev value (compare its value with linear); most_selective: the highest dev "
+      "value − control (compare its selectivity).",
       _markdown(
         st_last[
-          ["run", "metric", "source", "layer", "head", "value", "ci_low", "ci_high", "control_value", "selectivity"]
-          + ["linear"]
+          ["run", "metric", "source", "choice", "layer", "head", "value", "ci_low", "ci_high", "control_value"]
+          + ["selectivity", "linear"]
         ]
       ),
     ]
@@ -942,6 +1102,15 @@ def _induction_section(frames: dict) -> list[str]:
       "",
       "Power of the causal check (k = 1, zero ablation): the median over runs and steps of mde, the smallest "
       f"excess it detects at 80% power: {ind['mde'].median():.3f} nats.",
+    ]
+  if len(frames.get("formation_tests", ())):
+    parts += [
+      "",
+      "### Conditions compared: how many seeds formed (Fisher's exact test) and when (Mann–Whitney U)",
+      "label/ROLE: the first kept step a run's best head reaches the label; loss/repeat_drop: the repeat drop's "
+      "formation step. A run that never formed counts as later than every step in the Mann–Whitney test. Holm "
+      "within each quantity and test over the condition pairs.",
+      _markdown(frames["formation_tests"], ".4g"),
     ]
   if len(frames["roles"]):
     parts += [
@@ -987,16 +1156,21 @@ def _later_sections(frames: dict) -> list[str]:
     parts += [
       "",
       "## Causal test: k most selective heads vs k layer-matched random heads (ablated − random)",
+      "probe_accuracy_vs_random: DECODABILITY AFTER ABLATION, the accuracy of a probe refitted on the ablated last "
+      "layer (< 0: less of the task is linearly decodable once the selective heads are gone; not whether the model "
+      "uses them); loss_delta_vs_random: the LM loss change (> 0: the model's loss needs the selective heads more).",
       _markdown(
-        c[c["metric"] == "probe_accuracy_vs_random"][["run", "task", "k", "value", "ci_low", "ci_high", "mde"]],
+        c[c["metric"].isin(list(CAUSAL_MEASURES))][["run", "task", "k", "metric", "value", "ci_low", "ci_high", "mde"]],
         ".4f",
       ),
       "mde: the smallest effect this test detects with 80% power at α = 0.05, 2.8 × SE, SE = CI half-width / "
-      "1.96 (Bloom 1995).",
+      '1.96 (Bloom 1995). It is not an equivalence bound: a "no more than" statement needs tost_p below.',
       "",
-      "### Over seeds: the causal test's value per condition (mean, 95% t interval over seeds) and its median mde",
-      _markdown(_causal_over_seeds(c), ".4f"),
-      "below_0: seeds whose own CI lies below 0 (the selective heads matter more in that seed).",
+      "### Over seeds: the causal test per condition, decodability and LM loss (study/causal_seeds.csv)",
+      _markdown(frames["causal_seeds"], ".4f"),
+      "p_value: one-sample t test of 0 over seeds; p_holm: Holm within condition × metric (every task × k); "
+      "below_0 / above_0: seeds whose own CI lies below / above 0; tost_p: Schuirmann's two one-sided t tests of "
+      "|mean| < tost_margin (small: shown to be within the margin).",
     ]
   if len(frames["rankings"]):
     parts += [

@@ -1,0 +1,183 @@
+"""The study's tests over seeds (issue 61): each equals scipy.stats' own, on small synthetic tables.
+
+conditions.csv: condition − baseline paired by seed (scipy.stats.ttest_rel) or Welch (ttest_ind,
+equal_var=False), Holm within each family; causal_seeds.csv: one-sample t (ttest_1samp), Holm and the TOST
+(two one-sided ttest_1samp); formation_tests.csv: Fisher's exact test and Mann–Whitney U (fisher_exact,
+mannwhitneyu) with a run that never formed counted as later than every step.
+"""
+
+import numpy as np
+import pandas as pd
+import pytest
+from scipy import stats
+
+from headspec import resampling, study
+
+
+def test_holm_one_shared_helper():
+  np.testing.assert_allclose(resampling.holm([0.01, 0.04, 0.03, np.nan]), [0.03, 0.06, 0.06, np.nan])
+  assert study.holm is resampling.holm  # the study's rankings use the same one
+
+
+def test_t_tests_equal_scipy():
+  a, b = np.array([0.31, 0.27, 0.35, 0.30, 0.26]), np.array([0.35, 0.33, 0.34, 0.36, 0.30])
+  t = resampling.one_sample_t(a - b)
+  want = stats.ttest_rel(a, b)
+  assert t["p"] == pytest.approx(want.pvalue) and t["mean"] == pytest.approx((a - b).mean())
+  assert (t["low"], t["high"]) == pytest.approx(tuple(want.confidence_interval()))
+  w = resampling.welch_t(a, b[:3])
+  want = stats.ttest_ind(a, b[:3], equal_var=False)
+  assert w["p"] == pytest.approx(want.pvalue) and w["df"] == pytest.approx(want.df)
+  assert (w["low"], w["high"]) == pytest.approx(tuple(want.confidence_interval()))
+  assert np.isnan(resampling.one_sample_t([0.1])["p"]) and np.isnan(resampling.welch_t([0.1], a)["p"])
+
+
+def test_tost_is_two_one_sided_t_tests():
+  v = np.array([0.002, -0.004, 0.001, 0.003, -0.001])
+  for margin in (0.002, 0.01):
+    low = stats.ttest_1samp(v, -margin, alternative="greater").pvalue
+    high = stats.ttest_1samp(v, margin, alternative="less").pvalue
+    assert resampling.tost(v, margin) == pytest.approx(max(low, high))
+  assert resampling.tost(v, 0.01) < 0.05 < resampling.tost(v, 0.002)  # equivalent within 0.01, not 0.002
+  # an interval that includes 0 is not equivalence: wide seeds, mean near 0
+  wide = np.array([0.03, -0.03, 0.02, -0.025, 0.01])
+  assert stats.ttest_1samp(wide, 0).pvalue > 0.05 and resampling.tost(wide, 0.01) > 0.05
+  assert np.isnan(resampling.tost([0.1], 0.01)) and np.isnan(resampling.tost(v, 0.0))
+
+
+def _emergence(values):
+  return pd.DataFrame(
+    [
+      dict(run=f"{c}_s{s}", condition=c, seed=s, step=100, task="upos", selectivity=v, median_selectivity=0.1 * v)
+      for c, seeds in values.items()
+      for s, v in seeds.items()
+    ]
+  )
+
+
+def test_conditions_paired_by_seed_or_welch_with_holm_per_family():
+  base = {0: 0.30, 1: 0.35, 2: 0.28, 3: 0.33, 4: 0.31}
+  drop = {0: 0.27, 1: 0.30, 2: 0.27, 3: 0.29, 4: 0.30}
+  other = {10: 0.20, 11: 0.40, 12: 0.26}  # no seed in common with baseline: Welch
+  em = _emergence(dict(baseline=base, drophead=drop, other=other))
+  div = pd.DataFrame(
+    [
+      dict(run=f"{c}_s{s}", condition=c, seed=s, step=100, metric=f"m{m:02d}", value=v + 0.01 * m * (c == "drophead"))
+      for c, seeds in (("baseline", base), ("drophead", drop))
+      for s, v in seeds.items()
+      for m in range(12)
+    ]
+  )
+  causal = pd.DataFrame(
+    [
+      dict(run=f"{c}_s{s}", condition=c, seed=s, step=100, task="upos", k=k, metric=m, value=v * k, ci_low=np.nan,
+           ci_high=np.nan, mde=np.nan)
+      for c, seeds in (("baseline", base), ("drophead", drop))
+      for s, v in seeds.items()
+      for k in (1, 2)
+      for m in ("probe_accuracy_vs_random", "loss_delta_vs_random", "probe_accuracy_fixed_vs_random")
+    ]
+  )  # fmt: skip
+  rows = pd.DataFrame(study.conditions(em, div, causal))
+  assert list(rows.columns) == study.COLUMNS["conditions"].split(",")
+  seeds = sorted(base)
+  r = rows[(rows["condition"] == "drophead") & (rows["measure"] == "selectivity")].iloc[0]
+  want = stats.ttest_rel([drop[s] for s in seeds], [base[s] for s in seeds])
+  assert r["test"] == "paired_t" and r["p_value"] == pytest.approx(want.pvalue) and r["seeds"] == 5
+  assert (r["ci_low"], r["ci_high"]) == pytest.approx(tuple(want.confidence_interval()))
+  w = rows[(rows["condition"] == "other") & (rows["measure"] == "selectivity")].iloc[0]
+  want = stats.ttest_ind(list(other.values()), list(base.values()), equal_var=False)
+  assert w["test"] == "welch_t" and w["p_value"] == pytest.approx(want.pvalue)
+  assert (w["seeds"], w["baseline_seeds"]) == (3, 5)
+  # families: Holm within each, never across them
+  fam = rows[rows["condition"] == "drophead"].groupby("family")["measure"].count().to_dict()
+  assert fam == {
+    "drophead:specialization": 2,
+    "drophead:diversity": 12,
+    "drophead:probe_accuracy_vs_random": 2,
+    "drophead:loss_delta_vs_random": 2,
+  }
+  for _family, g in rows.groupby("family"):
+    np.testing.assert_allclose(g["p_holm"], resampling.holm(g["p_value"]))
+  d = rows[rows["family"] == "drophead:diversity"].set_index("measure")
+  assert d.loc["m00", "p_value"] < 0.05 < d.loc["m00", "p_holm"]  # uncorrected "significant", not over the 12
+  c = rows[rows["family"] == "drophead:probe_accuracy_vs_random"].set_index("k")
+  want = stats.ttest_rel([2 * drop[s] for s in seeds], [2 * base[s] for s in seeds])
+  assert c.loc[2, "p_value"] == pytest.approx(want.pvalue) and c.loc[2, "task"] == "upos"
+
+
+def _causal_rows(values, metric="probe_accuracy_vs_random", k=2):
+  return [
+    dict(condition="baseline", task="upos", k=k, metric=metric, value=v, ci_low=v - 0.01, ci_high=v + 0.01, mde=m)
+    for v, m in values
+  ]
+
+
+def test_causal_over_seeds_t_test_holm_tost_and_loss_beside():
+  dec = [(-0.03, 0.02), (-0.005, 0.03), (-0.02, 0.01)]
+  rows = _causal_rows(dec) + _causal_rows([(-0.001, 0.01), (0.002, 0.01), (0.0, 0.01)], k=4)
+  rows += _causal_rows([(0.2, 0.1), (0.3, 0.1), (0.25, 0.1)], metric="loss_delta_vs_random")
+  rows += [dict(condition="baseline", task="upos", k=2, metric="other", value=9.0, ci_low=0, ci_high=0, mde=0)]
+  out = pd.DataFrame(study.causal_seeds(pd.DataFrame(rows)))
+  assert set(out.columns) == set(study.COLUMNS["causal_seeds"].split(","))
+  r = out.set_index(["metric", "k"]).loc[("probe_accuracy_vs_random", 2)]
+  values = [v for v, _ in dec]
+  assert r["mean"] == pytest.approx(np.mean(values)) and r["seeds"] == 3 and r["below_0"] == 2 and r["mde"] == 0.02
+  assert r["p_value"] == pytest.approx(stats.ttest_1samp(values, 0).pvalue) and r["t_low"] < r["mean"] < r["t_high"]
+  dec_family = out[out["family"] == "baseline:probe_accuracy_vs_random"]
+  assert len(dec_family) == 2  # k = 2 and 4; the loss rows are their own family
+  np.testing.assert_allclose(dec_family["p_holm"], resampling.holm(dec_family["p_value"]))
+  flat = out.set_index(["metric", "k"]).loc[("probe_accuracy_vs_random", 4)]
+  assert flat["tost_margin"] == study.EQUIVALENCE_MARGINS["probe_accuracy_vs_random"]
+  assert flat["tost_p"] == pytest.approx(resampling.tost([-0.001, 0.002, 0.0], flat["tost_margin"]))
+  assert flat["tost_p"] < 0.05  # shown within the margin
+  loss = out.set_index(["metric", "k"]).loc[("loss_delta_vs_random", 2)]
+  assert loss["above_0"] == 3 and loss["family"] == "baseline:loss_delta_vs_random"
+
+
+def test_formation_tests_fisher_and_mann_whitney_with_never_last(monkeypatch):
+  """The induction setting's 2-layer counts as docs/study.md reports them: with MLPs 5 of 5 seeds label an
+  induction head at step 1,500; attention-only 3 of 5 (2,000, 2,000, 3,000; two never)."""
+  monkeypatch.setattr(study, "_label_min", lambda: 0.4)
+  steps = {"L2_mlp": [1500] * 5, "L2_attn_only": [2000, 2000, 3000, None, None]}
+  roles = pd.DataFrame(
+    [
+      dict(run=f"{c}_s{s}", condition=c, seed=s, step=step, role="induction", layer=1, head=0,
+           score=0.9 if first is not None and step >= first else 0.1, median_score=0.0)
+      for c, firsts in steps.items()
+      for s, first in enumerate(firsts)
+      for step in (0, 1000, 1500, 2000, 3000, 6000)
+    ]
+  )  # fmt: skip
+  fo = pd.DataFrame(
+    [
+      dict(run=f"{c}_s{s}", condition=c, seed=s, source="loss", task="repeat_drop", layer=-1, head=-1, init_best=0.0,
+           formation_step=np.nan if first is None else first)
+      for c, firsts in steps.items()
+      for s, first in enumerate(firsts)
+    ]
+  )  # fmt: skip
+  out = pd.DataFrame(study.formation_tests(roles, fo)).set_index("quantity")
+  assert set(out.columns) | {"quantity"} == set(study.COLUMNS["formation_tests"].split(","))
+  assert set(out.index) == {"label/induction", "loss/repeat_drop"}  # nothing else formed
+  for quantity in out.index:
+    r = out.loc[quantity]
+    assert (r["condition_a"], r["formed_a"], r["condition_b"], r["formed_b"]) == ("L2_attn_only", 3, "L2_mlp", 5)
+    assert r["fisher_p"] == pytest.approx(stats.fisher_exact([[3, 2], [5, 0]]).pvalue)
+    assert r["fisher_p"] == pytest.approx(0.4444, abs=1e-4)  # "reliable" is not shown by 5/5 vs 3/5
+    want = stats.mannwhitneyu([2000, 2000, 3000, np.inf, np.inf], [1500] * 5, alternative="two-sided")
+    assert r["mannwhitney_p"] == pytest.approx(want.pvalue) and r["mannwhitney_u"] == want.statistic
+    assert r["mannwhitney_p"] < 0.01  # "earlier" is
+    assert (r["median_step_a"], r["median_step_b"]) == (3000, 1500)
+    assert r["fisher_p_holm"] == pytest.approx(r["fisher_p"])  # one pair: Holm leaves it
+
+
+def test_mean_over_draws_resamples_the_draws_only_when_they_are_a_sample():
+  rng = np.random.default_rng(0)
+  boot_RD = rng.normal(size=(2000, 3)) * 0.01 + np.array([0.0, 1.0, 2.0])  # the draws differ a lot
+  exact = resampling.mean_over_draws_R(boot_RD, resample_draws=False, seed=0)
+  np.testing.assert_allclose(exact, boot_RD.mean(1))
+  two_stage = resampling.mean_over_draws_R(boot_RD, resample_draws=True, seed=0)
+  assert two_stage.std() > 10 * exact.std()  # the draws' spread enters the interval
+  assert two_stage.mean() == pytest.approx(1.0, abs=0.05)
+  np.testing.assert_array_equal(two_stage, resampling.mean_over_draws_R(boot_RD, resample_draws=True, seed=0))
