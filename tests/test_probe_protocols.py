@@ -135,3 +135,132 @@ def test_raw_features_by_default_and_std_as_option():
   np.testing.assert_allclose(std.std_GK, (x_train * 7.0).std(0), rtol=1e-4)
   with pytest.raises(structural.UserError, match="scale"):
     structural.fit_structural_probes(x_train, train, x_dev, dev, scale="centred", **kw)
+
+
+# --- item 9: one λ for a task and its control (Hewitt & Liang 2019) ---
+
+
+def _softmax_case(seed=0):
+  """x_NGK (2 groups) with an imbalanced but decodable task (a strong penalty shrinks it to the majority
+  class: the task's best λ is the weakest) and a control of labels unrelated to x, 90% one class (the
+  strongest penalty predicts that class and is as good as any: its λ is the strongest)."""
+  rng = np.random.default_rng(seed)
+  n = 3000
+  x = rng.normal(size=(n, 2, 8)).astype(np.float32)
+  x[:, 1] = x[:, 0] + 0.3 * x[:, 1]  # the second group: a noisier copy of the first
+  score = x[:, :, :3] @ np.array([[3.0, 0, 0], [0, 3.0, 0], [0, 0, 3.0]])
+  y = np.where(score.max(-1)[:, 0] > 2.5, 1 + score.argmax(-1)[:, 0], 0).astype(np.int32)  # ~70% class 0
+  control = np.where(rng.random(n) < 0.9, 0, rng.integers(1, 4, n)).astype(np.int32)
+  return x, y, control
+
+
+def test_tied_lambda_fits_the_control_at_the_tasks_lambda():
+  from headspec.probing import probe
+
+  x, y, control = _softmax_case()
+  tr, dv = slice(0, 2000), slice(2000, None)
+  specs = [probe.ProbeSpec("t", 4, y[tr], y[dv]), probe.ProbeSpec("t/control", 4, control[tr], control[dv])]
+  kw = dict(l2_grid=(1e-4, 1e-2, 3.0), refine_samples=4096, seed=0)
+  separate = probe.fit_softmax_probes(x[tr], x[dv], specs, **kw)
+  assert (separate.l2["t/control"] != separate.l2["t"]).all()  # the case: the choices differ in every group
+  tied = probe.fit_softmax_probes(x[tr], x[dv], specs, choose_with={"t/control": "t"}, **kw)
+  np.testing.assert_array_equal(tied.l2["t/control"], tied.l2["t"])
+  np.testing.assert_array_equal(tied.l2["t"], separate.l2["t"])  # the task's own choice is unchanged
+  np.testing.assert_array_equal(tied.weights["t"], separate.weights["t"])
+  index = np.searchsorted(tied.l2_grid, tied.l2["t"])
+  np.testing.assert_array_equal(tied.dev_accuracy_best["t/control"], tied.dev_accuracy["t/control"][[0, 1], index])
+  with pytest.raises(structural.UserError, match="choose_with"):
+    probe.fit_softmax_probes(x[tr], x[dv], specs, choose_with={"t/control": "nope"}, **kw)
+
+
+def test_control_lambda_config_tied_by_default_separate_as_option():
+  """tasks.fit_softmax under `probe.control_lambda`: probes/fits.csv's `l2` of the control is the task's by
+  default, its own with 'separate'; a bad value is one line from the config check."""
+  import types
+
+  from headspec.errors import UserError
+  from headspec.probing import plan, tasks
+  from headspec.probing.config import probe_config
+
+  x, y, control = _softmax_case(1)
+  split = lambda s: types.SimpleNamespace(labels={"upos": y[s]}, controls={"upos": control[s]})
+  data = types.SimpleNamespace(
+    train=split(slice(0, 2000)),
+    tune=split(slice(2000, None)),
+    vocab={"upos": tasks.Vocabulary(list("abcd"), np.bincount(y[:2000], minlength=4))},
+  )
+  config = probe_config()
+  config.probe.l2_grid, config.probe.refine_samples = (1e-4, 1e-2, 3.0), 4096
+  l2 = {}
+  for mode in ("tied", "separate"):
+    config.probe.control_lambda = mode
+    fitted = tasks.fit_softmax([tasks.REGISTRY["upos"]], x[:2000], x[2000:], data, config)["upos"]
+    l2[mode] = {(r["group"], r["probe"]): r["l2"] for r in tasks.fit_rows("upos", fitted)}
+  assert probe_config().probe.control_lambda == "tied"
+  for g in (0, 1):
+    assert l2["tied"][(g, "control")] == l2["tied"][(g, "task")] == l2["separate"][(g, "task")]
+    assert l2["separate"][(g, "control")] != l2["separate"][(g, "task")]
+  config.probe.control_lambda = "both"
+  with pytest.raises(UserError, match="probe.control_lambda='both'"):
+    plan.check_config(config)
+
+
+def test_arc_control_at_given_lambdas():
+  from headspec.errors import UserError
+  from headspec.probing import arc
+
+  rng = np.random.default_rng(2)
+  trees = test_structural._trees(rng, 40, lengths=(3, 10))
+  heads = [np.asarray(t.heads, np.int32) for t in trees]
+  x = rng.normal(size=(sum(map(len, heads)), 2, 8)).astype(np.float32)
+  kw = dict(rank=4, l2_grid=(1e-4, 1e-2, 1.0), epochs=1, train_uas=False)
+  given = np.array([1.0, 1e-4], np.float32)
+  fitted = arc.fit_arc_probes(x, heads, x, heads, l2_G=given, **kw)
+  np.testing.assert_array_equal(fitted.l2_G, given)
+  np.testing.assert_array_equal(fitted.dev_uas_G, fitted.dev_uas_GP[[0, 1], [2, 0]])
+  with pytest.raises(UserError, match="l2_G"):
+    arc.fit_arc_probes(x, heads, x, heads, l2_G=np.array([0.5, 1.0]), **kw)
+
+
+# --- item 12: the summary never ranks on the split it reports without saying so ---
+
+
+def test_summary_refuses_a_group_without_its_dev_row():
+  import test_probe_suite
+
+  from headspec.errors import UserError
+  from headspec.probing import report
+
+  row = lambda layer, head, split, acc, control: test_probe_suite._summary_row("m", layer, head, split, acc, control)
+  rows = [row(0, 0, "t/dev", 0.6, 0.2), row(0, 0, "t/test", 0.5, 0.3), row(0, 1, "t/test", 0.9, 0.1)]
+  with pytest.raises(UserError, match="task upos, L0H1: a `t/test` row but no `t/dev` row"):
+    report.summary(rows, [], "t/test", top_k=2, select_split="t/dev")
+  structural_rows = [
+    dict(model="m", step="0", task="distance", layer="0", head=h, split=s, metric="uuas", value="0.5",
+         ci_low="0.4", ci_high="0.6", control_value="0.3", selectivity="0.2", rank="8", n="10")
+    for h, s in (("0", "t/dev"), ("0", "t/test"), ("-1", "t/test"))
+  ]  # fmt: skip
+  with pytest.raises(UserError, match="task distance, layer 0 residual"):
+    report.structural_summary(structural_rows, [], "t/test", "t/dev", top_k=2)
+
+
+def test_summary_says_when_it_ranks_on_the_reported_split():
+  """No dev rows at all (dev not among probe.eval_splits): ranked on test, and the summary says so, where
+  it used to rank on test silently."""
+  import test_probe_suite
+
+  from headspec.probing import report
+
+  row = lambda layer, head, acc, control: test_probe_suite._summary_row("m", layer, head, "t/test", acc, control)
+  rows = [row(0, 0, 0.5, 0.3), row(0, 1, 0.9, 0.1), row(0, -1, 0.8, 0.4), row(1, -1, 0.7, 0.4)]
+  text = report.summary(rows, [], "t/test", top_k=2, select_split="t/dev")
+  assert "**upos: no `t/dev` rows, so ranked on `t/test` itself**" in text
+  assert "best residual layer (chosen on t/test) 0" in text and "(chosen on dev)" not in text
+  assert text.index("| 0 | 1 | 0.900") < text.index("| 0 | 0 | 0.500")  # by test selectivity, as the note says
+  structural_rows = [
+    dict(model="m", step="0", task="distance", layer="0", head=h, split="t/test", metric="uuas", value=v,
+         ci_low="0.4", ci_high="0.6", control_value="0.3", selectivity="0.2", rank="8", n="10")
+    for h, v in (("0", "0.5"), ("1", "0.6"))
+  ]  # fmt: skip
+  text = report.structural_summary(structural_rows, [], "t/test", "t/dev", top_k=1)
+  assert "m step 0, uuas: **distance: no `t/dev` rows" in text and "| L0H1 | 0.600" in text

@@ -22,6 +22,7 @@ import numpy as np  # noqa: E402
 from etils import epath  # noqa: E402
 
 from headspec import remote, tables  # noqa: E402
+from headspec.errors import UserError  # noqa: E402
 
 
 def _grid(rows: list[dict], key: str):
@@ -81,6 +82,35 @@ def heatmap(rows: list[dict], title: str, path) -> None:
   plt.close(fig)
 
 
+def _ranking_values(rows: list[dict], task: str, value: str, select_split: str, primary_split: str):
+  """({(layer, head): value on select_split} of one task's groups of one (model, step), note): the values
+  heads and residual streams are ranked by. A group scored on primary_split without a select_split row is
+  refused (one line naming it: a ranking must not fall back to the split it reports); a task with no
+  select_split row at all (dev not among `probe.eval_splits`) is ranked on primary_split, and the note
+  says so for the summary."""
+  groups = lambda split: {
+    (r["layer"], r["head"]): float(r[value]) for r in rows if r["task"] == task and r["split"] == split
+  }
+  chosen, shown = groups(select_split), groups(primary_split)
+  if select_split == primary_split:
+    return chosen, ""
+  if not chosen:
+    note = (
+      f"**{task}: no `{select_split}` rows, so ranked on `{primary_split}` itself** (the split it reports: "
+      f"optimistic; add the dev split to `probe.eval_splits` to rank on it)."
+    )
+    return shown, note
+  missing = [g for g in shown if g not in chosen]
+  if missing:
+    (layer, head), model, step = missing[0], rows[0]["model"], rows[0]["step"]
+    source = "embeddings" if int(layer) == -1 else (f"layer {layer} residual" if int(head) < 0 else f"L{layer}H{head}")
+    raise UserError(
+      f"probes summary: {model} step {step}, task {task}, {source}: a `{primary_split}` row but no `{select_split}` "
+      f"row to rank it by ({len(missing)} such group(s)); probe the (model, step) again"
+    )
+  return chosen, ""
+
+
 def _fmt(r: dict) -> str:
   return (
     f"{float(r['accuracy']):.3f} | [{float(r['ci_low']):.3f}, {float(r['ci_high']):.3f}] | "
@@ -136,15 +166,12 @@ def summary(
       lines += [f"## {model}, step {step}", ""]
       mine = [r for r in rows if r["model"] == model and int(r["step"]) == step]
       sel = [r for r in mine if r["split"] == primary_split]
-      dev = {(r["task"], r["layer"], r["head"]): float(r["selectivity"]) for r in mine if r["split"] == select_split}
-      dev_acc = {(r["task"], r["layer"], r["head"]): float(r["accuracy"]) for r in mine if r["split"] == select_split}
       lines += overview(mine, base, primary_split, select_split, selectivity)
       for task in dict.fromkeys(r["task"] for r in sel):
         task_rows = [r for r in sel if r["task"] == task]
-        heads = sorted(
-          (r for r in task_rows if int(r["head"]) >= 0),
-          key=lambda r: -dev.get((task, r["layer"], r["head"]), float(r["selectivity"])),
-        )
+        dev, note = _ranking_values(mine, task, "selectivity", select_split, primary_split)
+        dev_acc, _ = _ranking_values(mine, task, "accuracy", select_split, primary_split)
+        heads = sorted((r for r in task_rows if int(r["head"]) >= 0), key=lambda r: -dev[(r["layer"], r["head"])])
         if heads:
           most_selective.append((model, step, task, heads[0]))
         residual = [r for r in task_rows if int(r["head"]) == -1 and int(r["layer"]) >= 0]
@@ -157,16 +184,17 @@ def summary(
           header += f", embeddings {float(embedding[0]['accuracy']):.3f}"
         if residual:
           # Chosen on the selection split (dev), reported here: the max of noisy test accuracies is biased upwards.
-          best = max(residual, key=lambda r: dev_acc.get((task, r["layer"], r["head"]), float(r["accuracy"])))
-          header += f", best residual layer (chosen on dev) {best['layer']} {float(best['accuracy']):.3f}"
+          best = max(residual, key=lambda r: dev_acc[(r["layer"], r["head"])])
+          on = "dev" if not note else primary_split
+          header += f", best residual layer (chosen on {on}) {best['layer']} {float(best['accuracy']):.3f}"
+        lines += [header, ""] + ([note, ""] if note else [])
         lines += [
-          header,
-          "",
           "| layer | head | accuracy | 95% CI | control | selectivity | dev selectivity | selectivity 95% CI | Δ next [95% CI] |",
           "|---|---|---|---|---|---|---|---|---|",
         ]
         lines += [
-          f"| {r['layer']} | {r['head']} | {_fmt(r)} | {dev.get((task, r['layer'], r['head']), float('nan')):+.3f} |"
+          f"| {r['layer']} | {r['head']} | {_fmt(r)} | "
+          + (f"{dev[(r['layer'], r['head'])]:+.3f} |" if not note else " |")
           + extra(r)
           for r in heads[:top_k]
         ]
@@ -190,8 +218,6 @@ def overview(rows: list[dict], base: dict, primary_split: str, select_split: str
   """Markdown lines: one row per task of one (model, step): its baseline, the embeddings, the residual
   stream with the best `select_split` accuracy and the head with the best `select_split` selectivity,
   each reported on `primary_split` as accuracy / control accuracy (the headline table of docs/results.md)."""
-  on = lambda split, key: {(r["task"], r["layer"], r["head"]): float(r[key]) for r in rows if r["split"] == split}
-  dev_acc, dev_sel = on(select_split, "accuracy"), on(select_split, "selectivity")
   lines = [
     f"Per task on `{primary_split}` (accuracy / control accuracy; residual stream and head chosen on `{select_split}`):",
     "",
@@ -200,9 +226,13 @@ def overview(rows: list[dict], base: dict, primary_split: str, select_split: str
   ]
   report = [r for r in rows if r["split"] == primary_split]
   pair = lambda r: f"{float(r['accuracy']):.3f} / {float(r['control_accuracy']):.3f}"
-  key = lambda r: (r["task"], r["layer"], r["head"])
+  key = lambda r: (r["layer"], r["head"])
+  notes = []
   for task in dict.fromkeys(r["task"] for r in report):
     mine = [r for r in report if r["task"] == task]
+    dev_acc, note = _ranking_values(rows, task, "accuracy", select_split, primary_split)
+    dev_sel, _ = _ranking_values(rows, task, "selectivity", select_split, primary_split)
+    notes += [note] if note else []
     embedding = next((pair(r) for r in mine if int(r["layer"]) == -1), "")
     residual = [r for r in mine if int(r["head"]) == -1 and int(r["layer"]) >= 0]
     heads = [r for r in mine if int(r["head"]) >= 0]
@@ -221,7 +251,7 @@ def overview(rows: list[dict], base: dict, primary_split: str, select_split: str
     else:
       cells += ["", ""]
     lines.append("| " + " | ".join(cells) + " |")
-  return lines + [""]
+  return lines + [""] + [line for note in notes for line in (note, "")]
 
 
 def write_report(out_dir, *, primary_split: str, top_k: int = 5, select_split: str | None = None, skipped=()) -> None:
@@ -294,15 +324,14 @@ def structural_summary(rows: list[dict], baselines: list[dict], split: str, sele
     "| model | step | metric | source | value | 95% CI | control | selectivity | linear |",
     "|---|---|---|---|---|---|---|---|---|",
   ]
+  notes = []
   for model, step, metric in dict.fromkeys((r["model"], r["step"], r["metric"]) for r in rows):
     mine = [r for r in rows if (r["model"], r["step"], r["metric"]) == (model, step, metric)]
     here = [r for r in mine if r["split"] == split]
-    ranked = sorted(
-      (r for r in mine if r["split"] == select_split and int(r["head"]) >= 0), key=lambda r: -float(r["value"])
-    )
-    by_group = {(int(r["layer"]), int(r["head"])): r for r in here}
-    picked = [r for r in here if int(r["head"]) < 0]
-    picked += [by_group[k] for k in [(int(r["layer"]), int(r["head"])) for r in ranked[:top_k]] if k in by_group]
+    value, note = _ranking_values(mine, mine[0]["task"], "value", select_split, split)
+    notes += [f"{model} step {step}, {metric}: {note}"] if note else []
+    heads = sorted((r for r in here if int(r["head"]) >= 0), key=lambda r: -value[(r["layer"], r["head"])])
+    picked = [r for r in here if int(r["head"]) < 0] + heads[:top_k]
     for r in picked:
       layer, head = int(r["layer"]), int(r["head"])
       source = "embeddings" if layer == -1 else (f"layer {layer} residual" if head < 0 else f"L{layer}H{head}")
@@ -311,7 +340,7 @@ def structural_summary(rows: list[dict], baselines: list[dict], split: str, sele
         f"| {model} | {step} | {metric} | {source} | {float(r['value']):.3f} | [{float(r['ci_low']):.3f}, "
         f"{float(r['ci_high']):.3f}] | {float(r['control_value']):.3f} | {float(r['selectivity']):+.3f} | {base:.3f} |"
       )
-  return "\n".join(lines + [""])
+  return "\n".join(lines + [""] + [line for note in notes for line in (note, "")])
 
 
 def mdl_summary(rows: list[dict]) -> str:
