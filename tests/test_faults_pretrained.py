@@ -335,3 +335,51 @@ def test_load_refuses_a_revision_given_twice(sharded, tmp_path, monkeypatch):
   loaded = headspec.load("hf:tiny-org/twice@step100", revision="step100")  # the same one twice is fine
   assert loaded.target.identity["snapshot"].endswith("1" * 40)
   assert np.asarray(loaded.model.blocks[0].attention.w_q_DHK[...]).shape == (32, 4, 8)
+
+
+# ---------------------------------------------------------------- siblings: the tokenizer files the import reads
+
+
+def _llama_with(root, tmp_path, edit) -> pathlib.Path:
+  path = _copy(_tiny("llama", root), tmp_path / "llama")
+  edit(path)
+  return path
+
+
+def _settings(path: pathlib.Path, **changes) -> None:
+  file = path / "tokenizer_config.json"
+  file.write_text(json.dumps({**json.loads(file.read_text()), **changes}))
+
+
+def _eos_in_the_padding_rows(path: pathlib.Path) -> None:
+  """A decoder's padded embedding rows (vocab_size above the tokenizer's) hold no token: an EOS id there."""
+  config = json.loads((path / "config.json").read_text())
+  tokenizer_size = config["vocab_size"]
+  config.update(vocab_size=tokenizer_size + 8, eos_token_id=tokenizer_size + 2)
+  (path / "config.json").write_text(json.dumps(config))
+  settings = json.loads((path / "tokenizer_config.json").read_text())
+  settings.pop("eos_token")
+  (path / "tokenizer_config.json").write_text(json.dumps(settings))
+
+
+@pytest.mark.parametrize(
+  "edit, message",
+  [
+    (lambda p: (p / "tokenizer_config.json").write_text("[1]"), r"tokenizer_config.json: not a JSON object \(the top"),
+    (lambda p: (p / "tokenizer_config.json").write_bytes(b'{"a": "\xff"}'), "tokenizer_config.json: cannot read JSON"),
+    (lambda p: _settings(p, eos_token=["</s>"]), r'tokenizer_config.json: eos_token=\["</s>"\] must be a token'),
+    (lambda p: _settings(p, bos_token=1), "tokenizer_config.json: bos_token=1 must be a token"),
+    (lambda p: _settings(p, add_bos_token="yes"), 'tokenizer_config.json: add_bos_token="yes" must be true or false'),
+    (_eos_in_the_padding_rows, r"config.json: eos_token_id=\d+ is outside the tokenizer's vocabulary \(\d+ tokens\)"),
+  ],
+)
+def test_malformed_tokenizer_settings_are_one_line_naming_the_key(root, tmp_path, edit, message):
+  """Before: tracebacks (TypeError, UnicodeDecodeError), an `add_bos_token="yes"` taken as true, and
+  "the tokenizer has no eos_token None" for an id in the padding rows."""
+  path = _llama_with(root, tmp_path, edit)
+  _one_line(lambda: pretrained.load_pretrained(str(path)), message)
+
+
+def test_valid_tokenizer_settings_with_nulls_still_load(root, tmp_path):
+  path = _llama_with(root, tmp_path, lambda p: _settings(p, add_bos_token=None, add_prefix_space=None))
+  assert pretrained.load_pretrained(str(path))[1].prefix_ids == (1,)

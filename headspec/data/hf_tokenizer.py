@@ -23,6 +23,7 @@ from tokenizers import decoders, models, normalizers, pre_tokenizers
 from headspec import remote
 from headspec.data.tokenizer import INFO_FILE, register_tokenizer_kind
 from headspec.errors import UserError
+from headspec.hf_config_checks import HFConfig, read_json_object
 
 FAMILIES = ("bert", "gpt2", "roberta", "decoder")  # tokenizer styles; `style_of` maps a model_type to one
 TOKENIZER_JSON = "tokenizer.json"
@@ -186,10 +187,27 @@ register_tokenizer_kind("huggingface", "headspec.data.hf_tokenizer:load_saved")
 
 
 def _read_json(path) -> dict:
-  try:
-    return json.loads(path.read_text())
-  except (OSError, json.JSONDecodeError) as e:
-    raise UserError(f"{path}: cannot read JSON ({e})") from None
+  """A tokenizer settings file or config.json: a UTF-8 JSON object, else one line naming the file."""
+  return read_json_object(path)
+
+
+_FLAGS = ("do_lower_case", "tokenize_chinese_chars", "do_basic_tokenize")
+_OPTIONAL_FLAGS = ("strip_accents", "add_bos_token", "add_eos_token", "add_prefix_space")  # null: the default
+_ROLES = ("bos_token", "eos_token", "unk_token", "pad_token", "sep_token", "cls_token", "mask_token")
+
+
+def _checked_settings(path) -> dict:
+  """tokenizer_config.json / special_tokens_map.json with the keys read here checked (types), one line
+  naming the file and the key: a flag of "yes" or a special token given as a list is refused."""
+  settings = _read_json(path)
+  keys = HFConfig(settings, path)
+  for key in _FLAGS + _OPTIONAL_FLAGS:
+    if key in settings and not (settings[key] is None and key in _OPTIONAL_FLAGS):
+      keys.flag(key, False)
+  for role in _ROLES:
+    if settings.get(role) is not None and not isinstance(_token_text(settings[role]), str):
+      keys.fail(role, 'must be a token (a string, or {"content": a string})')
+  return settings
 
 
 def _token_text(value) -> str | None:
@@ -216,8 +234,13 @@ def _fill_from_config(model_dir: pathlib.Path, backend: tokenizers.Tokenizer, sp
   for role, key in (("bos_token", "bos_token_id"), ("eos_token", "eos_token_id")):
     token_id = hf.get(key)
     token_id = token_id[0] if isinstance(token_id, list) and token_id else token_id
-    if specials.get(role) is None and isinstance(token_id, int):
+    if specials.get(role) is None and isinstance(token_id, int) and not isinstance(token_id, bool):
       specials[role] = backend.id_to_token(token_id)
+      if specials[role] is None:  # an id in the rows a decoder pads its embeddings with, or past them
+        raise UserError(
+          f"{config}: {key}={token_id} is outside the tokenizer's vocabulary "
+          f"({backend.get_vocab_size(with_added_tokens=True)} tokens)"
+        )
 
 
 def _bert_wordpiece(model_dir: pathlib.Path, settings: dict, specials: dict) -> tokenizers.Tokenizer:
@@ -252,7 +275,7 @@ def _gpt2_bpe(model_dir: pathlib.Path, settings: dict) -> tokenizers.Tokenizer:
   except Exception as e:
     raise UserError(f"{vocab_file}, {merges_file}: not a readable BPE vocabulary ({str(e).splitlines()[0]})") from None
   backend = tokenizers.Tokenizer(bpe)
-  backend.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=settings.get("add_prefix_space", False))
+  backend.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=settings.get("add_prefix_space") or False)
   backend.decoder = decoders.ByteLevel()
   return backend
 
@@ -269,7 +292,7 @@ def load_hf_tokenizer(model_dir: str | os.PathLike, family: str) -> HFTokenizer:
   settings = {}
   for name in ("special_tokens_map.json", "tokenizer_config.json"):  # the latter wins, as in transformers
     if (model_dir / name).is_file():
-      settings.update(_read_json(model_dir / name))
+      settings.update(_checked_settings(model_dir / name))
   specials = dict(_SPECIALS[family])
   specials.update({role: _token_text(settings[role]) for role in specials if role in settings})
 
