@@ -94,6 +94,14 @@ def attention(config, workdir, args) -> None:
   print(run(config, workdir).read_text())
 
 
+def sae(config, workdir, args) -> None:
+  from headspec.sae.run import run
+
+  if args:
+    raise UserError(f"sae takes no arguments, got {' '.join(args)}")
+  print(f"SAE tables: {run(config, workdir).parent}")
+
+
 def study(config, workdir, args) -> None:
   """`headspec study --workdir=ROOT`: ROOT/study/ from an experiment's runs (headspec/study.py; no --config)."""
   from headspec import remote, tables

@@ -219,6 +219,40 @@ PATCHING_SUMMARY = Table(
   values=("value",),
 )
 
+
+def _sae_table(path: str, columns: str, ints: str, floats: str, values: str) -> Table:
+  """An `headspec sae` table (docs/outputs.md): every column but the measured ones identifies a row and is its key,
+  so SAEs of another site, layer or configuration (`sae`) add rows beside the earlier ones."""
+  split = lambda s: tuple(c for c in s.split(",") if c)
+  cols, measured = split(columns), split(values)
+  key = tuple(c for c in cols if c not in measured)
+  return Table(path, cols, key, int_columns=split(ints), float_columns=split(floats), float_format="r", values=measured)
+
+
+_SAE = "model,step,site,layer,sae,"
+SAE_METRICS = _sae_table("sae/metrics.csv", _SAE + "metric,value", "step,layer", "value", "value")
+SAE_FEATURES = _sae_table(
+  "sae/features.csv",
+  _SAE + "feature,firing_rate,mean_activation,top_head,top_head_fraction,entropy_bits,heads,treebank_fires,"
+  "upos,upos_selectivity,deprel,deprel_selectivity,head_distance,head_distance_selectivity",
+  "step,layer,feature,top_head,treebank_fires",
+  "firing_rate,mean_activation,top_head_fraction,entropy_bits,upos_selectivity,deprel_selectivity,"
+  "head_distance_selectivity",
+  "firing_rate,mean_activation,top_head,top_head_fraction,entropy_bits,heads,treebank_fires,upos,upos_selectivity,"
+  "deprel,deprel_selectivity,head_distance,head_distance_selectivity",
+)
+SAE_HEADS = _sae_table("sae/heads.csv", _SAE + "head,metric,value", "step,layer,head", "value", "value")
+SAE_CONTEXTS = _sae_table(
+  "sae/contexts.csv",
+  _SAE + "feature,rank,split,sentence,word_index,word,context,activation",
+  "step,layer,feature,rank,sentence,word_index",
+  "activation",
+  "split,sentence,word_index,word,context,activation",
+)
+SAE_LABELS = _sae_table(
+  "sae/labels.csv", _SAE + "feature,label_set,label,count,fraction", "step,layer,feature,count", "fraction", "count,fraction"
+)
+
 TABLES: dict[str, Table] = {
   t.path.removesuffix(".csv").replace("/results", "").replace("/", "_"): t
   for t in (
@@ -243,6 +277,11 @@ TABLES: dict[str, Table] = {
     ROLES,
     LABELS,
     ICL,
+    SAE_METRICS,
+    SAE_FEATURES,
+    SAE_HEADS,
+    SAE_CONTEXTS,
+    SAE_LABELS,
   )
 }
 """Every table by its short name: 'probes', 'probes_baselines', 'probes_mdl', 'diversity', 'ablation_heads', ..."""

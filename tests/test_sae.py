@@ -161,3 +161,115 @@ def test_schedules():
   assert (
     float(s(80)) == pytest.approx(1.0) and float(s(90)) == pytest.approx(0.5) and float(s(100)) == pytest.approx(0.0)
   )
+
+
+# --- `headspec sae` on the quickstart-sized tiny decoder (tests/conftest.py) ---
+
+SMALL = dict(
+  train_tokens=4000, eval_tokens=2000, layer=0, sae__train_steps=300, sae__batch_size=256, sae__lr=3e-3,
+  analysis__treebank="synthetic", analysis__max_sentences=40, analysis__batch_tokens=512, analysis__top=5,
+)  # fmt: skip
+
+
+def sae_cli(tmp_path, workdir, data_dir, **overrides) -> int:
+  """`headspec sae` in process with configs/sae.py plus `overrides` (key path with '__' for '.'): in-process
+  cli.main does not apply --config.key=value overrides, so they go into a config file."""
+  from headspec import cli
+
+  name = tmp_path / f"sae_cfg_{len(list(tmp_path.glob('sae_cfg_*.py')))}.py"
+  lines = ["from headspec.configs.sae import get_config as base", "def get_config(a=None):", "  c = base(None)"]
+  lines += [
+    f"  c.{key.replace('__', '.')} = {value!r}" for key, value in {"data_dir": str(data_dir), **overrides}.items()
+  ]
+  name.write_text("\n".join(lines + ["  return c\n"]))
+  cli.FLAGS.unparse_flags()  # absl keeps flag values between in-process calls
+  return cli.main(["headspec", "sae", f"--config={name}", f"--workdir={workdir}"])
+
+
+def snapshot(path) -> dict:
+  return {p: p.read_bytes() for p in path.rglob("*") if p.is_file()}
+
+
+@pytest.fixture(scope="module")
+def trained_run(train_tiny_decoder):
+  return train_tiny_decoder(200, (), name="sae")
+
+
+@pytest.mark.slow
+def test_cli_on_the_tiny_decoder(trained_run, synthetic_data_dir, tmp_path):
+  from headspec import tables
+
+  assert sae_cli(tmp_path, trained_run, synthetic_data_dir, **SMALL) == 0
+  read = lambda name: headspec.read_table(trained_run, name)
+  metrics_frame = read("sae_metrics")
+  value = dict(zip(metrics_frame["metric"], metrics_frame["value"]))
+  assert set(metrics_frame["sae"]) == {"topk-f256-k16"} and set(metrics_frame["layer"]) == {0}
+  assert value["features"] == 256 and value["width"] == 32 and value["l0"] == pytest.approx(16)
+  assert value["fvu"] < 0.5 and 0 <= value["dead_fraction"] <= 1 and 0 <= value["dense_fraction"] <= 1
+  assert value["loss_zero_ablation"] > value["loss_clean"] + 0.01  # ablating layer 0's z costs something ...
+  assert value["loss_recovered_zero"] > 0.7 and value["loss_recovered_mean"] > 0.5  # ... that the splice recovers
+  assert value["loss_splice"] < value["loss_zero_ablation"]
+  features = read("sae_features")
+  assert len(features) == 256 and set(features["feature"]) == set(range(256))
+  assert features["top_head"].between(0, 3).all() and features["entropy_bits"].between(0, 2 + 1e-9).all()
+  heads = read("sae_heads")
+  assert set(heads["head"]) == set(range(4))
+  spec = heads[heads["metric"] == "specialization"]["value"]
+  assert len(spec) == 4 and spec.between(0.25 - 1e-9, 1).all()  # between 1/H and 1
+  contexts = read("sae_contexts")
+  assert len(contexts) and contexts["context"].str.contains(r"\[\[").all()
+  assert set(contexts["split"]) == {"synthetic/dev"} and (contexts["rank"] < 5).all()
+  labels = read("sae_labels")
+  assert set(labels["label_set"]) == {"upos", "deprel", "head_distance"}
+  sums = labels.groupby(["feature", "label_set"])["fraction"].sum()
+  np.testing.assert_allclose(sums.to_numpy(), 1.0, atol=1e-9)  # each profile is a distribution
+  for table in (tables.SAE_METRICS, tables.SAE_FEATURES, tables.SAE_HEADS, tables.SAE_CONTEXTS, tables.SAE_LABELS):
+    assert tables.path_of(trained_run, table).is_file()
+  (checkpoint,) = (trained_run / "sae" / "checkpoints").iterdir()  # resumable; fit_sae's tests resume one
+  assert checkpoint.name.startswith("sae-step200-z0-")
+
+
+@pytest.fixture(scope="module")
+def short_run(train_tiny_decoder):
+  return train_tiny_decoder(2, (), name="sae_bad")
+
+
+@pytest.mark.parametrize(
+  "overrides, message",
+  [
+    (dict(sae__features=0), "sae.features=0 must be a positive"),
+    (dict(sae__features=-4), "sae.features=-4 must be a positive"),
+    (dict(sae__features=8, sae__k=9), "sae.k=9 must be between 1 and sae.features=8"),
+    (dict(sae__expansion=0.01), "sae.expansion=0.01 × input width 32 gives 0 features"),
+    (dict(site="nosuch"), "site='nosuch'"),
+    (dict(site="pattern"), "site='pattern'"),
+    (dict(layer=2), "layer=2 is not a layer of this model (0..1"),
+    (dict(layer=-2), "layer=-2 is not a layer"),
+    (dict(train_tokens=10**6), "leaves no row to evaluate on"),
+    (dict(analysis__treebank="nosuch"), "nosuch"),
+  ],
+)
+def test_bad_input_is_one_line_and_writes_nothing(short_run, synthetic_data_dir, tmp_path, capsys, overrides, message):
+  before = snapshot(short_run)
+  assert sae_cli(tmp_path, short_run, synthetic_data_dir, **{**SMALL, **overrides}) == 2
+  err = capsys.readouterr().err.strip()
+  assert err.startswith("headspec: error:") and message in err and "\n" not in err
+  assert snapshot(short_run) == before
+
+
+def test_nan_activations_are_one_line_and_write_nothing(short_run, synthetic_data_dir, tmp_path, capsys, monkeypatch):
+  from headspec.sae import splice
+
+  real = splice.capture
+
+  def poisoned(*args, **kwargs):
+    x, sums = real(*args, **kwargs)
+    x[3, 1] = np.nan
+    return x, sums
+
+  monkeypatch.setattr(splice, "capture", poisoned)
+  before = snapshot(short_run)
+  assert sae_cli(tmp_path, short_run, synthetic_data_dir, **SMALL) == 2
+  lines = [line for line in capsys.readouterr().err.splitlines() if "error" in line]  # after the progress bar
+  assert len(lines) == 1 and lines[0].endswith("sae_bad step 2: z of layer 0: NaN or inf in 1 row(s), the first row 3")
+  assert snapshot(short_run) == before

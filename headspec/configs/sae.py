@@ -1,0 +1,28 @@
+"""Sparse autoencoders on a layer's attention output (the concatenated z), attributed to heads (docs/sae.md).
+
+  headspec sae --config=sae --workdir=RUN                        # a trained run's last step, its middle layer
+  headspec sae --config=sae:minilm --workdir=runs/minilm          # all-MiniLM-L6-v2, EWT dev, wikitext-103 text
+  headspec sae --config=sae:quickstart --workdir=runs/quickstart/decoder  # the quickstart's synthetic treebank
+
+A TopK SAE (k = 16, 8 × the width of z) on the first 20,000 tokens of the evaluation text, measured on the
+next 4,096 (L0, FVU, dead and dense latents, loss recovered by splicing the reconstruction in against zero-
+and mean-ablating the layer's z), each feature's heads and its contexts and UPOS/deprel/head-distance
+profile over the treebank split. Writes RUN/sae/{metrics,features,heads,contexts,labels}.csv
+(docs/outputs.md) and Orbax checkpoints under RUN/sae/checkpoints/ (a rerun resumes or reuses them).
+Time on a 2-core CPU: the quickstart decoder (2 layers × 4 heads, z of width 64, 512 features) about a
+minute, most of it the 3,000 training steps; MiniLM (z of width 384, 3,072 features) several minutes.
+Every key, its default and meaning: headspec/sae/config.py.
+"""
+
+from headspec.sae.config import sae_config
+
+
+def get_config(arg: str | None = None):
+  c = sae_config()
+  if arg == "minilm":
+    c.model.pretrained = "minilm"
+  elif arg == "quickstart":
+    c.analysis.treebank = "synthetic"
+  elif arg:
+    raise ValueError(f"configs/sae.py: unknown argument {arg!r} (use 'minilm', 'quickstart' or none)")
+  return c

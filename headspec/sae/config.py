@@ -1,0 +1,69 @@
+"""Every `headspec sae` config key with its default (configs/sae.py starts from `sae_config()`)."""
+
+from __future__ import annotations
+
+import ml_collections
+from ml_collections import config_dict
+
+from headspec.defaults import data_dir_default
+
+
+def sae_config() -> ml_collections.ConfigDict:
+  c = ml_collections.ConfigDict()
+  c.steps = "last"  # 'all' | 'last' | comma-separated saved steps; a pretrained model has step 0 only
+  c.model_name = ""  # the tables' `model` column; '' = the run folder's name or the pretrained name
+  c.site = (
+    "z"  # the activations the SAE reads (headspec.model.SITES, per token): z = the concatenated Z_h, [tokens, H·K]
+  )
+  c.layer = -1  # 0-based block; -1 = the middle one (L // 2)
+  # The token rows (headspec/evaltext.py): the first train_tokens train the SAE, the next eval_tokens measure it.
+  c.train_tokens = 20000
+  c.eval_tokens = 4096
+  c.sample = "first"  # 'first' rows of the validation text, or 'random' rows drawn with `seed`
+  c.seed = 0  # the row sample, the SAE's initialisation and batches
+  c.batch_size = 8  # rows per forward pass
+  c.data_dir = (
+    data_dir_default()
+  )  # holds ud/<treebank>/ (and text/<corpus>/); '' = the run's own, then HEADSPEC_DATA_DIR
+  c.corpus = "wikitext_103"  # pretrained models only: data_dir/text/<corpus>, valid split
+  c.seq_len = 128  # pretrained models only: tokens per row, special tokens included
+
+  c.sae = ml_collections.ConfigDict()  # headspec/sae/train.py (docs/sae.md)
+  c.sae.kind = "topk"  # 'topk' (Gao et al. 2024) | 'relu' (ReLU + L1, Bricken et al. 2023)
+  c.sae.expansion = 8.0  # features = expansion × the input width, unless `features` is set
+  c.sae.features = config_dict.placeholder(int)  # None = expansion × width; else the number of features (> 0)
+  c.sae.k = 16  # topk: active features per token (1 ≤ k ≤ features)
+  c.sae.l1 = 5.0  # relu: the L1 coefficient λ (inputs scaled to E‖x‖² = width)
+  c.sae.aux_k = 0  # topk: dead latents in the AuxK term; 0 = width // 2
+  c.sae.aux_coefficient = 1 / 32  # topk: α of the AuxK term (Gao et al. 2024)
+  c.sae.dead_after_tokens = 100000  # a latent is dead (for AuxK) after this many training tokens without firing
+  c.sae.train_steps = 3000
+  c.sae.batch_size = 1024  # tokens per step
+  c.sae.lr = 1e-3  # Adam's peak learning rate
+  c.sae.lr_schedule = "linear_decay"  # 'constant' | 'linear_decay' (to 0 over the last decay_fraction) | 'cosine'
+  c.sae.warmup_steps = 100
+  c.sae.decay_fraction = 0.2
+  c.sae.b_dec_init = "geometric_median"  # 'geometric_median' (Bricken et al. 2023) | 'mean'
+  c.sae.checkpoint_every = 1000  # Orbax checkpoints in RUN/sae/checkpoints/<model>-step<step>-<site><layer>-<hash>/
+
+  c.analysis = ml_collections.ConfigDict()  # headspec/sae/metrics.py, labels.py
+  c.analysis.carry_min = 0.2  # head h carries feature f when its decoder-norm share a_fh ≥ this
+  c.analysis.exclusive_min = 0.9  # ... and f is h's exclusive feature when a_fh ≥ this
+  c.analysis.dense_min = 0.1  # a feature firing on more than this fraction of evaluation tokens is dense
+  c.analysis.treebank = "en_ewt"  # data_dir/ud/<treebank>/ for contexts and label profiles; '' = none
+  c.analysis.split = "dev"  # its split read
+  c.analysis.max_sentences = 0  # 0: every sentence of the split; else its first N
+  c.analysis.pooling = (
+    "auto"  # a word's activation from its pieces: 'auto' (decoders last, encoders first) | first | last | mean
+  )
+  c.analysis.batch_tokens = 2048  # padded tokens per forward batch over the treebank
+  c.analysis.top = 10  # top-activating contexts kept per feature
+  c.analysis.context_words = 4  # words either side of the word in a context
+  c.analysis.min_fires = 10  # a feature's selectivity needs it to fire on at least this many words
+  c.analysis.selective_min = 0.3  # heads.csv counts a head's carried features with selectivity ≥ this
+
+  c.model = ml_collections.ConfigDict()
+  c.model.pretrained = (
+    ""  # 'minilm', hf:org/name or a Hugging Face directory: its step 0 instead of WORKDIR's checkpoints
+  )
+  return c

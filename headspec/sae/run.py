@@ -1,0 +1,295 @@
+"""`headspec sae`: an SAE on one layer's activations at every requested step, measured, attributed to heads
+and laid against a treebank (docs/sae.md). Through the one job loop (headspec/jobloop.py); writes
+RUN/sae/metrics.csv, features.csv, heads.csv, contexts.csv and labels.csv (docs/outputs.md).
+
+Per (model, step): the model reads the evaluation text (headspec/evaltext.py: a run's validation rows, or
+a pretrained model's corpus); the site's activations at the valid tokens of the first `train_tokens` train
+the SAE (headspec/sae/train.py; checkpointed, so a rerun resumes or reuses it), those of the next
+`eval_tokens` measure it (headspec/sae/metrics.py) and score the splice (headspec/sae/splice.py; models
+with a trained LM head only); every word of the treebank split gives the features' contexts and label
+profiles (headspec/sae/labels.py), and probes/results.csv, if present, the heads' probe selectivity.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import time
+
+import ml_collections
+import numpy as np
+
+from headspec import jobloop, provenance, remote, tables, targets
+from headspec.ablation import evalset as evalset_lib
+from headspec.errors import UserError
+from headspec.sae import labels as labels_lib
+from headspec.sae import metrics as m
+from headspec.sae import splice
+from headspec.sae import train as sae_train
+
+TABLES = (tables.SAE_METRICS, tables.SAE_FEATURES, tables.SAE_HEADS, tables.SAE_CONTEXTS, tables.SAE_LABELS)
+POOLINGS = ("auto", "first", "last", "mean")
+
+
+def check_config(c) -> None:
+  """UserError naming the first bad key, before any model is loaded."""
+  splice.check_site(c.site)
+  for key in ("train_tokens", "eval_tokens", "batch_size"):
+    if c[key] < 1:
+      raise UserError(f"sae: {key}={c[key]} must be at least 1")
+  if c.sample not in ("first", "random"):
+    raise UserError(f"sae: sample={c.sample!r}; choose 'first' or 'random'")
+  s = c.sae
+  if s.features is not None and (isinstance(s.features, bool) or s.features <= 0):
+    raise UserError(f"sae: sae.features={s.features} must be a positive number of SAE features")
+  if s.features is None and s.expansion <= 0:
+    raise UserError(f"sae: sae.expansion={s.expansion} must be positive")
+  if s.kind == "topk" and s.features is not None and not 1 <= s.k <= s.features:
+    raise UserError(f"sae: sae.k={s.k} must be between 1 and sae.features={s.features}")
+  if s.kind == "topk" and s.k < 1:
+    raise UserError(f"sae: sae.k={s.k} must be at least 1")
+  a = c.analysis
+  for key in ("carry_min", "exclusive_min", "dense_min", "selective_min"):
+    if not 0 <= a[key] <= 1:
+      raise UserError(f"sae: analysis.{key}={a[key]} must be in [0, 1]")
+  if a.pooling not in POOLINGS:
+    raise UserError(f"sae: analysis.pooling={a.pooling!r}; choose one of {', '.join(POOLINGS)}")
+  for key in ("top", "batch_tokens"):
+    if a[key] < 1:
+      raise UserError(f"sae: analysis.{key}={a[key]} must be at least 1")
+  if a.max_sentences < 0 or a.context_words < 0 or a.min_fires < 1:
+    raise UserError("sae: analysis.max_sentences and context_words must be >= 0, min_fires >= 1")
+
+
+def options(c, width: int) -> sae_train.Options:
+  """The training options of the config for inputs of `width`; UserError for a bad combination."""
+  s = c.sae
+  features = int(s.features) if s.features is not None else int(round(s.expansion * width))
+  if features < 1:
+    raise UserError(f"sae: sae.expansion={s.expansion} × input width {width} gives {features} features; raise it")
+  o = sae_train.Options(
+    features=features, kind=s.kind, k=int(s.k), l1=float(s.l1), steps=int(s.train_steps), batch_size=int(s.batch_size),
+    lr=float(s.lr), lr_schedule=s.lr_schedule, warmup_steps=int(s.warmup_steps), decay_fraction=float(s.decay_fraction),
+    b_dec_init=s.b_dec_init, aux_k=int(s.aux_k), aux_coefficient=float(s.aux_coefficient),
+    dead_after_tokens=int(s.dead_after_tokens), seed=int(c.seed),
+  )  # fmt: skip
+  sae_train.check_options(o, where="sae")
+  if s.checkpoint_every < 1:
+    raise UserError(f"sae: sae.checkpoint_every={s.checkpoint_every} must be at least 1")
+  return o
+
+
+def sae_name(o: sae_train.Options) -> str:
+  """The tables' `sae` column: 'topk-f256-k16' or 'relu-f256-l15'."""
+  return f"topk-f{o.features}-k{o.k}" if o.kind == "topk" else f"relu-f{o.features}-l1{o.l1:g}"
+
+
+def _token_batches(tokens_NT, valid_NT, batch_size: int) -> list[evalset_lib.Batch]:
+  """Plain rows (no LM targets), padded to whole batches."""
+  out = []
+  for start in range(0, len(tokens_NT), batch_size):
+    t, v = tokens_NT[start : start + batch_size], valid_NT[start : start + batch_size]
+    pad = batch_size - len(t)
+    t = np.concatenate([t, np.zeros((pad, t.shape[1]), t.dtype)])
+    v = np.concatenate([v, np.zeros((pad, v.shape[1]), bool)])
+    out.append(evalset_lib.Batch(t, v, np.zeros_like(t), np.zeros(t.shape, np.float32), np.arange(len(t))))
+  return out
+
+
+def split_rows(tokens_NT, valid_NT, train_tokens: int):
+  """(train rows, eval rows): the first rows holding `train_tokens` valid tokens, then the rest."""
+  cum_N = np.cumsum(valid_NT.sum(1))
+  cut = int(np.searchsorted(cum_N, train_tokens) + 1)
+  if cut >= len(tokens_NT):
+    raise UserError(
+      f"sae: the evaluation text has {int(cum_N[-1])} tokens in {len(tokens_NT)} rows; train_tokens={train_tokens} "
+      "leaves no row to evaluate on (lower train_tokens)"
+    )
+  return (tokens_NT[:cut], valid_NT[:cut]), (tokens_NT[cut:], valid_NT[cut:])
+
+
+def _encode_all(sae, x_NE, chunk: int = 8192) -> np.ndarray:
+  return np.concatenate([np.asarray(sae.encode(x_NE[i : i + chunk])) for i in range(0, len(x_NE), chunk)])
+
+
+def _decode_all(sae, f_NF, chunk: int = 8192) -> np.ndarray:
+  return np.concatenate([np.asarray(sae.decode(f_NF[i : i + chunk])) for i in range(0, len(f_NF), chunk)])
+
+
+class SAEAnalysis(jobloop.Analysis):
+  name = "sae"
+
+  def plan(self):
+    check_config(self.config)
+    return targets.plan(self.config, self.workdir, steps=self.config.steps, model_name=self.config.model_name)
+
+  def tables(self, jobs):
+    return TABLES
+
+  def prepare(self, jobs):
+    c = self.config
+    model, tokenizer = jobs[0].load()
+    cfg = model.cfg
+    self.layer = splice.check_layer(c.layer, cfg.num_layers)
+    self.width = int(np.prod(splice.site_shape(cfg, c.site)))
+    self.options = options(c, self.width)
+    self.sentences = []
+    if c.analysis.treebank:
+      from headspec import runs
+      from headspec.data import treebank as treebank_lib
+
+      run_config = None if c.model.pretrained else runs.read_config(self.workdir)
+      data_dir = targets.data_dir(c, run_config, purpose=f"the treebank {c.analysis.treebank}")
+      sentences = treebank_lib.load_split(data_dir, c.analysis.treebank, c.analysis.split)
+      self.sentences = sentences[: c.analysis.max_sentences] if c.analysis.max_sentences else sentences
+    from headspec.evaltext import evaluation_tokens
+
+    text_config = ml_collections.ConfigDict(c.to_dict())
+    text_config.num_tokens = c.train_tokens + c.eval_tokens
+    tokens_NT, valid_NT = evaluation_tokens(text_config, self.workdir, tokenizer)
+    self.train_rows, self.eval_rows = split_rows(tokens_NT, valid_NT, c.train_tokens)
+
+  def checkpoint_dir(self, job):
+    key = dict(identity=job.identity, options=self.options.__dict__, site=self.config.site, layer=self.layer,
+               rows=hashlib.sha256(self.train_rows[0].tobytes()).hexdigest())  # fmt: skip
+    digest = hashlib.sha256(json.dumps(key, sort_keys=True, default=str).encode()).hexdigest()[:12]
+    safe = "".join(ch if ch.isalnum() or ch in "-_." else "_" for ch in job.name)
+    return (
+      remote.run_path(self.workdir)
+      / "sae"
+      / "checkpoints"
+      / f"{safe}-step{job.step}-{self.config.site}{self.layer}-{digest}"
+    )
+
+  def job(self, job):
+    c, o, site, layer = self.config, self.options, self.config.site, self.layer
+    model, tokenizer = job.load()
+    cfg = model.cfg
+    x_train, _ = splice.capture(model, _token_batches(*self.train_rows, c.batch_size), site, layer)
+    sae_train.check_activations(x_train, where=f"{job.name} step {job.step}: {site} of layer {layer}")
+    t0 = time.perf_counter()
+    sae = sae_train.fit_sae(x_train, **{**o.__dict__, "checkpoint_dir": self.checkpoint_dir(job),
+                                        "checkpoint_every": c.sae.checkpoint_every})  # fmt: skip
+    seconds = time.perf_counter() - t0
+    evalset = evalset_lib.lm_eval_set(*self.eval_rows, model_kind=cfg.kind, tokenizer=tokenizer,
+                                      batch_size=c.batch_size, seed=c.seed)  # fmt: skip
+    x_eval, _ = splice.capture(model, evalset.batches, site, layer)
+    f_eval = _encode_all(sae, x_eval)
+    rates_F = m.firing_rates(f_eval)
+    sample = x_train[np.random.default_rng(c.seed).permutation(len(x_train))[: len(x_eval)]]
+    values = dict(
+      features=o.features, width=self.width, k=o.k if o.kind == "topk" else math.nan,
+      l1=o.l1 if o.kind == "relu" else math.nan, train_tokens=len(x_train), eval_tokens=len(x_eval),
+      l0=m.l0(f_eval), fvu=m.fvu(x_eval, _decode_all(sae, f_eval)),
+      fvu_train=m.fvu(sample, _decode_all(sae, _encode_all(sae, sample))),
+      dead_fraction=m.dead_fraction(rates_F), dense_fraction=m.dense_fraction(rates_F, c.analysis.dense_min),
+      train_seconds=seconds,
+    )  # fmt: skip
+    if job.lm_head:
+      loss = splice.losses(model, evalset.batches, site, layer, sae, x_eval.astype(np.float64).mean(0))
+      values |= {f"loss_{name}": v for name, v in loss.items()}
+      values["loss_recovered_zero"] = m.loss_recovered(loss["clean"], loss["splice"], loss["zero_ablation"])
+      values["loss_recovered_mean"] = m.loss_recovered(loss["clean"], loss["splice"], loss["mean_ablation"])
+    key = dict(model=job.name, step=job.step, site=site, layer=layer, sae=sae_name(o))
+    metric_rows = [key | dict(metric=name, value=float(v)) for name, v in values.items()]
+
+    heads = splice.site_heads(cfg, site)
+    a_FH = m.sae_head_fractions(sae, heads=heads) if heads else None
+    profile, al = (None, None)
+    if self.sentences:
+      profile, al = labels_lib.profile(model, tokenizer, self.sentences, sae, site=site, layer=layer,
+                                       pooling=c.analysis.pooling, batch_tokens=c.analysis.batch_tokens,
+                                       top=c.analysis.top)  # fmt: skip
+    feature_rows, selectivity = self.feature_rows(key, sae, f_eval, rates_F, a_FH, profile)
+    head_rows = self.head_rows(key, job, cfg, a_FH, rates_F, selectivity) if heads else []
+    context_rows, label_rows = self.treebank_rows(key, profile, al) if profile is not None else ([], [])
+    return {tables.SAE_METRICS: metric_rows, tables.SAE_FEATURES: feature_rows, tables.SAE_HEADS: head_rows,
+            tables.SAE_CONTEXTS: context_rows, tables.SAE_LABELS: label_rows}  # fmt: skip
+
+  def feature_rows(self, key, sae, f_eval, rates_F, a_FH, profile):
+    a = self.config.analysis
+    F = sae.num_features
+    fires_F = (f_eval > 0).sum(0)
+    mean_F = np.where(fires_F > 0, f_eval.sum(0) / np.maximum(fires_F, 1), np.nan)
+    selectivity = {}
+    if profile is not None:
+      selectivity = {name: profile.selectivity(name, a.min_fires) for name in labels_lib.LABEL_SETS}
+    entropy_F = m.entropy_bits(a_FH) if a_FH is not None else np.full(F, np.nan)
+    rows = []
+    for f in range(F):
+      row = key | dict(feature=f, firing_rate=float(rates_F[f]), mean_activation=float(mean_F[f]))
+      if a_FH is not None:
+        order = np.argsort(-a_FH[f], kind="stable")
+        carried = [int(h) for h in order if a_FH[f, h] >= a.carry_min]
+        row |= dict(top_head=int(order[0]), top_head_fraction=float(a_FH[f, order[0]]),
+                    entropy_bits=float(entropy_F[f]), heads=";".join(map(str, carried)))  # fmt: skip
+      else:
+        row |= dict(top_head=-1, top_head_fraction=math.nan, entropy_bits=math.nan, heads="")
+      row["treebank_fires"] = int(profile.fires_F[f]) if profile is not None else -1
+      for name in labels_lib.LABEL_SETS:
+        sel_F, best = selectivity.get(name, (np.full(F, np.nan), [""] * F))
+        row |= {name: best[f], f"{name}_selectivity": float(sel_F[f])}
+      rows.append(row)
+    return rows, selectivity
+
+  def head_rows(self, key, job, cfg, a_FH, rates_F, selectivity):
+    """Per head: features carried and exclusive, specialization S_h, the carried features' mean entropy, their
+    label selectivity beside the head's probe selectivity (probes/results.csv, dev split) when present."""
+    from headspec.ablation.causal import read_selectivity
+
+    a = self.config.analysis
+    live_F = rates_F > 0
+    S_H = m.specialization(a_FH, live_F)
+    entropy_F = m.entropy_bits(a_FH)
+    probes = read_selectivity(self.workdir, job.name, job.step, cfg.num_layers, cfg.num_heads)
+    rows = []
+    for h in range(a_FH.shape[1]):
+      carried_F = live_F & (a_FH[:, h] >= a.carry_min)
+      values = dict(
+        features_carried=int(carried_F.sum()),
+        exclusive_features=int((live_F & (a_FH[:, h] >= a.exclusive_min)).sum()),
+        specialization=float(S_H[h]),
+        mean_entropy_bits=float(entropy_F[carried_F].mean()) if carried_F.any() else math.nan,
+      )
+      for name, (sel_F, _) in selectivity.items():
+        mine = sel_F[carried_F & np.isfinite(sel_F)]
+        values[f"max_feature_selectivity_{name}"] = float(mine.max()) if len(mine) else math.nan
+        values[f"selective_features_{name}"] = int((mine >= a.selective_min).sum())
+      if probes is not None:
+        for task, sel_LH in sorted(probes.by_task.items()):
+          values[f"probe_selectivity_{task}"] = float(sel_LH[self.layer, h])
+      rows += [key | dict(head=h, metric=name, value=float(v)) for name, v in values.items()]
+    return rows
+
+  def treebank_rows(self, key, profile, al):
+    a = self.config.analysis
+    split = f"{a.treebank}/{a.split}"
+    offsets = np.concatenate([[0], np.cumsum([len(s.words) for s in self.sentences])])
+    contexts = []
+    for f in range(len(profile.fires_F)):
+      for rank, (n, value) in enumerate(zip(profile.top_word_Fn[f], profile.top_value_Fn[f])):
+        if n < 0:
+          break
+        s = int(al.word_sentence_N[n])
+        i = int(n - offsets[s])
+        words = self.sentences[s].words
+        contexts.append(key | dict(feature=f, rank=rank, split=split, sentence=s, word_index=i, word=words[i],
+                                   context=labels_lib.context(words, i, a.context_words), activation=float(value)))  # fmt: skip
+    label_rows = []
+    for name in labels_lib.LABEL_SETS:
+      counts_FC = profile.counts[name]
+      for f, c_idx in zip(*np.nonzero(counts_FC)):
+        count = int(counts_FC[f, c_idx])
+        label_rows.append(key | dict(feature=int(f), label_set=name, label=profile.labels[name][c_idx], count=count,
+                                     fraction=count / int(profile.fires_F[f])))  # fmt: skip
+    return contexts, label_rows
+
+  def finish(self, jobs):
+    return tables.path_of(self.workdir, tables.SAE_METRICS)
+
+
+@provenance.recorded("sae")
+def run(config, workdir):
+  """Every requested step; returns RUN/sae/metrics.csv. Bad input is one UserError line before anything is written."""
+  return jobloop.run(SAEAnalysis(config, workdir))
