@@ -673,8 +673,9 @@ def path_patch(
   direction="denoising", tokenizer=None,
 ):  # fmt: skip
   """Path patching (Wang et al. 2022): per sender head, the metric when only its path into the receivers'
-  `receiver_site` ('q', 'k', 'v'; receivers (layer, head) pairs) or, with 'logits', its direct path to the
-  logits carries the source activation. Columns `layer, head` (the sender), `position` −1, `value`."""
+  `receiver_site` ('q', 'k', 'v'; receivers (layer, head) pairs) or, with 'logits', its paths to the logits
+  through no other head (directly and through the downstream MLPs, which recompute) carry the source
+  activation. Columns `layer, head` (the sender), `position` −1, `value`."""
   from headspec.patching import patch as patch_lib
 
   net, tokenizer = _model_and_tokenizer(model, tokenizer)

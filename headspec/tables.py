@@ -1,9 +1,11 @@
 """Tidy results tables: every CSV an analysis writes, its columns, and one way to read, merge and write it.
 
-Every analysis (probe, diversity, ablate, attention) writes its rows through `merge`: rows of the
-(model, step) — or whatever `Table.key` names — that were just computed replace the rows with the same
-key, every other row is kept, and the file is replaced atomically (written beside, then renamed), so
-an interrupted run never leaves a half-written table and re-running one step keeps the others. The
+Every analysis (probe, diversity, ablate, attention, patch) writes its rows through `merge`: a row just
+computed replaces the row with the same key (`Table.key`: every column that identifies a row — model,
+step, task, site, direction, split, ... — but a few written whole, `Table.together`), every other row is
+kept, and the file is replaced atomically (written beside, then renamed), so an interrupted run never
+leaves a half-written table, re-running one step keeps the others and a run with another task, site or
+direction adds its rows beside the earlier run's. The
 columns of every table are the contracts in docs/outputs.md; a file with other columns is refused with
 one line rather than overwritten.
 
@@ -45,7 +47,14 @@ class Table:
 
   `float_format`: how floats are written ('.6f' for accuracies and CIs, 'r' for the shortest exact repr).
   `int_columns` / `float_columns`: dtypes for DataFrames (every other column is a string).
-  `values`: the measured columns; the others identify a row, which a table holds at most once.
+  `values`: the measured columns (and the settings recorded beside them, such as `n`); the others identify
+  a row, which a table holds at most once.
+  `key`: every identifying column but `together` — so a later run that differs in any of them (another
+  task, direction, site, split, seed) adds its rows beside the earlier run's and deletes none.
+  `together`: identifying columns left out of the key because one job always writes every row of its key
+  at once, so a re-run replaces them whole (labels.csv: every head's labels of a (model, step), combined
+  from every analysis by its writer; baselines.csv: every baseline row of a task and split, whose names
+  carry a fitted value, such as `offset-1`).
   """
 
   path: str
@@ -55,6 +64,11 @@ class Table:
   float_columns: tuple[str, ...] = ()
   float_format: str = ".6f"
   values: tuple[str, ...] = ()
+  together: tuple[str, ...] = ()
+
+  def __post_init__(self):
+    if set(self.key) | set(self.together) != set(self.row_key) or set(self.key) & set(self.together):
+      raise ValueError(f"{self.path}: key {self.key} + together {self.together} must be the row key {self.row_key}")
 
   @property
   def row_key(self) -> tuple[str, ...]:
@@ -62,19 +76,20 @@ class Table:
     return tuple(c for c in self.columns if c not in self.values)
 
 
-def _table(path, columns: str, key: str, ints="", floats="", float_format=".6f", values=None) -> Table:
-  """`values` defaults to the float columns and `n` (a count that goes with them)."""
+def _table(path, columns: str, ints="", floats="", float_format=".6f", values=None, together="") -> Table:
+  """`values` defaults to the float columns and `n` (a count that goes with them); the key is every other
+  column but `together` (`Table`)."""
   split = lambda s: tuple(c for c in s.split(",") if c)
-  cols, floats = split(columns), split(floats)
+  cols, floats, together = split(columns), split(floats), split(together)
   values = split(values) if values is not None else (*floats, *(["n"] if "n" in cols else []))
-  return Table(path, cols, split(key), split(ints), floats, float_format, values)
+  key = tuple(c for c in cols if c not in values and c not in together)
+  return Table(path, cols, key, split(ints), floats, float_format, values, together)
 
 
 # The contracts (docs/outputs.md says what each value means).
 PROBES = _table(
   "probes/results.csv",
   "model,step,task,layer,head,split,accuracy,ci_low,ci_high,control_accuracy,selectivity,n",
-  "model,step",
   ints="step,layer,head,n",
   floats="accuracy,ci_low,ci_high,control_accuracy,selectivity",
 )
@@ -82,7 +97,6 @@ PROBE_SELECTIVITY = _table(
   "probes/selectivity.csv",
   "model,step,task,layer,head,split,selectivity,selectivity_ci_low,selectivity_ci_high,"
   "dev_rank,delta_next,delta_next_ci_low,delta_next_ci_high,n",
-  "model,step",
   ints="step,layer,head,dev_rank,n",
   floats="selectivity,selectivity_ci_low,selectivity_ci_high,delta_next,delta_next_ci_low,delta_next_ci_high",
   values="selectivity,selectivity_ci_low,selectivity_ci_high,dev_rank,delta_next,delta_next_ci_low,delta_next_ci_high,n",
@@ -90,7 +104,6 @@ PROBE_SELECTIVITY = _table(
 PROBE_FITS = _table(
   "probes/fits.csv",
   "model,step,task,layer,head,probe,l2,train_objective,iterations,converged,start,train_accuracy,dev_accuracy,dev_loss",
-  "model,step",
   ints="step,layer,head,iterations,converged",
   floats="l2,train_objective,train_accuracy,dev_accuracy,dev_loss",
   float_format="r",
@@ -99,22 +112,20 @@ PROBE_FITS = _table(
 PROBE_STRUCTURAL = _table(
   "probes/structural.csv",
   "model,step,task,layer,head,split,metric,value,ci_low,ci_high,control_value,selectivity,rank,n",
-  "model,step",
   ints="step,layer,head,rank,n",
   floats="value,ci_low,ci_high,control_value,selectivity",
+  values="value,ci_low,ci_high,control_value,selectivity,rank,n",  # rank: B's, the setting beside the value
 )
-PROBE_BASELINES = _table("probes/baselines.csv", "task,split,baseline,accuracy,n", "task,split", "n", "accuracy")
+PROBE_BASELINES = _table("probes/baselines.csv", "task,split,baseline,accuracy,n", "n", "accuracy", together="baseline")
 MDL = _table(
   "probes/mdl.csv",
   "model,step,task,layer,head,codelength_bits,uniform_bits,compression,control_codelength_bits,control_compression,n",
-  "model,step",
   ints="step,layer,head,n",
   floats="codelength_bits,uniform_bits,compression,control_codelength_bits,control_compression",
 )
 COMPLEXITY = _table(
   "probes/complexity.csv",
   "model,step,task,layer,head,split,l2,accuracy,control_accuracy,selectivity,n",
-  "model,step",
   ints="step,layer,head,n",
   floats="l2,accuracy,control_accuracy,selectivity",
   float_format="r",
@@ -123,7 +134,6 @@ COMPLEXITY = _table(
 DIVERSITY = _table(
   "diversity/results.csv",
   "step,layer,head_i,head_j,metric,value",
-  "step",
   ints="step,layer,head_i,head_j",
   floats="value",
   float_format="r",
@@ -131,28 +141,24 @@ DIVERSITY = _table(
 DIVERSITY_METRICS = _table(
   "diversity/metrics.csv",
   "metric,kind,basis_dependent,doc",
-  "metric",
   ints="basis_dependent",
   values="kind,basis_dependent,doc",
 )
 ABLATION_HEADS = _table(
   "ablation/heads.csv",
   "model,step,method,layer,head,metric,value,ci_low,ci_high",
-  "model,step",
   ints="step,layer,head",
   floats="value,ci_low,ci_high",
 )
 ABLATION_PRUNING = _table(
   "ablation/pruning.csv",
   "model,step,ranking,seed,heads_pruned,fraction_pruned,metric,value",
-  "model,step",
   ints="step,seed,heads_pruned",
   floats="fraction_pruned,value",
 )
 ABLATION_GATES = _table(
   "ablation/gates.csv",
   "model,step,penalty,layer,head,gate_open_probability,heads_kept,metric,value",
-  "model,step",
   ints="step,layer,head,heads_kept",
   floats="penalty,gate_open_probability,value",
   values="gate_open_probability,heads_kept,value",
@@ -160,28 +166,24 @@ ABLATION_GATES = _table(
 ABLATION_CAUSAL = _table(
   "ablation/causal.csv",
   "model,step,kind,task,k,selection,seed,metric,value,ci_low,ci_high",
-  "model,step",
   ints="step,k,seed",
   floats="value,ci_low,ci_high",
 )
 ABLATION_INTERACTIONS = _table(
   "ablation/interactions.csv",
   "model,step,metric,layer_a,head_a,layer_b,head_b,joint,sum_of_singles,interaction",
-  "model,step",
   ints="step,layer_a,head_a,layer_b,head_b",
   floats="joint,sum_of_singles,interaction",
 )
 CLARK = _table(
   "attention/clark.csv",
   "model,step,split,relation,direction,layer,head,accuracy,n",
-  "model,step",
   ints="step,layer,head,n",
   floats="accuracy",
 )
 CLARK_BASELINES = _table(
   "attention/clark_baselines.csv",
   "model,step,split,relation,direction,offset,accuracy,n",
-  "model,step",
   ints="step,offset,n",
   floats="accuracy",
   values="offset,accuracy,n",
@@ -189,34 +191,34 @@ CLARK_BASELINES = _table(
 ROLES = _table(
   "attention/roles.csv",
   "model,step,data,layer,head,role,score,ci_low,ci_high",
-  "model,step",
   ints="step,layer,head",
   floats="score,ci_low,ci_high",
 )
-LABELS = _table("attention/labels.csv", "model,step,layer,head,label,rule", "model,step", ints="step,layer,head")
+LABELS = _table(
+  "attention/labels.csv",
+  "model,step,layer,head,label,rule",
+  ints="step,layer,head",
+  values="rule",
+  together="layer,head,label",
+)
 ICL = _table(
   "attention/icl.csv",
   "model,step,kind,position,value,ci_low,ci_high",
-  "model,step",
   ints="step",
   floats="value,ci_low,ci_high",
 )
 
-PATCHING = Table(
+PATCHING = _table(
   "patching/results.csv",
-  ("model", "step", "task", "method", "site", "direction", "layer", "head", "position", "value"),
-  ("model", "step", "task"),
-  int_columns=("step", "layer", "head", "position"),
-  float_columns=("value",),
-  values=("value",),
+  "model,step,task,method,site,direction,layer,head,position,value",
+  ints="step,layer,head,position",
+  floats="value",
 )
-PATCHING_SUMMARY = Table(
+PATCHING_SUMMARY = _table(
   "patching/summary.csv",
-  ("model", "step", "task", "site", "metric", "value"),
-  ("model", "step", "task"),
-  int_columns=("step",),
-  float_columns=("value",),
-  values=("value",),
+  "model,step,task,site,direction,metric,value",
+  ints="step",
+  floats="value",
 )
 
 
@@ -481,8 +483,8 @@ def _sort_value(value: str):
 
 def merge(path, new_rows, table: Table, *, others=None) -> list[dict[str, str]]:
   """Replaces the rows whose key (`table.key`) matches any new row's, keeps the others; rows are
-  ordered by key (numbers numerically), each key's rows in the order they were written. Returns the
-  table as written.
+  ordered by key (numbers numerically), each key's rows (several only in a `together` table) in the order
+  they were written. Returns the table as written.
 
   `new_rows`: the rows, or a function of the table's current rows returning them, for new rows computed
   from old ones (attention/labels.csv combines every analysis's labels of a head): it is called under

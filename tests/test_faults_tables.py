@@ -129,3 +129,62 @@ def test_object_store_writer_whose_lease_was_taken_writes_nothing(tmp_path, obje
     tables.merge(path, [_causal("m", 1)], tables.ABLATION_CAUSAL, others=intruder)
   assert path.read_text() == before
   assert sorted(p.name for p in tmp_path.iterdir()) == [".causal.csv.lock", "causal.csv"]  # its lease is kept
+
+
+def _row_of(table, change: str = ""):
+  """One row of `table` (ints 1, floats 0.5, strings 'a'), with column `change` given another value."""
+  row = {}
+  for c in table.columns:
+    value = 1 if c in table.int_columns else 0.5 if c in table.float_columns else "a"
+    if c == change:
+      value = 2 if c in table.int_columns else 0.75 if c in table.float_columns else "b"
+    row[c] = value
+  return row
+
+
+@pytest.mark.parametrize("name", sorted(tables.TABLES))
+def test_a_later_run_differing_in_any_identifying_column_drops_no_row(tmp_path, name):
+  """Issue 62: a run that differs from an earlier one in any column that identifies a row (direction,
+  site, task, split, seed, ...; every column but the measured values) adds its rows beside the earlier
+  ones. The only exceptions are a `together` table's columns, whose rows of one key are always written
+  whole by one job (labels of a (model, step), baselines of a task and split)."""
+  table = tables.TABLES[name]
+  together = set(getattr(table, "together", ()))
+  assert together <= {"baseline", "layer", "head", "label"}, name  # only the two tables the docs name
+  identifying = [c for c in table.columns if c not in table.values]
+  assert identifying and set(table.key) == set(identifying) - together, name
+  for column in identifying:
+    if column in together:
+      continue
+    path = tmp_path / f"{column}.csv"
+    first, second = _row_of(table), _row_of(table, column)
+    tables.merge(path, [first], table)
+    tables.merge(path, [second], table)
+    kept = tables.read(path, table)
+    assert len(kept) == 2, f"{name}: a run with another {column} dropped the earlier run's row"
+    # ... and re-running the first replaces exactly its own row (a new value), keeping the second's
+    again = first | {v: (7 if v in table.int_columns else 0.25) for v in table.values if v in table.int_columns
+                     or v in table.float_columns}  # fmt: skip
+    tables.merge(path, [again], table)
+    assert len(tables.read(path, table)) == 2, name
+
+
+def test_attention_without_its_induction_step_keeps_the_induction_labels(tmp_path):
+  """Issue 62 (a sibling in labels.csv, written whole per (model, step)): `headspec attention` with the
+  induction step off kept no induction label of an earlier run (its roles.csv rows stayed)."""
+  from headspec.attention import induction_run
+
+  label = lambda l, h, name: dict(model="m", step=1, layer=l, head=h, label=name, rule=f"{name} rule")
+  role = lambda data, name: dict(model="m", step=1, data=data, layer=0, head=0, role=name, score=0.9, ci_low=0.8,
+                                 ci_high=1.0)  # fmt: skip
+  induction = dict(roles=[role("repeated_random", "induction")], labels=[label(0, 0, "induction")])
+  induction_run.write(tmp_path, induction, 1, 2, "m", 1)  # the induction step alone
+  treebank = dict(roles=[role("treebank", "positional")], labels=[label(0, 1, "positional")])
+  induction_run.write(tmp_path, {}, 1, 2, "m", 1, with_treebank_rows=treebank)  # then treebank only
+  labels = {(r["head"], r["label"]) for r in tables.read(tmp_path / tables.LABELS.path, tables.LABELS)}
+  assert labels == {("0", "induction"), ("1", "positional")}
+  roles = {r["data"] for r in tables.read(tmp_path / tables.ROLES.path, tables.ROLES)}
+  assert roles == {"repeated_random", "treebank"}
+  induction_run.write(tmp_path, {"labels": []}, 1, 2, "m", 1)  # the induction step again, now labelling nothing
+  labels = {(r["head"], r["label"]) for r in tables.read(tmp_path / tables.LABELS.path, tables.LABELS)}
+  assert labels == {("0", "none"), ("1", "positional")}  # its own stale label replaced, the treebank's kept

@@ -1,6 +1,8 @@
 """`headspec patch` end to end on a tiny trained decoder: the tables' columns and rows, the heatmaps, the
 built-in tasks, and one-line errors for a bad config."""
 
+import shutil
+
 import numpy as np
 import pandas as pd
 import pytest
@@ -35,8 +37,8 @@ def test_patch_command_writes_tables_and_heatmaps(run_dir):
   assert sorted(summary["metric"].unique()) == ["agreement", "base", "source"]
   assert np.isfinite(frame["value"].astype(float)).all()
   assert sorted(p.name for p in out.parent.glob("*.png")) == [
-    "induction_resid_pre_patch_step2.png",
-    "induction_z_patch_step2.png",
+    "induction_resid_pre_denoising_patch_step2.png",
+    "induction_z_denoising_patch_step2.png",
   ]
   # The atlas reads the real tables: every head's z effect at step 2, resid_pre beside the grid.
   data = atlas.run_data(run_dir)
@@ -45,14 +47,51 @@ def test_patch_command_writes_tables_and_heatmaps(run_dir):
   assert set(data["layer_notes"][z["id"]]["residual"]["2"]) == {"0", "1"}
 
 
-def _assert_ioi(tokenizer, clean, corrupt, answers):
-  """Each pair differs only in the second S (B → C); the answers are the prompt's IO and S name tokens."""
+@pytest.mark.slow  # two patch runs: about 35 s on 2 CPU cores at load average ~10 (an upper bound)
+def test_a_rerun_with_the_other_direction_or_fewer_sites_keeps_every_row(run_dir, tmp_path):
+  """Issue 62: the table key holds direction and site, so a noising run after a denoising one, or a run of
+  fewer sites, adds its rows beside the earlier run's (both with their heatmaps) instead of deleting them;
+  summary.csv's base and source are per direction."""
+  work = tmp_path / "patch"
+  shutil.copytree(run_dir, work, ignore=shutil.ignore_patterns("patching"))
+  c = patch_config()
+  c.count, c.induction_n, c.sites, c.attribution, c.path = 2, 3, "z,resid_pre", False, False
+  out = patch_run.run(c, work)
+  first = tables.read(out, patch_run.RESULTS)
+  c.direction, c.sites = "noising", "resid_pre"
+  patch_run.run(c, work)
+  rows = pd.DataFrame(tables.read(out, patch_run.RESULTS))
+  counts = rows.groupby(["direction", "site"]).size().to_dict()
+  assert counts == {("denoising", "resid_pre"): 2 * 6, ("denoising", "z"): 2 * 4 * 6, ("noising", "resid_pre"): 2 * 6}
+  assert all(r in rows.to_dict("records") for r in first)  # the first run's rows, unchanged
+  summary = pd.DataFrame(tables.read(out.parent / "summary.csv", patch_run.SUMMARY))
+  ends = summary.set_index(["direction", "site", "metric"])["value"].astype(float)
+  assert ends["denoising", "resid_pre", "base"] == pytest.approx(ends["noising", "resid_pre", "source"])
+  assert ends["denoising", "resid_pre", "source"] == pytest.approx(ends["noising", "resid_pre", "base"])
+  assert sorted(p.name for p in out.parent.glob("*.png")) == [
+    "induction_resid_pre_denoising_patch_step2.png",
+    "induction_resid_pre_noising_patch_step2.png",
+    "induction_z_denoising_patch_step2.png",
+  ]
+
+
+def _assert_ioi(tokenizer, clean, corrupt, answers, corruption="abc"):
+  """The answers are the clean prompt's IO and S name tokens (A once, B twice). 'abc' (Wang et al.'s ABC
+  set): the corrupted prompt has other names at all three places, distinct, none of them A or B, and
+  differs nowhere else. 's2': only the second S differs (B → C)."""
   names = {n.lower() for n in tasks.IOI_NAMES}
+  decode = lambda i: tokenizer.decode([i]).strip().lower()
   for c, x, (a, b) in zip(clean, corrupt, answers, strict=True):
     differ = [t for t in range(len(c)) if c[t] != x[t]]
-    assert len(c) == len(x) and len(differ) == 1 and c[differ[0]] == b
-    assert c.count(a) == 1 and c.count(b) == 2 and x.count(b) == 1 and a != b
-    assert {tokenizer.decode([a]).strip().lower(), tokenizer.decode([b]).strip().lower()} <= names
+    assert len(c) == len(x) and c.count(a) == 1 and c.count(b) == 2 and a != b
+    assert {decode(a), decode(b)} <= names
+    if corruption == "abc":
+      assert [c[t] for t in differ] == [a, b, b]  # the three names, and nothing else
+      replaced = [x[t] for t in differ]
+      assert len(set(replaced)) == 3 and not set(replaced) & set(c)  # unrelated names: none in the clean prompt
+      assert {decode(i) for i in replaced} <= names and x.count(a) == x.count(b) == 0
+    else:
+      assert len(differ) == 1 and c[differ[0]] == b and x.count(b) == 1 and x[differ[0]] not in c
 
 
 def test_ioi_pairs_are_aligned_single_token_names(run_dir):
@@ -72,6 +111,29 @@ def test_ioi_pairs_on_a_published_wordpiece():
   assert len(clean) == 6 and clean[0][0] == tokenizer.prefix_ids[0]  # [CLS]
   _assert_ioi(tokenizer, clean, corrupt, answers)
   assert {tokenizer.decode([i]) for pair in answers for i in pair} <= {n.lower() for n in tasks.IOI_NAMES}
+  clean_s2, corrupt_s2, answers_s2 = tasks.ioi_pairs(tokenizer, count=6, seed=0, corruption="s2")
+  _assert_ioi(tokenizer, clean_s2, corrupt_s2, answers_s2, corruption="s2")
+
+
+def test_ioi_abc_corruption_replaces_all_three_names_with_unrelated_ones():
+  """Issue 61: Wang et al.'s ABC distribution, over many pairs and every template: the three names of the
+  clean prompt all replaced, by three distinct names none of which is in the clean prompt."""
+  tokenizer = load_hf_tokenizer(pretrained.minilm_dir(), "bert")
+  clean, corrupt, answers = tasks.ioi_pairs(tokenizer, count=60, seed=3)
+  assert len(clean) == 60
+  _assert_ioi(tokenizer, clean, corrupt, answers, corruption="abc")
+  with pytest.raises(UserError, match=r"corruption='xyz'; choose one of 'abc', 's2'"):
+    tasks.ioi_pairs(tokenizer, count=2, seed=0, corruption="xyz")
+
+
+def test_ioi_abc_needs_five_single_token_names(monkeypatch):
+  tokenizer = load_hf_tokenizer(pretrained.minilm_dir(), "bert")
+  monkeypatch.setattr(tasks, "IOI_NAMES", tasks.IOI_NAMES[:4])
+  with pytest.raises(
+    UserError, match=r"4 of the built-in names .* corruption='abc' needs 5 \(corruption='s2' needs three\)"
+  ):
+    tasks.ioi_pairs(tokenizer, count=2, seed=0)
+  _assert_ioi(tokenizer, *tasks.ioi_pairs(tokenizer, count=4, seed=0, corruption="s2"), corruption="s2")
 
 
 def test_ioi_pairs_use_the_byte_level_leading_space_token(tmp_path):

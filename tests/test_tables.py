@@ -96,5 +96,8 @@ def test_merge_keeps_the_rows_another_analysis_wrote_for_the_same_key(tmp_path):
     path, [row("probe_selective", 0.1)], tables.ABLATION_CAUSAL, others=lambda r: r["kind"] != "probe_selective"
   )
   assert sorted(r["kind"] for r in tables.read(path, tables.ABLATION_CAUSAL)) == ["induction", "probe_selective"]
-  tables.merge(path, [row("probe_selective", 0.2)], tables.ABLATION_CAUSAL)  # without `others`: replaced whole
-  assert [r["value"] for r in tables.read(path, tables.ABLATION_CAUSAL)] == ["0.200000"]
+  tables.merge(path, [row("probe_selective", 0.2)], tables.ABLATION_CAUSAL)  # `kind` is in the key: kept anyway
+  assert [(r["kind"], r["value"]) for r in tables.read(path, tables.ABLATION_CAUSAL)] == [
+    ("induction", "0.500000"),
+    ("probe_selective", "0.200000"),
+  ]

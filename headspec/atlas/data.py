@@ -280,14 +280,14 @@ class _RunData:
     if not rows:
       return
     summary_path = tables.path_of(self.workdir, tables.PATCHING_SUMMARY)
-    runs = {}  # (model, step, task) -> (base, source), the same for every site
+    runs = {}  # (model, step, task, direction) -> (base, source), the same for every site
     for r in tables.read(summary_path, tables.PATCHING_SUMMARY):
       if r["metric"] in ("base", "source"):
-        runs.setdefault((r["model"], int(r["step"]), r["task"]), {})[r["metric"]] = _num(r["value"])
+        runs.setdefault((r["model"], int(r["step"]), r["task"], r["direction"]), {})[r["metric"]] = _num(r["value"])
     effects = collections.defaultdict(dict)  # (model, step, task, method, direction, site, layer, head) -> {pos: x}
     missing = 0
     for r in rows:
-      ends = runs.get((r["model"], int(r["step"]), r["task"]), {})
+      ends = runs.get((r["model"], int(r["step"]), r["task"], r["direction"]), {})
       base, source, value = ends.get("base"), ends.get("source"), _num(r["value"])
       if base is None or source is None:
         missing += 1
@@ -306,7 +306,7 @@ class _RunData:
     for (model, step, task, method, direction, site, layer, head), by_position in effects.items():
       if site not in PATCHING_HEAD_SITES or head < 0:
         continue
-      what = "direct path to the logits" if method == "path_logits" else f"{site} · {method}"
+      what = "paths to the logits through no other head" if method == "path_logits" else f"{site} · {method}"
       m = self.metric(
         f"patching/{task}/{site}/{method}/{direction}{self._suffix(model)}",
         "Patching",

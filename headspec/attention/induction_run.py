@@ -231,7 +231,8 @@ def table_rows(rows: dict, L: int, H: int, model: str, step: int, *, with_treeba
   tables are kept); `with_treebank_rows`: the Clark/roles rows of the same step, written together."""
   tb = with_treebank_rows or {}
   ours_role = lambda r: r["data"] in ind.DATA or (bool(tb) and r["data"] == "treebank")
-  ours_label = lambda r: r["label"] in ind.LABELS or bool(tb)
+  ran = {"induction": "labels" in rows, "treebank": bool(tb)}  # the labels of an analysis not run now are kept
+  ours_label = lambda r: ran["induction" if r["label"] in ind.LABELS else "treebank"]
   keys = (str(model), str(step))
 
   def labels(old: list[dict]) -> list[dict]:  # under the table's lock: another writer's labels are not lost

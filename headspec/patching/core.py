@@ -14,7 +14,7 @@ Attribution patching (Nanda 2023; Syed et al. 2023): the first-order estimate of
 (a_source − a_base) · ∂metric/∂a at the base run, one forward and one backward pass.
 
 Path patching (Wang et al. 2022, §3.1; Goldowsky-Dill et al. 2023): the effect of a sender head that
-travels only through the receivers' queries, keys or values (or straight to the logits): run the base input
+travels only through the receivers' queries, keys or values (or to the logits through no other head): run the base input
 with the sender's Z_h from the source and every other head's Z_h frozen at its base value (MLPs recompute),
 record the receivers' q/k/v (or the logits), then run the base input with only those receivers' inputs
 replaced by the recorded ones.
@@ -126,7 +126,8 @@ def _path(graphdef, receiver_site: str, metric):
   @jax.jit
   def path(params, base_BT, source_BT, valid_BT, last_B, answers_B2, senders_E2, receivers_LH):
     """(base metric, source metric, [E] metric when sender e's effect reaches only the receivers):
-    receivers_LH marks them; for receiver_site 'logits', the sender's direct path to the logits."""
+    receivers_LH marks them; for receiver_site 'logits', the sender's paths to the logits through no other
+    head (its direct path and the downstream MLPs, which recompute: Wang et al.'s convention)."""
     TRACES["path"] += 1
     model = nnx.merge(graphdef, params)
     L, H = model.cfg.num_layers, model.cfg.num_heads

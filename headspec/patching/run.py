@@ -1,12 +1,14 @@
 """`headspec patch`: activation, attribution and path patching of a built-in task at every requested step,
 through the one job loop (headspec/jobloop.py). Writes RUN/patching/results.csv, RUN/patching/summary.csv
-(docs/outputs.md) and a heatmap per (task, site, step): patching/<task>_<site>_<model>_step<step>.png."""
+(docs/outputs.md) and a heatmap per (task, site, direction, step):
+patching/<task>_<site>_<direction>_<model>_step<step>.png (the model's name one file-name component,
+headspec/filenames.py)."""
 
 from __future__ import annotations
 
 import pandas as pd
 
-from headspec import jobloop, remote, tables, targets
+from headspec import filenames, jobloop, remote, tables, targets
 from headspec.errors import UserError
 from headspec.model import SITES
 from headspec.patching import patch as patch_lib
@@ -20,6 +22,8 @@ def check_config(c) -> list[str]:
   """The sites asked for; UserError naming the first bad key."""
   if c.task not in ("induction", "ioi"):
     raise UserError(f"patch: task={c.task!r}; choose 'induction' or 'ioi'")
+  if c.get("corruption", "abc") not in tasks.CORRUPTIONS:
+    raise UserError(f"patch: corruption={c.corruption!r}; choose one of {', '.join(map(repr, tasks.CORRUPTIONS))}")
   sites = [s.strip() for s in c.sites.split(",") if s.strip()]
   for site in sites:
     patch_lib.check_site(site)
@@ -40,7 +44,12 @@ def task_pairs(c, model, tokenizer):
     specials = ind.special_ids(tokenizer)
     bos = ind.bos_ids(tokenizer) if model.cfg.kind == "decoder" else []
     return tasks.induction_pairs(model.cfg.vocab_size, specials, n=c.induction_n, count=c.count, seed=c.seed, bos=bos)
-  return tasks.ioi_pairs(tokenizer, count=c.count, seed=c.seed)
+  return tasks.ioi_pairs(tokenizer, count=c.count, seed=c.seed, corruption=c.get("corruption", "abc"))
+
+
+def task_name(c) -> str:
+  """The tables' `task`: 'induction', 'ioi' (Wang et al.'s ABC corruption) or 'ioi_s2' (the second B only)."""
+  return "ioi_s2" if c.task == "ioi" and c.get("corruption", "abc") == "s2" else c.task
 
 
 class Patching(jobloop.Analysis):
@@ -61,7 +70,7 @@ class Patching(jobloop.Analysis):
     clean, corrupt, answers = task_pairs(c, model, tokenizer)
     p = patch_lib.prompts(model.cfg, clean, corrupt, answers, "logit_diff", tokenizer, tokenizer.pad_id)
     rows, summary = [], []
-    key = dict(model=job.name, step=job.step, task=c.task)
+    key = dict(model=job.name, step=job.step, task=task_name(c))
 
     def add(frame, method, site):
       for r in frame.itertuples(index=False):
@@ -73,25 +82,33 @@ class Patching(jobloop.Analysis):
         model, p, site=site, metric="logit_diff", by_position=c.by_position, direction=c.direction
       )
       add(exact, "activation", site)
-      summary += [key | dict(site=site, metric=m, value=exact.attrs[m]) for m in ("base", "source")]
+      summary += [
+        key | dict(site=site, direction=c.direction, metric=m, value=exact.attrs[m]) for m in ("base", "source")
+      ]
       if c.attribution:
         estimate = patch_lib.attribution(model, p, site=site, metric="logit_diff", by_position=c.by_position,
                                          direction=c.direction)  # fmt: skip
         add(estimate, "attribution", site)
-        summary.append(key | dict(site=site, metric="agreement", value=patch_lib.agreement(exact, estimate)))
+        summary.append(
+          key | dict(site=site, direction=c.direction, metric="agreement", value=patch_lib.agreement(exact, estimate))
+        )
     if c.path:
       add(
         patch_lib.path(model, p, metric="logit_diff", receiver_site="logits", direction=c.direction), "path_logits", "z"
       )
+    self.drawn = rows  # drawn once the tables hold them
     return {RESULTS: rows, SUMMARY: summary}
 
   def merged(self, job):
-    frame = pd.DataFrame(tables.read(tables.path_of(self.workdir, RESULTS), RESULTS))
-    frame = frame[(frame["model"] == job.name) & (frame["step"].astype(int) == job.step)]
+    """A heatmap per site of this job's activation-patching rows (the table also keeps every other run's
+    rows: another direction, task or set of sites, drawn under names of their own)."""
+    c, task = self.config, task_name(self.config)
+    frame = pd.DataFrame(self.drawn, columns=RESULTS.columns)
+    frame = frame[frame["method"] == "activation"]
+    name = f"{filenames.component(job.name)}_step{job.step}"
     for site in self.sites:
-      heatmap(frame[(frame["site"] == site) & (frame["method"] == "activation") & (frame["task"] == self.config.task)],
-              f"{self.config.task}: {site} ({self.config.direction}), {job.name} step {job.step}",
-              remote.run_path(self.workdir) / f"patching/{self.config.task}_{site}_{job.name}_step{job.step}.png")  # fmt: skip
+      heatmap(frame[frame["site"] == site], f"{task}: {site} ({c.direction}), {job.name} step {job.step}",
+              remote.run_path(self.workdir) / f"patching/{task}_{site}_{c.direction}_{name}.png")  # fmt: skip
 
   def finish(self, jobs):
     return tables.path_of(self.workdir, RESULTS)

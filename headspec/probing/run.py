@@ -75,7 +75,7 @@ class Probe(jobloop.Analysis):
     workdir, out_dir, data = self.workdir, self.workdir / "probes", self.data
     mdl_only = p.get("mdl_only", False)
     if not mdl_only:
-      tables.write(tables.path_of(workdir, tables.PROBE_BASELINES), data.baselines, tables.PROBE_BASELINES)
+      tables.merge(tables.path_of(workdir, tables.PROBE_BASELINES), data.baselines, tables.PROBE_BASELINES)
     report.write_report(
       out_dir,
       primary_split=suite.report_split(data),
