@@ -95,6 +95,8 @@ def sweep(config, workdir, layers, ranks, task_names) -> dict:
           epochs=p.structural_epochs,
           patience=p.structural_patience,
           learning_rate=p.structural_learning_rate,
+          batch_sentences=p.get("structural_batch_sentences", 20),
+          scale=p.get("structural_scale", "raw"),
           seed=config.seed,
         )
         fit_s = time.perf_counter() - t0
