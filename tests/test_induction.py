@@ -378,3 +378,41 @@ def test_repeat_loss_cis_are_the_copies_means_and_their_difference():
   assert v == pytest.approx(0.9) and lo < v < hi
   v, lo, hi = ind.repeat_loss_cis(first, first - 0.5, resamples=50, seed=0)["repeat_drop"]
   assert (v, lo, hi) == pytest.approx((0.5, 0.5, 0.5))
+
+
+def test_causal_check_selects_on_one_half_and_measures_on_the_other(run_dir, monkeypatch):
+  """Issue 61: the top-k induction heads (and the unlabelled control's) are chosen on the first half of the
+  repeated sequences and their ablation measured on the second: disjoint sets, the scores of the first."""
+  select, measure = ind.causal_split(20, 10)
+  assert not set(select) & set(measure) and len(select) == 10 and len(measure) == 10
+  assert list(ind.causal_split(20, 4)[1]) == [10, 11, 12, 13]
+  with pytest.raises(UserError, match="induction.num_sequences=2: the causal check needs 3 or more"):
+    ind.causal_split(2, 2)
+  from headspec import targets
+  from headspec.ablation import causal as causal_lib
+
+  c = _config()
+  jobs = targets.plan(c, run_dir, steps="4")
+  data = induction_run.load_data(c, run_dir, jobs)
+  seen = {}
+  real_rows = causal_lib.induction_rows
+
+  def spy(model, tokens_NT, n, prefix, induction_LH, cc, **kw):
+    seen.update(tokens=np.asarray(tokens_NT), induction=np.asarray(induction_LH))
+    return real_rows(model, tokens_NT, n, prefix, induction_LH, cc, **kw)
+
+  monkeypatch.setattr(causal_lib, "induction_rows", spy)
+  model, _ = jobs[0].load()
+  out = induction_run.analyse(jobs[0], model, data, c)
+  assert out["causal"]
+  rows_of = lambda x: {tuple(r) for r in x}
+  select, measure = ind.causal_split(len(data.repeated_NT), c.induction.causal.num_sequences)
+  assert rows_of(seen["tokens"]) == rows_of(data.repeated_NT[measure])
+  assert not rows_of(seen["tokens"]) & rows_of(data.repeated_NT[select])  # no sequence both selects and measures
+  rep = ind.run(model, data.repeated_NT[select], np.ones(data.repeated_NT[select].shape, bool), data.specials)
+  want = ind.attention_scores(rep, resamples=c.roles.bootstrap_resamples, seed=c.seed)["induction"][0]
+  np.testing.assert_allclose(seen["induction"], want, rtol=1e-5, atol=1e-6)
+  # 2 heads a layer, k = 1: one layer-matched candidate, ablated once, not twice (random_seeds = 2)
+  k1 = [r for r in out["causal"] if r["k"] == 1 and r["selection"] == "random_layer_matched"]
+  assert {r["value"] for r in k1 if r["metric"] == "candidate_sets"} == {1.0}
+  assert {r["seed"] for r in k1 if r["metric"] == "loss_delta_second"} == {0}

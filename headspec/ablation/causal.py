@@ -1,31 +1,44 @@
-"""Causal test of probe selectivity: do the heads a probe finds most selective matter for the task?
+"""Causal test of probe selectivity: once the heads a probe finds most selective are ablated, is the task
+still linearly decodable from the model (DECODABILITY AFTER ABLATION), and does the LM loss need them?
 
 For each label task (upos, xpos, deprel; arc probes are bilinear and not refitted here) with rows in
 RUN/probes/results.csv: heads are ranked by selectivity (accuracy − control accuracy, Hewitt & Liang
 2019) on the treebank's DEV split, and the effect is measured on its TEST split, so selection and
 measurement never share data. For k = 1, 2, 4, ... up to half of the heads:
   selective             the k most selective heads are ablated;
-  random_layer_matched  for each seed, as many heads per layer as the selective set has in that layer,
-                        drawn uniformly from that layer's NON-selected heads (a random set that shares
-                        selective heads pulls selective − random toward 0); where fewer remain than are
-                        needed, all of them plus the fewest selective heads, and the overlap is reported.
+  random_layer_matched  as many heads per layer as the selective set has in that layer, from that layer's
+                        NON-selected heads (a random set that shares selective heads pulls selective −
+                        random toward 0); where fewer remain than are needed, all of them plus the fewest
+                        selective heads, and the overlap is reported. EVERY such set when there are at most
+                        `causal.random_seeds` of them (`layer_matched_masks`: with 4 heads a layer and k = 1
+                        there are 3), else `causal.random_seeds` distinct sets drawn uniformly (never one
+                        twice); `candidate_sets` says how many exist.
 Ablation is MEAN ablation (Z_h replaced by its mean over the probe's training tokens). Metrics:
-  probe_accuracy        a probe on the LAST layer's residual stream, re-extracted with the heads ablated,
-                        REFITTED on ablated train features (l2 chosen on ablated dev) and scored on ablated
-                        test: whether the information is still linearly decodable (primary);
+  probe_accuracy        DECODABILITY AFTER ABLATION: a probe on the LAST layer's residual stream,
+                        re-extracted with the heads ablated, REFITTED on ablated train features (l2 chosen on
+                        ablated dev) and scored on ablated test: whether the information is still linearly
+                        decodable, not whether the model uses the heads (a refitted probe reads whatever
+                        other heads still carry);
   probe_accuracy_fixed  the probe fitted on unablated features, scored on ablated test features;
-  loss_delta            LM loss change on the LM evaluation set (only for a model with a trained LM head);
+  loss_delta            LM loss change on the LM evaluation set (only for a model with a trained LM head):
+                        what the model's own objective loses;
   overlap_with_selective  (random rows) the fraction of the random set's heads that are selective heads:
                         0 unless a layer holds more selective heads than non-selected ones;
-  *_vs_random           selective minus the mean over random seeds, with a PAIRED bootstrap CI over test
-                        sentences (LM: sequences): a CI entirely below 0 for probe accuracy (above 0 for
-                        loss) means the selective heads matter more than random heads of the same layers.
+  candidate_sets        (random rows, seed −1) how many layer-matched sets exist (CI empty): at most
+                        `causal.random_seeds` means every one was ablated;
+  *_vs_random           selective minus the mean over the random sets, with a PAIRED bootstrap CI over test
+                        sentences (LM: sequences) and, where the sets are a sample of the candidates, over
+                        the sets too (`resampling.mean_over_draws_R`): a CI entirely below 0 for probe
+                        accuracy (above 0 for loss) means less is decodable (the loss needs them more) without
+                        the selective heads than without random heads of the same layers.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import functools
+import itertools
+import math
 
 import jax
 import jax.numpy as jnp
@@ -127,6 +140,77 @@ def unlabelled_mask(unlabelled_LH, top_LH, k: int, seed: int) -> np.ndarray | No
   mask = np.ones(np.size(top_LH), np.float32)
   mask[np.random.default_rng(seed).choice(pool, k, replace=False)] = 0.0
   return mask.reshape(np.shape(top_LH))
+
+
+def _layer_options(selective_LH) -> list[list[tuple[int, ...]]]:
+  """Per layer, every head subset a layer-matched draw can remove there (`layer_matched_mask`'s rule)."""
+  out = []
+  for row in np.asarray(selective_LH):
+    removed, kept = np.flatnonzero(row == 0), np.flatnonzero(row != 0)
+    if len(removed) <= len(kept):
+      out.append([tuple(c) for c in itertools.combinations(kept.tolist(), len(removed))])
+    else:  # all kept heads plus the fewest removed ones
+      out.append([tuple(kept.tolist()) + c for c in itertools.combinations(removed.tolist(), len(removed) - len(kept))])
+  return out
+
+
+def _sets(options: list[list[tuple[int, ...]]], count: int, seed: int, shape) -> tuple[list[np.ndarray], int]:
+  """(masks, candidates): every candidate set when there are at most `count` of them (enumerated), else
+  `count` distinct sets drawn uniformly (no set twice). A set picks one option per group; `shape` [L, H]."""
+  candidates = math.prod(len(o) for o in options)
+
+  def mask(choice) -> np.ndarray:
+    m = np.ones(shape, np.float32)
+    for layer, heads in choice:
+      m[layer, list(heads)] = 0.0
+    return m
+
+  groups = [(layer, o) for layer, o in enumerate(options)]
+  if candidates <= count:
+    return [mask(zip(range(len(options)), c)) for c in itertools.product(*options)], candidates
+  rng, seen, out = np.random.default_rng(seed), set(), []
+  while len(out) < count:
+    pick = tuple(int(rng.integers(len(o))) for _, o in groups)
+    if pick not in seen:
+      seen.add(pick)
+      out.append(mask((layer, o[i]) for (layer, o), i in zip(groups, pick)))
+  return out, candidates
+
+
+def layer_matched_masks(selective_LH, count: int, seed: int) -> tuple[list[np.ndarray], int]:
+  """(masks, candidates): the layer-matched random sets of `selective_LH` (`layer_matched_mask`'s rule) —
+  all of them when there are at most `count` (`candidates` <= count: the mean over them is exact), else
+  `count` distinct ones drawn uniformly. Independent draws would repeat a set: with 4 heads a layer and k = 1
+  there are 3 candidates, and 3 independent draws repeat one with probability 7/9."""
+  return _sets(_layer_options(selective_LH), count, seed, np.shape(selective_LH))
+
+
+def unlabelled_masks(unlabelled_LH, top_LH, k: int, count: int, seed: int) -> tuple[list[np.ndarray], int]:
+  """(masks, candidates): sets of k heads from `unlabelled_mask`'s pool (any layer, not in `top_LH`, no role
+  label): all of them when C(pool, k) <= `count`, else `count` distinct ones; ([], 0) when the pool has
+  fewer than k heads."""
+  L, H = np.shape(top_LH)
+  pool = np.flatnonzero((np.asarray(top_LH).ravel() != 0) & np.asarray(unlabelled_LH, bool).ravel())
+  if len(pool) < k:
+    return [], 0
+  candidates = math.comb(len(pool), k)
+  flat = lambda heads: [(int(i) // H, (int(i) % H,)) for i in heads]
+  if candidates <= count:
+    sets = [flat(c) for c in itertools.combinations(pool.tolist(), k)]
+  else:
+    rng, seen, sets = np.random.default_rng(seed), set(), []
+    while len(sets) < count:
+      pick = tuple(sorted(rng.choice(pool, k, replace=False).tolist()))
+      if pick not in seen:
+        seen.add(pick)
+        sets.append(flat(pick))
+  masks = []
+  for heads in sets:
+    m = np.ones((L, H), np.float32)
+    for layer, (head,) in heads:
+      m[layer, head] = 0.0
+    masks.append(m)
+  return masks, candidates
 
 
 def overlap(selective_LH, random_LH) -> float:
@@ -318,7 +402,10 @@ def causal_rows(model, data: TaskData, selectivity_LH, lm_set, lm_replacement, c
     row(0, "selective", -1, metric, acc[0], low[0], high[0])
   for k in ks(L * H):
     sel = selective_mask(selectivity_LH, k)
-    masks = [sel] + [layer_matched_mask(sel, seed + 1000 * k + s) for s in range(c.random_seeds)]
+    drawn, candidates = layer_matched_masks(sel, c.random_seeds, seed + 1000 * k)
+    masks = [sel] + drawn
+    resample_draws = candidates > len(drawn)  # a sample of the candidate sets: resample the draws too
+    row(k, "random_layer_matched", -1, "candidate_sets", candidates, np.nan, np.nan)
     for s, mask in enumerate(masks[1:]):
       row(k, "random_layer_matched", s, "overlap_with_selective", overlap(sel, mask), np.nan, np.nan)
     refit_cols, fixed_cols = [], []
@@ -336,7 +423,7 @@ def causal_rows(model, data: TaskData, selectivity_LH, lm_set, lm_replacement, c
       for g in range(len(masks)):
         row(k, "selective" if g == 0 else "random_layer_matched", -1 if g == 0 else g - 1, metric, value_G[g],
             low_G[g], high_G[g])  # fmt: skip
-      diff_R = boot_RG[:, 0] - boot_RG[:, 1:].mean(1)
+      diff_R = boot_RG[:, 0] - resampling.mean_over_draws_R(boot_RG[:, 1:], resample_draws=resample_draws, seed=seed)
       row(
         k, "selective", -1, f"{metric}_vs_random", value_G[0] - value_G[1:].mean(), *np.percentile(diff_R, [2.5, 97.5])
       )
@@ -347,7 +434,7 @@ def causal_rows(model, data: TaskData, selectivity_LH, lm_set, lm_replacement, c
       for g in range(len(masks)):
         row(k, "selective" if g == 0 else "random_layer_matched", -1 if g == 0 else g - 1, "loss_delta",
             value_G[g], low_G[g], high_G[g])  # fmt: skip
-      diff_R = boot_RG[:, 0] - boot_RG[:, 1:].mean(1)
+      diff_R = boot_RG[:, 0] - resampling.mean_over_draws_R(boot_RG[:, 1:], resample_draws=resample_draws, seed=seed)
       row(
         k, "selective", -1, "loss_delta_vs_random", value_G[0] - value_G[1:].mean(), *np.percentile(diff_R, [2.5, 97.5])
       )
@@ -355,15 +442,20 @@ def causal_rows(model, data: TaskData, selectivity_LH, lm_set, lm_replacement, c
 
 
 def verdicts(rows: list[dict]) -> list[str]:
-  """One line per (task, k): whether the selective heads matter more than layer-matched random ones."""
+  """One line per (task, k): whether less is decodable without the selective heads than without layer-matched
+  random ones (decodability after ablation, a refitted probe: not whether the model uses them)."""
   lines = []
   for r in rows:
     if r["metric"] == "probe_accuracy_vs_random":
       more = r["ci_high"] < 0
       lines.append(
-        f"{r['task']} k={r['k']}: refitted probe accuracy, selective − random = {r['value']:+.4f} "
-        f"[{r['ci_low']:+.4f}, {r['ci_high']:+.4f}]: selective heads "
-        + ("matter MORE than random heads of the same layers" if more else "do not matter more (CI reaches 0)")
+        f"{r['task']} k={r['k']}: decodability after ablation (refitted probe accuracy), selective − random = "
+        f"{r['value']:+.4f} [{r['ci_low']:+.4f}, {r['ci_high']:+.4f}]: "
+        + (
+          "LESS is decodable without the selective heads than without random heads of the same layers"
+          if more
+          else "no less decodable than without random heads of the same layers (CI reaches 0)"
+        )
       )
   return lines
 
@@ -377,6 +469,7 @@ INDUCTION_METRICS = (
   "loss_delta_second_vs_random",
   "loss_delta_second_vs_unlabelled",
   "overlap_with_selective",
+  "candidate_sets",
 )
 
 
@@ -403,16 +496,19 @@ def induction_rows(
   """ablation/causal.csv rows (without model, step, kind) of the induction-head causal check.
 
   For each method (zero, mean) and k: the k heads with the largest induction score (`top_induction`,
-  seed −1), `c.random_seeds` layer-matched random sets (`random_layer_matched`, seed s, drawn from the
-  heads outside the top k as in `layer_matched_mask`, with their `overlap_with_selective`) and, given
-  `unlabelled_LH` (the heads that no previous-token, duplicate-token or induction label names),
-  `c.random_seeds` sets of k of those heads from any layer (`random_unlabelled`, `unlabelled_mask`; none for
-  a k that fewer such heads allow) are ablated; `task` is 'repeated_random/<method>'. Metrics (loss in
-  nats, ablated − unablated, on the same tokens):
+  seed −1), the layer-matched random sets (`random_layer_matched`, seed s, from the heads outside the top k,
+  `layer_matched_masks`: every candidate set when there are at most `c.random_seeds`, else that many distinct
+  ones; with their `overlap_with_selective`) and, given `unlabelled_LH` (the heads that no previous-token,
+  duplicate-token or induction label names), sets of k of those heads from any layer (`random_unlabelled`,
+  `unlabelled_masks`, the same rule; none for a k that fewer such heads allow) are ablated; `candidate_sets`
+  (seed −1) counts the candidates of each control; `task` is 'repeated_random/<method>'. The caller picks
+  `induction_LH` on other sequences than `tokens_NT` (headspec/attention/induction_run.py: one half selects,
+  the other measures). Metrics (loss in nats, ablated − unablated, on the same tokens):
     loss_delta_first / loss_delta_second   on the first / second repeat (r_2..r_n of each)
     second_minus_first                     their difference (paired bootstrap over sequences)
     loss_delta_second_vs_random            (top_induction rows only) its second-repeat delta minus the
-                                           mean over the layer-matched sets (paired bootstrap)
+                                           mean over the layer-matched sets (paired bootstrap over
+                                           sequences, and over the sets where they are a sample)
     loss_delta_second_vs_unlabelled        (top_induction rows only) the same against the unlabelled
                                            sets: the control when a layer's other heads are induction
                                            heads too, which the layer-matched draw then ablates
@@ -424,19 +520,19 @@ def induction_rows(
   replacements = {"zero": core.zero_replacement(model), "mean": mean_z}
   ones = np.ones((L, H), np.float32)
   ks_ = [int(k) for k in c.ks if 0 < int(k) <= L * H]
-  masks, labels = [ones], [None]
+  masks, labels, candidates = [ones], [None], {}
   for k in ks_:
     top = selective_mask(induction_LH, k)
     masks.append(top)
     labels.append((k, "top_induction", -1))
-    for s in range(c.random_seeds):
-      masks.append(layer_matched_mask(top, seed + 1000 * k + s))
-      labels.append((k, "random_layer_matched", s))
-    for s in range(c.random_seeds if unlabelled_LH is not None else 0):
-      other = unlabelled_mask(unlabelled_LH, top, k, seed + 1000 * k + 500 + s)
-      if other is not None:
-        masks.append(other)
-        labels.append((k, "random_unlabelled", s))
+    drawn = {"random_layer_matched": layer_matched_masks(top, c.random_seeds, seed + 1000 * k)}
+    if unlabelled_LH is not None:
+      drawn["random_unlabelled"] = unlabelled_masks(unlabelled_LH, top, k, c.random_seeds, seed + 1000 * k + 500)
+    for selection, (sets, count) in drawn.items():
+      candidates[(k, selection)] = (count, len(sets))
+      for s, mask in enumerate(sets):
+        masks.append(mask)
+        labels.append((k, selection, s))
   rows = []
   for method in c.methods:
     if method not in replacements:
@@ -455,6 +551,9 @@ def induction_rows(
       "second_minus_first": (v2 - v1, lo(b2 - b1), hi(b2 - b1)),
     }
     task = f"repeated_random/{method}"
+    for (k, selection), (count, _) in candidates.items():
+      rows.append(dict(task=task, k=k, selection=selection, seed=-1, metric="candidate_sets", value=float(count),
+                       ci_low=np.nan, ci_high=np.nan))  # fmt: skip
     for g, label in enumerate(labels[1:]):
       k, selection, s = label
       if selection == "random_layer_matched":
@@ -470,7 +569,8 @@ def induction_rows(
                               ("random_unlabelled", "loss_delta_second_vs_unlabelled")):  # fmt: skip
         rand = [i for i, x in enumerate(labels[1:]) if x[0] == k and x[1] == control]
         if rand:
-          diff_R = b2[:, g] - b2[:, rand].mean(1)
+          count, used = candidates[(k, control)]
+          diff_R = b2[:, g] - resampling.mean_over_draws_R(b2[:, rand], resample_draws=count > used, seed=seed)
           rows.append(dict(task=task, k=k, selection=selection, seed=-1, metric=metric,
                            value=float(v2[g] - v2[rand].mean()), ci_low=float(np.percentile(diff_R, 2.5)),
                            ci_high=float(np.percentile(diff_R, 97.5))))  # fmt: skip

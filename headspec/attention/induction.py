@@ -155,6 +155,23 @@ def run(model, tokens_NT, valid_NT, specials, *, batch_size: int = 50) -> Pass:
   return Pass(np.concatenate(nums, -1), np.concatenate(dens, -1), np.concatenate(nlls))
 
 
+def subset(p: Pass, index_N) -> Pass:
+  """The sequences `index_N` of a `run` pass (e.g. the causal check's selection half)."""
+  index_N = np.asarray(index_N)
+  return Pass(p.num_3LHN[..., index_N], p.den_3N[:, index_N], p.nll_NT[index_N])
+
+
+def causal_split(num_sequences: int, num_measured: int) -> tuple[np.ndarray, np.ndarray]:
+  """(select_S, measure_M): disjoint halves of the repeated sequences for the causal check of induction heads,
+  so that the top-k heads are chosen on other sequences than those their ablation is measured on (the
+  maximum of noisy scores is biased upwards on the sequences that chose it): the first half selects, the
+  second measures (its first `num_measured`)."""
+  half = num_sequences // 2
+  if half < 1 or num_sequences - half < 2:
+    raise UserError(f"induction.num_sequences={num_sequences}: the causal check needs 3 or more (half select)")
+  return np.arange(half), np.arange(half, num_sequences)[:num_measured]
+
+
 def attention_scores(p: Pass, *, resamples: int, seed: int) -> dict:
   """{role: (score_LH, low_LH, high_LH)}: Σ over sequences of num / Σ of den, CIs resampling sequences.
   A role no query qualifies for (no repeated token at all) is NaN."""

@@ -10,7 +10,9 @@ Per (model, step) of `targets.plan` (headspec/attention/run.py calls `analyse`):
                          (loss at the late position − at the early one, `induction.icl_positions`);
                          repeat_first, repeat_second, repeat_drop (the repeated random sequences' loss
                          on each copy and first − second, `induction.repeat_loss_cis`)
-  ablation/causal.csv    kind=induction: the top-k induction heads ablated (headspec/ablation/causal.py)
+  ablation/causal.csv    kind=induction: the top-k induction heads ablated (headspec/ablation/causal.py),
+                         chosen (and the unlabelled control's heads) on the first half of the repeated
+                         sequences, measured on the second (`induction.causal_split`)
 After every step (`formation`): attention/induction_formation.png (per-head induction and previous-token
 scores, the ICL score and the training loss of metrics.jsonl on one step axis) and
 attention/induction_summary.md (the formation window) when two or more steps have scores.
@@ -77,6 +79,8 @@ def load_data(config, workdir, jobs) -> Data:
   """The repeated random sequences and the natural-text rows; every problem a UserError before any work.
   A context shorter than [BOS] + 2·induction.n tokens gets the largest n that fits (said in one line)."""
   i = config.induction
+  if i.causal.enabled:  # the causal check selects on one half of the sequences, measures on the other
+    ind.causal_split(i.num_sequences, i.causal.num_sequences)
   model, tokenizer = jobs[0].load()
   T = model.cfg.max_len
   bos = ind.bos_ids(tokenizer)
@@ -207,11 +211,14 @@ def analyse(job: targets.Target, model, data: Data, config) -> dict:
   causal_rows = []
   c = i.causal
   if c.enabled and job.lm_head and (job.name, job.step) in data.causal_at:
-    tokens = data.repeated_NT[: c.num_sequences]
-    unlabelled = np.all([scores[role][0] < i.label_min for role in ind.ATTENTION_ROLES], axis=0)  # no role label
+    # chosen on one half of the sequences, measured on the other (`ind.causal_split`)
+    select, measure = ind.causal_split(len(data.repeated_NT), c.num_sequences)
+    chosen = ind.attention_scores(ind.subset(rep, select), resamples=R, seed=seed)
+    unlabelled = np.all([chosen[role][0] < i.label_min for role in ind.ATTENTION_ROLES], axis=0)  # no role label
     causal_rows = causal_lib.induction_rows(
-      model, tokens, data.n, data.prefix, scores["induction"][0], c, resamples=R, seed=seed, unlabelled_LH=unlabelled
-    )
+      model, data.repeated_NT[measure], data.n, data.prefix, chosen["induction"][0], c, resamples=R, seed=seed,
+      unlabelled_LH=unlabelled,
+    )  # fmt: skip
     for r in causal_rows:
       r.update(model=job.name, step=job.step, kind="induction")
     for line in causal_lib.induction_verdicts(causal_rows):
