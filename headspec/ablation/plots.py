@@ -4,8 +4,9 @@ One file per (model, step) and figure: heads_<tag>.png (layer × head heatmaps o
 of heads.csv), pruning_<tag>.png (metric vs fraction pruned per ranking; random: mean with min–max band
 over seeds), gates_<tag>.png (heads kept vs held-out loss over λ), causal_<tag>.png (probe accuracy vs k,
 selective vs layer-matched random), interactions_<tag>.png (pair matrix and a graph of the strongest
-pairs, spring layout from networkx). <tag> = <model>_step<step>. A path may be a URL (gs://...): each
-figure is written whole (headspec.remote.save_figure).
+pairs, spring layout from networkx). <tag> = <model>_step<step>, the model's name made one file-name
+component (headspec/filenames.py). A path may be a URL (gs://...): each figure is written whole
+(headspec.remote.save_figure).
 """
 
 from __future__ import annotations

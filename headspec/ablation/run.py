@@ -21,7 +21,7 @@ import numpy as np
 from absl import logging
 from etils import epath
 
-from headspec import jobloop, provenance, remote, runs, tables, targets
+from headspec import filenames, jobloop, provenance, remote, runs, tables, targets
 from headspec.ablation import causal, core, gates, interactions, metrics, plots, pruning
 from headspec.ablation import evalset as evalset_lib
 from headspec.alignment import POOLINGS
@@ -393,7 +393,7 @@ def _causal(stage: _Stage, lm_set, mean_z, selectivity, cache: dict, tokenizer) 
 
 
 def _figures(out_dir, job, rows: dict, L: int, H: int) -> list[epath.Path]:
-  tag = f"{job.name}_step{job.step}"
+  tag = f"{filenames.component(job.name)}_step{job.step}"  # a name with `/` or `..` stays one file here
   made = []
   draw = [
     (tables.ABLATION_HEADS, lambda r, p: plots.heads(r, L, H, p), "heads"),

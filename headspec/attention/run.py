@@ -35,7 +35,7 @@ from absl import logging
 from etils import epath
 
 from headspec import alignment as align_lib
-from headspec import jobloop, provenance, remote, runs, tables, targets
+from headspec import filenames, jobloop, provenance, remote, runs, tables, targets
 from headspec.attention import clark as clark_lib
 from headspec.attention import flow as flow_lib
 from headspec.attention import induction_run, report
@@ -144,10 +144,6 @@ def load_data(config, data_dir, run_config) -> Data:
       examples.append(pool[int(i)].words)
   frequencies, source = word_frequencies(config, run_config, data_dir)
   return Data(select, report_split, relations, examples, frequencies, source)
-
-
-def _safe(name: str) -> str:
-  return "".join(c if c.isalnum() or c in "-_." else "_" for c in name)
 
 
 def draw_pictures(model, tokenizer, examples, folder, config) -> None:
@@ -268,7 +264,9 @@ def analyse_job(job: targets.Target, data: Data, config, out_dir, skipped=()):
   )
   logging.info(f"  {job.name} step {job.step}: Clark tables and roles ({time.perf_counter() - t0:.1f} s)")
   if data.examples:
-    draw_pictures(model, tokenizer, data.examples, out_dir / "pictures" / f"{_safe(job.name)}-step{job.step}", config)
+    draw_pictures(
+      model, tokenizer, data.examples, out_dir / "pictures" / f"{filenames.component(job.name)}-step{job.step}", config
+    )
     logging.info(f"  {job.name} step {job.step}: pictures ({time.perf_counter() - t0:.1f} s)")
   report_split = data.report or data.select
   section = report.job_section(

@@ -43,7 +43,7 @@ import numpy as np
 from flax import nnx
 
 from headspec import alignment as align_lib
-from headspec import packing, remote
+from headspec import filenames, packing, remote
 from headspec.alignment import bucket_length
 from headspec.errors import UserError
 
@@ -174,8 +174,7 @@ def _cache_name(identity: dict, name: str, sentences, pooling: str, dtype: str, 
     version=FORMAT_VERSION,
   )
   digest = hashlib.sha256(json.dumps(key, sort_keys=True, default=str).encode()).hexdigest()[:20]
-  safe = "".join(c if c.isalnum() or c in "-_." else "_" for c in name)
-  return f"{safe}-{digest}"
+  return f"{filenames.component(name)}-{digest}"
 
 
 def _load(folder: pathlib.Path, from_cache: bool) -> Features:

@@ -20,7 +20,7 @@ import time
 import ml_collections
 import numpy as np
 
-from headspec import jobloop, provenance, remote, tables, targets
+from headspec import filenames, jobloop, provenance, remote, tables, targets
 from headspec.ablation import evalset as evalset_lib
 from headspec.errors import UserError
 from headspec.sae import labels as labels_lib
@@ -154,12 +154,12 @@ class SAEAnalysis(jobloop.Analysis):
     key = dict(identity=job.identity, options=self.options.__dict__, site=self.config.site, layer=self.layer,
                rows=hashlib.sha256(self.train_rows[0].tobytes()).hexdigest())  # fmt: skip
     digest = hashlib.sha256(json.dumps(key, sort_keys=True, default=str).encode()).hexdigest()[:12]
-    safe = "".join(ch if ch.isalnum() or ch in "-_." else "_" for ch in job.name)
+    name = filenames.component(job.name)  # the one rule for a name in a path (headspec/filenames.py)
     return (
       remote.run_path(self.workdir)
       / "sae"
       / "checkpoints"
-      / f"{safe}-step{job.step}-{self.config.site}{self.layer}-{digest}"
+      / f"{name}-step{job.step}-{self.config.site}{self.layer}-{digest}"
     )
 
   def job(self, job):
