@@ -87,6 +87,16 @@ def _setting(spec: str) -> tuple[str, tuple[str, ...], bool]:
   return os.path.realpath(path), tuple(sorted(set(args) - set(part))), bool(part)
 
 
+def plan_to_merge(root, spec: str) -> dict | None:
+  """The ROOT/experiment.json that write_plan merges a part's runs into (checked: a damaged one is one
+  UserError line, which the launcher raises while planning, before any stage), or None (no plan there, or
+  `spec` names no part)."""
+  path = remote.run_path(root) / PLAN
+  if not _setting(spec)[2] or not path.exists():
+    return None
+  return read_plan(root)
+
+
 def write_plan(root, experiment: Experiment, spec: str) -> epath.Path:
   """ROOT/experiment.json: the experiment's config spec and its runs and references. A part of a setting
   (its spec names condition=, seed= or layers=) adds its runs to a plan of the same setting already there
@@ -97,10 +107,10 @@ def write_plan(root, experiment: Experiment, spec: str) -> epath.Path:
   path.parent.mkdir(parents=True, exist_ok=True)
   runs = [dataclasses.asdict(r) for r in experiment.runs]
   references = {name for name, _, _ in experiment.references}
-  file, args, part = _setting(spec)
+  file, args, _ = _setting(spec)
   with tables.locked(path) as check:
-    if part and path.exists():
-      old = json.loads(path.read_text())
+    old = plan_to_merge(root, spec)
+    if old is not None:
       old_file, old_args, _ = _setting(old.get("experiment") or "")
       if (old_file, old_args) == (file, args):
         mine = {r["name"] for r in runs}
@@ -113,7 +123,49 @@ def write_plan(root, experiment: Experiment, spec: str) -> epath.Path:
 
 
 def read_plan(root) -> dict:
+  """ROOT/experiment.json, checked (`check_plan`): one line naming the file when it is missing or damaged."""
   path = remote.run_path(root) / PLAN
   if not path.exists():
     raise UserError(f"{path}: not an experiment folder (the launcher writes experiment.json when it starts one)")
-  return json.loads(path.read_text())
+  return check_plan(path, remote.read_json(path))
+
+
+# What write_plan writes per run: key -> (type, what it must be).
+_RUN_KEYS = {"name": (str, "a string"), "condition": (str, "a string"), "seed": (int, "an integer")}
+
+
+def _folder_name(value) -> bool:
+  return isinstance(value, str) and value not in ("", ".", "..") and "/" not in value and "\\" not in value
+
+
+def check_plan(path, plan) -> dict:
+  """`plan` (the JSON of experiment.json at `path`) if it has the shape write_plan writes: an object whose
+  `runs` is a list of objects each with a `name` (a folder name under ROOT), a `condition` (a string) and a
+  `seed` (an integer), `references` a list of folder names, `experiment` a string; else one UserError
+  line naming the file and the first thing wrong, before the study or a launch does any work."""
+  rewrite = "the file is damaged (launch the experiment again to rewrite it)"
+  if not isinstance(plan, dict):
+    raise UserError(f"{path}: a JSON {type(plan).__name__} at the top, not an object with 'runs'; {rewrite}")
+  if "runs" not in plan:
+    raise UserError(f"{path}: no 'runs' list; {rewrite}")
+  if not isinstance(plan["runs"], list):
+    raise UserError(f"{path}: 'runs' is a {type(plan['runs']).__name__}, not a list; {rewrite}")
+  for i, run in enumerate(plan["runs"]):
+    if not isinstance(run, dict):
+      raise UserError(f"{path}: runs[{i}] is a {type(run).__name__}, not an object; {rewrite}")
+    for key, (kind, what) in _RUN_KEYS.items():
+      if key not in run:
+        raise UserError(f"{path}: runs[{i}] has no {key!r}; {rewrite}")
+      value = run[key]
+      if not isinstance(value, kind) or isinstance(value, bool):
+        raise UserError(f"{path}: runs[{i}].{key} is {value!r}, not {what}; {rewrite}")
+    if not _folder_name(run["name"]):
+      raise UserError(f"{path}: runs[{i}].name {run['name']!r} is not a folder name under the root; {rewrite}")
+    if not isinstance(run.get("config", ""), str):
+      raise UserError(f"{path}: runs[{i}].config is {run['config']!r}, not a string; {rewrite}")
+  references = plan.get("references", [])
+  if not isinstance(references, list) or not all(_folder_name(r) for r in references):
+    raise UserError(f"{path}: 'references' is {references!r}, not a list of folder names; {rewrite}")
+  if not isinstance(plan.get("experiment", ""), str):
+    raise UserError(f"{path}: 'experiment' is {plan['experiment']!r}, not a config spec string; {rewrite}")
+  return plan

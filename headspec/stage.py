@@ -11,12 +11,21 @@ import sys
 
 from etils import epath
 
-from headspec import cli, remote
+from headspec import cli, locks, remote
 
 
 def run_stage(marker: str, argv: list[str]) -> int:
-  """Runs `headspec ARGV` unless MARKER holds the same arguments; writes them to MARKER when it exits 0."""
+  """Runs `headspec ARGV` unless MARKER holds the same arguments; writes them to MARKER when it exits 0.
+  Holds the stage's lock (headspec/locks.py: `.NAME.lock` beside MARKER) throughout: a second launch of
+  the same stage (two launchers on one experiment folder, or two parts of a setting sharing a reference)
+  waits for the first, then finds the stage done."""
   done = epath.Path(marker)
+  name = done.name.removesuffix(".done")
+  with locks.held(done.parent, name, wait=True, what=f"stage {name}"):
+    return _run_stage(done, argv)
+
+
+def _run_stage(done: epath.Path, argv: list[str]) -> int:
   text = " ".join(argv)
   if done.exists():
     if done.read_text().strip() == text:

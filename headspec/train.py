@@ -28,7 +28,7 @@ from etils import epath
 from flax import nnx
 from jax.experimental import multihost_utils
 
-from headspec import checkpoints, parallel, provenance, regularizers, remote, runs, targets
+from headspec import checkpoints, locks, parallel, provenance, regularizers, remote, runs, targets
 from headspec.attention.induction import bos_ids, special_ids
 from headspec.data import lm_pipeline, text_tfds
 from headspec.data import repeats as repeats_lib
@@ -283,6 +283,15 @@ class _Preemption:
     signal.signal(signal.SIGTERM, self._previous)
 
 
+def _run_lock(config, workdir, **_) -> dict:
+  """The lock a training holds on its run (headspec/locks.py): another live training of it is refused in
+  one line. One per process of a multi-process run, named by its index (so jax.distributed starts first)."""
+  parallel.initialize_distributed(config.multihost)  # idempotent: train_and_evaluate's own call does nothing
+  index = jax.process_index()
+  return dict(folder=workdir, stage="train" if index == 0 else f"train-process{index}", wait=False, what="training")
+
+
+@locks.holding(_run_lock)  # outermost: run_info.json is written under the lock too
 @provenance.recorded("")
 def train_and_evaluate(config: ml_collections.ConfigDict, workdir, *, devices=None) -> dict:
   """Trains per `config` in `workdir`, resuming from its latest checkpoint; returns the last metrics.

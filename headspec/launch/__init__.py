@@ -103,13 +103,17 @@ def main(argv: list[str], prog: str = PROG) -> int:
     return 2
   except SystemExit as e:  # --help
     return e.code or 0
-  if opts.target == "slurm":
-    return _submit_slurm(opts, work, sweep_runs)
-  if opts.dry_run:
-    for step in work:
-      print(f"# host: {step.host}\n{step.text()}")
-    return 0
-  _write_plans(opts, sweep_runs)
+  try:
+    if opts.target == "slurm":
+      return _submit_slurm(opts, work, sweep_runs)
+    if opts.dry_run:
+      for step in work:
+        print(f"# host: {step.host}\n{step.text()}")
+      return 0
+    _write_plans(opts, sweep_runs)
+  except UserError as e:  # writing the plan: a plan damaged since planning, a folder that cannot be written
+    print(f"headspec launch: error: {e}", file=sys.stderr)
+    return 2
   if opts.target == "tpu":
     for step in work:
       code = subprocess.call(list(step.argv), env={**os.environ, **dict(step.env)})

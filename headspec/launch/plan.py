@@ -89,6 +89,7 @@ def experiment_plans(opts, rest: list[str]) -> list[list[Stage]]:
   _check_experiment_options(opts, rest)
   exp = load_experiment(opts.experiment)
   root = opts.workdir.rstrip("/")
+  experiments.plan_to_merge(root, opts.experiment)  # a damaged ROOT/experiment.json: one line, before any stage
   data = str(remote.run_path(root) / "data") if exp.data else ""  # absolute: runs' configs keep it
   on_data = (f"--config.data_dir={data}",) if data else ()  # every stage with a config reads ROOT/data
 

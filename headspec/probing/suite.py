@@ -17,7 +17,6 @@ import hashlib
 import json
 import os
 import pathlib
-import shutil
 import time
 
 import ml_collections
@@ -25,7 +24,7 @@ import numpy as np
 from absl import logging
 
 from headspec import alignment as align
-from headspec import filenames, jobloop, provenance, remote, resampling, tables, targets
+from headspec import jobloop, locks, provenance, remote, resampling, tables, targets
 from headspec.probing import complexity as complexity_lib
 from headspec.probing import labels, mdl, plan
 from headspec.probing import tasks as tasks_lib
@@ -193,6 +192,7 @@ def probe_job(
   wants = dict(complexity=tables.COMPLEXITY in want, mdl=tables.MDL in want)
   ctx = _Job(job, data, config, feats, tasks, fitters, score_splits, wants)
   partial = _partial_dir(cache_dir, job, data, feats, config, wants)
+  parts = locks.SharedFolder(partial)  # another live process probing the same job may share it: never removed under it
   heads_first = keep_source is None and not config.probe.get("residuals", True)  # the full run may follow
   if heads_first:
     keep_source = _heads_only
@@ -217,8 +217,7 @@ def probe_job(
         sentence_N = score_splits[key[1]].sentence_N
         per_word[key] = (groups + [(layer, h) for h in heads], np.concatenate([d_old, d], 1), weight, sentence_N)
       bar.update(1)
-  if not heads_first:  # the job is whole: its rows go to the tables next
-    shutil.rmtree(partial, ignore_errors=True)
+  parts.done(remove=not heads_first)  # the job is whole: its rows go to the tables next (the last user removes it)
   # else the heads' parts stay, so the full run that may follow fits only the residual streams
   if tables.PROBE_SELECTIVITY in want:
     eval_keys = {s.key for s in data.evals}
@@ -353,7 +352,7 @@ def _partial_dir(cache_dir: pathlib.Path, job, data: labels.Data, feats: dict, c
         for a in value if isinstance(value, (list, tuple)) else [value]:
           for b in dataclasses.astuple(a) if dataclasses.is_dataclass(a) else (a,):  # a Tree's arrays, not its address
             digest.update(np.ascontiguousarray(b).tobytes())
-  return cache_dir / f"{filenames.component(job.name)}-step{job.step}.partial-{digest.hexdigest()[:16]}"
+  return cache_dir / f"{job.name}-step{job.step}.partial-{digest.hexdigest()[:16]}"
 
 
 def _write_part(path: pathlib.Path, part: dict) -> None:
