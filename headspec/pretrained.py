@@ -107,10 +107,10 @@ def parse_hub_name(spec: str) -> tuple[str, str | None]:
       "digits, '-', '_', '.', no '--' or '..', and neither starts nor ends with '-' or '.')"
     )
   if at and not (_REVISION.fullmatch(revision) and ".." not in revision and not revision.endswith(".lock")):
-    why = "several revisions (rev1,rev2) are read by the commands' model.pretrained" if "," in revision else ""
+    several = "; several revisions (rev1,rev2) are for model.pretrained in commands" if "," in revision else ""
     raise UserError(
-      f"{spec!r}: not a Hugging Face model name: revision {revision!r} is not a branch, tag or commit (letters, digits, '-', '_', '.', "
-      f"'/' between parts, no '..'){'; ' + why if why else ''}"
+      f"{spec!r}: not a Hugging Face model name: revision {revision!r} is not a branch, tag or commit "
+      f"(letters, digits, '-', '_', '.', '/' between parts, no '..'){several}"
     )
   return repo, revision or None
 
@@ -611,7 +611,12 @@ class _Tensors:
     value = self.tensors.pop(name)
     if tuple(value.shape) != tuple(shape):
       raise UserError(f"{self.path}: tensor {name!r} has shape {list(value.shape)}, config.json implies {list(shape)}")
-    return np.asarray(value, np.float32)
+    value = np.asarray(value, np.float32)
+    # A damaged file would otherwise compute NaN everywhere, silently. The sum is one cheap pass (NaN or inf
+    # in, non-finite out); only a non-finite sum (or an overflowing one) counts the values themselves.
+    if not np.isfinite(value.sum()) and (bad := int((~np.isfinite(value)).sum())):
+      raise UserError(f"{self.path}: tensor {name!r} holds {bad} NaN or infinite values")
+    return value
 
   def finish(self) -> None:
     unknown = sorted(n for n in self.tensors if not any(n.startswith(p) or p in n for p in self.IGNORED))

@@ -383,3 +383,15 @@ def test_malformed_tokenizer_settings_are_one_line_naming_the_key(root, tmp_path
 def test_valid_tokenizer_settings_with_nulls_still_load(root, tmp_path):
   path = _llama_with(root, tmp_path, lambda p: _settings(p, add_bos_token=None, add_prefix_space=None))
   assert pretrained.load_pretrained(str(path))[1].prefix_ids == (1,)
+
+
+def test_a_weight_holding_nan_is_refused(tiny_dirs, tmp_path):
+  """A sibling of item 6: a damaged tensor computed NaN everywhere, silently."""
+  path = _copy(tiny_dirs["gpt2"], tmp_path / "gpt2")
+  tensors = safetensors.numpy.load_file(path / "model.safetensors")
+  key = next(k for k in tensors if k.endswith("h.1.mlp.c_fc.weight"))
+  tensors[key][0, :3] = [np.nan, np.inf, -np.inf]
+  safetensors.numpy.save_file(tensors, path / "model.safetensors")
+  _one_line(
+    lambda: pretrained.load_pretrained(str(path)), r"model.safetensors: tensor 'h.1.mlp.c_fc.weight' holds 3 NaN"
+  )
