@@ -181,3 +181,40 @@ def test_mean_over_draws_resamples_the_draws_only_when_they_are_a_sample():
   assert two_stage.std() > 10 * exact.std()  # the draws' spread enters the interval
   assert two_stage.mean() == pytest.approx(1.0, abs=0.05)
   np.testing.assert_array_equal(two_stage, resampling.mean_over_draws_R(boot_RD, resample_draws=True, seed=0))
+
+
+def test_headspec_study_writes_the_tests(tmp_path):
+  """write_study end to end: conditions.csv holds the causal test's paired differences (decodability and LM
+  loss) with their families, causal_seeds.csv and formation_tests.csv are written, summary.md shows them."""
+  from test_study import _selectivity_rows
+
+  from headspec import experiments, tables
+
+  root = tmp_path / "exp"
+  runs = tuple(experiments.Run(f"{c}_s{s}", "c.py", c, s) for c in ("baseline", "drophead") for s in range(3))
+  experiments.write_plan(root, experiments.Experiment(runs=runs, analyses=()), "c.py")
+  dec = {("baseline", s): v for s, v in enumerate((-0.02, -0.03, -0.025))}
+  dec |= {("drophead", s): v for s, v in enumerate((-0.005, -0.01, 0.0))}
+  for run in runs:
+    sel = _selectivity_rows(run.name, 100, {(0, 0): (0.3, 0.3 + 0.01 * run.seed, 0.2), (0, 1): (0.1, 0.1, 0.0)})
+    tables.write(tables.path_of(root / run.name, tables.PROBE_SELECTIVITY), sel, tables.PROBE_SELECTIVITY)
+    v = dec[(run.condition, run.seed)]
+    causal = [
+      dict(model=run.name, step=100, kind="probe_selective", task="upos", k=1, selection="selective", seed=-1,
+           metric=metric, value=value, ci_low=value - 0.01, ci_high=value + 0.01)
+      for metric, value in (("probe_accuracy_vs_random", v), ("loss_delta_vs_random", -v))
+    ]  # fmt: skip
+    tables.write(tables.path_of(root / run.name, tables.ABLATION_CAUSAL), causal, tables.ABLATION_CAUSAL)
+  summary = study.write_study(root).read_text()
+  co = pd.read_csv(root / "study/conditions.csv")
+  row = co[co["measure"] == "probe_accuracy_vs_random"].iloc[0]
+  want = stats.ttest_rel([dec[("drophead", s)] for s in range(3)], [dec[("baseline", s)] for s in range(3)])
+  assert (row["k"], row["test"], row["family"]) == (1, "paired_t", "drophead:probe_accuracy_vs_random")
+  assert row["p_value"] == pytest.approx(want.pvalue) and row["difference"] == pytest.approx(0.02)
+  assert set(co["family"]) >= {"drophead:specialization", "drophead:loss_delta_vs_random"}
+  cs = pd.read_csv(root / "study/causal_seeds.csv")
+  assert list(cs.columns) == study.COLUMNS["causal_seeds"].split(",")
+  assert set(cs["metric"]) == {"probe_accuracy_vs_random", "loss_delta_vs_random"} and len(cs) == 4
+  assert list(pd.read_csv(root / "study/formation_tests.csv").columns) == study.COLUMNS["formation_tests"].split(",")
+  assert "### Over seeds: the causal test per condition, decodability and LM loss" in summary
+  assert "tost_p" in summary and "condition:probe_accuracy_vs_random" in summary
