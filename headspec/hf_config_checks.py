@@ -46,9 +46,10 @@ def show(value) -> str:
 
 
 class HFConfig:
-  """A config.json object read key by key with checks; `names` maps a key to how the message names it
-  (`rope_parameters.factor` for a key of a nested object; `prefix` names the keys not in it). A key may be a tuple of alternatives: the first
-  present is read (`("rms_norm_eps", "layer_norm_eps")`). With `optional=True`, null means the default."""
+  """A config.json object read key by key with checks. `names` maps a key to how messages name it
+  (`rope_parameters.factor` for a key of a nested object), `prefix` names the keys it does not list. A key
+  may be a tuple of alternatives, the first present read (`("rms_norm_eps", "layer_norm_eps")`). With
+  `optional=True`, null means the default."""
 
   def __init__(self, values: dict, path: os.PathLike, names: dict[str, str] | None = None, prefix: str = ""):
     self.values, self.path, self.names, self.prefix = values, path, dict(names or {}), prefix
