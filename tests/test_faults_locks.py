@@ -247,3 +247,74 @@ def test_stage_main_is_unchanged_by_the_lock(tmp_path, monkeypatch):
   assert stage.main(["stage", str(marker), "--", "atlas", "--workdir=w"]) == 0
   assert ran == [["headspec", "atlas", "--workdir=w"]] and marker.read_text() == "atlas --workdir=w\n"
   assert sorted(p.name for p in marker.parent.iterdir()) == ["x.done"]
+
+
+SLOW_UD = """
+import sys, time
+from headspec.data import download
+fetch = download._fetch
+
+def slow(url, part, timeout):
+  got = fetch(url, part, timeout)
+  print("ready", flush=True)  # downloaded into its part file, not yet checked or moved into place
+  time.sleep(3)
+  return got
+
+download._fetch, download.PINS = slow, {}
+download.download_ud("en_ewt", sys.argv[1], base_url=sys.argv[2], splits=("dev",), log=lambda _: None)
+"""
+
+
+def test_two_downloads_of_one_treebank_at_once_both_finish(server, synthetic_data_dir, tmp_path, monkeypatch):
+  """A second `headspec data download ud` while the first is mid-file neither removes nor overwrites the
+  first's part file (each process has its own `.part.tmp-<pid>`): both finish, the file is whole."""
+  from headspec.data import download
+
+  base_url, root = server
+  dev = (synthetic_data_dir / "ud" / "synthetic" / "synthetic-ud-dev.conllu").read_bytes()
+  (root / "UD_English-EWT" / "r2.16").mkdir(parents=True)
+  (root / "UD_English-EWT" / "r2.16" / "en_ewt-ud-dev.conllu").write_bytes(dev)
+  first = _python(SLOW_UD, tmp_path, base_url)
+  _ready(first)
+  monkeypatch.setattr(download, "PINS", {})
+  download.download_ud("en_ewt", tmp_path, base_url=base_url, splits=("dev",), log=lambda _: None)
+  _, err = first.communicate(timeout=60)
+  assert first.returncode == 0, err[-2000:]
+  folder = tmp_path / "ud" / "en_ewt"
+  assert sorted(p.name for p in folder.iterdir()) == ["en_ewt-ud-dev.conllu"]
+  assert (folder / "en_ewt-ud-dev.conllu").read_bytes() == dev
+
+
+SLOW_TEXT = """
+import sys, time
+from headspec.data import text_download
+
+def fill(corpus_dir, staging):
+  for split in ("train", "valid"):
+    (corpus_dir / f"{split}.txt").write_text(f"slow {split}\\n")
+  print("ready", flush=True)  # its staging folder is half-built
+  time.sleep(3)
+  return {"by": "slow"}
+
+text_download.install_corpus(sys.argv[1], "c", fill, log=lambda _: None)
+"""
+
+
+def test_a_live_text_download_s_staging_folder_is_not_removed(tmp_path):
+  """A second corpus install of the same name removes only the staging folders of dead processes: the
+  live first one finishes (its `.c.*.partial.tmp-<pid>` is kept), and nothing is left behind."""
+  from headspec.data import text_download
+
+  first = _python(SLOW_TEXT, tmp_path)
+  _ready(first)
+
+  def fill(corpus_dir, staging):
+    for split in ("train", "valid"):
+      (corpus_dir / f"{split}.txt").write_text(f"fast {split}\n")
+    return {"by": "fast"}
+
+  text_download.install_corpus(tmp_path, "c", fill, log=lambda _: None)
+  _, err = first.communicate(timeout=60)
+  assert first.returncode == 0, err[-2000:]
+  assert sorted(p.name for p in (tmp_path / "text").iterdir()) == ["c"]
+  assert (tmp_path / "text" / "c" / "train.txt").read_text() == "slow train\n"  # the last one in place

@@ -2,7 +2,7 @@
 
 `headspec data download ud <treebank> [--repo=UD_<Lang>-<Name>] [--release=r2.16] [--splits=dev,test]
 [--force]` writes data_dir/ud/<treebank>/<treebank>-ud-{train,dev,test}.conllu. Each file goes to a
-hidden `.part` file first, is validated with `read_conllu` and against its pin, and only then moved into
+hidden `.part.tmp-<pid>` file first, is validated with `read_conllu` and against its pin, and only then moved into
 place, so a broken download never looks like data. Standard-library urllib only: three plain GET
 requests need no client.
 
@@ -23,6 +23,7 @@ import sys
 import urllib.error
 import urllib.request
 
+from headspec import remote
 from headspec.data import treebank as treebank_lib
 from headspec.errors import UserError
 
@@ -223,14 +224,15 @@ def download_ud(
   paths = []
   for split in splits:
     target = treebank_lib.split_path(data_dir, treebank, split)
-    for stale in folder.glob(f".{target.name}.*part"):  # left by a killed earlier download
+    remote.remove_stale_temps(folder)  # a killed download's .<name>.part.tmp-<pid>; a live one's is kept
+    for stale in folder.glob(f".{target.name}.*part"):  # the pid-less name of earlier versions
       stale.unlink(missing_ok=True)
     if target.exists() and not force:
       log(f"{target} exists; kept (use --force to replace it)")
       paths.append(target)
       continue
     url = f"{base_url.rstrip('/')}/{repo}/{release}/{target.name}"
-    part = folder / f".{target.name}.part"
+    part = folder / f".{target.name}.part.tmp-{os.getpid()}"  # its own: two downloads at once write two
     fetched = _fetch(url, part, timeout)
     if fetched is None:
       log(f"{url}: not found (404); {treebank} has no {split} split in {release}, skipped")

@@ -5,7 +5,7 @@ DATA_DIR/text/<corpus>/{train,valid}.txt (documents separated by a blank line, d
 SOURCE.json (where every byte came from). The sources are parquet files of a Hugging Face dataset
 repository fetched over plain HTTPS at one pinned commit (`.../resolve/<revision>/<path>`), each
 checked against the size and SHA-256 recorded here before anything is converted. Everything is built in
-a hidden `.<corpus>.*.partial` folder beside the target and moved into place only when complete and
+a hidden `.<corpus>.*.partial.tmp-<pid>` folder beside the target and moved into place only when complete and
 validated, so an interrupted or corrupt download never looks like a corpus.
 
 WikiText (Merity et al. 2016) rows are the lines of the original files. An article starts at its
@@ -37,6 +37,7 @@ import urllib.request
 from collections.abc import Iterable, Iterator
 
 from headspec.errors import UserError
+from headspec.remote import remove_stale_temps
 
 HF_DATASETS_URL = "https://huggingface.co/datasets"
 SPLITS = ("train", "valid")  # headspec's corpus splits (text_tfds.SPLITS)
@@ -281,7 +282,7 @@ def _hashes(source: TextSource, overrides: dict[str, str]) -> dict[str, str]:
 def install_corpus(data_dir, name: str, fill, *, force: bool = False, log=print) -> pathlib.Path:
   """Builds data_dir/text/<name>/ through `fill(corpus_dir, staging) -> record` (it writes train.txt and
   valid.txt into corpus_dir, may keep downloads in staging, and returns what SOURCE.json records), all in
-  a hidden `.<name>.*.partial` folder that replaces the corpus only when complete. An existing corpus
+  a hidden `.<name>.*.partial.tmp-<pid>` folder that replaces the corpus only when complete. An existing corpus
   (train.txt and valid.txt present) is kept unless `force`."""
   root = pathlib.Path(data_dir) / "text"
   target = root / name
@@ -291,9 +292,10 @@ def install_corpus(data_dir, name: str, fill, *, force: bool = False, log=print)
       return target
     raise UserError(f"{target} exists but lacks train.txt or valid.txt; --force replaces it")
   root.mkdir(parents=True, exist_ok=True)
-  for stale in root.glob(f".{name}.*.partial"):  # left by a killed earlier run
+  remove_stale_temps(root)  # a killed run's .<name>.*.partial.tmp-<pid>; a live one's is kept
+  for stale in root.glob(f".{name}.*.partial"):  # the pid-less name of earlier versions
     shutil.rmtree(stale, ignore_errors=True)
-  staging = pathlib.Path(tempfile.mkdtemp(dir=root, prefix=f".{name}.", suffix=".partial"))
+  staging = pathlib.Path(tempfile.mkdtemp(dir=root, prefix=f".{name}.", suffix=f".partial.tmp-{os.getpid()}"))
   try:
     corpus_dir = staging / name
     corpus_dir.mkdir()
