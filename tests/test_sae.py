@@ -241,6 +241,7 @@ def short_run(train_tiny_decoder):
     (dict(sae__features=-4), "sae.features=-4 must be a positive"),
     (dict(sae__features=8, sae__k=9), "sae.k=9 must be between 1 and sae.features=8"),
     (dict(sae__expansion=0.01), "sae.expansion=0.01 × input width 32 gives 0 features"),
+    (dict(sae__kind="jump"), "kind='jump'; choose one of topk, relu, jumprelu"),
     (dict(site="nosuch"), "site='nosuch'"),
     (dict(site="pattern"), "site='pattern'"),
     (dict(layer=2), "layer=2 is not a layer of this model (0..1"),
@@ -273,3 +274,29 @@ def test_nan_activations_are_one_line_and_write_nothing(short_run, synthetic_dat
   lines = [line for line in capsys.readouterr().err.splitlines() if "error" in line]  # after the progress bar
   assert len(lines) == 1 and lines[0].endswith("sae_bad step 2: z of layer 0: NaN or inf in 1 row(s), the first row 3")
   assert snapshot(short_run) == before
+
+
+def test_jumprelu_recovers_planted_features_with_learned_thresholds():
+  x, directions_PK, _ = planted(n=4096)
+  sae = headspec.fit_sae(x, features=32, kind="jumprelu", l0=1.0, steps=1000, batch_size=256, lr=3e-3, progress=False)
+  f = np.asarray(sae.encode(x[:1000]))
+  assert metrics.l0(f) < 5  # 3 planted per input; thresholds start at 0.5 and are learned
+  assert (directions_PK @ np.asarray(sae.W_dec_FK).T).max(1).mean() >= 0.9
+  assert sae.threshold_F.shape == (32,) and float(np.median(sae.threshold_F)) != pytest.approx(0.5 * sae.info["scale"])
+  np.testing.assert_allclose(np.linalg.norm(np.asarray(sae.W_dec_FK), axis=1), 1.0, atol=1e-5)
+
+
+def test_jumprelu_straight_through_gradients():
+  """Rajamanoharan et al. 2024 eqs. 11-12: ∂/∂θ of π·H(π − θ) is −(θ/ε)·K((π − θ)/ε), of H(π − θ) −(1/ε)·K(...)."""
+  import jax
+  import jax.numpy as jnp
+
+  pre = jnp.array([[0.45, 0.9, 0.22], [0.55, 0.1, 0.31]])
+  theta, eps = jnp.array([0.5, 0.5, 0.3]), 0.2
+  g_pre, g_theta = jax.grad(lambda p, t: sae_train.jump_relu(p, t, eps).sum(), argnums=(0, 1))(pre, theta)
+  np.testing.assert_allclose(g_pre, (pre > theta).astype(float))
+  inside = np.abs(np.asarray(pre) - np.asarray(theta)) < eps / 2  # [[T, F, T], [T, F, T]]
+  np.testing.assert_allclose(g_theta, -(np.asarray(theta) / eps) * inside.sum(0), rtol=1e-6)
+  g_pre, g_theta = jax.grad(lambda p, t: sae_train.step_function(p, t, eps).sum(), argnums=(0, 1))(pre, theta)
+  np.testing.assert_allclose(g_pre, 0.0)
+  np.testing.assert_allclose(g_theta, -(1 / eps) * inside.sum(0), rtol=1e-6)

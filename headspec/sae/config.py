@@ -29,11 +29,14 @@ def sae_config() -> ml_collections.ConfigDict:
   c.seq_len = 128  # pretrained models only: tokens per row, special tokens included
 
   c.sae = ml_collections.ConfigDict()  # headspec/sae/train.py (docs/sae.md)
-  c.sae.kind = "topk"  # 'topk' (Gao et al. 2024) | 'relu' (ReLU + L1, Bricken et al. 2023)
+  c.sae.kind = "topk"  # 'topk' (Gao et al. 2024) | 'relu' (ReLU + L1, Bricken et al. 2023) | 'jumprelu' (Rajamanoharan et al. 2024)
   c.sae.expansion = 8.0  # features = expansion × the input width, unless `features` is set
   c.sae.features = config_dict.placeholder(int)  # None = expansion × width; else the number of features (> 0)
   c.sae.k = 16  # topk: active features per token (1 ≤ k ≤ features)
   c.sae.l1 = 5.0  # relu: the L1 coefficient λ (inputs scaled to E‖x‖² = width)
+  c.sae.l0 = 1.0  # jumprelu: the L0 coefficient λ₀ (same scale)
+  c.sae.bandwidth = 0.2  # jumprelu: ε of the straight-through estimators' rectangle kernel
+  c.sae.threshold_init = 0.5  # jumprelu: every θ_f at the start
   c.sae.aux_k = 0  # topk: dead latents in the AuxK term; 0 = width // 2
   c.sae.aux_coefficient = 1 / 32  # topk: α of the AuxK term (Gao et al. 2024)
   c.sae.dead_after_tokens = 100000  # a latent is dead (for AuxK) after this many training tokens without firing

@@ -1,8 +1,10 @@
 """The sparse autoencoder: f = σ(W_enc (x − b_dec) + b_enc), x̂ = W_dec f + b_dec.
 
-σ is ReLU (Bricken et al. 2023, "Towards Monosemanticity"; trained with an L1 penalty) or TopK: keep the k
+σ is ReLU (Bricken et al. 2023, "Towards Monosemanticity"; trained with an L1 penalty), TopK: keep the k
 largest pre-activations, ReLU'd, zero the rest (Gao et al. 2024, "Scaling and evaluating sparse
-autoencoders"). Subtracting b_dec before encoding is both papers' pre-encoder bias. Decoder rows W_dec[f]
+autoencoders"), or JumpReLU: π·H(π − θ_f), a learned threshold θ_f per feature (Rajamanoharan et al. 2024,
+"Jumping Ahead: Improving Reconstruction Fidelity with JumpReLU Sparse Autoencoders"; trained through
+straight-through estimators, headspec/sae/train.py). Subtracting b_dec before encoding is both papers' pre-encoder bias. Decoder rows W_dec[f]
 (one per feature, the "columns" of the papers' W_dec) are kept at unit norm by training, so a feature's
 activation is its coefficient along a unit direction.
 
@@ -18,7 +20,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-KINDS = ("topk", "relu")
+KINDS = ("topk", "relu", "jumprelu")
 
 
 def topk_activation(pre_NF, k: int):
@@ -28,8 +30,12 @@ def topk_activation(pre_NF, k: int):
   return jnp.zeros_like(pre_NF).at[rows_N1, index_Nk].set(jax.nn.relu(values_Nk))
 
 
-def activate(pre_NF, kind: str, k: int):
-  return topk_activation(pre_NF, k) if kind == "topk" else jax.nn.relu(pre_NF)
+def activate(pre_NF, kind: str, k: int, threshold_F=None):
+  if kind == "topk":
+    return topk_activation(pre_NF, k)
+  if kind == "jumprelu":
+    return pre_NF * (pre_NF > threshold_F)
+  return jax.nn.relu(pre_NF)
 
 
 def pre_activations(params: dict, x_NK):
@@ -44,14 +50,15 @@ def reconstruct(params: dict, f_NF):
 class SAE:
   """A trained SAE (arrays in float32). `encode(x_NK)` -> f_NF, `decode(f_NF)` -> x̂_NK, `__call__` both.
 
-  kind: 'topk' | 'relu'; k: active features per input for TopK (0 for ReLU). `info`: how it was trained
-  (steps, final loss, input scale), for the record.
+  kind: 'topk' | 'relu' | 'jumprelu'; k: active features per input for TopK (0 otherwise); threshold_F:
+  JumpReLU's θ (None otherwise). `info`: how it was trained (steps, final loss, input scale), for the record.
   """
 
   W_enc_KF: jax.Array
   b_enc_F: jax.Array
   W_dec_FK: jax.Array
   b_dec_K: jax.Array
+  threshold_F: jax.Array | None = None
   kind: str = flax.struct.field(pytree_node=False, default="topk")
   k: int = flax.struct.field(pytree_node=False, default=0)
   info: dict = flax.struct.field(pytree_node=False, default_factory=dict)
@@ -70,7 +77,7 @@ class SAE:
 
   def encode(self, x_NK):
     """Feature activations f_NF (≥ 0; at most k nonzero per row for TopK)."""
-    return _encode(self.params, jnp.asarray(x_NK, jnp.float32), self.kind, self.k)
+    return _encode(self.params, jnp.asarray(x_NK, jnp.float32), self.threshold_F, self.kind, self.k)
 
   def decode(self, f_NF):
     return reconstruct(self.params, jnp.asarray(f_NF, jnp.float32))
@@ -83,5 +90,5 @@ class SAE:
 
 
 @functools.partial(jax.jit, static_argnames=("kind", "k"))
-def _encode(params, x_NK, kind: str, k: int):
-  return activate(pre_activations(params, x_NK), kind, k)
+def _encode(params, x_NK, threshold_F, kind: str, k: int):
+  return activate(pre_activations(params, x_NK), kind, k, threshold_F)

@@ -69,7 +69,8 @@ def options(c, width: int) -> sae_train.Options:
   if features < 1:
     raise UserError(f"sae: sae.expansion={s.expansion} × input width {width} gives {features} features; raise it")
   o = sae_train.Options(
-    features=features, kind=s.kind, k=int(s.k), l1=float(s.l1), steps=int(s.train_steps), batch_size=int(s.batch_size),
+    features=features, kind=s.kind, k=int(s.k), l1=float(s.l1), l0=float(s.l0), bandwidth=float(s.bandwidth),
+    threshold_init=float(s.threshold_init), steps=int(s.train_steps), batch_size=int(s.batch_size),
     lr=float(s.lr), lr_schedule=s.lr_schedule, warmup_steps=int(s.warmup_steps), decay_fraction=float(s.decay_fraction),
     b_dec_init=s.b_dec_init, aux_k=int(s.aux_k), aux_coefficient=float(s.aux_coefficient),
     dead_after_tokens=int(s.dead_after_tokens), seed=int(c.seed),
@@ -81,8 +82,10 @@ def options(c, width: int) -> sae_train.Options:
 
 
 def sae_name(o: sae_train.Options) -> str:
-  """The tables' `sae` column: 'topk-f256-k16' or 'relu-f256-l15'."""
-  return f"topk-f{o.features}-k{o.k}" if o.kind == "topk" else f"relu-f{o.features}-l1{o.l1:g}"
+  """The tables' `sae` column: 'topk-f256-k16', 'relu-f256-l15' or 'jumprelu-f256-l01'."""
+  if o.kind == "topk":
+    return f"topk-f{o.features}-k{o.k}"
+  return f"relu-f{o.features}-l1{o.l1:g}" if o.kind == "relu" else f"jumprelu-f{o.features}-l0{o.l0:g}"
 
 
 def _token_batches(tokens_NT, valid_NT, batch_size: int) -> list[evalset_lib.Batch]:
@@ -180,7 +183,8 @@ class SAEAnalysis(jobloop.Analysis):
     sample = x_train[np.random.default_rng(c.seed).permutation(len(x_train))[: len(x_eval)]]
     values = dict(
       features=o.features, width=self.width, k=o.k if o.kind == "topk" else math.nan,
-      l1=o.l1 if o.kind == "relu" else math.nan, train_tokens=len(x_train), eval_tokens=len(x_eval),
+      l1=o.l1 if o.kind == "relu" else math.nan, l0_coefficient=o.l0 if o.kind == "jumprelu" else math.nan,
+      train_tokens=len(x_train), eval_tokens=len(x_eval),
       l0=m.l0(f_eval), fvu=m.fvu(x_eval, _decode_all(sae, f_eval)),
       fvu_train=m.fvu(sample, _decode_all(sae, _encode_all(sae, sample))),
       dead_fraction=m.dead_fraction(rates_F), dense_fraction=m.dense_fraction(rates_F, c.analysis.dense_min),

@@ -7,6 +7,11 @@ returned SAE's biases, so it encodes and decodes raw activations):
          a latent being dead once it has not fired for `dead_after_tokens` training inputs; α = 1/32, k_aux
          = K/2 by default (Gao et al. use 512 for their widths).
   relu   Bricken et al. 2023: mean ‖x − x̂‖² + λ·mean ‖f‖₁.
+  jumprelu  Rajamanoharan et al. 2024: mean ‖x − x̂‖² + λ₀·mean ‖f‖₀ with f = π·H(π − θ), θ = exp(log θ)
+         learned per feature through straight-through estimators with a rectangle kernel K of bandwidth ε:
+         ∂f/∂θ := −(θ/ε)·K((π − θ)/ε), ∂H(π − θ)/∂θ := −(1/ε)·K((π − θ)/ε), no gradient to π through H
+         (their eqs. 11–12); θ starts at `threshold_init`. ε and θ are on the scaled inputs (coordinates of
+         unit size): the paper's ε = 0.001 is on inputs of unit norm; 0.2 here trains in a few thousand steps.
 Both keep every decoder row at unit norm: the gradient's component along the row is removed before the
 optimizer step and the row is renormalised after it (Bricken et al. 2023; Gao et al. 2024 §A.1). The
 encoder starts as the decoder's transpose (Gao et al. 2024), b_enc at 0, b_dec at the geometric median
@@ -47,6 +52,9 @@ class Options:
   kind: str = "topk"
   k: int = 32
   l1: float = 5.0
+  l0: float = 1.0
+  bandwidth: float = 0.2
+  threshold_init: float = 0.5
   steps: int = 2000
   batch_size: int = 1024
   lr: float = 1e-3
@@ -71,6 +79,10 @@ def check_options(o: Options, where: str = "fit_sae") -> None:
     raise UserError(f"{where}: k={o.k} must be between 1 and features={o.features} (active features per input)")
   if o.kind == "relu" and not o.l1 >= 0:
     raise UserError(f"{where}: l1={o.l1} must be >= 0")
+  if o.kind == "jumprelu" and not (o.l0 >= 0 and o.bandwidth > 0 and o.threshold_init > 0):
+    raise UserError(
+      f"{where}: l0={o.l0} must be >= 0, bandwidth={o.bandwidth} and threshold_init={o.threshold_init} > 0"
+    )
   for name in ("steps", "batch_size", "chunk"):
     if getattr(o, name) < 1:
       raise UserError(f"{where}: {name}={getattr(o, name)} must be at least 1")
@@ -132,9 +144,61 @@ def _nmse(a_BK, b_BK):
   return jnp.sum((a_BK - b_BK) ** 2) / jnp.maximum(jnp.sum((a_BK - a_BK.mean(0)) ** 2), 1e-12)
 
 
+def _window(pre, threshold, bandwidth):
+  """K((π − θ)/ε) with the rectangle kernel K(u) = 1[|u| < 1/2]."""
+  return (jnp.abs(pre - threshold) < bandwidth / 2).astype(pre.dtype)
+
+
+def _to_threshold(g, threshold):
+  return g.reshape(-1, threshold.shape[-1]).sum(0)
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(2,))
+def jump_relu(pre, threshold, bandwidth):
+  """π·H(π − θ), with Rajamanoharan et al. 2024's straight-through gradient for θ."""
+  return pre * (pre > threshold)
+
+
+def _jump_relu_fwd(pre, threshold, bandwidth):
+  return jump_relu(pre, threshold, bandwidth), (pre, threshold)
+
+
+def _jump_relu_bwd(bandwidth, saved, g):
+  pre, threshold = saved
+  d_threshold = -(threshold / bandwidth) * _window(pre, threshold, bandwidth) * g
+  return g * (pre > threshold), _to_threshold(d_threshold, threshold)
+
+
+jump_relu.defvjp(_jump_relu_fwd, _jump_relu_bwd)
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(2,))
+def step_function(pre, threshold, bandwidth):
+  """H(π − θ), with a straight-through gradient for θ only."""
+  return (pre > threshold).astype(pre.dtype)
+
+
+def _step_fwd(pre, threshold, bandwidth):
+  return step_function(pre, threshold, bandwidth), (pre, threshold)
+
+
+def _step_bwd(bandwidth, saved, g):
+  pre, threshold = saved
+  return jnp.zeros_like(pre), _to_threshold(-(1.0 / bandwidth) * _window(pre, threshold, bandwidth) * g, threshold)
+
+
+step_function.defvjp(_step_fwd, _step_bwd)
+
+
 def loss_terms(params: dict, x_BK, dead_F, o: Options, aux_k: int):
-  """(loss, (reconstruction term, AuxK or L1 term, fired_F)) of one batch of scaled inputs."""
+  """(loss, (reconstruction term, AuxK, L1 or L0 term, fired_F)) of one batch of scaled inputs."""
   pre_BF = sae_model.pre_activations(params, x_BK)
+  if o.kind == "jumprelu":
+    threshold_F = jnp.exp(params["log_threshold_F"])
+    f_BF = jump_relu(pre_BF, threshold_F, o.bandwidth)
+    recon = jnp.mean(jnp.sum((x_BK - sae_model.reconstruct(params, f_BF)) ** 2, -1))
+    l0 = jnp.mean(jnp.sum(step_function(pre_BF, threshold_F, o.bandwidth), -1))
+    return recon + o.l0 * l0, (recon, l0, (f_BF > 0).any(0))
   f_BF = sae_model.activate(pre_BF, o.kind, o.k)
   xhat_BK = sae_model.reconstruct(params, f_BF)
   fired_F = (f_BF > 0).any(0)
@@ -201,6 +265,8 @@ def initial_state(x_NK: np.ndarray, o: Options) -> dict:
   params = dict(
     W_enc_KF=w_FK.T, b_enc_F=jnp.zeros(F, jnp.float32), W_dec_FK=w_FK, b_dec_K=jnp.asarray(b_dec, jnp.float32)
   )
+  if o.kind == "jumprelu":
+    params["log_threshold_F"] = jnp.full(F, np.log(o.threshold_init), jnp.float32)
   return dict(params=params, opt=optimizer(o).init(params), since_fired_F=jnp.zeros(F, jnp.int32))
 
 
@@ -217,6 +283,9 @@ def fit_sae(
   kind: str = "topk",
   k: int = 32,
   l1: float = 5.0,
+  l0: float = 1.0,
+  bandwidth: float = 0.2,
+  threshold_init: float = 0.5,
   steps: int = 2000,
   batch_size: int = 1024,
   lr: float = 1e-3,
@@ -235,15 +304,16 @@ def fit_sae(
 ) -> sae_model.SAE:
   """An SAE of `features` features fitted to the rows of x_NK ([inputs, width], e.g. a layer's concatenated z).
 
-  kind 'topk' (Gao et al. 2024; k active features, AuxK against dead latents) or 'relu' (Bricken et al.
-  2023; L1 coefficient `l1`); the other options are the module docstring's. `checkpoint_dir`: an Orbax
+  kind 'topk' (Gao et al. 2024; k active features, AuxK against dead latents), 'relu' (Bricken et al.
+  2023; L1 coefficient `l1`) or 'jumprelu' (Rajamanoharan et al. 2024; L0 coefficient `l0`, STE `bandwidth`,
+  `threshold_init`); the other options are the module docstring's. `checkpoint_dir`: an Orbax
   checkpoint every `checkpoint_every` steps and at the end; a second call with the same inputs and options
   resumes from it (or returns the finished SAE at once). Bad options or activations with NaN: UserError,
   before any computation.
   """
-  o = Options(features, kind, int(k), float(l1), int(steps), int(batch_size), float(lr), lr_schedule,
-              int(warmup_steps), float(decay_fraction), b_dec_init, int(aux_k), float(aux_coefficient),
-              int(dead_after_tokens), int(seed), int(chunk))  # fmt: skip
+  o = Options(features, kind, int(k), float(l1), float(l0), float(bandwidth), float(threshold_init), int(steps),
+              int(batch_size), float(lr), lr_schedule, int(warmup_steps), float(decay_fraction), b_dec_init,
+              int(aux_k), float(aux_coefficient), int(dead_after_tokens), int(seed), int(chunk))  # fmt: skip
   check_options(o)
   x_NK = check_activations(x_NK)
   if checkpoint_every < 1:
@@ -294,6 +364,7 @@ def fit_sae(
     b_enc_F=jnp.asarray(p["b_enc_F"] * scale),
     W_dec_FK=jnp.asarray(p["W_dec_FK"]),
     b_dec_K=jnp.asarray(p["b_dec_K"] * scale),
+    threshold_F=jnp.asarray(np.exp(p["log_threshold_F"]) * scale) if o.kind == "jumprelu" else None,
     kind=o.kind,
     k=o.k if o.kind == "topk" else 0,
     info=info,
