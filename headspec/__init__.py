@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import importlib
 
+from headspec import arguments as _check
+
 __version__ = "0.1.0"
 
 # name -> (module, attribute): loaded on first access.
@@ -55,9 +57,11 @@ __all__ = [
 ]
 
 
+@_check.arguments(workdir=_check.path, name=_check.text)
 def read_table(workdir, name: str):
   """Table `name` of a run (a key of headspec.tables.TABLES: 'probes', 'diversity', 'ablation_heads',
-  ...) as a pandas DataFrame with the documented dtypes; UserError if the run has no such table."""
+  ...) as a pandas DataFrame with the documented dtypes; UserError if the run has no such table (or for a
+  wrong argument, headspec/arguments.py)."""
   from headspec import tables
   from headspec.errors import UserError
 
@@ -67,10 +71,11 @@ def read_table(workdir, name: str):
   return tables.read_frame(tables.path_of(workdir, table), table)
 
 
+@_check.arguments(runs=_check.runs, name=_check.text)
 def read_tables(runs, name: str):
   """Table `name` of several runs, concatenated, with a first column `run`: `runs` is a list of run
   directories (`run` = each folder's name, or its path as given when two folders share a name) or a
-  dict {label: directory}. UserError naming the run that lacks the table."""
+  dict {label: directory}. UserError naming the run that lacks the table (or a wrong argument)."""
   import os
 
   import pandas as pd

@@ -34,6 +34,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
+from headspec import arguments as check
 from headspec import targets
 from headspec.errors import UserError
 
@@ -89,6 +90,7 @@ def _is_run_dir(path: pathlib.Path) -> bool:
   return isinstance(data, dict) and "train" in data and "kind" in data.get("model", {})
 
 
+@check.arguments(source=check.name_or_path, step=check.optional(check.integer(0)), revision=check.optional(check.text))
 def load(source: str | os.PathLike, step: int | None = None, revision: str | None = None) -> Loaded:
   """A model and its tokenizer: 'minilm', a Hugging Face-format directory (step 0), a Hugging Face Hub name
   ('gpt2', 'org/name', 'hf:org/name@revision'; `revision` a branch, tag or commit, through the local
@@ -96,10 +98,8 @@ def load(source: str | os.PathLike, step: int | None = None, revision: str | Non
 
   Goes through the commands' planner (headspec/targets.py), so the name, step and cache identity are
   the ones the commands write. Anything else (no such directory, a step the run does not have, a step
-  other than 0 for a pretrained model) is one headspec.errors.UserError (a ValueError).
+  other than 0 for a pretrained model, a wrong type) is one headspec.errors.UserError (a ValueError).
   """
-  if step is not None and (isinstance(step, bool) or not isinstance(step, int | np.integer)):
-    raise UserError(f"load: step={step!r} must be an int or None (the last saved step)")
   text = os.fspath(source)
   path = pathlib.Path(os.path.expanduser(text))
   if text != "minilm" and not path.is_dir():
@@ -127,31 +127,36 @@ def load(source: str | os.PathLike, step: int | None = None, revision: str | Non
 
 
 def _loaded(model_or_loaded) -> Loaded:
-  """A Loaded from `load(...)`'s result or a (model, tokenizer) pair."""
+  """A Loaded from `load(...)`'s result or a (model, tokenizer) pair: the `model` rule of run, probe, ablate."""
   if isinstance(model_or_loaded, Loaded):
     return model_or_loaded
   if isinstance(model_or_loaded, tuple) and len(model_or_loaded) == 2 and hasattr(model_or_loaded[0], "cfg"):
     return Loaded(*model_or_loaded)
-  raise ValueError(
-    f"expected headspec.load(...)'s result or a (model, tokenizer) pair, got {type(model_or_loaded).__name__}"
+  raise check.Wrong(
+    f": expected headspec.load(...)'s result or a (model, tokenizer) pair, got {type(model_or_loaded).__name__}"
   )
+
+
+def _model_rule(value):
+  """The `model` rule of the patching functions: what `_loaded` takes, or a bare Transformer."""
+  return value if hasattr(value, "cfg") and not isinstance(value, Loaded | tuple) else _loaded(value)
 
 
 # ---------------------------------------------------------------------------------------- heads
 
 
 def _check_heads(cfg, heads, what: str = "heads") -> list[Head]:
-  """`heads` as a list of (layer, head) in range; ValueError naming the first bad one."""
+  """`heads` as a list of (layer, head) in range; UserError naming the first bad one."""
   L, H = cfg.num_layers, cfg.num_heads
   out = []
   for item in heads:
     if not (isinstance(item, Sequence) and len(item) == 2 and all(isinstance(v, int | np.integer) for v in item)):
-      raise ValueError(f"{what}: {item!r} is not a (layer, head) pair of ints")
+      raise UserError(f"{what}: {item!r} is not a (layer, head) pair of ints")
     layer, head = int(item[0]), int(item[1])
     if not 0 <= layer < L:
-      raise ValueError(f"{what}: layer {layer} of {item!r} is out of range; the model has layers 0..{L - 1}")
+      raise UserError(f"{what}: layer {layer} of {item!r} is out of range; the model has layers 0..{L - 1}")
     if not 0 <= head < H:
-      raise ValueError(f"{what}: head {head} of {item!r} is out of range; the model has heads 0..{H - 1}")
+      raise UserError(f"{what}: head {head} of {item!r} is out of range; the model has heads 0..{H - 1}")
     out.append((layer, head))
   return out
 
@@ -164,19 +169,19 @@ def _head_mask(cfg, head_mask) -> np.ndarray:
     return np.ones((L, H), np.float32)
   if isinstance(head_mask, np.ndarray | jax.Array):
     if np.shape(head_mask) != (L, H):
-      raise ValueError(f"head_mask of shape {np.shape(head_mask)}: expected [L, H] = [{L}, {H}]")
+      raise UserError(f"head_mask of shape {np.shape(head_mask)}: expected [L, H] = [{L}, {H}]")
     mask = np.asarray(head_mask, np.float32)
     if not np.all(np.isfinite(mask)):
-      raise ValueError("head_mask: NaN or infinite values; 1 keeps a head, 0 removes it, between scales it")
+      raise UserError("head_mask: NaN or infinite values; 1 keeps a head, 0 removes it, between scales it")
     return mask
   try:
     head_mask = list(head_mask)
   except TypeError:
-    raise ValueError(
+    raise UserError(
       f"head_mask: a {type(head_mask).__name__} is neither an [L, H] array nor (layer, head) pairs"
     ) from None
   if any(isinstance(item, list) for item in head_mask):  # [[1, 0], [1, 1]] reads as pairs (1, 0), (1, 1)
-    raise ValueError(
+    raise UserError(
       f"head_mask: a nested list is ambiguous (an [L, H] mask or pairs?); give np.asarray(...) of shape "
       f"[{L}, {H}] for a mask or (layer, head) tuples for the heads to remove"
     )
@@ -191,31 +196,44 @@ def _head_mask(cfg, head_mask) -> np.ndarray:
 _WORD = re.compile(r"\w+(?:['’-]\w+)*|[^\w\s]")
 
 
+@check.arguments(text=check.text)
 def split_words(text: str) -> list[str]:
   """Words of a text as `run` splits it: runs of letters/digits (with inner ' or -), and each punctuation mark."""
   return _WORD.findall(text)
 
 
 def _sentences(sentences) -> list[list[str]]:
-  """Text, a list of texts, or a list of word lists -> word lists; ValueError naming an empty word or sentence."""
+  """The `sentences` rule of `run`: a text, a list of texts, or a list of word lists -> word lists; Wrong
+  naming a wrong type, an empty word or sentence, or a lone surrogate (sentences[u], sentences[u][n])."""
   if isinstance(sentences, str):
     sentences = [sentences]
-  if not isinstance(sentences, Sequence) or not len(sentences):
-    raise ValueError("sentences: give a text, a list of texts or a list of word lists (none given)")
+  elif not isinstance(sentences, Sequence | np.ndarray):
+    raise check.Wrong(
+      f"={check.short(sentences)} must be a text (str), a list of texts or a list of word lists, "
+      f"not {type(sentences).__name__}"
+    )
+  if not len(sentences):
+    raise check.Wrong("=[] is empty: give a text (str), a list of texts or a list of word lists")
   out = []
   for u, sentence in enumerate(sentences):
     if isinstance(sentence, str):
-      words = split_words(sentence)
-    elif isinstance(sentence, Sequence):
+      words = _WORD.findall(sentence)
+      problem = check.unicode_problem(sentence)
+    elif isinstance(sentence, Sequence | np.ndarray):
       words = list(sentence)
       for n, word in enumerate(words):
         if not isinstance(word, str) or not word.strip():
-          raise ValueError(f"sentence {u}: word {n} is {word!r}; every word must be a non-empty string")
+          raise check.Wrong(f"[{u}][{n}]={check.short(word)}: every word must be a non-empty text (str)")
+      problem = next(filter(None, map(check.unicode_problem, words)), None)
     else:
-      raise ValueError(f"sentence {u}: {type(sentence).__name__} is neither a text nor a list of words")
+      raise check.Wrong(
+        f"[{u}]={check.short(sentence)} is neither a text nor a list of words but a {type(sentence).__name__}"
+      )
+    if problem:
+      raise check.Wrong(f"[{u}]: {problem}; give valid Unicode text")
     if not words:
-      raise ValueError(f"sentence {u}: no words")
-    out.append(words)
+      raise check.Wrong(f"[{u}]={check.short(sentence)} has no words")
+    out.append([str(w) for w in words])
   return out
 
 
@@ -252,8 +270,9 @@ class Captured:
   special_LHN: np.ndarray
   pooling: str
 
+  @check.arguments(layer=check.integer(), head=check.integer())
   def head_attention(self, layer: int, head: int) -> np.ndarray:
-    """[N, N] word-level attention of one head (ValueError when out of range)."""
+    """[N, N] word-level attention of one head (UserError when out of range)."""
     L, H = self.attention_LHNN.shape[:2]
     _check_heads(_Shape(L, H), [(layer, head)], "head_attention")
     return self.attention_LHNN[layer, head]
@@ -282,6 +301,7 @@ def _capture_forward(graphdef):
   return forward
 
 
+@check.arguments(model=_loaded, sentences=_sentences, pooling=check.text)
 def run(model, sentences, head_mask=None, *, pooling: str = "auto") -> list[Captured]:
   """Runs sentences through a model and returns, per sentence, its captured activations (`Captured`).
 
@@ -289,8 +309,9 @@ def run(model, sentences, head_mask=None, *, pooling: str = "auto") -> list[Capt
   into words by `split_words`) or a list of word lists (e.g. a treebank's words). head_mask: None, an
   [L,H] array (1 keeps a head, 0 removes it, between scales its Z_h), or a list of (layer, head) to
   remove. pooling: how word vectors come from their pieces: 'first', 'last', 'mean', or 'auto' (probing's
-  default: 'last' for decoders, 'first' for encoders; alignment.resolve_pooling). A sentence must fit the model's context in one window (ValueError otherwise); an empty
-  word or sentence, or a layer/head out of range, is a ValueError naming it.
+  default: 'last' for decoders, 'first' for encoders; alignment.resolve_pooling). A sentence must fit the
+  model's context in one window; a wrong type, an empty word or sentence, a lone surrogate, a layer/head out
+  of range or a longer sentence is a UserError naming it.
   """
   from headspec import alignment as align_lib
   from headspec.alignment import bucket_length, resolve_pooling
@@ -301,7 +322,7 @@ def run(model, sentences, head_mask=None, *, pooling: str = "auto") -> list[Capt
   cfg = net.cfg
   pooling = resolve_pooling(pooling, cfg.kind)
   align_lib.check_pooling(pooling)
-  word_lists = _sentences(sentences)
+  word_lists = sentences  # split into words by the `sentences` rule (_sentences)
   mask_LH = _head_mask(cfg, head_mask)
   al = align_lib.align(word_lists, tokenizer, cfg.max_len, causal=cfg.kind == "decoder")
   prefix, suffix = len(tokenizer.prefix_ids), len(tokenizer.suffix_ids)
@@ -309,8 +330,8 @@ def run(model, sentences, head_mask=None, *, pooling: str = "auto") -> list[Capt
     windows = np.flatnonzero(al.window_sentence == u)
     if len(windows) > 1 or al.num_truncated_words:
       pieces = sum(len(p) for p in tokenizer.word_pieces(words))
-      raise ValueError(
-        f"sentence {u}: {len(words)} words, {pieces} pieces do not fit the model's context of {cfg.max_len} "
+      raise UserError(
+        f"run: sentences[{u}]: {len(words)} words, {pieces} pieces do not fit the model's context of {cfg.max_len} "
         f"tokens ({prefix + suffix} of them special); split it (probe() and the commands use windows)"
       )
   graphdef, state = nnx.split(net)
@@ -371,7 +392,7 @@ def _probe_config(loaded: Loaded, task: str, config, options: dict):
 
   c = probe_config() if config is None else config.copy_and_resolve_references()
   if task in ("distance", "depth"):  # their rows are tree metrics (probes/structural.csv), not accuracies
-    raise ValueError(
+    raise UserError(
       f"probe: {task!r} is a structural probe; fit it with `headspec probe --config=... "
       f"\"--config.probe.tasks=('{task}',)\"` (probes/structural.csv) or headspec.probing.structural"
     )
@@ -382,11 +403,25 @@ def _probe_config(loaded: Loaded, task: str, config, options: dict):
     if key in ("seed", "data_dir"):
       c[key] = os.fspath(value) if key == "data_dir" else value
     elif key in c.probe:
-      c.probe[key] = tuple(value) if isinstance(value, list) else value
+      _set_option(c.probe, key, tuple(value) if isinstance(value, list) else value, "probe")
     else:
-      raise ValueError(f"probe: unknown option {key!r}; options are the probe.* keys of probing/config.py")
+      raise UserError(f"probe: unknown option {key!r}; options are the probe.* keys of probing/config.py")
   plan.check_config(c)
   return c
+
+
+def _set_option(c, key: str, value, function: str) -> None:
+  """c[key] = value, a keyword option of `function`; a value of another type than the config's (a count
+  given as '2000', a text where a tuple goes) is a UserError naming the option."""
+  if isinstance(value, str) and check.unicode_problem(value):
+    raise UserError(f"{function}: {key}={check.short(value)}: {check.unicode_problem(value)}; give valid Unicode text")
+  try:
+    c[key] = value
+  except TypeError:
+    raise UserError(
+      f"{function}: {key}={check.short(value)} must be of type {type(c[key]).__name__} (it is "
+      f"{check.short(c[key])} now), not {type(value).__name__}"
+    ) from None
 
 
 def _cache_dir(loaded: Loaded, cache_dir) -> pathlib.Path:
@@ -410,6 +445,19 @@ def _temporary_cache() -> pathlib.Path:
   return path
 
 
+@check.arguments(
+  model=_loaded,
+  task=check.text,
+  heads=check.optional(check.pairs),
+  layer=check.optional(check.integer(-1)),
+  treebank=check.optional(check.text),
+  eval_splits=check.optional(check.texts),
+  max_train_words=check.optional(check.integer(0)),
+  data_dir=check.optional(check.path),
+  seed=check.optional(check.integer()),
+  config=check.optional(check.config),
+  cache_dir=check.optional(check.path),
+)
 def probe(
   model,
   task: str,
@@ -451,10 +499,10 @@ def probe(
   loaded = _loaded(model)
   cfg = loaded.model.cfg
   if heads is None and layer is None:
-    raise ValueError("probe: give heads=[(layer, head), ...] and/or layer=L (a residual stream; -1: embeddings)")
+    raise UserError("probe: give heads=[(layer, head), ...] and/or layer=L (a residual stream; -1: embeddings)")
   chosen = _check_heads(cfg, heads or [])
-  if layer is not None and not (isinstance(layer, int | np.integer) and -1 <= layer < cfg.num_layers):
-    raise ValueError(
+  if layer is not None and not -1 <= layer < cfg.num_layers:
+    raise UserError(
       f"probe: layer {layer!r} is out of range; the model has layers -1 (embeddings)..{cfg.num_layers - 1}"
     )
   options.update(
@@ -524,14 +572,23 @@ def _ablate_config(loaded: Loaded, config, options: dict):
     if value is None:
       continue
     if key not in c:
-      raise ValueError(f"ablate: unknown option {key!r}; options are the keys of ablation/config.py")
-    c[key] = os.fspath(value) if key == "data_dir" else value
+      raise UserError(f"ablate: unknown option {key!r}; options are the keys of ablation/config.py")
+    _set_option(c, key, os.fspath(value) if key == "data_dir" else value, "ablate")
   if loaded.target is not None and "pretrained" in loaded.target.identity:
     c.model.pretrained = loaded.target.identity["pretrained"]
   check_config(c)
   return c
 
 
+@check.arguments(
+  model=_loaded,
+  heads=check.pairs,
+  method=check.text,
+  num_tokens=check.optional(check.integer(1)),
+  data_dir=check.optional(check.path),
+  seed=check.optional(check.integer()),
+  config=check.optional(check.config),
+)
 def ablate(
   model,
   heads: Sequence[Head],
@@ -559,15 +616,13 @@ def ablate(
 
   loaded = _loaded(model)
   if loaded.target is None:
-    raise ValueError(
-      "ablate: needs headspec.load(...)'s result (its evaluation set depends on where the model is from)"
-    )
+    raise UserError("ablate: needs headspec.load(...)'s result (its evaluation set depends on where the model is from)")
   if method not in ("zero", "mean"):
-    raise ValueError(f"ablate: method={method!r}; use 'zero' or 'mean'")
+    raise UserError(f"ablate: method={method!r}; use 'zero' or 'mean'")
   net, cfg = loaded.model, loaded.model.cfg
   chosen = _check_heads(cfg, heads)
   if not chosen:
-    raise ValueError("ablate: no heads given; heads=[(layer, head), ...]")
+    raise UserError("ablate: no heads given; heads=[(layer, head), ...]")
   options.update(num_tokens=num_tokens, data_dir=data_dir, seed=seed)
   c = _ablate_config(loaded, config, options)
   workdir = loaded.target.identity.get("run", "")
@@ -605,6 +660,18 @@ def ablate(
 # ---------------------------------------------------------------------------------------- patch
 
 
+_PATCH_RULES = dict(
+  model=_model_rule,
+  clean=check.prompts,
+  corrupt=check.prompts,
+  site=check.text,
+  metric=check.metric,
+  by_position=check.boolean,
+  direction=check.text,
+  tokenizer=check.optional(check.tokenizer),
+)
+
+
 def _model_and_tokenizer(model, tokenizer):
   """(Transformer, tokenizer) from `load(...)`'s result, a (model, tokenizer) pair or a bare Transformer."""
   if hasattr(model, "cfg") and not isinstance(model, Loaded | tuple):
@@ -619,6 +686,12 @@ def _prompts(net, tokenizer, clean, corrupt, answers, metric):
   return patch_lib.prompts(net.cfg, clean, corrupt, answers, metric, tokenizer, getattr(tokenizer, "pad_id", 0))
 
 
+@check.arguments(
+  **_PATCH_RULES,
+  layers=check.optional(check.ints),
+  heads=check.optional(check.ints),
+  positions=check.optional(check.ints),
+)
 def patch(
   model,
   clean,
@@ -654,6 +727,7 @@ def patch(
                          layers=layers, heads=heads, positions=positions)  # fmt: skip
 
 
+@check.arguments(**_PATCH_RULES)
 def attribution_patch(
   model, clean, corrupt, *, site: str, metric="logit_diff", answers=None, by_position=True, direction="denoising",
   tokenizer=None,
@@ -668,6 +742,12 @@ def attribution_patch(
   return patch_lib.attribution(net, p, site=site, metric=metric, by_position=by_position, direction=direction)
 
 
+@check.arguments(
+  **{k: v for k, v in _PATCH_RULES.items() if k not in ("site", "by_position")},
+  receivers=check.optional(check.pairs),
+  receiver_site=check.text,
+  senders=check.optional(check.pairs),
+)
 def path_patch(
   model, clean, corrupt, *, receivers=None, receiver_site="q", metric="logit_diff", answers=None, senders=None,
   direction="denoising", tokenizer=None,

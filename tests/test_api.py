@@ -135,20 +135,20 @@ def test_run_matches_the_analyses(run_dir, tmp_path):
 @pytest.mark.parametrize(
   "sentences,kwargs,message",
   [
-    ([["the", "", "dog"]], {}, r"sentence 0: word 1 is ''"),
-    (["the dog", ["a", "  "]], {}, r"sentence 1: word 1"),
-    (["the dog", "   "], {}, "sentence 1: no words"),
-    ([], {}, "none given"),
+    ([["the", "", "dog"]], {}, r"run: sentences\[0\]\[1\]='': every word must be a non-empty text"),
+    (["the dog", ["a", "  "]], {}, r"sentences\[1\]\[1\]"),
+    (["the dog", "   "], {}, r"sentences\[1\]='   ' has no words"),
+    ([], {}, "is empty"),
     (["the dog"], {"head_mask": [(2, 0)]}, r"layer 2 of \(2, 0\) is out of range"),
     (["the dog"], {"head_mask": [(0, 4)]}, r"head 4 of \(0, 4\) is out of range"),
     (["the dog"], {"head_mask": np.ones((3, 4))}, r"head_mask of shape \(3, 4\)"),
     (["the dog"], {"pooling": "max"}, "pooling"),
-    ([" ".join(["dog"] * 40)], {}, "do not fit the model's context of 32"),
+    ([" ".join(["dog"] * 40)], {}, r"sentences\[0\]: 40 words, .* do not fit the model's context of 32"),
   ],
 )
 def test_run_bad_input(run_dir, sentences, kwargs, message):
   loaded = headspec.load(run_dir)
-  with pytest.raises(ValueError, match=message):
+  with pytest.raises(UserError, match=message):
     headspec.run(loaded, sentences, **kwargs)
 
 

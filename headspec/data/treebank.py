@@ -2,12 +2,13 @@
 
 Fields are split and IDs parsed by the `conllu` library. What it does not do, and we add here
 (because probes silently go wrong on broken trees): line numbers in errors, the 10-column check,
-HEAD range, exactly one root and no cycles. Multiword-token ranges (`3-4`) and empty nodes (`5.1`)
-are dropped, as UD defines the syntactic words to be the integer-ID lines.
+HEAD in ASCII digits and in range, exactly one root and no cycles. Multiword-token ranges (`3-4`) and
+empty nodes (`5.1`) are dropped, as UD defines the syntactic words to be the integer-ID lines.
 """
 
 import dataclasses
 import pathlib
+import re
 
 import conllu
 import conllu.exceptions
@@ -17,6 +18,8 @@ from headspec import provenance
 from headspec.errors import UserError
 
 SPLITS = ("train", "dev", "test")
+# HEAD as CoNLL-U writes it: ASCII digits (IDs are read by conllu's own [0-9] patterns, ASCII too).
+_ASCII_INTEGER = re.compile(r"-?[0-9]+", re.ASCII)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -106,10 +109,9 @@ def _sentence(where, start, block, index, default_id):
   for i, (token, n) in enumerate(zip(words, lines), start=1):
     if token["id"] != i:
       raise UserError(f"{where}:{n}: word ID {token['id']} out of order (expected {i})")
-    try:
-      head = int(token["head"])
-    except ValueError:
-      raise UserError(f"{where}:{n}: HEAD {token['head']!r} is not an integer") from None
+    if not _ASCII_INTEGER.fullmatch(token["head"] or ""):  # int() also reads '٣', ' 3', '+3' and '3_0'
+      raise UserError(f"{where}:{n}: HEAD {token['head']!r} is not an integer (ASCII digits 0-9)")
+    head = int(token["head"])
     if not 0 <= head <= len(words):
       raise UserError(f"{where}:{n}: HEAD {head} is out of range (sentence has {len(words)} words)")
     heads.append(head)

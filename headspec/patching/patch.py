@@ -12,6 +12,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from headspec.arguments import short, unicode_problem
 from headspec.errors import UserError
 from headspec.model import SITES
 from headspec.patching import core
@@ -41,6 +42,8 @@ def _ids(prompt, tokenizer, what: str, index: int, V: int) -> list[int]:
   if isinstance(prompt, str):
     if tokenizer is None:
       raise UserError(f"{what}[{index}] is a text but no tokenizer was given; pass token ids or tokenizer=")
+    if unicode_problem(prompt):
+      raise UserError(f"{what}[{index}]: {unicode_problem(prompt)}; give valid Unicode text")
     return list(tokenizer.prefix_ids) + list(tokenizer.encode(prompt)) + list(tokenizer.suffix_ids)
   if isinstance(prompt, Sequence | np.ndarray) and all(isinstance(t, int | np.integer) for t in prompt):
     ids = [int(t) for t in prompt]
@@ -51,30 +54,45 @@ def _ids(prompt, tokenizer, what: str, index: int, V: int) -> list[int]:
   raise UserError(f"{what}[{index}]: a {type(prompt).__name__}; give a text or a list of token ids")
 
 
+def _listed(value, what: str, items: str) -> list:
+  """A list, tuple or numpy array (of prompts, of answers) as a list; UserError naming `what` otherwise."""
+  if isinstance(value, str) or not isinstance(value, Sequence | np.ndarray) or getattr(value, "ndim", 1) == 0:
+    raise UserError(f"{what}={short(value)} must be a list of {items} (or a numpy array), not {type(value).__name__}")
+  return list(value)
+
+
 def prompts(cfg, clean, corrupt, answers, metric, tokenizer=None, pad_id: int = 0) -> Prompts:
-  """Checked prompt pairs: equal numbers, pairwise equal token counts, within max_len, answers in range."""
+  """Checked prompt pairs: equal numbers, pairwise equal non-zero token counts, within max_len, answers in
+  range (a list of (correct, wrong) pairs or a numpy [B, 2] array)."""
   if isinstance(clean, str) or isinstance(corrupt, str):
     raise UserError("clean and corrupt are lists of prompts (texts or token-id lists), not one text")
-  clean, corrupt = list(clean), list(corrupt)
+  clean, corrupt = _listed(clean, "clean", "prompts"), _listed(corrupt, "corrupt", "prompts")
   if len(clean) != len(corrupt) or not clean:
     raise UserError(f"clean has {len(clean)} prompts and corrupt {len(corrupt)}: give equal, non-zero numbers")
   V = cfg.vocab_size
   rows_c = [_ids(p, tokenizer, "clean", i, V) for i, p in enumerate(clean)]
   rows_x = [_ids(p, tokenizer, "corrupt", i, V) for i, p in enumerate(corrupt)]
   for i, (c, x) in enumerate(zip(rows_c, rows_x)):
-    if len(c) != len(x) or not c:
+    if not c or not x:
+      raise UserError(
+        f"prompt pair {i}: {'clean' if not c else 'corrupt'} is empty (no tokens); every prompt needs one"
+      )
+    if len(c) != len(x):
       raise UserError(f"prompt pair {i}: clean has {len(c)} tokens and corrupt {len(x)}; they must be equal")
     if len(c) > cfg.max_len:
       raise UserError(f"prompt pair {i}: {len(c)} tokens exceed model.max_len={cfg.max_len}")
-  if metric == "logit_diff":
+  if isinstance(metric, str) and metric == "logit_diff":
+    answers = None if answers is None else _listed(answers, "answers", "(correct_id, wrong_id) pairs")
     if answers is None or len(answers) != len(clean):
       got = "none" if answers is None else len(answers)
       raise UserError(
         f"metric='logit_diff' needs answers: one (correct_id, wrong_id) per prompt ({got} for {len(clean)})"
       )
     for i, pair in enumerate(answers):
-      if not (isinstance(pair, Sequence) and len(pair) == 2 and all(isinstance(a, int | np.integer) for a in pair)):
-        raise UserError(f"answers[{i}] = {pair!r}: give a (correct_id, wrong_id) pair of token ids")
+      ok = isinstance(pair, Sequence | np.ndarray) and not isinstance(pair, str) and getattr(pair, "ndim", 1) == 1
+      if not (ok and len(pair) == 2 and all(isinstance(a, int | np.integer) for a in pair)):
+        shown = pair.tolist() if isinstance(pair, np.ndarray) else pair
+        raise UserError(f"answers[{i}] = {short(shown)}: give a (correct_id, wrong_id) pair of token ids")
       bad = [a for a in pair if not 0 <= a < V]
       if bad:
         raise UserError(f"answers[{i}]: token id {bad[0]} is outside the vocabulary 0..{V - 1}")

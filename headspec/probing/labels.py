@@ -3,8 +3,8 @@
 `load_data(config)` reads the train split of `probe.treebank` (a seeded subsample of whole sentences
 when `probe.max_train_words` is set), its dev split (to pick each probe's L2) and the evaluation
 splits (`probe.eval_splits`, and the dev/test splits of `probe.extra_treebanks`), and labels each with
-every task's gold and control labels. Every problem (no data directory, a missing treebank or split)
-is a UserError raised here, before any model is run.
+every task's gold and control labels. Every problem (no data directory, a missing treebank or split, a
+split that gives a task nothing to fit, tune or score) is a UserError raised here, before any model is run.
 """
 
 from __future__ import annotations
@@ -71,6 +71,19 @@ def _splits_of(data_root, treebank: str, wanted) -> list[str]:
   return [s for s in wanted if s in present]
 
 
+def check_scorable(tasks, config, role: str, path, sentences, vocab: dict | None) -> None:
+  """One UserError naming the split's file and the task when `sentences` give a task nothing to fit
+  (role 'train'), to pick λ and the epoch on ('dev') or to score ('eval'), e.g. one one-word sentence or
+  only punctuation for arcs (each task's `missing`, tasks.py): before any model is run, not a traceback or
+  a NaN after fitting."""
+  doing = {"train": "fit", "dev": "tune", "eval": "score"}[role]
+  for task in tasks:
+    missing = getattr(task, "missing", None)
+    lack = missing(sentences, config, role, None if vocab is None else vocab[task.name]) if missing else ""
+    if lack:
+      raise UserError(f"{path}: task {task.name!r} has nothing to {doing} on this split: {lack}")
+
+
 def load_data(config, keep=None) -> Data:
   """Reads and labels the train, dev and evaluation splits; every problem is a UserError before any work.
   keep(key, sentences) -> the sentences to use (the suite's: those the model can represent), applied to
@@ -93,11 +106,19 @@ def load_data(config, keep=None) -> Data:
   if p.max_train_words:
     chosen_U = stats.subsample([len(s.words) for s in train], p.max_train_words, stats.train_sample_seed(config))
     train = [train[u] for u in chosen_U]
+  path = lambda treebank, split: treebank_lib.split_path(data_root, treebank, split)
+  check_scorable(tasks, config, "train", path(tb, "train"), train, None)
   vocab = {t.name: t.vocabulary(train, config) for t in tasks}
   make = lambda key, sentences: label_split(key, sentences, tasks, vocab, config)
   train_split = make(f"{tb}/train", train)
-  read = lambda treebank, split: keep(f"{treebank}/{split}", treebank_lib.load_split(data_root, treebank, split))
-  loaded = {"dev": make(f"{tb}/dev", read(tb, "dev"))}
+
+  def read(treebank, split, roles=("eval",)):
+    sentences = keep(f"{treebank}/{split}", treebank_lib.load_split(data_root, treebank, split))
+    for role in roles:
+      check_scorable(tasks, config, role, path(treebank, split), sentences, vocab)
+    return sentences
+
+  loaded = {"dev": make(f"{tb}/dev", read(tb, "dev", ("dev", "eval")))}  # dev is always scored (the rankings)
   evals = []
   for split in p.eval_splits:
     if split not in loaded:
