@@ -1,7 +1,8 @@
 """`python -m headspec.stage MARKER -- COMMAND ARGS`: one resumable stage of an experiment.
 
 Runs `headspec COMMAND ARGS` in this process unless MARKER already holds the same command line, and
-writes it to MARKER when the command exits 0 (headspec/experiments.py plans the stages). A module of its
+writes it to MARKER when the command exits 0 (headspec/experiments.py plans the stages); a second launch
+of the same stage waits for the first (the stage's lock, headspec/locks.py), then finds it done. A module of its
 own so that planning (experiments.py, used by the launcher, used by the CLI) never imports the CLI back.
 """
 
