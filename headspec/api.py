@@ -498,7 +498,7 @@ def probe(
 
   loaded = _loaded(model)
   cfg = loaded.model.cfg
-  if heads is None and layer is None:
+  if not heads and layer is None:  # heads=[] too: nothing would be fitted
     raise UserError("probe: give heads=[(layer, head), ...] and/or layer=L (a residual stream; -1: embeddings)")
   chosen = _check_heads(cfg, heads or [])
   if layer is not None and not -1 <= layer < cfg.num_layers:

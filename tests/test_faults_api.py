@@ -192,6 +192,8 @@ def test_wrong_types_are_refused_in_words(calls):
     probe(**(kwargs | {"max_train_words": "2000"}))
   with pytest.raises(UserError, match=r"probe: bootstrap_resamples='100' must be of type int \(it is 200 now\)"):
     probe(**(kwargs | {"bootstrap_resamples": "100"}))
+  with pytest.raises(UserError, match=r"probe: give heads=\[\(layer, head\), ...\] and/or layer=L"):
+    probe(**(kwargs | {"heads": [], "layer": None}))  # once an empty frame, nothing fitted
 
 
 def test_answers_may_be_a_numpy_array_like_the_prompts(calls):
