@@ -26,7 +26,7 @@ import socket
 import sys
 import time
 
-from headspec import remote
+from headspec import remote, tables
 from headspec.errors import UserError
 
 
@@ -84,6 +84,7 @@ def held(folder, stage: str, *, wait: bool, what: str = ""):
   if remote.is_remote(folder):
     yield
     return
+  tables.check_writable(folder)  # a file, under a file, read-only: the command's one line, not a traceback here
   folder = os.fspath(remote.run_path(folder))
   made = not os.path.isdir(folder)
   os.makedirs(folder, exist_ok=True)

@@ -186,6 +186,23 @@ def test_a_probe_part_folder_another_live_process_uses_is_not_removed(tmp_path, 
   assert not partial.exists() and not list(partial.parent.iterdir())
 
 
+@pytest.mark.parametrize("where", ["a file", "under a file", "read-only"])
+def test_a_lock_in_a_folder_that_cannot_be_written_is_one_line(tmp_path, monkeypatch, where):
+  """The lock is the first thing a training writes: a --workdir that is a file, under a file or read-only
+  is the one line of tables.check_writable, not the lock file's traceback."""
+  afile = tmp_path / "afile"
+  afile.write_text("not a folder\n")
+  folder = {"a file": afile, "under a file": afile / "run", "read-only": tmp_path / "run"}[where]
+  if where == "read-only":  # as root, chmod would not stop us: the check asks os.access
+    folder.mkdir()
+    access = os.access
+    monkeypatch.setattr(os, "access", lambda p, mode: access(p, mode) and os.fspath(p) != os.fspath(folder))
+  with pytest.raises(UserError, match="is a file, not a folder" if where != "read-only" else "cannot write in"):
+    with locks.held(folder, "train", wait=False):
+      pass
+  assert afile.read_text() == "not a folder\n"
+
+
 def test_a_lock_dies_with_its_holder(tmp_path):
   """kill -9 of a holder frees its lock at once (the kernel's flock): the next process takes it."""
   holder = _python(HOLD, tmp_path, "train")
