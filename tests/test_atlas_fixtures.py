@@ -267,7 +267,7 @@ def write_patching(workdir: pathlib.Path, layers: int, heads: int, step: int, T:
       rows.append(key | dict(method="path_logits", site="z", layer=layer, head=head, position=-1, value=1.2))
   tables.write(tables.path_of(workdir, tables.PATCHING), rows, tables.PATCHING)
   summary = [
-    dict(model=workdir.name, step=step, task="induction", site=site, metric=metric, value=v)
+    dict(model=workdir.name, step=step, task="induction", site=site, direction="denoising", metric=metric, value=v)
     for site in ("z", "resid_pre")
     for metric, v in (("base", 1.0), ("source", 3.0), ("agreement", 0.9))
   ]

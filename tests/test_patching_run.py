@@ -58,21 +58,31 @@ def test_a_rerun_with_the_other_direction_or_fewer_sites_keeps_every_row(run_dir
   c.count, c.induction_n, c.sites, c.attribution, c.path = 2, 3, "z,resid_pre", False, False
   out = patch_run.run(c, work)
   first = tables.read(out, patch_run.RESULTS)
-  c.direction, c.sites = "noising", "resid_pre"
+  c.direction, c.sites = "noising", "z"  # the other direction, and fewer sites
   patch_run.run(c, work)
   rows = pd.DataFrame(tables.read(out, patch_run.RESULTS))
   counts = rows.groupby(["direction", "site"]).size().to_dict()
-  assert counts == {("denoising", "resid_pre"): 2 * 6, ("denoising", "z"): 2 * 4 * 6, ("noising", "resid_pre"): 2 * 6}
+  assert counts == {("denoising", "resid_pre"): 2 * 6, ("denoising", "z"): 2 * 4 * 6, ("noising", "z"): 2 * 4 * 6}
   assert all(r in rows.to_dict("records") for r in first)  # the first run's rows, unchanged
   summary = pd.DataFrame(tables.read(out.parent / "summary.csv", patch_run.SUMMARY))
   ends = summary.set_index(["direction", "site", "metric"])["value"].astype(float)
-  assert ends["denoising", "resid_pre", "base"] == pytest.approx(ends["noising", "resid_pre", "source"])
-  assert ends["denoising", "resid_pre", "source"] == pytest.approx(ends["noising", "resid_pre", "base"])
+  assert ends["denoising", "z", "base"] == pytest.approx(ends["noising", "z", "source"])  # corrupted
+  assert ends["denoising", "z", "source"] == pytest.approx(ends["noising", "z", "base"])  # clean
   assert sorted(p.name for p in out.parent.glob("*.png")) == [
     "induction_resid_pre_denoising_patch_step2.png",
-    "induction_resid_pre_noising_patch_step2.png",
     "induction_z_denoising_patch_step2.png",
+    "induction_z_noising_patch_step2.png",
   ]
+  # The atlas reads each direction's fraction against that direction's base and source.
+  metrics = {m["id"]: m for m in atlas.run_data(work)["metrics"]}
+  for direction in ("denoising", "noising"):
+    mine = rows[
+      (rows["direction"] == direction) & (rows["site"] == "z") & (rows["layer"] == "0") & (rows["head"] == "0")
+    ]
+    base, source = ends[direction, "z", "base"], ends[direction, "z", "source"]
+    fractions = [(float(v) - base) / (source - base) for v in mine["value"]]
+    cell = metrics[f"patching/induction/z/activation/{direction}"]["grids"]["2"][0][0]
+    assert cell["v"] == pytest.approx(max(fractions, key=abs), rel=1e-4, abs=1e-6)
 
 
 def _assert_ioi(tokenizer, clean, corrupt, answers, corruption="abc"):
