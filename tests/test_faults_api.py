@@ -196,6 +196,12 @@ def test_wrong_types_are_refused_in_words(calls):
     probe(**(kwargs | {"heads": [], "layer": None}))  # once an empty frame, nothing fitted
 
 
+def test_no_senders_is_refused(calls):
+  path_patch, kwargs = calls["path_patch"]
+  with pytest.raises(UserError, match=r"senders=\[\]: no sender heads given"):  # once an IndexError
+    path_patch(**(kwargs | {"senders": []}))
+
+
 def test_answers_may_be_a_numpy_array_like_the_prompts(calls):
   patch, kwargs = calls["patch"]
   as_lists = patch(**(kwargs | {"layers": [0], "heads": [1]}))

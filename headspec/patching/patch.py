@@ -204,6 +204,8 @@ def path(model, p: Prompts, *, metric, receivers=None, receiver_site="q", direct
       receivers_LH[layer, head] = 1.0
   senders = [(a, b) for a in range(L) for b in range(H)] if senders is None else [
     _pair(s, L, H, "sender") for s in senders]  # fmt: skip
+  if not senders:
+    raise UserError("senders=[]: no sender heads given; give (layer, head) pairs, or None for every head")
   base, source = p.runs(direction)
   base_value, source_value, values = core.run_path(
     model, receiver_site, metric, base, source, p.valid_BT, p.last_B, p.answers_B2, senders, receivers_LH
