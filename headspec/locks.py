@@ -61,17 +61,27 @@ def _open_locked(lock: str, how: int) -> int | None:
 
 def holder(lock: str) -> str:
   """Who holds `lock` as its holder wrote it ('pid N on HOST since TIME'), or 'a process' when unknown."""
-  for _ in range(20):  # the holder writes its line just after taking the lock
+  for _ in range(20):  # the holder writes its line just after taking the lock (a dead one's may be there still)
     try:
       with open(lock) as f:
         words = f.read().split()
     except OSError:
       words = []
-    if len(words) >= 3:
+    if len(words) >= 3 and (words[1] != socket.gethostname() or _alive(words[0])):
       since = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(float(words[2])))
       return f"pid {words[0]} on {words[1]} (since {since})"
     time.sleep(0.05)
   return "a process"
+
+
+def _alive(pid: str) -> bool:
+  try:
+    os.kill(int(pid), 0)
+  except (ValueError, ProcessLookupError):
+    return False
+  except PermissionError:  # another user's live process
+    pass
+  return True
 
 
 @contextlib.contextmanager
