@@ -121,6 +121,18 @@ def test_nan_activations_are_refused():
     headspec.fit_sae(x, features=8, k=2, progress=False)
 
 
+def test_split_rows_trains_on_the_first_tokens_and_cuts_a_short_text_in_proportion():
+  from headspec.sae.run import split_rows
+
+  tokens, valid = np.arange(40).reshape(10, 4), np.ones((10, 4), bool)
+  (train, _), (held, _) = split_rows(tokens, valid, train_tokens=12, eval_tokens=8)
+  assert (len(train), len(held)) == (3, 7) and train[-1, -1] == 11  # the first rows holding 12 tokens
+  (train, _), (held, _) = split_rows(tokens, valid, train_tokens=300, eval_tokens=100)  # 40 tokens: 30 train
+  assert (len(train), len(held)) == (8, 2)
+  with pytest.raises(UserError, match="needs two rows at least"):
+    split_rows(tokens[:1], valid[:1], train_tokens=3, eval_tokens=1)
+
+
 def test_metric_formulas_on_known_cases():
   x = np.array([[1.0, 0.0], [0.0, 1.0], [1.0, 1.0], [0.0, 0.0]])
   assert metrics.fvu(x, x) == 0.0
@@ -246,7 +258,6 @@ def short_run(train_tiny_decoder):
     (dict(site="pattern"), "site='pattern'"),
     (dict(layer=2), "layer=2 is not a layer of this model (0..1"),
     (dict(layer=-2), "layer=-2 is not a layer"),
-    (dict(train_tokens=10**6), "leaves no row to evaluate on"),
     (dict(analysis__treebank="nosuch"), "nosuch"),
   ],
 )

@@ -19,10 +19,12 @@ from headspec.sae.config import sae_config
 
 def get_config(arg: str | None = None):
   c = sae_config()
-  if arg == "minilm":
+  if arg == "minilm":  # sized for a CPU: 1,536 features, 1,000 steps of 512 tokens
     c.model.pretrained = "minilm"
+    c.sae.expansion, c.sae.train_steps, c.sae.batch_size = 4.0, 1000, 512
   elif arg == "quickstart":
     c.analysis.treebank = "synthetic"
+    c.data_dir = ""  # the run's own data directory (the quickstart's synthetic treebank), not HEADSPEC_DATA_DIR
   elif arg:
     raise ValueError(f"configs/sae.py: unknown argument {arg!r} (use 'minilm', 'quickstart' or none)")
   return c

@@ -16,9 +16,10 @@ def sae_config() -> ml_collections.ConfigDict:
     "z"  # the activations the SAE reads (headspec.model.SITES, per token): z = the concatenated Z_h, [tokens, H·K]
   )
   c.layer = -1  # 0-based block; -1 = the middle one (L // 2)
-  # The token rows (headspec/evaltext.py): the first train_tokens train the SAE, the next eval_tokens measure it.
-  c.train_tokens = 20000
-  c.eval_tokens = 4096
+  # The token rows (headspec/evaltext.py): the first train_tokens train the SAE, the next eval_tokens measure it
+  # (a shorter text is cut in that proportion). Too few training tokens for the features overfit: eval FVU ≫ train FVU.
+  c.train_tokens = 100000
+  c.eval_tokens = 8192
   c.sample = "first"  # 'first' rows of the validation text, or 'random' rows drawn with `seed`
   c.seed = 0  # the row sample, the SAE's initialisation and batches
   c.batch_size = 8  # rows per forward pass

@@ -19,6 +19,7 @@ import time
 
 import ml_collections
 import numpy as np
+from absl import logging
 
 from headspec import filenames, jobloop, provenance, remote, tables, targets
 from headspec.ablation import evalset as evalset_lib
@@ -100,14 +101,20 @@ def _token_batches(tokens_NT, valid_NT, batch_size: int) -> list[evalset_lib.Bat
   return out
 
 
-def split_rows(tokens_NT, valid_NT, train_tokens: int):
-  """(train rows, eval rows): the first rows holding `train_tokens` valid tokens, then the rest."""
+def split_rows(tokens_NT, valid_NT, train_tokens: int, eval_tokens: int):
+  """(train rows, eval rows): the first rows holding `train_tokens` valid tokens, then the rest; a text with
+  fewer than train_tokens + eval_tokens tokens is cut in that proportion (logged). UserError for one row."""
   cum_N = np.cumsum(valid_NT.sum(1))
-  cut = int(np.searchsorted(cum_N, train_tokens) + 1)
-  if cut >= len(tokens_NT):
+  total = int(cum_N[-1]) if len(cum_N) else 0
+  wanted = train_tokens
+  if total < train_tokens + eval_tokens:
+    wanted = int(total * train_tokens / (train_tokens + eval_tokens))
+    logging.info(f"sae: the evaluation text has {total} tokens, fewer than train_tokens + eval_tokens; "
+                 f"{wanted} train the SAE, the rest measure it")  # fmt: skip
+  cut = min(int(np.searchsorted(cum_N, wanted) + 1), len(tokens_NT) - 1)
+  if cut < 1:
     raise UserError(
-      f"sae: the evaluation text has {int(cum_N[-1])} tokens in {len(tokens_NT)} rows; train_tokens={train_tokens} "
-      "leaves no row to evaluate on (lower train_tokens)"
+      f"sae: the evaluation text has {total} tokens in {len(tokens_NT)} row(s); it needs two rows at least"
     )
   return (tokens_NT[:cut], valid_NT[:cut]), (tokens_NT[cut:], valid_NT[cut:])
 
@@ -151,7 +158,7 @@ class SAEAnalysis(jobloop.Analysis):
     text_config = ml_collections.ConfigDict(c.to_dict())
     text_config.num_tokens = c.train_tokens + c.eval_tokens
     tokens_NT, valid_NT = evaluation_tokens(text_config, self.workdir, tokenizer)
-    self.train_rows, self.eval_rows = split_rows(tokens_NT, valid_NT, c.train_tokens)
+    self.train_rows, self.eval_rows = split_rows(tokens_NT, valid_NT, c.train_tokens, c.eval_tokens)
 
   def checkpoint_dir(self, job):
     key = dict(identity=job.identity, options=self.options.__dict__, site=self.config.site, layer=self.layer,
@@ -177,7 +184,8 @@ class SAEAnalysis(jobloop.Analysis):
     seconds = time.perf_counter() - t0
     evalset = evalset_lib.lm_eval_set(*self.eval_rows, model_kind=cfg.kind, tokenizer=tokenizer,
                                       batch_size=c.batch_size, seed=c.seed)  # fmt: skip
-    x_eval, _ = splice.capture(model, evalset.batches, site, layer)
+    # quality on the plain evaluation rows (an encoder's eval set has masked inputs, not what the SAE trained on)
+    x_eval, _ = splice.capture(model, _token_batches(*self.eval_rows, c.batch_size), site, layer)
     f_eval = _encode_all(sae, x_eval)
     rates_F = m.firing_rates(f_eval)
     sample = x_train[np.random.default_rng(c.seed).permutation(len(x_train))[: len(x_eval)]]
@@ -191,7 +199,8 @@ class SAEAnalysis(jobloop.Analysis):
       train_seconds=seconds,
     )  # fmt: skip
     if job.lm_head:
-      loss = splice.losses(model, evalset.batches, site, layer, sae, x_eval.astype(np.float64).mean(0))
+      x_scored = x_eval if cfg.kind == "decoder" else splice.capture(model, evalset.batches, site, layer)[0]
+      loss = splice.losses(model, evalset.batches, site, layer, sae, x_scored.astype(np.float64).mean(0))
       values |= {f"loss_{name}": v for name, v in loss.items()}
       values["loss_recovered_zero"] = m.loss_recovered(loss["clean"], loss["splice"], loss["zero_ablation"])
       values["loss_recovered_mean"] = m.loss_recovered(loss["clean"], loss["splice"], loss["mean_ablation"])
