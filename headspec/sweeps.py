@@ -51,7 +51,7 @@ def parse_grid(specs: list[str], seeds: str = "") -> list[tuple[str, list[str]]]
     grid.append((key, items))
   if seeds:
     items = [s.strip() for s in seeds.split(",") if s.strip()]
-    if not all(s.lstrip("-").isdigit() for s in items):
+    if not all(s.lstrip("-").isascii() and s.lstrip("-").isdigit() for s in items):
       raise UserError(f"--seeds={seeds}: use comma-separated integers")
     grid.append(("seed", items))
   keys = [k for k, _ in grid]

@@ -294,3 +294,21 @@ def test_sweep_summary_refuses_a_non_utf8_table_in_one_line(tmp_path):
   with pytest.raises(UserError, match="not a UTF-8 text file"):
     sweeps.summarize(tmp_path)
   assert not list(tmp_path.glob(".*.lock"))  # the lock file is gone with the writer
+
+
+@pytest.mark.parametrize("digit", ["\u00b2", "\u0663", "\uff13"])
+def test_counts_and_seeds_take_ascii_digits_only(digit):
+  """A superscript, Arabic-Indic or fullwidth digit passes str.isdigit(); int() then raises or reads a
+  number the user did not type. Each place that parses a count or seed refuses it in one line."""
+  from headspec import sweeps
+  from headspec.configs.experiments import grammar, induction, specialization
+  from headspec.data import synthetic
+  from headspec.errors import UserError
+
+  with pytest.raises(UserError, match="--seeds"):
+    sweeps.parse_grid([], seeds=f"0,{digit}")
+  with pytest.raises(UserError, match="--treebank-sentences"):
+    synthetic.main_synthetic(["--out=/nonexistent", f"--treebank-sentences={digit},1,1"])
+  for module in (grammar, induction, specialization):
+    with pytest.raises(ValueError, match="seed"):
+      module.experiment(f"seed={digit}")

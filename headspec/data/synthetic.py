@@ -784,7 +784,7 @@ def main_synthetic(args: list[str]) -> pathlib.Path:
   """CLI entry: writes the treebank and text (and with --repeats the mixed corpus); returns OUT."""
   options = parser().parse_args(args)
   sizes = options.treebank_sentences.split(",")
-  if len(sizes) != 3 or not all(s.strip().isdigit() and int(s) > 0 for s in sizes):
+  if len(sizes) != 3 or not all(s.strip().isascii() and s.strip().isdigit() and int(s) > 0 for s in sizes):
     raise UserError(f"--treebank-sentences={options.treebank_sentences}: use three positive counts, like 4000,500,500")
   if options.text_sentences < 20:
     raise UserError(f"--text-sentences={options.text_sentences}: at least 20 (1/20 of them are the valid split)")

@@ -200,7 +200,7 @@ def fetch_verified(url: str, dest: pathlib.Path, remote: RemoteFile, sha256: str
   except (urllib.error.URLError, http.client.HTTPException, OSError) as e:
     reason = getattr(e, "reason", None) or e.__class__.__name__
     raise UserError(f"{url}: download failed ({reason})") from None
-  if length is not None and length.isdigit() and size != int(length):
+  if length is not None and length.isascii() and length.isdigit() and size != int(length):
     raise UserError(f"{url}: connection closed after {size} of {length} bytes (interrupted download)")
   if remote.size is not None and size != remote.size:
     raise UserError(f"{url}: {size} bytes, expected the pinned {remote.size}")

@@ -72,7 +72,7 @@ def _args(arg):
       out["layers"] = int(value)
     elif key == "condition" and value in CONDITIONS:
       out["layers"], out["mlp"] = CONDITIONS[value]
-    elif key == "seed" and value.lstrip("-").isdigit():
+    elif key == "seed" and value.lstrip("-").isascii() and value.lstrip("-").isdigit():
       out["seed"] = int(value)
     elif key == "lr" and grammar.positive(value):
       out["lr"] = float(value)

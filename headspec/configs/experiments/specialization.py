@@ -69,7 +69,7 @@ def _args(arg):
       out["stage"] = a
     elif key == "condition" and value in CONDITIONS:
       out["condition"] = value
-    elif key == "seed" and value.lstrip("-").isdigit():
+    elif key == "seed" and value.lstrip("-").isascii() and value.lstrip("-").isdigit():
       out["seed"] = int(value)
     elif key == "corpus" and value in CORPORA:
       out["corpus"] = CORPORA[value]
