@@ -211,6 +211,7 @@ def trained_run(train_tiny_decoder):
 def test_cli_on_the_tiny_decoder(trained_run, synthetic_data_dir, tmp_path):
   from headspec import tables
 
+  write_probes(trained_run, "sae", 200, layers=2)
   assert sae_cli(tmp_path, trained_run, synthetic_data_dir, **SMALL) == 0
   read = lambda name: headspec.read_table(trained_run, name)
   metrics_frame = read("sae_metrics")
@@ -227,6 +228,9 @@ def test_cli_on_the_tiny_decoder(trained_run, synthetic_data_dir, tmp_path):
   heads = read("sae_heads")
   assert set(heads["head"]) == set(range(4))
   spec = heads[heads["metric"] == "specialization"]["value"]
+  probe = heads[heads["metric"] == "probe_selectivity_upos"].sort_values("head")["value"]
+  np.testing.assert_allclose(probe, [0.0, 0.1, 0.2, 0.3])  # layer 0's heads' dev selectivity, beside the features
+  assert {"max_feature_selectivity_upos", "selective_features_deprel", "features_carried"} <= set(heads["metric"])
   assert len(spec) == 4 and spec.between(0.25 - 1e-9, 1).all()  # between 1/H and 1
   contexts = read("sae_contexts")
   assert len(contexts) and contexts["context"].str.contains(r"\[\[").all()
@@ -239,6 +243,16 @@ def test_cli_on_the_tiny_decoder(trained_run, synthetic_data_dir, tmp_path):
     assert tables.path_of(trained_run, table).is_file()
   (checkpoint,) = (trained_run / "sae" / "checkpoints").iterdir()  # resumable; fit_sae's tests resume one
   assert checkpoint.name.startswith("sae-step200-z0-")
+
+
+def write_probes(workdir, model: str, step: int, layers: int, heads: int = 4) -> None:
+  """A probes/results.csv with dev rows: head h of layer l has selectivity 0.1·h + l."""
+  from headspec import tables
+
+  rows = [dict(model=model, step=step, task="upos", layer=l, head=h, split="synthetic/dev", accuracy=0.5,
+               ci_low=0.4, ci_high=0.6, control_accuracy=0.5 - (0.1 * h + l), selectivity=0.1 * h + l, n=10)
+          for l in range(layers) for h in range(heads)]  # fmt: skip
+  tables.merge(tables.path_of(workdir, tables.PROBES), rows, tables.PROBES)
 
 
 @pytest.fixture(scope="module")
@@ -267,6 +281,21 @@ def test_bad_input_is_one_line_and_writes_nothing(short_run, synthetic_data_dir,
   err = capsys.readouterr().err.strip()
   assert err.startswith("headspec: error:") and message in err and "\n" not in err
   assert snapshot(short_run) == before
+
+
+def test_probes_of_another_model_shape_are_one_line_before_any_computation(
+  short_run, synthetic_data_dir, tmp_path, capsys
+):
+  import shutil
+
+  run = tmp_path / "sae_bad"
+  shutil.copytree(short_run, run)
+  write_probes(run, "sae_bad", 2, layers=3)  # the model has 2 layers
+  before = snapshot(run)
+  assert sae_cli(tmp_path, run, synthetic_data_dir, **SMALL) == 2
+  lines = [line for line in capsys.readouterr().err.splitlines() if "error" in line]
+  assert len(lines) == 1 and "has a probe on layer 2 head 0, but the model has 2 layers" in lines[0]
+  assert snapshot(run) == before
 
 
 def test_nan_activations_are_one_line_and_write_nothing(short_run, synthetic_data_dir, tmp_path, capsys, monkeypatch):

@@ -144,6 +144,11 @@ class SAEAnalysis(jobloop.Analysis):
     self.layer = splice.check_layer(c.layer, cfg.num_layers)
     self.width = int(np.prod(splice.site_shape(cfg, c.site)))
     self.options = options(c, self.width)
+    from headspec.ablation.causal import read_selectivity
+
+    # probes/results.csv's dev selectivity per (model, step), read (and checked) before any computation
+    self.probes = {(j.name, j.step): read_selectivity(self.workdir, j.name, j.step, cfg.num_layers, cfg.num_heads)
+                   for j in jobs}  # fmt: skip
     self.sentences = []
     if c.analysis.treebank:
       from headspec import runs
@@ -249,13 +254,11 @@ class SAEAnalysis(jobloop.Analysis):
   def head_rows(self, key, job, cfg, a_FH, rates_F, selectivity):
     """Per head: features carried and exclusive, specialization S_h, the carried features' mean entropy, their
     label selectivity beside the head's probe selectivity (probes/results.csv, dev split) when present."""
-    from headspec.ablation.causal import read_selectivity
-
     a = self.config.analysis
     live_F = rates_F > 0
     S_H = m.specialization(a_FH, live_F)
     entropy_F = m.entropy_bits(a_FH)
-    probes = read_selectivity(self.workdir, job.name, job.step, cfg.num_layers, cfg.num_heads)
+    probes = self.probes[(job.name, job.step)]
     rows = []
     for h in range(a_FH.shape[1]):
       carried_F = live_F & (a_FH[:, h] >= a.carry_min)
