@@ -6,12 +6,14 @@ command's config keys with defaults and meanings (headspec/config_help.py).
 
 Thin: parses flags, loads the config, calls the command's library function. Errors a user can cause
 (headspec.errors.UserError, bad flags or config keys, a --workdir URL of an unknown scheme) print one
-line to stderr, its reason kept (`one_line`), and exit with status 2. `headspec launch TARGET ...` is headspec/launch/'s command line
+line to stderr, its reason kept (`one_line`), and exit with status 2; so does a full disk, a quota or a
+read-only mount met while writing (`disk_error`: an OSError ENOSPC, EDQUOT or EROFS, naming its file). `headspec launch TARGET ...` is headspec/launch/'s command line
 (`python -m headspec.launch TARGET ...`), passed on as it is.
 """
 
 from __future__ import annotations
 
+import errno
 import importlib
 import logging as std_logging
 import math
@@ -194,6 +196,33 @@ def main(argv: list[str]) -> int:
   except KeyboardInterrupt:
     print("headspec: interrupted", file=sys.stderr)
     return 130
+  except Exception as e:  # after _Exit (an Exception too)
+    message = disk_error(e, _WORKDIR.value if FLAGS.is_parsed() else None)
+    if message is None:
+      raise
+    print(f"headspec: error: {message}", file=sys.stderr)
+    return 2
+
+
+DISK_ERRNOS = (errno.ENOSPC, errno.EDQUOT, errno.EROFS)
+"""A full disk, a quota or a read-only mount met while writing: the user's to fix, not a bug of ours."""
+
+
+def disk_error(e: BaseException, workdir=None) -> str | None:
+  """The one line for an error whose chain holds an OSError of `DISK_ERRNOS`, None for any other error.
+  Its file where the OSError names one (headspec's writers name the file they were writing, having
+  removed their temporary), else the workdir."""
+  seen = set()
+  while e is not None and id(e) not in seen:
+    seen.add(id(e))
+    if isinstance(e, OSError) and e.errno in DISK_ERRNOS:
+      where = e.filename or workdir or os.getcwd()
+      return (
+        f"{os.fspath(where)}: {os.strerror(e.errno)} (errno {errno.errorcode[e.errno]}) while writing; the command "
+        "stopped. Free space (or make the folder writable) and run the same command again"
+      )
+    e = e.__cause__ or e.__context__
+  return None
 
 
 def _launch(args: list[str]) -> int:
@@ -339,8 +368,11 @@ _HEADSPEC = os.path.dirname(os.path.abspath(__file__)) + os.sep
 def _drop_library_chatter(record) -> bool:
   """Only headspec's own INFO lines (a library's need --verbose), and no warnings about how headspec uses
   its libraries on purpose: TFDS builder configs made at run time, orbax managers opened read-only to
-  load a checkpoint for analysis."""
+  load a checkpoint for analysis. Nor orbax's logged tracebacks of a failed save (a full disk): orbax
+  raises the same error to headspec, which reports it in one line (headspec/checkpoints.py)."""
   if record.levelno < std_logging.WARNING and not os.path.abspath(record.pathname).startswith(_HEADSPEC):
+    return False
+  if record.exc_info and f"{os.sep}orbax{os.sep}" in os.path.abspath(record.pathname):
     return False
   message = str(record.msg)
   return not message.startswith(

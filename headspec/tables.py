@@ -446,7 +446,9 @@ def locked(path):
 
 
 def _write(path: epath.Path, rows: list[dict], table: Table, check) -> None:
-  """Writes the whole table beside it, then renames it into place (the caller holds the lock)."""
+  """Writes the whole table beside it, then renames it into place (the caller holds the lock). A write
+  that fails (a full disk, a quota) leaves the table as it was and no temporary, and its OSError names the
+  table (the CLI prints it as one line)."""
   out = io.StringIO()
   writer = csv.DictWriter(out, fieldnames=table.columns, lineterminator="\n")
   writer.writeheader()
@@ -454,13 +456,16 @@ def _write(path: epath.Path, rows: list[dict], table: Table, check) -> None:
   if path.is_dir():
     raise UserError(f"{path}: is a folder, not a table; move it away")
   tmp = remote.temp_beside(path)  # removes the temporaries of killed writers of this folder
-  tmp.write_text(out.getvalue())
   try:
+    tmp.write_text(out.getvalue())
     check()
-  except UserError:
-    tmp.unlink()
+    tmp.replace(path)
+  except OSError as e:  # a full disk or quota: the table as it was, no temporary left, the table named
+    tmp.unlink(missing_ok=True)
+    raise OSError(e.errno, e.strerror, str(path)) from None
+  except BaseException:
+    tmp.unlink(missing_ok=True)
     raise
-  tmp.replace(path)
 
 
 def write(path, rows: list[dict], table: Table) -> None:

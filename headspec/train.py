@@ -12,6 +12,7 @@ see the same masks and (without dropout) the same losses. Dropout keys also fold
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import math
 import signal
@@ -253,14 +254,20 @@ def prepare_rows(config: ml_collections.ConfigDict, workdir: epath.Path, tokeniz
   """The packed train/valid token rows; the token streams are cached in WORKDIR/cache (by process 0)."""
 
   def make():
-    return [
-      lm_pipeline.pack_tokens(
-        _documents(config, split), tokenizer, config.train.seq_len, cache_path=workdir / "cache" / f"{split}_tokens.npy"
-      )
-      for split in ("train", "valid")
-    ]
+    return [_pack(config, workdir, tokenizer, split) for split in ("train", "valid")]
 
   return _on_lead_first(make)
+
+
+def _pack(config, workdir, tokenizer, split: str):
+  """One split's rows; its UserError (a split of fewer tokens than one row) names data.corpus and the split."""
+  try:
+    return lm_pipeline.pack_tokens(
+      _documents(config, split), tokenizer, config.train.seq_len, cache_path=workdir / "cache" / f"{split}_tokens.npy"
+    )
+  except UserError as e:
+    hint = " (use a smaller train.seq_len, or a longer corpus)" if "fewer than one row" in str(e) else ""
+    raise UserError(f"data.corpus={config.data.corpus!r}, split {split}: {e}{hint}") from None
 
 
 def _documents(config, split: str):
@@ -306,21 +313,22 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir, *, devices=No
   # it was. On a fresh run the tokenizer (and then the token cache) are the first things written.
   saved = runs.check_resume(workdir, config)
   devices = list(devices or jax.devices())
-  tokenizer = prepare_tokenizer(config, workdir)
-  cfg = runs.model_config(config.model, tokenizer.vocab_size, config.train.seq_len)
-  obj = objective(config, tokenizer)
-  model = Transformer(cfg, rngs=nnx.Rngs(params=config.seed))
-  graphdef, params = nnx.split(model)
-  tx = make_optimizer(config.train)
-  state = TrainState(step=jnp.zeros((), jnp.int32), params=params, opt_state=tx.init(params))
-  base_key, eval_key = jax.random.split(jax.random.key(config.seed))
+  with _nothing_left_if_refused(workdir, saved):  # the corpus' length is known only once it is tokenized
+    tokenizer = prepare_tokenizer(config, workdir)
+    cfg = runs.model_config(config.model, tokenizer.vocab_size, config.train.seq_len)
+    obj = objective(config, tokenizer)
+    model = Transformer(cfg, rngs=nnx.Rngs(params=config.seed))
+    graphdef, params = nnx.split(model)
+    tx = make_optimizer(config.train)
+    state = TrainState(step=jnp.zeros((), jnp.int32), params=params, opt_state=tx.init(params))
+    base_key, eval_key = jax.random.split(jax.random.key(config.seed))
 
-  mesh = parallel.data_mesh(devices)
-  pmap = config.parallelism == "pmap"
-  state = jax.device_put(state, devices[0] if pmap else parallel.replicated(mesh))
-  state, data_state, mngr = _restore(config, workdir, saved, state)
-  train_NT, valid_NT = prepare_rows(config, workdir, tokenizer)
-  data_iter = _data_iterator(config, workdir, train_NT, data_state, saved, tokenizer)
+    mesh = parallel.data_mesh(devices)
+    pmap = config.parallelism == "pmap"
+    state = jax.device_put(state, devices[0] if pmap else parallel.replicated(mesh))
+    state, data_state, mngr = _restore(config, workdir, saved, state)
+    train_NT, valid_NT = prepare_rows(config, workdir, tokenizer)
+    data_iter = _data_iterator(config, workdir, train_NT, data_state, saved, tokenizer)
   runs.save_config(workdir, config, is_lead=parallel.is_lead())  # checked by check_resume above
   if mngr is None:
     mngr = checkpoints.manager(workdir, keep_last=config.train.keep_last, keep_steps=config.train.keep_steps)
@@ -336,6 +344,26 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir, *, devices=No
   )
   batches = _batches(data_iter, local_batch, len(devices), pmap, mesh)
   return loop.run(stepper, int(state.step), batches, data_iter, base_key)
+
+
+@contextlib.contextmanager
+def _nothing_left_if_refused(workdir, saved):
+  """A fresh run refused once it has begun writing (a corpus with fewer tokens than one row of
+  `train.seq_len`, in either split: known only once the corpus is tokenized) leaves the workdir as it found
+  it: the tokenizer/ and cache/ it wrote are removed, and the workdir too if it made it and it is empty."""
+  made = [] if saved else [workdir / name for name in ("tokenizer", "cache") if not (workdir / name).exists()]
+  existed = workdir.exists()
+  try:
+    yield
+  except UserError:
+    if parallel.is_lead():
+      for path in made:
+        if path.exists():
+          path.rmtree()
+      if not existed:
+        with contextlib.suppress(OSError):
+          workdir.rmdir()  # only when empty
+    raise
 
 
 def _restore(config, workdir, saved, state):
@@ -436,12 +464,12 @@ class _Loop:
   def run(self, stepper: _Stepper, step: int, batches, data_iter, base_key) -> dict:
     """Steps until train.steps or a SIGTERM (every process stops after the same step); the last logged metrics."""
     preemption = _Preemption()
-    if step == 0 and 0 in self.train.keep_steps:  # the initial parameters, for studies over training
-      _save(self.mngr, 0, stepper.host_state(), data_iter)
     last = {}
     t0, steps_timed = time.perf_counter(), 0
     stop = False
     try:
+      if step == 0 and 0 in self.train.keep_steps:  # the initial parameters, for studies over training
+        _save(self.mngr, 0, stepper.host_state(), data_iter)
       while step < self.train.steps and not stop:
         metrics = stepper(next(batches), base_key)
         loss = self._finite_loss(metrics, step)
@@ -456,11 +484,19 @@ class _Loop:
       if stop:
         _save(self.mngr, step, stepper.host_state(), data_iter)
         print(f"preempted: saved step {step} in {self.mngr.directory}; the same command resumes from it", flush=True)
-    finally:
-      preemption.restore()
+    except BaseException:
+      # The error that stopped the run (a failed save, a full disk under metrics.jsonl, a NaN loss) is the
+      # one reported: closing may fail the same way and must not replace it with a second traceback.
+      for close in (self.mngr.close, self.writer.close):
+        with contextlib.suppress(Exception):
+          close()
+      raise
+    else:
       self.mngr.wait_until_finished()
       self.mngr.close()
       self.writer.close()
+    finally:
+      preemption.restore()
     return last
 
   def _finite_loss(self, metrics, step: int) -> float:

@@ -8,12 +8,19 @@ whole at the same moments (headspec/remote.py).
 
 A run stopped while writing a record (kill -9, a lost host) leaves a cut-off last line: the writer drops
 it when the run resumes (so the next record starts on a line of its own), and `read_metrics` skips any
-line that is not a JSON record, with a warning naming file:line.
+line that is not a JSON record, with a warning naming file:line. A write that fails (a full disk, a
+quota) leaves no partial line either: each record (and each TensorBoard event) is one write, cut back
+when it fails, and the OSError names the file (the CLI prints it as one line).
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
+import pathlib
+import socket
+import struct
 import sys
 import time
 
@@ -45,13 +52,13 @@ class MetricsWriter:
     else:
       if "".join(lines) != text:
         remote.write_bytes_atomic(self.path, "".join(lines).encode())
-      self._jsonl = self.path.open("a")
-    import tensorboardX  # here: readers of metrics.jsonl (sweeps, the launcher) do not pay for its import
-
+      self._jsonl = _Appender(self.path)
     self._tb_dir = remote.LocalMirror(workdir, "tensorboard")
-    self._tb = tensorboardX.SummaryWriter(str(self._tb_dir.local))
+    self._tb = _EventFile(self._tb_dir.local)
 
   def write(self, record: dict) -> None:
+    """Appends one record (a whole line, or nothing: a failed write, like a full disk, is an OSError
+    naming the file, the file as it was)."""
     if not self.is_lead:
       return
     line = json.dumps(record) + "\n"
@@ -59,12 +66,8 @@ class MetricsWriter:
       self._lines.append(line)
       self._dirty = True
     else:
-      self._jsonl.write(line)
-      self._jsonl.flush()
-    step = record["step"]
-    for key, value in record.items():
-      if key != "step":
-        self._tb.add_scalar(key, value, step)
+      self._jsonl.append(line.encode())
+    self._tb.add_scalars({k: v for k, v in record.items() if k != "step"}, record["step"])
     shown = {k: v for k, v in record.items() if not k.startswith("diversity/")}
     if len(shown) > 1:  # a progress line on stdout
       print(" ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in shown.items()), flush=True)
@@ -75,7 +78,6 @@ class MetricsWriter:
     """Remote: rewrites metrics.jsonl whole and uploads new TensorBoard events (a no-op locally)."""
     if not (self.is_lead and self.remote):
       return
-    self._tb.flush()
     self._upload()
 
   def _upload(self) -> None:
@@ -89,11 +91,81 @@ class MetricsWriter:
     if not self.is_lead:
       return
     self._tb.close()
-    if self.remote:
-      self._upload()
-      self._tb_dir.cleanup()
-    else:
-      self._jsonl.close()
+    try:
+      if self.remote:
+        self._upload()
+    finally:
+      if self.remote:
+        self._tb_dir.cleanup()
+      else:
+        self._jsonl.close()
+
+
+class _Appender:
+  """metrics.jsonl opened for appending, each record one unbuffered write: a write that fails (a full disk)
+  is cut back to the file's length before it, so the file never ends in a partial line, and raises an
+  OSError naming the file."""
+
+  def __init__(self, path):
+    self.path = path
+    self._fd = os.open(os.fspath(path), os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+
+  def append(self, data: bytes) -> None:
+    size = os.fstat(self._fd).st_size
+    try:
+      view = memoryview(data)
+      while view:
+        view = view[os.write(self._fd, view) :]
+    except OSError as e:
+      with contextlib.suppress(OSError):
+        os.ftruncate(self._fd, size)
+      raise OSError(e.errno, e.strerror, os.fspath(self.path)) from None
+
+  def close(self) -> None:
+    os.close(self._fd)
+
+
+class _EventFile:
+  """A TensorBoard event file (`events.out.tfevents.<time>.<host>` in a local folder), each record appended in
+  the caller's thread like metrics.jsonl's lines (`_Appender`): tensorboardX's SummaryWriter writes from a
+  thread of its own and flushes again at exit, so a full disk was a traceback from each after the run
+  had stopped. The records are TensorBoard's (tensorboardX's protobufs, TFRecord framing with masked
+  CRC-32C), one Event per metrics record."""
+
+  def __init__(self, local: pathlib.Path):
+    """local: a local folder (a remote run's events are written on scratch and uploaded: remote.LocalMirror)."""
+    self.path = local / f"events.out.tfevents.{int(time.time()):010d}.{socket.gethostname()}"
+    self._file = _Appender(self.path)
+    try:
+      self._append(_event(file_version="brain.Event:2"))
+    except OSError:
+      self._file.close()
+      self.path.unlink(missing_ok=True)  # an empty events file is not one
+      raise
+
+  def _append(self, event) -> None:
+    from tensorboardX.record_writer import masked_crc32c  # here: readers of metrics.jsonl do not import it
+
+    data = event.SerializeToString()
+    header = struct.pack("Q", len(data))
+    crc = lambda b: struct.pack("I", masked_crc32c(b))
+    self._file.append(header + crc(header) + data + crc(data))
+
+  def add_scalars(self, values: dict, step: int) -> None:
+    if values:
+      from tensorboardX import summary
+
+      parts = [summary.scalar(k, float(v)) for k, v in values.items()]
+      self._append(_event(step=step, summary=type(parts[0])(value=[v for p in parts for v in p.value])))
+
+  def close(self) -> None:
+    self._file.close()
+
+
+def _event(**fields):
+  from tensorboardX.proto import event_pb2
+
+  return event_pb2.Event(wall_time=time.time(), **fields)
 
 
 def _complete(path, text: str) -> list[str]:

@@ -303,3 +303,49 @@ def test_a_wrong_data_position_is_one_line_and_changes_nothing(run_copy, synthet
   one_line(e)
   assert snapshot(run_copy) == before
   runs.load_run_model(run_copy, 2)  # the parameters are fine
+
+
+# --- issue 62: a damaged data file inside orbax's database; a refusal known only once the corpus is read ---
+
+
+def test_a_damaged_database_file_names_the_step_and_how_to_set_it_aside(run_copy, synthetic_data_dir):
+  """Orbax wraps tensorstore's read error in an exception whose text is the repr of a pybind method: it was
+  reported as "does not match this model". The step, the file and how to set the step aside (docs/scale.md)."""
+  for path in (run_copy / "checkpoints/2/state/ocdbt.process_0/d").iterdir():
+    path.write_bytes(b"\0" * path.stat().st_size)  # no zstd frame where every array's chunks begin
+  for attempt in (lambda: runs.load_run_model(run_copy, 2), lambda: train_and_evaluate(tiny_config("/x", 4), run_copy)):
+    with pytest.raises(UserError) as e:
+      attempt()
+    message = one_line(e)
+    assert message.startswith(f"{run_copy}/checkpoints/2/state/") and "checkpoint file unreadable" in message
+    assert "does not match" not in message and "pybind" not in message and "TensorStore" not in message, message
+    assert "step 2 is damaged: set it aside with `mv checkpoints/2 damaged-step-2` in the run folder" in message
+    assert "training then resumes from step 1" in message
+  # The advice works: the step set aside, training resumes from step 1 and saves a new step 2.
+  (run_copy / "checkpoints/2").rename(run_copy / "damaged-step-2")
+  assert checkpoints.saved_steps(run_copy) == [1]
+  train_and_evaluate(tiny_config(synthetic_data_dir, steps=3), run_copy)
+  assert checkpoints.saved_steps(run_copy) == [1, 2, 3]
+  runs.load_run_model(run_copy, 2)
+
+
+def test_damaged_array_metadata_is_one_line_naming_the_file(run_copy):
+  path = next((run_copy / "checkpoints/2/state/array_metadatas").iterdir())
+  _truncate(path)
+  with pytest.raises(UserError, match=f"{path}: corrupt checkpoint metadata .* step 2 is damaged: set it aside") as e:
+    runs.load_run_model(run_copy, 2)
+  assert "does not match" not in one_line(e)
+
+
+def test_a_corpus_shorter_than_one_row_is_refused_and_leaves_nothing(synthetic_data_dir, tmp_path):
+  """train.seq_len beyond the corpus' tokens is known only once it is tokenized: the tokenizer and token
+  cache written by then are removed, and so is the workdir the run made."""
+  config = tiny_config(synthetic_data_dir)
+  config.train.seq_len = 1_000_000
+  with pytest.raises(UserError, match=r"data.corpus='synthetic', split train: .*fewer than one row of seq_len=1000000"):
+    train_and_evaluate(config, tmp_path / "w")
+  assert not (tmp_path / "w").exists()
+  (tmp_path / "mine").mkdir()  # a workdir the user made: kept, empty as it was
+  with pytest.raises(UserError, match="fewer than one row"):
+    train_and_evaluate(config, tmp_path / "mine")
+  assert list((tmp_path / "mine").iterdir()) == []

@@ -44,9 +44,16 @@ def render(data: dict) -> str:
 
 
 def write_page(path, text: str) -> pathlib.Path | epath.Path:
-  """Writes `text` to `path` atomically (locally a temporary file beside it, then renamed; remote: one object)."""
+  """Writes `text` to `path` atomically (locally a temporary file beside it, then renamed; remote: one object).
+  A write that fails (a full disk, a quota) leaves the page as it was and no temporary (not even an empty
+  one), and its OSError names the page (the CLI prints it as one line)."""
   path = epath.Path(path)
-  remote.write_bytes_atomic(path, text.encode("utf-8"))
+  try:
+    remote.write_bytes_atomic(path, text.encode("utf-8"))
+  except OSError as e:
+    if not remote.is_remote(path):
+      remote.temp_beside(path).unlink(missing_ok=True)  # write_bytes_atomic's temporary (named by the pid)
+    raise OSError(e.errno, e.strerror, str(path)) from None
   return remote.native_path(path)
 
 

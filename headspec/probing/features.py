@@ -17,7 +17,8 @@ reads one layer back in word order. The files form a cache at `cache_dir/<name>-
 model identity and step, the words of the split (so any change of file or subsample is a new key),
 pooling, dtype and this module's FORMAT_VERSION; a second run reads it instead of recomputing. A folder
 is written as `<name>-<hash>.tmp-<pid>` and renamed when whole; one left by a killed process is removed
-by the next extraction into the cache (`headspec.remote.remove_stale_temps`).
+by the next extraction into the cache (`headspec.remote.remove_stale_temps`). One that fails (a full
+disk) removes its own and raises an OSError naming the cache folder (the CLI prints it as one line).
 The cache is always on local disk (it is memory-mapped and appended to, which object stores cannot
 do): a remote `cache_dir` (`gs://bucket/run/probes/cache`) stands for a folder on local scratch
 (`headspec.remote.scratch_dir`, under HEADSPEC_SCRATCH); `run_cache_dir(workdir)` is a run's.
@@ -27,6 +28,7 @@ from __future__ import annotations
 
 import collections
 import concurrent.futures
+import contextlib
 import dataclasses
 import functools
 import hashlib
@@ -329,41 +331,51 @@ def extract_features(
   al = align_lib.align(sentences, tokenizer, cfg.max_len, causal=cfg.kind == "decoder")
   tmp = cache_dir / f"{folder.name}.tmp-{os.getpid()}"
   shutil.rmtree(tmp, ignore_errors=True)
-  tmp.mkdir(parents=True)
-  files = _Files(tmp, al.num_words, cfg, dtype)
-  lengths = np.array([len(w) for w in al.windows])
-  widths, batches = _plan_batches(lengths, cfg.max_len, batch_tokens)
-  devices = list(devices or jax.local_devices())
-  order_N = _run_batches(model, tokenizer, al, lengths, batches, batch_tokens, pooling, devices, files)
-  assert len(order_N) == al.num_words and np.array_equal(np.sort(order_N), np.arange(al.num_words)), "every word once"
-  np.save(tmp / "order.npy", order_N)
-  np.save(tmp / "word_sentence.npy", al.word_sentence_N)
-  meta = dict(
-    name=name,
-    identity=identity,
-    num_words=al.num_words,
-    num_sentences=len(sentences),
-    num_layers=cfg.num_layers,
-    num_heads=cfg.num_heads,
-    d_head=cfg.d_head,
-    d_model=cfg.d_model,
-    pooling=pooling,
-    dtype=dtype,
-    max_len=cfg.max_len,
-    num_windows=len(al.windows),
-    num_split_sentences=al.num_split_sentences,
-    num_truncated_words=al.num_truncated_words,
-    row_widths=sorted(int(t) for t in np.unique(widths)),
-    fill=round(float(lengths.sum()) / sum(max(1, batch_tokens // T) * T for T, _ in batches), 3),
-    seconds=round(time.perf_counter() - t0, 2),
-    devices=len(devices),
-    version=FORMAT_VERSION,
-  )
-  (tmp / _META).write_text(json.dumps(meta, indent=1, default=str) + "\n")
-  if folder.exists():  # another process finished first
+  files = None
+  try:  # a failed write (a full disk) leaves no half-written folder and names the cache folder
+    tmp.mkdir(parents=True)
+    files = _Files(tmp, al.num_words, cfg, dtype)
+    lengths = np.array([len(w) for w in al.windows])
+    widths, batches = _plan_batches(lengths, cfg.max_len, batch_tokens)
+    devices = list(devices or jax.local_devices())
+    order_N = _run_batches(model, tokenizer, al, lengths, batches, batch_tokens, pooling, devices, files)
+    assert len(order_N) == al.num_words and np.array_equal(np.sort(order_N), np.arange(al.num_words)), "every word once"
+    np.save(tmp / "order.npy", order_N)
+    np.save(tmp / "word_sentence.npy", al.word_sentence_N)
+    meta = dict(
+      name=name,
+      identity=identity,
+      num_words=al.num_words,
+      num_sentences=len(sentences),
+      num_layers=cfg.num_layers,
+      num_heads=cfg.num_heads,
+      d_head=cfg.d_head,
+      d_model=cfg.d_model,
+      pooling=pooling,
+      dtype=dtype,
+      max_len=cfg.max_len,
+      num_windows=len(al.windows),
+      num_split_sentences=al.num_split_sentences,
+      num_truncated_words=al.num_truncated_words,
+      row_widths=sorted(int(t) for t in np.unique(widths)),
+      fill=round(float(lengths.sum()) / sum(max(1, batch_tokens // T) * T for T, _ in batches), 3),
+      seconds=round(time.perf_counter() - t0, 2),
+      devices=len(devices),
+      version=FORMAT_VERSION,
+    )
+    (tmp / _META).write_text(json.dumps(meta, indent=1, default=str) + "\n")
+    if folder.exists():  # another process finished first
+      shutil.rmtree(tmp, ignore_errors=True)
+    else:
+      tmp.rename(folder)
+  except BaseException as e:
+    if files is not None:
+      with contextlib.suppress(OSError):
+        files.close()
     shutil.rmtree(tmp, ignore_errors=True)
-  else:
-    tmp.rename(folder)
+    if isinstance(e, OSError):
+      raise OSError(e.errno, e.strerror, str(folder)) from None
+    raise
   if log:
     log(
       f"  features {name}: {len(sentences)} sentences, {al.num_words} words, {al.num_split_sentences} split into "
