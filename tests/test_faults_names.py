@@ -70,7 +70,7 @@ def outside(tmp_path, workdir):
   assert not (tmp_path / "outside").exists()
 
 
-@pytest.mark.slow  # a probe of the tiny decoder's heads: about 30 s on 2 CPU cores at load average ~10
+@pytest.mark.slow  # a probe of the tiny decoder's heads: 37 s on 2 CPU cores at load average ~10 (an upper bound)
 def test_probe_parts_of_a_hostile_model_name_stay_in_the_cache(workdir, outside, synthetic_data_dir, monkeypatch):
   from headspec.probing import suite
   from headspec.probing.config import probe_config
@@ -108,3 +108,23 @@ def test_ablate_figures_of_a_hostile_model_name_are_written(workdir, outside, sy
   run_ablation(a, workdir)
   assert (workdir / "ablation" / f"heads_{filenames.component(outside)}_step1.png").is_file()
   assert {r["model"] for r in tables.read(workdir / tables.ABLATION_HEADS.path, tables.ABLATION_HEADS)} == {outside}
+
+
+@pytest.mark.slow  # two probes of the tiny decoder's heads (the second reads the feature cache): 88 s at load ~13
+def test_a_probe_of_another_task_keeps_the_earlier_tasks_rows_and_baselines(workdir, synthetic_data_dir):
+  """Issue 62 (a sibling of the patching rows): probes/baselines.csv was
+  rewritten whole by each probe run, so probing xpos after upos dropped upos's baselines (its results
+  rows stayed)."""
+  from headspec.probing.config import probe_config
+  from headspec.probing.run import run as run_probe
+
+  p = probe_config()
+  p.data_dir, p.probe.treebank, p.probe.steps = str(synthetic_data_dir), "synthetic", "1"
+  p.probe.residuals, p.probe.eval_splits = False, ("dev",)
+  p.probe.l2_grid, p.probe.max_iter, p.probe.bootstrap_resamples = (1e-3,), 30, 10
+  for task in ("upos", "xpos"):
+    p.probe.tasks = (task,)
+    run_probe(p, workdir)
+  assert {r["task"] for r in tables.read(workdir / tables.PROBES.path, tables.PROBES)} == {"upos", "xpos"}
+  baselines = tables.read(workdir / tables.PROBE_BASELINES.path, tables.PROBE_BASELINES)
+  assert sorted((r["task"], r["split"]) for r in baselines) == [("upos", "synthetic/dev"), ("xpos", "synthetic/dev")]
