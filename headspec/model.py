@@ -58,6 +58,11 @@ ROPE_SCALINGS = ("none", "linear", "llama3")
 # Intervention sites: name -> the axes of one layer's activation (TransformerLens's hook names: docs/patching.md).
 SITES = {
   "resid_pre": "BTD",  # the residual stream entering the block
+  # Each head's own copy of the stream its queries, keys, values read (before the attention's norm): edits here
+  # reach that head's q, k or v only (edge patching, docs/circuits.md); per query head, as k and v.
+  "q_in": "BTHD",
+  "k_in": "BTHD",
+  "v_in": "BTHD",
   "q": "BTHK",  # queries after QK-norm and rotary; per query head (grouped K/V repeated over their heads)
   "k": "BTHK",  # T is the key position here
   "v": "BTHK",
@@ -66,6 +71,7 @@ SITES = {
   "head_out": "BTHD",  # each head's output Z_h W_O^h; attn_out = sum over heads + b_O
   "attn_out": "BTD",  # the attention sublayer's output as added to the residual stream
   "resid_mid": "BTD",  # the residual stream after attention (post-LN: after its LayerNorm)
+  "mlp_in": "BTD",  # the stream the MLP reads (before its norm); edits reach the MLP only, not the residual
   "mlp_out": "BTD",  # the MLP sublayer's output as added (zero in attention-only blocks)
   "resid_post": "BTD",  # the block's output (= the next block's resid_pre)
 }
@@ -205,6 +211,10 @@ class Intermediates:
   head_out_LBTHD: jax.Array | None = None
   residual_LBTD: jax.Array | None = None
   resid_pre_LBTD: jax.Array | None = None
+  q_in_LBTHD: jax.Array | None = None
+  k_in_LBTHD: jax.Array | None = None
+  v_in_LBTHD: jax.Array | None = None
+  mlp_in_LBTD: jax.Array | None = None
   resid_mid_LBTD: jax.Array | None = None
   attn_out_LBTD: jax.Array | None = None
   mlp_out_LBTD: jax.Array | None = None
@@ -369,9 +379,17 @@ class Attention(nnx.Module):
       self.q_norm, self.k_norm = _rms(cfg, rngs, width_q), _rms(cfg, rngs, width_k)
 
   def _project(self, x_BTD, w, b):
+    """x W + b per head; x is [B,T,D], or [B,T,H,D] with one input per query head (sites q_in, k_in, v_in),
+    whose K/V are then per query head (each group's weights repeated over its heads)."""
     dt = self.dtype
-    y_BTHK = jnp.einsum("btd,dhk->bthk", x_BTD, w[...].astype(dt))
-    y_BTHK = y_BTHK if b is None else y_BTHK + b[...].astype(dt)
+    w, b = w[...], None if b is None else b[...]
+    if x_BTD.ndim == 4:
+      per_group = self.cfg.num_heads // w.shape[1]
+      w, b = jnp.repeat(w, per_group, axis=1), None if b is None else jnp.repeat(b, per_group, axis=0)
+      y_BTHK = jnp.einsum("bthd,dhk->bthk", x_BTD, w.astype(dt))
+    else:
+      y_BTHK = jnp.einsum("btd,dhk->bthk", x_BTD, w.astype(dt))
+    y_BTHK = y_BTHK if b is None else y_BTHK + b.astype(dt)
     if self.cfg.clip_qkv:
       y_BTHK = jnp.clip(y_BTHK, -self.cfg.clip_qkv, self.cfg.clip_qkv)
     return y_BTHK
@@ -380,14 +398,18 @@ class Attention(nnx.Module):
     if self.cfg.qk_norm == "head":
       return norm(y_BTHK)
     B, T, H, K = y_BTHK.shape
+    if H * K != norm.scale.shape[0]:  # per-query-head keys of grouped heads: the G·K-wide norm has no meaning
+      raise UserError("interventions k_in: grouped-query attention with qk_norm='full' reads all groups' keys at once")
     return norm(y_BTHK.reshape(B, T, H * K)).reshape(B, T, H, K)
 
   def __call__(self, x_BTD, mask_BTS, dropout_rngs, capture, edits, positions_BT):
-    """(out_BTD, captured) with `edits` {site: (Edit of this layer, ...)} applied at q, k, v, pattern, z, head_out."""
+    """(out_BTD, captured) with `edits` {site: (Edit of this layer, ...)} applied at q, k, v, pattern, z, head_out.
+    x_BTD: the normed input, or a tuple of the queries', keys' and values' inputs ([B,T,D] or per head [B,T,H,D])."""
     dt, cfg = self.dtype, self.cfg
-    q_BTHK = self._project(x_BTD, self.w_q_DHK, self.b_q_HK)
-    k_BSHK = self._project(x_BTD, self.w_k_DHK, self.b_k_HK)
-    v_BSHK = self._project(x_BTD, self.w_v_DHK, self.b_v_HK)
+    x_q, x_k, x_v = x_BTD if isinstance(x_BTD, tuple) else (x_BTD,) * 3
+    q_BTHK = self._project(x_q, self.w_q_DHK, self.b_q_HK)
+    k_BSHK = self._project(x_k, self.w_k_DHK, self.b_k_HK)
+    v_BSHK = self._project(x_v, self.w_v_DHK, self.b_v_HK)
     if cfg.qk_norm != "none":
       q_BTHK, k_BSHK = self._qk_norm(self.q_norm, q_BTHK), self._qk_norm(self.k_norm, k_BSHK)
     if cfg.positions == "rotary":
@@ -395,7 +417,8 @@ class Attention(nnx.Module):
       q_BTHK, k_BSHK = apply_rotary(q_BTHK, positions_BT, inv_freq), apply_rotary(k_BSHK, positions_BT, inv_freq)
     if cfg.kv_heads != cfg.num_heads:  # grouped-query attention: every query head gets its group's K and V
       per_group = cfg.num_heads // cfg.kv_heads
-      k_BSHK, v_BSHK = jnp.repeat(k_BSHK, per_group, axis=2), jnp.repeat(v_BSHK, per_group, axis=2)
+      group = lambda y: y if y.shape[2] == cfg.num_heads else jnp.repeat(y, per_group, axis=2)  # per head already
+      k_BSHK, v_BSHK = group(k_BSHK), group(v_BSHK)
     captured = {name: value for name, value in (("q", q_BTHK), ("k", k_BSHK), ("v", v_BSHK)) if name in capture}
     q_BTHK, k_BSHK, v_BSHK = _apply(edits, "q", q_BTHK), _apply(edits, "k", k_BSHK), _apply(edits, "v", v_BSHK)
     scale = cfg.attention_scale or q_BTHK.shape[-1] ** -0.5
@@ -507,18 +530,30 @@ class Block(nnx.Module):
       pre_mlp, post_mlp = (self.ln_mlp, same) if self.has_mlp else (None, None)
     else:  # post-LN (BERT): the norms follow the residual adds
       pre_attention, post_attention, pre_mlp, post_mlp = same, same, same, same
-    attn_BTD, inner = self.attention(pre_attention(x_BTD), mask_BTS, dropout_rngs, capture, edits, positions_BT)
+    attn_in_BTD = pre_attention(x_BTD)
+
+    def head_input(name):  # q_in, k_in, v_in: each head's own copy of the stream, read or edited only if asked
+      if name not in capture and name not in edits:
+        return attn_in_BTD
+      B, T, D = x_BTD.shape
+      return pre_attention(site(name, jnp.broadcast_to(x_BTD[:, :, None], (B, T, self.attention.cfg.num_heads, D))))
+
+    attn_in = tuple(head_input(name) for name in ("q_in", "k_in", "v_in"))
+    attn_in = attn_in_BTD if all(x is attn_in_BTD for x in attn_in) else attn_in
+    attn_BTD, inner = self.attention(attn_in, mask_BTS, dropout_rngs, capture, edits, positions_BT)
     captured.update(inner)
     attn_out_BTD = site("attn_out", drop(post_attention(attn_BTD)))
     post_ln = not (self.sublayer_norm or self.pre_layernorm or self.parallel_residual)
     mid_BTD = site("resid_mid", self.ln_attention(x_BTD + attn_out_BTD) if post_ln else x_BTD + attn_out_BTD)
-    if not self.has_mlp:  # attention-only: mlp_out is zero
+    if not self.has_mlp:  # attention-only: mlp_out is zero; mlp_in is the stream an MLP would read (edits: no effect)
+      site("mlp_in", mid_BTD)
       if "mlp_out" in capture or "mlp_out" in edits:
         mid_BTD = mid_BTD + site("mlp_out", jnp.zeros_like(mid_BTD))
       return site("resid_post", mid_BTD), captured
     mlp_in_BTD = (
       x_BTD if self.parallel_residual and not self.sublayer_norm else mid_BTD
     )  # GPT-NeoX: both sublayers read the block's input
+    mlp_in_BTD = site("mlp_in", mlp_in_BTD)  # the MLP's own copy: its edits leave the residual stream alone
     mlp_out_BTD = site("mlp_out", drop(post_mlp(self.mlp(pre_mlp(mlp_in_BTD)))))
     post_BTD = self.ln_mlp(mid_BTD + mlp_out_BTD) if post_ln else mid_BTD + mlp_out_BTD
     return site("resid_post", post_BTD), captured

@@ -1,0 +1,205 @@
+"""Edges and circuits (headspec/patching/edges.py, docs/circuits.md): the per-head input sites they edit, the
+graph's edge count, EAP and EAP-IG against exact edge patching, faithfulness's end points and its agreement
+with a direct patched run, and the known answer on the induction model."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax import nnx
+
+from headspec.errors import UserError
+from headspec.model import Edit, ModelConfig, Transformer
+from headspec.patching import core, edges
+from headspec.patching import patch as patch_lib
+
+jax.config.update("jax_default_matmul_precision", "highest")
+
+
+def tiny(**options):
+  """A random 2-layer decoder with MLPs and grouped-query attention (4 query heads, 2 K/V groups), weights
+  large enough (std 0.2) that the prompts' metric differs."""
+  sizes = dict(kind="decoder", vocab_size=40, num_layers=2, num_heads=4, num_kv_heads=2, d_model=32, d_head=8)
+  cfg = ModelConfig(**(sizes | dict(d_ff=64, max_len=16) | options))
+  graphdef, params = nnx.split(Transformer(cfg, rngs=nnx.Rngs(params=0)))
+  return nnx.merge(graphdef, jax.tree.map(lambda a: a * 10 if a.ndim > 1 else a, params))
+
+
+def tiny_prompts(cfg):
+  rng = np.random.default_rng(0)
+  clean = rng.integers(3, 40, (4, 7)).tolist()
+  corrupt = [row[:2] + rng.integers(3, 40, 5).tolist() for row in clean]
+  return patch_lib.prompts(cfg, clean, corrupt, [(5, 6), (7, 8), (9, 10), (11, 12)], "logit_diff")
+
+
+@pytest.fixture(scope="module")
+def model():
+  return tiny()
+
+
+# ------------------------------------------------------------------------------ the per-head input sites
+
+
+def test_input_sites_reach_one_head_or_the_mlp_only():
+  """Zero additions at q_in, k_in, v_in, mlp_in leave the logits as unedited (to rounding: the per-head
+  projection sums in another order); an addition at one head's k_in changes that head's keys only, and one
+  at mlp_in changes the MLP's output but not the residual stream it was read from."""
+  model = tiny(positions="rotary", norm="rmsnorm", qk_norm="head")
+  tokens = jnp.asarray(np.random.default_rng(1).integers(0, 40, (2, 7)), jnp.int32)
+  base, inter = model(tokens, capture=("k", "q_in", "resid_pre", "resid_mid", "mlp_out"))
+  zero = {name: Edit(add=jnp.zeros((2, 2, 7, 4, 32))) for name in ("q_in", "k_in", "v_in")}
+  same, _ = model(tokens, interventions=zero | {"mlp_in": Edit(add=jnp.zeros((2, 2, 7, 32)))})
+  np.testing.assert_allclose(same, base, atol=1e-5)
+  np.testing.assert_array_equal(
+    inter.q_in_LBTHD, jnp.broadcast_to(inter.resid_pre_LBTD[:, :, :, None], (2, 2, 7, 4, 32))
+  )
+  add = jnp.zeros((2, 2, 7, 4, 32)).at[1, :, :, 3].set(1.0)
+  _, edited = model(tokens, interventions={"k_in": Edit(add=add)}, capture=("k",))
+  changed_H = np.abs(np.asarray(edited.k_LBTHK - inter.k_LBTHK)).max(axis=(0, 1, 2, 4))
+  assert changed_H[3] > 1e-2 and changed_H[:3].max() < 1e-5, changed_H  # head 3 only, not its group's head 2
+  add = jnp.zeros((2, 2, 7, 32)).at[0].set(1.0)
+  _, edited = model(tokens, interventions={"mlp_in": Edit(add=add)}, capture=("resid_mid", "mlp_out"))
+  np.testing.assert_allclose(edited.resid_mid_LBTD[0], inter.resid_mid_LBTD[0], atol=1e-5)
+  assert np.abs(np.asarray(edited.mlp_out_LBTD[0] - inter.mlp_out_LBTD[0])).max() > 1e-2
+
+
+# ------------------------------------------------------------------------------ the graph
+
+
+@pytest.mark.parametrize(
+  "options", [{"mlp": False, "num_kv_heads": 0}, {}, {"parallel_residual": True}, {"num_layers": 3, "num_heads": 6}]
+)
+def test_edge_count_matches_the_formula(options):
+  """E = Σ_l (H + 2G)(1 + l(H + M)) + M Σ_l (1 + l(H + 1) + H·[serial]) + 1 + L(H + M); K/V inputs are per group."""
+  cfg = tiny(**options).cfg
+  L, H, G, M = cfg.num_layers, cfg.num_heads, cfg.kv_heads, int(cfg.mlp)
+  serial = 0 if cfg.parallel_residual else 1
+  expected = sum((H + 2 * G) * (1 + layer * (H + M)) for layer in range(L))
+  expected += M * sum(1 + layer * (H + 1) + H * serial for layer in range(L)) + 1 + L * (H + M)
+  g = edges.graph(cfg)
+  assert g.E == expected and len(g.edges_E2) == expected
+  assert g.I == L * (H + 2 * G) + L * M + 1 and g.N == 1 + L * (H + M)
+  names = {g.input_name(i) for i in range(g.I) if g.input_kind_I[i] == "k"}
+  assert names == (
+    {f"L{a}G{b}" for a in range(L) for b in range(G)} if G < H else {f"L{a}H{b}" for a in range(L) for b in range(H)}
+  )
+
+
+def test_models_that_are_not_sums_are_refused_in_one_line():
+  with pytest.raises(UserError, match="post-LN"):
+    edges.graph(tiny(pre_layernorm=False).cfg)
+  with pytest.raises(UserError, match="sublayer-output norms"):
+    edges.graph(tiny(sublayer_norm=True).cfg)
+
+
+# ------------------------------------------------------------------------------ scores and exact patching
+
+
+@pytest.mark.slow  # four compiled programs (about 15 s unloaded)
+def test_eap_is_exact_patching_to_first_order_and_eap_ig_of_one_step_is_eap(model):
+  """exact(scale=ε)/ε (the corrupted run with ε of the edge's difference patched in) → the EAP score, every
+  edge at once; EAP-IG with steps=1 interpolates at the corrupted point only (α = 0), so it equals EAP; scores
+  over two prompt batches equal those of one."""
+  p = tiny_prompts(model.cfg)
+  eap, clean, corrupt = edges.scores(model, p, method="eap")
+  assert abs(clean - corrupt) > 0.1 and np.abs(eap).max() > 0.1
+  small, _, _ = edges.exact(model, p, scale=1e-3)
+  np.testing.assert_allclose(small / 1e-3, eap, atol=3e-3 * np.abs(eap).max())
+  one, _, _ = edges.scores(model, p, method="eap_ig", steps=1)
+  np.testing.assert_allclose(one, eap, atol=1e-5)
+  halves, _, _ = edges.scores(model, p, method="eap", batch_size=2)  # rows 0-1, then 2-3
+  np.testing.assert_allclose(halves, eap, atol=1e-5)
+
+
+def test_exact_edges_are_data(model):
+  """Different edges of the same count reuse one compiled sweep, and each equals its own one-edge sweep."""
+  p = tiny_prompts(model.cfg)
+  before = edges.TRACES["exact"]
+  a, _, _ = edges.exact(model, p, edges=[0, 5, 40])
+  b, _, _ = edges.exact(model, p, edges=[81, 5, 7])
+  assert edges.TRACES["exact"] - before <= 1
+  np.testing.assert_allclose(a[1], b[1], atol=1e-6)
+
+
+def test_bad_scores_input_is_one_line(model):
+  p = tiny_prompts(model.cfg)
+  with pytest.raises(UserError, match="steps=0 must be an integer of at least 1"):
+    edges.scores(model, p, method="eap_ig", steps=0)
+  with pytest.raises(UserError, match="method='acdc'"):
+    edges.scores(model, p, method="acdc")
+  with pytest.raises(UserError, match="clean has 3 tokens and corrupt 2"):
+    patch_lib.prompts(model.cfg, [[3, 4, 5]], [[3, 4]], [(5, 6)], "logit_diff")
+  with pytest.raises(UserError, match="top_n=0 must be an integer in 1..82"):
+    edges.circuit(np.ones(82), top_n=0)
+  with pytest.raises(UserError, match="keeps no edge"):
+    edges.circuit(np.ones(82), threshold=2.0)
+
+
+# ------------------------------------------------------------------------------ circuits
+
+
+def test_faithfulness_end_points_and_a_direct_run(model):
+  """The full graph's faithfulness is 1 and the empty circuit's 0. Every edge but embeddings → L0H1's query
+  input kept: the clean run with that head's q_in given the corrupted embeddings (the rest recomputing, so the
+  change travels on through every kept edge); only the embeddings → logits edge kept: the corrupted run with
+  the logits' input given the clean embeddings, which is that edge's exact patch."""
+  p = tiny_prompts(model.cfg)
+  g = edges.graph(model.cfg)
+  one_q = int(np.flatnonzero((g.edges_E2[:, 0] == 1) & (g.edges_E2[:, 1] == 0))[0])  # input 1: layer 0 head 1's q
+  direct = int(np.flatnonzero((g.edges_E2[:, 0] == g.I - 1) & (g.edges_E2[:, 1] == 0))[0])
+  masks = np.ones((4, g.E), bool)
+  masks[1], masks[2, one_q] = False, False
+  masks[3] = np.arange(g.E) == direct
+  faith, clean, corrupt = edges.faithfulness(model, p, masks)
+  np.testing.assert_allclose(faith[:2], [1.0, 0.0], atol=1e-4)
+  tokens = [jnp.asarray(a) for a in (p.clean_BT, p.corrupt_BT, p.valid_BT)]
+  embed_clean, embed_corrupt = model.embed(tokens[0]), model.embed(tokens[1])
+  add = jnp.zeros((2, 4, 7, 4, 32)).at[0, :, :, 1].set(embed_corrupt - embed_clean)
+  logits, _ = model(tokens[0], valid_BT=tokens[2], interventions={"q_in": Edit(add=add)})
+  m = float(core.metric_value("logit_diff", logits, jnp.asarray(p.last_B), jnp.asarray(p.answers_B2)))
+  assert abs(m - clean) > 1e-3  # the edge matters, so the check below can fail
+  np.testing.assert_allclose(faith[2], (m - corrupt) / (clean - corrupt), atol=1e-4)
+  change, _, _ = edges.exact(model, p, edges=[direct])
+  np.testing.assert_allclose(faith[3], change[0] / (clean - corrupt), atol=1e-4)
+
+
+# ------------------------------------------------------------------------------ known answer: the induction circuit
+
+
+@pytest.mark.slow
+def test_induction_circuit(attention_only_decoder):
+  """On tests/induction_recipe.py's two-layer attention-only decoder (seed 0; its layer-0 partner is a
+  duplicate-token head that the induction heads' queries compose with, tests/test_patching_known.py), exact
+  edge patching's top edges are the embeddings → partner's key input and partner → induction heads' query
+  inputs (Q-composition); the 20 edges EAP-IG ranks first keep most of the behaviour, random sets of 20 next
+  to none, and EAP-IG's circuits are at least as faithful as EAP's (Hanna et al. 2024's finding)."""
+  from induction_recipe import INDUCTION_N, INDUCTION_SPECIALS, INDUCTION_VOCAB
+
+  from headspec.attention import induction as ind
+  from headspec.patching import tasks
+
+  model = attention_only_decoder(2)
+  x = ind.repeated_random_tokens(INDUCTION_VOCAB, INDUCTION_SPECIALS, n=INDUCTION_N, count=100, seed=1, bos=(2,))
+  found = ind.attention_scores(
+    ind.run(model, x, np.ones(x.shape, bool), np.array(INDUCTION_SPECIALS)), resamples=2, seed=0
+  )
+  induction_H = np.asarray(found["induction"][0][1])
+  partner = int(np.argmax(np.maximum(found["previous_token"][0][0], found["duplicate_token"][0][0])))
+  clean, corrupt, answers = tasks.induction_pairs(INDUCTION_VOCAB, INDUCTION_SPECIALS, n=INDUCTION_N, count=32,
+                                                  seed=2, bos=(2,))  # fmt: skip
+  p = patch_lib.prompts(model.cfg, clean, corrupt, answers, "logit_diff")
+  g = edges.graph(model.cfg)
+  exact, clean_m, corrupt_m = edges.exact(model, p)
+  assert clean_m - corrupt_m > 2.0
+  frame = edges.edge_frame(g, {"exact": exact})
+  top = frame.loc[np.argsort(-np.abs(exact))[:6]]
+  ranked = list(zip(top["upstream"], top["downstream"], top["input"]))
+  assert ranked[0] == ("embed", f"L0H{partner}", "k"), top
+  q_composition = [(u, v) for u, v, i in ranked if u == f"L0H{partner}" and i == "q"]
+  assert q_composition and all(induction_H[int(v[3:])] > 0.3 for _, v in q_composition), (top, induction_H)
+  eap, _, _ = edges.scores(model, p, method="eap")
+  eap_ig, _, _ = edges.scores(model, p, method="eap_ig", steps=5)
+  curve = edges.curve(model, p, {"eap": eap, "eap_ig": eap_ig}, [10, 20, 40], random_sets=3)
+  at = curve.groupby(["method", "edges"])["faithfulness"].max()
+  assert at[("eap_ig", 20)] > 0.5 and at[("random", 20)] < 0.1, curve
+  assert all(at[("eap_ig", n)] >= at[("eap", n)] for n in (10, 20, 40)), curve
