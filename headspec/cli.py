@@ -45,6 +45,7 @@ commands:
   atlas [--compare=RUN_B]      RUN/atlas.html: every head's numbers on one offline page (no --config)
   attention                    Clark et al. syntax from attention, head roles, pictures
   patch                        activation, attribution and path patching of a built-in task (--config=patch_induction)
+  circuit                      edges scored by EAP, EAP-IG and exact patching; faithfulness curves (--config=circuit)
   sae                          sparse autoencoders on a layer's z, attributed to heads and the treebank (--config=sae)
   study --workdir=ROOT         an experiment's tables and figures across runs (ROOT/study/; no --config)
   launch TARGET [...] -- CMD   run a command, pipeline, sweep or experiment: local, multi-gpu, slurm, tpu (docs/scale.md)
@@ -62,11 +63,12 @@ COMMANDS = {
   "atlas": "headspec.commands:atlas",
   "attention": "headspec.commands:attention",
   "patch": "headspec.commands:patch",
+  "circuit": "headspec.commands:circuit",
   "sae": "headspec.commands:sae",
   "study": "headspec.commands:study",
   "data": "headspec.commands:data",
 }
-NEEDS_CONFIG = {"train", "probe", "diversity", "ablate", "attention", "patch", "sae"}
+NEEDS_CONFIG = {"train", "probe", "diversity", "ablate", "attention", "patch", "circuit", "sae"}
 # command -> "module:function" of its default config; a --config lacking one of its keys is refused
 # (`_check_keys`): another command's config fails there, not with an AttributeError deep in the command.
 DEFAULTS = {
@@ -76,6 +78,7 @@ DEFAULTS = {
   "ablate": "headspec.ablation.config:ablate_config",
   "attention": "headspec.attention.config:attention_config",
   "patch": "headspec.patching.config:patch_config",
+  "circuit": "headspec.patching.circuit:circuit_config",
   "sae": "headspec.sae.config:sae_config",
 }
 

@@ -86,6 +86,14 @@ def patch(config, workdir, args) -> None:
   print(f"patching tables and heatmaps: {run(config, workdir).parent}")
 
 
+def circuit(config, workdir, args) -> None:
+  from headspec.patching.circuit import run
+
+  if args:
+    raise UserError(f"circuit takes no arguments, got {' '.join(args)}")
+  print(f"circuit tables: {run(config, workdir).parent}")
+
+
 def attention(config, workdir, args) -> None:
   from headspec.attention.run import run
 

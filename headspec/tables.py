@@ -220,6 +220,19 @@ PATCHING_SUMMARY = _table(
   ints="step",
   floats="value",
 )
+CIRCUIT_EDGES = _table(
+  "circuit/edges.csv",
+  "model,step,task,upstream,downstream,input,upstream_layer,upstream_head,downstream_layer,downstream_head,"
+  "method,steps,score",
+  ints="step,upstream_layer,upstream_head,downstream_layer,downstream_head,steps",
+  floats="score",
+)
+CIRCUIT_FAITHFULNESS = _table(
+  "circuit/faithfulness.csv",
+  "model,step,task,method,steps,edges,set,faithfulness,clean_metric,corrupt_metric",
+  ints="step,steps,edges,set",
+  floats="faithfulness,clean_metric,corrupt_metric",
+)
 
 
 def _sae_table(path: str, columns: str, ints: str, floats: str, values: str) -> Table:
@@ -265,6 +278,8 @@ TABLES: dict[str, Table] = {
     PROBE_STRUCTURAL,
     PATCHING,
     PATCHING_SUMMARY,
+    CIRCUIT_EDGES,
+    CIRCUIT_FAITHFULNESS,
     MDL,
     COMPLEXITY,
     DIVERSITY,

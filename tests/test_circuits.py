@@ -203,3 +203,32 @@ def test_induction_circuit(attention_only_decoder):
   at = curve.groupby(["method", "edges"])["faithfulness"].max()
   assert at[("eap_ig", 20)] > 0.5 and at[("random", 20)] < 0.1, curve
   assert all(at[("eap_ig", n)] >= at[("eap", n)] for n in (10, 20, 40)), curve
+
+
+# ------------------------------------------------------------------------------ the command
+
+
+@pytest.mark.slow  # trains the tiny decoder (shared with other modules) and compiles three programs
+def test_circuit_command_writes_its_tables(train_tiny_decoder, capsys):
+  """`headspec circuit` on a tiny trained decoder: one edges.csv row per (edge, method), the faithfulness
+  curve's rows per (method, size, set), the full-size circuit at 1; a bad key is one line before any work."""
+  from headspec import cli, tables
+  from headspec.patching import circuit as circuit_run
+
+  run_dir = train_tiny_decoder(2, name="circuit")
+  capsys.readouterr()  # the training's own progress lines
+  argv = ["headspec", "circuit", "--config=circuit", f"--workdir={run_dir}", "--config.sizes=0,5"]
+  assert cli.main(argv) == 2
+  err = capsys.readouterr().err
+  assert "sizes='0,5'" in err and err.count("\n") == 1 and not (run_dir / "circuit").exists()
+  c = circuit_run.circuit_config()
+  c.count, c.induction_n, c.methods, c.ig_steps, c.sizes, c.random_sets = 4, 3, "eap,eap_ig", 2, "5,110", 1
+  out = circuit_run.run(c, run_dir)
+  rows = tables.read_frame(out.parent / "edges.csv", tables.CIRCUIT_EDGES)
+  E = 12 * (1 + 0) + 12 * (1 + 5) + (1 + 4) + (1 + 5 + 4) + (1 + 10)  # 2 layers, 4 heads, MLPs: 110
+  assert len(rows) == 2 * E and set(rows["method"]) == {"eap", "eap_ig"}
+  assert set(rows[rows["method"] == "eap_ig"]["steps"]) == {2} and np.isfinite(rows["score"]).all()
+  faith = tables.read_frame(out, tables.CIRCUIT_FAITHFULNESS)
+  expected = sorted((m, n) for m in ("eap", "eap_ig", "random") for n in (5, E))
+  assert sorted(zip(faith["method"], faith["edges"])) == expected
+  np.testing.assert_allclose(faith[faith["edges"] == E]["faithfulness"], 1.0, atol=1e-3)
