@@ -133,6 +133,8 @@ def test_bad_scores_input_is_one_line(model):
     edges.circuit(np.ones(82), top_n=0)
   with pytest.raises(UserError, match="keeps no edge"):
     edges.circuit(np.ones(82), threshold=2.0)
+  with pytest.raises(UserError, match=r"edges=\[3, 82\]; give edge indices in 0..81"):
+    edges.exact(model, p, edges=[3, 82])
 
 
 # ------------------------------------------------------------------------------ circuits

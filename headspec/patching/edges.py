@@ -287,7 +287,11 @@ def exact(model, p, *, metric="logit_diff", edges=None, scale=1.0, batch_size=No
   indices into edges_E2), m(clean), m(corrupt)). scale < 1 patches that fraction of the difference (a check
   of the first-order scores: exact(scale=ε)/ε → EAP)."""
   g = graph(model.cfg)
-  edges_E2 = g.edges_E2 if edges is None else g.edges_E2[np.asarray(edges, np.int64)]
+  if edges is not None:
+    edges = np.asarray(edges)
+    if edges.ndim != 1 or not len(edges) or edges.dtype.kind not in "iu" or not ((0 <= edges) & (edges < g.E)).all():
+      raise UserError(f"exact: edges={edges.tolist()!r}; give edge indices in 0..{g.E - 1} (graph(cfg).edges_E2)")
+  edges_E2 = g.edges_E2 if edges is None else g.edges_E2[edges.astype(np.int64)]
   values, clean, corrupt = _call(_exact, model, p, metric, jnp.asarray(edges_E2), jnp.float32(scale),
                                  batch_size=batch_size)  # fmt: skip
   return values - corrupt, float(clean), float(corrupt)
