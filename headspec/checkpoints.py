@@ -103,8 +103,9 @@ def save(mngr: ocp.CheckpointManager, step: int, state, data_state: dict | None)
   read-only mount) stops training at that step: orbax writes in a background thread and would only
   raise at the next save, the run training and logging on meanwhile. The failure is one UserError
   naming the step's folder; the step's half-written temporary folder is removed (no step of a run
-  ever lists it: it has no commit marker). On this project's models a commit takes well under a
-  second; checkpoints are every `train.checkpoint_every` steps (1,000 by default)."""
+  ever lists it: it has no commit marker). The wait, measured on the 2-core CPU at load average 14 (an
+  upper bound): 0.4-2.0 s for the quickstart decoder, 3.2-4.4 s for base_decoder's 6.8M parameters with
+  their Adam state, once every `train.checkpoint_every` steps (1,000 by default)."""
   _drop_late_read_callbacks()  # a failed write's other tensorstore writes finish into a closed event loop
   try:
     mngr.save(
