@@ -13,6 +13,7 @@ writer killed mid-write leaves that temporary, and the next write into the folde
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import io
 import json
@@ -96,8 +97,8 @@ def write_bytes_atomic(path, data: bytes) -> None:
     return
   path.parent.mkdir(parents=True, exist_ok=True)
   tmp = temp_beside(path)
-  tmp.write_bytes(data)
-  tmp.replace(path)
+  with replacing(tmp, path):
+    tmp.write_bytes(data)
 
 
 def save_figure(fig, path, **savefig_kwargs) -> epath.Path:
@@ -112,9 +113,25 @@ def save_figure(fig, path, **savefig_kwargs) -> epath.Path:
     path.write_bytes(buffer.getvalue())
     return path
   tmp = temp_beside(path)
-  fig.savefig(os.fspath(tmp), format=fmt, **savefig_kwargs)
-  tmp.replace(path)
+  with replacing(tmp, path):
+    fig.savefig(os.fspath(tmp), format=fmt, **savefig_kwargs)
   return path
+
+
+@contextlib.contextmanager
+def replacing(tmp: epath.Path, path: epath.Path):
+  """Renames `tmp` onto `path` once the body has filled it. A body that fails (a full disk, a quota, an
+  interrupt) leaves `path` as it was and no temporary; its OSError names `path`, so the CLI's one line
+  says which file could not be written."""
+  try:
+    yield
+    tmp.replace(path)
+  except OSError as e:
+    tmp.unlink(missing_ok=True)
+    raise OSError(e.errno, e.strerror, str(path)) from None
+  except BaseException:
+    tmp.unlink(missing_ok=True)
+    raise
 
 
 def temp_beside(path) -> epath.Path:

@@ -161,11 +161,6 @@ def test_a_feature_cache_on_a_full_disk_leaves_no_folder(disk, tiny_encoder):
 # --- probe parts ------------------------------------------------------------------------------------------
 
 
-@pytest.mark.xfail(
-  strict=True,
-  reason="headspec/probing/suite.py _write_part (not this change's file) leaves its .tmp-<pid> file and names no "
-  "path on ENOSPC; the CLI still prints one line naming the workdir",
-)
 def test_a_probe_part_on_a_full_disk_leaves_no_temporary(disk):
   from headspec.probing import suite
 
@@ -311,3 +306,33 @@ def test_disk_errors_are_one_line_only_for_full_disks(tmp_path):
   assert cli.disk_error(OSError(errno.ENOENT, "No such file")) is None
   assert cli.disk_error(ValueError("x")) is None
   shutil.rmtree(tmp_path, ignore_errors=True)
+
+
+# --- the shared writers (tokenizer, config.json, run_info.json, markers, figures, summaries) -------------
+
+
+def test_the_shared_writers_on_a_full_disk_leave_no_temporary_and_name_the_file(disk):
+  """remote.write_bytes_atomic and remote.save_figure carry about 25 writers (tokenizer files, config.json,
+  run_info.json, stage markers, the study's tables, every figure): a failed write leaves the file as it
+  was, no `.NAME.tmp-<pid>`, and an OSError naming the file."""
+  import matplotlib
+
+  matplotlib.use("Agg")
+  import matplotlib.pyplot as plt
+
+  from headspec import remote
+
+  d = disk(size="1m")
+  kept = d.path / "config.json"
+  kept.write_bytes(b"{}")
+  d.fill()
+  with pytest.raises(OSError) as e:
+    remote.write_bytes_atomic(kept, os.urandom(1 << 20))
+  assert_one_line_naming(e.value, kept)
+  fig, ax = plt.subplots(figsize=(20, 20), dpi=200)
+  ax.imshow(np.random.default_rng(0).random((400, 400)))
+  with pytest.raises(OSError) as e:
+    remote.save_figure(fig, d.path / "figure.png")
+  plt.close(fig)
+  assert_one_line_naming(e.value, d.path / "figure.png")
+  assert files(d.path) == {pathlib.Path("config.json"): b"{}"}

@@ -15,7 +15,6 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
-import os
 import pathlib
 import time
 
@@ -362,9 +361,8 @@ def _write_part(path: pathlib.Path, part: dict) -> None:
   arrays = {f"{kind}_{i}": a for i, k in enumerate(keys) for kind, a in zip(("d", "w"), part["per_word"][k])}
   meta = {k: part.get(k, []) for k in PART_TABLES} | {"keys": keys}
   tmp = remote.temp_beside(path)  # .<name>.tmp-<pid>; a killed writer's is removed here first
-  with tmp.open("wb") as f:  # a file, not a name: np.savez would add .npz to it
+  with remote.replacing(tmp, path), tmp.open("wb") as f:  # a file, not a name: np.savez would add .npz to it
     np.savez(f, meta=np.array(json.dumps(meta, default=float)), **arrays)
-  os.replace(tmp, path)
 
 
 def _read_part(path: pathlib.Path) -> dict:
