@@ -23,7 +23,7 @@ import numpy as np
 from absl import logging
 
 from headspec import alignment as align
-from headspec import jobloop, locks, provenance, remote, resampling, tables, targets
+from headspec import filenames, jobloop, locks, provenance, remote, resampling, tables, targets
 from headspec.probing import complexity as complexity_lib
 from headspec.probing import labels, mdl, plan
 from headspec.probing import tasks as tasks_lib
@@ -351,7 +351,7 @@ def _partial_dir(cache_dir: pathlib.Path, job, data: labels.Data, feats: dict, c
         for a in value if isinstance(value, (list, tuple)) else [value]:
           for b in dataclasses.astuple(a) if dataclasses.is_dataclass(a) else (a,):  # a Tree's arrays, not its address
             digest.update(np.ascontiguousarray(b).tobytes())
-  return cache_dir / f"{job.name}-step{job.step}.partial-{digest.hexdigest()[:16]}"
+  return cache_dir / f"{filenames.component(job.name)}-step{job.step}.partial-{digest.hexdigest()[:16]}"
 
 
 def _write_part(path: pathlib.Path, part: dict) -> None:
