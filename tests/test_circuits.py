@@ -140,6 +140,7 @@ def test_bad_scores_input_is_one_line(model):
 # ------------------------------------------------------------------------------ circuits
 
 
+@pytest.mark.slow  # 29 s at load average ~8 on 2 cores (compiling the iterated circuit run)
 def test_faithfulness_end_points_and_a_direct_run(model):
   """The full graph's faithfulness is 1 and the empty circuit's 0. Every edge but embeddings → L0H1's query
   input kept: the clean run with that head's q_in given the corrupted embeddings (the rest recomputing, so the
