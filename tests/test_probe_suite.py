@@ -178,6 +178,8 @@ def test_suite_on_ewt_part(ewt_part, tmp_path, caplog):
     else:
       assert float(f["train_objective"]) > 0 and int(f["iterations"]) >= 1 and f["start"] in ("lda", "prior")
       assert f["converged"] == "1", f  # the suite's L-BFGS converges on these small problems
+  l2 = {(f["model"], f["task"], f["layer"], f["head"], f["probe"]): float(f["l2"]) for f in fits}
+  assert all(l2[k[:4] + ("control",)] == v for k, v in l2.items() if k[4] == "task")  # one λ: control_lambda tied
   summary = (workdir / "probes/summary.md").read_text()
   assert "## run, step 9" in summary and "## run-random, step 0" in summary and "majority baseline" in summary
   for task in ("upos", "xpos", "deprel", "arc"):
@@ -212,7 +214,8 @@ def test_suite_on_ewt_part(ewt_part, tmp_path, caplog):
   assert max(float(r["compression"]) - float(r["control_compression"]) for r in codes) > 0
   assert "MDL" in (workdir / "probes/summary.md").read_text()
   assert {(r["model"], r["step"]) for r in rows2} == {("run", "5"), ("run", "9"), ("run-random", "0")}
-  assert len([r for r in rows2 if r["step"] == "9"]) == groups * 3  # step 9 now has only upos rows
+  step9 = [r for r in rows2 if r["step"] == "9"]  # its upos rows replaced, the other tasks' kept (the key holds task)
+  assert len(step9) == 4 * groups * 3 and len([r for r in step9 if r["task"] == "upos"]) == groups * 3
   assert len([r for r in rows2 if r["model"] == "run-random"]) == 4 * groups * 3  # untouched
   new = set(p.name for p in (workdir / "probes/cache").iterdir()) - set(caches)
   assert len(new) == 4 and all(n.startswith("run-step5-") for n in new)  # step 9 came from the cache
