@@ -336,3 +336,30 @@ def test_the_shared_writers_on_a_full_disk_leave_no_temporary_and_name_the_file(
   plt.close(fig)
   assert_one_line_naming(e.value, d.path / "figure.png")
   assert files(d.path) == {pathlib.Path("config.json"): b"{}"}
+
+
+def test_analyses_write_through_the_atomic_writers():
+  """Every analysis file goes through remote.write_bytes_atomic / save_figure / tables (or a temporary it
+  renames): a direct `.write_text(` or `fig.savefig(` in an analysis would leave a half-written file on a
+  full disk. The few writers allowed here write into a temporary folder they rename, or a local scratch
+  file, and say so beside the call."""
+  import re
+
+  allowed = {
+    "headspec/remote.py",  # the atomic writers themselves
+    "headspec/tables.py",  # its own temporary + rename, and the lock file
+    "headspec/probing/features.py",  # into the cache's temporary folder, renamed whole
+    "headspec/data/text_download.py",  # into the corpus's .partial.tmp-<pid> folder, renamed whole
+    "headspec/data/download.py",  # into a .part.tmp-<pid> file, renamed after its hash is checked
+    "headspec/launch/__init__.py",  # a local sbatch script, not a run directory
+  }
+  root = pathlib.Path(__file__).resolve().parent.parent
+  direct = re.compile(r"\.write_text\(|\bfig\.savefig\(|open\([^)]*[\"']w")
+  found = [
+    f"{p.relative_to(root)}:{n}"
+    for p in sorted((root / "headspec").rglob("*.py"))
+    if str(p.relative_to(root)) not in allowed
+    for n, line in enumerate(p.read_text().splitlines(), 1)
+    if direct.search(line) and "remote.replacing" not in line
+  ]
+  assert not found, found

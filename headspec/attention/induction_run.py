@@ -335,7 +335,7 @@ def formation(workdir, model: str, threshold: float) -> epath.Path:
       f"(L{bp[0]}H{bp[1]}) | {icl_by.get(s, float('nan')):+.3f} | {drop_by.get(s, float('nan')):+.3f} |"
     )
   md = out / "induction_summary.md"
-  md.write_text("\n".join(lines) + "\n")
+  remote.write_bytes_atomic(md, ("\n".join(lines) + "\n").encode())
   logging.info(f"  {model}: formation window: {window}")
   return md
 

@@ -25,6 +25,7 @@ import random
 
 import numpy as np
 
+from headspec import remote
 from headspec.data.text_tfds import SPLITS, read_text_documents
 from headspec.errors import UserError
 
@@ -65,7 +66,7 @@ def write_repeats(
       if rng.random() < fraction:
         sequence = " ".join(rng.choices(vocabulary, k=rng.randint(min_words, max_words)))
         documents.append(" ".join([sequence] * copies))
-    (out_dir / f"{split}.txt").write_text("\n\n".join(documents) + "\n", encoding="utf-8")
+    remote.write_bytes_atomic(out_dir / f"{split}.txt", ("\n\n".join(documents) + "\n").encode("utf-8"))
   return out_dir
 
 

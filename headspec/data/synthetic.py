@@ -20,6 +20,7 @@ import random
 
 import conllu
 
+from headspec import remote
 from headspec.errors import UserError
 
 # --- Lexicon ---------------------------------------------------------------------------------
@@ -753,12 +754,12 @@ def write_synthetic(
   for split, count in (("train", num_train), ("dev", num_dev), ("test", num_test)):
     sentences = _sample(_rng(seed, split), count)
     body = "".join(_conllu(toks, f"synthetic-{split}-{i:05d}") for i, toks in enumerate(sentences, start=1))
-    (ud_dir / f"synthetic-ud-{split}.conllu").write_text(body, encoding="utf-8")
+    remote.write_bytes_atomic(ud_dir / f"synthetic-ud-{split}.conllu", body.encode("utf-8"))
   rng = _rng(seed, "text")
   text = [_text(toks) for toks in _sample(rng, num_text_sentences)]
   num_valid = max(1, num_text_sentences // 20)
-  (text_dir / "train.txt").write_text(_documents(rng, text[num_valid:]), encoding="utf-8")
-  (text_dir / "valid.txt").write_text(_documents(rng, text[:num_valid]), encoding="utf-8")
+  remote.write_bytes_atomic(text_dir / "train.txt", _documents(rng, text[num_valid:]).encode("utf-8"))
+  remote.write_bytes_atomic(text_dir / "valid.txt", _documents(rng, text[:num_valid]).encode("utf-8"))
   return out_dir
 
 

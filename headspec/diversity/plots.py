@@ -18,7 +18,7 @@ from matplotlib import animation
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
-from headspec import figures
+from headspec import figures, remote
 from headspec.diversity.metrics import HEAD_METRICS, METRICS, PAIR_METRICS, REGISTRY
 
 GIF_METRIC = "output_dissimilarity"
@@ -115,7 +115,7 @@ def plot_curves(data, path) -> pathlib.Path:
     ax.grid(alpha=0.3)
   axes.flat[0].legend(fontsize=7)
   fig.suptitle("per-layer mean over heads (pairs i≠j for pair metrics)")
-  fig.savefig(path, dpi=100)
+  remote.save_figure(fig, path, dpi=100)
   return pathlib.Path(path)
 
 
@@ -159,7 +159,7 @@ def plot_matrix(arr_LHH: np.ndarray, metric: str, step: int, path) -> pathlib.Pa
   image = _matrix_panels(fig, axes, arr_LHH, vmin, vmax)
   fig.colorbar(image, ax=axes, shrink=0.8)
   fig.suptitle(f"{metric.replace('_', ' ')}, step {step} (diagonal blank)")
-  fig.savefig(path, dpi=100)
+  remote.save_figure(fig, path, dpi=100)
   return pathlib.Path(path)
 
 
@@ -178,7 +178,7 @@ def plot_heads(data, step: int, path) -> pathlib.Path:
     ax.set_yticks(range(arr_LH.shape[0]))
     fig.colorbar(image, ax=ax).formatter.set_useOffset(False)
   fig.suptitle(f"per-head attention statistics, step {step}")
-  fig.savefig(path, dpi=100)
+  remote.save_figure(fig, path, dpi=100)
   return pathlib.Path(path)
 
 

@@ -133,8 +133,7 @@ def heatmap(frame, title: str, path) -> None:
   ax.set_title(title, fontsize=9)
   fig.colorbar(image, ax=ax, label="metric (logit difference)")
   fig.tight_layout()
-  with path.open("wb") as f:
-    fig.savefig(f, dpi=100)
+  remote.save_figure(fig, path, dpi=100)  # whole or not at all (a full disk leaves no half-written file)
   plt.close(fig)
 
 
