@@ -30,8 +30,8 @@ _SHORT.maxlist = _SHORT.maxtuple = 4
 
 
 def short(value) -> str:
-  """A value's repr for a one-line message (long texts and lists cut)."""
-  return _SHORT.repr(value)
+  """A value's repr for a one-line message (long texts and lists cut; an array's rows on one line)."""
+  return " ".join(_SHORT.repr(value).splitlines())
 
 
 class Wrong(Exception):

@@ -45,7 +45,14 @@ def calls(run_dir, synthetic_data_dir):
     "read_table": (headspec.read_table, dict(workdir=run_dir, name="probes")),
     "read_tables": (headspec.read_tables, dict(runs=[run_dir], name="probes")),
     "Captured.head_attention": (captured.head_attention, dict(layer=0, head=0)),
+    "build_atlas": (headspec.build_atlas, dict(workdir=run_dir)),
+    "fit_sae": (headspec.fit_sae, dict(x_NK=np.ones((8, 4), np.float32), features=8, k=2, steps=1, progress=False)),
+    "sae_head_fractions": (headspec.sae_head_fractions, dict(sae=_SAE(), heads=2)),
   }
+
+
+class _SAE:
+  W_dec_FK = np.ones((8, 4))
 
 
 # (function, argument, wrong value): each must be one UserError naming the argument.
@@ -142,6 +149,18 @@ WRONG = [
   ("read_tables", "name", ["probes"]),
   ("Captured.head_attention", "layer", "0"),
   ("Captured.head_attention", "head", 1.5),
+  ("build_atlas", "workdir", None),
+  ("build_atlas", "compare", 3),
+  ("build_atlas", "compare", [None]),
+  ("fit_sae", "features", "8"),
+  ("fit_sae", "features", 0),
+  ("fit_sae", "k", 2.5),
+  ("fit_sae", "steps", None),
+  ("fit_sae", "kind", ["topk"]),
+  ("fit_sae", "seed", "0"),
+  ("sae_head_fractions", "sae", None),
+  ("sae_head_fractions", "sae", np.ones((8, 4))),
+  ("sae_head_fractions", "heads", "2"),
 ]
 
 
@@ -163,15 +182,10 @@ def test_a_missing_argument_is_a_user_error(calls, function):
 
 
 def test_every_public_function_is_checked():
-  """Every function headspec exports from headspec/api.py or defines itself has rows in WRONG (a new one
+  """Every function headspec exports (from headspec/api.py, the atlas, the SAEs, or itself) has rows in WRONG (a new one
   gets its rows), and goes through headspec/arguments.py's one check."""
-  from headspec import api
 
-  public = {
-    name
-    for name in headspec.__all__
-    if inspect.isfunction(getattr(headspec, name)) and getattr(headspec, name).__module__ in ("headspec", api.__name__)
-  }
+  public = {name for name in headspec.__all__ if inspect.isfunction(getattr(headspec, name))}
   assert {"load", "run", "probe", "ablate", "patch", "read_table"} <= public
   assert public | {"Captured.head_attention"} <= {f for f, _, _ in WRONG}, public - {f for f, _, _ in WRONG}
   assert all(hasattr(getattr(headspec, name), "__wrapped__") for name in public)  # functools.wraps of the check

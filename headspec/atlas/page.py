@@ -20,6 +20,7 @@ import pathlib
 
 from etils import epath
 
+from headspec import arguments as args
 from headspec import provenance, remote, tables
 from headspec.atlas.data import atlas_data
 
@@ -58,6 +59,7 @@ def write_page(path, text: str) -> pathlib.Path | epath.Path:
 
 
 @provenance.recorded("", "atlas.run_info.json")
+@args.arguments(workdir=args.path, compare=args.paths)
 def build_atlas(workdir, compare=()) -> pathlib.Path | epath.Path:
   """Writes WORKDIR/atlas.html (with the runs in `compare` side by side) and returns its path.
 

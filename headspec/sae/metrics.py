@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from headspec import arguments as args
 from headspec.errors import UserError
 
 
@@ -35,6 +36,14 @@ def head_fractions(w_dec_FK, heads: int) -> np.ndarray:
   return np.where(total_F1 > 0, sq_FH / np.where(total_F1 > 0, total_F1, 1.0), 1.0 / heads)
 
 
+def _sae(value):
+  """An SAE (anything with a 2-D `W_dec_FK`), as fit_sae returns."""
+  if getattr(getattr(value, "W_dec_FK", None), "ndim", None) != 2:
+    raise args.Wrong(f"={args.short(value)} must be an SAE (as headspec.fit_sae returns), not {type(value).__name__}")
+  return value
+
+
+@args.arguments(sae=_sae, heads=args.integer(1))
 def sae_head_fractions(sae, *, heads: int) -> np.ndarray:
   """[F, H]: each feature's squared decoder norm in each head's slice of the concatenated z over its total."""
   return head_fractions(sae.W_dec_FK, heads)

@@ -37,6 +37,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
+from headspec import arguments as args
 from headspec.errors import UserError
 from headspec.sae import model as sae_model
 
@@ -276,6 +277,17 @@ def fingerprint(x_NK: np.ndarray, o: Options) -> dict:
   return dict(options=dataclasses.asdict(o), inputs=digest, shape=list(x_NK.shape))
 
 
+@args.arguments(
+  features=args.integer(),  # types here; ranges by check_options, which names what they must be
+  kind=args.text,
+  k=args.integer(),
+  steps=args.integer(),
+  batch_size=args.integer(),
+  aux_k=args.integer(),
+  seed=args.integer(),
+  checkpoint_every=args.integer(),
+  progress=args.boolean,
+)
 def fit_sae(
   x_NK,
   *,
