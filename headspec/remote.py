@@ -14,6 +14,7 @@ writer killed mid-write leaves that temporary, and the next write into the folde
 from __future__ import annotations
 
 import contextlib
+import errno
 import hashlib
 import io
 import json
@@ -132,6 +133,28 @@ def replacing(tmp: epath.Path, path: epath.Path):
   except BaseException:
     tmp.unlink(missing_ok=True)
     raise
+
+
+def swap_folder(tmp, folder) -> None:
+  """Renames the filled local folder `tmp` onto `folder`, replacing an earlier one. Two processes that
+  swap at once both succeed (the last one's stays): a rename onto a non-empty folder fails, so the old
+  one is first renamed aside as a temporary of this pid (`remove_stale_temps` finds it if we are killed)
+  and removed once the new one is in place."""
+  tmp, folder = pathlib.Path(os.fspath(tmp)), pathlib.Path(os.fspath(folder))
+  aside = folder.with_name(f".{folder.name}.old.tmp-{os.getpid()}")
+  for _ in range(100):
+    try:
+      tmp.rename(folder)
+      break
+    except OSError as e:
+      if e.errno not in (errno.ENOTEMPTY, errno.EEXIST):
+        raise
+      shutil.rmtree(aside, ignore_errors=True)
+      with contextlib.suppress(FileNotFoundError):  # another process moved it aside first
+        folder.rename(aside)
+  else:
+    raise OSError(errno.ENOTEMPTY, f"{folder}: other processes kept replacing it")
+  shutil.rmtree(aside, ignore_errors=True)
 
 
 def temp_beside(path) -> epath.Path:

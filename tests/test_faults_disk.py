@@ -363,3 +363,26 @@ def test_analyses_write_through_the_atomic_writers():
     if direct.search(line) and "remote.replacing" not in line
   ]
   assert not found, found
+
+
+def test_a_feature_cache_finished_by_another_process_meanwhile_is_kept(tiny_encoder, tmp_path, monkeypatch):
+  """Two processes extracting the same cache: the one that renames second finds the folder there (between
+  its check and its rename) and keeps the first's copy, instead of failing on the rename."""
+  from headspec.probing import features
+
+  model, tokenizer, sentences = tiny_encoder
+  kw = dict(cache_dir=tmp_path / "cache", identity={"run": "x"}, name="dev", log=None, dtype="float32")
+  first = features.extract_features(model, tokenizer, sentences, **kw)
+  folder = pathlib.Path(first.folder) if hasattr(first, "folder") else next((tmp_path / "cache").iterdir())
+  aside = tmp_path / "first"
+  folder.rename(aside)  # as if not yet there when the second process checks
+  rename = pathlib.Path.rename
+
+  def the_other_finishes_first(self, target):
+    if pathlib.Path(target) == folder and not folder.exists():
+      rename(aside, folder)
+    return rename(self, target)
+
+  monkeypatch.setattr(pathlib.Path, "rename", the_other_finishes_first)
+  got = features.extract_features(model, tokenizer, sentences, **kw)
+  assert not got.from_cache and [p.name for p in (tmp_path / "cache").iterdir()] == [folder.name]

@@ -312,3 +312,34 @@ def test_counts_and_seeds_take_ascii_digits_only(digit):
   for module in (grammar, induction, specialization):
     with pytest.raises(ValueError, match="seed"):
       module.experiment(f"seed={digit}")
+
+
+def test_swap_folder_replaces_and_two_swappers_both_succeed(tmp_path):
+  """remote.swap_folder (the attention pictures' folder): an earlier folder is replaced, nothing is left
+  aside, and two processes swapping into one folder at once both succeed (rmtree then rename, before,
+  failed with ENOTEMPTY when the other's rename came between)."""
+  folder = tmp_path / "pictures"
+  folder.mkdir()
+  (folder / "old.png").write_text("old")
+  tmp = tmp_path / f".pictures.tmp-{os.getpid()}"
+  tmp.mkdir()
+  (tmp / "new.png").write_text("new")
+  remote.swap_folder(tmp, folder)
+  assert [p.name for p in tmp_path.iterdir()] == ["pictures"] and [p.name for p in folder.iterdir()] == ["new.png"]
+  script = (
+    "import os, pathlib, sys\n"
+    "from headspec import remote\n"
+    "folder = pathlib.Path(sys.argv[1])\n"
+    "for i in range(40):\n"
+    "  tmp = folder.with_name(f'.{folder.name}.tmp-{os.getpid()}')\n"
+    "  tmp.mkdir()\n"
+    "  for n in range(5):\n"
+    "    (tmp / f'{n}.png').write_text(str(os.getpid()))\n"
+    "  remote.swap_folder(tmp, folder)\n"
+  )
+  procs = [subprocess.Popen([sys.executable, "-c", script, str(folder)], stderr=subprocess.PIPE) for _ in range(2)]
+  errors = [p.communicate(timeout=120)[1].decode() for p in procs]
+  assert [p.returncode for p in procs] == [0, 0], errors
+  assert [p.name for p in tmp_path.iterdir()] == ["pictures"]
+  assert sorted(p.name for p in folder.iterdir()) == [f"{n}.png" for n in range(5)]
+  assert len({p.read_text() for p in folder.iterdir()}) == 1  # one drawing's files, whole

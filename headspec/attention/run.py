@@ -208,8 +208,7 @@ def draw_pictures(model, tokenizer, examples, folder, config) -> None:
       if old.relative_to(folder).as_posix() not in names:
         old.unlink(missing_ok=True)
     return
-  shutil.rmtree(folder, ignore_errors=True)
-  tmp.rename(folder)
+  remote.swap_folder(tmp, folder)  # two drawings finishing together: the last one's stays, neither fails
 
 
 def analyse_job(job: targets.Target, data: Data, config, out_dir, skipped=()):

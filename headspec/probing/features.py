@@ -364,10 +364,12 @@ def extract_features(
       version=FORMAT_VERSION,
     )
     (tmp / _META).write_text(json.dumps(meta, indent=1, default=str) + "\n")
-    if folder.exists():  # another process finished first
-      shutil.rmtree(tmp, ignore_errors=True)
-    else:
+    try:
       tmp.rename(folder)
+    except OSError:
+      if not folder.is_dir():
+        raise
+      shutil.rmtree(tmp, ignore_errors=True)  # another process finished the same cache first: keep its copy
   except BaseException as e:
     if files is not None:
       with contextlib.suppress(OSError):
