@@ -536,7 +536,8 @@ class Block(nnx.Module):
       if name not in capture and name not in edits:
         return attn_in_BTD
       B, T, D = x_BTD.shape
-      return pre_attention(site(name, jnp.broadcast_to(x_BTD[:, :, None], (B, T, self.attention.cfg.num_heads, D))))
+      edited = site(name, jnp.broadcast_to(x_BTD[:, :, None], (B, T, self.attention.cfg.num_heads, D)))
+      return pre_attention(edited) if name in edits else attn_in_BTD  # only read: the pass is the plain one
 
     attn_in = tuple(head_input(name) for name in ("q_in", "k_in", "v_in"))
     attn_in = attn_in_BTD if all(x is attn_in_BTD for x in attn_in) else attn_in
