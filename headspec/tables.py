@@ -54,7 +54,8 @@ class Table:
   `together`: identifying columns left out of the key because one job always writes every row of its key
   at once, so a re-run replaces them whole (labels.csv: every head's labels of a (model, step), combined
   from every analysis by its writer; baselines.csv: every baseline row of a task and split, whose names
-  carry a fitted value, such as `offset-1`).
+  carry a fitted value, such as `offset-1`; pruning.csv: a ranking's curve over every random order;
+  causal.csv: every random head set of a test, so fewer sets on a re-run leave no stale draws).
   """
 
   path: str
@@ -155,6 +156,7 @@ ABLATION_PRUNING = _table(
   "model,step,ranking,seed,heads_pruned,fraction_pruned,metric,value",
   ints="step,seed,heads_pruned",
   floats="fraction_pruned,value",
+  together="seed,heads_pruned",  # a ranking's whole curve (every random order) comes from one job
 )
 ABLATION_GATES = _table(
   "ablation/gates.csv",
@@ -168,6 +170,7 @@ ABLATION_CAUSAL = _table(
   "model,step,kind,task,k,selection,seed,metric,value,ci_low,ci_high",
   ints="step,k,seed",
   floats="value,ci_low,ci_high",
+  together="seed",  # every random head set of a (kind, task, k, selection) comes from one job
 )
 ABLATION_INTERACTIONS = _table(
   "ablation/interactions.csv",
@@ -265,7 +268,11 @@ SAE_CONTEXTS = _sae_table(
   "split,sentence,word_index,word,context,activation",
 )
 SAE_LABELS = _sae_table(
-  "sae/labels.csv", _SAE + "feature,label_set,label,count,fraction", "step,layer,feature,count", "fraction", "count,fraction"
+  "sae/labels.csv",
+  _SAE + "feature,label_set,label,count,fraction",
+  "step,layer,feature,count",
+  "fraction",
+  "count,fraction",
 )
 
 TABLES: dict[str, Table] = {

@@ -147,10 +147,13 @@ def test_a_later_run_differing_in_any_identifying_column_drops_no_row(tmp_path, 
   """Issue 62: a run that differs from an earlier one in any column that identifies a row (direction,
   site, task, split, seed, ...; every column but the measured values) adds its rows beside the earlier
   ones. The only exceptions are a `together` table's columns, whose rows of one key are always written
-  whole by one job (labels of a (model, step), baselines of a task and split)."""
+  whole by one job (labels of a (model, step), baselines of a task and split, a pruning curve's random
+  orders, a causal test's random head sets)."""
   table = tables.TABLES[name]
   together = set(getattr(table, "together", ()))
-  assert together <= {"baseline", "layer", "head", "label"}, name  # only the two tables the docs name
+  named = {"attention_labels": {"layer", "head", "label"}, "probes_baselines": {"baseline"}}
+  named |= {"ablation_pruning": {"seed", "heads_pruned"}, "ablation_causal": {"seed"}}
+  assert together <= named.get(name, set()), name  # only the four tables the docs name
   identifying = [c for c in table.columns if c not in table.values]
   assert identifying and set(table.key) == set(identifying) - together, name
   for column in identifying:
@@ -188,3 +191,15 @@ def test_attention_without_its_induction_step_keeps_the_induction_labels(tmp_pat
   induction_run.write(tmp_path, {"labels": []}, 1, 2, "m", 1)  # the induction step again, now labelling nothing
   labels = {(r["head"], r["label"]) for r in tables.read(tmp_path / tables.LABELS.path, tables.LABELS)}
   assert labels == {("0", "none"), ("1", "positional")}  # its own stale label replaced, the treebank's kept
+
+
+@pytest.mark.parametrize("name,column", [("ablation_causal", "seed"), ("ablation_pruning", "seed")])
+def test_a_rerun_with_fewer_random_draws_leaves_no_stale_draw(tmp_path, name, column):
+  """A re-run whose test draws fewer random head sets (or pruning orders) replaces the test's rows whole:
+  the earlier run's extra draws would otherwise sit beside the new ones and mix two configurations."""
+  table = tables.TABLES[name]
+  path = tmp_path / "t.csv"
+  rows = [_row_of(table) | {column: s} for s in range(5)]
+  tables.merge(path, rows, table)
+  tables.merge(path, rows[:3], table)
+  assert sorted(int(r[column]) for r in tables.read(path, table)) == [0, 1, 2]
