@@ -59,7 +59,8 @@ ROPE_SCALINGS = ("none", "linear", "llama3")
 SITES = {
   "resid_pre": "BTD",  # the residual stream entering the block
   # Each head's own copy of the stream its queries, keys, values read (before the attention's norm): edits here
-  # reach that head's q, k or v only (edge patching, docs/circuits.md); per query head, as k and v.
+  # reach that head's q, k or v only (edge patching, docs/circuits.md); per query head, as k and v. With
+  # qk_norm='full' one RMS spans every head's queries (keys), so q_in and k_in edits are refused there.
   "q_in": "BTHD",
   "k_in": "BTHD",
   "v_in": "BTHD",
@@ -274,6 +275,11 @@ def check_interventions(cfg: ModelConfig, interventions, B: int, T: int) -> dict
       raise UserError(f"interventions: unknown site {name!r}; choose from {', '.join(SITES)}")
     if not isinstance(edit, Edit):
       raise UserError(f"interventions[{name!r}]: a {type(edit).__name__}; give a headspec.model.Edit")
+    if name in ("q_in", "k_in") and cfg.qk_norm == "full":
+      raise UserError(
+        f"interventions[{name!r}]: with qk_norm='full' (OLMo-2) one RMS runs over every head's projection, so "
+        f"an edit of one head's input would reach every head; edit {name[0]} (after the norm) or resid_pre instead"
+      )
     full = (cfg.num_layers, *(sizes[a] for a in SITES[name]))
     for part in ("keep", "add"):
       array = getattr(edit, part)
