@@ -138,6 +138,6 @@ def induction_causal_config() -> ml_collections.ConfigDict:
   c.ks = (1, 2, 4)  # how many of the best induction heads (repeated_random induction score) are ablated
   c.methods = ("zero", "mean")  # zero: Z_h = 0; mean: Z_h = its mean over the repeated sequences' tokens
   c.random_seeds = 5  # random head sets per k and control (layer-matched, and unlabelled: no role label)
-  c.num_sequences = 100  # repeated random sequences scored (the first of induction.num_sequences)
+  c.num_sequences = 100  # sequences measured: the first of the second half of induction.num_sequences (the first half chooses the heads)
   c.steps = "all"  # 'all': at every analysed step; 'last': at each model's last analysed step only
   return c
