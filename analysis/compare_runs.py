@@ -90,8 +90,9 @@ def quantities(run: pathlib.Path) -> dict:
         values,
       )
   diversity = frame(run, tables.DIVERSITY)
-  if diversity is not None:
-    last = diversity[diversity["step"] == diversity["step"].max()]
+  if diversity is not None and not diversity.empty:
+    own = diversity[diversity["model"] == primary_model(diversity)]
+    last = own[own["step"] == own["step"].max()]
     for metric, group in last.groupby("metric"):
       per_head = group[group["head_j"] == -1]
       values = (per_head if len(per_head) else group[group["head_i"] != group["head_j"]])["value"].to_numpy()

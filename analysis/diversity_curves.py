@@ -5,7 +5,8 @@ each layer (thin) against the step (log scale).
 
 A layer's value is the mean over its heads (per-head metrics, head_j = -1) or over its ordered pairs of
 distinct heads (pairwise metrics); docs/diversity.md defines each metric. Reads RUN/diversity/results.csv.
-Writes DIR/diversity_curves.{png,svg} and DIR/diversity_curves.csv.
+Each run's own model only (the most frequent `model` that is not a `-random` control: a workdir may hold
+other models' rows). Writes DIR/diversity_curves.{png,svg} and DIR/diversity_curves.csv.
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ from __future__ import annotations
 import math
 import pathlib
 
-from _common import frame, main_guard, need, parser, run_dirs, save, step_axis
+from _common import frame, main_guard, need, parser, primary_model, run_dirs, save, step_axis
 
 from headspec import tables
 from headspec.errors import UserError
@@ -39,6 +40,7 @@ def main(argv=None) -> list:
   runs = run_dirs(args.runs)
   frames = {run: frame(run, tables.DIVERSITY) for run in runs}
   need(frames, tables.DIVERSITY)
+  frames = {run: df if df is None or df.empty else df[df["model"] == primary_model(df)] for run, df in frames.items()}
   means = pd.concat(
     [layer_means(df).assign(run=run.name) for run, df in frames.items() if df is not None], ignore_index=True
   )

@@ -282,9 +282,13 @@ def structural(run: dict, workdir) -> list[dict]:
 
 
 def diversity(run: dict, workdir) -> list[dict]:
+  """diversity.csv rows of one run from its own model's rows of diversity/results.csv (the run folder's
+  name, as `headspec diversity` writes it; the most frequent model if none has it, e.g. a renamed folder)."""
   frame = _frame(workdir, tables.DIVERSITY)
-  if frame is None:
+  if frame is None or frame.empty:
     return []
+  models = frame["model"]
+  frame = frame[models == (run["run"] if (models == run["run"]).any() else models.value_counts().index[0])]
   off_diagonal = frame[(frame["head_j"] < 0) | (frame["head_i"] != frame["head_j"])]
   means = off_diagonal.groupby(["step", "metric"])["value"].mean()
   return [dict(**run, step=int(s), metric=m, value=v) for (s, m), v in means.items()]

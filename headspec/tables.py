@@ -134,7 +134,7 @@ COMPLEXITY = _table(
 )
 DIVERSITY = _table(
   "diversity/results.csv",
-  "step,layer,head_i,head_j,metric,value",
+  "model,step,layer,head_i,head_j,metric,value",
   ints="step,layer,head_i,head_j",
   floats="value",
   float_format="r",

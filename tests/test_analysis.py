@@ -86,6 +86,26 @@ def test_diversity_curves(runs, tmp_path):
     diversity_curves.main([str(runs[0]), "--out", str(tmp_path), "--metrics", "nope"])
 
 
+def test_diversity_scripts_read_the_runs_own_model(tmp_path):
+  """Issue 62: diversity/results.csv may hold another model analysed into the folder; diversity_curves and
+  compare_runs read the run's own (most frequent, not `-random`) model only."""
+  import compare_runs
+  import diversity_curves
+
+  from headspec import tables
+
+  run = write_run(tmp_path / "own", layers=2, heads=2, steps=(0, 100), probes=False, ablation=False, attention=False)
+  before = (diversity_curves.main([str(run), "--out", str(tmp_path / "a")]), compare_runs.quantities(run))
+  path = tables.path_of(run, tables.DIVERSITY)
+  rows = tables.read(path, tables.DIVERSITY)  # another model: one metric's rows at every step (fewer than own)
+  other = [r | {"model": "minilm", "value": "9.0"} for r in rows if r["metric"] == "attention_entropy"]
+  tables.merge(path, other, tables.DIVERSITY)
+  diversity_curves.main([str(run), "--out", str(tmp_path / "b")])
+  assert _rows(tmp_path / "b" / "diversity_curves.csv") == _rows(tmp_path / "a" / "diversity_curves.csv")
+  after = compare_runs.quantities(run)
+  assert {k: v[:3] for k, v in after.items()} == {k: v[:3] for k, v in before[1].items()}
+
+
 def test_pruning_curves_and_ranking_comparison(runs, tmp_path):
   import pruning_curves
 

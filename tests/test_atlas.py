@@ -74,6 +74,22 @@ def test_run_with_only_probes_and_diversity(tmp_path):
   assert {m["group"] for m in run_data(only_ablation)["metrics"]} == {"Ablation"}
 
 
+def test_another_models_diversity_rows_are_their_own_metric(tmp_path):
+  """Issue 62: diversity/results.csv holds every model analysed into the folder; the atlas shows the
+  primary model's under the plain ids and another model's as `@<model>`, never one over the other."""
+  run = write_run(tmp_path / "two", ablation=False, attention=False)
+  path = tables.path_of(run, tables.DIVERSITY)
+  own = tables.read(path, tables.DIVERSITY)
+  other = [r | {"model": "minilm", "value": "9.0"} for r in own if r["metric"] == "attention_entropy"]
+  tables.merge(path, other, tables.DIVERSITY)
+  by_id = {m["id"]: m for m in run_data(run)["metrics"]}
+  mine = by_id["diversity/attention_entropy"]
+  step = str(mine["steps"][-1])
+  assert mine["grids"][step][0][0]["v"] < 9.0  # the fixture's values are below 3
+  theirs = by_id["diversity/attention_entropy@minilm"]
+  assert theirs["grids"][step][0][0]["v"] == 9.0 and theirs["label"] == "attention entropy — model minilm"
+
+
 def test_page_is_self_contained_and_escapes_data(full_run, tmp_path):
   path = build_atlas(full_run)
   assert path == full_run / PAGE_NAME

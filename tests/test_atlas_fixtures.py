@@ -92,10 +92,12 @@ def write_run(
       for layer in range(layers):
         for i in range(heads):
           for metric in ("attention_entropy", "attention_distance"):
-            rows.append(dict(step=step, layer=layer, head_i=i, head_j=-1, metric=metric, value=rng.random() * 3))
+            rows.append(
+              dict(model=name, step=step, layer=layer, head_i=i, head_j=-1, metric=metric, value=rng.random() * 3)
+            )
           for j in range(heads):
             v = 0.0 if i == j else 0.2 + 0.5 * grow(step) * rng.random() + shift
-            rows.append(dict(step=step, layer=layer, head_i=i, head_j=j, metric="js_distance", value=v))
+            rows.append(dict(model=name, step=step, layer=layer, head_i=i, head_j=j, metric="js_distance", value=v))
     tables.write(tables.path_of(workdir, tables.DIVERSITY), rows, tables.DIVERSITY)
   if ablation:
     rows = []

@@ -54,7 +54,9 @@ def test_table_contract_values_figures_and_rerun(run_dir):
   assert results == run_dir / "diversity" / "results.csv"
   with open(results, newline="") as f:
     assert (
-      tuple(next(csv.reader(f))) == tables.DIVERSITY.columns == ("step", "layer", "head_i", "head_j", "metric", "value")
+      tuple(next(csv.reader(f)))
+      == tables.DIVERSITY.columns
+      == ("model", "step", "layer", "head_i", "head_j", "metric", "value")
     )
   table = read_results(results)
 
@@ -179,3 +181,34 @@ def test_pretrained_minilm_step_0(synthetic_data_dir, tmp_path):
   tokens_NT, valid_NT = evaluation_tokens(config, tmp_path, tokenizer)
   assert (tokens_NT[:, 0] == tokenizer.prefix_ids[0]).all() and (tokens_NT[:, -1] == tokenizer.suffix_ids[0]).all()
   assert valid_NT.sum() == 100
+
+
+def test_two_models_at_step_0_in_one_workdir_keep_every_row(run_dir, tmp_path, monkeypatch):
+  """Issue 62: diversity/results.csv is keyed by model, so a second model analysed into the same workdir
+  (two pretrained models at step 0) adds its rows beside the first's instead of replacing them, and
+  `read_results(path, model)` (what the figures draw) gives one model's rows."""
+  import dataclasses
+  import shutil
+
+  from headspec import targets
+  from headspec.diversity import run as diversity_run
+
+  workdir = tmp_path / "run"
+  shutil.copytree(run_dir, workdir, ignore=shutil.ignore_patterns("diversity"))  # the module's run stays as it is
+  plan = targets.plan
+
+  def analyse(name, step):  # checkpoint `step` standing in for a model `name` at step 0
+    renamed = lambda *a, **k: [dataclasses.replace(plan(*a, **k)[0], name=name, step=0)]
+    monkeypatch.setattr(diversity_run.targets, "plan", renamed)
+    return run_diversity(small_config(steps=str(step)), workdir)
+
+  results = analyse("first", 1)
+  first = tables.read(results, tables.DIVERSITY)
+  assert len(first) == L * (len(diversity.PAIR_METRICS) * H * H + len(diversity.HEAD_METRICS) * H)
+  analyse("second", 6)
+  both = tables.read(results, tables.DIVERSITY)
+  lost = [r for r in first if r not in both]
+  assert not lost, f"{len(lost)} of the first model's {len(first)} rows deleted by the second model's run"
+  assert len(both) == 2 * len(first) and sorted({r["model"] for r in both}) == ["first", "second"]
+  drawn = read_results(results, "second")
+  assert len(drawn) == len(first) and {r[0] for r in drawn} == {0} and drawn != read_results(results, "first")

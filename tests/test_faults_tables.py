@@ -142,6 +142,31 @@ def _row_of(table, change: str = ""):
   return row
 
 
+def test_every_table_with_a_step_names_its_model():
+  """Issue 62: a step is one model's (two pretrained models are both at step 0), so every table with a
+  `step` column keys it by `model` too; diversity/results.csv had none, and a second model analysed into
+  the workdir replaced the first's rows. Only tables no model computes (metric descriptions, a task's
+  majority baselines) lack it."""
+  no_model = sorted(name for name, table in tables.TABLES.items() if "model" not in table.key)
+  assert all("step" not in tables.TABLES[name].columns for name in no_model), no_model
+  assert no_model == ["diversity_metrics", "probes_baselines"]
+  assert tables.DIVERSITY.key[:2] == ("model", "step")
+
+
+def test_a_diversity_table_from_before_its_model_column_is_refused_in_one_line(tmp_path):
+  """A diversity/results.csv written before the `model` column is refused before any computation (docs/
+  outputs.md), naming the file, both headers and what to do; the file is left as it was."""
+  path = tmp_path / "diversity" / "results.csv"
+  path.parent.mkdir()
+  path.write_text("step,layer,head_i,head_j,metric,value\n0,0,0,-1,attention_entropy,0.5\n")
+  with pytest.raises(UserError) as e:
+    tables.check_writable(tmp_path, tables.DIVERSITY)
+  message = str(e.value)
+  assert "\n" not in message and message.startswith(f"{path}: columns step,layer,head_i,head_j,metric,value ")
+  assert "are not model,step,layer,head_i,head_j,metric,value; move the file away" in message
+  assert path.read_text().startswith("step,layer")
+
+
 @pytest.mark.parametrize("name", sorted(tables.TABLES))
 def test_a_later_run_differing_in_any_identifying_column_drops_no_row(tmp_path, name):
   """Issue 62: a run that differs from an earlier one in any column that identifies a row (direction,

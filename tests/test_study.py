@@ -160,8 +160,9 @@ def test_study_chooses_on_dev_reports_test_and_counts_selective_heads(tmp_path):
   step100[(1, -1)] = (0.5, 0.45, 0.4)  # a residual stream: never the best head
   rows = _selectivity_rows("baseline_s0", 0, step0) + _selectivity_rows("baseline_s0", 100, step100)
   tables.write(tables.path_of(run, tables.PROBE_SELECTIVITY), rows, tables.PROBE_SELECTIVITY)
-  div = [  # the diagonal is 0 and must not pull the mean down
-    dict(step=s, layer=0, head_i=i, head_j=j, metric="js_distance", value=0.0 if i == j else v)
+  div = [  # the diagonal is 0 and must not pull the mean down; another model's rows are not the run's
+    dict(model=m, step=s, layer=0, head_i=i, head_j=j, metric="js_distance", value=0.0 if i == j else v + w)
+    for m, w in (("baseline_s0", 0.0), ("minilm", 0.3))
     for s, v in ((0, 0.1), (100, 0.5))
     for i in range(2)
     for j in range(2)

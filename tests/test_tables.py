@@ -52,8 +52,9 @@ def test_a_foreign_file_is_refused_and_kept(tmp_path):
 
 def test_float_formats_and_missing_columns(tmp_path):
   path = tmp_path / "d.csv"
-  tables.merge(path, [dict(step=0, layer=1, head_i=0, head_j=-1, metric="entropy", value=0.1 + 0.2)], tables.DIVERSITY)
-  assert path.read_text().splitlines()[1] == "0,1,0,-1,entropy,0.30000000000000004"  # 'r': exact repr
+  row = dict(model="m", step=0, layer=1, head_i=0, head_j=-1, metric="entropy", value=0.1 + 0.2)
+  tables.merge(path, [row], tables.DIVERSITY)
+  assert path.read_text().splitlines()[1] == "m,0,1,0,-1,entropy,0.30000000000000004"  # 'r': exact repr
   with pytest.raises(KeyError, match="lacks column"):
     tables.merge(path, [dict(step=0)], tables.DIVERSITY)
 

@@ -345,25 +345,25 @@ class _RunData:
       m.set(int(r["step"]), layer, head, _num(r["compression"]), None, f"control {control:.3f}" if control else "")
 
   def diversity(self) -> None:
-    pairs = collections.defaultdict(list)  # (metric, step, layer, head) -> values against the layer's other heads
+    pairs = collections.defaultdict(list)  # (model, metric, step, layer, head) -> values vs the layer's other heads
     for r in self.rows[tables.DIVERSITY.path]:
       step, layer, i, j = int(r["step"]), int(r["layer"]), int(r["head_i"]), int(r["head_j"])
-      name = r["metric"]
+      name, model = r["metric"], r["model"]
       if j == -1:
         self.metric(
-          f"diversity/{name}",
+          f"diversity/{name}{self._suffix(model)}",
           "Diversity (per head)",
-          name.replace("_", " "),
+          f"{name.replace('_', ' ')}{self._model_label(model)}",
           f"{name} of the head (docs/diversity.md).",
         ).set(step, layer, i, _num(r["value"]))
       elif i != j:
-        pairs[(name, step, layer, i)].append(_num(r["value"]))
-    for (name, step, layer, head), values in sorted(pairs.items()):
+        pairs[(model, name, step, layer, i)].append(_num(r["value"]))
+    for (model, name, step, layer, head), values in sorted(pairs.items()):
       values = [v for v in values if v is not None]
       self.metric(
-        f"diversity/{name}/mean_other",
+        f"diversity/{name}/mean_other{self._suffix(model)}",
         "Diversity (mean over the layer's other heads)",
-        f"{name.replace('_', ' ')} · mean vs other heads",
+        f"{name.replace('_', ' ')} · mean vs other heads{self._model_label(model)}",
         f"Mean {name} between this head and each other head of its layer (docs/diversity.md).",
       ).set(step, layer, head, sum(values) / len(values) if values else None, None, f"over {len(values)} heads")
 

@@ -5,8 +5,8 @@
 
 For every saved step of RUN ('last' or '100,1000' for some), every metric of headspec/diversity/metrics.py
 over the first 10,000 tokens of the run's own validation rows (a pretrained model reads the valid split
-of data_dir/text/<corpus> instead). Writes RUN/diversity/results.csv (`step,layer,head_i,head_j,metric,
-value`; rerunning replaces the rows of the steps recomputed), curves.png, matrix_<metric>.png,
+of data_dir/text/<corpus> instead). Writes RUN/diversity/results.csv (`model,step,layer,head_i,head_j,
+metric,value`; rerunning replaces the rows of the (model, step)s recomputed), curves.png, matrix_<metric>.png,
 heads.png and output_dissimilarity.gif. Time on a 2-core CPU (10k tokens): ~10 s to compile and draw
 the figures, then under 1 s per checkpoint for the quickstart model (2 layers, 4 heads, d_model 64),
 ~7 s per checkpoint for base_decoder (6 layers, 8 heads, d_model 256, rows of 128), about half a minute

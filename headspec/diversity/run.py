@@ -5,8 +5,8 @@ For each requested step (`config.steps` of a `headspec train` workdir, or step 0
 tokens of the run's own validation rows, as training packed them) in batches of `config.batch_size`
 rows; headspec/diversity/metrics.py accumulates the metrics under one jit-compiled update per batch, so
 memory is bounded by the batch and the O(L·H²·K²) accumulators, not by the evaluation set. Results go
-to RUN/diversity/results.csv (docs/outputs.md contract `step,layer,head_i,head_j,metric,value`; rows of
-recomputed steps are replaced, others kept) and the figures of headspec/diversity/plots.py.
+to RUN/diversity/results.csv (docs/outputs.md contract `model,step,layer,head_i,head_j,metric,value`;
+rows of a recomputed (model, step) are replaced, other models' and steps' kept) and the figures of headspec/diversity/plots.py.
 """
 
 from __future__ import annotations
@@ -69,11 +69,13 @@ def model_metrics(model, tokens_NT, valid_NT, batch_size: int) -> dict[str, np.n
   return {k: np.asarray(v) for k, v in jax.device_get(metrics.finalize(state)).items()}
 
 
-def read_results(path) -> list[tuple[int, int, int, int, str, float]]:
-  """Rows of a diversity/results.csv as typed tuples ([] if absent), for the figures."""
+def read_results(path, model: str | None = None) -> list[tuple[int, int, int, int, str, float]]:
+  """Rows `(step, layer, head_i, head_j, metric, value)` of a diversity/results.csv ([] if absent), for the
+  figures: those of `model` only when given (the table holds every model analysed into the workdir)."""
   return [
     (int(r["step"]), int(r["layer"]), int(r["head_i"]), int(r["head_j"]), r["metric"], float(r["value"]))
     for r in tables.read(path, tables.DIVERSITY)
+    if model is None or r["model"] == model
   ]
 
 
@@ -101,7 +103,8 @@ class Diversity(jobloop.Analysis):
   def job(self, job):
     t0 = time.perf_counter()
     self.values = values = model_metrics(job.load()[0], self.tokens_NT, self.valid_NT, self.config.batch_size)
-    rows = [dict(zip(tables.DIVERSITY.columns, r)) for r in metrics.rows(values, job.step)]
+    rows = [dict(zip(tables.DIVERSITY.columns, (job.name, *r))) for r in metrics.rows(values, job.step)]
+    self.model_name = job.name
     logging.info(f"  step {job.step}: {len(next(iter(values.values())))} layers in {time.perf_counter() - t0:.1f} s")
     return {tables.DIVERSITY: rows}
 
@@ -117,7 +120,8 @@ class Diversity(jobloop.Analysis):
     tables.merge(tables.path_of(workdir, tables.DIVERSITY_METRICS), described, tables.DIVERSITY_METRICS)
     figures = remote.LocalMirror(out_dir, "diversity-figures")  # matplotlib needs local files; uploaded whole
     shape = next(iter(values.values())).shape[:2]  # the model's (L, H): rows of another shape are not drawn
-    for path in plots.plot_all(read_results(results), figures.local, shape):
+    drawn = read_results(results, self.model_name)  # this model's rows: another model's are not its curves
+    for path in plots.plot_all(drawn, figures.local, shape):
       logging.info(f"  wrote {out_dir / pathlib.Path(path).relative_to(figures.local) if figures.remote else path}")
     figures.sync()
     figures.cleanup()
