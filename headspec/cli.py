@@ -240,10 +240,13 @@ def _launch(args: list[str]) -> int:
 
 
 def _parse(argv: list[str]) -> list[str]:
-  """FLAGS(argv). config_flags finds the --config.key overrides in sys.argv, not in the list it parses,
-  so sys.argv is `argv` while parsing: main() called in-process (tests, notebooks) applies them too."""
+  """FLAGS(argv), every flag from its default. config_flags finds the --config.key overrides in sys.argv,
+  not in the list it parses, so sys.argv is `argv` while parsing: main() called in-process (tests,
+  notebooks) applies them too; and absl keeps a flag's value between parses, so the flags are reset
+  first (else a --config or --workdir of an earlier in-process call would reach a later command)."""
   saved, sys.argv = sys.argv, list(argv)
   try:
+    FLAGS.unparse_flags()
     return FLAGS(argv, known_only=True)
   finally:
     sys.argv = saved

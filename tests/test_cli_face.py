@@ -107,3 +107,14 @@ def test_pyproject_metadata():
   assert project["tool"]["setuptools"]["dynamic"]["version"] == {"attr": "headspec.__version__"}
   assert {"test", "analysis", "tf"} <= set(project["project"]["optional-dependencies"])
   assert not (REPO / "setup.py").exists() and not (REPO / "configs").exists()
+
+
+def test_an_earlier_in_process_call_leaves_no_flag_behind(tmp_path):
+  """absl keeps a flag's value between parses: `headspec data download ...` called in-process after a
+  command given --config and --workdir wrote into that config's data_dir instead of HEADSPEC_DATA_DIR."""
+  from headspec import cli
+
+  cli._parse(cli.resolve_config(["headspec", "--config=probe_synthetic", f"--workdir={tmp_path / 'run'}", "probe"]))
+  assert cli._CONFIG.value is not None and cli._WORKDIR.value == str(tmp_path / "run")
+  cli._parse(["headspec", "data"])
+  assert cli._CONFIG.value is None and not cli._WORKDIR.value
