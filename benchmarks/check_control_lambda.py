@@ -4,7 +4,7 @@ against letting it choose its own ('separate'), on a probe run's heads (issue 61
   python -m benchmarks.check_control_lambda CONFIG WORKDIR LAYERS TRAIN_WORDS
   e.g. python -m benchmarks.check_control_lambda probe_minilm_ewt runs/minilm_struct 0,3 10000
 
-CONFIG names a headspec/configs file (its defaults, with max_train_words 40000, no MDL, no extra treebanks);
+CONFIG names a configs/ file (its defaults, with max_train_words 40000, no MDL, no extra treebanks);
 WORKDIR holds a probe run of that config (its feature cache is read; nothing new is extracted when it is
 there). For each asked layer's heads one softmax fit (headspec/probing/probe.py) of upos, xpos and deprel
 on a seeded TRAIN_WORDS subset fits every control twice, once choosing its own λ on dev and once at its

@@ -1,7 +1,7 @@
 """`headspec <command> --config=NAME[:ARG] --workdir=DIR [--config.key=value ...]`.
 
-`--config` is a packaged config by name (headspec/configs/NAME.py, from any directory) or a file
-(headspec/configs/__init__.py resolves both); `headspec --version`; `headspec <command> --help` lists the
+`--config` is a packaged config by name (configs/NAME.py, from any directory) or a file
+(configs/__init__.py resolves both); `headspec --version`; `headspec <command> --help` lists the
 command's config keys with defaults and meanings (headspec/config_help.py).
 
 Thin: parses flags, loads the config, calls the command's library function. Errors a user can cause
@@ -291,7 +291,7 @@ def _command_asking_help(argv: list[str]) -> str | None:
 
 def resolve_config(argv: list[str]) -> list[str]:
   """argv with each --config value's file made a packaged config's path where it names one
-  (`--config=probe_ewt`, or `configs/probe_ewt.py` where no such file exists: headspec/configs/)."""
+  (`--config=probe_ewt`, or `configs/probe_ewt.py` where no such file exists: configs/)."""
   from headspec import configs
 
   out = list(argv)

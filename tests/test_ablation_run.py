@@ -16,8 +16,8 @@ from headspec.ablation.run import run as run_ablation
 from headspec.cli import main
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO / "headspec" / "configs"))
-import ablate as ablate_config  # noqa: E402  headspec/configs/ablate.py
+sys.path.insert(0, str(REPO / "configs"))
+import ablate as ablate_config  # noqa: E402  configs/ablate.py
 
 L, H = 2, 4
 

@@ -264,7 +264,7 @@ def test_tables_round_trip_exactly(run_dir, tmp_path, cli_tables):
   stacks runs with a `run` column; a missing table or run is one UserError."""
   from headspec.diversity.run import run as run_diversity
 
-  sys.path.insert(0, str(REPO / "headspec" / "configs"))
+  sys.path.insert(0, str(REPO / "configs"))
   import diversity as diversity_config  # configs/diversity.py
 
   dconfig = diversity_config.get_config(None)

@@ -14,7 +14,7 @@ from headspec.attention.roles import ROLES
 from headspec.attention.run import run as run_attention
 
 L, H = 2, 4
-CONFIG = str(pathlib.Path(__file__).resolve().parents[1] / "headspec" / "configs" / "attention_ewt.py")
+CONFIG = str(pathlib.Path(__file__).resolve().parents[1] / "configs" / "attention_ewt.py")
 
 
 @pytest.fixture(scope="module")

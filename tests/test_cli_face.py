@@ -106,7 +106,28 @@ def test_pyproject_metadata():
   assert project["project"]["scripts"] == {"headspec": "headspec.cli:run"}
   assert project["tool"]["setuptools"]["dynamic"]["version"] == {"attr": "headspec.__version__"}
   assert {"test", "analysis", "tf"} <= set(project["project"]["optional-dependencies"])
-  assert not (REPO / "setup.py").exists() and not (REPO / "configs").exists()
+  assert (REPO / "setup.py").is_file() and (REPO / "configs" / "__init__.py").is_file()
+
+
+def test_the_wheel_ships_the_top_level_configs_as_headspec_configs(tmp_path):
+  """The card's layout: configs/ at the top level, in the wheel as headspec.configs (setup.py maps it), so
+  `--config=NAME` works from any directory after a plain (non-editable) install too."""
+  import subprocess
+  import sys
+  import zipfile
+
+  from headspec import configs
+
+  assert configs.DIR == REPO / "configs"
+  subprocess.run(
+    [sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation", str(REPO), "-w", str(tmp_path)],
+    check=True, capture_output=True, cwd=tmp_path,
+  )  # fmt: skip
+  (wheel,) = tmp_path.glob("headspec-*.whl")
+  names = set(zipfile.ZipFile(wheel).namelist())
+  shipped = {f"headspec/configs/{p.relative_to(REPO / 'configs').as_posix()}" for p in (REPO / "configs").rglob("*.py")}
+  assert shipped and shipped <= names
+  assert not any(n.startswith("configs/") for n in names)
 
 
 def test_an_earlier_in_process_call_leaves_no_flag_behind(tmp_path):

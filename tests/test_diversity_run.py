@@ -21,8 +21,8 @@ from headspec.evaltext import evaluation_tokens
 from headspec.pretrained import load_pretrained
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO / "headspec" / "configs"))
-import diversity as diversity_config  # noqa: E402  headspec/configs/diversity.py
+sys.path.insert(0, str(REPO / "configs"))
+import diversity as diversity_config  # noqa: E402  configs/diversity.py
 
 STEPS = [1, 2, 4, 6]
 L, H = 2, 4
@@ -143,7 +143,7 @@ def test_cli(run_dir):
         "-m",
         "headspec",
         "diversity",
-        f"--config={REPO}/headspec/configs/diversity.py",
+        f"--config={REPO}/configs/diversity.py",
         f"--workdir={run_dir}",
         "--config.num_tokens=64",
         *overrides,

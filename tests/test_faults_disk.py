@@ -227,7 +227,7 @@ def _train_args(workdir, data_dir, steps: int):
   shape = "data.vocab_size=512 model.num_layers=1 model.num_heads=2 model.d_model=16 model.d_head=8 model.d_ff=32"
   rest = f"train.seq_len=16 train.batch_size=8 train.steps={steps} train.log_every=1 train.checkpoint_every=1"
   rest += " train.keep_last=20 train.eval_every=0 train.diversity_every=0"
-  cmd = [sys.executable, "-m", "headspec", "train", f"--config={REPO}/headspec/configs/quickstart.py:decoder"]
+  cmd = [sys.executable, "-m", "headspec", "train", f"--config={REPO}/configs/quickstart.py:decoder"]
   cmd += [f"--workdir={workdir}", f"--config.data_dir={data_dir}"]
   return cmd + [f"--config.{flag}" for flag in f"{shape} {rest}".split()]
 

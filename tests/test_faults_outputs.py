@@ -205,7 +205,7 @@ def test_attention_pictures_remove_a_killed_drawings_folder_and_draw_dollars(tin
 
 # --- a work directory that cannot be written (item 6) ---------------------------------------------------
 
-CONFIGS = pathlib.Path(__file__).resolve().parents[1] / "headspec" / "configs"
+CONFIGS = pathlib.Path(__file__).resolve().parents[1] / "configs"
 COMMANDS = {  # each on all-MiniLM-L6-v2 (atlas and study read tables only)
   "probe": "probe_minilm_ewt.py",
   "diversity": "diversity.py",

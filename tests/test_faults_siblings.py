@@ -175,7 +175,7 @@ OWN_CONFIGS = {
 def test_a_config_of_another_command_is_one_line(command, config, key, tmp_path, capsys):
   from headspec import cli
 
-  path = REPO / "headspec" / "configs" / config
+  path = REPO / "configs" / config
   workdir = tmp_path / "run"
   assert cli.main(["headspec", command, f"--config={path}", f"--workdir={workdir}"]) == 2
   err = capsys.readouterr().err
@@ -188,7 +188,7 @@ def test_every_commands_own_config_has_its_keys():
   from headspec import cli
 
   for command, config in OWN_CONFIGS.items():
-    module = importlib.util.spec_from_file_location("config", REPO / "headspec" / "configs" / config)
+    module = importlib.util.spec_from_file_location("config", REPO / "configs" / config)
     loaded = importlib.util.module_from_spec(module)
     module.loader.exec_module(loaded)
     cli._check_keys(command, loaded.get_config(None), config)  # raises UserError if a key is missing

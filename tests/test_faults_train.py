@@ -220,7 +220,7 @@ def test_damaged_checkpoint_on_the_command_line_is_one_line(run_copy, synthetic_
   for path in (run_copy / "checkpoints/2/state").rglob("d/*"):
     _truncate(path)
   shape = "data.vocab_size=512 model.num_layers=1 model.num_heads=2 model.d_model=16 model.d_head=8 model.d_ff=32"
-  cmd = [sys.executable, "-m", "headspec", "train", f"--config={REPO}/headspec/configs/quickstart.py:decoder"]
+  cmd = [sys.executable, "-m", "headspec", "train", f"--config={REPO}/configs/quickstart.py:decoder"]
   cmd += [f"--workdir={run_copy}", f"--config.data_dir={synthetic_data_dir}", "--config.train.steps=4"]
   cmd += [f"--config.{flag}" for flag in f"{shape} train.seq_len=16 train.batch_size=8".split()]
   done = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=300, env=dict(os.environ))

@@ -71,7 +71,7 @@ def _start(workdir, data_dir, settings, n=2):
       "-m",
       "headspec",
       "train",
-      f"--config={REPO}/headspec/configs/quickstart.py:encoder",
+      f"--config={REPO}/configs/quickstart.py:encoder",
       f"--workdir={workdir}",
       f"--config.data_dir={data_dir}",
       "--config.multihost=True",

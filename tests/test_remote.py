@@ -158,7 +158,7 @@ def _analysis_configs(data_dir):
   probe = synthetic_probe_config(str(data_dir))
   probe.probe.update(tasks=("upos",), eval_splits=("dev",), random_baseline=False, max_train_words=500)
   probe.probe.update(refine_samples=0, max_iter=20, l2_grid=(1e-3,), bootstrap_resamples=50, batch_tokens=1024)
-  spec = importlib.util.spec_from_file_location("_diversity_config", REPO / "headspec" / "configs" / "diversity.py")
+  spec = importlib.util.spec_from_file_location("_diversity_config", REPO / "configs" / "diversity.py")
   module = importlib.util.module_from_spec(spec)
   spec.loader.exec_module(module)
   diversity = module.get_config(None)

@@ -180,7 +180,7 @@ def test_cli_errors_are_one_line(tmp_path):
   env = dict(os.environ, HEADSPEC_DATA_DIR=str(tmp_path / "nowhere"))
   cases = [
     ["train", "--config=quickstart", f"--workdir={tmp_path}/w", "--config.model.nope=1"],
-    ["train", f"--config={REPO}/headspec/configs/missing.py", f"--workdir={tmp_path}/w"],
+    ["train", f"--config={REPO}/configs/missing.py", f"--workdir={tmp_path}/w"],
     ["train", "--config=quickstart", f"--workdir={tmp_path}/w"],
     ["train", "--config=quickstart", f"--workdir={tmp_path}/w", f"--config.data_dir={tmp_path}"],
     ["frobnicate"],

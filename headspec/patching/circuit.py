@@ -15,7 +15,7 @@ METHODS = ("eap", "eap_ig", "exact")
 
 
 def circuit_config() -> ml_collections.ConfigDict:
-  """Every `headspec circuit` key with its default (headspec/configs/circuit.py starts from it)."""
+  """Every `headspec circuit` key with its default (configs/circuit.py starts from it)."""
   c = ml_collections.ConfigDict()
   c.steps = "last"  # 'all' | 'last' | comma-separated saved steps; a pretrained model has step 0 only
   c.model_name = ""  # the tables' `model` column; '' = the run folder's name or the pretrained name

@@ -1,6 +1,6 @@
 """The config files shipped with headspec, found by name from any directory.
 
-`--config=NAME[:ARG]` is headspec/configs/NAME.py (`probe_minilm_ewt`, `experiments/specialization`);
+`--config=NAME[:ARG]` is configs/NAME.py (`probe_minilm_ewt`, `experiments/specialization`);
 `--config=FILE[:ARG]` is that file. A `configs/NAME.py` path that does not exist (the checkout's former
 folder, named in older docs, scripts and experiments' stage command lines) is the packaged NAME.py, so those
 command lines keep working from any directory, and so does a renamed config's former name (RENAMED). Each
