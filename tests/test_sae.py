@@ -245,6 +245,27 @@ def test_cli_on_the_tiny_decoder(trained_run, synthetic_data_dir, tmp_path):
   assert checkpoint.name.startswith("sae-step200-z0-")
 
 
+@pytest.mark.slow  # 52 s at load ~5 (two layers' SAE, capture and splice programs compiled)
+def test_every_layer_gets_an_sae_and_figures(short_run, synthetic_data_dir, tmp_path):
+  """layers='all': one SAE per layer in every table; per (model, step) the heads heatmap over both layers and the
+  entropy histogram, named <figure>_<model>_step<step>_<site>_<sae>.png."""
+  import shutil
+
+  from headspec.sae import plots
+
+  run = tmp_path / "sae_all"
+  shutil.copytree(short_run, run)
+  tiny = dict(SMALL, layers="all", sae__features=32, sae__k=4, sae__train_steps=60, analysis__treebank="")
+  assert sae_cli(tmp_path, run, synthetic_data_dir, **tiny) == 0
+  heads = headspec.read_table(run, "sae_heads")
+  assert set(zip(heads["layer"], heads["head"])) == {(l, h) for l in range(2) for h in range(4)}
+  assert set(headspec.read_table(run, "sae_features")["layer"]) == {0, 1}
+  figures = sorted(p.name for p in (run / "sae").glob("*.png"))
+  assert figures == ["entropy_sae_all_step2_z_topk-f32-k4.png", "heads_sae_all_step2_z_topk-f32-k4.png"]
+  assert all((run / "sae" / f).read_bytes()[:4] == b"\x89PNG" for f in figures)
+  assert plots.tag("../a b", 3, "z", "topk-f8-k2").startswith("_._a_b-")  # one file-name component
+
+
 def write_probes(workdir, model: str, step: int, layers: int, heads: int = 4) -> None:
   """A probes/results.csv with dev rows: head h of layer l has selectivity 0.1·h + l."""
   from headspec import tables
@@ -273,6 +294,9 @@ def short_run(train_tiny_decoder):
     (dict(layer=2), "layer=2 is not a layer of this model (0..1"),
     (dict(layer=-2), "layer=-2 is not a layer"),
     (dict(analysis__treebank="nosuch"), "nosuch"),
+    (dict(layers="2"), "layers='2' names layer 2, but the model has 2 (0..1)"),
+    (dict(layers="0,x"), "layers='0,x'; give ''"),
+    (dict(layers="1,1"), "layers='1,1'; give ''"),
   ],
 )
 def test_bad_input_is_one_line_and_writes_nothing(short_run, synthetic_data_dir, tmp_path, capsys, overrides, message):

@@ -16,6 +16,7 @@ def sae_config() -> ml_collections.ConfigDict:
     "z"  # the activations the SAE reads (headspec.model.SITES, per token): z = the concatenated Z_h, [tokens, H·K]
   )
   c.layer = -1  # 0-based block; -1 = the middle one (L // 2)
+  c.layers = ""  # '' = `layer` alone; 'all' or comma-separated blocks ('0,2'): one SAE per layer
   # The token rows (headspec/evaltext.py): the first train_tokens train the SAE, the next eval_tokens measure it
   # (a shorter text is cut in that proportion). Too few training tokens for the features overfit: eval FVU ≫ train FVU.
   c.train_tokens = 100000

@@ -1,6 +1,7 @@
 """`headspec sae`: an SAE on one layer's activations at every requested step, measured, attributed to heads
 and laid against a treebank (docs/sae.md). Through the one job loop (headspec/jobloop.py); writes
-RUN/sae/metrics.csv, features.csv, heads.csv, contexts.csv and labels.csv (docs/outputs.md).
+RUN/sae/metrics.csv, features.csv, heads.csv, contexts.csv and labels.csv (docs/outputs.md), and per
+(model, step) the figures heads_<tag>.png and entropy_<tag>.png (headspec/sae/plots.py).
 
 Per (model, step): the model reads the evaluation text (headspec/evaltext.py: a run's validation rows, or
 a pretrained model's corpus); the site's activations at the valid tokens of the first `train_tokens` train
@@ -36,6 +37,7 @@ POOLINGS = ("auto", "first", "last", "mean")
 def check_config(c) -> None:
   """UserError naming the first bad key, before any model is loaded."""
   splice.check_site(c.site)
+  parse_layers(c.layers)
   for key in ("train_tokens", "eval_tokens", "batch_size"):
     if c[key] < 1:
       raise UserError(f"sae: {key}={c[key]} must be at least 1")
@@ -61,6 +63,32 @@ def check_config(c) -> None:
       raise UserError(f"sae: analysis.{key}={a[key]} must be at least 1")
   if a.max_sentences < 0 or a.context_words < 0 or a.min_fires < 1:
     raise UserError("sae: analysis.max_sentences and context_words must be >= 0, min_fires >= 1")
+
+
+def parse_layers(text: str) -> tuple[int, ...] | str:
+  """`layers`: '' (the one `layer`), 'all', or comma-separated 0-based blocks; UserError otherwise."""
+  text = str(text).strip()
+  if text in ("", "all"):
+    return text
+  parts = [p.strip() for p in text.split(",")]
+  if not all(p.isascii() and p.isdigit() for p in parts) or len(set(parts)) != len(parts):
+    raise UserError(f"sae: layers={text!r}; give '' (the one `layer`), 'all', or distinct 0-based layers like '0,2'")
+  return tuple(int(p) for p in parts)
+
+
+def resolve_layers(c, num_layers: int) -> tuple[int, ...]:
+  """The layers the SAEs read (one SAE per layer), checked against the model's `num_layers`."""
+  chosen = parse_layers(c.layers)
+  if chosen == "":
+    return (splice.check_layer(c.layer, num_layers),)
+  if chosen == "all":
+    return tuple(range(num_layers))
+  bad = [layer for layer in chosen if layer >= num_layers]
+  if bad:
+    raise UserError(
+      f"sae: layers={c.layers!r} names layer {bad[0]}, but the model has {num_layers} (0..{num_layers - 1})"
+    )
+  return chosen
 
 
 def options(c, width: int) -> sae_train.Options:
@@ -141,7 +169,7 @@ class SAEAnalysis(jobloop.Analysis):
     c = self.config
     model, tokenizer = jobs[0].load()
     cfg = model.cfg
-    self.layer = splice.check_layer(c.layer, cfg.num_layers)
+    self.layers = resolve_layers(c, cfg.num_layers)
     self.width = int(np.prod(splice.site_shape(cfg, c.site)))
     self.options = options(c, self.width)
     from headspec.ablation.causal import read_selectivity
@@ -165,8 +193,8 @@ class SAEAnalysis(jobloop.Analysis):
     tokens_NT, valid_NT = evaluation_tokens(text_config, self.workdir, tokenizer)
     self.train_rows, self.eval_rows = split_rows(tokens_NT, valid_NT, c.train_tokens, c.eval_tokens)
 
-  def checkpoint_dir(self, job):
-    key = dict(identity=job.identity, options=self.options.__dict__, site=self.config.site, layer=self.layer,
+  def checkpoint_dir(self, job, layer: int):
+    key = dict(identity=job.identity, options=self.options.__dict__, site=self.config.site, layer=layer,
                rows=hashlib.sha256(self.train_rows[0].tobytes()).hexdigest())  # fmt: skip
     digest = hashlib.sha256(json.dumps(key, sort_keys=True, default=str).encode()).hexdigest()[:12]
     name = filenames.component(job.name)  # the one rule for a name in a path (headspec/filenames.py)
@@ -174,17 +202,25 @@ class SAEAnalysis(jobloop.Analysis):
       remote.run_path(self.workdir)
       / "sae"
       / "checkpoints"
-      / f"{name}-step{job.step}-{self.config.site}{self.layer}-{digest}"
+      / f"{name}-step{job.step}-{self.config.site}{layer}-{digest}"
     )
 
   def job(self, job):
-    c, o, site, layer = self.config, self.options, self.config.site, self.layer
+    """Every table's rows of one (model, step): one SAE per layer of `layers`."""
+    out = {table: [] for table in TABLES}
+    for layer in self.layers:
+      for table, rows in self.layer_rows(job, layer).items():
+        out[table] += rows
+    return out
+
+  def layer_rows(self, job, layer: int) -> dict:
+    c, o, site = self.config, self.options, self.config.site
     model, tokenizer = job.load()
     cfg = model.cfg
     x_train, _ = splice.capture(model, _token_batches(*self.train_rows, c.batch_size), site, layer)
     sae_train.check_activations(x_train, where=f"{job.name} step {job.step}: {site} of layer {layer}")
     t0 = time.perf_counter()
-    sae = sae_train.fit_sae(x_train, **{**o.__dict__, "checkpoint_dir": self.checkpoint_dir(job),
+    sae = sae_train.fit_sae(x_train, **{**o.__dict__, "checkpoint_dir": self.checkpoint_dir(job, layer),
                                         "checkpoint_every": c.sae.checkpoint_every})  # fmt: skip
     seconds = time.perf_counter() - t0
     evalset = evalset_lib.lm_eval_set(*self.eval_rows, model_kind=cfg.kind, tokenizer=tokenizer,
@@ -220,7 +256,7 @@ class SAEAnalysis(jobloop.Analysis):
                                        pooling=c.analysis.pooling, batch_tokens=c.analysis.batch_tokens,
                                        top=c.analysis.top)  # fmt: skip
     feature_rows, selectivity = self.feature_rows(key, sae, f_eval, rates_F, a_FH, profile)
-    head_rows = self.head_rows(key, job, cfg, a_FH, rates_F, selectivity) if heads else []
+    head_rows = self.head_rows(key, job, layer, a_FH, rates_F, selectivity) if heads else []
     context_rows, label_rows = self.treebank_rows(key, profile, al) if profile is not None else ([], [])
     return {tables.SAE_METRICS: metric_rows, tables.SAE_FEATURES: feature_rows, tables.SAE_HEADS: head_rows,
             tables.SAE_CONTEXTS: context_rows, tables.SAE_LABELS: label_rows}  # fmt: skip
@@ -251,7 +287,7 @@ class SAEAnalysis(jobloop.Analysis):
       rows.append(row)
     return rows, selectivity
 
-  def head_rows(self, key, job, cfg, a_FH, rates_F, selectivity):
+  def head_rows(self, key, job, layer, a_FH, rates_F, selectivity):
     """Per head: features carried and exclusive, specialization S_h, the carried features' mean entropy, their
     label selectivity beside the head's probe selectivity (probes/results.csv, dev split) when present."""
     a = self.config.analysis
@@ -274,7 +310,7 @@ class SAEAnalysis(jobloop.Analysis):
         values[f"selective_features_{name}"] = int((mine >= a.selective_min).sum())
       if probes is not None:
         for task, sel_LH in sorted(probes.by_task.items()):
-          values[f"probe_selectivity_{task}"] = float(sel_LH[self.layer, h])
+          values[f"probe_selectivity_{task}"] = float(sel_LH[layer, h])
       rows += [key | dict(head=h, metric=name, value=float(v)) for name, v in values.items()]
     return rows
 
@@ -300,6 +336,25 @@ class SAEAnalysis(jobloop.Analysis):
         label_rows.append(key | dict(feature=int(f), label_set=name, label=profile.labels[name][c_idx], count=count,
                                      fraction=count / int(profile.fires_F[f])))  # fmt: skip
     return contexts, label_rows
+
+  def merged(self, job):
+    """heads_<tag>.png and entropy_<tag>.png of this job's SAEs (headspec/sae/plots.py), from the merged tables:
+    the heatmap holds every layer heads.csv has for this model, step, site and SAE configuration."""
+    from headspec.sae import plots
+
+    c, name = self.config, sae_name(self.options)
+    mine = lambda frame: frame[(frame["model"] == job.name) & (frame["step"] == job.step)
+                               & (frame["site"] == c.site) & (frame["sae"] == name)]  # fmt: skip
+    heads = mine(tables.read_frame(tables.path_of(self.workdir, tables.SAE_HEADS), tables.SAE_HEADS))
+    if heads.empty:  # a site of the residual width: no heads to draw
+      return
+    features = mine(tables.read_frame(tables.path_of(self.workdir, tables.SAE_FEATURES), tables.SAE_FEATURES))
+    H = int(heads["head"].max()) + 1
+    tag, out = plots.tag(job.name, job.step, c.site, name), remote.run_path(self.workdir) / "sae"
+    title = f"{job.name} step {job.step}: {name} on {c.site}"
+    for path in (plots.heads(heads.to_dict("records"), H, out / f"heads_{tag}.png", title),
+                 plots.entropy(features.to_dict("records"), H, out / f"entropy_{tag}.png", title)):  # fmt: skip
+      logging.info(f"  wrote {path}")
 
   def finish(self, jobs):
     return tables.path_of(self.workdir, tables.SAE_METRICS)
