@@ -24,6 +24,8 @@ import sys
 from absl import flags, logging
 from ml_collections import config_flags
 
+from headspec import commands
+from headspec.commands import COMMANDS
 from headspec.errors import UserError
 
 FLAGS = flags.FlagValues()
@@ -33,54 +35,8 @@ _CONFIG = config_flags.DEFINE_config_file(
 _WORKDIR = flags.DEFINE_string("workdir", None, "run directory", flag_values=FLAGS)
 _VERBOSE = flags.DEFINE_bool("verbose", False, "log library details (orbax, tfds) too", flag_values=FLAGS)
 
-USAGE = """usage: headspec <command> --config=NAME[:ARG] --workdir=DIR [--config.key=value ...]
-       headspec <command> --help     the command's config keys, defaults and meanings
-       headspec --version
-commands:
-  quickstart [--workdir=DIR]   synthetic treebank -> train a small decoder and encoder -> probe
-  train                        train a model (--config=base_decoder, base_encoder, quickstart:decoder)
-  probe                        per-head probing suite over checkpoints (--config=probe_ewt, probe_minilm_ewt)
-  diversity                    head-diversity metrics over checkpoints
-  ablate                       head ablations, importance, pruning, L0 gates, causal probe test
-  atlas [--compare=RUN_B]      RUN/atlas.html: every head's numbers on one offline page (no --config)
-  attention                    Clark et al. syntax from attention, head roles, pictures
-  patch                        activation, attribution and path patching of a built-in task (--config=patch_induction)
-  circuit                      edges scored by EAP, EAP-IG and exact patching; faithfulness curves (--config=circuit)
-  sae                          sparse autoencoders on a layer's z, attributed to heads and the treebank (--config=sae)
-  study --workdir=ROOT         an experiment's tables and figures across runs (ROOT/study/; no --config)
-  launch TARGET [...] -- CMD   run a command, pipeline, sweep or experiment: local, multi-gpu, slurm, tpu (docs/scale.md)
-  data download ud TREEBANK    fetch a Universal Dependencies treebank into the data directory
-  data download text CORPUS    fetch a language-model corpus (english_mix, wikitext_103, wikitext_2) into the data directory
-  data synthetic --out=DIR     write the synthetic treebank and its text (experiments' own data) into DIR"""
-
-# command -> "module:function"; each takes (config, workdir, args) and returns nothing.
-COMMANDS = {
-  "quickstart": "headspec.commands:quickstart",
-  "train": "headspec.commands:train",
-  "probe": "headspec.commands:probe",
-  "diversity": "headspec.commands:diversity",
-  "ablate": "headspec.commands:ablate",
-  "atlas": "headspec.commands:atlas",
-  "attention": "headspec.commands:attention",
-  "patch": "headspec.commands:patch",
-  "circuit": "headspec.commands:circuit",
-  "sae": "headspec.commands:sae",
-  "study": "headspec.commands:study",
-  "data": "headspec.commands:data",
-}
-NEEDS_CONFIG = {"train", "probe", "diversity", "ablate", "attention", "patch", "circuit", "sae"}
-# command -> "module:function" of its default config; a --config lacking one of its keys is refused
-# (`_check_keys`): another command's config fails there, not with an AttributeError deep in the command.
-DEFAULTS = {
-  "train": "headspec.defaults:train_config",
-  "probe": "headspec.probing.config:probe_config",
-  "diversity": "headspec.diversity.config:diversity_config",
-  "ablate": "headspec.ablation.config:ablate_config",
-  "attention": "headspec.attention.config:attention_config",
-  "patch": "headspec.patching.config:patch_config",
-  "circuit": "headspec.patching.circuit:circuit_config",
-  "sae": "headspec.sae.config:sae_config",
-}
+USAGE = commands.usage()
+"""`headspec --help`, from the one table of commands (headspec/commands.py COMMANDS)."""
 
 
 class _Exit(Exception):
@@ -140,8 +96,9 @@ def use_compilation_cache() -> None:
 
 
 def main(argv: list[str]) -> int:
-  if len(argv) > 1 and argv[1] == "launch":  # its own options (--config, --workdir mean a study's), its own parser
-    return _launch(argv[2:])
+  own = COMMANDS.get(argv[1]) if len(argv) > 1 else None
+  if own is not None and own.own_parser:  # launch: its own options (--config, --workdir mean a study's)
+    return _own_parser(own, argv[2:])
   if argv[1:] == ["--version"]:
     print(f"headspec {version()}")
     return 0
@@ -169,27 +126,29 @@ def main(argv: list[str]) -> int:
       print(USAGE)
       return 0 if args else 2
     command, args = args[0], args[1:]
-    if command == "launch":
-      _fail("launch comes first, before any option: headspec launch TARGET [options] [-- COMMAND ARGS]")
-    if command not in COMMANDS:
-      _fail(f"unknown command {command!r}; choose from {', '.join(COMMANDS)}, launch")
+    entry = COMMANDS.get(command)
+    if entry is not None and entry.own_parser:
+      _fail(f"{command} comes first, before any option: headspec launch TARGET [options] [-- COMMAND ARGS]")
+    if entry is None:
+      first = [name for name, c in COMMANDS.items() if c.own_parser]  # listed last: they come first
+      choices = [*(name for name in COMMANDS if name not in first), *first]
+      _fail(f"unknown command {command!r}; choose from {', '.join(choices)}")
     try:
       config = _CONFIG.value
     except (flags.Error, FileNotFoundError, OSError) as e:
       _fail(f"--config: {e}")
-    if command in NEEDS_CONFIG and config is None:
+    if entry.needs_config and config is None:
       _fail(f"{command} needs --config=NAME (`headspec {command} --help` lists the configs and keys)")
-    if command in DEFAULTS and config is not None:
+    if entry.needs_config and config is not None:
       _check_keys(command, config, _config_file(argv))
-    if command in NEEDS_CONFIG | {"train"} and not _WORKDIR.value:
+    if entry.needs_config and not _WORKDIR.value:
       _fail(f"{command} needs --workdir=DIR")
     if _WORKDIR.value:
       from headspec import remote
 
       remote.check_url(_WORKDIR.value)  # gs://, s3://, az:// or a local path; anything else before any work
     _quiet_libraries(_VERBOSE.value)
-    module, function = COMMANDS[command].split(":")
-    getattr(importlib.import_module(module), function)(config, _WORKDIR.value, args)
+    entry(command, config, _WORKDIR.value, args)
     return 0
   except UserError as e:
     print(f"headspec: error: {one_line(e)}", file=sys.stderr)
@@ -228,12 +187,10 @@ def disk_error(e: BaseException, workdir=None) -> str | None:
   return None
 
 
-def _launch(args: list[str]) -> int:
-  """`headspec launch ARGS` = `python -m headspec.launch ARGS` (same output, same one-line errors, exit 2)."""
-  from headspec import launch
-
+def _own_parser(entry, args: list[str]) -> int:
+  """`headspec launch ARGS` = `python -m headspec.launch ARGS`: the command's own parser, its exit status."""
   try:
-    return launch.main(args, prog="headspec launch")
+    return entry.function()(args)
   except KeyboardInterrupt:
     print("headspec: interrupted", file=sys.stderr)
     return 130
@@ -243,10 +200,14 @@ def _parse(argv: list[str]) -> list[str]:
   """FLAGS(argv), every flag from its default. config_flags finds the --config.key overrides in sys.argv,
   not in the list it parses, so sys.argv is `argv` while parsing: main() called in-process (tests,
   notebooks) applies them too; and absl keeps a flag's value between parses, so the flags are reset
-  first (else a --config or --workdir of an earlier in-process call would reach a later command)."""
+  first (else a --config or --workdir of an earlier in-process call would reach a later command), and the
+  --config.KEY flags config_flags defined for an earlier call are dropped (a second call with the same
+  override failed: "The flag 'config.probe.steps' is defined twice")."""
   saved, sys.argv = sys.argv, list(argv)
   try:
     FLAGS.unparse_flags()
+    for name in [name for name in FLAGS if name.startswith(f"{_CONFIG.name}.")]:
+      delattr(FLAGS, name)
     return FLAGS(argv, known_only=True)
   finally:
     sys.argv = saved
@@ -267,16 +228,18 @@ def version() -> str:
 def command_help(command: str) -> str:
   """`headspec COMMAND --help`: its line of USAGE, and for a command with a config its keys, defaults
   and meanings."""
-  summary = next((line.strip() for line in USAGE.splitlines() if line.strip().startswith(command + " ")), "")
-  if command not in DEFAULTS:
-    return f"usage: headspec {summary}"
+  entry = COMMANDS[command]
+  synopsis, meaning = entry.usage[0]
+  if not entry.needs_config:
+    return "usage: headspec " + next(line.strip() for line in USAGE.splitlines() if line.strip().startswith(synopsis))
   from headspec import config_help
 
-  return config_help.help_text(command, DEFAULTS[command], " ".join(summary.split()[1:]))
+  return config_help.help_text(command, entry.defaults, meaning)
 
 
 def _command_asking_help(argv: list[str]) -> str | None:
-  """The command of `headspec COMMAND ... --help` (or -h), None otherwise; `data` has its own help."""
+  """The command of `headspec COMMAND ... --help` (or -h), None otherwise (and for a command with its own
+  help: `data`)."""
   words, skip = [], False
   for arg in argv[1:]:
     if skip:
@@ -286,7 +249,7 @@ def _command_asking_help(argv: list[str]) -> str | None:
     elif not arg.startswith("-"):
       words.append(arg)
   asks = any(a in ("-h", "--help") for a in argv[1:])
-  return words[0] if asks and words and words[0] in COMMANDS and words[0] != "data" else None
+  return words[0] if asks and words and words[0] in COMMANDS and not COMMANDS[words[0]].own_help else None
 
 
 def resolve_config(argv: list[str]) -> list[str]:
@@ -343,7 +306,7 @@ def _missing_keys(config, defaults, prefix: str = "") -> list[str]:
 def _check_keys(command: str, config, path) -> None:
   """UserError (one line) naming the config file and the first key of the command's defaults it lacks
   (`headspec probe --config=configs/attention_ewt.py`: no `probe` section)."""
-  module, function = DEFAULTS[command].split(":")
+  module, function = COMMANDS[command].defaults.split(":")
   missing = _missing_keys(config, getattr(importlib.import_module(module), function)())
   if missing:
     more = f" (and {len(missing) - 1} more)" if len(missing) > 1 else ""

@@ -1,12 +1,58 @@
-"""The CLI's commands: each turns (config, workdir, positional args) into one library call (an analysis's
-`<package>.run.run`, the job loop of headspec/jobloop.py)."""
+"""The CLI's commands, in one table (COMMANDS): each name's entry says what it runs, its line of
+`headspec --help`, and its default config (a command with one needs --config and --workdir). An analysis
+is its `<package>/run.py` run(config, workdir) (the job loop of headspec/jobloop.py) and the line printed
+from what it returns; the other commands turn (config, workdir, positional args) into one library call.
+Adding a command is one entry here."""
 
 from __future__ import annotations
 
+import dataclasses
+import importlib
 import os
+from collections.abc import Callable
 
-from headspec import targets
 from headspec.errors import UserError
+
+
+@dataclasses.dataclass(frozen=True)
+class Command:
+  """One `headspec` command.
+
+  usage: its lines of `headspec --help`: (synopsis, meaning), the synopsis starting with the name.
+  run: "module:function", imported only when the command runs (`headspec --help` loads no analysis, no JAX):
+    an analysis's run(config, workdir) where `report` is given, else a function of (config, workdir, args).
+  report: for an analysis, the text printed from what its run returned; it takes no positional arguments.
+  defaults: "module:function" of its default config; a command with one needs --config and --workdir, and
+    a --config lacking one of its keys is refused (cli._check_keys), naming the key.
+  own_help: `COMMAND --help` is passed on to the command (its own help), not the config keys' listing.
+  own_parser: takes the whole command line after its name, before any flag of ours is parsed (its own
+    parser: run is a function of that list returning the exit status); it must come first.
+  """
+
+  usage: tuple[tuple[str, str], ...]
+  run: str
+  report: Callable[[object], str] | None = None
+  defaults: str | None = None
+  own_help: bool = False
+  own_parser: bool = False
+
+  @property
+  def needs_config(self) -> bool:
+    return self.defaults is not None
+
+  def function(self) -> Callable:
+    module, name = self.run.split(":")
+    return getattr(importlib.import_module(module), name)
+
+  def __call__(self, name: str, config, workdir, args: list[str]) -> None:
+    """Run the command `name` of this entry."""
+    function = self.function()
+    if self.report is None:
+      function(config, workdir, args)
+      return
+    if args:
+      raise UserError(f"{name} takes no arguments, got {' '.join(args)}")
+    print(self.report(function(config, workdir)))
 
 
 def quickstart(config, workdir, args) -> None:
@@ -18,6 +64,7 @@ def quickstart(config, workdir, args) -> None:
 
 
 def train(config, workdir, args) -> None:
+  from headspec import targets
   from headspec.train import train_and_evaluate
 
   if args:
@@ -29,26 +76,6 @@ def train(config, workdir, args) -> None:
     print(f"already trained to step {config.train.steps}; run directory {workdir}")
     return
   print(f"trained to step {final.get('step')}: loss {final.get('loss', float('nan')):.4f}; run directory {workdir}")
-
-
-def probe(config, workdir, args) -> None:
-  from etils import epath
-
-  from headspec.probing.run import run
-
-  if args:
-    raise UserError(f"probe takes no arguments, got {' '.join(args)}")
-  results = run(config, workdir)
-  print((epath.Path(results).parent / "summary.md").read_text())
-
-
-def diversity(config, workdir, args) -> None:
-  from headspec.diversity.run import run
-
-  if args:
-    raise UserError(f"diversity takes no arguments, got {' '.join(args)}")
-  results = run(config, workdir)
-  print(f"diversity metrics: {results}; figures in {results.parent}")
 
 
 def atlas(config, workdir, args) -> None:
@@ -67,47 +94,6 @@ def atlas(config, workdir, args) -> None:
     else:
       raise UserError(f"atlas takes only --compare=RUN_B, got {arg}")
   print(build_atlas(workdir, compare=compare))
-
-
-def ablate(config, workdir, args) -> None:
-  from headspec.ablation.run import run
-
-  if args:
-    raise UserError(f"ablate takes no arguments, got {' '.join(args)}")
-  out_dir = run(config, workdir)
-  print(f"ablation tables and figures: {out_dir}")
-
-
-def patch(config, workdir, args) -> None:
-  from headspec.patching.run import run
-
-  if args:
-    raise UserError(f"patch takes no arguments, got {' '.join(args)}")
-  print(f"patching tables and heatmaps: {run(config, workdir).parent}")
-
-
-def circuit(config, workdir, args) -> None:
-  from headspec.patching.circuit import run
-
-  if args:
-    raise UserError(f"circuit takes no arguments, got {' '.join(args)}")
-  print(f"circuit tables: {run(config, workdir).parent}")
-
-
-def attention(config, workdir, args) -> None:
-  from headspec.attention.run import run
-
-  if args:
-    raise UserError(f"attention takes no arguments, got {' '.join(args)}")
-  print(run(config, workdir).read_text())
-
-
-def sae(config, workdir, args) -> None:
-  from headspec.sae.run import run
-
-  if args:
-    raise UserError(f"sae takes no arguments, got {' '.join(args)}")
-  print(f"SAE tables: {run(config, workdir).parent}")
 
 
 def study(config, workdir, args) -> None:
@@ -152,6 +138,8 @@ def data(config, workdir, args) -> None:
     return
   if len(args) < 3 or args[0] != "download" or args[1] not in ("ud", "text"):
     raise UserError(usage)
+  from headspec import targets
+
   kind = args[1]
   where = "DATA_DIR/ud/TREEBANK/" if kind == "ud" else "DATA_DIR/text/CORPUS/"
   data_dir = os.fspath(targets.data_dir(config, purpose=f"files go to {where}", must_exist=False))
@@ -164,3 +152,116 @@ def data(config, workdir, args) -> None:
 
   for path in main_download(args[2:], data_dir):
     print(path)
+
+
+def launch(args: list[str]) -> int:
+  """`headspec launch ARGS` = `python -m headspec.launch ARGS` (same output, same one-line errors, exit 2)."""
+  from headspec import launch
+
+  return launch.main(args, prog="headspec launch")
+
+
+def _probe_summary(results) -> str:
+  from etils import epath
+
+  return (epath.Path(results).parent / "summary.md").read_text()
+
+
+COMMANDS: dict[str, Command] = {
+  "quickstart": Command(
+    (("quickstart [--workdir=DIR]", "synthetic treebank -> train a small decoder and encoder -> probe"),),
+    "headspec.commands:quickstart",
+  ),
+  "train": Command(
+    (("train", "train a model (--config=base_decoder, base_encoder, quickstart:decoder)"),),
+    "headspec.commands:train",
+    defaults="headspec.defaults:train_config",
+  ),
+  "probe": Command(
+    (("probe", "per-head probing suite over checkpoints (--config=probe_ewt, probe_minilm_ewt)"),),
+    "headspec.probing.run:run",
+    _probe_summary,
+    "headspec.probing.config:probe_config",
+  ),
+  "diversity": Command(
+    (("diversity", "head-diversity metrics over checkpoints"),),
+    "headspec.diversity.run:run",
+    lambda results: f"diversity metrics: {results}; figures in {results.parent}",
+    "headspec.diversity.config:diversity_config",
+  ),
+  "ablate": Command(
+    (("ablate", "head ablations, importance, pruning, L0 gates, causal probe test"),),
+    "headspec.ablation.run:run",
+    lambda out_dir: f"ablation tables and figures: {out_dir}",
+    "headspec.ablation.config:ablate_config",
+  ),
+  "atlas": Command(
+    (("atlas [--compare=RUN_B]", "RUN/atlas.html: every head's numbers on one offline page (no --config)"),),
+    "headspec.commands:atlas",
+  ),
+  "attention": Command(
+    (("attention", "Clark et al. syntax from attention, head roles, pictures"),),
+    "headspec.attention.run:run",
+    lambda summary: summary.read_text(),
+    "headspec.attention.config:attention_config",
+  ),
+  "patch": Command(
+    (("patch", "activation, attribution and path patching of a built-in task (--config=patch_induction)"),),
+    "headspec.patching.run:run",
+    lambda results: f"patching tables and heatmaps: {results.parent}",
+    "headspec.patching.config:patch_config",
+  ),
+  "circuit": Command(
+    (("circuit", "edges scored by EAP, EAP-IG and exact patching; faithfulness curves (--config=circuit)"),),
+    "headspec.patching.circuit:run",
+    lambda edges: f"circuit tables: {edges.parent}",
+    "headspec.patching.circuit:circuit_config",
+  ),
+  "sae": Command(
+    (("sae", "sparse autoencoders on a layer's z, attributed to heads and the treebank (--config=sae)"),),
+    "headspec.sae.run:run",
+    lambda results: f"SAE tables: {results.parent}",
+    "headspec.sae.config:sae_config",
+  ),
+  "study": Command(
+    (("study --workdir=ROOT", "an experiment's tables and figures across runs (ROOT/study/; no --config)"),),
+    "headspec.commands:study",
+  ),
+  "launch": Command(
+    (
+      (
+        "launch TARGET [...] -- CMD",
+        "run a command, pipeline, sweep or experiment: local, multi-gpu, slurm, tpu (docs/scale.md)",
+      ),
+    ),
+    "headspec.commands:launch",
+    own_help=True,
+    own_parser=True,
+  ),
+  "data": Command(
+    (
+      ("data download ud TREEBANK", "fetch a Universal Dependencies treebank into the data directory"),
+      (
+        "data download text CORPUS",
+        "fetch a language-model corpus (english_mix, wikitext_103, wikitext_2) into the data directory",
+      ),
+      ("data synthetic --out=DIR", "write the synthetic treebank and its text (experiments' own data) into DIR"),
+    ),
+    "headspec.commands:data",
+    own_help=True,
+  ),
+}
+"""Every `headspec` command, in the order `headspec --help` lists them."""
+
+
+def usage() -> str:
+  """`headspec --help`: the command line's forms, then each command's lines of COMMANDS."""
+  lines = [
+    "usage: headspec <command> --config=NAME[:ARG] --workdir=DIR [--config.key=value ...]",
+    "       headspec <command> --help     the command's config keys, defaults and meanings",
+    "       headspec --version",
+    "commands:",
+  ]
+  width = max(len(synopsis) for command in COMMANDS.values() for synopsis, _ in command.usage) + 3
+  lines += [f"  {synopsis:<{width}}{meaning}" for c in COMMANDS.values() for synopsis, meaning in c.usage]
+  return "\n".join(lines)

@@ -1,6 +1,7 @@
 """The command line's face: --version, `<command> --help` with every config key, configs by name from
 any directory (and the old `configs/NAME.py` paths), the packaging metadata."""
 
+import inspect
 import os
 import pathlib
 import shutil
@@ -39,12 +40,12 @@ def test_commands_keep_compiled_programs_in_the_user_cache(switch, tmp_path):
   assert not (tmp_path / "headspec").exists() and any((tmp_path / "mine").glob("*"))
 
 
-@pytest.mark.parametrize("command", sorted(cli.DEFAULTS))
+@pytest.mark.parametrize("command", sorted(n for n, c in cli.COMMANDS.items() if c.needs_config))
 def test_command_help_lists_every_key_with_its_default(command, capsys, tmp_path, monkeypatch):
   monkeypatch.chdir(tmp_path)
   assert cli.main(["headspec", command, "--help"]) == 0
   out = capsys.readouterr().out
-  module, function = cli.DEFAULTS[command].split(":")
+  module, function = cli.COMMANDS[command].defaults.split(":")
   defaults = getattr(__import__(module, fromlist=[function]), function)()
   for key, value in config_help.flat_items(defaults):
     assert f"  {key} = {value!r}" in out, key
@@ -139,3 +140,72 @@ def test_an_earlier_in_process_call_leaves_no_flag_behind(tmp_path):
   assert cli._CONFIG.value is not None and cli._WORKDIR.value == str(tmp_path / "run")
   cli._parse(["headspec", "data"])
   assert cli._CONFIG.value is None and not cli._WORKDIR.value
+
+
+def _toy_run(config, workdir):
+  """A toy analysis for the registry test: its run(config, workdir), returning what the command prints."""
+  return f"toy ran: lr={config.toy.lr} workdir={workdir}"
+
+
+def _toy_config():
+  import ml_collections
+
+  c = ml_collections.ConfigDict()
+  c.toy = ml_collections.ConfigDict()
+  c.toy.lr = 0.5  # the toy's learning rate
+  return c
+
+
+def test_a_command_is_one_entry_of_the_table(tmp_path, monkeypatch, capsys):
+  """One entry of commands.COMMANDS gives a command everything: dispatch to its run(config, workdir), its
+  line of `headspec --help`, its `--help` keys, the --config and --workdir it needs and its key check."""
+  from headspec import commands
+
+  toy = commands.Command(
+    (("toy", "a toy analysis"),), f"{__name__}:_toy_run", str, f"{__name__}:_toy_config"
+  )  # fmt: skip
+  monkeypatch.setitem(commands.COMMANDS, "toy", toy)
+  monkeypatch.setattr(cli, "USAGE", commands.usage())
+  config = tmp_path / "toy.py"
+  config.write_text(f"from {__name__} import _toy_config\n\ndef get_config(arg=None):\n  return _toy_config()\n")
+  monkeypatch.syspath_prepend(str(pathlib.Path(__file__).parent))
+  run = ["headspec", "toy", f"--config={config}", f"--workdir={tmp_path / 'run'}", "--config.toy.lr=2"]
+  assert cli.main(run) == 0
+  assert capsys.readouterr().out == f"toy ran: lr=2.0 workdir={tmp_path / 'run'}\n"
+  assert cli.main(["headspec"]) == 2 and "  toy   " in capsys.readouterr().out
+  assert cli.main(["headspec", "toy", "--help"]) == 0
+  out = capsys.readouterr().out
+  assert out.startswith("usage: headspec toy --config=NAME") and "a toy analysis" in out
+  assert "toy.lr = 0.5" in out and "the toy's learning rate" in out
+  assert cli.main(["headspec", "toy", f"--workdir={tmp_path}"]) == 2
+  assert "toy needs --config=NAME" in capsys.readouterr().err
+  assert cli.main(["headspec", "toy", f"--config={config}"]) == 2
+  assert "toy needs --workdir=DIR" in capsys.readouterr().err
+  assert cli.main([*run, "extra"]) == 2  # the same --config.toy.lr override again, in-process
+  assert capsys.readouterr().err.strip() == "headspec: error: toy takes no arguments, got extra"
+  assert cli.main(["headspec", "toy", f"--config={configs.DIR / 'ablate.py'}", f"--workdir={tmp_path}"]) == 2
+  assert "no config key toy, which `headspec toy` needs" in capsys.readouterr().err
+  assert cli.main(["headspec", "nope"]) == 2
+  assert capsys.readouterr().err.strip().endswith("sae, study, data, toy, launch")
+
+
+def test_every_analysis_command_runs_its_packages_run():
+  """The analyses' commands are their run(config, workdir), with the default config of the package."""
+  analyses = {n: c for n, c in cli.COMMANDS.items() if c.report is not None}
+  assert set(analyses) == {"probe", "diversity", "ablate", "attention", "patch", "circuit", "sae"}
+  for command in analyses.values():
+    run = command.function()
+    assert list(inspect.signature(run).parameters) == ["config", "workdir"]
+    assert command.defaults.split(".")[:2] == command.run.split(".")[:2]  # headspec.<package>
+
+
+def test_the_same_override_twice_in_process(tmp_path, capsys):
+  """config_flags defines a --config.KEY flag per parse: a second in-process call with the same override
+  failed ("The flag 'config.probe.steps' is defined twice"); a third without it keeps the default."""
+  argv = ["headspec", "probe", "--config=probe_synthetic", f"--workdir={tmp_path}", "--config.probe.steps=3", "x"]
+  for _ in range(2):
+    assert cli.main(argv) == 2
+    assert capsys.readouterr().err.strip() == "headspec: error: probe takes no arguments, got x"
+    assert cli._CONFIG.value.probe.steps == "3"
+  assert cli.main([a for a in argv if "probe.steps" not in a]) == 2
+  assert cli._CONFIG.value.probe.steps == "last"
