@@ -58,6 +58,15 @@ chosen on dev and reported on test (the maximum over 48 noisy dev estimates is b
                   zero_ablation and mean_ablation, the SIGNED loss change when the head alone is removed
                   (> 0: the model needs it); importance_raw, Michel et al. 2019's E|∂ℓ/∂m_h|; importance,
                   the same normalised per layer (the pruning ranking; comparable only within a layer).
+  sae_heads.csv   per run, kept step and head (sae/heads.csv of `headspec sae` on z, every layer): the head's
+                  feature specialization S_h, its exclusive and carried features (docs/sae.md).
+  sae.csv         per run and kept step, from sae_heads.csv: `specialization_mean` and `_max` over heads,
+                  `exclusive_features` (summed over heads), `heads_with_exclusive`; per probe task where the
+                  step was probed, Spearman's ρ over heads of S_h with the head's test selectivity
+                  (`spearman_selectivity`, permutation p), its within-layer mean (`within_layer_spearman`,
+                  heads shuffled within their layer), and `spearman_change`: ρ over heads of S_h's change
+                  since the first step probed with the selectivity's change (does specialization rise where
+                  selectivity does?); p Holm-adjusted over the run's ρ rows.
   reference.csv   the best head's test selectivity per task, the structural-probe value per metric of the
                   head with the best dev value (beside the linear baseline) and the best head's Clark accuracy per relation
                   (beside the best fixed offset), all chosen on dev and reported on test, for each run's
@@ -104,6 +113,8 @@ COLUMNS = {  # every study table's columns (docs/outputs.md), so that an empty t
   "rankings": "run,condition,seed,step,task,measure,spearman,p_value,p_holm,within_layer_spearman,"
   "within_layer_p,within_layer_p_holm,heads",
   "reference": "run,condition,kind,what,layer,head,value,baseline,n",
+  "sae_heads": "run,condition,seed,step,sae,layer,head,specialization,exclusive_features,features_carried",
+  "sae": "run,condition,seed,step,sae,measure,task,value,p_value,p_holm,heads",
 }
 
 
@@ -597,6 +608,86 @@ def rankings(run: dict, workdir) -> list[dict]:
   return out
 
 
+SAE_HEAD_METRICS = ("specialization", "exclusive_features", "features_carried")  # sae/heads.csv, per head
+SAE_PERMUTATIONS = 2000  # per ρ of sae.csv (steps × tasks × 3 per run): p resolution 1/2001
+
+
+def sae_heads(run: dict, workdir) -> list[dict]:
+  """sae_heads.csv rows of one run: per kept step, SAE configuration and head, sae/heads.csv's S_h, exclusive
+  and carried features of the SAEs on z (`headspec sae`, docs/sae.md)."""
+  frame = _frame(workdir, tables.SAE_HEADS)
+  if frame is None or frame.empty:
+    return []
+  frame = frame[(frame["site"] == "z") & frame["metric"].isin(SAE_HEAD_METRICS)]
+  wide = frame.pivot_table(index=["step", "sae", "layer", "head"], columns="metric", values="value", aggfunc="first")
+  out = []
+  for (step, sae, layer, head), r in wide.iterrows():
+    values = {m: float(r[m]) if m in r else np.nan for m in SAE_HEAD_METRICS}
+    out.append(dict(**run, step=int(step), sae=sae, layer=int(layer), head=int(head), **values))
+  return out
+
+
+def _test_selectivity(workdir):
+  """probes/selectivity.csv's test rows of heads, or None."""
+  sel = _frame(workdir, tables.PROBE_SELECTIVITY)
+  if sel is None or sel.empty:
+    return None
+  _, test = _splits(sel, os.fspath(tables.path_of(workdir, tables.PROBE_SELECTIVITY)))
+  return sel[(sel["split"] == test) & (sel["head"] >= 0)]
+
+
+def sae_summary(run: dict, heads_rows: list[dict], workdir) -> list[dict]:
+  """sae.csv rows of one run from its sae_heads rows (module docstring): per step the heads' specialization
+  and exclusive features, and the rank correlations over heads of S_h with the probes' test selectivity."""
+  import pandas as pd
+
+  if not heads_rows:
+    return []
+  hs = pd.DataFrame(heads_rows)
+  sel = _test_selectivity(workdir)
+  out = []
+  for (sae, step), g in hs.groupby(["sae", "step"]):
+    spec = g["specialization"].dropna()
+    key = dict(**run, step=int(step), sae=sae, task="", p_value=np.nan)
+    for measure, value, n in (
+      ("specialization_mean", spec.mean() if len(spec) else np.nan, len(spec)),
+      ("specialization_max", spec.max() if len(spec) else np.nan, len(spec)),
+      ("exclusive_features", g["exclusive_features"].sum(), len(g)),
+      ("heads_with_exclusive", (g["exclusive_features"] > 0).sum(), len(g)),
+    ):
+      out.append(dict(key, measure=measure, value=float(value), heads=n))
+  if sel is not None:
+    keyed = hs.merge(sel[["step", "task", "layer", "head", "selectivity"]], on=["step", "layer", "head"])
+    keyed = keyed.dropna(subset=["specialization", "selectivity"])
+    first = keyed.groupby(["sae", "task"])["step"].min().to_dict()  # the first step with both measured
+    base = keyed.rename(columns={"specialization": "spec0", "selectivity": "sel0"})[
+      ["sae", "step", "task", "layer", "head", "spec0", "sel0"]
+    ]
+    for (sae, step, task), g in keyed.groupby(["sae", "step", "task"]):
+      if len(g) < 3:
+        continue
+      kw = dict(permutations=SAE_PERMUTATIONS)
+      rho, p = spearman(g["specialization"], g["selectivity"], **kw)
+      w_rho, w_p = within_layer_spearman(g["specialization"], g["selectivity"], g["layer"], **kw)
+      rows = [("spearman_selectivity", rho, p), ("within_layer_spearman", w_rho, w_p)]
+      start = base[(base["sae"] == sae) & (base["step"] == first[sae, task]) & (base["task"] == task)]
+      if int(step) != first[sae, task] and len(start):
+        d = g.merge(start.drop(columns="step"), on=["sae", "task", "layer", "head"])
+        if len(d) >= 3:
+          rows.append(
+            ("spearman_change", *spearman(d["specialization"] - d["spec0"], d["selectivity"] - d["sel0"], **kw))
+          )
+      for measure, value, p_value in rows:
+        out.append(dict(**run, step=int(step), sae=sae, measure=measure, task=task, value=value, p_value=p_value,
+                        heads=len(g)))  # fmt: skip
+  tested = [r for r in out if np.isfinite(r["p_value"])]
+  for r, p in zip(tested, holm([r["p_value"] for r in tested])):
+    r["p_holm"] = float(p)
+  for r in out:
+    r.setdefault("p_holm", np.nan)
+  return out
+
+
 def reference(name: str, workdir, condition: str) -> list[dict]:
   """Best head per probe task and per Clark relation (chosen on dev, reported on test) at the last step."""
   out = []
@@ -662,7 +753,7 @@ def collect(root) -> dict:
   plan = experiments.read_plan(root)
   root = remote.run_path(root)
   names = ("training", "emergence", "layers", "formation", "structural", "diversity", "roles", "induction", "causal")
-  names += ("rankings", "reference")  # conditions, causal_seeds, formation_tests: from these, below
+  names += ("rankings", "reference", "sae_heads", "sae")  # conditions, causal_seeds, formation_tests: below
   out = {k: [] for k in names}
   for r in plan["runs"]:
     run = dict(run=r["name"], condition=r["condition"], seed=r["seed"])
@@ -681,6 +772,9 @@ def collect(root) -> dict:
     out["causal"] += causal(run, workdir)
     out["rankings"] += rankings(run, workdir)
     out["reference"] += reference(r["name"], workdir, r["condition"])
+    heads_rows = sae_heads(run, workdir)
+    out["sae_heads"] += heads_rows
+    out["sae"] += sae_summary(run, heads_rows, workdir)
   for name in plan.get("references", []):
     out["reference"] += reference(name, root / name, "reference")
   if not out["emergence"]:
@@ -957,6 +1051,19 @@ def _draw(frames: dict, out: epath.Path) -> list[str]:
   if len(ind):
     save(_induction_figure(ind, per_run, colors), "induction.png")
 
+  sae = frames.get("sae", ())
+  if len(sae):
+    shown = (("specialization_mean", "mean feature specialization S_h over heads"),
+             ("exclusive_features", "head-exclusive SAE features (all heads)"))  # fmt: skip
+    fig, axes = plt.subplots(1, len(shown), figsize=(4.5 * len(shown), 3.4), squeeze=False)
+    for ax, (measure, title) in zip(axes[0], shown):
+      per_run(ax, sae[sae["measure"] == measure], "value")
+      ax.set_title(title, fontsize=9)
+      ax.set_xlabel("training step (0 drawn at 1)")
+    drawn = sorted(set(sae["condition"]))
+    axes[0, 0].legend([plt.Line2D([], [], color=colors[c]) for c in drawn], drawn, fontsize=8)
+    save(fig, "sae.png")
+
   ro = frames["roles"]
   if len(ro):
     fig, axes = plt.subplots(1, len(ROLES), figsize=(4 * len(ROLES), 3.2), squeeze=False)
@@ -1127,6 +1234,31 @@ def _induction_section(frames: dict) -> list[str]:
   return parts
 
 
+def _sae_section(frames: dict) -> list[str]:
+  """summary.md: the SAEs' head specialization by step and its rank correlation with probe selectivity."""
+  sae = frames["sae"]
+  levels = sae[sae["task"].fillna("") == ""]
+  rho = sae[sae["task"].fillna("") != ""]
+  parts = [
+    "",
+    "## Heads through SAE features, by step (sparse autoencoders on each layer's z, docs/sae.md)",
+    "specialization_mean / _max: S_h over the heads (1/H: every feature a head writes spread evenly over the "
+    "heads; 1: all its own); exclusive_features: features with one head's decoder share ≥ exclusive_min, summed "
+    "over heads; heads_with_exclusive: heads with at least one.",
+    _markdown(_by_condition(levels, ["sae", "measure", "step"], "value")),
+  ]
+  if len(rho):
+    parts += [
+      "",
+      "### Does feature specialization go with probe selectivity? Spearman ρ over heads, by step",
+      "spearman_selectivity: S_h against the head's test selectivity at that step; within_layer_spearman: the "
+      "mean per-layer ρ; spearman_change: S_h's change since the first probed step against the selectivity's "
+      "(> 0: specialization rose where selectivity did). Per run p and Holm: study/sae.csv.",
+      _markdown(_by_condition(rho, ["sae", "measure", "task", "step"], "value")),
+    ]
+  return parts
+
+
 def _later_sections(frames: dict) -> list[str]:
   """summary.md: diversity, roles, the causal test, rankings and the reference models."""
   parts = []
@@ -1176,6 +1308,8 @@ def _later_sections(frames: dict) -> list[str]:
       "below_0 / above_0: seeds whose own CI lies below / above 0; tost_p: Schuirmann's two one-sided t tests of "
       "|mean| < tost_margin (small: shown to be within the margin).",
     ]
+  if len(frames.get("sae", ())):
+    parts += _sae_section(frames)
   if len(frames["rankings"]):
     parts += [
       "",

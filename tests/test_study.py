@@ -16,13 +16,14 @@ from headspec.ablation.run import check_config as check_ablate
 from headspec.attention.config import check_config as check_attention
 from headspec.diversity.run import _check_config as check_diversity
 from headspec.probing.plan import check_config as check_probe
+from headspec.sae.run import check_config as check_sae
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SPEC = "configs/experiments/specialization.py"
 
 
 def _module():
-  spec = importlib.util.spec_from_file_location("specialization", os.path.join(REPO, "headspec", SPEC))
+  spec = importlib.util.spec_from_file_location("specialization", os.path.join(REPO, SPEC))  # configs/ at the top
   module = importlib.util.module_from_spec(spec)
   spec.loader.exec_module(module)
   return module
@@ -40,6 +41,10 @@ def test_experiment_config_every_stage_checks(small):
   for name, check in (("probe", check_probe), ("attention", check_attention), ("diversity", check_diversity)):
     check(m.get_config(f"{small}{name}"))
   check_ablate(m.get_config(f"{small}ablate"))
+  sae = m.get_config(f"{small}sae")  # every layer's z at every kept step, after the probe it sits beside
+  check_sae(sae)
+  assert (sae.steps, sae.layers, sae.sae.kind) == ("all", "all", "topk")
+  assert [a for a, _ in m.experiment(small.rstrip(",")).analyses][-3:] == ["ablate", "sae", "atlas"]
   exp = m.experiment(small.rstrip(","))
   # 3 seeds per condition in both settings (claims that compare conditions need them), run in parts if need be
   assert all(sorted(r.seed for r in exp.runs if r.condition == c) == [0, 1, 2] for c in m.CONDITIONS)
@@ -72,12 +77,12 @@ def test_launch_experiment_plans_every_stage_in_order():
   assert code == 0, err
   lines = [line for line in out.splitlines() if not line.startswith("#")]
   runs = [r.name for r in _module().experiment("small").runs]
-  assert len(lines) == len(runs) * 6 + 2 + 1  # train, 4 analyses, atlas per run; 2 MiniLM analyses; report
-  first = lines[:6]
+  assert len(lines) == len(runs) * 7 + 2 + 1  # train, 5 analyses, atlas per run; 2 MiniLM analyses; report
+  first = lines[:7]
   assert "headspec train" in first[0] and f"--workdir=root/{runs[0]}" in first[0]
-  for line, analysis in zip(first[1:], ("probe", "diversity", "attention", "ablate", "atlas")):
+  for line, analysis in zip(first[1:], ("probe", "diversity", "attention", "ablate", "sae", "atlas")):
     assert f"headspec.stage root/stages/{runs[0]}-{analysis}.done -- {analysis}" in line
-  assert first[5].endswith(f"-- atlas --workdir=root/{runs[0]}")  # no --config: atlas takes none
+  assert first[6].endswith(f"-- atlas --workdir=root/{runs[0]}")  # no --config: atlas takes none
   assert "minilm-probe.done -- probe" in lines[-3] and "--workdir=root/minilm" in lines[-3]
   assert lines[-1].endswith("headspec study --workdir=root")
 
@@ -561,3 +566,52 @@ def test_induction_table_drop_formation_and_causal_by_step(tmp_path):
   ]
   got = study._label_steps(pd.DataFrame(roles)).iloc[0]
   assert (got["median"], got["min"], got["max"], got["seeds_reached"], got["seeds"]) == (200, 100, 300, 2, 3)
+
+
+def _sae_head_rows(model, step, by_head, sae="topk-f64-k4"):
+  """sae/heads.csv rows: {(layer, head): (specialization, exclusive_features)}."""
+  rows = []
+  for (layer, head), (spec, exclusive) in by_head.items():
+    for metric, value in (("specialization", spec), ("exclusive_features", exclusive), ("features_carried", 9)):
+      rows.append(dict(model=model, step=step, site="z", layer=layer, sae=sae, head=head, metric=metric, value=value))
+  return rows
+
+
+def test_sae_specialization_by_step_and_its_rank_correlation_with_selectivity(tmp_path):
+  """study/sae_heads.csv holds each head's S_h and exclusive features per step; sae.csv their mean, max and sum,
+  and per step Spearman's ρ over heads of S_h with test selectivity, within layers, and of their changes."""
+  root = tmp_path / "exp"
+  exp = experiments.Experiment(runs=(experiments.Run("baseline_s0", "c.py", "baseline", 0),), analyses=())
+  experiments.write_plan(root, exp, "c.py")
+  run = root / "baseline_s0"
+  heads = [(l, h) for l in range(2) for h in range(3)]
+  sel0 = {k: (0.0, 0.0, -0.01) for k in heads}
+  sel100 = {k: (0.1 * i, 0.1 * i, 0.1 * i - 0.02) for i, k in enumerate(heads)}  # rises with the head's index
+  tables.write(tables.path_of(run, tables.PROBE_SELECTIVITY),
+               _selectivity_rows("baseline_s0", 0, sel0) + _selectivity_rows("baseline_s0", 100, sel100),
+               tables.PROBE_SELECTIVITY)  # fmt: skip
+  sae0 = {k: (0.3, 0) for k in heads}
+  sae100 = {k: (0.3 + 0.05 * i, i % 2) for i, k in enumerate(heads)}  # S_h rises where selectivity does
+  rows = _sae_head_rows("baseline_s0", 0, sae0) + _sae_head_rows("baseline_s0", 100, sae100)
+  rows += _sae_head_rows("baseline_s0-random", 100, {k: (0.9, 5) for k in heads})  # a control: not the run's
+  tables.write(tables.path_of(run, tables.SAE_HEADS), rows, tables.SAE_HEADS)
+
+  summary = study.write_study(root).read_text()
+  out = root / "study"
+  per_head = pd.read_csv(out / "sae_heads.csv")
+  assert len(per_head) == 12 and set(per_head["step"]) == {0, 100}
+  assert per_head.set_index(["step", "layer", "head"]).loc[(100, 1, 2), "specialization"] == pytest.approx(0.55)
+  s = pd.read_csv(out / "sae.csv").fillna({"task": ""})
+  value = {(r.step, r.measure, r.task): r.value for r in s.itertuples()}
+  assert value[(100, "specialization_mean", "")] == pytest.approx(0.3 + 0.05 * 2.5)
+  assert value[(100, "specialization_max", "")] == pytest.approx(0.55)
+  assert value[(100, "exclusive_features", "")] == 3 and value[(100, "heads_with_exclusive", "")] == 3
+  assert value[(0, "exclusive_features", "")] == 0
+  assert value[(100, "spearman_selectivity", "upos")] == pytest.approx(1.0)
+  assert value[(100, "within_layer_spearman", "upos")] == pytest.approx(1.0)
+  assert value[(100, "spearman_change", "upos")] == pytest.approx(1.0)
+  assert (0, "spearman_change", "upos") not in value  # no change at the first step
+  rho = s[s["measure"] == "spearman_selectivity"]
+  assert (rho["heads"] == 6).all() and (rho["p_holm"] >= rho["p_value"]).all()
+  assert "## Heads through SAE features, by step" in summary and "spearman_change" in summary
+  assert (out / "sae.png").exists()

@@ -63,7 +63,10 @@ def test_induction_setting_runs_two_depths_with_and_without_mlps():
   assert (a.steps, a.treebank, a.induction.icl, a.induction.causal.enabled) == ("all", "", True, True)
   assert a.induction.draw == "text"  # not the byte pieces the text never uses
   assert 2 * a.induction.n + 1 <= c.train.seq_len
-  assert [name for name, _ in exp.analyses] == ["attention", "diversity", "probe"]  # study needs probe selectivity
+  # study needs probe selectivity; the SAEs after it, at every kept step on every layer, no treebank
+  assert [name for name, _ in exp.analyses] == ["attention", "diversity", "probe", "sae"]
+  s = induction.get_config("sae")
+  assert (s.steps, s.layers, s.analysis.treebank, s.data_dir) == ("all", "all", "", "")
   assert induction.get_config("diversity").steps == "all"
   assert induction.experiment("condition=L4_mlp,seed=3").runs == tuple(r for r in exp.runs if r.name == "L4_mlp_s3")
   assert induction.experiment("seed=1").runs == tuple(r for r in exp.runs if r.seed == 1)
@@ -197,8 +200,14 @@ def test_tiny_induction_setting_runs_end_to_end(tmp_path):
   assert c.data.repeat_rows == induction.REPEAT_ROWS and c.train.seq_len == induction.SEQ_LEN
   _launch_tiny("configs/experiments/induction.py", tmp_path)
   run = tmp_path / "L2_attn_only_s0"
-  for table in ("probes/selectivity.csv", "diversity/results.csv", "attention/icl.csv", "ablation/causal.csv"):
+  for table in ("probes/selectivity.csv", "diversity/results.csv", "attention/icl.csv", "ablation/causal.csv",
+                "sae/heads.csv"):  # fmt: skip
     assert (run / table).stat().st_size > 0, table
+  sae = pd.read_csv(tmp_path / "study" / "sae.csv").fillna({"task": ""})
+  kept = set(induction.KEEP_TINY)  # both layers' heads at every kept step, each probed step's ρ
+  assert set(sae[sae["measure"] == "specialization_mean"]["step"]) == kept
+  assert set(sae[sae["measure"] == "spearman_selectivity"]["step"]) == kept
+  assert (pd.read_csv(tmp_path / "study" / "sae_heads.csv").groupby("step").size() == 8).all()
   ind = pd.read_csv(tmp_path / "study" / "induction.csv")
   kept = set(induction.KEEP_TINY)
   for measure in ("repeat_drop", "icl_score", "loss_delta_second_vs_random (zero)"):

@@ -18,8 +18,9 @@ analyses: previous-token, duplicate-token and induction scores on repeated rando
 the text's ids) with the loss on each copy, the in-context-learning score and loss by position on the run's
 validation rows (text only), and the causal check (the top-k induction heads ablated vs layer-matched and vs
 unlabelled random heads); the diversity metrics on 4,096 validation tokens. Then a cheap probe (upos, deprel
-at steps 0, 2000, 6000 on the treebank sentences that fit the 32-token context: `headspec study` reads probe selectivity) and
-the report. Parts (`layers=N`, `condition=C`, `seed=N`) list the same run configs, so the whole command
+at steps 0, 2000, 6000 on the treebank sentences that fit the 32-token context: `headspec study` reads probe selectivity),
+a TopK SAE on each layer's z at every kept step (`headspec sae`: the heads' feature specialization, set
+beside the probe selectivity where a step was probed) and the report. Parts (`layers=N`, `condition=C`, `seed=N`) list the same run configs, so the whole command
 resumes past them.
 
 Why this data (docs/study.md, "Induction"; `python -m benchmarks.check_induction_data`, 2026-11-27): the
@@ -40,7 +41,7 @@ Arguments (comma-separated): layers=N (2-4), mlp (MLPs on; default attention-onl
 (the same as layers=2; L4_mlp as layers=4,mlp), seed=N, lr=X (training configs); given to experiment(),
 layers=N, mlp, condition=C and seed=N each pick a part (one depth's, the MLP runs, one condition's, one
 seed's runs; they combine as filters, and parts that exclude each other are refused); attention |
-diversity | probe (the analysis configs); tiny (test sizes: one run, a few steps).
+diversity | probe | sae (the analysis configs); tiny (test sizes: one run, a few steps).
 """
 
 from headspec.configs.experiments import grammar, specialization
@@ -58,6 +59,7 @@ PROBE_STEPS = (0, 2000, STEPS)  # `headspec study` reads probe selectivity: upos
 DATA = ("synthetic", "--seed=0", "--text-sentences=200000", "--treebank-sentences=500,200,200", "--repeats=1")
 DATA_TINY = ("synthetic", "--seed=0", "--text-sentences=2000", "--treebank-sentences=100,50,50", "--repeats=1")
 ME = "configs/experiments/induction.py"
+ANALYSES = ("attention", "diversity", "probe", "sae")  # in order: sae after probe, whose selectivity it sets beside
 
 
 def _args(arg):
@@ -66,7 +68,7 @@ def _args(arg):
     key, _, value = a.partition("=")
     if a in ("tiny", "mlp"):
       out[a] = True
-    elif a in ("attention", "diversity", "probe"):
+    elif a in ANALYSES:
       out["stage"] = a
     elif key == "layers" and value in ("2", "3", "4"):
       out["layers"] = int(value)
@@ -79,7 +81,7 @@ def _args(arg):
     else:
       raise ValueError(
         f"{ME}: bad argument {a!r} (use layers=2|3|4, mlp, condition={'|'.join(CONDITIONS)}, seed=N, lr=X, "
-        "attention, diversity, probe, tiny)"
+        f"{', '.join(ANALYSES)}, tiny)"
       )
   return out
 
@@ -129,7 +131,7 @@ def experiment(arg: str | None = None):
     for layers, mlp in shapes
     for seed in seeds
   )
-  analyses = tuple((a, f"{ME}:{tag}{a}") for a in ("attention", "diversity", "probe"))
+  analyses = tuple((a, f"{ME}:{tag}{a}") for a in ANALYSES)
   return Experiment(runs=runs, analyses=analyses, data=DATA_TINY if tiny else DATA)
 
 
@@ -139,6 +141,8 @@ def get_config(arg: str | None = None):
     return probe_config(a["tiny"])
   if a["stage"] == "diversity":
     return diversity_config(a["tiny"])
+  if a["stage"] == "sae":
+    return sae_config(a["tiny"])
   if a["stage"]:
     return analysis_config(a["tiny"])
   c = train_config()
@@ -201,4 +205,17 @@ def probe_config(tiny: bool = False):
   c.probe.max_train_words = 2000
   if tiny:
     c.probe.max_train_words, c.probe.max_iter, c.probe.refine_samples, c.probe.bootstrap_resamples = 300, 5, 0, 20
+  return c
+
+
+def sae_config(tiny: bool = False):
+  """A TopK SAE on each layer's z at every kept step (docs/sae.md), the natural-text setting's small sizes (z is
+  64 wide here: 128 features), on the run's validation text; no treebank (the features' contexts are not this
+  setting's question; `headspec study` sets S_h beside the probes' selectivity)."""
+  c = specialization.sae_stage_config(small=True)
+  c.data_dir = ""
+  c.analysis.treebank = ""
+  if tiny:
+    c.train_tokens, c.eval_tokens = 1024, 512
+    c.sae.features, c.sae.k, c.sae.train_steps, c.sae.batch_size, c.sae.warmup_steps = 32, 4, 20, 64, 2
   return c

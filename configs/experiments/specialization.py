@@ -13,8 +13,9 @@ from step 0. Conditions, 3 seeds each: `baseline`, `drophead` (DropHead p=0.1, Z
 `disagreement` (Li et al. 2018's output disagreement, weight 0.01). At every kept step: the probe suite
 on EWT (upos, xpos, deprel, arc, distance, depth; controls, bootstrap CIs), the diversity metrics, the
 attention analyses (Clark table on the arcs a decoder sees, head roles, previous-token and induction
-scores); at the last step the ablation suite with the causal test of specialization, then the run's head
-atlas (atlas.html);
+scores); at the last step the ablation suite with the causal test of specialization; at every kept step a
+TopK sparse autoencoder on each layer's z (`headspec sae`, docs/sae.md: the heads' feature specialization),
+then the run's head atlas (atlas.html);
 all-MiniLM-L6-v2 through the same probe suite and Clark table; then `headspec study` writes ROOT/study/
 (tables, figures, summary.md).
 
@@ -32,7 +33,7 @@ Arguments (comma-separated, any order):
                    so the whole command afterwards skips what they did. MiniLM runs with the whole command
                    only, so parts may run side by side
   seed=N           the training seed; for --experiment, a part (that seed's run of each condition)
-  probe | diversity | attention | ablate     the analysis config of that stage instead of a training config
+  probe | diversity | attention | ablate | sae     the analysis config of that stage instead of a training config
   minilm           with probe or attention: the same analysis of all-MiniLM-L6-v2
 
 Full setting (GPU): d_model 256, d_ff 1024, 3,000 steps of 32×256 tokens (25M tokens per run), steps 0,
@@ -52,7 +53,8 @@ CONDITIONS = {  # condition -> train.regularizers overrides
 KEEP = (0, 10, 30, 100, 300, 1000, 3000)
 KEEP_SMALL = (0, 200, 800)  # step 30 could not be told from step 0 (docs/study.md)
 SEEDS = (0, 1, 2)  # per condition, in both settings: claims that compare conditions need seed intervals
-ANALYSES = ("probe", "diversity", "attention", "ablate")
+ANALYSES = ("probe", "diversity", "attention", "ablate")  # also the grammar setting's (configs/experiments/grammar.py)
+STAGES = (*ANALYSES, "sae")  # this setting's: then SAEs on every layer's z at every kept step (after probe: beside it)
 CORPORA = {"wikitext_103": "wikitext_103", "wikitext-103": "wikitext_103", "english_mix": "english_mix"}
 CORPUS = "wikitext_103"  # downloadable: `headspec data download text wikitext_103`
 
@@ -65,7 +67,7 @@ def _args(arg):
       out["small"] = True
     elif a == "minilm":
       out["minilm"] = True
-    elif a in ANALYSES:
+    elif a in STAGES:
       out["stage"] = a
     elif key == "condition" and value in CONDITIONS:
       out["condition"] = value
@@ -76,7 +78,7 @@ def _args(arg):
     else:
       raise ValueError(
         f"configs/experiments/specialization.py: bad argument {a!r} (use small, condition={'|'.join(CONDITIONS)}, "
-        f"seed=N, corpus=wikitext_103|english_mix, {', '.join(ANALYSES)}, minilm)"
+        f"seed=N, corpus=wikitext_103|english_mix, {', '.join(STAGES)}, minilm)"
       )
   return out
 
@@ -105,7 +107,7 @@ def experiment(arg: str | None = None):
   part = len(runs) < len(CONDITIONS) * len(SEEDS)
   return Experiment(
     runs=runs,
-    analyses=tuple((a, f"{me}:{tag}{a}") for a in ANALYSES) + (("atlas", ""),),
+    analyses=tuple((a, f"{me}:{tag}{a}") for a in STAGES) + (("atlas", ""),),
     # the whole command only: stages have no lock, and parts may run side by side
     references=() if part else tuple(("minilm", a, f"{me}:{tag}{a},minilm") for a in ("probe", "attention")),
   )
@@ -184,6 +186,8 @@ def analysis_config(stage: str, *, small: bool = False, minilm: bool = False):
       c.pictures.sentences = (0,)
       c.induction.n = 25  # [BOS] + 50 tokens in the 64-token context
       c.induction.num_tokens = 4096
+  elif stage == "sae":
+    c = sae_stage_config(small)
   else:
     from headspec.ablation.config import ablate_config
 
@@ -199,4 +203,21 @@ def analysis_config(stage: str, *, small: bool = False, minilm: bool = False):
     if stage not in ("probe", "attention"):
       raise ValueError(f"configs/experiments/specialization.py: 'minilm' goes with probe or attention, not {stage}")
     c.model.pretrained = "minilm"
+  return c
+
+
+def sae_stage_config(small: bool = False):
+  """`headspec sae` at every kept step, one TopK SAE per layer's z (docs/sae.md; the study's sae tables). Small:
+  CPU-sized (2× the width of z in features, 400 steps of 256 tokens on 16k tokens, 200 EWT dev sentences for the
+  features' contexts); full: 4×, 2,000 steps of 1,024 on 100k tokens, every EWT dev sentence."""
+  from headspec.sae.config import sae_config
+
+  c = sae_config()
+  c.steps, c.layers = "all", "all"
+  c.sae.expansion, c.sae.train_steps, c.sae.batch_size = 4.0, 2000, 1024
+  if small:
+    c.train_tokens, c.eval_tokens = 16384, 4096
+    c.sae.expansion, c.sae.train_steps, c.sae.batch_size, c.sae.warmup_steps = 2.0, 400, 256, 40
+    c.sae.dead_after_tokens = 20000  # of the 102k tokens drawn: AuxK reaches latents dead for a fifth of them
+    c.analysis.max_sentences = 200
   return c
