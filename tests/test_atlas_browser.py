@@ -142,3 +142,31 @@ def test_partial_run_in_browser(browser, tmp_path):
   assert "None measured" in card.text and "No role label" in card.text and "No per-head pictures" in card.text
   _screenshot(browser, tmp_path, "atlas_partial.png")
   assert browser.get_log("browser") == []
+
+
+def test_sae_and_circuit_sections_in_browser(browser, tmp_path):
+  """Issues 66 and 67: a head's card lists its strongest SAE features (contexts with the word marked, label
+  profiles) and its strongest incoming and outgoing circuit edges; counts are written without decimals."""
+  from selenium.webdriver.common.by import By
+  from selenium.webdriver.support.select import Select
+
+  run = write_run(tmp_path / "features", layers=3, heads=4, attention=False, sae=True, circuit=True)
+  _load(browser, build_atlas(run))
+  _check_clean(browser)
+  Select(browser.find_element(By.ID, "metric")).select_by_value("sae/z/topk-f8-k2/features_carried")
+  cell = browser.find_element(By.ID, "cell-0-1-2")
+  assert cell.text == "6" and browser.find_element(By.ID, "cell-0-0-2").text == "·"  # an SAE of layer 1 only
+  cell.click()
+  card = browser.find_element(By.ID, "card")
+  assert "Strongest SAE features" in card.text and "feature specialization S_h 0.400" in card.text
+  rows = card.find_elements(By.CSS_SELECTOR, "table.sae-features tr")
+  assert [r.text.split()[0] for r in rows[1:]] == ["f3", "f1", "f5", "f6", "f7"]
+  assert "0.950" in rows[1].text and "NOUN 0.500" in rows[1].text and "#2 of 2" in rows[4].text
+  assert rows[1].find_element(By.TAG_NAME, "mark").text == "rank"  # the context's word, marked as text
+  assert "Circuit edges · induction (step 1000)" in card.text and "Ranked by |exact|" in card.text
+  incoming = card.find_elements(By.CSS_SELECTOR, "table.circuit-incoming tr")
+  assert incoming[0].text.split() == ["from", "input", "exact", "EAP-IG", "(5", "steps)", "EAP"]
+  assert incoming[1].text.split() == ["L0H1", "k", "2.000", "1.800", "1.500"]
+  assert card.find_elements(By.CSS_SELECTOR, "table.circuit-outgoing tr")[1].text.split()[:2] == ["logits", "logits"]
+  _screenshot(browser, tmp_path, "atlas_sae_circuit.png")
+  assert browser.get_log("browser") == []

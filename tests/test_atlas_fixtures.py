@@ -43,10 +43,13 @@ def write_run(
   test_split: bool = True,
   structural: bool = False,
   patching: bool = False,
+  sae: bool = False,
+  circuit: bool = False,
 ) -> pathlib.Path:
   """A run directory with the chosen tables; `shift` raises probe accuracies (a "better" run). The structural
-  probe and patching tables are opt-in (the analysis/ tests count the others). Known answers: head (1, 2) has
-  the best distance UUAS, and patching its z at the last position restores the whole logit difference."""
+  probe, patching, SAE and circuit tables are opt-in (the analysis/ tests count the others). Known answers:
+  head (1, 2) has the best distance UUAS, and patching its z at the last position restores the whole logit
+  difference; `write_sae` and `write_circuit` say theirs."""
   workdir = pathlib.Path(workdir)
   workdir.mkdir(parents=True, exist_ok=True)
   name = workdir.name
@@ -224,6 +227,10 @@ def write_run(
     write_structural(workdir, layers, heads, last, rng)
   if patching:
     write_patching(workdir, layers, heads, last)
+  if sae:
+    write_sae(workdir, heads, steps)
+  if circuit:
+    write_circuit(workdir, layers, heads, steps)
   return workdir
 
 
@@ -274,3 +281,118 @@ def write_patching(workdir: pathlib.Path, layers: int, heads: int, step: int, T:
     for metric, v in (("base", 1.0), ("source", 3.0), ("agreement", 0.9))
   ]
   tables.write(tables.path_of(workdir, tables.PATCHING_SUMMARY), summary, tables.PATCHING_SUMMARY)
+
+
+SAE_NAME = "topk-f8-k2"
+# The SAE of layer 1's z at the last step (sae/features.csv): feature -> (top head, its share, heads carrying it
+# largest share first, firing rate). Head 2's strongest: f3 (0.95), f1 (0.7), f5 (0.6), then carried with a
+# smaller share f6 (2nd after a 0.5 head), f7 (2nd after a 0.8 head), f0 (3rd); f4 has the largest share but
+# is dead (fires nowhere), so it is none of them.
+SAE_FEATURES = {
+  0: (3, 0.5, "3;0;2", 0.1),
+  1: (2, 0.7, "2;1", 0.2),
+  2: (0, 0.9, "0", 0.05),
+  3: (2, 0.95, "2", 0.3),
+  4: (2, 0.99, "2", 0.0),
+  5: (2, 0.6, "2;0", 0.1),
+  6: (0, 0.5, "0;2", 0.1),
+  7: (1, 0.8, "1;2", 0.1),
+}
+
+
+def write_sae(workdir: pathlib.Path, heads: int, steps, layer: int = 1) -> None:
+  """sae/metrics.csv, features.csv, heads.csv, contexts.csv and labels.csv (docs/outputs.md) of one TopK SAE
+  on `layer`'s z at every step (heads ≥ 4): at the last step the features of SAE_FEATURES; at earlier ones
+  every feature is head 0's alone. Each live feature f has four contexts ('ctx f rank r', rank 0 the
+  strongest) and the UPOS profile NOUN 0.5, VERB 0.3, DET 0.2 (counts of 10 words) and deprel nsubj 1.0;
+  heads.csv has every head's counts, S_h = 0.1·(h + 1) + step/10⁴, and another model (`minilm`) at step 0."""
+  name, last = workdir.name, max(steps)
+  metrics, features, head_rows, contexts, labels = [], [], [], [], []
+  for model, model_steps in ((name, steps), ("minilm", (0,))):
+    for step in model_steps:
+      key = dict(model=model, step=step, site="z", layer=layer, sae=SAE_NAME)
+      for metric, value in (
+        ("features", 8),
+        ("width", 4 * heads),
+        ("l0", 2.0),
+        ("fvu", 0.125),
+        ("dead_fraction", 0.125),
+      ):
+        metrics.append(key | dict(metric=metric, value=value))
+      table = SAE_FEATURES if (model, step) == (name, last) else {f: (0, 1.0, "0", 0.1) for f in SAE_FEATURES}
+      for f, (top, share, carried, rate) in table.items():
+        features.append(key | dict(feature=f, firing_rate=rate, mean_activation=0.5 + f if rate else float("nan"),
+                                   top_head=top, top_head_fraction=share, entropy_bits=1.0 - share, heads=carried,
+                                   treebank_fires=10 if rate else 0, upos="NOUN" if rate else "",
+                                   upos_selectivity=0.25 if rate else float("nan"), deprel="nsubj" if rate else "",
+                                   deprel_selectivity=0.5 if rate else float("nan"), head_distance="",
+                                   head_distance_selectivity=float("nan")))  # fmt: skip
+        if not rate:
+          continue
+        for rank in range(4):
+          contexts.append(key | dict(feature=f, rank=rank, split="synth/dev", sentence=rank, word_index=1, word="w",
+                                     context=f"ctx {f} [[rank]] {rank}", activation=4.0 - rank))  # fmt: skip
+        for label_set, label, count in (
+          ("upos", "VERB", 3),
+          ("upos", "DET", 2),
+          ("upos", "NOUN", 5),
+          ("deprel", "nsubj", 10),
+        ):
+          labels.append(key | dict(feature=f, label_set=label_set, label=label, count=count, fraction=count / 10))
+      for h in range(heads):
+        carried = [f for f, (_, _, c, rate) in table.items() if rate and str(h) in c.split(";")]
+        values = dict(features_carried=len(carried), exclusive_features=sum(table[f][1] >= 0.9 and table[f][0] == h
+                                                                            for f in carried),
+                      specialization=0.1 * (h + 1) + step / 1e4, mean_entropy_bits=0.5,
+                      max_feature_selectivity_upos=0.25, selective_features_upos=len(carried), probe_selectivity_upos=0.3)  # fmt: skip
+        head_rows += [key | dict(head=h, metric=metric, value=v) for metric, v in values.items()]
+  for table, rows in ((tables.SAE_METRICS, metrics), (tables.SAE_FEATURES, features), (tables.SAE_HEADS, head_rows),
+                      (tables.SAE_CONTEXTS, contexts), (tables.SAE_LABELS, labels)):  # fmt: skip
+    tables.write(tables.path_of(workdir, table), rows, table)
+
+
+# circuit/edges.csv's known scores at the last step (exact; EAP 0.75×, EAP-IG 0.9× of them) on an otherwise
+# small graph, and the one edge where EAP alone is large (embed → L1H2's v: exact 0.05, EAP 3).
+CIRCUIT_SCORES = {("L0H1", "L1H2", "k"): 2.0, ("embed", "L1H2", "q"): -1.0, ("L1H2", "logits", "logits"): 1.5}
+CIRCUIT_EAP_ONLY = ("embed", "L1H2", "v")
+
+
+def write_circuit(workdir: pathlib.Path, layers: int, heads: int, steps, groups: int | None = None) -> None:
+  """circuit/edges.csv (docs/outputs.md) of `headspec circuit` on the induction task: every edge of a model
+  with `layers` layers of `heads` heads and an MLP each (`groups` K/V groups: k and v edges enter
+  L<l>G<g>), scored by exact, EAP and EAP-IG (5 steps) at every step. At the last step CIRCUIT_SCORES (with
+  `groups`, the L1H2 k edge enters L1G<its group>) and CIRCUIT_EAP_ONLY; at earlier steps embed → L1H2's q
+  is 5 alone; every other edge scores at most 0.009 in size."""
+  name, last = workdir.name, max(steps)
+  # (name, layer, head, depth) as headspec/patching/edges.py: embeddings 0, layer a's heads 2a + 1, its MLP 2a + 2
+  nodes = [("embed", -1, -1, 0)] + [(f"L{a}H{h}", a, h, 2 * a + 1) for a in range(layers) for h in range(heads)]
+  nodes += [(f"MLP{a}", a, -1, 2 * a + 2) for a in range(layers)]
+  per_head = heads // (groups or heads)
+  inputs = []  # (downstream, input, layer, head, reads: the depths below this)
+  for a in range(layers):
+    inputs += [(f"L{a}H{h}", "q", a, h, 2 * a + 1) for h in range(heads)]
+    for kv in ("k", "v"):
+      targets = [(f"L{a}G{g}", g) for g in range(groups)] if groups else [(f"L{a}H{h}", h) for h in range(heads)]
+      inputs += [(downstream, kv, a, g, 2 * a + 1) for downstream, g in targets]
+    inputs.append((f"MLP{a}", "mlp", a, -1, 2 * a + 2))
+  inputs.append(("logits", "logits", layers, -1, 2 * layers + 1))
+  special = dict(CIRCUIT_SCORES)
+  if groups:
+    special[("L0H1", f"L1G{2 // per_head}", "k")] = special.pop(("L0H1", "L1H2", "k"))
+  rows = []
+  for step in steps:
+    for i, (upstream, ul, uh, depth) in enumerate(nodes):
+      for j, (downstream, inp, dl, dh, reads) in enumerate(inputs):
+        if depth >= reads:
+          continue
+        edge = (upstream, downstream, inp)
+        small = 0.001 * ((7 * i + 13 * j) % 19 - 9)
+        exact = special.get(edge, small) if step == last else 5.0 if edge == ("embed", "L1H2", "q") else small
+        by_method = {"exact": (0, exact), "eap": (1, 0.75 * exact), "eap_ig": (5, 0.9 * exact)}
+        if step == last and edge == CIRCUIT_EAP_ONLY:
+          by_method = {"exact": (0, 0.05), "eap": (1, 3.0), "eap_ig": (5, 0.05)}
+        for method, (n, score) in by_method.items():
+          rows.append(dict(model=name, step=step, task="induction", upstream=upstream, downstream=downstream, input=inp,
+                           upstream_layer=ul, upstream_head=uh, downstream_layer=dl, downstream_head=dh, method=method,
+                           steps=n, score=score))  # fmt: skip
+  tables.write(tables.path_of(workdir, tables.CIRCUIT_EDGES), rows, tables.CIRCUIT_EDGES)

@@ -2,7 +2,8 @@
 
 The page needs, per run, the layer × head grid shape, one entry per *metric* (a number per head, at one
 or more steps, optionally with a 95% CI and notes), the heads' role labels and best-matched dependency
-relations, and the attention pictures found under RUN/attention/. Tables are read only through
+relations, their strongest SAE features (sae/*.csv) and circuit edges (circuit/edges.csv), and the attention
+pictures found under RUN/attention/. Tables are read only through
 `headspec.tables.read`; a run may have any subset of them.
 
 Metric ids are shared across runs so `--compare` can show the same metric side by side: the run's own
@@ -43,17 +44,31 @@ HEAD_TABLES = (
   tables.LABELS,
   tables.PROBE_STRUCTURAL,
   tables.PATCHING,
+  tables.SAE_HEADS,
+  tables.SAE_FEATURES,
+  tables.CIRCUIT_EDGES,
 )
+# The SAE tables the cards read beside sae/heads.csv and features.csv (run-level or per feature).
+SAE_AUX_TABLES = (tables.SAE_METRICS, tables.SAE_CONTEXTS, tables.SAE_LABELS)
 # Patching sites with a head axis (headspec.model.SITES; JAX-free copy): the others are per layer.
 PATCHING_HEAD_SITES = ("q", "k", "v", "pattern", "z", "head_out")
 # Attention pictures embedded at most (base64 grows them by a third): the page must stay openable.
 MAX_IMAGE_BYTES = 24 * 2**20
 TOP_RELATIONS = 5
 TOP_INTERACTIONS = 5
+TOP_FEATURES = 5  # SAE features per head and SAE on its card
+TOP_CONTEXTS = 3  # ... each with its highest-activating contexts
+TOP_LABELS = 3  # ... and its most frequent labels per label set
+TOP_EDGES = 5  # circuit edges into and out of a head, per task
+# headspec/patching/edges.py: what an edge enters, and the methods' names (JAX-free copy).
+EDGE_INPUTS = ("q", "k", "v", "mlp", "logits")
+EDGE_METHODS = {"exact": "exact", "eap_ig": "EAP-IG", "eap": "EAP"}  # the order of preference for ranking
 # Largest grid inferred from tables alone (no config.json): above any published model (Llama 3 405B:
 # 126 layers × 128 heads), far below what a stray row (layer=100000) would allocate.
 # The layer and head columns of each per-head table, with their smallest value: -1 marks the embedding
-# output / residual stream (probes, mdl), a per-head metric (diversity head_j) or a per-λ row (gates).
+# output / residual stream (probes, mdl), a per-head metric (diversity head_j), a per-λ row (gates), a site
+# without heads (sae top_head) or a node that is no head (circuit: the embeddings, MLPs, logits). A pair
+# (smallest, past) lets the column go `past` beyond the grid's last: the logits are circuit layer L.
 _GRID_COLUMNS = {
   tables.PROBES.path: {"layer": -1, "head": -1},
   tables.MDL.path: {"layer": -1, "head": -1},
@@ -66,6 +81,17 @@ _GRID_COLUMNS = {
   tables.LABELS.path: {"layer": 0, "head": 0},
   tables.PROBE_STRUCTURAL.path: {"layer": -1, "head": -1},
   tables.PATCHING.path: {"layer": 0, "head": -1},
+  tables.SAE_HEADS.path: {"layer": 0, "head": 0},
+  tables.SAE_FEATURES.path: {"layer": 0, "top_head": -1},
+  tables.SAE_METRICS.path: {"layer": 0},
+  tables.SAE_CONTEXTS.path: {"layer": 0},
+  tables.SAE_LABELS.path: {"layer": 0},
+  tables.CIRCUIT_EDGES.path: {
+    "upstream_layer": -1,
+    "upstream_head": -1,
+    "downstream_layer": (0, 1),
+    "downstream_head": -1,
+  },
 }
 
 _DIVERGING = {"selectivity", "loss_delta", "accuracy_delta", "interaction"}
@@ -98,6 +124,21 @@ def _num(value: str):
   return x if math.isfinite(x) else None
 
 
+def _bounds(table: tables.Table, column: str) -> tuple[int, int, int]:
+  """(axis, smallest, past) of a grid column of `table` (`_GRID_COLUMNS`): axis 0 for layers, 1 for heads."""
+  spec = _GRID_COLUMNS[table.path][column]
+  low, past = spec if isinstance(spec, tuple) else (spec, 0)
+  return (0 if "layer" in column else 1), low, past
+
+
+def _feature_heads(cell: str) -> list[int] | None:
+  """sae/features.csv's `heads` cell ('2;0', '' for none) as head numbers; None if it is not that."""
+  try:
+    return [int(h) for h in cell.split(";")] if cell else []
+  except ValueError:
+    return None
+
+
 def _short_split(split: str) -> str:
   return split.rsplit("/", 1)[-1]
 
@@ -105,7 +146,9 @@ def _short_split(split: str) -> str:
 class _Metric:
   """One colourable quantity: value (and CI, notes) per (step, layer, head)."""
 
-  def __init__(self, mid: str, group: str, label: str, description: str, *, diverging=False, categorical=False):
+  def __init__(
+    self, mid: str, group: str, label: str, description: str, *, diverging=False, categorical=False, integer=False
+  ):
     self.spec = {
       "id": mid,
       "group": group,
@@ -113,6 +156,7 @@ class _Metric:
       "description": description,
       "diverging": diverging or any(k in mid for k in _DIVERGING),
       "categorical": categorical,
+      "integer": integer,  # a count: written without decimals
     }
     self.cells: dict[int, dict[tuple[int, int], dict]] = collections.defaultdict(dict)
 
@@ -139,8 +183,8 @@ class _RunData:
   def __init__(self, workdir: epath.Path):
     self.workdir = workdir
     self.rows = {t.path: tables.read(tables.path_of(workdir, t), t) for t in HEAD_TABLES}
-    self.shape, source = self._grid_shape()
-    self.rows = {t.path: self._in_grid(t, source) for t in HEAD_TABLES}
+    self.shape, self.source = self._grid_shape()
+    self.rows = {t.path: self._in_grid(t, self.source) for t in HEAD_TABLES}
     self.primary = self._primary_model()
     self.metrics: dict[str, _Metric] = {}
     self.extras: dict[str, dict] = {}  # "layer,head" -> {role, relations, interactions, images}
@@ -156,22 +200,25 @@ class _RunData:
     for table in (t for t in HEAD_TABLES if t is not tables.ABLATION_INTERACTIONS):  # the tables the grid colours
       for r in self.rows[table.path]:
         for column in _GRID_COLUMNS[table.path]:
-          axis = 0 if column.startswith("layer") else 1
+          axis, _, past = _bounds(table, column)
           value = _int(r[column])
-          if value is not None and value < tables.MAX_GRID[axis]:
-            most[axis] = max(most[axis], value + 1)
+          if value is not None and value - past < tables.MAX_GRID[axis]:
+            most[axis] = max(most[axis], value + 1 - past)
     return (max(most[0], 1), max(most[1], 1)), "the tables (no config.json)"
 
-  def _in_grid(self, table: tables.Table, source: str) -> list[dict]:
-    """The rows of `table` whose integer columns hold integers and whose layers and heads lie in the grid;
-    the others are left out with one warning naming the table's file, its first such line and why."""
+  def _in_grid(self, table: tables.Table, source: str, rows: list[dict] | None = None) -> list[dict]:
+    """The rows of `table` (read by __init__, or `rows`) whose integer columns hold integers, whose layers
+    and heads lie in the grid and whose cells the atlas reads are what the contract says; the others are
+    left out with one warning naming the table's file, its first such line and why."""
     kept, bad, why = [], 0, ""
-    for line, r in enumerate(self.rows[table.path], start=2):  # line 1 is the header
+    for line, r in enumerate(self.rows[table.path] if rows is None else rows, start=2):  # line 1 is the header
       wrong = [f"{c}={r[c]!r} is not an integer" for c in table.int_columns if _int(r[c]) is None]
-      for c, low in _GRID_COLUMNS[table.path].items():
-        axis = 0 if c.startswith("layer") else 1
-        if not wrong and not low <= int(r[c]) < self.shape[axis]:
+      for c in _GRID_COLUMNS[table.path]:
+        axis, low, past = _bounds(table, c)
+        if not wrong and not low <= int(r[c]) < self.shape[axis] + past:
           wrong.append(f"{c}={r[c]} is outside the {self.shape[axis]} {('layers', 'heads')[axis]} of {source}")
+      if not wrong:
+        wrong = self._cells(table, r, source)
       if not wrong:
         kept.append(r)
         continue
@@ -180,6 +227,23 @@ class _RunData:
     if bad:
       _warn(f"{why}; left out {bad} row(s) of this table")
     return kept
+
+  def _cells(self, table: tables.Table, r: dict, source: str) -> list[str]:
+    """What is wrong with the text cells of row `r` that the atlas reads (sae/features.csv's `heads`, a
+    circuit edge's `input`); [] for a good row or another table."""
+    if table is tables.SAE_FEATURES:
+      heads = _feature_heads(r["heads"])
+      if heads is None:
+        return [f"heads={r['heads']!r} is not ';'-separated head numbers"]
+      if any(not 0 <= h < self.shape[1] for h in heads):
+        return [f"heads={r['heads']!r} names a head outside the {self.shape[1]} heads of {source}"]
+    if table is tables.CIRCUIT_EDGES and r["input"] not in EDGE_INPUTS:
+      return [f"input={r['input']!r} is not one of {', '.join(EDGE_INPUTS)}"]
+    return []
+
+  def _aux(self, table: tables.Table) -> list[dict]:
+    """A table read beside the per-head ones (sae/metrics.csv, contexts.csv, labels.csv), checked as they are."""
+    return self._in_grid(table, self.source, tables.read(tables.path_of(self.workdir, table), table))
 
   def _primary_model(self) -> str:
     counts = collections.Counter(
@@ -329,6 +393,191 @@ class _RunData:
             "positions": [[t, x] for t, x in sorted(by_position.items())],
           }
         )
+
+  # --- sparse autoencoders and circuits --------------------------------------------------------------
+  def sae(self) -> None:
+    """`headspec sae` (SAEs on a layer's concatenated z, features attributed to heads by their decoder norm,
+    Kissane et al. 2024; docs/sae.md): every per-head number of sae/heads.csv is a metric per site and SAE
+    (the SAE's quality from metrics.csv in the note; probe_selectivity_* is probes/results.csv's own metric),
+    and the card lists, per SAE of the head's layer at the primary model's latest step, the strongest live
+    features the head carries with their contexts and label profiles (`_sae_cards`)."""
+    head_rows, feature_rows = self.rows[tables.SAE_HEADS.path], self.rows[tables.SAE_FEATURES.path]
+    if not head_rows and not feature_rows:
+      return
+    quality = collections.defaultdict(dict)  # (model, step, site, layer, sae) -> {metric: value}
+    for r in self._aux(tables.SAE_METRICS):
+      quality[_sae_key(r)][r["metric"]] = _num(r["value"])
+    numbers = collections.defaultdict(dict)  # ((model, step, site, layer, sae), head) -> {metric: value}
+    for r in head_rows:
+      name, key = r["metric"], _sae_key(r)
+      numbers[(key, int(r["head"]))][name] = _num(r["value"])
+      if name.startswith("probe_selectivity_"):
+        continue
+      label, description = _sae_metric_text(name)
+      self.metric(
+        f"sae/{r['site']}/{r['sae']}/{name}{self._suffix(r['model'])}",
+        "SAE features",
+        f"{label} · {r['sae']} on {r['site']}{self._model_label(r['model'])}",
+        description,
+        integer=name in ("features_carried", "exclusive_features") or name.startswith("selective_features_"),
+      ).set(int(r["step"]), int(r["layer"]), int(r["head"]), _num(r["value"]), None, _sae_quality(quality.get(key)))
+    self._sae_cards(feature_rows, quality, numbers)
+
+  def _sae_cards(self, feature_rows: list[dict], quality: dict, numbers: dict) -> None:
+    """Per head, per SAE of its layer (the primary model's latest step): the live features (firing on the
+    evaluation tokens) it carries (sae/features.csv `heads`), first those whose largest decoder-norm share a_fh
+    is the head's, by that share (Kissane et al. 2024 rank a head's features so), then those it carries with
+    a smaller share (by its place in `heads`; the table gives only the largest share), each with its
+    contexts (contexts.csv, rank 0 first) and label profiles (labels.csv, most frequent first)."""
+    last = {}  # (site, layer, sae) -> the primary model's latest step
+    for r in feature_rows:
+      if r["model"] == self.primary:
+        what = (r["site"], int(r["layer"]), r["sae"])
+        last[what] = max(last.get(what, -1), int(r["step"]))
+    keys = {(self.primary, step, *what) for what, step in last.items()}
+    carried = collections.defaultdict(list)  # (key, head) -> [(order, place, feature row)]
+    for r in feature_rows:
+      key = _sae_key(r)
+      if key not in keys or not (_num(r["firing_rate"]) or 0.0) > 0:
+        continue  # another model or step, or a dead feature (its decoder is its initialisation)
+      top = _num(r["top_head_fraction"]) or 0.0
+      for place, head in enumerate(_feature_heads(r["heads"])):
+        carried[(key, head)].append(((0, -top) if place == 0 else (place, top), int(r["feature"]), place, r))
+    shown = {kh: sorted(items, key=lambda x: x[:2])[:TOP_FEATURES] for kh, items in carried.items()}
+    wanted = {(kh[0], item[1]) for kh, items in shown.items() for item in items}
+    contexts, profiles = collections.defaultdict(list), collections.defaultdict(lambda: collections.defaultdict(list))
+    if wanted:
+      for r in self._aux(tables.SAE_CONTEXTS):
+        if (_sae_key(r), int(r["feature"])) in wanted:
+          contexts[(_sae_key(r), int(r["feature"]))].append((int(r["rank"]), r["context"], _num(r["activation"])))
+      for r in self._aux(tables.SAE_LABELS):
+        if (_sae_key(r), int(r["feature"])) in wanted:
+          item = (-(_num(r["fraction"]) or 0.0), r["label"], _num(r["fraction"]), int(r["count"]))
+          profiles[(_sae_key(r), int(r["feature"]))][r["label_set"]].append(item)
+    for key, head in sorted(set(shown) | {kh for kh in numbers if kh[0] in keys}):
+      _, step, site, layer, name = key
+      features = []
+      for _, feature, place, r in shown.get((key, head), ()):
+        profile = profiles[(key, feature)]
+        sets = [s for s in SAE_LABEL_SETS if r[s] or s in profile] + sorted(set(profile) - set(SAE_LABEL_SETS))
+        labels = [
+          {
+            "set": s,
+            "best": r.get(s, ""),
+            "selectivity": _num(r.get(f"{s}_selectivity")),
+            "top": [[label, fraction] for _, label, fraction, _ in sorted(profile[s])[:TOP_LABELS]],
+          }
+          for s in sets
+        ]
+        features.append(
+          {
+            "feature": feature,
+            "share": _num(r["top_head_fraction"]) if place == 0 else None,
+            "place": place,
+            "heads": _feature_heads(r["heads"]),
+            "firing_rate": _num(r["firing_rate"]),
+            "mean_activation": _num(r["mean_activation"]),
+            "entropy_bits": _num(r["entropy_bits"]),
+            "labels": labels,
+            "contexts": [[c, a] for _, c, a in sorted(contexts[(key, feature)])[:TOP_CONTEXTS]],
+          }
+        )
+      mine = numbers.get((key, head), {})
+      self.extra(layer, head).setdefault("sae", []).append(
+        {
+          "site": site,
+          "sae": name,
+          "layer": layer,
+          "step": step,
+          "quality": _sae_quality(quality.get(key)),
+          "specialization": mine.get("specialization"),
+          "exclusive_features": mine.get("exclusive_features"),
+          "carried": len(carried.get((key, head), ())),
+          "features": features,
+        }
+      )
+
+  def circuit(self) -> None:
+    """`headspec circuit` (circuit/edges.csv; docs/circuits.md): every edge's score by EAP (Syed et al. 2023),
+    EAP-IG (Hanna et al. 2024) or exact edge patching, the change of the logit difference when that edge alone
+    carries its clean value into the corrupted run (estimated, or measured). Per task and method, the grid has
+    each head's strongest (largest |score|) incoming edge — into its query, key or value input; a
+    grouped-query head's key and value inputs are its K/V group's, shared — and its strongest outgoing edge;
+    the card lists the primary model's latest step's top edges each way, ranked by the most exact method
+    there (exact, then EAP-IG, then EAP), every method's score beside."""
+    rows = self.rows[tables.CIRCUIT_EDGES.path]
+    if not rows:
+      return
+    heads = self.shape[1]
+    groups = {}  # model -> its number of K/V groups, from its k/v edges into L<l>G<g> nodes (none: not grouped)
+    for r in rows:
+      if r["input"] in ("k", "v") and _GROUP_NODE.fullmatch(r["downstream"]):
+        groups[r["model"]] = max(groups.get(r["model"], 0), int(r["downstream_head"]) + 1)
+    bad = sorted(model for model, g in groups.items() if heads % g)
+    if bad:
+      _warn(
+        f"{tables.path_of(self.workdir, tables.CIRCUIT_EDGES)}: {bad[0]}'s {groups[bad[0]]} K/V groups do not divide"
+        f" the {heads} heads; its key and value edges are left off the heads"
+      )
+    incoming, outgoing = collections.defaultdict(list), collections.defaultdict(list)
+    for r in rows:  # (model, step, task, method, steps, layer, head) -> [(upstream, downstream, input, score)]
+      at = (r["model"], int(r["step"]), r["task"], r["method"], int(r["steps"]))
+      edge = (r["upstream"], r["downstream"], r["input"], _num(r["score"]))
+      if int(r["upstream_head"]) >= 0:
+        outgoing[at + (int(r["upstream_layer"]), int(r["upstream_head"]))].append(edge)
+      if r["input"] not in ("q", "k", "v"):
+        continue
+      layer, target, g = int(r["downstream_layer"]), int(r["downstream_head"]), groups.get(r["model"])
+      if r["input"] != "q" and _GROUP_NODE.fullmatch(r["downstream"]):  # a K/V group: each of its heads
+        if g is None or heads % g:
+          continue
+        targets = range(target * (heads // g), (target + 1) * (heads // g))
+      else:
+        targets = (target,)
+      for head in targets:
+        incoming[at + (layer, head)].append(edge)
+    for side, by_head in (("incoming", incoming), ("outgoing", outgoing)):
+      for (model, step, task, method, steps, layer, head), edges in by_head.items():
+        u, d, inp, score = max(edges, key=lambda e: -1 if e[3] is None else abs(e[3]))
+        where = f"from {u} into {inp}" + (f" of {d}" if d != f"L{layer}H{head}" else "")
+        where = where if side == "incoming" else f"into {d}'s {inp}" if inp in ("q", "k", "v") else f"into {d}"
+        self.metric(
+          f"circuit/{task}/{_method_id(method, steps)}/{side}{self._suffix(model)}",
+          "Circuit edges",
+          f"{task} · strongest {side} edge · {_method_label(method, steps)}{self._model_label(model)}",
+          f"Score of the head's strongest {side} edge (largest |score|; "
+          + (
+            "into its query, key or value input, a grouped-query head's key and value through its K/V group"
+            if side == "incoming"
+            else "from its output into any later node"
+          )
+          + f") on {task} by {_method_label(method, steps)}: the change of the logit difference when that edge"
+          " alone is patched into the corrupted run (estimated; exact: measured; docs/circuits.md).",
+          diverging=True,
+        ).set(step, layer, head, score, None, f"{where}; {len(edges)} {side} edges")
+    self._circuit_cards(incoming, outgoing)
+
+  def _circuit_cards(self, incoming: dict, outgoing: dict) -> None:
+    last = {}  # task -> the primary model's latest step
+    for model, step, task, *_ in [*incoming, *outgoing]:
+      if model == self.primary:
+        last[task] = max(last.get(task, -1), step)
+    for task, step in sorted(last.items()):
+      here = [k for k in [*incoming, *outgoing] if k[:3] == (self.primary, step, task)]
+      methods = sorted({k[3:5] for k in here}, key=_method_order)
+      for layer, head in sorted({k[5:] for k in here}):
+        entry = {"task": task, "step": step, "methods": [_method_label(*m) for m in methods]}
+        for side, by_head in (("incoming", incoming), ("outgoing", outgoing)):
+          scores = {}  # (upstream, downstream, input) -> the score of each method
+          for i, (method, steps) in enumerate(methods):
+            for u, d, inp, score in by_head.get((self.primary, step, task, method, steps, layer, head), ()):
+              scores.setdefault((u, d, inp), [None] * len(methods))[i] = score
+          ranked = sorted(scores.items(), key=lambda e: (e[1][0] is None, -abs(e[1][0] or 0.0), e[0]))
+          entry[side] = [
+            {"upstream": u, "downstream": d, "input": inp, "scores": s} for (u, d, inp), s in ranked[:TOP_EDGES]
+          ]
+          entry[f"{side}_total"] = len(scores)
+        self.extra(layer, head).setdefault("circuit", []).append(entry)
 
   def mdl(self) -> None:
     for r in self.rows[tables.MDL.path]:
@@ -489,6 +738,82 @@ class _RunData:
     return [{"step": r["step"], "loss": _num(r["loss"])} for r in records if _num(r.get("loss")) is not None]
 
 
+SAE_LABEL_SETS = ("upos", "deprel", "head_distance")  # sae/features.csv's label columns (headspec/sae/labels.py)
+_SAE_METRICS = {  # sae/heads.csv metric -> (label, description); docs/sae.md has the formulas
+  "features_carried": (
+    "features carried",
+    "Live SAE features the head carries: its decoder-norm share a_fh ≥ analysis.carry_min",
+  ),
+  "exclusive_features": (
+    "exclusive features",
+    "Live SAE features exclusive to the head: a_fh ≥ analysis.exclusive_min",
+  ),
+  "specialization": (
+    "feature specialization S_h",
+    "Feature specialization S_h = Σ_f a_fh² / Σ_f a_fh over the live features: the share a_fh of the head's average feature (1: every feature it writes is its alone; 1/H: spread evenly)",
+  ),
+  "mean_entropy_bits": (
+    "mean head entropy of its features (bits)",
+    "Mean head-attribution entropy H_f (bits) of the features the head carries: 0 for features of one head",
+  ),
+}
+_GROUP_NODE = re.compile(r"L\d+G\d+")  # circuit/edges.csv: a grouped-query model's K/V group (downstream of k, v)
+
+
+def _sae_key(r: dict) -> tuple:
+  """(model, step, site, layer, sae): which SAE a row of an sae/*.csv table belongs to."""
+  return r["model"], int(r["step"]), r["site"], int(r["layer"]), r["sae"]
+
+
+def _sae_metric_text(name: str) -> tuple[str, str]:
+  """(label, description) of an sae/heads.csv metric."""
+  if name in _SAE_METRICS:
+    label, description = _SAE_METRICS[name]
+  elif name.startswith("max_feature_selectivity_"):
+    s = name.removeprefix("max_feature_selectivity_")
+    label, description = (
+      f"best {s} selectivity of its features",
+      f"Largest {s} selectivity max_y P(y | fires) − P(y) of a feature the head carries",
+    )
+  elif name.startswith("selective_features_"):
+    s = name.removeprefix("selective_features_")
+    label, description = (
+      f"{s}-selective features",
+      f"Features the head carries with {s} selectivity ≥ analysis.selective_min",
+    )
+  else:
+    label, description = name.replace("_", " "), f"sae/heads.csv metric {name}"
+  return label, f"{description} (headspec sae; Kissane et al. 2024; docs/sae.md)."
+
+
+def _sae_quality(values: dict | None) -> str:
+  """The SAE's quality from sae/metrics.csv, for a cell's note and the card: 'SAE FVU 0.120, L0 16.0, 3.1% dead'."""
+  values = values or {}
+  parts = [f"{name} {fmt.format(values[key])}" for key, name, fmt in (("fvu", "FVU", "{:.3f}"), ("l0", "L0", "{:.1f}"))
+           if values.get(key) is not None]  # fmt: skip
+  if values.get("dead_fraction") is not None:
+    parts.append(f"{100 * values['dead_fraction']:.1f}% dead")
+  if values.get("features") is not None:
+    parts.append(f"{values['features']:.0f} features")
+  return ("SAE " + ", ".join(parts)) if parts else ""
+
+
+def _method_label(method: str, steps: int) -> str:
+  """An edge-scoring method as the card names it: 'EAP', 'EAP-IG (5 steps)', 'exact'."""
+  return EDGE_METHODS.get(method, method) + (f" ({steps} steps)" if method == "eap_ig" else "")
+
+
+def _method_id(method: str, steps: int) -> str:
+  """A method in a metric id: 'eap', 'exact', 'eap_ig-5' (EAP-IG runs with other steps are their own)."""
+  return method if method in ("eap", "exact") else f"{method}-{steps}"
+
+
+def _method_order(method_steps: tuple[str, int]) -> tuple:
+  """Most exact first: exact edge patching, EAP-IG (more steps first), EAP, any other by name."""
+  method, steps = method_steps
+  return (list(EDGE_METHODS).index(method) if method in EDGE_METHODS else len(EDGE_METHODS), -steps, method)
+
+
 def _kv_groups(workdir: epath.Path, num_heads: int) -> list[int] | None:
   """Each head's K/V group for a run trained with grouped-query attention (config.json model.num_kv_heads,
   head h in group h // (H / num_kv_heads), as ModelConfig.kv_group_of_head); None otherwise (every head its
@@ -515,8 +840,8 @@ def run_data(workdir) -> dict:
   if not any(run.rows.values()):
     names = ", ".join(t.path for t in HEAD_TABLES)
     raise UserError(
-      f"{workdir}: no results tables ({names}); run `headspec probe`, `diversity`, `ablate`, `attention` or `patch`"
-      " first"
+      f"{workdir}: no results tables ({names}); run `headspec probe`, `diversity`, `ablate`, `attention`, `patch`,"
+      " `sae` or `circuit` first"
     )
   run.probes()
   run.structural()
@@ -525,6 +850,8 @@ def run_data(workdir) -> dict:
   run.ablation()
   run.attention()
   run.patching()
+  run.sae()
+  run.circuit()
   num_layers, num_heads = run.shape
   images, skipped = run.images()
   found = [t.path for t in HEAD_TABLES if run.rows[t.path]]

@@ -149,6 +149,8 @@ figure { margin: 0; }
 figure img { max-width: min(100%, 720px); border: 1px solid var(--line); }
 figcaption { font-size: 12px; color: var(--muted); }
 svg.spark { border: 1px solid var(--line); background: #fafafa; }
+mark { background: #fde68a; padding: 0 1px; }
+table.sae-features td div { white-space: nowrap; }
 """
 
 _JS = r"""
@@ -338,9 +340,9 @@ function draw() {
       } else {
         const bg = scale.colour(c.v);
         cell.className = "cell"; cell.style.background = bg; cell.style.color = bg.startsWith("rgb") ? textColour(bg) : "#111";
-        cell.textContent = fmt(c.v);
+        cell.textContent = entry.spec.integer ? count(c.v) : fmt(c.v);
         const ci = c.ci ? " [" + fmt(c.ci[0]) + ", " + fmt(c.ci[1]) + "]" : "";
-        cell.title = label + ": " + fmt(c.v) + ci + (c.note ? " (" + c.note + ")" : "");
+        cell.title = label + ": " + cell.textContent + ci + (c.note ? " (" + c.note + ")" : "");
         cell.setAttribute("aria-label", cell.title);
       }
       if (state.selected && state.selected.join() === [r, l, h].join()) cell.classList.add("selected");
@@ -403,7 +405,7 @@ function renderCard(r, l, h) {
     }
     const key = m.group + (m.id.includes("@") ? "@" : "");
     if (!groups.has(key)) groups.set(key, []);
-    groups.get(key).push([m.label, c, at.step, sel]);
+    groups.get(key).push([m.label, c, at.step, sel, m.integer]);
   });
   for (const [key, rows] of groups) {
     if (key.endsWith("@")) {
@@ -441,6 +443,8 @@ function renderCard(r, l, h) {
           el("td", { class: "num", text: String(x.step) }));
       })));
   }
+  if (extra.sae && extra.sae.length) saeSection(card, l, h, extra.sae);
+  if (extra.circuit && extra.circuit.length) circuitSection(card, l, h, extra.circuit);
   // Attention pictures on the example sentences.
   card.append(el("h3", { text: "Attention on the example sentences" }));
   if (extra.images && extra.images.length) {
@@ -449,12 +453,71 @@ function renderCard(r, l, h) {
   } else card.append(el("p", { class: "muted", text: "No per-head pictures under " + run.name + "/attention/ (run headspec attention)." }));
 }
 
+function count(v) { return v === null || v === undefined ? "–" : String(Math.round(v)); }
+function marked(context) {
+  // A context "… [[word]] …" with the word in <mark> (text nodes only: table text is never markup).
+  const m = /^(.*?)\[\[(.*?)\]\](.*)$/s.exec(context);
+  return m ? [m[1], el("mark", { text: m[2] }), m[3]] : [context];
+}
+function saeSection(card, l, h, saes) {
+  // The head's strongest SAE features (sae/*.csv), per SAE of its layer.
+  card.append(el("h3", { text: "Strongest SAE features (decoder-norm share, Kissane et al. 2024)" }));
+  saes.forEach(s => {
+    const head = [s.sae + " on " + s.site + " of layer " + s.layer + ", step " + s.step + ": carries " + s.carried + " live features",
+      s.exclusive_features !== null && s.exclusive_features !== undefined ? count(s.exclusive_features) + " exclusive" : null,
+      s.specialization !== null && s.specialization !== undefined ? "feature specialization S_h " + fmt(s.specialization) : null,
+      s.quality || null].filter(x => x);
+    card.append(el("p", { class: "sae-summary" }, head.join("; ") + "."));
+    if (!s.features.length) return;
+    const sets = [...new Set(s.features.flatMap(f => f.labels.map(x => x.set)))];
+    card.append(el("table", { class: "sae-features" },
+      el("tr", {}, ["feature", "share a_fh", "heads", "fires", "mean act."].map(t => el("th", { text: t })),
+        sets.map(t => el("th", { text: t.replace("_", " ") })), el("th", { text: "top contexts (activation)" })),
+      s.features.map(f => el("tr", {},
+        el("td", { text: "f" + f.feature }),
+        el("td", { class: "num", text: f.place === 0 ? fmt(f.share) : "#" + (f.place + 1) + " of " + f.heads.length,
+          title: f.place === 0 ? "the head's share of the feature's squared decoder norm (its largest)" : "a smaller share than the heads before it" }),
+        el("td", { text: f.heads.map(x => "h" + x).join(", ") }),
+        el("td", { class: "num", text: fmt(f.firing_rate) }),
+        el("td", { class: "num", text: fmt(f.mean_activation) }),
+        sets.map(set => {
+          const x = f.labels.find(y => y.set === set);
+          if (!x) return el("td", { text: "–" });
+          return el("td", {}, x.top.map(([label, frac]) => el("div", { text: label + " " + fmt(frac) })),
+            x.best ? el("div", { class: "muted", text: "selectivity " + x.best + " " + fmt(x.selectivity) }) : null);
+        }),
+        el("td", {}, f.contexts.length ? f.contexts.map(([c, a]) => el("div", {}, marked(c), el("span", { class: "muted", text: " (" + fmt(a) + ")" })))
+          : el("span", { class: "muted", text: "–" }))))));
+    const more = s.carried - s.features.length;
+    if (more > 0) card.append(el("p", { class: "muted", text: more + " more carried feature" + (more > 1 ? "s" : "") + " in sae/features.csv." }));
+  });
+}
+function circuitSection(card, l, h, circuits) {
+  // The head's strongest incoming and outgoing edges (circuit/edges.csv), per task.
+  circuits.forEach(c => {
+    card.append(el("h3", { text: "Circuit edges · " + c.task + " (step " + c.step + ")" }));
+    card.append(el("p", { class: "muted", text: "Score: the change of the logit difference when the edge alone is patched into the corrupted run, "
+      + "estimated by EAP (Syed et al. 2023) or EAP-IG (Hanna et al. 2024), or measured (exact). Ranked by |" + c.methods[0] + "|." }));
+    for (const [side, title] of [["incoming", "Strongest incoming edges (into its q, k, v)"], ["outgoing", "Strongest outgoing edges"]]) {
+      const edges = c[side];
+      if (!edges.length) continue;
+      card.append(el("p", {}, el("strong", { text: title }), " — " + edges.length + " of " + c[side + "_total"]));
+      card.append(el("table", { class: "circuit-" + side },
+        el("tr", {}, el("th", { text: side === "incoming" ? "from" : "to" }), el("th", { text: "input" }), c.methods.map(m => el("th", { text: m }))),
+        edges.map(e => el("tr", {},
+          el("td", { text: side === "incoming" ? e.upstream : e.downstream }),
+          el("td", { text: side === "incoming" && e.downstream !== "L" + l + "H" + h ? e.input + " (" + e.downstream + ", K/V group)" : e.input }),
+          e.scores.map(v => el("td", { class: "num", text: fmt(v) }))))));
+    }
+  });
+}
+
 function numbersTable(rows) {
   const withSel = rows.some(r => r[3] !== undefined);
   const heads = ["metric", "value", "95% CI"].concat(withSel ? ["selectivity"] : [], ["notes", "step"]);
   return el("table", {},
     el("tr", {}, heads.map(t => el("th", { text: t }))),
-    rows.map(([label, c, step, sel]) => el("tr", {}, el("td", { text: label }), el("td", { class: "num", text: fmt(c.v) }),
+    rows.map(([label, c, step, sel, integer]) => el("tr", {}, el("td", { text: label }), el("td", { class: "num", text: integer ? count(c.v) : fmt(c.v) }),
       el("td", { class: "num", text: c.ci ? "[" + fmt(c.ci[0]) + ", " + fmt(c.ci[1]) + "]" : "–" }),
       withSel ? el("td", { class: "num", text: fmt(sel) }) : null,
       el("td", { text: c.note || "" }), el("td", { class: "num", text: String(step) }))));
