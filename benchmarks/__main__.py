@@ -1,6 +1,11 @@
 """Every benchmark in one command; rewrites BENCHMARKS.md with the machine and each benchmark's figures.
 
   python -m benchmarks [--only=train,probe] [--full] [--out=BENCHMARKS.md]
+  python -m benchmarks --summary [--out=BENCHMARKS.md]   # only the table at the top, from the sections; runs nothing
+
+The report opens with one table (`summary`): per benchmark its headline figure (`HEADLINES`), headspec's
+value, the reference it is measured against and its value, the ratio and the machine and date, read from
+the sections below it, which keep every figure as key-value rows.
 
 Runs each `benchmarks.bench_*` module in its own process (so one's compilation cache or memory does not
 flatter the next), reads the JSON object it prints last, and writes one section per benchmark: the exact
@@ -18,6 +23,7 @@ import datetime
 import json
 import os
 import platform
+import re
 import subprocess
 import sys
 import time
@@ -64,6 +70,39 @@ BENCHMARKS = {
   "probe_minilm": (["--max_train_words=40000"], ["--max_train_words=0"], True),
   "quickstart": ([], [], False),  # README command 1 stage by stage, empty compilation cache (~11 min, 2 cores)
 }
+# name -> (figure, headspec's key, its unit, the reference, the reference's key): the row of the summary
+# table. Both keys are flattened figures of the benchmark's section; a reference in seconds gives the
+# ratio reference / headspec (above 1: headspec is faster, or within a target); None: no reference.
+HEADLINES = {
+  "train": ("training throughput, small decoder (4 layers × 8 heads)", "results.1.tokens_per_second", "tokens/s",
+            None, None),
+  "probe": ("softmax probes: 12 heads × 3 tasks × 3 λ, 20k words", "jax_seconds", "s",
+            "scikit-learn LogisticRegression, same grid (extrapolated from 1 head)", "sklearn_seconds"),
+  "probe_ewt": ("softmax probes: 12 heads × 3 tasks × 3 λ, 200k words (EWT)", "jax_seconds", "s",
+                "scikit-learn LogisticRegression, same grid (extrapolated from 1 head)", "sklearn_seconds"),
+  "diversity": ("head-diversity metrics, streamed", "streamed_s", "s", "one pass over the captured maps",
+                "metrics_s"),
+  "induction": ("induction and copying scores, random weights (cold)", "cold.total_s", "s", "target", "target_s"),
+  "ablation": ("48 single-head ablations, compiled sweep", "sweep_vs_loop.sweep_seconds", "s",
+               "a loop of masked forwards", "sweep_vs_loop.loop_seconds"),
+  "patching": ("512 activation patches of z, compiled sweep", "sweep_seconds", "s", "a per-patch loop",
+               "loop_seconds"),
+  "attention": ("attention analysis, MiniLM × EWT dev, end to end (cold)", "end_to_end_cold_s", "s", None, None),
+  "extract": ("MiniLM features of EWT dev (every head's Z_h and residual)", "headspec_s", "s",
+              "transformers on torch (hidden states only)", "torch_s"),
+  "structural": ("structural probes, MiniLM layer 0, 2k words", "total.structural.fit_s", "s",
+                 "softmax probes on the same sources", "total.softmax.fit_s"),
+  "structural_ewt": ("structural probes, MiniLM layer 0, all of EWT", "total.structural.fit_s", "s",
+                     "softmax probes on the same sources", "total.softmax.fit_s"),
+  "compile_cache": ("headspec probe with a warm compilation cache", "commands.warm.wall_s", "s",
+                    "the same command without the cache", "commands.off.wall_s"),
+  "init": ("MiniLM's initial weights, bucketed draws", "sizes.minilm.seconds.bucketed", "s",
+           "one draw per shape", "sizes.minilm.seconds.per_shape"),
+  "probe_minilm": ("headspec probe, MiniLM × EWT, 40k words (empty cache)", "wall_s", "s", "target", "target_s"),
+  "quickstart": ("headspec quickstart (empty cache, install excluded)", "wall_s", "s", "target", "target_s"),
+}  # fmt: skip
+SUMMARY_START = "<!-- summary: written by `python -m benchmarks` from the sections below; edit those, not this -->"
+SUMMARY_END = "<!-- end of summary -->"
 # a benchmark run by another's module, with other arguments
 MODULES = {"structural_ewt": "structural", "probe_ewt": "probe"}
 VERSIONS = ("jax", "jaxlib", "flax", "optax", "numpy", "scikit-learn", "torch", "transformers")
@@ -130,25 +169,166 @@ def run(name: str, args: list[str]) -> dict:
   return entry
 
 
+def sections(text: str) -> dict[str, str]:
+  """{name: body} of a report's `## name` sections, in order."""
+  out, name = {}, None
+  for line in text.splitlines():
+    if line.startswith("## "):
+      name = line[3:].strip()
+      out[name] = []
+    elif name is not None:
+      out[name].append(line)
+  return {k: "\n".join(v).strip("\n") for k, v in out.items()}
+
+
 def kept_sections(path: str, rerun) -> dict:
   """The `## name` sections of an existing report that this run does not redo (so --only=probe keeps
-  the other benchmarks' figures, each still headed by its own command and date line)."""
+  the other benchmarks' figures, each still headed by its own command and date line), a section this
+  runner does not know (written by hand or by another script) included."""
   try:
     with open(path) as f:
       text = f.read()
   except OSError:
     return {}
-  sections, name = {}, None
+  return {k: v for k, v in sections(text).items() if k not in rerun}
+
+
+_WALL = re.compile(r"— ([0-9.]+) s wall(?:, measured (\d{4}-\d\d-\d\d))?")
+
+
+def recorded(body: str) -> dict:
+  """What a section records: {'figures': {key: value}, 'date': 'YYYY-MM-DD' or None, 'command': ...}; a
+  figure's text read back as a number where it is one."""
+  figures, date, command = {}, None, None
+  for line in body.splitlines():
+    wall = _WALL.search(line)
+    if wall and line.startswith("`"):
+      command, date = line.split("`")[1], wall.group(2)
+    cells = [c.strip() for c in line.strip().strip("|").split(" | ")] if line.startswith("| ") else []
+    if len(cells) == 2 and cells != ["figure", "value"]:
+      try:
+        figures[cells[0]] = float(cells[1])
+      except ValueError:
+        figures[cells[0]] = cells[1]
+  return {"figures": figures, "date": date, "command": command}
+
+
+def line_dates(path: str) -> dict[str, str]:
+  """{line: the date of the commit that last wrote it} for a report under git (the sections written
+  before each carried its own date); {} without git."""
+  try:
+    done = subprocess.run(
+      ["git", "blame", "--line-porcelain", "--", os.path.basename(path)],
+      capture_output=True,
+      text=True,
+      cwd=os.path.dirname(os.path.abspath(path)),
+      check=True,
+    )
+  except (OSError, subprocess.CalledProcessError):
+    return {}
+  dates, when = {}, None
+  for line in done.stdout.splitlines():
+    if line.startswith("committer-time "):
+      when = datetime.datetime.fromtimestamp(int(line.split()[1]), datetime.UTC).date().isoformat()
+    elif line.startswith("\t"):
+      dates[line[1:]] = when
+  return dates
+
+
+def _machine_of(info: dict) -> str:
+  """'2-core x86_64 CPU' (or the accelerator) from the report's device and host lines."""
+  device, host = info.get("device", ""), info.get("host", "")
+  cores = re.search(r"(\d+) CPU cores", host)
+  arch = host.split(",")[0].strip()
+  if "(cpu)" not in device and device:
+    return device
+  return f"{cores.group(1)}-core {arch} CPU" if cores else host or "unknown machine"
+
+
+def _value(value, unit: str) -> str:
+  if not isinstance(value, float):
+    return "not recorded" if value is None else str(value)
+  if unit == "s":
+    return f"{value:.2f} s" if value < 10 else f"{value:,.1f} s" if value < 1000 else f"{value:,.0f} s"
+  return f"{value:,.0f} {unit}"
+
+
+def summary(info: dict, records: dict[str, dict], default_date: str) -> list[str]:
+  """The report's opening table: one row per benchmark of `HEADLINES` that has a record."""
+  out = [
+    SUMMARY_START,
+    "| figure | headspec | reference it is measured against | ratio | machine and date |",
+    "|---|---|---|---|---|",
+  ]
+  for name, (figure, key, unit, reference, reference_key) in HEADLINES.items():
+    record = records.get(name)
+    if record is None or key not in record["figures"]:
+      continue
+    cpu = record["figures"].get("machine.cpu")  # the section's own machine where it names one
+    machine_name = _machine_of(info)
+    if isinstance(cpu, str) and cpu not in info.get("host", "") and machine_name.endswith(" CPU"):
+      machine_name = f"{machine_name.split('-core')[0]}-core {cpu} CPU"
+    value = record["figures"][key]
+    other = record["figures"].get(reference_key) if reference_key else None
+    ratio = f"{other / value:.2f}×" if isinstance(value, float) and isinstance(other, float) and value else "—"
+    against = f"{reference}: {_value(other, unit)}" if reference else "—"
+    when = record["date"] or default_date
+    out.append(f"| [{figure}](#{name}) | {_value(value, unit)} | {against} | {ratio} | {machine_name}, {when} |")
+  out += [
+    "",
+    "Ratio: the reference's time over headspec's (above 1: headspec is faster, or within the target). Each",
+    "row is its section's figures below; the section holds the command and every number it reported.",
+    SUMMARY_END,
+  ]
+  return out
+
+
+def with_summary(text: str, info: dict, default_date: str, dates: dict | None = None) -> str:
+  """`text` (a report) with its summary table, read from its own sections, right under its title (an
+  earlier summary replaced); nothing else changes. A section without its own date takes its command
+  line's date in `dates` (git blame), else `default_date`."""
+  if SUMMARY_START in text and SUMMARY_END in text:
+    head, rest = text.split(SUMMARY_START, 1)
+    text = head.rstrip("\n") + "\n" + rest.split(SUMMARY_END, 1)[1].lstrip("\n")
+  records = {}
+  for name, body in sections(text).items():
+    record = recorded(body)
+    if record["date"] is None and dates:
+      line = next((x for x in body.splitlines() if x.startswith("`") and _WALL.search(x)), None)
+      record["date"] = dates.get(line)
+    records[name] = record
+  title, _, rest = text.partition("\n")
+  return "\n".join([title, "", *summary(info, records, default_date), "", rest.lstrip("\n")])
+
+
+def report_info(text: str) -> dict:
+  """The machine lines and the date of an existing report's header."""
+  info = {}
   for line in text.splitlines():
-    if line.startswith("## "):
-      name = line[3:].strip()
-      sections[name] = []
-    elif name is not None:
-      sections[name].append(line)
-  return {k: "\n".join(v).strip("\n") for k, v in sections.items() if k not in rerun and k in BENCHMARKS}
+    if line.startswith("- device: "):
+      info["device"] = line[len("- device: ") :]
+    elif line.startswith("- host: "):
+      info["host"] = line[len("- host: ") :]
+    elif line.startswith("## "):
+      break
+  date = re.search(r"on (\d{4}-\d\d-\d\d)", text)
+  info["date"] = date.group(1) if date else "undated"
+  return info
 
 
-def markdown(info: dict, entries: dict, full: bool, kept: dict | None = None) -> str:
+def rewrite_summary(path: str) -> str:
+  """`--summary`: the report at `path` with its summary table written from its own sections (read right
+  before writing, so sections others added meanwhile are kept); runs no benchmark."""
+  with open(path) as f:
+    text = f.read()
+  info = report_info(text)
+  new = with_summary(text, info, f"≤ {info['date']}", line_dates(path))
+  with open(path, "w") as f:  # a local report file, not a run directory
+    f.write(new)
+  return path
+
+
+def markdown(info: dict, entries: dict, full: bool, kept: dict | None = None, dates: dict | None = None) -> str:
   out = [
     "# Benchmarks",
     "",
@@ -163,12 +343,12 @@ def markdown(info: dict, entries: dict, full: bool, kept: dict | None = None) ->
   kept = kept or {}
   if kept:
     out += [f"Sections not rerun on {info['date']} ({', '.join(kept)}) are kept from the previous report.", ""]
-  for name in [n for n in BENCHMARKS if n in entries or n in kept]:
+  for name in [n for n in BENCHMARKS if n in entries or n in kept] + [n for n in kept if n not in BENCHMARKS]:
     if name in kept:
       out += [f"## {name}", "", kept[name], ""]
       continue
     entry = entries[name]
-    out += [f"## {name}", "", f"`{entry['command']}` — {entry['wall_s']} s wall", ""]
+    out += [f"## {name}", "", f"`{entry['command']}` — {entry['wall_s']} s wall, measured {info['date']}", ""]
     if "skipped" in entry:
       out += [f"Skipped: {entry['skipped']}", ""]
       continue
@@ -178,7 +358,7 @@ def markdown(info: dict, entries: dict, full: bool, kept: dict | None = None) ->
     out += ["| figure | value |", "|---|---|"]
     out += [f"| {k} | {v} |" for k, v in flatten(entry["result"])]
     out.append("")
-  return "\n".join(out)
+  return with_summary("\n".join(out), info, f"≤ {info['date']}", dates)
 
 
 def main(argv=None) -> int:
@@ -186,7 +366,11 @@ def main(argv=None) -> int:
   parser.add_argument("--only", default="", help=f"comma-separated subset of {','.join(BENCHMARKS)}")
   parser.add_argument("--full", action="store_true", help="each benchmark's full size (a GPU machine)")
   parser.add_argument("--out", default="BENCHMARKS.md")
+  parser.add_argument("--summary", action="store_true", help="only rewrite the table at the top; runs nothing")
   args = parser.parse_args(argv)
+  if args.summary:
+    print(f"wrote {rewrite_summary(args.out)}")
+    return 0
   names = [n for n in args.only.split(",") if n] or list(BENCHMARKS)
   unknown = sorted(set(names) - set(BENCHMARKS))
   if unknown:
@@ -209,9 +393,9 @@ def main(argv=None) -> int:
     print(
       f"  {entries[name]['wall_s']} s" + (f"  FAILED: {entries[name]['error']}" if "error" in entries[name] else "")
     )
-  kept = kept_sections(args.out, entries) if args.only else {}
+  kept = kept_sections(args.out, entries) if args.only else {}  # read right before writing
   with open(args.out, "w") as f:  # a local report file, not a run directory
-    f.write(markdown(info, entries, args.full, kept))
+    f.write(markdown(info, entries, args.full, kept, line_dates(args.out) if kept else None))
   print(f"wrote {args.out}")
   return 1 if any("error" in e for e in entries.values()) else 0
 

@@ -116,10 +116,11 @@ def main(argv: list[str]) -> int:
     except flags.Error as e:
       _fail(str(e))
     except (AttributeError, KeyError, TypeError, ValueError) as e:  # config_flags on a bad --config.key
-      overrides = [a.split("=")[0] for a in argv if a.startswith("--config.")]
+      overrides = [a for a in argv if a.startswith("--config.")]
       _fail(
-        f"bad config override among {', '.join(overrides)}: {str(e).strip(chr(34))} is not a config key "
-        f"or has the wrong type"
+        _override_problem(argv, overrides)
+        or f"bad config override among {', '.join(a.split('=')[0] for a in overrides)}: "
+        f"{e.args[0] if isinstance(e, KeyError) and e.args else e} (not a config key, or a value of the wrong type)"
       )
     args = rest[1:]
     if not args or args[0] in ("help", "-h", "--help"):
@@ -141,6 +142,9 @@ def main(argv: list[str]) -> int:
       _fail(f"{command} needs --config=NAME (`headspec {command} --help` lists the configs and keys)")
     if entry.needs_config and config is not None:
       _check_keys(command, config, _config_file(argv))
+      from headspec import config_help
+
+      config_help.normalize_lists(config, entry.defaults, _config_file(argv))  # `a,b` or `(a, b)`, every list key
     if entry.needs_config and not _WORKDIR.value:
       _fail(f"{command} needs --workdir=DIR")
     if _WORKDIR.value:
@@ -289,6 +293,25 @@ def _check_config_path(argv: list[str]) -> None:
     from headspec import configs
 
     _fail(f"--config: no such config file {path}, nor a packaged config of that name ({', '.join(configs.names())})")
+
+
+def _override_problem(argv: list[str], overrides: list[str]) -> str | None:
+  """The one line naming a `--config.KEY` that the --config file lacks (config_help.override_problem),
+  None when the file cannot be read again or every KEY exists."""
+  specs = [a.split("=", 1)[1] if a.startswith("--config=") else b for a, b in zip(argv, [*argv[1:], ""])
+           if a.startswith("--config=") or a == "--config"]  # fmt: skip
+  spec = specs[-1] if specs else None
+  if not spec:
+    return None
+  from headspec import config_help
+
+  try:
+    from ml_collections.config_flags import config_flags as loader
+
+    loaded = loader.ConfigFileFlagParser("config").parse(spec)
+  except Exception:  # noqa: BLE001  (the file's own error is reported elsewhere; this only names a key)
+    return None
+  return config_help.override_problem(loaded, overrides, _config_file(argv))
 
 
 def _missing_keys(config, defaults, prefix: str = "") -> list[str]:

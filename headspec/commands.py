@@ -56,11 +56,10 @@ class Command:
 
 
 def quickstart(config, workdir, args) -> None:
-  from headspec.quickstart import run_quickstart
+  from headspec import quickstart as quickstart_lib
 
-  if args:
-    raise UserError(f"quickstart takes no arguments, got {' '.join(args)}")
-  run_quickstart(workdir or "runs/quickstart")
+  options = quickstart_lib.options(args)  # --config.train.steps=N: run_quickstart's keywords
+  quickstart_lib.run_quickstart(workdir or "runs/quickstart", **options)
 
 
 def train(config, workdir, args) -> None:
@@ -169,7 +168,12 @@ def _probe_summary(results) -> str:
 
 COMMANDS: dict[str, Command] = {
   "quickstart": Command(
-    (("quickstart [--workdir=DIR]", "synthetic treebank -> train a small decoder and encoder -> probe"),),
+    (
+      (
+        "quickstart [--workdir=DIR]",
+        "synthetic treebank -> train a small decoder and encoder -> probe (--config.train.steps=N: fewer steps)",
+      ),
+    ),
     "headspec.commands:quickstart",
   ),
   "train": Command(

@@ -4,16 +4,26 @@ Keys and defaults come from the command's default config (headspec/cli.py DEFAUL
 comments beside each key where the default config function declares it (`c.probe.tol = 1e-5  # ...`, a
 comment line just above, or indented comment lines just below), read with `ast` and `tokenize`, so each
 key is documented once, in its defaults file.
+
+List-valued keys follow one rule on the command line (`normalize_lists`): a comma text `a,b` or a
+tuple/list literal `(a, b)` / `[a, b]`, one item as `a`, none as `()` or an empty value. A key is
+list-valued when its default is a tuple or list, or a text whose default holds a comma or whose meaning
+says "comma-separated" (`sites`, `methods`, `steps`); each keeps its default's form, so the analyses
+read what they always read. `override_problem` names a mistyped `--config.KEY` in one plain line.
 """
 
 from __future__ import annotations
 
 import ast
+import difflib
 import importlib
 import inspect
 import io
+import numbers
 import textwrap
 import tokenize
+
+from headspec.errors import UserError
 
 
 def flat_items(config, prefix: str = "") -> list[tuple[str, object]]:
@@ -100,5 +110,104 @@ def help_text(command: str, factory_spec: str, summary: str) -> str:
       f"--config: a packaged config by name ({', '.join(configs.names())}) or a config file FILE.py[:ARG]",
       f"config keys (--config.KEY=VALUE), their defaults ({factory_spec.replace(':', '.')}) and meanings:",
       *keys,
+      f"list-valued keys ({', '.join(list_keys(factory_spec))}): a comma text a,b or a literal (a, b); "
+      "one item as a, none as ()",
     ]
   )
+
+
+# ------------------------------------------------------------------------------------ list-valued keys
+
+
+def _defaults(factory_spec):
+  module, name = factory_spec.split(":")
+  function = getattr(importlib.import_module(module), name)
+  return function, function()
+
+
+def list_keys(factory_spec: str) -> dict[str, str]:
+  """{dotted key: 'tuple' | 'text'} of the list-valued keys of a command's default config (module
+  docstring): 'tuple' keys hold a tuple or list, 'text' keys a comma-separated text."""
+  function, defaults = _defaults(factory_spec)
+  meaning = meanings(function)
+  out = {}
+  for key, value in flat_items(defaults):
+    if isinstance(value, tuple | list):
+      out[key] = "tuple"
+    elif isinstance(value, str) and ("," in value or "comma-separated" in meaning.get(key, "")):
+      out[key] = "text"
+  return out
+
+
+def _items(value) -> list:
+  """The items of a list-valued key's value: a comma text split (a tuple or list literal read as one),
+  a tuple's comma texts split too (how ml_collections passes `--config.k=a,b` to a tuple key: ('a,b',))."""
+  if isinstance(value, str):
+    text = value.strip()
+    if text[:1] in "([" and text[-1:] in ")]":
+      try:
+        value = ast.literal_eval(text)
+      except (SyntaxError, ValueError):
+        value = text[1:-1]
+    if isinstance(value, str):
+      return [item.strip() for item in value.split(",") if item.strip()]
+  if not isinstance(value, tuple | list):
+    return [value]
+  items = []
+  for item in value:
+    items += _items(item) if isinstance(item, str) else [item]
+  return items
+
+
+def _number(item, key: str, where) -> numbers.Number:
+  if isinstance(item, numbers.Number) and not isinstance(item, bool):
+    return item
+  try:
+    number = ast.literal_eval(str(item))
+  except (SyntaxError, ValueError):
+    number = None
+  if not isinstance(number, numbers.Number) or isinstance(number, bool):
+    raise UserError(f"{where}: {key}: {item} is not a number (give numbers as a comma text, e.g. 1e-4,1e-3)")
+  return number
+
+
+def normalize_lists(config, factory_spec: str, where="--config") -> None:
+  """Every list-valued key of `config` (those of `list_keys`) in its default's form, whichever spelling
+  it was given in: a tuple key gets a tuple (numbers where its default holds numbers), a text key the
+  comma text `a,b`. A non-number given to a key of numbers is a UserError naming `where` and the key."""
+  _, defaults = _defaults(factory_spec)
+  for key, kind in list_keys(factory_spec).items():
+    *parents, leaf = key.split(".")
+    section, default = config, defaults
+    for part in parents:
+      section, default = section[part], default[part]
+    if leaf not in section:
+      continue
+    value, items = section[leaf], _items(section[leaf])
+    if kind == "text":
+      section[leaf] = ",".join(str(item) for item in items)
+      continue
+    numeric = default[leaf] and all(isinstance(v, numbers.Number) for v in default[leaf])
+    if numeric:
+      items = [_number(item, key, where) for item in items]
+    section[leaf] = type(value)(items) if isinstance(value, tuple | list) else tuple(items)
+
+
+def override_problem(config, overrides: list[str], where) -> str | None:
+  """The one line for the first `--config.KEY=VALUE` of `overrides` whose KEY is not a key of `config`
+  (the config file as loaded, before overrides), naming the file and the close matches; None when every
+  KEY exists (the value is what is wrong)."""
+  for override in overrides:
+    key = override.split("=", 1)[0].removeprefix("--config.")
+    section, walked = config, []
+    for part in key.split("."):
+      if not hasattr(section, "keys"):
+        return f"{override}: {'.'.join(walked)} is a value ({type(section).__name__}), not a section, in {where}"
+      if part not in section:
+        prefix = ".".join(walked) + "." if walked else ""
+        close = difflib.get_close_matches(part, [str(k) for k in section.keys()], n=3)
+        hint = f"; did you mean {' or '.join(prefix + c for c in close)}?" if close else ""
+        return f"--config.{key}: no config key {prefix}{part} in {where}{hint}"
+      section = section[part]
+      walked.append(part)
+  return None

@@ -9,17 +9,27 @@ An analysis describes itself as an `Analysis` (its run.py) and `run` calls its p
             interrupted run keeps the jobs that finished); then `merged`: that job's figures
   finish    figures and reports; returns the path `run` returns (the main table or summary)
 A progress bar runs over the jobs (tqdm.auto: a widget in a notebook, a line on stderr in a terminal);
-`progress` makes the bars of stages inside a job. Provenance (run_info.json) is the decorator on each
-analysis's `run` (headspec/provenance.py).
+`progress` makes the bars of stages inside a job. Before a job's first result the bar already shows
+which (model, step) runs and that it is loading and compiling, and its clock keeps moving (`ticking`),
+so a one-step command's bar is not a frozen 0% while XLA compiles. Log lines and printed lines go above
+the bars (`lines_above_bars`: tqdm.contrib.logging.logging_redirect_tqdm), never through them.
+Provenance (run_info.json) is the decorator on each analysis's `run` (headspec/provenance.py).
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import logging as std_logging
+import os
+import sys
+import threading
 from collections.abc import Callable, Sequence
 
 from absl import logging
 from tqdm.auto import tqdm
+from tqdm.contrib import DummyTqdmFile
+from tqdm.contrib.logging import logging_redirect_tqdm
 
 from headspec import remote, tables, targets
 from headspec.errors import UserError
@@ -65,9 +75,57 @@ class Analysis:
     raise NotImplementedError
 
 
-def progress(total: int, desc: str, unit: str = "it"):
-  """A progress bar (tqdm.auto) of `total` items, redrawn at most once a second."""
-  return tqdm(total=total, desc=desc, unit=unit, leave=True, mininterval=1.0)
+def progress(total: int, desc: str, unit: str = "it", *, initial: int = 0, disable: bool = False):
+  """A progress bar (tqdm.auto) of `total` items (`initial` of them done), redrawn at most once a second."""
+  return tqdm(total=total, desc=desc, unit=unit, leave=True, mininterval=1.0, initial=initial, disable=disable)
+
+
+@contextlib.contextmanager
+def lines_above_bars():
+  """Log records (absl's handler included, its format and filters kept) and printed lines are written
+  above the progress bars through `tqdm.write`, so a bar is never broken by a line. absl's handler is no
+  plain StreamHandler, which `logging_redirect_tqdm` would not recognise (it would add a second handler
+  beside it): while the bars run it is replaced by a StreamHandler of its stream (stderr, as this process
+  has it now), format and filters, which `logging_redirect_tqdm` then redirects. A log file is left as it is."""
+  root = std_logging.getLogger()
+  saved = list(root.handlers)
+  absl_handler = logging.get_absl_handler()
+  name = getattr(absl_handler.python_handler.stream, "name", None)
+  to_file = isinstance(name, str) and os.path.isfile(name)  # absl logging into a log file: left as it is
+  if absl_handler in saved and not to_file:
+    console = std_logging.StreamHandler(sys.stderr)  # where absl's handler writes when no log file is set
+    console.setFormatter(absl_handler.python_handler.formatter)
+    console.setLevel(absl_handler.level)
+    for log_filter in absl_handler.filters:
+      console.addFilter(log_filter)
+    root.handlers = [console if h is absl_handler else h for h in saved]
+  try:
+    with contextlib.ExitStack() as stack:
+      if not (absl_handler in saved and to_file):
+        stack.enter_context(logging_redirect_tqdm(loggers=[root], tqdm_class=tqdm))
+      stack.enter_context(contextlib.redirect_stdout(DummyTqdmFile(sys.stdout)))
+      yield
+  finally:
+    root.handlers = saved
+
+
+@contextlib.contextmanager
+def ticking(bar, every: float = 1.0):
+  """Redraws `bar` every `every` seconds while the block runs, so its clock moves during a step that
+  has no update of its own (a compilation)."""
+  done = threading.Event()
+
+  def tick():
+    while not done.wait(every):
+      bar.refresh()
+
+  thread = threading.Thread(target=tick, daemon=True)
+  thread.start()
+  try:
+    yield
+  finally:
+    done.set()
+    thread.join()
 
 
 def merge(workdir, table: tables.Table, rows) -> None:
@@ -81,9 +139,10 @@ def run(analysis: Analysis):
   jobs = analysis.plan()
   tables.check_writable(analysis.workdir, *analysis.tables(jobs))
   analysis.prepare(jobs)
-  with progress(len(jobs), f"{analysis.name}: model steps", unit="step") as bar:
-    for job in jobs:
-      bar.set_postfix_str(f"{job.name} step {job.step}", refresh=False)
+  with lines_above_bars(), progress(len(jobs), f"{analysis.name}: model steps", unit="step") as bar, ticking(bar):
+    for i, job in enumerate(jobs):
+      first = " (loading, compiling…)" if i == 0 else ""  # the first job compiles what the later ones reuse
+      bar.set_postfix_str(f"{job.name} step {job.step}{first}", refresh=True)
       logging.info("%s step %d", job.name, job.step)
       for table, rows in analysis.job(job).items():
         merge(analysis.workdir, table, rows)

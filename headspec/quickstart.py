@@ -4,6 +4,9 @@ Generates the synthetic treebank and its text (headspec/data/synthetic.py), trai
 a small encoder on the text, probes every head of both (and of random-weights copies) on the treebank,
 analyses the decoder's attention maps, ablates every head of the decoder, writes the head atlas (decoder beside encoder), and prints the
 summaries and what it wrote.
+
+`headspec quickstart [--workdir=DIR] [--config.train.steps=N]`: the command line takes the keyword
+arguments of `run_quickstart` (`OPTIONS`), spelt as the config keys they set.
 """
 
 from __future__ import annotations
@@ -14,6 +17,10 @@ import ml_collections
 
 from headspec.data.synthetic import write_synthetic
 from headspec.defaults import train_config
+from headspec.errors import UserError
+
+OPTIONS = {"train.steps": "steps"}
+"""`--config.KEY=VALUE` of `headspec quickstart` -> the `run_quickstart` keyword it sets (both models)."""
 
 
 def quickstart_config(kind: str = "decoder") -> ml_collections.ConfigDict:
@@ -44,6 +51,26 @@ def quickstart_config(kind: str = "decoder") -> ml_collections.ConfigDict:
   c.train.checkpoint_every = 100
   c.train.keep_steps = (20, 50)
   return c
+
+
+def options(args: list[str]) -> dict:
+  """`run_quickstart`'s keywords from the command line's `--config.KEY=VALUE` (or `--config.KEY VALUE`)
+  of `OPTIONS`; anything else is a UserError naming it and what is accepted."""
+  accepted = ", ".join(f"--config.{key}=N" for key in OPTIONS)
+  out, rest = {}, list(args)
+  while rest:
+    arg = rest.pop(0)
+    key, sep, value = arg.removeprefix("--config.").partition("=")
+    if not arg.startswith("--config.") or key not in OPTIONS:
+      raise UserError(f"quickstart: unknown argument {arg}; it takes --workdir=DIR and {accepted}")
+    if not sep:
+      if not rest:
+        raise UserError(f"quickstart: {arg} needs a value ({arg}=N)")
+      value = rest.pop(0)
+    if not (value.isascii() and value.isdigit() and int(value) > 0):
+      raise UserError(f"quickstart: {arg.split('=')[0]}={value} must be a whole number of steps >= 1")
+    out[OPTIONS[key]] = int(value)
+  return out
 
 
 def run_quickstart(workdir, *, steps: int | None = None) -> dict[str, pathlib.Path]:

@@ -29,7 +29,7 @@ from etils import epath
 from flax import nnx
 from jax.experimental import multihost_utils
 
-from headspec import checkpoints, locks, parallel, provenance, regularizers, remote, runs, targets
+from headspec import checkpoints, jobloop, locks, parallel, provenance, regularizers, remote, runs, targets
 from headspec.attention.induction import bos_ids, special_ids
 from headspec.data import lm_pipeline, text_tfds
 from headspec.data import repeats as repeats_lib
@@ -470,17 +470,24 @@ class _Loop:
     try:
       if step == 0 and 0 in self.train.keep_steps:  # the initial parameters, for studies over training
         _save(self.mngr, 0, stepper.host_state(), data_iter)
-      while step < self.train.steps and not stop:
-        metrics = stepper(next(batches), base_key)
-        loss = self._finite_loss(metrics, step)
-        step, steps_timed = step + 1, steps_timed + 1
-        if step % self.train.log_every == 0 or step == self.train.steps:
-          last = self._log(
-            step, loss, metrics, steps_timed * self.tokens_per_step / max(time.perf_counter() - t0, 1e-9)
-          )
-          t0, steps_timed = time.perf_counter(), 0
-        self._after_step(step, stepper, data_iter)
-        stop = parallel.any_process(preemption.requested)  # every process stops after the same step
+      bar = jobloop.progress(self.train.steps, "train", unit="step", initial=step, disable=jax.process_index() != 0)
+      with jobloop.lines_above_bars(), bar, jobloop.ticking(bar):  # metrics lines print above the bar
+        bar.set_postfix_str("compiling the step…", refresh=True)  # the first step compiles: no frozen 0%
+        while step < self.train.steps and not stop:
+          metrics = stepper(next(batches), base_key)
+          loss = self._finite_loss(metrics, step)
+          step, steps_timed = step + 1, steps_timed + 1
+          bar.update(1)
+          if step % self.train.log_every == 0 or step == self.train.steps:
+            last = self._log(
+              step, loss, metrics, steps_timed * self.tokens_per_step / max(time.perf_counter() - t0, 1e-9)
+            )
+            t0, steps_timed = time.perf_counter(), 0
+            bar.set_postfix_str(f"loss {loss:.4g}", refresh=False)
+          elif step == 1:
+            bar.set_postfix_str("", refresh=False)
+          self._after_step(step, stepper, data_iter)
+          stop = parallel.any_process(preemption.requested)  # every process stops after the same step
       if stop:
         _save(self.mngr, step, stepper.host_state(), data_iter)
         print(f"preempted: saved step {step} in {self.mngr.directory}; the same command resumes from it", flush=True)

@@ -432,8 +432,11 @@ def test_english_mix_cli_names_the_package_it_could_not_fetch(tmp_path, monkeypa
 
 
 def test_each_corpus_is_fetched_from_its_own_host_by_default(tmp_path, monkeypatch):
-  """With no --base-url, WikiText comes from the Hugging Face dataset at its pinned revision and english_mix
-  from nltk_data at its pinned commit; every english_mix package is pinned (size and SHA-256)."""
+  """With no --base-url, WikiText comes from the Hugging Face dataset at its pinned revision (through
+  huggingface_hub's hf_hub_download) and english_mix from nltk_data at its pinned commit; every english_mix
+  package is pinned (size and SHA-256)."""
+  import huggingface_hub
+
   from headspec.data import english_mix
 
   asked = []
@@ -442,13 +445,22 @@ def test_each_corpus_is_fetched_from_its_own_host_by_default(tmp_path, monkeypat
     asked.append(url)
     raise UserError(f"{url}: not fetched in this test")
 
+  def refuse_hub(repo_id, filename, *, repo_type=None, revision=None, **kwargs):
+    asked.append((repo_id, filename, repo_type, revision))
+    raise huggingface_hub.errors.LocalEntryNotFoundError("not fetched in this test")
+
   monkeypatch.setattr(text_download, "fetch_verified", refuse)
+  monkeypatch.setattr(huggingface_hub, "hf_hub_download", refuse_hub)
   for corpus in ("wikitext_2", "english_mix"):
-    with pytest.raises(UserError, match="not fetched in this test"):
+    with pytest.raises(UserError, match="not fetched in this test|download failed"):
       text_download.download_text(corpus, tmp_path, log=lambda _: None)
   assert asked == [
-    f"https://huggingface.co/datasets/Salesforce/wikitext/resolve/{text_download.WIKITEXT_REVISION}/"
-    "wikitext-2-raw-v1/train-00000-of-00001.parquet",
+    (
+      "Salesforce/wikitext",
+      "wikitext-2-raw-v1/train-00000-of-00001.parquet",
+      "dataset",
+      text_download.WIKITEXT_REVISION,
+    ),
     f"https://raw.githubusercontent.com/nltk/nltk_data/{english_mix.REVISION}/packages/corpora/brown.zip",
   ]
   assert _leftovers(tmp_path) == []

@@ -3,8 +3,11 @@
 `headspec data download text <corpus> [--force] [--sha256=FILE=HEX ...]` writes
 DATA_DIR/text/<corpus>/{train,valid}.txt (documents separated by a blank line, docs/data.md) and
 SOURCE.json (where every byte came from). The sources are parquet files of a Hugging Face dataset
-repository fetched over plain HTTPS at one pinned commit (`.../resolve/<revision>/<path>`), each
-checked against the size and SHA-256 recorded here before anything is converted. Everything is built in
+repository at one pinned commit, fetched with `huggingface_hub.hf_hub_download(repo, path,
+repo_type="dataset", revision=...)` (its retries, its cache under HF_HOME, HF_ENDPOINT and
+HF_HUB_OFFLINE honoured), each checked against the size and SHA-256 recorded here before anything is
+converted. `--base-url` names a plain HTTPS mirror serving the same `<repo>/resolve/<revision>/<path>`
+paths instead (fetched with urllib, checked the same way). Everything is built in
 a hidden `.<corpus>.*.partial.tmp-<pid>` folder beside the target and moved into place only when complete and
 validated, so an interrupted or corrupt download never looks like a corpus.
 
@@ -208,6 +211,47 @@ def fetch_verified(url: str, dest: pathlib.Path, remote: RemoteFile, sha256: str
     raise UserError(f"{url}: SHA-256 {digest.hexdigest()} does not match the pinned {sha256}")
 
 
+def hub_file(source: TextSource, remote: RemoteFile, sha256: str, timeout: float) -> pathlib.Path:
+  """`remote` of `source.repo` at `source.revision` through huggingface_hub's `hf_hub_download` (a
+  dataset repository; the file lands in the Hugging Face cache, or is found there), then checked against
+  the pinned size and SHA-256: a failed download or a file that is not the pinned one is a UserError (the
+  mismatching copy is removed from the cache, so the next try fetches it again)."""
+  import huggingface_hub  # pylint: disable=g-import-not-at-top
+  from huggingface_hub import errors  # pylint: disable=g-import-not-at-top
+
+  url = source.url(HF_DATASETS_URL, remote)
+  try:
+    path = pathlib.Path(
+      huggingface_hub.hf_hub_download(
+        source.repo, remote.path, repo_type="dataset", revision=source.revision, etag_timeout=timeout
+      )
+    )
+  except (errors.LocalEntryNotFoundError, errors.OfflineModeIsEnabled):
+    offline = huggingface_hub.constants.HF_HUB_OFFLINE
+    raise UserError(
+      f"{url}: download failed (not in the local Hugging Face cache {huggingface_hub.constants.HF_HUB_CACHE} "
+      f"and {'HF_HUB_OFFLINE=1' if offline else 'the Hub cannot be reached'})"
+    ) from None
+  except (errors.HfHubHTTPError, errors.HFValidationError, OSError) as e:
+    reason = str(e).splitlines()[0] if str(e) else type(e).__name__
+    raise UserError(f"{url}: download failed ({reason})") from None
+  digest, size = hashlib.sha256(), 0
+  with open(path, "rb") as f:
+    while chunk := f.read(_CHUNK):
+      digest.update(chunk)
+      size += len(chunk)
+  problem = None
+  if remote.size is not None and size != remote.size:
+    problem = f"{size} bytes, expected the pinned {remote.size}"
+  elif digest.hexdigest() != sha256:
+    problem = f"SHA-256 {digest.hexdigest()} does not match the pinned {sha256}"
+  if problem:
+    for stale in {path.resolve(), path}:
+      stale.unlink(missing_ok=True)
+    raise UserError(f"{url}: {problem} (removed from the Hugging Face cache)")
+  return path
+
+
 def _pyarrow():
   """(pyarrow, pyarrow.parquet); installed with tensorflow-datasets, imported only here."""
   try:
@@ -330,8 +374,9 @@ def download_text(
   """Builds data_dir/text/<corpus>/ from its pinned, verified source files; returns the folder.
 
   An existing corpus (train.txt and valid.txt present) is kept unless `force`. `sha256` maps a file
-  name (or repository path) to its SHA-256 for files that have no pinned value. `base_url`: the
-  source's own host when None.
+  name (or repository path) to its SHA-256 for files that have no pinned value. `base_url`: a plain
+  HTTPS mirror of the repository's paths; None (the default) fetches from the Hugging Face Hub through
+  `huggingface_hub.hf_hub_download` (`hub_file`).
   """
   name = canonical_name(corpus)
   if sources is None and name == ENGLISH_MIX:
@@ -349,7 +394,6 @@ def download_text(
       f"DATA_DIR/text/<name>/ with train.txt and valid.txt (documents separated by a blank line)"
     )
   hashes = _hashes(source, sha256 or {})  # before any network or file-system work
-  base_url = base_url or HF_DATASETS_URL
   target = pathlib.Path(data_dir) / "text" / name
 
   def fill(corpus_dir: pathlib.Path, staging: pathlib.Path) -> dict:
@@ -357,10 +401,13 @@ def download_text(
     for split in SPLITS:
       paths = []
       for remote in source.files[split]:
-        url = source.url(base_url, remote)
+        url = source.url(base_url or HF_DATASETS_URL, remote)
         log(f"{url}: downloading ({'?' if remote.size is None else f'{remote.size / 1e6:.1f} MB'})")
-        path = staging / pathlib.PurePosixPath(remote.path).name
-        fetch_verified(url, path, remote, hashes[remote.path], timeout)
+        if base_url is None:  # the Hugging Face Hub itself: through huggingface_hub (its cache and retries)
+          path = hub_file(source, remote, hashes[remote.path], timeout)
+        else:  # a mirror of the same paths over plain HTTPS
+          path = staging / pathlib.PurePosixPath(remote.path).name
+          fetch_verified(url, path, remote, hashes[remote.path], timeout)
         paths.append(path)
         record["files"].append({"url": url, "bytes": path.stat().st_size, "sha256": hashes[remote.path]})
       _check_parquet(source, split, paths)

@@ -87,6 +87,15 @@ class TextCorpus(tfds.core.GeneratorBasedBuilder):
       metadata=tfds.core.MetadataDict(source=self._source_dir and _fingerprint(self._source_dir)),
     )
 
+  # TFDS prints "Downloading and preparing dataset ..." (and "... downloaded and prepared") on stdout for
+  # every builder; this one reads local files only, so it says what it does as a log line instead.
+  def _log_download_bytes(self) -> None:
+    logging.info("text corpus %s: preparing %s into %s (local files, nothing downloaded)",
+                 self.builder_config.name, self._source_dir, self.data_dir)  # fmt: skip
+
+  def _log_download_done(self) -> None:
+    logging.info("text corpus %s: prepared in %s", self.builder_config.name, self.data_dir)
+
   def _split_generators(self, dl_manager):
     del dl_manager  # local files only
     if self._source_dir is None:
