@@ -9,6 +9,7 @@ Each function is a thin, typed face over what the commands themselves call, so t
   probe(model, task, ...)        probing: labels.load_data, then suite.probe_job (the command's job for one
                                  model step), keeping the rows asked for (as in probes/results.csv)
   ablate(model, heads, ...)      ablation: run.evaluation_set, core.run_one, core.head_statistics, metrics
+  circuit(model, clean, ...)     patching/edges.py: EAP, EAP-IG, exact edge scores and faithfulness curves
   read_table / read_tables       headspec/__init__.py (no JAX)
 
 Shape letters are headspec/model.py's glossary: L layers, H heads, K head width, D model width, T/S tokens
@@ -762,3 +763,78 @@ def path_patch(
   p = _prompts(net, tokenizer, clean, corrupt, answers, metric)
   return patch_lib.path(net, p, metric=metric, receivers=receivers, receiver_site=receiver_site,
                         direction=direction, senders=senders)  # fmt: skip
+
+
+# -------------------------------------------------------------------------------------- circuit
+
+
+@dataclasses.dataclass(frozen=True)
+class Circuit:
+  """What `circuit` returns. edges: one row per edge of the graph (docs/circuits.md), columns `upstream,
+  downstream, input, upstream_layer, upstream_head, downstream_layer, downstream_head` and one score column
+  per method. faithfulness: `method, edges, set, faithfulness`, the curve of the top-n circuits of each method
+  and of random sets (method 'random'). clean_metric, corrupt_metric: the unpatched runs' metric."""
+
+  edges: object  # pandas DataFrame
+  faithfulness: object  # pandas DataFrame
+  clean_metric: float
+  corrupt_metric: float
+  graph: object  # headspec.patching.edges.Graph
+
+  def figure(self, method: str | None = None, top_n: int = 20):
+    """The matplotlib Figure of the top_n edges by |score| of `method` (default the last one scored),
+    drawn by layer as `headspec circuit` draws circuit/<task>_<method>_<model>_step<step>.png."""
+    from headspec.patching import circuit as circuit_run
+
+    methods = [c for c in self.edges.columns if c in CIRCUIT_METHODS]
+    method = methods[-1] if method is None else method
+    if method not in methods:
+      raise UserError(f"Circuit.figure: method={method!r}; this circuit has {', '.join(methods)}")
+    if isinstance(top_n, bool) or not isinstance(top_n, int) or top_n < 1:
+      raise UserError(f"Circuit.figure: top_n={top_n!r} must be an int >= 1")
+    return circuit_run.figure(self.graph, self.edges[method].to_numpy(), top_n=top_n, title=f"top {top_n} by {method}")
+
+
+CIRCUIT_METHODS = ("eap", "eap_ig", "exact")
+
+
+@check.arguments(
+  **{k: v for k, v in _PATCH_RULES.items() if k not in ("site", "by_position", "direction")},
+  methods=check.texts,
+  steps=check.integer(1),
+  sizes=check.ints,
+  random_sets=check.integer(0),
+  seed=check.integer(),
+  batch_size=check.optional(check.integer(1)),
+)
+def circuit(
+  model, clean, corrupt, *, answers=None, methods=("eap", "eap_ig"), steps: int = 5, metric="logit_diff",
+  sizes=(5, 10, 20, 40), random_sets: int = 3, seed: int = 0, batch_size=None, tokenizer=None,
+):  # fmt: skip
+  """Edge attribution patching and circuit faithfulness (docs/circuits.md): every edge's score by each of
+  `methods` ('eap', Syed et al. 2023; 'eap_ig' with `steps` interpolation points, Hanna et al. 2024; 'exact'
+  edge patching, one forward per edge), and the faithfulness curve of the top-n circuits for n in `sizes`,
+  with `random_sets` random edge sets of each size. Returns a `Circuit` (its `.figure()` draws the graph).
+  model, clean, corrupt, answers, metric, tokenizer as in `patch`. As `headspec circuit` computes
+  circuit/edges.csv and circuit/faithfulness.csv; bad input is one headspec.errors.UserError."""
+  from headspec.patching import edges as edges_lib
+
+  methods = [m.replace("-", "_") for m in methods]  # 'eap-ig' as the paper spells it
+  bad = [m for m in methods if m not in CIRCUIT_METHODS]
+  if bad or not methods:
+    raise UserError(f"circuit: methods={methods!r}; name one or more of {', '.join(CIRCUIT_METHODS)}")
+  net, tokenizer = _model_and_tokenizer(model, tokenizer)
+  g = edges_lib.graph(net.cfg)  # refuses a model whose stream is not a sum of its components' outputs
+  if not sizes or min(sizes) < 1 or max(sizes) > g.E:
+    raise UserError(f"circuit: sizes={sizes!r}; give edge counts in 1..{g.E} (an empty circuit has nothing)")
+  p = _prompts(net, tokenizer, clean, corrupt, answers, metric)
+  scores = {}
+  for method in methods:
+    if method == "exact":
+      scores[method], clean_m, corrupt_m = edges_lib.exact(net, p, metric=metric, batch_size=batch_size)
+    else:
+      scores[method], clean_m, corrupt_m = edges_lib.scores(net, p, method=method, steps=steps, metric=metric,
+                                                            batch_size=batch_size)  # fmt: skip
+  curve = edges_lib.curve(net, p, scores, sizes, random_sets=random_sets, seed=seed, metric=metric,
+                          batch_size=batch_size)  # fmt: skip
+  return Circuit(edges_lib.edge_frame(g, scores), curve, clean_m, corrupt_m, g)

@@ -208,6 +208,129 @@ def test_induction_circuit(attention_only_decoder):
   assert all(at[("eap_ig", n)] >= at[("eap", n)] for n in (10, 20, 40)), curve
 
 
+# ------------------------------------------------------------------------------ the graph figure
+
+
+def test_figure_draws_the_top_edges_by_layer(model, tmp_path):
+  """`circuit.figure`: every node drawn, by layer (embeddings lowest, logits highest), one arrow per kept edge
+  (an edge into a K/V group one per head of the group), the widest the largest |score|; saved whole."""
+  from matplotlib.patches import FancyArrowPatch
+
+  from headspec.patching import circuit
+
+  g = edges.graph(model.cfg)
+  scores_E = np.zeros(g.E)
+  q_edge = int(np.flatnonzero((g.edges_E2[:, 0] == g.H + 1) & (g.edges_E2[:, 1] == 1))[0])  # L0H0 → L1H1's q
+  k_edge = int(np.flatnonzero((g.edges_E2[:, 0] == 2 * g.H + g.G + 1) & (g.edges_E2[:, 1] == 0))[0])  # → L1G1's k
+  logits_edge = int(np.flatnonzero((g.edges_E2[:, 0] == g.I - 1) & (g.edges_E2[:, 1] == g.N - 1))[0])
+  scores_E[[q_edge, k_edge, logits_edge]] = [3.0, -2.0, 1.0]
+  fig = circuit.figure(g, scores_E, top_n=3, path=tmp_path / "circuit.png")
+  assert (tmp_path / "circuit.png").stat().st_size > 1000
+  ax = fig.axes[0]
+  arrows = [a for a in ax.patches if isinstance(a, FancyArrowPatch)]
+  assert len(arrows) == 1 + 2 + 1  # q, k into the group's two heads (L1H2, L1H3), MLP1 → logits
+  assert max(a.get_linewidth() for a in arrows) == pytest.approx(4.6)
+  labels = {t.get_text(): t.get_position() for t in ax.texts}
+  assert set(labels) == {"embed", "logits", "MLP0", "MLP1"} | {f"L{a}H{b}" for a in range(2) for b in range(4)}
+  y = {name: xy[1] for name, xy in labels.items()}
+  assert y["embed"] < y["L0H0"] < y["MLP0"] < y["L1H3"] < y["MLP1"] < y["logits"]
+  assert labels["L0H0"][0] < labels["L0H3"][0]  # heads left to right
+
+
+# ------------------------------------------------------------------------------ prompt pairs from a file
+
+
+class WordTokenizer:
+  """One token per space-separated word (ids by first appearance), BOS id 1 prefixed."""
+
+  prefix_ids = (1,)
+
+  def __init__(self):
+    self.ids = {}
+
+  def encode(self, text):
+    return [self.ids.setdefault(w, 2 + len(self.ids)) for w in text.split()]
+
+
+def write_pairs(path, *lines):
+  import json
+
+  path.write_text("\n".join(line if isinstance(line, str) else json.dumps(line) for line in lines) + "\n")
+  return path
+
+
+def test_pairs_from_a_file(tmp_path):
+  """Texts encoded after the prefix, an answer text the one token it adds; token-id lists taken as they are."""
+  from headspec.patching import circuit
+
+  path = write_pairs(
+    tmp_path / "pairs.jsonl",
+    dict(clean="when mary and john left john gave it to", corrupt="when anna and tom left paul gave it to",
+         answer=" mary", wrong=" john"),
+    "",
+    dict(clean=[1, 5, 6, 7], corrupt=[1, 8, 9, 7], answer=6, wrong=9),
+  )  # fmt: skip
+  rows = circuit.read_pairs(path)
+  assert [r["line"] for r in rows] == [1, 3]
+  tok = WordTokenizer()
+  clean, corrupt, answers = circuit.pair_ids(rows, tok, path, vocab_size=40)
+  assert clean[0][0] == 1 and len(clean[0]) == len(corrupt[0]) == 10 and clean[1] == [1, 5, 6, 7]
+  assert answers == [(tok.ids["mary"], tok.ids["john"]), (6, 9)]
+
+
+@pytest.mark.parametrize(
+  "line, message",
+  [
+    ("{not json", r"pairs.jsonl:2: not JSON"),
+    (dict(clean="a b", corrupt="c d"), r"pairs.jsonl:2: give an object with keys clean, corrupt, answer, wrong"),
+    (dict(clean="", corrupt="c", answer="x", wrong="y"), r"pairs.jsonl:2: clean must be a non-empty text"),
+    (dict(clean="a b", corrupt="c d", answer=True, wrong="y"), r"pairs.jsonl:2: answer must be a text"),
+  ],
+)
+def test_bad_pair_files_are_one_line(tmp_path, line, message):
+  from headspec.patching import circuit
+
+  good = dict(clean="a b", corrupt="c d", answer=" e", wrong=" f")
+  with pytest.raises(UserError, match=message):
+    circuit.read_pairs(write_pairs(tmp_path / "pairs.jsonl", good, line))
+
+
+def test_bad_pairs_after_tokenizing_are_one_line(tmp_path):
+  """Clean and corrupted of different token counts, an answer of two tokens, an id outside the vocabulary:
+  one line naming file:line each."""
+  from headspec.patching import circuit
+
+  cases = [
+    (dict(clean="a b c", corrupt="d e", answer=" x", wrong=" y"), r"pairs.jsonl:1: clean has 4 tokens and corrupt 3"),
+    (dict(clean="a b", corrupt="d e", answer=" x z", wrong=" y"), r"pairs.jsonl:1: answer=' x z' is 2 tokens"),
+    (dict(clean=[1, 2], corrupt=[1, 3], answer=4, wrong=99), r"pairs.jsonl:1: wrong=99 is outside the vocabulary"),
+  ]
+  for line, message in cases:
+    path = write_pairs(tmp_path / "pairs.jsonl", line)
+    with pytest.raises(UserError, match=message):
+      circuit.pair_ids(circuit.read_pairs(path), WordTokenizer(), path, vocab_size=40)
+
+
+def test_bad_circuit_keys_are_one_line(tmp_path):
+  """check_config (the command's plan, before anything is written): steps < 1, an empty circuit, a missing
+  pairs file, pairs without task='pairs'."""
+  from headspec.patching import circuit
+
+  cases = [
+    (dict(ig_steps=0), "ig_steps=0 must be an integer of at least 1"),
+    (dict(sizes="0,5"), "an empty circuit has nothing"),
+    (dict(task="pairs"), "task='pairs' needs pairs=FILE.jsonl"),
+    (dict(task="pairs", pairs=str(tmp_path / "none.jsonl")), "none.jsonl' is not a file"),
+    (dict(pairs="p.jsonl"), "pairs='p.jsonl' is read only with task='pairs'"),
+    (dict(figure_edges=-1), "figure_edges=-1 must be at least 0"),
+  ]
+  for options, message in cases:
+    c = circuit.circuit_config()
+    c.update(options)
+    with pytest.raises(UserError, match=message):
+      circuit.check_config(c)
+
+
 # ------------------------------------------------------------------------------ the command
 
 
@@ -235,3 +358,18 @@ def test_circuit_command_writes_its_tables(train_tiny_decoder, capsys):
   expected = sorted((m, n) for m in ("eap", "eap_ig", "random") for n in (5, E))
   assert sorted(zip(faith["method"], faith["edges"])) == expected
   np.testing.assert_allclose(faith[faith["edges"] == E]["faithfulness"], 1.0, atol=1e-3)
+  assert sorted(p.name for p in (run_dir / "circuit").glob("*.png")) == [
+    f"induction_{m}_circuit_step{rows['step'][0]}.png" for m in ("eap", "eap_ig")
+  ]
+  # prompt pairs from a file: token ids here (the run's tokenizer has no words of ours), task `pairs:<stem>`
+  rng = np.random.default_rng(0)
+  lines = []
+  for _ in range(3):
+    a = rng.choice(np.arange(10, 500), 8, replace=False).tolist()
+    lines.append(dict(clean=a[:5] + a[:4], corrupt=a[5:8] + a[3:5] + a[:4], answer=a[4], wrong=a[7]))
+  c.task, c.pairs = "pairs", str(write_pairs(run_dir / "mine.jsonl", *lines))
+  c.methods, c.sizes, c.figure_edges = "eap", "5", 0
+  circuit_run.run(c, run_dir)
+  rows = tables.read_frame(out.parent / "edges.csv", tables.CIRCUIT_EDGES)
+  assert (rows["task"] == "pairs:mine").sum() == E
+  assert not list((run_dir / "circuit").glob("pairs*.png"))  # figure_edges=0

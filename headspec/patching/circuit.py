@@ -1,12 +1,19 @@
 """`headspec circuit`: edge scores (EAP, EAP-IG, exact edge patching) and faithfulness curves of a built-in
-patching task (headspec/patching/tasks.py) at every requested step, through the one job loop. Writes
-RUN/circuit/edges.csv and RUN/circuit/faithfulness.csv (docs/outputs.md, docs/circuits.md)."""
+patching task (headspec/patching/tasks.py) or of prompt pairs from a file (`task='pairs'`, `read_pairs`) at
+every requested step, through the one job loop. Writes RUN/circuit/edges.csv, RUN/circuit/faithfulness.csv
+(docs/outputs.md, docs/circuits.md) and per method a figure of its top edges:
+circuit/<task>_<method>_<model>_step<step>.png (`figure`; the task and model's names one file-name
+component each, headspec/filenames.py)."""
 
 from __future__ import annotations
 
-import ml_collections
+import json
 
-from headspec import jobloop, provenance, tables, targets
+import ml_collections
+import numpy as np
+from etils import epath
+
+from headspec import filenames, jobloop, provenance, remote, tables, targets
 from headspec.errors import UserError
 from headspec.patching import tasks
 
@@ -19,7 +26,8 @@ def circuit_config() -> ml_collections.ConfigDict:
   c = ml_collections.ConfigDict()
   c.steps = "last"  # 'all' | 'last' | comma-separated saved steps; a pretrained model has step 0 only
   c.model_name = ""  # the tables' `model` column; '' = the run folder's name or the pretrained name
-  c.task = "induction"  # 'induction' | 'ioi' (headspec/patching/tasks.py)
+  c.task = "induction"  # 'induction' | 'ioi' (headspec/patching/tasks.py) | 'pairs' (the prompt pairs of `pairs`)
+  c.pairs = ""  # task 'pairs': a JSON Lines file, one {"clean", "corrupt", "answer", "wrong"} per line (read_pairs)
   c.corruption = "abc"  # ioi: 'abc' | 's2' (table task `ioi` | `ioi_s2`)
   c.count = 32  # prompt pairs
   c.induction_n = 6  # induction: [BOS] r_1..r_n r_1..r_{n-1}
@@ -28,6 +36,7 @@ def circuit_config() -> ml_collections.ConfigDict:
   c.sizes = "5,10,20,40"  # circuit sizes (edges kept) of the faithfulness curve; each at most the graph's E
   c.random_sets = 3  # random edge sets of each size
   c.batch_size = 0  # prompt pairs per batch; 0 = all at once
+  c.figure_edges = 20  # the top edges drawn per method, circuit/<task>_<method>_<model>_step<step>.png; 0: none
   c.seed = 0  # the prompt pairs' random tokens and the random edge sets
   c.model = ml_collections.ConfigDict()
   c.model.pretrained = ""  # a Hugging Face directory or Hub name: its step 0 instead of WORKDIR's checkpoints
@@ -36,8 +45,12 @@ def circuit_config() -> ml_collections.ConfigDict:
 
 def check_config(c) -> tuple[list[str], list[int]]:
   """(methods, sizes); UserError naming the first bad key."""
-  if c.task not in ("induction", "ioi"):
-    raise UserError(f"circuit: task={c.task!r}; choose 'induction' or 'ioi'")
+  if c.task not in ("induction", "ioi", "pairs"):
+    raise UserError(f"circuit: task={c.task!r}; choose 'induction', 'ioi' or 'pairs' (with pairs=FILE.jsonl)")
+  if c.task == "pairs":
+    read_pairs(c.pairs)  # the file's own faults, before any work
+  elif c.get("pairs", ""):
+    raise UserError(f"circuit: pairs={c.pairs!r} is read only with task='pairs' (task={c.task!r})")
   if c.get("corruption", "abc") not in tasks.CORRUPTIONS:
     raise UserError(f"circuit: corruption={c.corruption!r}; choose one of {', '.join(map(repr, tasks.CORRUPTIONS))}")
   methods = [m.strip() for m in str(c.methods).split(",") if m.strip()]
@@ -52,10 +65,161 @@ def check_config(c) -> tuple[list[str], list[int]]:
     raise UserError(f"circuit: sizes={c.sizes!r}; give comma-separated edge counts, e.g. '5,10,20'") from None
   if not sizes or min(sizes) < 1:
     raise UserError(f"circuit: sizes={c.sizes!r}; give edge counts of at least 1 (an empty circuit has nothing)")
-  for key in ("count", "random_sets", "batch_size"):
+  for key in ("count", "random_sets", "batch_size", "figure_edges"):
     if c[key] < (1 if key == "count" else 0):
       raise UserError(f"circuit: {key}={c[key]} must be at least {1 if key == 'count' else 0}")
   return methods, sizes
+
+
+PAIR_KEYS = ("clean", "corrupt", "answer", "wrong")
+
+
+def read_pairs(path) -> list[dict]:
+  """The prompt pairs of a JSON Lines file: one object per line with `clean` and `corrupt` (texts, or lists of
+  token ids) and `answer` and `wrong` (the correct and the wrong next token: a text that is one token after
+  the prompt, or a token id); blank lines skipped. Each row also gets `line` (its line number). UserError
+  naming file:line for the first fault."""
+  if not path:
+    raise UserError("circuit: task='pairs' needs pairs=FILE.jsonl (one {clean, corrupt, answer, wrong} per line)")
+  path = epath.Path(path)
+  if not path.is_file():
+    raise UserError(f"circuit: pairs={str(path)!r} is not a file")
+  rows = []
+  for number, line in enumerate(path.read_text().splitlines(), start=1):
+    if not line.strip():
+      continue
+    where = f"{path}:{number}"
+    try:
+      row = json.loads(line)
+    except json.JSONDecodeError as e:
+      raise UserError(f"{where}: not JSON ({e.msg})") from None
+    if not isinstance(row, dict) or sorted(row) != sorted(PAIR_KEYS):
+      got = sorted(row) if isinstance(row, dict) else type(row).__name__
+      raise UserError(f"{where}: give an object with keys {', '.join(PAIR_KEYS)} (got {got})")
+    for key in ("clean", "corrupt"):
+      value = row[key]
+      ids = isinstance(value, list) and all(isinstance(t, int) and not isinstance(t, bool) for t in value)
+      if not (isinstance(value, str) or ids) or not value:
+        raise UserError(f"{where}: {key} must be a non-empty text or list of token ids")
+    for key in ("answer", "wrong"):
+      if isinstance(row[key], bool) or not isinstance(row[key], str | int) or row[key] == "":
+        raise UserError(f"{where}: {key} must be a text (one token after the prompt) or a token id")
+    rows.append(row | {"line": number})
+  if not rows:
+    raise UserError(f"circuit: {path} holds no prompt pairs")
+  return rows
+
+
+def pair_ids(rows, tokenizer, path, vocab_size: int):
+  """(clean, corrupt, answers) token ids of `read_pairs`' rows: texts encoded after the tokenizer's prefix
+  (BOS), an answer text the one token it adds after the clean prompt. UserError naming file:line when a
+  clean and its corrupted prompt differ in token count, or an answer is not one token."""
+  clean, corrupt, answers = [], [], []
+  for row in rows:
+    where = f"{path}:{row['line']}"
+    encoded = {}
+    for key in ("clean", "corrupt"):
+      value = row[key]
+      encoded[key] = list(tokenizer.prefix_ids) + tokenizer.encode(value) if isinstance(value, str) else value
+    if len(encoded["clean"]) != len(encoded["corrupt"]):
+      raise UserError(
+        f"{where}: clean has {len(encoded['clean'])} tokens and corrupt {len(encoded['corrupt'])}; they must be equal"
+      )
+    pair = []
+    for key in ("answer", "wrong"):
+      value = row[key]
+      if isinstance(value, str):
+        if not isinstance(row["clean"], str):
+          raise UserError(f"{where}: {key} is a text but clean is token ids; give {key} as a token id")
+        before = tokenizer.encode(row["clean"])
+        after = tokenizer.encode(row["clean"] + value)
+        if len(after) != len(before) + 1 or after[: len(before)] != before:
+          raise UserError(f"{where}: {key}={value!r} is {len(after) - len(before)} tokens after clean, not one")
+        value = after[-1]
+      if not 0 <= value < vocab_size:
+        raise UserError(f"{where}: {key}={value} is outside the vocabulary 0..{vocab_size - 1}")
+      pair.append(int(value))
+    clean.append(encoded["clean"])
+    corrupt.append(encoded["corrupt"])
+    answers.append(tuple(pair))
+  return clean, corrupt, answers
+
+
+def task_name(c) -> str:
+  """The tables' `task`: the patching tasks' (patching/run.py's task_name), or `pairs:<file stem>`."""
+  from headspec.patching import run as patch_run
+
+  return f"pairs:{epath.Path(c.pairs).stem}" if c.task == "pairs" else patch_run.task_name(c)
+
+
+def figure(g, scores_E, *, top_n: int = 20, title: str = "", path=None):
+  """The circuit of the top_n edges by |score| (Hanna et al. 2024's selection) as a matplotlib Figure: a
+  networkx multipartite layout by layer (embeddings, each layer's heads, its MLP, the logits bottom to top),
+  every node drawn, the kept edges' width proportional to |score| and colour its sign (blue +, red −), a
+  head's query, key and value inputs told apart by line style (solid, dashed, dotted); an edge into a K/V
+  group of a grouped-query model is drawn into each of its heads. Saved whole to `path` when given."""
+  import matplotlib
+
+  if path is not None:
+    matplotlib.use("Agg")
+  import matplotlib.pyplot as plt
+  import networkx as nx
+  from matplotlib.lines import Line2D
+
+  from headspec.patching import edges
+
+  scores_E = np.asarray(scores_E, np.float64)
+  keep_E = edges.circuit(scores_E, top_n=min(int(top_n), g.E))
+  graph = nx.MultiDiGraph()
+  heads = [f"L{a}H{b}" for a in range(g.L) for b in range(g.H)]
+  graph.add_node("embed", layer=0)
+  for a in range(g.L):
+    for b in range(g.H):
+      graph.add_node(f"L{a}H{b}", layer=2 * a + 1)
+    if g.mlp:
+      graph.add_node(f"MLP{a}", layer=2 * a + 2)
+  graph.add_node("logits", layer=2 * g.L + 1)
+  per_group = g.H // g.G
+  for e in np.flatnonzero(keep_E):
+    i, n = g.edges_E2[e]
+    kind, layer, head = g.input_kind_I[i], g.input_layer_I[i], g.input_head_I[i]
+    if kind in ("k", "v"):
+      targets_ = [heads[layer * g.H + h] for h in range(head * per_group, (head + 1) * per_group)]
+    else:
+      targets_ = [g.input_name(i)]
+    for v in targets_:
+      graph.add_edge(g.node_name(n), v, key=str(kind), score=float(scores_E[e]))
+  pos = {v: (-x, y) for v, (x, y) in nx.multipartite_layout(graph, subset_key="layer", align="horizontal").items()}
+  fig, ax = plt.subplots(figsize=(max(5.0, 1.1 * g.H + 2), 1.2 + 0.9 * (2 * g.L + 2)))
+  used = {u for u, v in graph.edges()} | {v for u, v in graph.edges()}
+  colour = {"embed": "#d9d9d9", "logits": "#d9d9d9"}
+  nodes = list(graph.nodes)
+  nx.draw_networkx_nodes(graph, pos, ax=ax, nodelist=nodes, node_size=650, edgecolors="0.3",
+                         node_color=[colour.get(v, "#fdd49e" if v.startswith("MLP") else "#c6dbef") for v in nodes],
+                         alpha=[1.0 if v in used else 0.35 for v in nodes])  # fmt: skip
+  nx.draw_networkx_labels(graph, pos, ax=ax, font_size=7)
+  largest = max(float(np.abs(scores_E[keep_E]).max()), 1e-12)
+  styles = {"q": ("solid", 0.0), "k": ("dashed", 0.25), "v": ("dotted", -0.25), "mlp": ("solid", 0.1),
+            "logits": ("solid", 0.1)}  # fmt: skip
+  for kind, (style, rad) in styles.items():
+    chosen = [(u, v, d) for u, v, k, d in graph.edges(keys=True, data=True) if k == kind]
+    if chosen:
+      nx.draw_networkx_edges(
+        graph, pos, ax=ax, edgelist=[(u, v) for u, v, _ in chosen], style=style, arrows=True, arrowsize=9,
+        width=[0.6 + 4.0 * abs(d["score"]) / largest for _, _, d in chosen], node_size=650,
+        edge_color=["#2166ac" if d["score"] >= 0 else "#b2182b" for _, _, d in chosen],
+        connectionstyle=f"arc3,rad={rad}",
+      )  # fmt: skip
+  handles = [Line2D([], [], color="0.3", linestyle=styles[k][0], label=f"into {k}") for k in ("q", "k", "v")]
+  handles += [Line2D([], [], color=c, label=label) for c, label in (("#2166ac", "score > 0"), ("#b2182b", "score < 0"))]
+  ax.legend(handles=handles, fontsize=7, loc="upper left", bbox_to_anchor=(1.0, 1.0), frameon=False)
+  ax.set_title(title or f"top {int(keep_E.sum())} of {g.E} edges by |score|", fontsize=9)
+  ax.axis("off")
+  fig.tight_layout()
+  if path is not None:
+    remote.save_figure(fig, path, dpi=100)  # whole or not at all
+    plt.close(fig)
+  return fig
 
 
 class Circuit(jobloop.Analysis):
@@ -81,10 +245,13 @@ class Circuit(jobloop.Analysis):
     too_big = [n for n in self.sizes if n > g.E]
     if too_big:
       raise UserError(f"circuit: sizes asks for {too_big[0]} edges; {job.name}'s graph has {g.E}")
-    clean, corrupt, answers = patch_run.task_pairs(c, model, tokenizer)
+    if c.task == "pairs":
+      clean, corrupt, answers = pair_ids(read_pairs(c.pairs), tokenizer, c.pairs, model.cfg.vocab_size)
+    else:
+      clean, corrupt, answers = patch_run.task_pairs(c, model, tokenizer)
     p = patch_lib.prompts(model.cfg, clean, corrupt, answers, "logit_diff", tokenizer, tokenizer.pad_id)
     batch = c.batch_size or None
-    key = dict(model=job.name, step=job.step, task=patch_run.task_name(c))
+    key = dict(model=job.name, step=job.step, task=task_name(c))
     scores, steps = {}, {"eap": 1, "eap_ig": c.ig_steps, "exact": 0}
     for method in self.methods:
       if method == "exact":
@@ -105,7 +272,19 @@ class Circuit(jobloop.Analysis):
                  faithfulness=float(r["faithfulness"]), clean_metric=clean_m, corrupt_metric=corrupt_m)
       for r in curve.to_dict("records")
     ]  # fmt: skip
+    self.drawn = (g, scores)  # drawn once the tables hold them
     return {EDGES: edge_rows, FAITHFULNESS: faith_rows}
+
+  def merged(self, job):
+    """A figure per scored method of its top `figure_edges` edges (`figure`)."""
+    c, task = self.config, task_name(self.config)
+    if not c.figure_edges:
+      return
+    g, scores = self.drawn
+    name = f"{filenames.component(task)}_{{}}_{filenames.component(job.name)}_step{job.step}.png"
+    for method, values in scores.items():
+      title = f"{task}: top {min(c.figure_edges, g.E)} edges by {method}, {job.name} step {job.step}"
+      figure(g, values, top_n=c.figure_edges, title=title, path=self.workdir / "circuit" / name.format(method))
 
   def finish(self, jobs):
     return tables.path_of(self.workdir, FAITHFULNESS)
