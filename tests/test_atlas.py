@@ -342,6 +342,27 @@ def test_grouped_query_key_and_value_edges_are_on_every_head_of_the_group(tmp_pa
   assert cell["note"] == "from L0H1 into k of L1G1; 18 incoming edges"  # 6 nodes × its q and the group's k, v
 
 
+def test_key_and_value_groups_that_do_not_divide_the_heads_are_one_warning(tmp_path, capsys):
+  """edges.csv names a third K/V group (L1G2) of a 4-head model: its groups cannot be the heads' (h // (H/G)),
+  so its key and value edges are left off the heads, with one warning; the query edges stay."""
+  from test_atlas_fixtures import write_circuit
+
+  run = write_run(tmp_path / "odd", probes=False, diversity=False, ablation=False, attention=False)
+  write_circuit(run, 3, 4, (1000,), groups=2)
+  path = tables.path_of(run, tables.CIRCUIT_EDGES)
+  edges = tables.read(path, tables.CIRCUIT_EDGES)
+  for r in edges:
+    if r["downstream"] == "L1G1" and r["upstream"] == "MLP0":
+      r["downstream"], r["downstream_head"] = "L1G2", "2"
+  tables.write(path, edges, tables.CIRCUIT_EDGES)
+  capsys.readouterr()
+  data = run_data(run)
+  (err,) = capsys.readouterr().err.strip().splitlines()
+  assert "edges.csv: odd's 3 K/V groups do not divide the 4 heads; its key and value edges are left off" in err
+  incoming = data["heads_extra"]["1,2"]["circuit"][0]["incoming"]
+  assert {e["input"] for e in incoming} == {"q"} and data["heads_extra"]["1,2"]["circuit"][0]["incoming_total"] == 6
+
+
 def test_no_sae_or_circuit_tables_no_section(full_run):
   data = run_data(full_run)
   assert not [m for m in data["metrics"] if m["id"].startswith(("sae/", "circuit/"))]

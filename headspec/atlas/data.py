@@ -435,7 +435,7 @@ class _RunData:
         what = (r["site"], int(r["layer"]), r["sae"])
         last[what] = max(last.get(what, -1), int(r["step"]))
     keys = {(self.primary, step, *what) for what, step in last.items()}
-    carried = collections.defaultdict(list)  # (key, head) -> [(order, place, feature row)]
+    carried = collections.defaultdict(list)  # (key, head) -> [(order, feature, place in `heads`, feature row)]
     for r in feature_rows:
       key = _sae_key(r)
       if key not in keys or not (_num(r["firing_rate"]) or 0.0) > 0:
@@ -539,8 +539,10 @@ class _RunData:
     for side, by_head in (("incoming", incoming), ("outgoing", outgoing)):
       for (model, step, task, method, steps, layer, head), edges in by_head.items():
         u, d, inp, score = max(edges, key=lambda e: -1 if e[3] is None else abs(e[3]))
-        where = f"from {u} into {inp}" + (f" of {d}" if d != f"L{layer}H{head}" else "")
-        where = where if side == "incoming" else f"into {d}'s {inp}" if inp in ("q", "k", "v") else f"into {d}"
+        if side == "incoming":  # into this head's input, or its K/V group's
+          where = f"from {u} into {inp}" + (f" of {d}" if d != f"L{layer}H{head}" else "")
+        else:  # into a later head's q, k or v, an MLP or the logits
+          where = f"into {d}'s {inp}" if inp in ("q", "k", "v") else f"into {d}"
         self.metric(
           f"circuit/{task}/{_method_id(method, steps)}/{side}{self._suffix(model)}",
           "Circuit edges",
@@ -558,6 +560,8 @@ class _RunData:
     self._circuit_cards(incoming, outgoing)
 
   def _circuit_cards(self, incoming: dict, outgoing: dict) -> None:
+    """Per head and task (the primary model's latest step): its TOP_EDGES incoming and outgoing edges by |score|
+    of the first of the methods there (`_method_order`), each edge with every method's score."""
     last = {}  # task -> the primary model's latest step
     for model, step, task, *_ in [*incoming, *outgoing]:
       if model == self.primary:
