@@ -477,7 +477,6 @@ class _Loop:
           metrics = stepper(next(batches), base_key)
           loss = self._finite_loss(metrics, step)
           step, steps_timed = step + 1, steps_timed + 1
-          bar.update(1)
           if step % self.train.log_every == 0 or step == self.train.steps:
             last = self._log(
               step, loss, metrics, steps_timed * self.tokens_per_step / max(time.perf_counter() - t0, 1e-9)
@@ -486,6 +485,7 @@ class _Loop:
             bar.set_postfix_str(f"loss {loss:.4g}", refresh=False)
           elif step == 1:
             bar.set_postfix_str("", refresh=False)
+          bar.update(1)
           self._after_step(step, stepper, data_iter)
           stop = parallel.any_process(preemption.requested)  # every process stops after the same step
       if stop:
