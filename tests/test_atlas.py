@@ -285,6 +285,20 @@ def test_sae_head_numbers_are_metrics_and_the_card_lists_the_strongest_features(
   assert "Strongest SAE features" in page and _embedded(page)["runs"][0]["heads_extra"]["1,2"]["sae"] == [card]
 
 
+def test_an_sae_per_layer_fills_each_layer_and_its_cards(tmp_path):
+  """`headspec sae --config.layers=all` writes one SAE per layer under one name: one metric, a row per layer."""
+  from test_atlas_fixtures import write_sae
+
+  run = write_run(tmp_path / "layers", probes=False, diversity=False, ablation=False, attention=False, sae=True)
+  write_sae(run, 4, (0, 100, 1000), layer=0)
+  data = run_data(run)
+  grid = {m["id"]: m for m in data["metrics"]}["sae/z/topk-f8-k2/features_carried"]["grids"]["1000"]
+  assert data["layers"] == 2 and [grid[layer][2]["v"] for layer in (0, 1)] == [6, 6]  # the tables give the shape
+  for layer in (0, 1):
+    (card,) = data["heads_extra"][f"{layer},2"]["sae"]
+    assert card["layer"] == layer and [f["feature"] for f in card["features"]] == [3, 1, 5, 6, 7]
+
+
 def test_circuit_edges_are_metrics_and_the_card_lists_the_strongest_edges(sae_circuit_run):
   """Issue 67: per method, each head's strongest incoming and outgoing edge colours the grid (every step);
   the card lists the last step's top edges each way, ranked by the exact scores, every method's beside."""

@@ -348,7 +348,7 @@ def write_sae(workdir: pathlib.Path, heads: int, steps, layer: int = 1) -> None:
         head_rows += [key | dict(head=h, metric=metric, value=v) for metric, v in values.items()]
   for table, rows in ((tables.SAE_METRICS, metrics), (tables.SAE_FEATURES, features), (tables.SAE_HEADS, head_rows),
                       (tables.SAE_CONTEXTS, contexts), (tables.SAE_LABELS, labels)):  # fmt: skip
-    tables.write(tables.path_of(workdir, table), rows, table)
+    tables.merge(tables.path_of(workdir, table), rows, table)  # another layer's SAE adds its rows
 
 
 # circuit/edges.csv's known scores at the last step (exact; EAP 0.75×, EAP-IG 0.9× of them) on an otherwise
