@@ -110,9 +110,13 @@ def lines_above_bars():
 
 
 @contextlib.contextmanager
-def ticking(bar, every: float = 1.0):
+def ticking(bar, every: float | None = None):
   """Redraws `bar` every `every` seconds while the block runs, so its clock moves during a step that
-  has no update of its own (a compilation)."""
+  has no update of its own (a compilation). By default once a second on a terminal or in a notebook, once
+  every 30 s into a log file (a heartbeat, not a line a second)."""
+  if every is None:
+    interactive = hasattr(bar, "container") or getattr(sys.stderr, "isatty", lambda: False)()
+    every = 1.0 if interactive else 30.0
   done = threading.Event()
 
   def tick():
