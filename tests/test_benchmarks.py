@@ -260,3 +260,18 @@ def test_minilm_probe_benchmark_adds_up_the_suites_fit_lines_and_reads_the_run(t
     floor_s, plain = shape["floor_s"], shape["plain_matmul_gflop_per_s"]  # each rounded to 0.1
     assert abs(floor_s * plain - shape["gflop"]) <= 0.05 * (floor_s + plain) + 0.01, shape
   assert floor["total"]["gflop"] == 7.0 and floor["total"]["seconds"] == 2.5
+
+
+@pytest.mark.slow  # 77 s at load ~17 (a subprocess importing jax and torch, one compile)
+def test_sae_benchmark_times_both_loops_on_the_same_batches(tmp_path):
+  """bench_sae at a tiny size: headspec's fit_sae loop and the plain PyTorch loop of the same TopK SAE both train
+  (the same planted activations and batches: their losses after 20 steps within 0.15 of each other), and the
+  ratio is theirs."""
+  args = ("--width=32", "--heads=4", "--features=64", "--k=4", "--batch=64", "--inputs=2048", "--steps=20")
+  result = _run_benchmark("bench_sae", tmp_path, *args, "--chunk=10", "--skip_fit")
+  jax_sps, torch_sps = result["headspec_steps_per_second"], result["torch_steps_per_second"]
+  assert jax_sps > 0 and torch_sps > 0 and result["headspec_over_torch"] == pytest.approx(jax_sps / torch_sps, rel=0.01)
+  loss = result["final_loss"]
+  assert 0 < loss["headspec"] < 1 and abs(loss["headspec"] - loss["torch"]) < 0.15
+  assert result["threads"]["torch"] == os.cpu_count() and result["shape"]["timed_steps"] == 20
+
