@@ -29,6 +29,11 @@ _LAZY = {
   "circuit": ("headspec.api", "circuit"),
   "Circuit": ("headspec.api", "Circuit"),
   "split_words": ("headspec.api", "split_words"),
+  "to_tokens": ("headspec.api", "to_tokens"),
+  "to_str_tokens": ("headspec.api", "to_str_tokens"),
+  "to_single_token": ("headspec.api", "to_single_token"),
+  "capture": ("headspec.api", "capture"),
+  "Cache": ("headspec.cache", "Cache"),
   "Loaded": ("headspec.api", "Loaded"),
   "Captured": ("headspec.api", "Captured"),
   "Ablation": ("headspec.api", "Ablation"),
@@ -39,6 +44,7 @@ _LAZY = {
 
 __all__ = [
   "Ablation",
+  "Cache",
   "Captured",
   "Circuit",
   "Loaded",
@@ -47,6 +53,7 @@ __all__ = [
   "ablate",
   "attribution_patch",
   "build_atlas",
+  "capture",
   "circuit",
   "fit_sae",
   "load",
@@ -58,6 +65,9 @@ __all__ = [
   "run",
   "sae_head_fractions",
   "split_words",
+  "to_single_token",
+  "to_str_tokens",
+  "to_tokens",
 ]
 
 

@@ -4,11 +4,14 @@ Each function is a thin, typed face over what the commands themselves call, so t
 `headspec probe` / `headspec ablate` / `headspec attention` give the same numbers (docs/api.md):
 
   load(source, step=None)        targets.pretrained_target / targets.run_targets (the commands' planner)
-  run(model, sentences, ...)     Transformer.__call__ with capture; words ↔ pieces by alignment.py;
-                                 word-level attention by attention/words.pool_words (Clark et al. 2019)
+  run(model, sentences, ...)     Transformer.__call__ with capture; words ↔ pieces by alignment.py (word
+                                 lists) or tokens.text_words (a text, tokenized as written); word-level
+                                 attention by attention/words.pool_words (Clark et al. 2019)
+  to_tokens / to_str_tokens / to_single_token   headspec/tokens.py (the tokenizer on the text as written)
+  capture(model, tokens_or_text, sites=...)     headspec/cache.py: one jitted forward, a Cache with helpers
   probe(model, task, ...)        probing: labels.load_data, then suite.probe_job (the command's job for one
                                  model step), keeping the rows asked for (as in probes/results.csv)
-  ablate(model, heads, ...)      ablation: run.evaluation_set, core.run_one, core.head_statistics, metrics
+  ablate(model, heads, texts)    ablation: run.evaluation_set (or your texts), core.run_one, core.head_statistics, metrics
   circuit(model, clean, ...)     patching/edges.py: EAP, EAP-IG, exact edge scores and faithfulness curves
   read_table / read_tables       headspec/__init__.py (no JAX)
 
@@ -37,6 +40,7 @@ from flax import nnx
 
 from headspec import arguments as check
 from headspec import targets
+from headspec import tokens as tokens_lib
 from headspec.errors import UserError
 
 Head = tuple[int, int]  # (layer, head)
@@ -194,7 +198,7 @@ def _head_mask(cfg, head_mask) -> np.ndarray:
 
 # ------------------------------------------------------------------------------------------ run
 
-_WORD = re.compile(r"\w+(?:['’-]\w+)*|[^\w\s]")
+_WORD = tokens_lib.WORD  # words and punctuation marks
 
 
 @check.arguments(text=check.text)
@@ -203,9 +207,10 @@ def split_words(text: str) -> list[str]:
   return _WORD.findall(text)
 
 
-def _sentences(sentences) -> list[list[str]]:
-  """The `sentences` rule of `run`: a text, a list of texts, or a list of word lists -> word lists; Wrong
-  naming a wrong type, an empty word or sentence, or a lone surrogate (sentences[u], sentences[u][n])."""
+def _sentences(sentences) -> list[str | list[str]]:
+  """The `sentences` rule of `run`: a text, a list of texts, or a list of word lists -> texts (kept as
+  written: `run` tokenizes them whole) and word lists; Wrong naming a wrong type, an empty word or
+  sentence, or a lone surrogate (sentences[u], sentences[u][n])."""
   if isinstance(sentences, str):
     sentences = [sentences]
   elif not isinstance(sentences, Sequence | np.ndarray):
@@ -234,7 +239,7 @@ def _sentences(sentences) -> list[list[str]]:
       raise check.Wrong(f"[{u}]: {problem}; give valid Unicode text")
     if not words:
       raise check.Wrong(f"[{u}]={check.short(sentence)} has no words")
-    out.append([str(w) for w in words])
+    out.append(str(sentence) if isinstance(sentence, str) else [str(w) for w in words])
   return out
 
 
@@ -306,8 +311,11 @@ def _capture_forward(graphdef):
 def run(model, sentences, head_mask=None, *, pooling: str = "auto") -> list[Captured]:
   """Runs sentences through a model and returns, per sentence, its captured activations (`Captured`).
 
-  model: `load(...)`'s result or a (model, tokenizer) pair. sentences: a text, a list of texts (split
-  into words by `split_words`) or a list of word lists (e.g. a treebank's words). head_mask: None, an
+  model: `load(...)`'s result or a (model, tokenizer) pair. sentences: a text, a list of texts or a list
+  of word lists (e.g. a treebank's words). A text is tokenized exactly as written (its tokens are
+  `to_tokens(model, text)`'s, as `patch` and `capture` read it); its words are `split_words`'s, cut at
+  token boundaries (a token spanning two words, such as a SentencePiece '▁dog.', joins them). A word list
+  is tokenized word by word as the probes and the attention analyses read treebank words. head_mask: None, an
   [L,H] array (1 keeps a head, 0 removes it, between scales its Z_h), or a list of (layer, head) to
   remove. pooling: how word vectors come from their pieces: 'first', 'last', 'mean', or 'auto' (probing's
   default: 'last' for decoders, 'first' for encoders; alignment.resolve_pooling). A sentence must fit the
@@ -323,31 +331,42 @@ def run(model, sentences, head_mask=None, *, pooling: str = "auto") -> list[Capt
   cfg = net.cfg
   pooling = resolve_pooling(pooling, cfg.kind)
   align_lib.check_pooling(pooling)
-  word_lists = sentences  # split into words by the `sentences` rule (_sentences)
   mask_LH = _head_mask(cfg, head_mask)
-  al = align_lib.align(word_lists, tokenizer, cfg.max_len, causal=cfg.kind == "decoder")
   prefix, suffix = len(tokenizer.prefix_ids), len(tokenizer.suffix_ids)
-  for u, words in enumerate(word_lists):
-    windows = np.flatnonzero(al.window_sentence == u)
-    if len(windows) > 1 or al.num_truncated_words:
-      pieces = sum(len(p) for p in tokenizer.word_pieces(words))
+  listed = [u for u, s in enumerate(sentences) if not isinstance(s, str)]  # word lists: pieces per word
+  al = align_lib.align([sentences[u] for u in listed], tokenizer, cfg.max_len, causal=cfg.kind == "decoder")
+  rows = []  # per sentence: words, token ids (specials included), word n's pieces [start_N[n], end_N[n])
+  for u, sentence in enumerate(sentences):
+    if isinstance(sentence, str):  # tokenized as written, its words cut at token boundaries
+      words, content, start_N, end_N = tokens_lib.text_words(tokenizer, sentence)
+      if not words:
+        raise UserError(f"run: sentences[{u}]={check.short(sentence)}: the tokenizer gives it no tokens")
+      ids = np.asarray([*tokenizer.prefix_ids, *content, *tokenizer.suffix_ids], np.int32)
+      fits = len(ids) <= cfg.max_len
+      rows.append((words, ids, start_N + prefix, end_N + prefix))
+    else:
+      words, i = sentence, listed.index(u)
+      content = ()  # counted only for the message
+      fits = len(np.flatnonzero(al.window_sentence == i)) == 1 and not al.num_truncated_words
+      first = int(np.searchsorted(al.word_sentence_N, i))
+      rows.append((words, al.windows[i], al.word_start_N[first : first + len(words)],
+                   al.word_end_N[first : first + len(words)]))  # fmt: skip
+    if not fits:
+      pieces = len(content) or sum(len(p) for p in tokenizer.word_pieces(words))
       raise UserError(
-        f"run: sentences[{u}]: {len(words)} words, {pieces} pieces do not fit the model's context of {cfg.max_len} "
-        f"tokens ({prefix + suffix} of them special); split it (probe() and the commands use windows)"
+        f"run: sentences[{u}]: {len(words)} words, {pieces} pieces do not fit the model's context of "
+        f"{cfg.max_len} tokens ({prefix + suffix} of them special); split it (probe() and the commands use windows)"
       )
   graphdef, state = nnx.split(net)
   forward = _capture_forward(graphdef)
   out = []
-  for u, words in enumerate(word_lists):
-    ids = al.windows[u]
+  for words, ids, start_N, end_N in rows:
     T, N = len(ids), len(words)
     P = bucket_length(T, cfg.max_len)  # padded length: one compile per power of two
     tokens = np.full((1, P), tokenizer.pad_id, np.int32)
     tokens[0, :T] = ids
     valid = np.zeros((1, P), bool)
     valid[0, :T] = True
-    first = int(np.searchsorted(al.word_sentence_N, u))
-    start_N, end_N = al.word_start_N[first : first + N], al.word_end_N[first : first + N]
     to_BWT = np.zeros((1, P, P), np.float32)
     for n, (a, b) in enumerate(zip(start_N, end_N)):
       to_BWT[0, n, a:b] = 1.0
@@ -382,6 +401,136 @@ def run(model, sentences, head_mask=None, *, pooling: str = "auto") -> list[Capt
       )
     )
   return out
+
+
+# ------------------------------------------------------------------------------- tokens, capture
+
+
+def _text_or_texts(value):
+  """The `text` rule of to_tokens: one text or a list of texts."""
+  return check.text(value) if isinstance(value, str) else list(check.texts(value))
+
+
+def _text_or_ids(value):
+  """The `text` rule of to_str_tokens: one text, a list of texts, or token ids ([T] or [B, T])."""
+  if isinstance(value, str):
+    return check.text(value)
+  if isinstance(value, Sequence) and value and all(isinstance(v, str) for v in value):
+    return list(check.texts(value))
+  if isinstance(value, Sequence | np.ndarray | jax.Array):
+    return value
+  raise check.Wrong(f"={check.short(value)} must be a text, a list of texts or token ids, not {type(value).__name__}")
+
+
+def _names(value):
+  """The `sites` rule of capture: one name or a list of names."""
+  return (check.text(value),) if isinstance(value, str) else check.texts(value)
+
+
+def _tokens_of(tokenizer, text, prepend_bos, what: str) -> list[int]:
+  if tokenizer is None:
+    raise UserError(
+      f"{what}: a text needs a tokenizer; pass headspec.load(...)'s result, a (model, tokenizer) pair or tokenizer="
+    )
+  return tokens_lib.token_ids(tokenizer, text, prepend_bos)
+
+
+def _padded(rows: list[list[int]], pad_id: int) -> tuple[np.ndarray, np.ndarray]:
+  """[B, T] right-padded rows and valid_BT."""
+  T = max(map(len, rows))
+  tokens_BT, valid_BT = np.full((len(rows), T), pad_id, np.int32), np.zeros((len(rows), T), bool)
+  for b, row in enumerate(rows):
+    tokens_BT[b, : len(row)], valid_BT[b, : len(row)] = row, True
+  return tokens_BT, valid_BT
+
+
+@check.arguments(model=_loaded, text=_text_or_texts, prepend_bos=check.optional(check.boolean))
+def to_tokens(model, text, *, prepend_bos: bool | None = None) -> np.ndarray:
+  """Token ids of `text` as written (TransformerLens's to_tokens): [1, T] int32 for one text, [B, T] for a
+  list (right-padded with the tokenizer's pad id; `capture` of the texts themselves knows their lengths).
+  prepend_bos: None (default) puts the tokenizer's own special tokens around the text, as the model was
+  trained and as `run`, `patch` and `capture` read text (BERT's [CLS] … [SEP]; nothing for GPT-2, where
+  TransformerLens prepends <|endoftext|> by default); True opens with the BOS token (the prefix specials,
+  else EOS: GPT-2's <|endoftext|>); False drops the prefix specials (headspec/tokens.py)."""
+  loaded = _loaded(model)
+  texts = [text] if isinstance(text, str) else text
+  if not texts:
+    raise UserError("to_tokens: text=[] is empty; give a text or a list of texts")
+  rows = [tokens_lib.token_ids(loaded.tokenizer, t, prepend_bos) for t in texts]
+  return _padded(rows, getattr(loaded.tokenizer, "pad_id", 0))[0]
+
+
+@check.arguments(model=_loaded, text=_text_or_ids, prepend_bos=check.optional(check.boolean))
+def to_str_tokens(model, text, *, prepend_bos: bool | None = None):
+  """Each token's text (TransformerLens's to_str_tokens): for a text, its `to_tokens` tokens; for token ids
+  ([T]), those; a list of texts or [B, T] ids gives a list per row. A token's text is the tokenizer's
+  decoding of it alone, special tokens kept (GPT-2: ' store', '<|endoftext|>'; BERT: '[CLS]', '##ing')."""
+  loaded = _loaded(model)
+  tokenizer, V = loaded.tokenizer, loaded.model.cfg.vocab_size
+  if isinstance(text, str):
+    return [tokens_lib.str_token(tokenizer, i) for i in tokens_lib.token_ids(tokenizer, text, prepend_bos)]
+  if isinstance(text, list) and text and all(isinstance(t, str) for t in text):
+    return [to_str_tokens(loaded, t, prepend_bos=prepend_bos) for t in text]
+  array = np.asarray(text)
+  if array.ndim == 2:
+    return [to_str_tokens(loaded, row) for row in array]
+  return [tokens_lib.str_token(tokenizer, i) for i in tokens_lib.check_ids(array, V, "to_str_tokens: text")]
+
+
+@check.arguments(model=_loaded, text=check.text)
+def to_single_token(model, text: str) -> int:
+  """The id of the one token `text` is (TransformerLens's to_single_token; mind the space GPT-2 joins to a
+  word: ' Mary' is one token where 'Mary' may be another or two); UserError if it is not exactly one."""
+  ids = _loaded(model).tokenizer.encode(text)
+  if len(ids) != 1:
+    raise UserError(f"to_single_token: {text!r} is {len(ids)} tokens {list(ids)}, not one")
+  return int(ids[0])
+
+
+@check.arguments(
+  model=_model_rule,
+  sites=check.optional(_names),
+  prepend_bos=check.optional(check.boolean),
+  tokenizer=check.optional(check.tokenizer),
+)
+def capture(model, tokens_or_text, *, sites=None, prepend_bos=None, head_mask=None, interventions=None,
+            tokenizer=None):  # fmt: skip
+  """One jitted forward pass returning the activations of `sites` (TransformerLens's run_with_cache):
+  a `headspec.cache.Cache` (`cache["z"]` [L, B, T, H, K], `cache["z", 0]`, `cache.logits_BTV`, and the
+  helpers logit_lens, accumulated_resid, decompose_resid, stack_head_results, apply_ln_to_stack,
+  stack_to_logit_diff, head_dla; docs/api.md).
+
+  tokens_or_text: a text, a list of texts (each tokenized as written, `to_tokens`; different lengths are
+  right-padded and masked), token ids [T] or [B, T], or a list of id lists. sites: names of
+  docs/patching.md's table (q, k, v, pattern, z, head_out, resid_pre, ...), 'embeddings', or TransformerLens
+  hook names; default every site but the per-head stream copies q_in, k_in, v_in. head_mask as in `run`;
+  interventions: {site: headspec.model.Edit} applied in the same pass (run_with_hooks). Compiled once per
+  model structure, site set and token shape [B, T]: the first call of a shape takes seconds, later ones
+  milliseconds (pad to a fixed length to reuse one program). Values equal the eager
+  `model(tokens, capture=sites)`'s."""
+  from headspec import cache as cache_lib
+
+  net, tokenizer = _model_and_tokenizer(model, tokenizer)
+  cfg = net.cfg
+  names = cache_lib.default_sites() if sites is None else cache_lib.check_sites(sites)
+  rows = []
+  for b, prompt in enumerate(tokens_lib.texts_or_ids(tokens_or_text, "capture: tokens_or_text")):
+    what = f"capture: tokens_or_text[{b}]"
+    if isinstance(prompt, str):
+      problem = check.unicode_problem(prompt)
+      if problem:
+        raise UserError(f"{what}: {problem}; give valid Unicode text")
+      row = _tokens_of(tokenizer, prompt, prepend_bos, "capture")
+    else:
+      row = tokens_lib.check_ids(prompt, cfg.vocab_size, what)
+    if not row:
+      raise UserError(f"{what} is empty (no tokens)")
+    if len(row) > cfg.max_len:
+      raise UserError(f"{what}: {len(row)} tokens exceed the model's context of {cfg.max_len}")
+    rows.append(row)
+  tokens_BT, valid_BT = _padded(rows, getattr(tokenizer, "pad_id", 0))
+  mask_LH = _head_mask(cfg, head_mask)
+  return cache_lib.run_capture(net, tokens_BT, valid_BT, names, head_mask=mask_LH, interventions=interventions)
 
 
 # ---------------------------------------------------------------------------------------- probe
@@ -581,9 +730,83 @@ def _ablate_config(loaded: Loaded, config, options: dict):
   return c
 
 
+def _text_set(loaded: Loaded, texts: Sequence[str], c):
+  """The evaluation set of your own texts: each one row, tokenized as written with the tokenizer's
+  specials (`to_tokens`), scored as `headspec ablate` scores its rows (LM loss, or embedding_shift)."""
+  from headspec.ablation import evalset as evalset_lib
+
+  tokenizer, cfg = loaded.tokenizer, loaded.model.cfg
+  rows = []
+  for i, text in enumerate(texts):
+    ids = tokens_lib.token_ids(tokenizer, text)
+    if not tokenizer.encode(text):
+      raise UserError(f"ablate: texts[{i}]={check.short(text)} has no tokens")
+    if len(ids) > cfg.max_len:
+      raise UserError(f"ablate: texts[{i}]: {len(ids)} tokens exceed the model's context of {cfg.max_len}; split it")
+    rows.append(ids)
+  if loaded.lm_head:
+    tokens_NT, valid_NT = _padded(rows, getattr(tokenizer, "pad_id", 0))
+    es = evalset_lib.lm_eval_set(tokens_NT, valid_NT, model_kind=cfg.kind, tokenizer=tokenizer,
+                                 batch_size=c.batch_size, seed=c.seed)  # fmt: skip
+    if not sum(b.weights_BT.sum() for b in es.batches):
+      raise UserError(
+        f"ablate: the {len(texts)} text(s) give no token to score (a decoder scores each next token, a masked "
+        "LM its masked ones: give longer texts)"
+      )
+  else:
+    windows = [np.asarray(r, np.int32) for r in rows]
+    es = evalset_lib.sentence_embedding_set(windows, pad_id=tokenizer.pad_id, max_len=cfg.max_len,
+                                            batch_tokens=c.batch_tokens)  # fmt: skip
+  return dataclasses.replace(es, description=f"your {len(texts)} text(s): {es.description}")
+
+
+ABLATE_CORPORA = ("wikitext_103", "english_mix")  # a pretrained LM's default evaluation text: the first present
+
+
+def _corpus_set(loaded: Loaded, c, corpus_given: bool):
+  """A pretrained LM's evaluation set: the valid split of `corpus`, rows as evaltext.evaluation_tokens
+  cuts them, read from DATA_DIR/text/<corpus>/valid.txt directly (the documents TFDS's TextCorpus would
+  prepare from it), so nothing is written into the data directory. Without corpus= (or a config) the
+  first of ABLATE_CORPORA that the data directory holds."""
+  from headspec.ablation import evalset as evalset_lib
+  from headspec import evaltext
+  from headspec.data import lm_pipeline, text_tfds
+
+  data_dir = targets.data_dir(c, purpose="the evaluation text of a pretrained LM; or give ablate(..., texts=[...])")
+  if not corpus_given:
+    c.corpus = next((n for n in ABLATE_CORPORA if (data_dir / "text" / n / "valid.txt").is_file()), c.corpus)
+  if c.corpus.startswith(text_tfds.CATALOG_PREFIX):  # a TFDS catalog dataset: as the command reads it
+    tokens_NT, valid_NT = evaltext.evaluation_tokens(c, "", loaded.tokenizer)
+  else:
+    path = data_dir / "text" / c.corpus / "valid.txt"
+    if not path.is_file():
+      raise UserError(
+        f"ablate: {path}: no such file; give your own text (ablate(model, heads, texts=[...])) or get the corpus "
+        f"(`headspec data download text {c.corpus}`, or corpus='english_mix')"
+      )
+    tokenizer = loaded.tokenizer
+    prefix, suffix = list(tokenizer.prefix_ids), list(tokenizer.suffix_ids)
+    width = c.seq_len - len(prefix) - len(suffix)
+    if width <= 0:
+      raise UserError(f"ablate: seq_len={c.seq_len} leaves no room for the tokenizer's special tokens")
+    stream = lm_pipeline.tokenize_stream(text_tfds.read_text_documents(path), tokenizer)
+    content = stream[: len(stream) // width * width].reshape(-1, width)
+    if not len(content):
+      raise UserError(f"ablate: corpus {c.corpus!r}: fewer valid-split tokens than one row of {width}")
+    n = len(content)
+    rows_NT = np.concatenate([np.tile(np.asarray(prefix, np.int32), (n, 1)), content,
+                              np.tile(np.asarray(suffix, np.int32), (n, 1))], axis=1)  # fmt: skip
+    tokens_NT, valid_NT = evaltext._select_rows(rows_NT, c)  # the rows evaluation_tokens keeps
+  cfg = loaded.model.cfg
+  es = evalset_lib.lm_eval_set(tokens_NT, valid_NT, model_kind=cfg.kind, tokenizer=loaded.tokenizer,
+                               batch_size=c.batch_size, seed=c.seed)  # fmt: skip
+  return dataclasses.replace(es, description=f"{c.corpus} valid split: {es.description}")
+
+
 @check.arguments(
   model=_loaded,
   heads=check.pairs,
+  texts=check.optional(_text_or_texts),
   method=check.text,
   num_tokens=check.optional(check.integer(1)),
   data_dir=check.optional(check.path),
@@ -593,6 +816,7 @@ def _ablate_config(loaded: Loaded, config, options: dict):
 def ablate(
   model,
   heads: Sequence[Head],
+  texts: str | Sequence[str] | None = None,
   *,
   method: str = "zero",
   num_tokens: int | None = None,
@@ -601,11 +825,15 @@ def ablate(
   config=None,
   **options,
 ) -> Ablation:
-  """Removes `heads` (a list of (layer, head), together) and measures the change on `headspec ablate`'s
-  evaluation set: LM loss change for a model with a trained LM head, embedding_shift otherwise (MiniLM).
+  """Removes `heads` (a list of (layer, head), together) and measures the change on your `texts` or on
+  `headspec ablate`'s evaluation set: LM loss change for a model with a trained LM head, embedding_shift
+  otherwise (MiniLM).
 
-  model: `load(...)`'s result (the evaluation set is the run's validation rows, a pretrained LM's
-  `corpus` text, or the treebank sentences for a model without LM head, as the command reads them).
+  texts: a text or a list of texts, each one evaluation row tokenized as written (`to_tokens`): no data
+  directory needed, and `model` may then be a (model, tokenizer) pair. Without texts, model is
+  `load(...)`'s result and the evaluation set is the command's: the run's validation rows, the treebank
+  sentences for a model without LM head, or for a pretrained LM the valid split of `corpus` (default the
+  first of wikitext_103, english_mix in the data directory; read from its valid.txt, nothing written).
   method: 'zero' (Z_h = 0) or 'mean' (Z_h = its mean over the evaluation tokens). config: an ablate
   config to start from (ablation/config.py); num_tokens, data_dir, seed and any other of its keys given
   as keywords (num_sentences=, bootstrap_resamples=, batch_size=, ...) override it. The result for one
@@ -616,20 +844,32 @@ def ablate(
   from headspec.ablation.run import evaluation_set
 
   loaded = _loaded(model)
-  if loaded.target is None:
-    raise UserError("ablate: needs headspec.load(...)'s result (its evaluation set depends on where the model is from)")
+  if loaded.target is None and texts is None:
+    raise UserError(
+      "ablate: without texts=[...] it needs headspec.load(...)'s result (its evaluation set depends on where the "
+      "model is from); give your own text as texts= to ablate a (model, tokenizer) pair"
+    )
+  texts = [texts] if isinstance(texts, str) else texts
+  if texts is not None and not texts:
+    raise UserError("ablate: texts=[] is empty; give a text or a list of texts (or leave texts out)")
   if method not in ("zero", "mean"):
     raise UserError(f"ablate: method={method!r}; use 'zero' or 'mean'")
   net, cfg = loaded.model, loaded.model.cfg
   chosen = _check_heads(cfg, heads)
   if not chosen:
     raise UserError("ablate: no heads given; heads=[(layer, head), ...]")
+  corpus_given = config is not None or options.get("corpus") is not None
   options.update(num_tokens=num_tokens, data_dir=data_dir, seed=seed)
   c = _ablate_config(loaded, config, options)
-  workdir = loaded.target.identity.get("run", "")
-  key = ("evalset", c.to_json(sort_keys=True))
+  key = ("texts", tuple(texts)) if texts is not None else ("evalset", corpus_given)
+  key += (c.to_json(sort_keys=True),)
   if key not in loaded._cache:
-    es = evaluation_set(c, workdir, loaded.target, loaded.tokenizer, cfg)
+    if texts is not None:
+      es = _text_set(loaded, texts, c)
+    elif c.model.pretrained and loaded.lm_head:
+      es = _corpus_set(loaded, c, corpus_given)
+    else:
+      es = evaluation_set(c, loaded.target.identity.get("run", ""), loaded.target, loaded.tokenizer, cfg)
     loaded._cache[key] = (es, core.head_statistics(net, es)[0])
   es, mean_z = loaded._cache[key]
   zero = core.zero_replacement(net)

@@ -99,8 +99,10 @@ def test_run_matches_the_analyses(run_dir, tmp_path):
   assert c.attention_LHNN.shape == (L, H, N, N) and c.probs_LHTS.shape == (L, H, T, T)
   assert c.logits_TV.shape == (T, model.cfg.vocab_size) and c.z_LTHK.shape == (L, T, H, 8)
 
-  # Word-level attention: exactly the attention analyses' pooling.
-  for captured, (attn_LHNN, special_LHN) in zip(out, sentence_maps(model, tokenizer, [s.words for s in out])):
+  # A text is tokenized as written (docs/api.md), a word list word by word as the analyses read treebanks.
+  assert out[1].tokens_T.tolist() == headspec.to_tokens(loaded, sentences[1])[0].tolist()
+  # Word-level attention of a word list: exactly the attention analyses' pooling.
+  for captured, (attn_LHNN, special_LHN) in zip(out[:1], sentence_maps(model, tokenizer, [out[0].words])):
     np.testing.assert_array_equal(captured.attention_LHNN, attn_LHNN)
     np.testing.assert_array_equal(captured.special_LHN, special_LHN)
   np.testing.assert_allclose(c.attention_LHNN.sum(-1) + c.special_LHN, 1.0, atol=1e-5)
