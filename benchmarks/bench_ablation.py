@@ -33,7 +33,8 @@ def _best(fn, repeats=3) -> float:
 def sweep_vs_loop() -> dict:
   from flax import nnx
 
-  from headspec.ablation import core, evalset
+  from headspec import evalset
+  from headspec.ablation import core
   from headspec.model import ModelConfig, Transformer
 
   L, H = 6, 8

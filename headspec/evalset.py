@@ -1,4 +1,5 @@
-"""The evaluation set of an ablation: fixed-shape batches of sequences and what is scored in each.
+"""The evaluation set of an ablation (and of an SAE's spliced loss): fixed-shape batches of sequences and
+what is scored in each. Shared layer: below the analyses that score a model on it.
 
 Two kinds (docs/ablation.md):
   'lm'        a model with a trained LM head. Decoders: causal LM, token t predicts t + 1 (Radford et al.

@@ -3,8 +3,9 @@
 `Objective` names the objective (masked LM for encoders, causal LM for decoders) and the training
 regularizers' weights; `loss_inputs` turns a batch into (inputs, targets, weights) for it, with BERT's
 masking (`mlm_corrupt`) drawn per example from `fold_in(key, example_id)`, so masks do not depend on the
-device layout. `eval_step` is the summed loss of a batch. Below training (headspec/train.py) and the
-analyses alike, so scoring a model does not import the trainer.
+device layout. `token_nll` is the one token loss: training, evaluation and every analysis that scores
+a model's next (or masked) token take it from here. `eval_step` is the summed loss of a batch. Below
+training (headspec/train.py) and the analyses alike, so scoring a model does not import the trainer.
 """
 
 from __future__ import annotations
@@ -64,9 +65,16 @@ def loss_inputs(batch, key, obj: Objective):
   return tokens_BT, targets_BT, weights_BT
 
 
+def token_nll(logits_BTV, targets_BT):
+  """NLL_BT = logsumexp(logits) − logits[target] per token: optax's integer-label softmax cross-entropy
+  (in the logits' dtype), the token loss training optimises and the analyses score (ablation's loss change,
+  in-context learning, the patching metric 'loss'), written once so their numbers agree bit for bit."""
+  return optax.softmax_cross_entropy_with_integer_labels(logits_BTV, targets_BT)
+
+
 def eval_step(params, batch, key, *, graphdef, obj: Objective):
   """(summed loss, scored-token count) on a batch, with a fixed key so eval masks never change."""
   inputs_BT, targets_BT, weights_BT = loss_inputs(batch, key, obj)
   logits_BTV, _ = nnx.merge(graphdef, params)(inputs_BT)
-  token_loss_BT = optax.softmax_cross_entropy_with_integer_labels(logits_BTV, targets_BT)
+  token_loss_BT = token_nll(logits_BTV, targets_BT)
   return (token_loss_BT * weights_BT).sum(), weights_BT.sum()

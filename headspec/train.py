@@ -30,14 +30,14 @@ from flax import nnx
 from jax.experimental import multihost_utils
 
 from headspec import checkpoints, jobloop, locks, parallel, provenance, regularizers, remote, runs, targets
-from headspec.attention.induction import bos_ids, special_ids
 from headspec.data import lm_pipeline, text_tfds
 from headspec.data import repeats as repeats_lib
 from headspec.data import tokenizer as tokenizer_lib
+from headspec.data.tokenizer import bos_ids, special_ids
 from headspec.diversity import metrics as diversity
 from headspec.errors import UserError
 from headspec.model import ModelConfig, Transformer
-from headspec.objectives import Objective, eval_step, loss_inputs
+from headspec.objectives import Objective, eval_step, loss_inputs, token_nll
 from headspec.train_log import MetricsWriter
 
 
@@ -98,7 +98,7 @@ def train_step(state: TrainState, batch, base_key, *, graphdef, tx, obj: Objecti
     logits_BTV, inter = model(
       inputs_BT, head_mask=head_mask, capture=obj.capture, dropout_rngs=nnx.Rngs(dropout=dropout_key)
     )
-    token_loss_BT = optax.softmax_cross_entropy_with_integer_labels(logits_BTV, targets_BT)
+    token_loss_BT = token_nll(logits_BTV, targets_BT)
     loss = (token_loss_BT * weights_BT).sum() / count
     valid_BT = jnp.ones(inputs_BT.shape, bool)
     terms = (

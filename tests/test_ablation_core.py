@@ -5,7 +5,8 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from headspec.ablation import core, evalset, metrics
+from headspec import evalset
+from headspec.ablation import core, metrics
 from headspec.errors import UserError
 from headspec.model import ModelConfig, Transformer
 

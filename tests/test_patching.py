@@ -172,6 +172,24 @@ def test_callable_metric_and_texts():
   assert frame.attrs["base"] == pytest.approx(float(logits[:, -1, 7].mean()), abs=1e-5)
 
 
+@pytest.mark.parametrize("metric", ["logit_diff", "prob", "loss"])
+def test_named_metrics_read_the_answers_at_the_last_token(metric):
+  """Each metric of patching/core.py METRICS, on the unpatched runs, against the logits computed here."""
+  model = make()
+  frame = api.patch(model, CLEAN, CORRUPT, site="z", metric=metric, answers=ANSWERS, layers=[0], heads=[0])
+  rows_BV = np.asarray(model(jnp.asarray(CORRUPT))[0][:, -1], np.float64)
+  correct, wrong = np.asarray(ANSWERS).T
+  p_BV = np.exp(rows_BV - rows_BV.max(1, keepdims=True))
+  p_BV /= p_BV.sum(1, keepdims=True)
+  b = np.arange(len(rows_BV))
+  expected = {
+    "logit_diff": (rows_BV[b, correct] - rows_BV[b, wrong]).mean(),
+    "prob": p_BV[b, correct].mean(),
+    "loss": -np.log(p_BV[b, correct]).mean(),
+  }[metric]
+  assert frame.attrs["base"] == pytest.approx(expected, rel=1e-5, abs=1e-6)
+
+
 def test_attribution_agrees_with_exact_patching():
   """Small initial weights make the model nearly linear: attribution patching's estimate tracks the exact
   change for z by head and position (correlation > 0.95) and for the residual stream (> 0.9: its patches are
@@ -214,7 +232,8 @@ def test_path_patching_known_answers():
     (dict(positions=[6]), "position 6 is out of range: the model has positions 0..5"),
     (dict(answers=[(7, 61), (3, 4)]), r"answers\[0\]: token id 61 is outside the vocabulary 0..60"),
     (dict(answers=None), "metric='logit_diff' needs answers"),
-    (dict(metric="loss"), "metric='loss': give 'logit_diff'"),
+    (dict(metric="lossy"), "metric='lossy': give one of logit_diff, prob, loss"),
+    (dict(metric="prob", answers=None), "metric='prob' needs answers"),
     (dict(direction="both"), "direction='both'"),
     (dict(clean=["a text", "b"], corrupt=["c text", "d"]), r"clean\[0\] is a text but no tokenizer"),
   ],

@@ -166,10 +166,29 @@ def test_ioi_pairs_use_the_byte_level_leading_space_token(tmp_path):
 
 @pytest.mark.parametrize(
   "flag,message",
-  [("--config.sites=z,hook_z", "unknown site 'hook_z'"), ("--config.task=copy", "task='copy'")],
+  [
+    ("--config.sites=z,hook_z", "unknown site 'hook_z'"),
+    ("--config.task=copy", "patch: task='copy'; choose one of induction, ioi"),
+    ("--config.metric=kl", "patch: metric='kl'; choose one of logit_diff, prob, loss"),
+  ],
 )
 def test_bad_config_is_one_line(run_dir, flag, message, capsys):
   argv = ["headspec", "patch", "--config=patch_induction", f"--workdir={run_dir}", flag]
   assert cli.main(argv) == 2
   err = capsys.readouterr().err
   assert message in err and err.count("\n") == 1
+
+
+def test_a_task_is_one_entry_of_the_registry(monkeypatch):
+  """tasks.TASKS is the one list of tasks: a new entry passes the config check and gives the prompt pairs and
+  the tables' task name (with the metric after it when it is not the logit difference)."""
+  pairs = ([[1, 2, 3]], [[1, 4, 3]], [(5, 6)])
+  monkeypatch.setitem(tasks.TASKS, "toy", tasks.Task(lambda c, model, tokenizer: pairs, lambda c: "toy"))
+  c = patch_config()
+  c.task = "toy"
+  assert patch_run.check_config(c) and patch_run.task_pairs(c, None, None) == pairs
+  assert patch_run.task_name(c) == "toy"
+  c.metric = "prob"
+  assert patch_run.task_name(c) == "toy_prob"
+  c.task = "ioi"
+  assert patch_run.task_name(c) == "ioi_prob"

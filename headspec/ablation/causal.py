@@ -46,56 +46,14 @@ import numpy as np
 from flax import nnx
 
 from headspec import alignment as align_lib
-from headspec import resampling, tables
-from headspec.ablation import core, evalset, metrics
+from headspec import evalset, resampling
+from headspec.ablation import core, metrics
 from headspec.alignment import bucket_length, resolve_pooling
 from headspec.data import treebank as treebank_lib
 from headspec.errors import UserError
 from headspec.probing import probe
 
 LABEL_TASKS = ("upos", "xpos", "deprel")
-
-
-@dataclasses.dataclass(frozen=True)
-class Selectivity:
-  """Dev-split selectivity [L,H] of each task's probes on heads, for one (model, step)."""
-
-  treebank: str
-  by_task: dict
-
-
-def read_selectivity(workdir, model_name: str, step: int, num_layers: int, num_heads: int) -> Selectivity | None:
-  """Per-head dev selectivity of (model, step) from RUN/probes/results.csv; None when it has none.
-
-  A file whose head rows do not cover exactly this model's L layers × H heads is a UserError.
-  """
-  path = tables.path_of(workdir, tables.PROBES)
-  rows = [r for r in tables.read(path, tables.PROBES) if r["model"] == model_name and int(r["step"]) == step]
-  heads = [r for r in rows if int(r["head"]) >= 0 and int(r["layer"]) >= 0]
-  if not heads:
-    return None
-  dev = [r for r in heads if r["split"].endswith("/dev")]
-  if not dev:
-    raise UserError(f"{path}: no dev-split rows for {model_name} step {step} (selectivity is ranked on dev)")
-  treebank = dev[0]["split"].split("/")[0]
-  by_task = {}
-  for r in dev:
-    if r["split"] != f"{treebank}/dev":
-      continue
-    layer, head = int(r["layer"]), int(r["head"])
-    if layer >= num_layers or head >= num_heads:
-      raise UserError(
-        f"{path}: {model_name} step {step} has a probe on layer {layer} head {head}, but the model has "
-        f"{num_layers} layers × {num_heads} heads (results of another model?)"
-      )
-    by_task.setdefault(r["task"], np.full((num_layers, num_heads), np.nan))[layer, head] = float(r["selectivity"])
-  for task, sel in by_task.items():
-    if np.isnan(sel).any():
-      raise UserError(
-        f"{path}: {model_name} step {step} task {task}: probes on {int((~np.isnan(sel)).sum())} heads, the model "
-        f"has {num_layers} layers × {num_heads} heads"
-      )
-  return Selectivity(treebank, by_task)
 
 
 def ks(num_heads_total: int) -> list[int]:

@@ -21,10 +21,10 @@ import functools
 import jax
 import jax.numpy as jnp
 import numpy as np
-import optax
 from flax import nnx
 
-from headspec.ablation.evalset import Batch, EvalSet
+from headspec.evalset import Batch, EvalSet
+from headspec.objectives import token_nll
 
 TRACES: collections.Counter = collections.Counter()
 MASKS_PER_CALL = 8  # masks evaluated per call of `evaluate_masks` (padded), so it compiles once
@@ -37,7 +37,7 @@ def _arrays(b: Batch):
 def _per_sequence(kind: str, out, valid_BT, targets_BT, weights_BT):
   """[B, P] per-sequence sums (kind 'lm', out = logits_BTV) or embeddings (kind 'embedding', out = h_BTD)."""
   if kind == "lm":
-    nll_BT = optax.softmax_cross_entropy_with_integer_labels(out, targets_BT)
+    nll_BT = token_nll(out, targets_BT)
     correct_BT = (jnp.argmax(out, -1) == targets_BT).astype(jnp.float32)
     return jnp.stack([(nll_BT * weights_BT).sum(1), (correct_BT * weights_BT).sum(1), weights_BT.sum(1)], -1)
   v_BT1 = valid_BT[..., None].astype(jnp.float32)

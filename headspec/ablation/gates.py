@@ -23,7 +23,7 @@ import optax
 from flax import nnx
 
 from headspec.ablation import core
-from headspec.ablation.evalset import EvalSet
+from headspec.evalset import EvalSet
 
 BETA, GAMMA, ZETA = 2.0 / 3.0, -0.1, 1.1
 

@@ -20,7 +20,7 @@ import numpy as np
 from flax import nnx
 
 from headspec.ablation import core
-from headspec.ablation.evalset import EvalSet
+from headspec.evalset import EvalSet
 from headspec.resampling import bootstrap_resample_counts
 
 LM_METRICS = ("loss", "accuracy")

@@ -1,7 +1,7 @@
 """`headspec ablate`: head ablations, importance, pruning, L0 gates, the causal probe test, interactions.
 
 For each (model, step) of `targets.plan` (a run's saved steps, or a pretrained model at step 0) the
-stages named in `config.methods` run on one fixed evaluation set (headspec/ablation/evalset.py) and
+stages named in `config.methods` run on one fixed evaluation set (headspec/evalset.py) and
 their rows go through `tables.merge` into RUN/ablation/{heads,pruning,gates,causal,interactions}.csv
 (docs/outputs.md), figures beside them (plots.py). Everything a user can get wrong (unknown method or
 ranking, a run without checkpoints, probe results of another architecture, L0 gates on a model without
@@ -21,11 +21,12 @@ import numpy as np
 from absl import logging
 from etils import epath
 
+from headspec import evalset as evalset_lib
 from headspec import filenames, jobloop, provenance, remote, runs, tables, targets
 from headspec.ablation import causal, core, gates, interactions, metrics, plots, pruning
-from headspec.ablation import evalset as evalset_lib
 from headspec.alignment import POOLINGS
 from headspec.errors import UserError
+from headspec.selectivity import read_selectivity
 
 HEAD_METHODS = ("zero", "mean", "keep_only", "importance", "magnitude", "entropy")
 METHODS = HEAD_METHODS + ("pruning", "gates", "causal", "interactions")
@@ -116,7 +117,7 @@ class _Plan:
   jobs: list
   methods: tuple
   rankings: tuple
-  selectivity: dict  # (name, step) -> causal.Selectivity | None
+  selectivity: dict  # (name, step) -> headspec.selectivity.Selectivity | None
   data_root: pathlib.Path | None
 
 
@@ -148,7 +149,7 @@ class Ablation(jobloop.Analysis):
     selectivity = {}
     if "causal" in methods or "probe" in rankings:
       for job in jobs:
-        selectivity[(job.name, job.step)] = causal.read_selectivity(self.workdir, job.name, job.step, L, H)
+        selectivity[(job.name, job.step)] = read_selectivity(self.workdir, job.name, job.step, L, H)
     data_root = None
     if "causal" in methods and any(selectivity.values()):
       run_config = None if config.model.pretrained else runs.read_config(self.workdir)

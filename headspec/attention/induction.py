@@ -35,12 +35,14 @@ import functools
 import jax
 import jax.numpy as jnp
 import numpy as np
-import optax
 from flax import nnx
 
 from headspec.attention.roles import ratio_ci
 from headspec.data.repeats import varied_repeat_batch as varied_repeat_batch  # public here too (notebooks)
+from headspec.data.tokenizer import bos_ids as bos_ids  # the ids r_i is never drawn from, and what opens a row
+from headspec.data.tokenizer import special_ids as special_ids
 from headspec.errors import UserError
+from headspec.objectives import token_nll
 
 ATTENTION_ROLES = ("previous_token", "duplicate_token", "induction")
 ROLES = ATTENTION_ROLES + ("copying",)
@@ -52,20 +54,6 @@ SOURCES = {
   "induction": "Olsson et al. 2022",
   "copying": "Elhage et al. 2021",
 }
-
-
-def special_ids(tokenizer) -> np.ndarray:
-  """Ids that are never drawn as r_i: pad, unk, eos (document separator), mask and the prefix/suffix specials."""
-  ids = [tokenizer.pad_id, tokenizer.unk_id, tokenizer.eos_id, tokenizer.mask_id]
-  ids += list(getattr(tokenizer, "prefix_ids", ())) + list(getattr(tokenizer, "suffix_ids", ()))
-  return np.unique([int(i) for i in ids if i is not None and int(i) >= 0]).astype(np.int64)
-
-
-def bos_ids(tokenizer) -> list[int]:
-  """What opens a sequence: the tokenizer's prefix specials (BERT [CLS]), else its document separator
-  (eos; GPT-2's <|endoftext|> also opens documents, and our runs pack documents after it)."""
-  prefix = [int(i) for i in getattr(tokenizer, "prefix_ids", ())]
-  return prefix or [int(tokenizer.eos_id)]
 
 
 def repeated_random_tokens(
@@ -118,7 +106,7 @@ def _scorer(graphdef):
     keys, queries = pattern_masks(tokens_BT, valid_BT, ordinary_BT)
     num, den = pattern_sums(inter.probs_LBHTS, keys, queries)
     targets_BT = jnp.concatenate([tokens_BT[:, 1:], tokens_BT[:, -1:]], axis=1)
-    nll_BT = optax.softmax_cross_entropy_with_integer_labels(logits_BTV, targets_BT)
+    nll_BT = token_nll(logits_BTV, targets_BT)
     return num, den, nll_BT
 
   return score

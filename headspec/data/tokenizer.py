@@ -2,7 +2,8 @@
 
 A tokenizer directory holds `headspec_tokenizer.json` whose `kind` picks the loader (see `_LOADERS`);
 `train_sentencepiece` writes kind `sentencepiece` with `spm.model` beside it. Other kinds (Hugging Face
-WordPiece / byte-level BPE for imported models) plug in through `register_tokenizer_kind`.
+WordPiece / byte-level BPE for imported models) plug in through `register_tokenizer_kind`. `special_ids`
+and `bos_ids` read any tokenizer's specials (training's repeat rows, the induction data, patching's prompts).
 """
 
 from __future__ import annotations
@@ -47,6 +48,21 @@ class Tokenizer(Protocol):
 
   def decode(self, ids: Sequence[int]) -> str:
     """Text of `ids`; special tokens decode to nothing."""
+
+
+def special_ids(tokenizer) -> np.ndarray:
+  """The tokenizer's special ids, sorted: pad, unk, eos (document separator), mask and the prefix/suffix
+  specials; what random token sequences never draw."""
+  ids = [tokenizer.pad_id, tokenizer.unk_id, tokenizer.eos_id, tokenizer.mask_id]
+  ids += list(getattr(tokenizer, "prefix_ids", ())) + list(getattr(tokenizer, "suffix_ids", ()))
+  return np.unique([int(i) for i in ids if i is not None and int(i) >= 0]).astype(np.int64)
+
+
+def bos_ids(tokenizer) -> list[int]:
+  """What opens a sequence: the tokenizer's prefix specials (BERT [CLS]), else its document separator
+  (eos; GPT-2's <|endoftext|> also opens documents, and our runs pack documents after it)."""
+  prefix = [int(i) for i in getattr(tokenizer, "prefix_ids", ())]
+  return prefix or [int(tokenizer.eos_id)]
 
 
 class SentencePieceTokenizer:

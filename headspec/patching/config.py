@@ -12,6 +12,8 @@ def patch_config() -> ml_collections.ConfigDict:
   c.task = "induction"  # 'induction' (repeated random sequences) | 'ioi' (name-mover templates): patching/tasks.py
   c.corruption = "abc"  # ioi: 'abc' (all three names replaced, Wang et al.'s ABC set; task column `ioi`) |
   #                       's2' (only the second B replaced; task column `ioi_s2`)
+  c.metric = "logit_diff"  # of the logits at each prompt's last token, mean over pairs: 'logit_diff'
+  #                          (correct − wrong) | 'prob' (p(correct)) | 'loss' (−log p(correct)): patching/core.py METRICS
   c.count = 32  # prompt pairs
   c.induction_n = 6  # induction: the repeated sequence's length n ([BOS] r_1..r_n r_1..r_{n-1})
   c.sites = "z,pattern,resid_pre,attn_out,mlp_out"  # sites patched (headspec.model.SITES), each by head and position

@@ -2,7 +2,8 @@
 
 Activation patching (Vig et al. 2020; Meng et al. 2022; Wang et al. 2022): run the `base` input with one
 site's activation, at one (layer, head, position), replaced by its value on the `source` input, and read a
-metric of the logits. Denoising (TransformerLens's convention, the default) runs the corrupted prompt and
+metric of the logits: one of `METRICS` (logit difference, probability, loss of the correct answer at each
+prompt's last position) or a callable on the logits. Denoising (TransformerLens's convention, the default) runs the corrupted prompt and
 patches in the clean activation; noising runs the clean prompt and patches in the corrupted one.
 
 Every patch of a sweep is data (an Edit's one-hot mask), so one compiled program per (model structure,
@@ -23,7 +24,9 @@ replaced by the recorded ones.
 from __future__ import annotations
 
 import collections
+import dataclasses
 import functools
+from collections.abc import Callable
 
 import jax
 import jax.numpy as jnp
@@ -31,6 +34,7 @@ import numpy as np
 from flax import nnx
 
 from headspec.model import SITES, Edit
+from headspec.objectives import token_nll
 
 TRACES: collections.Counter = collections.Counter()
 PER_HEAD = tuple(name for name, axes in SITES.items() if "H" in axes)  # q, k, v, pattern, z, head_out
@@ -43,10 +47,40 @@ def _logit_diff(logits_BTV, last_B, answers_B2):
   return (jnp.take_along_axis(rows, answers_B2[:, :1], 1) - jnp.take_along_axis(rows, answers_B2[:, 1:], 1)).mean()
 
 
+def _prob(logits_BTV, last_B, answers_B2):
+  """Mean over prompts of p(correct) at each prompt's last position (the softmax in float32)."""
+  rows_BV = jax.nn.softmax(logits_BTV[jnp.arange(logits_BTV.shape[0]), last_B].astype(jnp.float32), axis=-1)
+  return jnp.take_along_axis(rows_BV, answers_B2[:, :1], 1).mean()
+
+
+def _loss(logits_BTV, last_B, answers_B2):
+  """Mean over prompts of −log p(correct) at each prompt's last position (objectives.token_nll)."""
+  rows_B1V = logits_BTV[jnp.arange(logits_BTV.shape[0]), last_B][:, None]
+  return token_nll(rows_B1V.astype(jnp.float32), answers_B2[:, :1]).mean()
+
+
+@dataclasses.dataclass(frozen=True)
+class Metric:
+  """A patching metric of the logits [B,T,V], each prompt's last position last_B and its (correct, wrong)
+  answer ids answers_B2: a scalar, the mean over prompts. `label`: what its values are (figures, docs)."""
+
+  function: Callable
+  label: str
+
+
+METRICS = {
+  "logit_diff": Metric(_logit_diff, "logit difference logit(correct) − logit(wrong)"),
+  "prob": Metric(_prob, "probability of the correct answer"),
+  "loss": Metric(_loss, "loss −log p(correct)"),
+}
+"""The metrics by name (`metric=` of headspec.patch, the `metric` key of `headspec patch`); each reads the
+answers at each prompt's last position. A new metric is one entry."""
+
+
 def metric_value(metric, logits_BTV, last_B, answers_B2):
-  """The scalar metric: 'logit_diff' or a callable on the float32 logits [B,T,V] (rows right-padded)."""
-  if metric == "logit_diff":
-    return _logit_diff(logits_BTV, last_B, answers_B2)
+  """The scalar metric: a name of METRICS or a callable on the float32 logits [B,T,V] (rows right-padded)."""
+  if isinstance(metric, str):
+    return METRICS[metric].function(logits_BTV, last_B, answers_B2)
   return jnp.asarray(metric(logits_BTV), jnp.float32).reshape(())
 
 

@@ -81,12 +81,12 @@ def prompts(cfg, clean, corrupt, answers, metric, tokenizer=None, pad_id: int = 
       raise UserError(f"prompt pair {i}: clean has {len(c)} tokens and corrupt {len(x)}; they must be equal")
     if len(c) > cfg.max_len:
       raise UserError(f"prompt pair {i}: {len(c)} tokens exceed model.max_len={cfg.max_len}")
-  if isinstance(metric, str) and metric == "logit_diff":
+  if isinstance(metric, str) and metric in core.METRICS:  # every named metric reads the answers
     answers = None if answers is None else _listed(answers, "answers", "(correct_id, wrong_id) pairs")
     if answers is None or len(answers) != len(clean):
       got = "none" if answers is None else len(answers)
       raise UserError(
-        f"metric='logit_diff' needs answers: one (correct_id, wrong_id) per prompt ({got} for {len(clean)})"
+        f"metric={metric!r} needs answers: one (correct_id, wrong_id) per prompt ({got} for {len(clean)})"
       )
     for i, pair in enumerate(answers):
       ok = isinstance(pair, Sequence | np.ndarray) and not isinstance(pair, str) and getattr(pair, "ndim", 1) == 1
@@ -100,7 +100,9 @@ def prompts(cfg, clean, corrupt, answers, metric, tokenizer=None, pad_id: int = 
   elif callable(metric):
     answers_B2 = np.zeros((len(clean), 2), np.int32)
   else:
-    raise UserError(f"metric={metric!r}: give 'logit_diff' (with answers) or a callable on the logits [B,T,V]")
+    raise UserError(
+      f"metric={metric!r}: give one of {', '.join(core.METRICS)} (with answers) or a callable on the logits [B,T,V]"
+    )
   B, T = len(clean), max(map(len, rows_c))
   out = {k: np.full((B, T), pad_id, np.int32) for k in ("clean", "corrupt")}
   valid = np.zeros((B, T), bool)

@@ -11,8 +11,8 @@ import pandas as pd
 from headspec import filenames, jobloop, remote, tables, targets
 from headspec.errors import UserError
 from headspec.model import SITES
+from headspec.patching import core, tasks
 from headspec.patching import patch as patch_lib
-from headspec.patching import tasks
 
 RESULTS, SUMMARY = tables.PATCHING, tables.PATCHING_SUMMARY
 METHODS = ("activation", "attribution", "path_logits")
@@ -20,8 +20,10 @@ METHODS = ("activation", "attribution", "path_logits")
 
 def check_config(c) -> list[str]:
   """The sites asked for; UserError naming the first bad key."""
-  if c.task not in ("induction", "ioi"):
-    raise UserError(f"patch: task={c.task!r}; choose 'induction' or 'ioi'")
+  if c.task not in tasks.TASKS:
+    raise UserError(f"patch: task={c.task!r}; choose one of {', '.join(tasks.TASKS)}")
+  if c.metric not in core.METRICS:
+    raise UserError(f"patch: metric={c.metric!r}; choose one of {', '.join(core.METRICS)}")
   if c.get("corruption", "abc") not in tasks.CORRUPTIONS:
     raise UserError(f"patch: corruption={c.corruption!r}; choose one of {', '.join(map(repr, tasks.CORRUPTIONS))}")
   sites = [s.strip() for s in c.sites.split(",") if s.strip()]
@@ -37,19 +39,16 @@ def check_config(c) -> list[str]:
 
 
 def task_pairs(c, model, tokenizer):
-  """(clean, corrupt, answers) of the config's task for this model and tokenizer."""
-  from headspec.attention import induction as ind
-
-  if c.task == "induction":
-    specials = ind.special_ids(tokenizer)
-    bos = ind.bos_ids(tokenizer) if model.cfg.kind == "decoder" else []
-    return tasks.induction_pairs(model.cfg.vocab_size, specials, n=c.induction_n, count=c.count, seed=c.seed, bos=bos)
-  return tasks.ioi_pairs(tokenizer, count=c.count, seed=c.seed, corruption=c.get("corruption", "abc"))
+  """(clean, corrupt, answers) of the config's task for this model and tokenizer (tasks.TASKS)."""
+  return tasks.TASKS[c.task].pairs(c, model, tokenizer)
 
 
 def task_name(c) -> str:
-  """The tables' `task`: 'induction', 'ioi' (Wang et al.'s ABC corruption) or 'ioi_s2' (the second B only)."""
-  return "ioi_s2" if c.task == "ioi" and c.get("corruption", "abc") == "s2" else c.task
+  """The tables' `task`: the task's name ('induction', 'ioi': Wang et al.'s ABC corruption, or 'ioi_s2': the
+  second B only), with `_<metric>` after it for a metric other than the logit difference (so the rows and
+  heatmaps of two metrics never replace each other)."""
+  metric = c.get("metric", "logit_diff")
+  return tasks.TASKS[c.task].name(c) + ("" if metric == "logit_diff" else f"_{metric}")
 
 
 class Patching(jobloop.Analysis):
@@ -68,7 +67,7 @@ class Patching(jobloop.Analysis):
     if model.cfg.kind != "decoder":
       raise UserError(f"patch: {job.name} is an encoder; the built-in tasks read a decoder's next-token logits")
     clean, corrupt, answers = task_pairs(c, model, tokenizer)
-    p = patch_lib.prompts(model.cfg, clean, corrupt, answers, "logit_diff", tokenizer, tokenizer.pad_id)
+    p = patch_lib.prompts(model.cfg, clean, corrupt, answers, c.metric, tokenizer, tokenizer.pad_id)
     rows, summary = [], []
     key = dict(model=job.name, step=job.step, task=task_name(c))
 
@@ -78,24 +77,20 @@ class Patching(jobloop.Analysis):
                                position=r.position, value=float(r.value)))  # fmt: skip
 
     for site in self.sites:
-      exact = patch_lib.patch(
-        model, p, site=site, metric="logit_diff", by_position=c.by_position, direction=c.direction
-      )
+      exact = patch_lib.patch(model, p, site=site, metric=c.metric, by_position=c.by_position, direction=c.direction)
       add(exact, "activation", site)
       summary += [
         key | dict(site=site, direction=c.direction, metric=m, value=exact.attrs[m]) for m in ("base", "source")
       ]
       if c.attribution:
-        estimate = patch_lib.attribution(model, p, site=site, metric="logit_diff", by_position=c.by_position,
+        estimate = patch_lib.attribution(model, p, site=site, metric=c.metric, by_position=c.by_position,
                                          direction=c.direction)  # fmt: skip
         add(estimate, "attribution", site)
         summary.append(
           key | dict(site=site, direction=c.direction, metric="agreement", value=patch_lib.agreement(exact, estimate))
         )
     if c.path:
-      add(
-        patch_lib.path(model, p, metric="logit_diff", receiver_site="logits", direction=c.direction), "path_logits", "z"
-      )
+      add(patch_lib.path(model, p, metric=c.metric, receiver_site="logits", direction=c.direction), "path_logits", "z")
     self.drawn = rows  # drawn once the tables hold them
     return {RESULTS: rows, SUMMARY: summary}
 
@@ -108,13 +103,14 @@ class Patching(jobloop.Analysis):
     name = f"{filenames.component(job.name)}_step{job.step}"
     for site in self.sites:
       heatmap(frame[frame["site"] == site], f"{task}: {site} ({c.direction}), {job.name} step {job.step}",
-              remote.run_path(self.workdir) / f"patching/{task}_{site}_{c.direction}_{name}.png")  # fmt: skip
+              remote.run_path(self.workdir) / f"patching/{task}_{site}_{c.direction}_{name}.png",
+              core.METRICS[c.metric].label)  # fmt: skip
 
   def finish(self, jobs):
     return tables.path_of(self.workdir, RESULTS)
 
 
-def heatmap(frame, title: str, path) -> None:
+def heatmap(frame, title: str, path, label: str = core.METRICS["logit_diff"].label) -> None:
   """value by (layer·head or layer) rows × position columns, diverging around the base metric."""
   import matplotlib
 
@@ -131,7 +127,7 @@ def heatmap(frame, title: str, path) -> None:
   ax.set_xticks(range(grid.shape[1]), [str(t) if t >= 0 else "all" for t in grid.columns])
   ax.set_xlabel("position")
   ax.set_title(title, fontsize=9)
-  fig.colorbar(image, ax=ax, label="metric (logit difference)")
+  fig.colorbar(image, ax=ax, label=f"metric ({label})")
   fig.tight_layout()
   remote.save_figure(fig, path, dpi=100)  # whole or not at all (a full disk leaves no half-written file)
   plt.close(fig)

@@ -11,9 +11,15 @@ Answers (A, B). Two corruptions (`CORRUPTIONS`):
        neither answer is in the prompt;
   s2   only the second B (S2) replaced by a third name C ("..., C gave a drink to"): A and B stay in the prompt.
 Names and templates are single tokens of the model's tokenizer, or the task is refused.
+
+`TASKS` registers them by the config's `task`: each entry makes the prompt pairs of a config for a model and
+its tokenizer, and names the tables' `task`. A new task is one entry.
 """
 
 from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
 
 import numpy as np
 
@@ -94,3 +100,31 @@ def ioi_pairs(tokenizer, *, count: int, seed: int, corruption: str = "abc"):
       "replaced names only"
     )
   return clean, corrupt, answers
+
+
+def _induction(c, model, tokenizer):
+  from headspec.data.tokenizer import bos_ids, special_ids
+
+  bos = bos_ids(tokenizer) if model.cfg.kind == "decoder" else []
+  return induction_pairs(model.cfg.vocab_size, special_ids(tokenizer), n=c.induction_n, count=c.count, seed=c.seed,
+                         bos=bos)  # fmt: skip
+
+
+def _ioi(c, model, tokenizer):
+  return ioi_pairs(tokenizer, count=c.count, seed=c.seed, corruption=c.get("corruption", "abc"))
+
+
+@dataclasses.dataclass(frozen=True)
+class Task:
+  """A built-in task: `pairs(config, model, tokenizer)` -> (clean, corrupt, answers) token-id lists, and
+  `name(config)`: the tables' `task`."""
+
+  pairs: Callable
+  name: Callable
+
+
+TASKS = {
+  "induction": Task(_induction, lambda c: "induction"),
+  "ioi": Task(_ioi, lambda c: "ioi_s2" if c.get("corruption", "abc") == "s2" else "ioi"),
+}
+"""The built-in tasks by the config's `task` (headspec patch, headspec circuit)."""

@@ -22,8 +22,8 @@ import ml_collections
 import numpy as np
 from absl import logging
 
+from headspec import evalset as evalset_lib
 from headspec import filenames, jobloop, provenance, remote, tables, targets
-from headspec.ablation import evalset as evalset_lib
 from headspec.errors import UserError
 from headspec.sae import labels as labels_lib
 from headspec.sae import metrics as m
@@ -172,7 +172,7 @@ class SAEAnalysis(jobloop.Analysis):
     self.layers = resolve_layers(c, cfg.num_layers)
     self.width = int(np.prod(splice.site_shape(cfg, c.site)))
     self.options = options(c, self.width)
-    from headspec.ablation.causal import read_selectivity
+    from headspec.selectivity import read_selectivity
 
     # probes/results.csv's dev selectivity per (model, step), read (and checked) before any computation
     self.probes = {(j.name, j.step): read_selectivity(self.workdir, j.name, j.step, cfg.num_layers, cfg.num_heads)
