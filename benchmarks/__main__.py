@@ -100,6 +100,8 @@ HEADLINES = {
            "one draw per shape", "sizes.minilm.seconds.per_shape"),
   "probe_minilm": ("headspec probe, MiniLM × EWT, 40k words (empty cache)", "wall_s", "s", "target", "target_s"),
   "quickstart": ("headspec quickstart (empty cache, install excluded)", "wall_s", "s", "target", "target_s"),
+  "sae": ("TopK SAE training (1,024 features, k 32)", "headspec_steps_per_second", "steps/s",
+          "the same SAE in an eager PyTorch loop", "torch_steps_per_second"),
 }  # fmt: skip
 SUMMARY_START = "<!-- summary: written by `python -m benchmarks` from the sections below; edit those, not this -->"
 SUMMARY_END = "<!-- end of summary -->"
@@ -250,7 +252,7 @@ def _value(value, unit: str) -> str:
     return "not recorded" if value is None else str(value)
   if unit == "s":
     return f"{value:.2f} s" if value < 10 else f"{value:,.1f} s" if value < 1000 else f"{value:,.0f} s"
-  return f"{value:,.0f} {unit}"
+  return f"{value:.2f} {unit}" if value < 10 else f"{value:,.0f} {unit}"
 
 
 def summary(info: dict, records: dict[str, dict], default_date: str) -> list[str]:
@@ -270,14 +272,19 @@ def summary(info: dict, records: dict[str, dict], default_date: str) -> list[str
       machine_name = f"{machine_name.split('-core')[0]}-core {cpu} CPU"
     value = record["figures"][key]
     other = record["figures"].get(reference_key) if reference_key else None
-    ratio = f"{other / value:.2f}×" if isinstance(value, float) and isinstance(other, float) and value else "—"
+    ratio = "—"
+    if isinstance(value, float) and isinstance(other, float) and value and other:
+      ratio = f"{other / value if unit == 's' else value / other:.2f}×"  # times: theirs / ours; rates: ours / theirs
     against = f"{reference}: {_value(other, unit)}" if reference else "—"
     when = record["date"] or default_date
+    load = re.match(r"\[([0-9.]+)", str(record["figures"].get("load_average", "")))  # a section that records it
+    when += f", load {float(load.group(1)):.1f}" if load else ""
     out.append(f"| [{figure}](#{name}) | {_value(value, unit)} | {against} | {ratio} | {machine_name}, {when} |")
   out += [
     "",
-    "Ratio: the reference's time over headspec's (above 1: headspec is faster, or within the target). Each",
-    "row is its section's figures below; the section holds the command and every number it reported.",
+    "Ratio: the reference's time over headspec's, or headspec's rate over the reference's (above 1: headspec",
+    "is faster, or within the target). Each row is its section's figures below (load: the load average its",
+    "section records); the section holds the command and every number it reported.",
     SUMMARY_END,
   ]
   return out

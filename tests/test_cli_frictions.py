@@ -395,3 +395,15 @@ def test_the_summary_is_rewritten_from_the_sections_and_keeps_them_all(tmp_path)
   )  # no date of its own, no git: the report's date as an upper bound
   runner.main(["--summary", f"--out={report}"])
   assert report.read_text() == once  # the table replaced, not added again
+
+
+def test_a_rate_is_compared_the_other_way_and_a_recorded_load_is_shown():
+  import benchmarks.__main__ as runner
+
+  record = {"figures": {"headspec_steps_per_second": 2.685, "torch_steps_per_second": 0.523}, "date": "2026-12-02"}
+  record["figures"]["load_average"] = "[19.35, 17.01, 13.13]"
+  rows = runner.summary({"host": "x86_64, 2 CPU cores"}, {"sae": record}, "≤ 2026-12-02")
+  row = next(line for line in rows if line.startswith("| [TopK SAE"))
+  assert row.endswith(
+    "| 2.69 steps/s | the same SAE in an eager PyTorch loop: 0.52 steps/s | 5.13× | 2-core x86_64 CPU, 2026-12-02, load 19.4 |"
+  )
