@@ -9,10 +9,10 @@ control, punctuation left out); 95% bootstrap CIs; L2 chosen on EWT dev, reporte
 dev and test). Every probe is fitted on ALL
 of EWT train (204,577 words; softmax probes iterated to convergence, arc probes of rank 32 with early
 stopping on dev loss, at most 30 epochs). Pass --config.probe.max_train_words=40000 for a quicker look
-(30-32 min on the idle 2-core CPU with MDL off, 2026-11-28/29: BENCHMARKS.md "probe_minilm"),
+(about half an hour on an idle 2-core CPU with MDL off: BENCHMARKS.md "probe_minilm"),
 --config.probe.residuals=False for the heads only.
 On the 2-core development CPU this run takes hours: 6-13 min per layer of 12 heads when idle, 97 min
-for all heads and the embeddings, partly shared (2026-11-24, MDL off); use an unshared machine; it resumes. MDL (probe.mdl,
+for all heads and the embeddings, partly shared (MDL off); use an unshared machine; it resumes. MDL (probe.mdl,
 Voita & Titov 2020) is on: on all of EWT about 5 min per layer of heads on that CPU (docs/probing_mdl.md);
 --config.probe.mdl=False skips it; --config.probe.mdl_only=True adds it later to a run probed without it.
 Results and figures: docs/results.md, "all-MiniLM-L6-v2 on UD English EWT".

@@ -6,8 +6,8 @@
 
 Argument: the data folder (default runs/quickstart/data), e.g. configs/probe_synthetic.py:/tmp/qs/data.
 Probes the last step and a random-weights copy of the same architecture (model name + '-random'): on a
-2-core CPU about 4.5 minutes for the trained quickstart decoder and 2.5 for its random copy (2026-11-27,
-docs/results.md#the-quickstart; most of it the weak-λ softmax probes of the embeddings and residual
+2-core CPU about 4.5 minutes for the trained quickstart decoder and 2.5 for its random copy
+(docs/results.md#the-quickstart; most of it the weak-λ softmax probes of the embeddings and residual
 streams and the structural probes).
 Expect UPOS and deprel heads far above the majority baseline with positive selectivity, and the random
 model less selective.

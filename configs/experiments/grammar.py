@@ -20,10 +20,8 @@ small runs side by side go faster than one after the other.
 Learning rate 1e-2, re-measured here (baseline, seed 0, 1,000 steps, warmup 100, cosine decay; validation
 loss at step 1000 in nats/token): 1e-3 3.210, 3e-3 3.048, 1e-2 3.010.
 
-Measured on the 2-core development CPU (2026-11-25): all 15 runs as seed parts two at a time in 1 h 44 min
-(load 3.5-7), 12.5-15 min a run (probe at 6 steps about 8 min, training about 2.5, ablate 1.5, attention 1),
-then the whole command's pass and the report about 4 min; data stage 13 s. One run alone at load 6-17 took
-about 20 minutes. Results: docs/study.md, "What the grammar setting measured".
+On the 2-core development CPU all 15 runs take under two hours as seed parts two at a time, 12.5-15 min a
+run (the times per stage: docs/study.md, "Time"). Results: docs/study.md, "What the grammar setting measured".
 
 Arguments (comma-separated, any order): condition=NAME, seed=N (training configs; to experiment(): that
 part); probe | diversity | attention | ablate (that stage's analysis config); lr=X

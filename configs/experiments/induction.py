@@ -23,7 +23,7 @@ a TopK SAE on each layer's z at every kept step (`headspec sae`: the heads' feat
 beside the probe selectivity where a step was probed) and the report. Parts (`layers=N`, `condition=C`, `seed=N`) list the same run configs, so the whole command
 resumes past them.
 
-Why this data (docs/study.md, "Induction"; `python -m benchmarks.check_induction_data`, 2026-11-27): the
+Why this data (docs/study.md, "Induction"; `python -m benchmarks.check_induction_data`): the
 2-layer attention-only model formed no induction head within 1,778-6,000 steps on 128-token rows of the text
 with word repeats, nor on 128-token rows each holding one repeated sequence, nor on 32-token rows half of
 which were text; it formed one by step 316 on 32-token rows that were all repeated sequences, and between

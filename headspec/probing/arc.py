@@ -47,9 +47,8 @@ DEFAULT_ARC_LEARNING_RATE = 1e-3
 DEFAULT_ARC_RANK = 32  # the rank of A, B for every group (heads and residual streams alike), capped at K
 PACK_WIDTH = 64  # words per packed row; longer sentences get a row of their own (next power of two)
 # Words per chunk when scoring (dev loss every epoch, predictions): the (l2, group, row, word, candidate)
-# scores of a chunk stay small enough for the CPU's caches. MiniLM layer-0 heads, 40k EWT words, 10
-# epochs, merged K × K form (2026-11-28, idle 2-core CPU): the dev loss took 2.3 s at 1,024 words a
-# chunk, 1.7-1.8 s at 512, 1.6 s at 256 and 3.2 s at 2,048 (the factored form: 8.7 s at 8,192, 3.7 s at 1,024).
+# scores of a chunk stay small enough for the CPU's caches (timings: docs/probing_core.md, "Measurements
+# behind the constants").
 CHUNK_WORDS = 512
 
 

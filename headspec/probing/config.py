@@ -81,9 +81,6 @@ def synthetic_probe_config(data_dir: str) -> ml_collections.ConfigDict:
   c.probe.steps = "last"
   c.probe.random_baseline = True
   c.probe.bootstrap_resamples = 200
-  # The structural probes fit on all 47.6k training words (structural_max_train_words 0): measured on the
-  # trained quickstart decoder (2026-11-25, 2-core CPU under load 8-18), their fits took 175 s of its first
-  # three feature sources' 1801 s (both layers' heads, the embeddings; all scoring of every task 114 s), so
-  # they add 11-19% to the probe stage. A 10k-word subset would cut their fit CPU to a third at a cost in
-  # UUAS (best dev: layer 1's residual stream 0.30 instead of 0.37; measured under the schedule before issue 61).
+  # The structural probes fit on all 47.6k training words (structural_max_train_words 0): they add 11-19% to
+  # the probe stage, and a 10k-word subset costs UUAS (docs/probing_core.md, "Measurements behind the constants").
   return c

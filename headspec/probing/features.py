@@ -4,7 +4,7 @@ The model runs under `jax.jit` on windows of word pieces (headspec/alignment.py)
 side into rows of ROW_TOKENS tokens (headspec/packing.py; each window keeps its own positions and
 attends only within itself, so its outputs are those of running it alone), a fixed number of tokens
 per batch, so a split compiles once per row width and rows are ~95% tokens, not padding (EWT train:
-98%; one window per row padded to a power of two was 66%). Inside the jitted function each word's
+98%; one window per row padded to a power of two would be 66%). Inside the jitted function each word's
 vector is pooled from its pieces with a [B, W, T] matrix, so only word vectors leave the device.
 
 Batches are dealt round-robin over every local device (data parallel: on a CPU host the CLI gives XLA

@@ -75,8 +75,8 @@ NARROWING_COST = 2e11
 # passes' multiply-adds ((K+1)·words/(2N): a 384-wide stream is too wide) and blocks of at most
 # PRECONDITION_MAX_FLOATS floats (G·T·(K+1)²). Wider groups get one block per probe (G·Q·(K+1)² floats)
 # where a pass is at least PRECONDITION_SHARED_WORK multiply-adds, refreshed every
-# PRECONDITION_EVERY_SHARED iterations: all-MiniLM-L6-v2's layer-2 residual stream at 40k EWT words
-# (2026-11-28, idle 2-core CPU) took 165 s plain, 139 s refreshed every 20 and 129 s every 50.
+# PRECONDITION_EVERY_SHARED iterations (the timings behind these numbers: docs/probing_core.md,
+# "Measurements behind the constants").
 PRECONDITION_EVERY = 20
 PRECONDITION_WORDS = 12_288
 PRECONDITION_MIN_WORK = 1e8
@@ -837,9 +837,7 @@ class _Lbfgs:
 
   def _preconditioned(self):
     """Which preconditioner this fit keeps: 'column' (a class block per packed column) where asked for
-    and worth it (see PRECONDITION_MIN_WORK; measured on the 2-core CPU, 2026-11-27: a 384-wide stream
-    of 2,000 words took 23.3 s preconditioned against 5.7 s plain, a fit of 500 words × 32 with 5
-    iterations 3.8 s against 2.9 s, and 4 heads × 16 of 47,600 words 14.8 s against 23.6 s); 'probe'
+    and worth it (see PRECONDITION_MIN_WORK; its timings in docs/probing_core.md); 'probe'
     (one block per probe, `_SharedBlocks`) where blocks per column are too large or too costly to
     refresh but the pass is at least PRECONDITION_SHARED_WORK multiply-adds (a 384-wide stream of 40k
     words); None: plain L-BFGS."""
@@ -1091,11 +1089,8 @@ def _adam(fit, g0, g1, put):
 def pass_chunk_words(n: int, groups: int, columns: int, most: int = 2048) -> int:
   """Words per chunk of a full-batch pass (see _pass_data): the fewest chunks of at most L words, L the
   power of two at or below CHUNK_LOGITS / (groups·columns) kept within [256, most], each chunk a
-  multiple of 64 words. Measured on the 2-core CPU (2026-11-29, one pass alone, value and gradient, ms
-  at 256 / 512 / 1,024 / 2,048 words a chunk): 12 groups × K 32 × 600 columns of 39,936 words 464-520 /
-  555-589 / - / - (256 chosen; it was 512); 4 × 16 × 354 of 47,104 words 82 / 78 / 74 / - (1,024; was
-  512); 1 × 64 × 354 - / - / 41-44 / 39 (2,048, as before); 1 × 384 × 600 of 39,936 words - / 208 /
-  206-224 / 212-226 (2,048; was 1,024, within the noise)."""
+  multiple of 64 words (the pass timings per chunk size: docs/probing_core.md, "Measurements behind the
+  constants")."""
   fit = CHUNK_LOGITS // (groups * columns)
   largest = max(1, min(most, max(1 << (max(fit, 1).bit_length() - 1), 256), n))
   chunks = -(-n // largest)
