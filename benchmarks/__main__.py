@@ -195,17 +195,15 @@ def kept_sections(path: str, rerun) -> dict:
   return {k: v for k, v in sections(text).items() if k not in rerun}
 
 
-_WALL = re.compile(r"— ([0-9.]+) s wall(?:, measured (\d{4}-\d\d-\d\d))?")
-
-
 def recorded(body: str) -> dict:
   """What a section records: {'figures': {key: value}, 'date': 'YYYY-MM-DD' or None, 'command': ...}; a
   figure's text read back as a number where it is one."""
   figures, date, command = {}, None, None
   for line in body.splitlines():
-    wall = _WALL.search(line)
-    if wall and line.startswith("`"):
-      command, date = line.split("`")[1], wall.group(2)
+    if command is None and line.startswith("`"):  # the command line: `python -m ...` — 12.3 s wall[, date]
+      command = line.split("`")[1]
+      stated = re.search(r"\b(\d{4}-\d\d-\d\d)\b", line.split("`", 2)[2])
+      date = stated.group(1) if stated else None
     cells = [c.strip() for c in line.strip().strip("|").split(" | ")] if line.startswith("| ") else []
     if len(cells) == 2 and cells != ["figure", "value"]:
       try:
@@ -301,7 +299,7 @@ def with_summary(text: str, info: dict, default_date: str, dates: dict | None = 
   for name, body in sections(text).items():
     record = recorded(body)
     if record["date"] is None and dates:
-      line = next((x for x in body.splitlines() if x.startswith("`") and _WALL.search(x)), None)
+      line = next((x for x in body.splitlines() if x.startswith("`")), None)
       record["date"] = dates.get(line)
     records[name] = record
   title, _, rest = text.partition("\n")

@@ -407,3 +407,16 @@ def test_a_rate_is_compared_the_other_way_and_a_recorded_load_is_shown():
   assert row.endswith(
     "| 2.69 steps/s | the same SAE in an eager PyTorch loop: 0.52 steps/s | 5.13× | 2-core x86_64 CPU, 2026-12-02, load 19.4 |"
   )
+
+
+def test_a_section_keeps_the_date_its_command_line_states():
+  import benchmarks.__main__ as runner
+
+  body = "`python -m benchmarks.bench_sae` — 7 min 49 s wall (2026-12-02, code of 1e47656)\n\n| figure | value |\n"
+  assert runner.recorded(body + "| a | 1 |\n") == {
+    "figures": {"a": 1.0},
+    "date": "2026-12-02",
+    "command": "python -m benchmarks.bench_sae",
+  }
+  assert runner.recorded("`python -m x` — 3.0 s wall, measured 2026-12-01\n")["date"] == "2026-12-01"
+  assert runner.recorded("`python -m x` — 3.0 s wall\n")["date"] is None
