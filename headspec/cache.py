@@ -56,6 +56,11 @@ TL_HOOKS = {
   "hook_mlp_in": "mlp_in",
   "hook_mlp_out": "mlp_out",
   "hook_resid_post": "resid_post",
+  "attn.hook_attn_scores": "attn_scores",  # the sites below where headspec.model.SITES has them
+  "mlp.hook_post": "mlp_post",
+  "ln1.hook_scale": "ln1_scale",
+  "ln2.hook_scale": "ln2_scale",
+  "ln_final.hook_scale": "ln_final_scale",
 }
 _TL_NAME = re.compile(r"blocks\.(\d+)\.(.+)")
 # Per-head copies of the stream (H × D per token): captured only when asked for, as TransformerLens's
@@ -158,9 +163,10 @@ class Cache:
     if layer is None:
       return value
     L = self.cfg.num_layers
-    if site == "embeddings" or not -L <= layer < L:
-      raise UserError(f"cache[{key!r}, {layer}]: layer out of range 0..{L - 1}" if site != "embeddings"
-                      else "cache['embeddings'] has no layer axis")  # fmt: skip
+    if site not in model_lib.SITES:  # embeddings, the final norm's scale
+      raise UserError(f"cache[{key!r}, {layer}]: {site!r} has no layer axis; read cache[{key!r}]")
+    if not -L <= layer < L:
+      raise UserError(f"cache[{key!r}, {layer}]: layer out of range 0..{L - 1}")
     return value[layer]
 
   def _site(self, site: str, what: str) -> jax.Array:

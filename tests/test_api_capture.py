@@ -215,3 +215,13 @@ def test_a_site_not_captured_is_named(net):
     cache.decompose_resid()
   with pytest.raises(UserError, match=r"cache\['q'\]: site 'q' was not captured"):
     cache["q"]
+
+
+def test_transformer_lens_names_and_layers(net):
+  cache = headspec.capture(net, TOKENS_BT, sites=["attn.hook_z", "hook_resid_pre", "hook_embed"])
+  assert cache.keys() == ["embeddings", "resid_pre", "z"]  # TransformerLens's names read as headspec's sites
+  np.testing.assert_array_equal(cache["blocks.2.hook_resid_pre"], cache["resid_pre", -1])
+  with pytest.raises(UserError, match=r"cache\['embeddings', 0\]: 'embeddings' has no layer axis"):
+    cache["embeddings", 0]
+  with pytest.raises(UserError, match=r"cache\['z', 3\]: layer out of range 0..2"):
+    cache["z", 3]
