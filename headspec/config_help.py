@@ -1,6 +1,6 @@
 """`headspec <command> --help`: a command's config keys, their defaults and one-line meanings.
 
-Keys and defaults come from the command's default config (headspec/cli.py DEFAULTS); meanings from the
+Keys and defaults come from the command's default config (its entry of headspec/commands.py COMMANDS); meanings from the
 comments beside each key where the default config function declares it (`c.probe.tol = 1e-5  # ...`, a
 comment line just above, or indented comment lines just below), read with `ast` and `tokenize`, so each
 key is documented once, in its defaults file.

@@ -5,7 +5,7 @@ Text is tokenized exactly as written: `tokenizer.encode(text)` on the whole stri
 own special tokens around it (BERT's [CLS] … [SEP]; none for GPT-2), as `patch` and `capture` read it.
 `prepend_bos` chooses the start: None keeps the tokenizer's specials (what the model was trained with);
 True opens with the beginning-of-sequence token (the prefix specials, else the document separator EOS:
-GPT-2's <|endoftext|>, TransformerLens's BOS for GPT-2; attention/induction.bos_ids); False drops the
+GPT-2's <|endoftext|>, TransformerLens's BOS for GPT-2; data/tokenizer.bos_ids); False drops the
 prefix specials. The suffix specials (BERT's [SEP]) follow the text in every case.
 No JAX: numpy and the tokenizer only.
 """
@@ -17,17 +17,11 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from headspec.data.tokenizer import bos_ids
 from headspec.errors import UserError
 
 # The words of `run` and `split_words`: runs of letters/digits (with inner ' or -), and each punctuation mark.
 WORD = re.compile(r"\w+(?:['’-]\w+)*|[^\w\s]")
-
-
-def bos_ids(tokenizer) -> list[int]:
-  """What opens a sequence: the prefix specials (BERT [CLS]), else the document separator (EOS), as
-  headspec.attention.induction.bos_ids (not imported: that module imports JAX)."""
-  prefix = [int(i) for i in getattr(tokenizer, "prefix_ids", ())]
-  return prefix or [int(tokenizer.eos_id)]
 
 
 def token_ids(tokenizer, text: str, prepend_bos: bool | None = None) -> list[int]:

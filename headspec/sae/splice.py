@@ -8,7 +8,7 @@ each a forward pass with one `Edit` of that layer's site (headspec/model.py, doc
   zero_ablation x ← 0 (for z: the layer's attention output becomes its bias b_O)
   mean_ablation x ← the mean of x over the evaluation tokens (for z: attn_out becomes its mean, W_O linear)
 Losses are the mean next-token cross-entropy (decoders) or the masked-LM cross-entropy on one fixed seeded
-mask (encoders) over the scored tokens (headspec/ablation/evalset.py).
+mask (encoders) over the scored tokens (headspec/evalset.py).
 """
 
 from __future__ import annotations
