@@ -414,7 +414,7 @@ def _softmax_ce(xs_GKB, w_GKT, b_GT, ys_AB, scale_A, layout, with_grad):
   the logits' gradient softmax − one-hot, written out rather than differentiated (no scatter from
   take_along_axis's transpose, one exp per logit). The logits are laid out (G, T, B), words last: each
   probe's max, exp-sum and softmax run over its C class rows as whole-vector operations along the
-  words, which on the 2-core CPU takes a fifth of the time of the same work along C-wide rows
+  words, which on the 2-core CPU takes about a sixth of the time of the same work along C-wide rows
   (docs/probing_core.md, "Measurements behind the constants")."""
   z_GTB = jnp.einsum("gkt,gkb->gtb", w_GKT, xs_GKB) + b_GT[:, :, None]
   num_g, num_b = z_GTB.shape[0], z_GTB.shape[2]
