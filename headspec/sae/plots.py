@@ -54,7 +54,8 @@ def heads(rows: list[dict], num_heads: int, path, title: str) -> epath.Path:
       if r["metric"] == metric:
         grid_LH[layers.index(int(r["layer"])), int(r["head"])] = float(r["value"])
     spec = metric == "specialization"
-    im = ax.imshow(grid_LH, aspect="auto", cmap="viridis", vmin=1 / num_heads if spec else 0, vmax=1 if spec else None)
+    top = 1.0 if spec else max(1.0, float(np.nanmax(grid_LH, initial=0.0)))  # counts of 0 everywhere: 0..1
+    im = ax.imshow(grid_LH, aspect="auto", cmap="viridis", vmin=1 / num_heads if spec else 0, vmax=top)
     ax.set(title=label, xlabel="head", ylabel="layer", xticks=range(num_heads), yticks=range(len(layers)))
     ax.set_yticklabels(layers)
     ax.title.set_fontsize(9)
@@ -75,9 +76,10 @@ def entropy(rows: list[dict], num_heads: int, path, title: str) -> epath.Path:
   for ax, layer in zip(axes[0], layers):
     live = [float(r["entropy_bits"]) for r in rows if int(r["layer"]) == layer and float(r["firing_rate"]) > 0]
     ax.hist(live, bins=np.linspace(0, top, 21), color="C0")
-    ax.axvline(top, color="gray", lw=0.8, ls="--")
+    ax.axvline(top, color="gray", lw=0.8, ls="--", label=f"log2 H = {top:g}: spread evenly")
     ax.set(title=f"layer {layer}: {len(live)} live features", xlabel="head attribution entropy H_f (bits)")
     ax.title.set_fontsize(9)
-  axes[0, 0].set_ylabel(f"features (dashed: log2 H = {top:g}, spread evenly)")
+  axes[0, 0].set_ylabel("features")
+  axes[0, 0].legend(fontsize=7, loc="upper left")
   fig.suptitle(title, fontsize=9)
   return _save(fig, path)
