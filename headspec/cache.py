@@ -185,9 +185,11 @@ class Cache:
     return layer
 
   def accumulated_resid(self, layer=None, *, incl_mid: bool = False, apply_ln: bool = False, return_labels=False):
-    """The residual stream entering each block below `layer` (default: all, then the final stream after the
-    last block): [C, B, T, D], labels 'l_pre' (and 'l_mid' with incl_mid), 'final_post' (TransformerLens's
-    accumulated_resid). apply_ln: through `apply_ln_to_stack` (the final norm, scale fixed at the final stream)."""
+    """The residual stream entering each block up to `layer`, that one included (default: every block's,
+    then the final stream after the last block): [C, B, T, D], labels 'l_pre' (and 'l_mid' of the blocks
+    below `layer` with incl_mid), then f'{layer}_pre' or 'final_post' (TransformerLens's accumulated_resid:
+    layer=0 is the embeddings alone). apply_ln: through `apply_ln_to_stack` (the final norm, its scale
+    fixed at the final stream)."""
     layer = self._layer_arg(layer, "accumulated_resid")
     parts, labels = [], []
     for l in range(layer):
@@ -199,6 +201,9 @@ class Cache:
     if layer == self.cfg.num_layers:
       parts.append(self._final_resid("accumulated_resid"))
       labels.append("final_post")
+    else:
+      parts.append(self._site("resid_pre", "accumulated_resid")[layer])
+      labels.append(f"{layer}_pre")
     stack = jnp.stack(parts)
     stack = self.apply_ln_to_stack(stack) if apply_ln else stack
     return (stack, labels) if return_labels else stack

@@ -114,6 +114,10 @@ def test_residual_decomposition_and_accumulation(net):
   np.testing.assert_array_equal(acc[2], cache["resid_pre", 1])
   np.testing.assert_array_equal(acc[3], cache["resid_mid", 1])
   np.testing.assert_array_equal(acc[-1], cache["resid_post", L - 1])
+  upto, labels = cache.accumulated_resid(1, return_labels=True)  # TransformerLens: resid_pre of `layer` included
+  assert labels == ["0_pre", "1_pre"] and upto.shape[0] == 2
+  np.testing.assert_array_equal(cache.accumulated_resid(0)[0], cache["embeddings"])  # layer 0: the embeddings
+  np.testing.assert_allclose(cache.decompose_resid(1).sum(0), upto[-1], atol=1e-4)  # the same stream
   heads, labels = cache.stack_head_results(return_labels=True)
   assert heads.shape == (L * 4, 2, 9, 32) and labels[5] == "L1H1"
   np.testing.assert_array_equal(heads[5], cache["head_out"][1, :, :, 1])
