@@ -59,6 +59,7 @@ BENCHMARKS = {
   "induction": ([], [], False),
   "ablation": (["--skip_minilm"], [], False),
   "patching": ([], [], False),
+  "circuit": ([], [], False),  # EAP / EAP-IG edge scores of every edge against exact edge patching
   "attention": (["--max_sentences=200"], [], True),
   "extract": (["--split=dev"], ["--split=train"], True),
   "structural": ([], ["--all"], True),
@@ -87,6 +88,8 @@ HEADLINES = {
                "a loop of masked forwards", "sweep_vs_loop.loop_seconds"),
   "patching": ("512 activation patches of z, compiled sweep", "sweep_seconds", "s", "a per-patch loop",
                "loop_seconds"),
+  "circuit": ("EAP scores of all 479 edges, 4-layer decoder", "seconds.eap", "s",
+              "exact edge patching of every edge", "seconds.exact"),
   "attention": ("attention analysis, MiniLM × EWT dev, end to end (cold)", "end_to_end_cold_s", "s", None, None),
   "extract": ("MiniLM features of EWT dev (every head's Z_h and residual)", "headspec_s", "s",
               "transformers on torch (hidden states only)", "torch_s"),

@@ -5,7 +5,7 @@
   headspec circuit --config=configs/circuit.py --workdir=RUN --config.task=pairs --config.pairs=FILE.jsonl
 
 Every key, with its default and meaning, is declared once in headspec/patching/circuit.py (circuit_config):
-steps ('last'), model_name, task, pairs (a JSON Lines file of {clean, corrupt, answer, wrong}), corruption,
+steps ('last'), model_name, task, pairs (a JSON Lines file of {clean, corrupt, answer, wrong}), metric, corruption,
 count (32), induction_n (6), methods (eap, eap_ig, exact), ig_steps (5), sizes (5,10,20,40), random_sets (3),
 batch_size, figure_edges (20), seed, model.pretrained.
 Writes RUN/circuit/edges.csv, RUN/circuit/faithfulness.csv (docs/outputs.md) and a figure per method,

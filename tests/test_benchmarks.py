@@ -275,3 +275,14 @@ def test_sae_benchmark_times_both_loops_on_the_same_batches(tmp_path):
   assert 0 < loss["headspec"] < 1 and abs(loss["headspec"] - loss["torch"]) < 0.15
   assert result["threads"]["torch"] == os.cpu_count() and result["shape"]["timed_steps"] == 20
 
+
+@pytest.mark.slow  # three compiled programs (~25 s of CPU)
+def test_circuit_benchmark_times_edge_scores_against_exact_edge_patching(tmp_path):
+  """bench_circuit on a 2-layer model: every edge scored by EAP, EAP-IG and exact edge patching, each compiled
+  once, the ratio the benchmark's own times', the agreement with exact patching reported."""
+  result = _run_benchmark("bench_circuit", tmp_path, "--layers=2", "--prompts=2", "--n=3", "--steps=2")
+  seconds = result["seconds"]
+  assert "110 edges" in result["model"] and all(s > 0 for s in seconds.values())
+  assert result["exact_over_eap"] == pytest.approx(seconds["exact"] / seconds["eap"], abs=0.1)
+  assert result["compilations"] == {"eap": 1, "eap_ig": 1, "exact": 1}
+  assert all(-1 <= r <= 1 for r in result["spearman_with_exact"].values())

@@ -29,6 +29,7 @@ def circuit_config() -> ml_collections.ConfigDict:
   c.task = "induction"  # 'induction' | 'ioi' (headspec/patching/tasks.py) | 'pairs' (the prompt pairs of `pairs`)
   c.pairs = ""  # task 'pairs': a JSON Lines file, one {"clean", "corrupt", "answer", "wrong"} per line (read_pairs)
   c.corruption = "abc"  # ioi: 'abc' | 's2' (table task `ioi` | `ioi_s2`)
+  c.metric = "logit_diff"  # 'logit_diff' | 'prob' | 'loss' (the patching registry, patching/core.py METRICS)
   c.count = 32  # prompt pairs
   c.induction_n = 6  # induction: [BOS] r_1..r_n r_1..r_{n-1}
   c.methods = "eap,eap_ig,exact"  # scored edges: EAP, EAP-IG, exact edge patching (one forward per edge)
@@ -53,6 +54,10 @@ def check_config(c) -> tuple[list[str], list[int]]:
     raise UserError(f"circuit: pairs={c.pairs!r} is read only with task='pairs' (task={c.task!r})")
   if c.get("corruption", "abc") not in tasks.CORRUPTIONS:
     raise UserError(f"circuit: corruption={c.corruption!r}; choose one of {', '.join(map(repr, tasks.CORRUPTIONS))}")
+  from headspec.patching import core  # JAX: read once the command runs, not by --help
+
+  if c.metric not in core.METRICS:
+    raise UserError(f"circuit: metric={c.metric!r}; choose one of {', '.join(core.METRICS)}")
   methods = [m.strip() for m in str(c.methods).split(",") if m.strip()]
   bad = [m for m in methods if m not in METHODS]
   if bad or not methods:
@@ -146,15 +151,19 @@ def pair_ids(rows, tokenizer, path, vocab_size: int):
 
 
 def task_name(c) -> str:
-  """The tables' `task`: the patching tasks' (patching/run.py's task_name), or `pairs:<file stem>`."""
+  """The tables' `task`: the patching tasks' (patching/run.py's task_name), or `pairs:<file stem>`; either
+  with `_<metric>` after it for a metric other than the logit difference."""
   from headspec.patching import run as patch_run
 
-  return f"pairs:{epath.Path(c.pairs).stem}" if c.task == "pairs" else patch_run.task_name(c)
+  if c.task != "pairs":
+    return patch_run.task_name(c)
+  return f"pairs:{epath.Path(c.pairs).stem}" + ("" if c.metric == "logit_diff" else f"_{c.metric}")
 
 
 def figure(g, scores_E, *, top_n: int = 20, title: str = "", path=None):
   """The circuit of the top_n edges by |score| (Hanna et al. 2024's selection) as a matplotlib Figure: a
-  networkx multipartite layout by layer (embeddings, each layer's heads, its MLP, the logits bottom to top),
+  networkx graph laid out by layer (embeddings, each layer's heads left to right, its MLP, the logits bottom
+  to top; networkx's multipartite_layout does not keep the heads' order, so the rows are placed here),
   every node drawn, the kept edges' width proportional to |score| and colour its sign (blue +, red −), a
   head's query, key and value inputs told apart by line style (solid, dashed, dotted); an edge into a K/V
   group of a grouped-query model is drawn into each of its heads. Saved whole to `path` when given."""
@@ -189,7 +198,10 @@ def figure(g, scores_E, *, top_n: int = 20, title: str = "", path=None):
       targets_ = [g.input_name(i)]
     for v in targets_:
       graph.add_edge(g.node_name(n), v, key=str(kind), score=float(scores_E[e]))
-  pos = {v: (-x, y) for v, (x, y) in nx.multipartite_layout(graph, subset_key="layer", align="horizontal").items()}
+  by_layer = {}
+  for v, layer in graph.nodes(data="layer"):  # insertion order: heads 0..H-1, then the MLP
+    by_layer.setdefault(layer, []).append(v)
+  pos = {v: (i - (len(row) - 1) / 2, layer) for layer, row in by_layer.items() for i, v in enumerate(row)}
   fig, ax = plt.subplots(figsize=(max(5.0, 1.1 * g.H + 2), 1.2 + 0.9 * (2 * g.L + 2)))
   used = {u for u, v in graph.edges()} | {v for u, v in graph.edges()}
   colour = {"embed": "#d9d9d9", "logits": "#d9d9d9"}
@@ -249,16 +261,16 @@ class Circuit(jobloop.Analysis):
       clean, corrupt, answers = pair_ids(read_pairs(c.pairs), tokenizer, c.pairs, model.cfg.vocab_size)
     else:
       clean, corrupt, answers = patch_run.task_pairs(c, model, tokenizer)
-    p = patch_lib.prompts(model.cfg, clean, corrupt, answers, "logit_diff", tokenizer, tokenizer.pad_id)
+    p = patch_lib.prompts(model.cfg, clean, corrupt, answers, c.metric, tokenizer, tokenizer.pad_id)
     batch = c.batch_size or None
     key = dict(model=job.name, step=job.step, task=task_name(c))
     scores, steps = {}, {"eap": 1, "eap_ig": c.ig_steps, "exact": 0}
     for method in self.methods:
       if method == "exact":
-        scores[method], clean_m, corrupt_m = edges.exact(model, p, batch_size=batch)
+        scores[method], clean_m, corrupt_m = edges.exact(model, p, metric=c.metric, batch_size=batch)
       else:
         scores[method], clean_m, corrupt_m = edges.scores(model, p, method=method, steps=c.ig_steps,
-                                                          batch_size=batch)  # fmt: skip
+                                                          metric=c.metric, batch_size=batch)  # fmt: skip
     frame = edges.edge_frame(g, scores)
     ids = ["upstream", "downstream", "input", "upstream_layer", "upstream_head", "downstream_layer", "downstream_head"]
     edge_rows = [
@@ -266,7 +278,8 @@ class Circuit(jobloop.Analysis):
       for r in frame.to_dict("records")
       for m in scores
     ]
-    curve = edges.curve(model, p, scores, self.sizes, random_sets=c.random_sets, seed=c.seed, batch_size=batch)
+    curve = edges.curve(model, p, scores, self.sizes, random_sets=c.random_sets, seed=c.seed, metric=c.metric,
+                        batch_size=batch)  # fmt: skip
     faith_rows = [
       key | dict(method=r["method"], steps=steps.get(r["method"], 0), edges=int(r["edges"]), set=int(r["set"]),
                  faithfulness=float(r["faithfulness"]), clean_metric=clean_m, corrupt_metric=corrupt_m)
