@@ -733,7 +733,7 @@ def _ablate_config(loaded: Loaded, config, options: dict):
 def _text_set(loaded: Loaded, texts: Sequence[str], c):
   """The evaluation set of your own texts: each one row, tokenized as written with the tokenizer's
   specials (`to_tokens`), scored as `headspec ablate` scores its rows (LM loss, or embedding_shift)."""
-  from headspec.ablation import evalset as evalset_lib
+  from headspec import evalset as evalset_lib
 
   tokenizer, cfg = loaded.tokenizer, loaded.model.cfg
   rows = []
@@ -768,7 +768,7 @@ def _corpus_set(loaded: Loaded, c, corpus_given: bool):
   cuts them, read from DATA_DIR/text/<corpus>/valid.txt directly (the documents TFDS's TextCorpus would
   prepare from it), so nothing is written into the data directory. Without corpus= (or a config) the
   first of ABLATE_CORPORA that the data directory holds."""
-  from headspec.ablation import evalset as evalset_lib
+  from headspec import evalset as evalset_lib
   from headspec import evaltext
   from headspec.data import lm_pipeline, text_tfds
 
