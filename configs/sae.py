@@ -8,7 +8,8 @@ A TopK SAE (k = 16, 8 × the width of z) on the first 100,000 tokens of the eval
 next 8,192 (a shorter text is cut in that proportion; L0, FVU, dead and dense latents, loss recovered by splicing the reconstruction in against zero-
 and mean-ablating the layer's z), each feature's heads and its contexts and UPOS/deprel/head-distance
 profile over the treebank split. Writes RUN/sae/{metrics,features,heads,contexts,labels}.csv
-(docs/outputs.md) and Orbax checkpoints under RUN/sae/checkpoints/ (a rerun resumes or reuses them).
+(docs/outputs.md), the figures RUN/sae/heads_<tag>.png and entropy_<tag>.png, and Orbax checkpoints under
+RUN/sae/checkpoints/ (a rerun resumes or reuses them). `--config.layers=all`: one SAE per layer.
 Time on the 2-core CPU at load average ~13 (other jobs running): the tests' tiny decoder (z of width 32,
 256 features, 8k tokens) 2.5 min, 2 of them the 3,000 training steps; the quickstart decoder's z is twice as
 wide (512 features). `:minilm` (1,536 features, 1,000 steps of 512 tokens): ~10 min at load ~15 with 50,000
