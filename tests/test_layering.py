@@ -204,3 +204,10 @@ def test_no_circle_cli_launch_cli():
       reached.add(name)
       todo += _imports(name, module_level=False)
   assert "headspec.experiments" in reached and "headspec.cli" not in reached, sorted(reached)
+
+
+def test_the_lbfgs_engine_and_the_device_fan_out_know_nothing_of_probes():
+  """probing/lbfgs.py is a general batched L-BFGS engine (a loss, batched parameters) and probing/fanout.py
+  a general split of groups over devices: neither imports any headspec module (inside functions too)."""
+  assert _imports("headspec.probing.lbfgs", module_level=False) == set()
+  assert _imports("headspec.probing.fanout", module_level=False) == set()

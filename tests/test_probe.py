@@ -9,7 +9,7 @@ from sklearn.linear_model import LogisticRegression
 from sklearn.preprocessing import StandardScaler
 
 from headspec.errors import UserError
-from headspec.probing import probe
+from headspec.probing import lbfgs, probe, probe_start
 
 N_TRAIN, N_DEV, G, K = 20000, 6000, 3, 12
 
@@ -122,8 +122,8 @@ def test_bad_start_falls_back_to_the_class_prior(monkeypatch):
   fit still ends at or below min(start, prior) objective."""
   x, y = _toy(1, n=2000)
 
-  original = probe._lda_start
-  monkeypatch.setattr(probe, "_lda_start", lambda *a: (lambda w, b: (-1e3 * w, b))(*original(*a)))
+  original = probe_start.lda_start
+  monkeypatch.setattr(probe_start, "lda_start", lambda *a: (lambda w, b: (-1e3 * w, b))(*original(*a)))
   fitted = probe.fit_softmax_probes(x[:1600], x[1600:], [probe.ProbeSpec("a", 4, y[:1600], y[1600:])])
   assert fitted.start["a"][0] == "prior"
   assert fitted.dev_accuracy_best["a"][0] > 0.5
@@ -147,7 +147,7 @@ def test_lda_start_with_indefinite_within_class_matrix_is_finite():
   rng = np.random.default_rng(3)
   mu = rng.standard_normal((3, 1, 4)) * 3  # class means larger than the (subset) covariance allows
   corr = np.eye(4)[None] * 0.1
-  w, b = probe._lda_start(corr, mu, np.array([0.5, 0.3, 0.2]), 1e-3)
+  w, b = probe_start.lda_start(corr, mu, np.array([0.5, 0.3, 0.2]), 1e-3)
   assert np.isfinite(w).all() and np.isfinite(b).all()
 
 
@@ -198,13 +198,13 @@ def test_stopped_probes_leave_the_pass_and_change_nothing(monkeypatch):
     probe.ProbeSpec("rare", 40, rare[:3000], rare[3000:]),
   ]
   shapes = []
-  real = probe._lbfgs_step
+  real = lbfgs._lbfgs_step
 
   def recording(state, data, **kwargs):
-    shapes.append((data.xs_CGKc.shape[1], sum(num_p * c for _, c, num_p in kwargs["layout"])))
+    shapes.append((data.xs_CGKc.shape[1], sum(num_p * c for _, c, num_p in kwargs["loss"].layout)))
     return real(state, data, **kwargs)
 
-  monkeypatch.setattr(probe, "_lbfgs_step", recording)
+  monkeypatch.setattr(lbfgs, "_lbfgs_step", recording)
   monkeypatch.setattr(probe, "NARROWING_COST", 0.0)
   kw = dict(l2_grid=(1e-4,), refine_samples=2048, max_devices=1)  # one λ: objectives compare probe for probe
   joint = probe.fit_softmax_probes(x[:3000], x[3000:], specs, **kw)
@@ -355,7 +355,7 @@ def test_preconditioning_converges_word_level_probes_in_fewer_iterations(synthet
 def test_shared_blocks_refresh_at_the_first_shape_only(synthetic_data_dir, monkeypatch, mode):
   """Once the pass has narrowed to the probes still running, class blocks per column are refreshed at the
   narrowed shape (cheap, and it saves iterations), one block per probe is not (each narrowed shape would
-  compile the refresh anew for no saving: probe.py, `_Lbfgs.run`)."""
+  compile the refresh anew for no saving: lbfgs.py's `_Run.run`, probe.py's `_ProbeProblem`)."""
   x, spec, n = _word_identity_xpos(synthetic_data_dir)
   monkeypatch.setattr(probe, "PRECONDITION_MIN_WORK", 0)
   monkeypatch.setattr(probe, "NARROWING_COST", 0)  # narrow as soon as a quarter of the pass has stopped

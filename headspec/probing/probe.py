@@ -16,14 +16,16 @@ whole bill, so every (group, task, λ) probe shares each pass, in three stages:
      per-task class sums (a sparse one-hot product, no factor C) and a K×K correlation from a strided
      subset. They give a closed-form Fisher-LDA start W₀ = Σ_w⁻¹ μ_c, b₀ = log π_c − ½ μ_cᵀ W₀,c (the
      Gaussian model whose posterior is exactly a softmax-linear probe; within-class eigenvalues
-     clipped at zero), kept per probe only if its objective on a subset beats the class-prior start;
+     clipped at zero), kept per probe only if its objective on a subset beats the class-prior start
+     (headspec/probing/probe_start.py);
   2. minibatch Adam on the exact penalised cross-entropy from that start, over `refine_samples`
      shuffled training words, with ALL tasks × groups in the same matmuls (X_b @ W[K, Σ C]).
      Parameters live in whitened coordinates (W = R^(-1/2) V, R the feature correlation), which
      conditions the feature side of the Hessian (Böhning 1992 bounds it by ½(I − 11ᵀ/C) ⊗ R). The l2
      grid is a warm-started path: all grid values share the first (1 − fork_fraction) of the steps at
      the weakest l2, then each value continues with its own penalty;
-  3. full-batch L-BFGS (`_Lbfgs`) per probe until its relative decrease and its quasi-Newton decrement
+  3. full-batch L-BFGS per probe (the batched engine headspec/probing/lbfgs.py, which knows nothing of
+     probes, on `_ProbeProblem`) until its relative decrease and its quasi-Newton decrement
      are both below `tol` (or `max_iter`), every probe with its own direction, curvature pairs, step and
      stopping test, all sharing each pass. Its initial inverse Hessian is each class's exact Hessian
      block, inverted, refreshed every PRECONDITION_EVERY iterations (`_preconditioner`), where that
@@ -36,19 +38,16 @@ whole bill, so every (group, task, λ) probe shares each pass, in three stages:
      min(its start's objective, the class-prior model's) is refitted from the class prior, and the fit
      fails loudly if that does not help either.
 Groups are independent, so on accelerators they are split over the local JAX devices and fitted
-concurrently, one thread per device taking turns (`_Turns`); on a CPU host they are fitted on one
-device in the calling thread (fit threads crashed jaxlib 0.10.2's CPU backend).
+concurrently, one thread per device taking turns (headspec/probing/fanout.py); on a CPU host they are
+fitted on one device in the calling thread (fit threads crashed jaxlib 0.10.2's CPU backend).
 No library provides batched multi-task logistic regression over a group axis in JAX, hence this file.
 """
 
 from __future__ import annotations
 
-import concurrent.futures
-import contextlib
 import dataclasses
 import functools
 import math
-import threading
 import time
 from collections.abc import Sequence
 from typing import NamedTuple
@@ -57,9 +56,23 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
-import scipy.sparse
 
 from headspec.errors import UserError
+from headspec.probing import fanout, lbfgs, probe_start
+from headspec.probing.probe_start import floored_std
+
+__all__ = [
+  "CHUNK_LOGITS",
+  "DEFAULT_L2_GRID",
+  "DEFAULT_MAX_ITER",
+  "DEFAULT_TOL",
+  "FittedProbes",
+  "ProbeSpec",
+  "fit_softmax_probes",
+  "floored_std",
+  "pass_chunk_words",
+  "predict",
+]
 
 DEFAULT_L2_GRID = (1e-5, 1e-4, 1e-3)
 DEFAULT_TOL = 1e-5  # L-BFGS stops a probe when its objective changes (and is predicted to change) by less, relatively
@@ -69,7 +82,7 @@ DEFAULT_MAX_ITER = 500  # L-BFGS iterations at most (each one pass over the trai
 # with preconditioning, whose probes need fewer iterations than the rule's "as many again" (issue 33)
 NARROWING_COST = 2e11
 # Preconditioned L-BFGS (see _preconditioner): the class blocks are recomputed every PRECONDITION_EVERY
-# iterations from about PRECONDITION_WORDS training words, where it pays (_Lbfgs._preconditioned): a
+# iterations from about PRECONDITION_WORDS training words, where it pays (_ProbeProblem._preconditioned): a
 # pass of at least PRECONDITION_MIN_WORK multiply-adds (below, a fit is bound by compiling, and the
 # preconditioner's programs cost more than it saves), a refresh of at most PRECONDITION_MAX_PASSES
 # passes' multiply-adds ((K+1)·words/(2N): a 384-wide stream is too wide) and blocks of at most
@@ -85,7 +98,6 @@ PRECONDITION_MAX_FLOATS = 1 << 25
 PRECONDITION_SHARED_WORK = 4e9
 PRECONDITION_EVERY_SHARED = 50
 CHUNK_LOGITS = 1 << 21  # logits per chunk of a full-batch pass, at most (see pass_chunk_words)
-_EMPTY_CLASS_BIAS = -30.0  # log-prior of a class absent from train: never predicted
 
 
 @dataclasses.dataclass(frozen=True)
@@ -157,74 +169,6 @@ def _check(x_train_NGK, x_dev_NGK, specs):
       raise UserError(f"probe task {s.name}: no labelled training word")
 
 
-@jax.jit
-def _second_moment(x_cGK, shift_GK):
-  xg_GcK = jnp.transpose(x_cGK - shift_GK, (1, 0, 2))
-  return jnp.einsum("gck,gcl->gkl", xg_GcK, xg_GcK)
-
-
-def floored_std(mean, std):
-  """The one standard deviation used everywhere (standardising, whitening, the LDA start, arc probes).
-
-  A feature is treated as constant (std 1, so x̂ = x − mean ≈ 0) only when its spread is below float
-  resolution of its own magnitude (std ≤ 1e-6·|mean|, or exactly 0); anything else keeps its own std,
-  however small, so standardised logistic regression stays invariant to rescaling a feature (a feature
-  multiplied by 1e-7 is standardised to the same x̂ as before).
-  """
-  mean, std = np.asarray(mean, np.float64), np.asarray(std, np.float64)
-  return np.where(std > 1e-6 * np.abs(mean) + 1e-30, std, 1.0)
-
-
-def _statistics(x_NGK, specs, chunk, cov_samples):
-  """mean, floored std (float64), the correlation of x̂ and per-task standardised class means / priors.
-
-  One streaming pass in NumPy (XLA's CPU reductions and scatters are slower here): shifted sums and
-  sums of squares, and class sums as a sparse one-hot product (nnz = N, so no factor C). The K×K
-  second moment of x̂ = (x − mean)/std only whitens and shapes the LDA start, so it uses an evenly
-  strided subset of about cov_samples words (a full pass would cost K times more than everything else
-  here); it is standardised with the SAME mean and std as everything else (not the subset's own), so
-  a near-constant feature cannot blow up one matrix and not the others. Also returns the subset's
-  indices (the start is checked on them).
-  """
-  n = x_NGK.shape[0]
-  shift_GK = np.asarray(x_NGK[: min(n, 1024)], np.float64).mean(0).astype(np.float32)
-  s1, s2 = 0.0, 0.0
-  sums = [0.0] * len(specs)
-  counts = [
-    np.bincount(np.asarray(s.y_train_N)[np.asarray(s.y_train_N) >= 0], minlength=s.num_classes).astype(np.float64)
-    for s in specs
-  ]
-  for start in range(0, n, chunk):
-    x = np.asarray(x_NGK[start : start + chunk], np.float32)
-    xc = x - shift_GK
-    s1 = s1 + xc.sum(0, dtype=np.float64)
-    s2 = s2 + np.square(xc).sum(0, dtype=np.float64)
-    flat = x.reshape(len(x), -1)
-    for i, spec in enumerate(specs):
-      y = np.asarray(spec.y_train_N[start : start + chunk])
-      keep = np.flatnonzero(y >= 0)
-      onehot = scipy.sparse.csr_matrix(
-        (np.ones(len(keep), np.float32), (y[keep], keep)), shape=(spec.num_classes, len(x))
-      )
-      sums[i] = sums[i] + np.asarray(onehot @ flat, np.float64)
-  m1 = s1 / n
-  mean = shift_GK + m1
-  std = floored_std(mean, np.sqrt(np.maximum(s2 / n - m1**2, 0.0)))
-  sub_idx = np.arange(0, n, max(1, n // cov_samples))
-  sub = np.asarray(x_NGK[sub_idx], np.float32)
-  sub_m1 = (sub.mean(0, dtype=np.float64) - mean) / std
-  scale = (1.0 / std).astype(np.float32)
-  cov = np.asarray(_second_moment(sub * scale, (mean * scale).astype(np.float32)), np.float64) / len(sub)
-  corr = cov - np.einsum("gk,gl->gkl", sub_m1, sub_m1)  # covariance of x̂ on the subset (≈ correlation)
-  per_task = []
-  for spec, cs, cc in zip(specs, sums, counts):
-    cs = cs.reshape(spec.num_classes, *mean.shape)
-    # class means in standardised coordinates; empty classes get mean 0 and prior 0
-    mu_CGK = (cs / np.maximum(cc, 1.0)[:, None, None] - mean) / std * (cc > 0)[:, None, None]
-    per_task.append((mu_CGK, cc / cc.sum()))
-  return mean, std, corr, per_task, sub_idx
-
-
 def _chunks(x_NGK, ys, chunk):
   """Yields (x_cGK, weight_c, labels) chunks of equal size (≤ chunk, a multiple of 256 so few shapes
   compile), zero-padding the last one; weight 0 and label -1 mark the padding."""
@@ -244,39 +188,6 @@ def _chunks(x_NGK, ys, chunk):
     yield x, w, y
 
 
-def _lda_start(corr_GKK, mu_CGK, prior_C, ridge):
-  """Fisher LDA weights in standardised coordinates: W = Σ_w⁻¹ μ_c, b = log π_c − ½ μ_cᵀ W_c.
-
-  Σ_w = Σ − Σ_c π_c (μ_c − μ̄)(μ_c − μ̄)ᵀ is a difference of two estimates (the total from a subset,
-  the class means from every word), so it can come out indefinite: its eigenvalues are clipped at 0
-  before the ridge is added (a negative one would flip or blow up the start)."""
-  mbar_GK = np.einsum("c,cgk->gk", prior_C, mu_CGK)
-  d_CGK = mu_CGK - mbar_GK
-  # optimize=True: NumPy otherwise contracts these naively (seconds per 384-dim group; MDL refits often)
-  within_GKK = corr_GKK - np.einsum("c,cgk,cgl->gkl", prior_C, d_CGK, d_CGK, optimize=True)
-  evals, evecs = np.linalg.eigh(0.5 * (within_GKK + np.swapaxes(within_GKK, -1, -2)))
-  inv = 1.0 / (np.maximum(evals, 0.0) + ridge)
-  w_GKC = np.einsum("gkj,gj,glj,cgl->gkc", evecs, inv, evecs, mu_CGK, optimize=True)
-  quad_GC = np.einsum("cgk,gkc->gc", mu_CGK, w_GKC)
-  b_GC = _prior_bias(prior_C)[None, :] - 0.5 * quad_GC
-  b_GC = b_GC - b_GC.max(-1, keepdims=True)
-  return w_GKC, b_GC
-
-
-def _prior_bias(prior_C):
-  """log π_c: the class-prior-only model (W = 0), the start the LDA start must beat."""
-  return np.where(prior_C > 0, np.log(np.maximum(prior_C, 1e-300)), _EMPTY_CLASS_BIAS)
-
-
-@functools.partial(jax.jit, static_argnames=("num_classes",))
-def _objective_G(xs_GnK, y_n, w_GKC, b_GC, l2, *, num_classes):
-  """Penalised objective per group on a (sub)set of words: mean CE over labelled words + (λ/2)‖W‖²."""
-  z = jnp.einsum("gnk,gkc->gnc", xs_GnK, w_GKC) + b_GC[:, None, :]
-  nll = jax.nn.logsumexp(z, -1) - jnp.take_along_axis(z, jnp.maximum(y_n, 0)[None, :, None], -1)[..., 0]
-  mask = (y_n >= 0).astype(z.dtype)
-  return (nll * mask).sum(1) / jnp.maximum(mask.sum(), 1.0) + 0.5 * l2 * jnp.square(w_GKC).sum((1, 2))
-
-
 def _columns(specs, num_l2):
   """Column layout of the packed weight matrix: task s, l2 index l occupy a block of C_s columns."""
   offsets, off = [], 0
@@ -284,11 +195,6 @@ def _columns(specs, num_l2):
     offsets.append(off)
     off += num_l2 * s.num_classes
   return offsets, off
-
-
-def _logits_GBC(xs_GBK, whiten_GKK, v_GKC, b_GC):
-  w_GKC = jnp.einsum("gkl,glc->gkc", whiten_GKK, v_GKC)
-  return jnp.einsum("gbk,gkc->gbc", xs_GBK, w_GKC) + b_GC[:, None, :]
 
 
 def _optimizer(learning_rate, total_steps):
@@ -374,26 +280,6 @@ def _block_map(layout, num_l2):
   return np.asarray(block_T, np.int32)
 
 
-def _per_probe(a_GT, onehot_TQ):
-  return a_GT @ onehot_TQ
-
-
-def _vdot(p, q, onehot_TQ):
-  """Per-probe inner product (G, Q) of two packed parameter pairs (v_GKT, b_GT)."""
-  return _per_probe((p[0] * q[0]).sum(1) + p[1] * q[1], onehot_TQ)
-
-
-def _scale(s_GQ, p, block_T):
-  s_GT = s_GQ[:, block_T]
-  return (p[0] * s_GT[:, None, :], p[1] * s_GT)
-
-
-def _axpy(s_GQ, p, q, block_T):
-  """q + s·p per probe."""
-  sp = _scale(s_GQ, p, block_T)
-  return (q[0] + sp[0], q[1] + sp[1])
-
-
 class _Pass(NamedTuple):
   """The device arrays of a full-batch pass over the training words for some groups: xs_CGKc, the
   standardised features in chunks of c words (the last padded with label -1), group-major and words
@@ -459,7 +345,7 @@ def _full_objective(params, data, *, layout, with_grad):
   (f_GQ, gw_GKT, gb_GT), _ = jax.lax.scan(
     body, (zero_f, jnp.zeros_like(w_GKT), jnp.zeros_like(b_GT)), (data.xs_CGKc, data.ys_ACc)
   )
-  f_GQ = f_GQ + _per_probe(0.5 * data.l2_T * jnp.square(w_GKT).sum(1), data.onehot_TQ)
+  f_GQ = f_GQ + lbfgs.per_problem(0.5 * data.l2_T * jnp.square(w_GKT).sum(1), data.onehot_TQ)
   if not with_grad:
     return f_GQ, None
   # w = A·v (A = whiten, symmetric): ∂/∂v = Aᵀ·∂/∂w, the penalty's ∂/∂w being λ·w
@@ -561,156 +447,6 @@ def _precondition(m, p, layout):
   return (jnp.swapaxes(out[..., :k], 1, 2), out[..., k])
 
 
-class _State(NamedTuple):
-  """L-BFGS state, every array with the group axis first (so dropping finished groups is one gather):
-  params and gradient (v_GKT, b_GT), f_GQ, the last `memory` curvature pairs oldest first (s, y:
-  (v_GMKT, b_GMT), rho_GMQ; an empty slot has rho 0), per probe done, iterations and the decrease
-  of the objective in its last iteration, and the preconditioner (G, T, K+1, K+1), _SharedBlocks or None."""
-
-  params: tuple
-  f_GQ: jax.Array
-  grad: tuple
-  s_hist: tuple
-  y_hist: tuple
-  rho_GMQ: jax.Array
-  done_GQ: jax.Array
-  iters_GQ: jax.Array
-  last_GQ: jax.Array
-  precond: jax.Array | _SharedBlocks | None = None
-
-
-@functools.partial(jax.jit, static_argnames=("layout", "memory"))
-def _lbfgs_init(params, data, done_GQ, *, layout, memory):
-  """The state at `params` (one pass); probes marked done_GQ never move."""
-  f, g = _full_objective(params, data, layout=layout, with_grad=True)
-  hist = lambda p: jnp.zeros((p.shape[0], memory, *p.shape[1:]), p.dtype)
-  return _State(
-    params,
-    f,
-    g,
-    (hist(g[0]), hist(g[1])),
-    (hist(g[0]), hist(g[1])),
-    hist(f),
-    done_GQ,
-    jnp.zeros(f.shape, jnp.int32),
-    jnp.full(f.shape, jnp.inf, jnp.float32),
-  )
-
-
-def _direction(state, block_T, onehot_TQ, layout):
-  """The L-BFGS direction −H·g per probe: the two-loop recursion (Nocedal & Wright 2006, Alg. 7.4) over
-  a fixed number of slots, each loop a lax.scan (small programs compile fast); an empty slot has
-  rho = 0, so its alpha and beta are 0 and it changes nothing. H₀ = γ·M with the state's class-block
-  preconditioner M (γ·I without one), γ = sᵀy / yᵀMy from the newest pair (1 before any)."""
-  slots = lambda a: jnp.moveaxis(a, 1, 0)  # (G, M, ...) -> (M, G, ...)
-  hist = (slots(state.s_hist[0]), slots(state.s_hist[1]), slots(state.y_hist[0]), slots(state.y_hist[1]))
-  hist = hist + (slots(state.rho_GMQ),)
-
-  def newest_first(q, slot):
-    s_v, s_b, y_v, y_b, rho = slot
-    alpha = rho * _vdot((s_v, s_b), q, onehot_TQ)
-    return _axpy(-alpha, (y_v, y_b), q, block_T), alpha
-
-  q, alphas = jax.lax.scan(newest_first, state.grad, hist, reverse=True)
-  s, y, newest = (hist[0][-1], hist[1][-1]), (hist[2][-1], hist[3][-1]), hist[4][-1]
-  h0 = (lambda p: p) if state.precond is None else (lambda p: _precondition(state.precond, p, layout))
-  yy = _vdot(y, h0(y), onehot_TQ)
-  gamma = jnp.where((newest > 0) & (yy > 0), _vdot(s, y, onehot_TQ) / jnp.maximum(yy, 1e-30), 1.0)
-  q = h0(q)
-
-  def oldest_first(r, slot):
-    (s_v, s_b, y_v, y_b, rho), alpha = slot
-    beta = rho * _vdot((y_v, y_b), r, onehot_TQ)
-    return _axpy(alpha - beta, (s_v, s_b), r, block_T), None
-
-  r, _ = jax.lax.scan(oldest_first, _scale(gamma, q, block_T), (hist, alphas))
-  return (-r[0], -r[1])
-
-
-def _line_search(state, d, slope_GQ, done_GQ, data, *, layout, max_trials):
-  """Armijo backtracking per probe (t = 1, ½, ¼, ... ; done probes t = 0), all probes sharing each
-  trial pass, in one lax.while_loop. After max_trials trials, a probe that none lowered goes back to
-  t = 0 (one more pass, so every probe's f and gradient are those of its accepted point). Returns
-  (trial params, f, gradient, t_GQ, passes made)."""
-  f = state.f_GQ
-  at = lambda t: _axpy(t, d, state.params, data.block_T)
-  # (slack: the float32 objective is summed over many words, resolution ~1e-6 relative)
-  bound = lambda t: f + 1e-4 * t * slope_GQ + 1e-6 * jnp.abs(f)
-
-  def trial(carry):
-    t, accepted, _, _, k = carry
-    give_up = k == max_trials
-    t = jnp.where(give_up & ~accepted, 0.0, t)
-    f_new, g_new = _full_objective(at(t), data, layout=layout, with_grad=True)
-    accepted = accepted | give_up | (jnp.isfinite(f_new) & (f_new <= bound(t)))
-    return jnp.where(accepted, t, 0.5 * t), accepted, f_new, g_new, k + 1
-
-  t0 = jnp.where(done_GQ, 0.0, 1.0).astype(jnp.float32)
-  carry = (t0, done_GQ, f, state.grad, jnp.int32(0))
-  t, _, f_new, g_new, k = jax.lax.while_loop(lambda c: ~c[1].all(), trial, carry)
-  return at(t), f_new, g_new, t, k
-
-
-@functools.partial(jax.jit, static_argnames=("layout", "tol", "min_iter", "max_trials"))
-def _lbfgs_step(state, data, *, layout, tol, min_iter=3, max_trials=12):
-  """One L-BFGS iteration of every probe, line search included, as one compiled call: returns the new
-  state and the passes over the data it made. A probe stops when its last step lowered f by less than
-  tol·|f| AND the quasi-Newton decrement −½gᵀd (≈ f − f*, Boyd & Vandenberghe 2004, §9.5) is below
-  tol·|f| too, after at least min_iter iterations (so the curvature pairs say something), or when no
-  step lowers it. A direction that is not a descent direction is replaced by steepest descent."""
-  g, block_T, onehot_TQ = state.grad, data.block_T, data.onehot_TQ
-  d = _direction(state, block_T, onehot_TQ, layout)
-  bad_T = ~(_vdot(g, d, onehot_TQ) < 0)[:, block_T]
-  d = (jnp.where(bad_T[:, None, :], -g[0], d[0]), jnp.where(bad_T, -g[1], d[1]))
-  slope = _vdot(g, d, onehot_TQ)
-  f = state.f_GQ
-  small = (state.last_GQ <= tol * jnp.abs(f)) & (-0.5 * slope <= tol * jnp.abs(f)) & (state.iters_GQ >= min_iter)
-  done = state.done_GQ | small
-  trial, f_new, g_new, t, passes = _line_search(state, d, slope, done, data, layout=layout, max_trials=max_trials)
-  s = (trial[0] - state.params[0], trial[1] - state.params[1])
-  y = (g_new[0] - g[0], g_new[1] - g[1])
-  sy = _vdot(s, y, onehot_TQ)
-  push = lambda stack, new: jnp.concatenate([stack[:, 1:], new[:, None]], axis=1)
-  moving = ~done
-  new = _State(
-    trial,
-    jnp.where(done, f, f_new),
-    g_new,
-    (push(state.s_hist[0], s[0]), push(state.s_hist[1], s[1])),
-    (push(state.y_hist[0], y[0]), push(state.y_hist[1], y[1])),
-    push(state.rho_GMQ, jnp.where(sy > 1e-12, 1.0 / jnp.maximum(sy, 1e-12), 0.0)),
-    done | (moving & (t == 0)),
-    state.iters_GQ + moving,
-    jnp.where(moving, f - f_new, state.last_GQ),
-    state.precond,
-  )
-  return new, passes, ~new.done_GQ
-
-
-class _Turns:
-  """The per-device fit threads take turns: one at a time runs Python and dispatches (and so compiles),
-  and a thread gives up its turn only while it waits for a device result (`fetch`). Dispatch is
-  asynchronous, so the devices still compute concurrently. Why: fit threads compiling at once crashed
-  jaxlib 0.10.2's CPU backend (a segfault in backend_compile_and_load); taking turns did not stop it on
-  CPU (one thread compiling while others waited crashed too), so CPU hosts use no fit threads at all."""
-
-  def __init__(self):
-    self._lock = threading.Lock()
-
-  @contextlib.contextmanager
-  def turn(self):
-    with self._lock:
-      yield
-
-  def fetch(self, x, dtype=None):
-    """np.asarray(x, dtype) of a device value, waiting for it outside the turn."""
-    self._lock.release()
-    try:
-      return jax.device_get(x) if dtype is None else np.asarray(x, dtype)
-    finally:
-      self._lock.acquire()
-
-
 def _probe_blocks(probes, cols):
   """The pass over the probes `probes` (sorted ids q = task·P + λ index): runs of consecutive λ blocks
   of one task as [task, first λ, count], the packed columns they occupy (ascending) and the pass layout
@@ -731,120 +467,60 @@ def _probe_blocks(probes, cols):
   return runs, col_T, layout
 
 
-def _narrow_state(state, row_pos, col_pos, probe_pos, put):
-  """The state of the rows, packed columns and probes kept (positions in the current state), gathered on
-  the host (a few small arrays; a compiled gather would compile once per shape)."""
-  state = jax.device_get(state)
-  by_col = lambda a: put(a[row_pos][..., col_pos])
-  by_probe = lambda a: put(a[row_pos][..., probe_pos])
-  return _State(
-    jax.tree_util.tree_map(by_col, state.params),
-    by_probe(state.f_GQ),
-    jax.tree_util.tree_map(by_col, state.grad),
-    jax.tree_util.tree_map(by_col, state.s_hist),
-    jax.tree_util.tree_map(by_col, state.y_hist),
-    by_probe(state.rho_GMQ),
-    by_probe(state.done_GQ),
-    by_probe(state.iters_GQ),
-    by_probe(state.last_GQ),
-    _narrow_precond(state.precond, row_pos, col_pos, probe_pos, put),
-  )
-
-
-def _narrow_precond(m, row_pos, col_pos, probe_pos, put):
-  if m is None:
-    return None
-  if isinstance(m, _SharedBlocks):
-    return _SharedBlocks(put(m.m_GQJJ[row_pos][:, probe_pos]), put(m.scale_GT[row_pos][:, col_pos]))
-  return put(m[row_pos][:, col_pos])
-
-
 @jax.jit
 def _take_groups(xs_CGKc, whiten_GKK, idx):
   return xs_CGKc[:, idx], whiten_GKK[idx]
 
 
-def _pow2_at_least(n):
-  return 1 << max(0, int(n) - 1).bit_length()
+@dataclasses.dataclass(frozen=True)
+class _SoftmaxLoss:
+  """The L-BFGS engine's loss for a pass of `layout` (per label set its first column, classes, probes):
+  the exact penalised objective and its gradient (`_full_objective`), and M·p (`_precondition`). Hashable,
+  so the compiled step is reused for every pass of the same layout."""
+
+  layout: tuple
+
+  def __call__(self, params, data):
+    return _full_objective(params, data, layout=self.layout, with_grad=True)
+
+  def precondition(self, m, p):
+    return _precondition(m, p, self.layout)
 
 
-class _Lbfgs:
-  """Full-batch L-BFGS (Nocedal & Wright 2006, Alg. 7.4/7.5), one independent problem per probe
-  (group g, task × l2 block q): its own direction, curvature pairs, Armijo step and stopping test, all
-  probes sharing each pass over the data. Preconditioned where it pays (`_preconditioned`): H₀ = γ·M
-  with M the inverse of each class's Hessian block (`_preconditioner`), recomputed every
+class _ProbeProblem(lbfgs.Problem):
+  """The probes as the L-BFGS engine's problems (group g, task × l2 block q) over the pass `data`: the
+  softmax loss, the class-block preconditioner where it pays (`_preconditioned`), recomputed every
   PRECONDITION_EVERY iterations (shared blocks: every PRECONDITION_EVERY_SHARED, until the first
-  narrowing); plain H₀ = γ·I otherwise. Each iteration is one compiled call
-  (`_lbfgs_step`) and one read of which probes are still running. Stopped probes stay in the pass,
-  masked (fixed shapes: no recompilation as probes stop), until the groups × columns that have a probe running (groups padded
-  with finished ones to a power of two) are at most 3/4 of those in the pass and the saving is worth a
-  compile (`_worth_narrowing`): then the state and the data are gathered to them. Each narrowing cuts
-  the pass by a quarter, so a fit compiles the step for at most 1 + log_{4/3}(G·T) shapes whatever its
-  iterations, and for one shape when the problem is too small for narrowing to pay. XPOS at the weakest
-  λ, which often runs hundreds of iterations after everything else has stopped, then pays for its own
-  columns only."""
+  narrowing), and narrowing to the (task, λ) column blocks still running (`columns`, `restrict`). XPOS
+  at the weakest λ, which often runs hundreds of iterations after everything else has stopped, then pays
+  for its own columns only."""
 
-  def __init__(self, data, cols, *, tol, max_iter, fetch, precondition=True, memory=10):
-    self.base, self.cols, self.tol, self.max_iter, self.fetch, self.memory = data, cols, tol, max_iter, fetch, memory
-    self.precondition = precondition
-    self.group_columns = 0  # Σ over passes of groups × packed columns in the pass
-
-  def run(self, params, done_GQ):
-    """Returns (params, f_GQ, iterations_GQ, converged_GQ) as host arrays."""
-    num_g, total_t = params[1].shape
-    rows, probes = np.arange(num_g), np.arange(done_GQ.shape[1])
-    col_T, layout, data = np.arange(total_t), self.cols.pass_layout, self.base
-    state = _lbfgs_init(params, data, jnp.asarray(done_GQ), layout=layout, memory=self.memory)
-    self.group_columns += num_g * total_t
-    mode = self._preconditioned()
-    refresh = (
-      None if mode is None else functools.partial(_preconditioner, stride=self._stride(), shared=mode == "probe")
+  def __init__(self, data, cols, precondition):
+    self.data, self.cols, self.loss = data, cols, _SoftmaxLoss(cols.pass_layout)
+    self.mode = self._preconditioned(precondition)
+    self.refresh_every = (
+      0 if self.mode is None else (PRECONDITION_EVERY_SHARED if self.mode == "probe" else PRECONDITION_EVERY)
     )
-    every = PRECONDITION_EVERY_SHARED if mode == "probe" else PRECONDITION_EVERY
     # The shared blocks are refreshed at the pass's first shape only: at a narrowed shape a refresh
     # compiles anew (~1 s each, 5 in a 384-wide stream's fit at 40k words) for no fewer iterations
     # (all-MiniLM-L6-v2's embeddings 96.6 -> 89.4 s, layer 2's stream 156.4 -> 145.9 s; objectives within
     # 2.2e-4 relative). Column blocks keep their refresh: without it the quickstart decoder's probes took
     # 2.5% more iterations.
-    if refresh:
-      state = state._replace(precond=refresh(state.params, data, layout=layout))
-    out = self._write(state, rows, col_T, probes, None)
-    f_start = out[2].astype(np.float64)
-    for iteration in range(1, self.max_iter + 1):
-      state, passes, running_GQ = _lbfgs_step(state, data, layout=layout, tol=self.tol)
-      passes, running_GQ = self.fetch((passes, running_GQ))
-      narrowed = len(rows) < num_g or len(col_T) < total_t
-      if refresh and iteration % every == 0 and (mode == "column" or not narrowed):
-        state = state._replace(precond=refresh(state.params, data, layout=layout))
-      self.group_columns += int(passes) * len(rows) * len(col_T)
-      live_g = np.flatnonzero(running_GQ.any(1))
-      if not len(live_g):
-        break
-      keep_q = np.flatnonzero(running_GQ.any(0))
-      size = _pow2_at_least(len(live_g))
-      runs, new_col_T, new_layout = _probe_blocks(probes[keep_q], self.cols)
-      if self._worth_narrowing(len(rows) * len(col_T), size * len(new_col_T), iteration):
-        out = self._write(state, rows, col_T, probes, out)
-        pick = np.concatenate([live_g, np.flatnonzero(~running_GQ.any(1))[: size - len(live_g)]])
-        put = functools.partial(jax.device_put, device=self.base.l2_T.device)
-        state = _narrow_state(state, pick, np.searchsorted(col_T, new_col_T), keep_q, put)
-        rows, probes, col_T, layout = rows[pick], probes[keep_q], new_col_T, new_layout
-        data = self._narrowed(rows, probes, col_T, runs)
-    out = self._write(state, rows, col_T, probes, out)
-    v, b, f, iters, done = out
-    return _LbfgsResult((v, b), f.astype(np.float64), iters, done, f_start, self.group_columns)
+    self.refresh_narrowed = self.mode == "column"
+    # multiply-adds of a pass per group × column (the logits, the gradient and the softmax's few per word)
+    self.pass_cost = 4.0 * data.xs_CGKc.shape[0] * data.xs_CGKc.shape[3] * (data.xs_CGKc.shape[2] + 5)
 
-  def _preconditioned(self):
+  def _preconditioned(self, precondition):
     """Which preconditioner this fit keeps: 'column' (a class block per packed column) where asked for
     and worth it (see PRECONDITION_MIN_WORK; its timings in docs/probing_core.md); 'probe'
     (one block per probe, `_SharedBlocks`) where blocks per column are too large or too costly to
     refresh but the pass is at least PRECONDITION_SHARED_WORK multiply-adds (a 384-wide stream of 40k
     words); None: plain L-BFGS."""
-    num_chunks, num_g, k, words = self.base.xs_CGKc.shape
+    num_chunks, num_g, k, words = self.data.xs_CGKc.shape
     n, num_t, num_q = num_chunks * words, len(self.cols.block_T), self.cols.onehot_TQ.shape[1]
     sample = -(-num_chunks // self._stride()) * words  # the words _curvature_blocks reads
     work = n * num_g * num_t * k
-    if not self.precondition or work < PRECONDITION_MIN_WORK:
+    if not precondition or work < PRECONDITION_MIN_WORK:
       return None
     if (k + 1) * sample <= 2 * PRECONDITION_MAX_PASSES * n and num_g * num_t * (k + 1) ** 2 <= PRECONDITION_MAX_FLOATS:
       return "column"
@@ -854,71 +530,45 @@ class _Lbfgs:
 
   def _stride(self):
     """Every how many chunks of words the class blocks are estimated from (about PRECONDITION_WORDS)."""
-    chunks, words = self.base.xs_CGKc.shape[0], self.base.xs_CGKc.shape[3]
+    chunks, words = self.data.xs_CGKc.shape[0], self.data.xs_CGKc.shape[3]
     return max(1, chunks // -(-PRECONDITION_WORDS // words))
 
-  def _worth_narrowing(self, now, narrowed, iteration):
-    """Narrow the pass from `now` to `narrowed` groups × columns when that cuts it by a quarter and the
-    passes saved, if the probes still running need as many iterations again as they have had, outweigh
-    compiling the step for the new shape (~NARROWING_COST multiply-adds' worth on a CPU; a deterministic
-    rule, so a fit's arithmetic never depends on timing)."""
-    words, k = self.base.xs_CGKc.shape[0] * self.base.xs_CGKc.shape[3], self.base.xs_CGKc.shape[2]
-    saved = (now - narrowed) * 4.0 * words * (k + 5) * iteration
-    return narrowed <= 0.75 * now and saved >= NARROWING_COST
+  def preconditioner(self, params, data, loss):
+    return _preconditioner(params, data, layout=loss.layout, stride=self._stride(), shared=self.mode == "probe")
 
-  def _narrowed(self, rows, probes, col_T, runs):
-    """The pass over the groups `rows` and the probes `probes` (packed columns col_T, in runs)."""
-    base, cols = self.base, self.cols
+  def narrow_preconditioner(self, m, row_pos, col_pos, problem_pos, put):
+    if isinstance(m, _SharedBlocks):
+      return _SharedBlocks(put(m.m_GQJJ[row_pos][:, problem_pos]), put(m.scale_GT[row_pos][:, col_pos]))
+    return put(m[row_pos][:, col_pos])
+
+  def columns(self, problems):
+    runs, col_T, layout = _probe_blocks(problems, self.cols)
+    return col_T, (runs, layout)
+
+  def restrict(self, rows, problems, col_T, key):
+    """The pass over the groups `rows` and the probes `problems` (packed columns col_T, in runs)."""
+    (runs, layout), base, cols = key, self.data, self.cols
     put = lambda a: jax.device_put(a, base.l2_T.device)
     xs, whiten = _take_groups(base.xs_CGKc, base.whiten_GKK, put(rows))
-    return _Pass(
+    data = _Pass(
       xs,
       whiten,
       tuple(base.ys_ACc[a] for a, _, _ in runs),
       put(cols.l2_T[col_T]),
       put(cols.inv_count_A[[a for a, _, _ in runs]]),
-      put(np.searchsorted(probes, cols.block_T[col_T]).astype(np.int32)),
-      put(cols.onehot_TQ[np.ix_(col_T, probes)]),
+      put(np.searchsorted(problems, cols.block_T[col_T]).astype(np.int32)),
+      put(cols.onehot_TQ[np.ix_(col_T, problems)]),
     )
-
-  def _write(self, state, rows, col_T, probes, out):
-    """Host copies of (v, b, f, iterations, done) with the state's rows, columns and probes written."""
-    now = self.fetch((state.params[0], state.params[1], state.f_GQ, state.iters_GQ, state.done_GQ))
-    if out is None:
-      return [np.array(a) for a in now]
-    k = np.arange(out[0].shape[1])
-    out[0][np.ix_(rows, k, col_T)] = now[0]
-    out[1][np.ix_(rows, col_T)] = now[1]
-    for a, new in zip(out[2:], now[2:]):
-      a[np.ix_(rows, probes)] = new
-    return out
+    return data, _SoftmaxLoss(layout)
 
 
-class _LbfgsResult(NamedTuple):
-  """Host arrays: params (v_GKT, b_GT), final and starting f_GQ, iterations_GQ, converged_GQ, and
-  Σ over the passes made of groups × packed columns in the pass."""
-
-  params: tuple
-  f: np.ndarray
-  iterations: np.ndarray
-  converged: np.ndarray
-  f_start: np.ndarray
-  group_columns: int
-
-
-def _lbfgs(data, params, done_GQ, *, cols, tol, max_iter, precondition=True, fetch=jax.device_get) -> _LbfgsResult:
-  """L-BFGS of every probe from `params` (probes marked done_GQ stay where they are); see _Lbfgs."""
-  return _Lbfgs(data, cols, tol=tol, max_iter=max_iter, fetch=fetch, precondition=precondition).run(params, done_GQ)
-
-
-def _whitening(corr_GKK):
-  """A = (R + εI)^(-1/2) of the feature correlation R (of x̂) per group, and its inverse."""
-  k = corr_GKK.shape[-1]
-  evals, evecs = np.linalg.eigh(corr_GKK + 1e-6 * np.eye(k))
-  evals = np.maximum(evals, 1e-4 * np.maximum(evals.max(-1, keepdims=True), 1e-12))
-  whiten = np.einsum("gkj,gj,glj->gkl", evecs, evals**-0.5, evecs)
-  unwhiten = np.einsum("gkj,gj,glj->gkl", evecs, evals**0.5, evecs)
-  return whiten, unwhiten
+def _lbfgs(data, params, done_GQ, *, cols, tol, max_iter, precondition=True, fetch=jax.device_get) -> lbfgs.Result:
+  """L-BFGS of every probe from `params` (probes marked done_GQ stay where they are): headspec/probing/lbfgs.py
+  on `_ProbeProblem`, narrowing when the multiply-adds saved are worth NARROWING_COST."""
+  problem = _ProbeProblem(data, cols, precondition)
+  return lbfgs.minimize(
+    problem, params, done_GQ, tol=tol, max_iter=max_iter, fetch=fetch, narrowing_cost=NARROWING_COST
+  )
 
 
 @dataclasses.dataclass(frozen=True)
@@ -958,7 +608,7 @@ class _Columns:
       np.eye(len(specs) * num_l2, dtype=np.float32)[block_T],
       np.asarray([1.0 / max((np.asarray(s.y_train_N) >= 0).sum(), 1) for s in specs], np.float32),
       np.asarray(entropy, np.float64).repeat(num_l2),
-      np.concatenate([np.tile(_prior_bias(pr), num_l2) for _, pr in per_task]).astype(np.float32),
+      np.concatenate([np.tile(probe_start.prior_bias(pr), num_l2) for _, pr in per_task]).astype(np.float32),
     )
 
   @property
@@ -969,34 +619,6 @@ class _Columns:
   def pass_layout(self):
     """(first column, classes, probes) per task, as _full_objective reads it."""
     return tuple((off, c, self.num_l2) for off, c in self.layout)
-
-
-def _starts(x_train_NGK, cols, corr, per_task, sub_idx, mean, std, unwhiten, lda_ridge):
-  """The start of every probe (whitened coordinates, one block per task): the Fisher-LDA start where its
-  objective on the strided subset is below the class-prior model's, else the class prior (W = 0)."""
-  num_g, k = mean.shape
-  v0 = np.zeros((num_g, k, cols.total_one), np.float32)
-  b0 = np.zeros((num_g, cols.total_one), np.float32)
-  xs_sub = np.transpose((np.asarray(x_train_NGK[sub_idx], np.float32) - mean) / std, (1, 0, 2))
-  xs_sub = jax.device_put(xs_sub.astype(np.float32))
-  starts = {}
-  for s, (off, c), (mu, prior) in zip(cols.specs, cols.layout_one, per_task):
-    w, b = _lda_start(corr, mu, prior, lda_ridge)
-    prior_b = np.broadcast_to(_prior_bias(prior), b.shape)
-    y_sub = jax.device_put(np.asarray(s.y_train_N)[sub_idx].astype(np.int32))
-    f_lda, f_prior = (
-      np.asarray(
-        _objective_G(
-          xs_sub, y_sub, np.asarray(ww, np.float32), np.asarray(bb, np.float32), float(cols.l2_P[0]), num_classes=c
-        )
-      )
-      for ww, bb in ((w, b), (np.zeros_like(w), prior_b))
-    )
-    use_lda = np.isfinite(f_lda) & (f_lda <= f_prior)  # else the class-prior start (W = 0)
-    starts[s.name] = np.where(use_lda, "lda", "prior")
-    v0[:, :, off : off + c] = np.einsum("gkl,glc->gkc", unwhiten, w) * use_lda[:, None, None]
-    b0[:, off : off + c] = np.where(use_lda[:, None], b, prior_b)
-  return v0, b0, starts
 
 
 @dataclasses.dataclass(frozen=True)
@@ -1170,25 +792,10 @@ def _fit_groups(fit, g0, g1, device, fetch, profile):
 
 
 def _fit_all_groups(fit, num_g, max_devices, profile):
-  """Groups are independent: on accelerators they are split over the local devices, one thread per
-  device taking turns (`_Turns`); on a CPU host one device in the calling thread (fit threads crashed
-  jaxlib 0.10.2's CPU backend: a segfault while compiling an L-BFGS program, 2 of 4 full test runs)."""
-  devices = jax.local_devices()[: max(1, min(num_g, max_devices or num_g))]
-  if devices[0].platform == "cpu":
-    devices = devices[:1]
-  if len(devices) == 1:
-    parts = [_fit_groups(fit, 0, num_g, devices[0], jax.device_get, profile)]
-  else:
-    turns = _Turns()
-
-    def in_turn(g0, g1, device):
-      with turns.turn():
-        return _fit_groups(fit, g0, g1, device, turns.fetch, profile)
-
-    bounds = np.linspace(0, num_g, len(devices) + 1).round().astype(int)
-    with concurrent.futures.ThreadPoolExecutor(len(devices)) as pool:
-      parts = list(pool.map(in_turn, bounds[:-1], bounds[1:], devices))
-  return tuple(np.concatenate([p[i] for p in parts]) for i in range(5))
+  """Groups are independent: split over the local devices (headspec/probing/fanout.py)."""
+  return fanout.over_devices(
+    lambda g0, g1, device, fetch: _fit_groups(fit, g0, g1, device, fetch, profile), num_g, max_devices
+  )
 
 
 def _choose_on_dev(x_dev_NGK, cols, mean, std, whiten, v, b, chunk):
@@ -1288,10 +895,10 @@ def fit_softmax_probes(
   profile = dict(adam_s=0.0, lbfgs_s=0.0, group_columns=0)
   clock = time.perf_counter()
   l2_P = np.asarray(sorted(l2_grid), np.float32)
-  mean, std, corr, per_task, sub_idx = _statistics(x_train_NGK, specs, chunk, cov_samples)
-  whiten, unwhiten = _whitening(corr)
+  mean, std, corr, per_task, sub_idx = probe_start.statistics(x_train_NGK, specs, chunk, cov_samples)
+  whiten, unwhiten = probe_start.whitening(corr)
   cols = _Columns.make(specs, l2_P, per_task)
-  v0, b0, starts = _starts(x_train_NGK, cols, corr, per_task, sub_idx, mean, std, unwhiten, lda_ridge)
+  v0, b0, kinds = probe_start.starts(x_train_NGK, cols, corr, per_task, sub_idx, mean, std, unwhiten, lda_ridge)
   profile["start_s"] = time.perf_counter() - clock
   n = x_train_NGK.shape[0]
   profile.update(words=n, groups=x_train_NGK.shape[1], width=x_train_NGK.shape[2], columns=len(cols.block_T))
@@ -1319,7 +926,7 @@ def fit_softmax_probes(
   chosen, w, b = _choose_on_dev(x_dev_NGK, cols, mean, std, whiten, v, b, chunk)
   chosen |= {name: (chosen[name][0], chosen[other][1]) for name, other in (choose_with or {}).items()}
   profile["dev_s"] = time.perf_counter() - clock
-  return _fitted(cols, mean, std, chosen, w, b, f_GQ, iters_GQ, conv_GQ, starts, profile)
+  return _fitted(cols, mean, std, chosen, w, b, f_GQ, iters_GQ, conv_GQ, kinds, profile)
 
 
 @jax.jit
