@@ -5,9 +5,12 @@ keys, values, attention map and context vector `Z_h = A_h V_h` can be returned, 
 scales `Z_h` before the output projection `W_O`.
 
 Intervention sites (`SITES`, docs/patching.md): named activations of every layer that a forward pass can
-return (`capture`) and edit (`interventions`, a dict {site: Edit} of arrays over [L, *the site's axes],
-x -> x·keep + add). Edits are traced data: changing what is patched never recompiles, and the outputs are
-differentiable in them. The head mask and head replacement are an edit of the site `z`.
+return (`capture`) and edit (`interventions`, a dict {site: edit}): an `Edit` of arrays over [L, *the site's
+axes], x -> x·keep + add, or an `Apply`, x -> fn(x, *args) on chosen layers (headspec/edits.py has ready-made
+ones: projection ablation, clamping a direction, replacement, an SAE spliced in). Edits are traced data:
+changing what is patched never recompiles (an `Apply` compiles once per function), and the outputs are
+differentiable in them. The head mask and head replacement are an edit of the site `z`. A `KVCache` turns the
+forward into a decoding step (headspec/generate.py) with the same sites and edits.
 
 Shape glossary: the capital letters at the end of an array's name are its axes, one letter per axis,
 one meaning per letter throughout headspec (after penzai's model_parts.py):
@@ -35,7 +38,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from collections.abc import Collection
+from collections.abc import Callable, Collection
 
 import flax.struct
 import jax
@@ -67,17 +70,25 @@ SITES = {
   "q": "BTHK",  # queries after QK-norm and rotary; per query head (grouped K/V repeated over their heads)
   "k": "BTHK",  # T is the key position here
   "v": "BTHK",
+  "attn_scores": "BHTS",  # the attention logits before the softmax: scaled, soft-capped, masked (float32 min)
   "pattern": "BHTS",  # the attention map A_h (after softmax, before attention dropout)
   "z": "BTHK",  # Z_h = A_h V_h before W_O (the head mask and replacement edit it first)
   "head_out": "BTHD",  # each head's output Z_h W_O^h; attn_out = sum over heads + b_O
   "attn_out": "BTD",  # the attention sublayer's output as added to the residual stream
   "resid_mid": "BTD",  # the residual stream after attention (post-LN: after its LayerNorm)
   "mlp_in": "BTD",  # the stream the MLP reads (before its norm); edits reach the MLP only, not the residual
+  "mlp_post": "BTF",  # the MLP's hidden activation per neuron (after the activation and gate, before W_out)
   "mlp_out": "BTD",  # the MLP sublayer's output as added (zero in attention-only blocks)
   "resid_post": "BTD",  # the block's output (= the next block's resid_pre)
+  # The norms' scales, one per token: sqrt(var + eps) of LayerNorm (sqrt(mean x² + eps) of RMSNorm), which the
+  # norm divides by. ln1 is the block's norm named ln_attention (before attention in pre-LN models, after
+  # the attention's residual add in post-LN ones, on attention's output in OLMo-2), ln2 the MLP's likewise.
+  "ln1_scale": "BT",
+  "ln2_scale": "BT",
 }
-# Capture names: the sites, plus 'embeddings' and the older names 'probs' (= pattern), 'residual' (= resid_post).
-CAPTURE_FIELDS = ("embeddings", "probs", "residual", *SITES)
+# Capture names: the sites, plus 'embeddings', the final norm's scale 'ln_final_scale' [B,T] (1 without a final
+# norm; read only) and the older names 'probs' (= pattern), 'residual' (= resid_post).
+CAPTURE_FIELDS = ("embeddings", "ln_final_scale", "probs", "residual", *SITES)
 _FIELD_OF = {"pattern": "probs", "resid_post": "residual"}  # capture name -> its Intermediates field
 
 
@@ -219,6 +230,11 @@ class Intermediates:
   resid_mid_LBTD: jax.Array | None = None
   attn_out_LBTD: jax.Array | None = None
   mlp_out_LBTD: jax.Array | None = None
+  attn_scores_LBHTS: jax.Array | None = None
+  mlp_post_LBTF: jax.Array | None = None
+  ln1_scale_LBT: jax.Array | None = None
+  ln2_scale_LBT: jax.Array | None = None
+  ln_final_scale_BT: jax.Array | None = None
 
   def site(self, name: str) -> jax.Array | None:
     """The captured activation of site (or capture name) `name`, [L, *SITES[name]]."""
@@ -255,40 +271,99 @@ class Edit:
     return x if self.add is None else x + self.add.astype(x.dtype)
 
 
+@flax.struct.dataclass
+class Apply:
+  """An edit that is a function of the activation: x -> fn(x, *args) at the layers `layers` (None: every layer).
+
+  `fn` is part of the program (one compile per function: give the same function object, not a new lambda, to
+  reuse it); `args` (any pytree of arrays) are traced data, so new values never recompile and the outputs are
+  differentiable in them. fn gets one layer's activation [*the site's axes] and returns that shape. Ready-made
+  ones: headspec/edits.py (project_out, clamp, replace, splice).
+  """
+
+  fn: Callable = flax.struct.field(pytree_node=False)
+  args: tuple = ()
+  layers: tuple[int, ...] | None = flax.struct.field(pytree_node=False, default=None)
+
+  def __post_init__(self):
+    layers = self.layers
+    if layers is not None and not isinstance(layers, tuple):  # hashable: it is part of the program
+      layers = (layers,) if isinstance(layers, int | np.integer) else tuple(layers)
+      object.__setattr__(self, "layers", tuple(int(layer) for layer in layers))
+    if not isinstance(self.args, tuple):
+      object.__setattr__(self, "args", (self.args,))
+
+  def layer(self, layer: int) -> Apply | None:
+    """This edit where it applies at `layer`, else None."""
+    return self if self.layers is None or layer in self.layers else None
+
+  def __call__(self, x):
+    return self.fn(x, *self.args)
+
+
 def _apply(edits: dict, name: str, x):
-  """`x` through the edits of site `name` (a tuple of one layer's Edits, in order), unchanged without."""
+  """`x` through the edits of site `name` (a tuple of one layer's edits, in order), unchanged without."""
   for edit in edits.get(name, ()):
-    x = edit(x)
+    y = edit(x)
+    if isinstance(edit, Apply):
+      if np.shape(y) != x.shape:
+        raise UserError(
+          f"interventions[{name!r}]: {getattr(edit.fn, '__name__', edit.fn)!r} returned shape {tuple(np.shape(y))} "
+          f"for an activation of shape {tuple(x.shape)} (axes {SITES[name]})"
+        )
+      y = jnp.asarray(y).astype(x.dtype)
+    x = y
   return x
 
 
-def check_interventions(cfg: ModelConfig, interventions, B: int, T: int) -> dict:
-  """{site: Edit} with every array broadcastable to [L, *site axes]; UserError naming the bad site."""
+def check_interventions(cfg: ModelConfig, interventions, B: int, T: int, S: int | None = None) -> dict:
+  """{site: (edit, ...)}: each value an `Edit` (every array broadcastable to [L, *site axes]), an `Apply`, a
+  bare function of the activation (made an Apply on every layer) or a list or tuple of these, applied in
+  order; UserError naming the bad site. S: the key positions (T, or a KVCache's slots)."""
   if interventions is None:
     return {}
   if not isinstance(interventions, dict):
     raise UserError(f"interventions: a {type(interventions).__name__}; give a dict {{site: Edit}}")
-  sizes = dict(B=B, T=T, S=T, H=cfg.num_heads, K=cfg.d_head, D=cfg.d_model)
+  sizes = dict(B=B, T=T, S=T if S is None else S, H=cfg.num_heads, K=cfg.d_head, D=cfg.d_model)
+  sizes["F"] = cfg.d_ff if cfg.mlp else 0  # attention-only blocks have no neurons
   out = {}
-  for name, edit in interventions.items():
+  for name, given in interventions.items():
     if name not in SITES:
       raise UserError(f"interventions: unknown site {name!r}; choose from {', '.join(SITES)}")
-    if not isinstance(edit, Edit):
-      raise UserError(f"interventions[{name!r}]: a {type(edit).__name__}; give a headspec.model.Edit")
+    edits = tuple(given) if isinstance(given, list | tuple) else (given,)
+    edits = tuple(Apply(e) if callable(e) and not isinstance(e, Edit | Apply) else e for e in edits)
+    for edit in edits:
+      if not isinstance(edit, Edit | Apply):
+        raise UserError(
+          f"interventions[{name!r}]: a {type(edit).__name__}; give a headspec.model.Edit, an Apply or a function"
+        )
     if name in ("q_in", "k_in") and cfg.qk_norm == "full":
       raise UserError(
         f"interventions[{name!r}]: with qk_norm='full' (OLMo-2) one RMS runs over every head's projection, so "
         f"an edit of one head's input would reach every head; edit {name[0]} (after the norm) or resid_pre instead"
       )
     full = (cfg.num_layers, *(sizes[a] for a in SITES[name]))
-    for part in ("keep", "add"):
-      array = getattr(edit, part)
-      if array is not None and (np.ndim(array) != len(full) or _broadcasts(np.shape(array), full) is None):
-        raise UserError(
-          f"interventions[{name!r}].{part} of shape {tuple(np.shape(array))} does not broadcast to "
-          f"[L,{','.join(SITES[name])}]={list(full)}"
-        )
-    out[name] = edit
+    for edit in edits:
+      if isinstance(edit, Apply):
+        bad = [layer for layer in edit.layers or () if not 0 <= layer < cfg.num_layers]
+        if bad or edit.layers == ():
+          raise UserError(
+            f"interventions[{name!r}]: layers={edit.layers} must be layers of the model (0..{cfg.num_layers - 1})"
+          )
+        continue
+      for part in ("keep", "add"):
+        array = getattr(edit, part)
+        if array is not None and (np.ndim(array) != len(full) or _broadcasts(np.shape(array), full) is None):
+          raise UserError(
+            f"interventions[{name!r}].{part} of shape {tuple(np.shape(array))} does not broadcast to "
+            f"[L,{','.join(SITES[name])}]={list(full)}"
+          )
+    out[name] = edits
+  if "ln1_scale" in out and {"q_in", "k_in", "v_in"} & set(out):
+    raise UserError(
+      "interventions: ln1_scale with q_in/k_in/v_in edits: each head's edited input is normed with its own "
+      "scale; edit one or the other"
+    )
   return out
 
 
@@ -360,6 +435,52 @@ def _layernorm(cfg: ModelConfig, rngs: nnx.Rngs):
   return cls(cfg.d_model, epsilon=cfg.layer_norm_eps, dtype=jnp.dtype(cfg.dtype), rngs=rngs)
 
 
+def norm_scale(norm, x_BTD):
+  """[B,T] float32: what `norm` divides each token by, sqrt(var + eps) for LayerNorm (its fast variance E[x²] −
+  E[x]², clipped at 0, as flax computes it) and sqrt(mean x² + eps) for RMSNorm (TransformerLens's hook_scale)."""
+  x32 = x_BTD.astype(jnp.float32)
+  mean_sq = jnp.mean(x32 * x32, axis=-1)
+  if isinstance(norm, nnx.LayerNorm):
+    mean = jnp.mean(x32, axis=-1)
+    mean_sq = jnp.maximum(mean_sq - mean * mean, 0.0)
+  return jnp.sqrt(mean_sq + norm.epsilon)
+
+
+def normed_by(norm, x_BTD, scale_BT):
+  """`norm` applied to `x_BTD` with the given per-token scale in place of its own (edits of ln*_scale)."""
+  x32 = x_BTD.astype(jnp.float32)
+  y = x32 - jnp.mean(x32, axis=-1, keepdims=True) if isinstance(norm, nnx.LayerNorm) else x32
+  y = y / scale_BT.astype(jnp.float32)[..., None]
+  if getattr(norm, "scale", None) is not None:
+    y = y * norm.scale[...].astype(jnp.float32)
+  if getattr(norm, "bias", None) is not None:
+    y = y + norm.bias[...].astype(jnp.float32)
+  return y.astype(norm.dtype or x_BTD.dtype)
+
+
+@flax.struct.dataclass
+class KVCache:
+  """Every layer's keys and values of the tokens decoded so far, for `generate` (headspec/generate.py).
+
+  Slots 0..S−1 along S; `index` (a traced int32) is the first slot the next forward writes its T tokens to.
+  k and v are per query head (after QK-norm, rotary and the sites' edits, so an edit of k or v stays in the
+  cache as in a full pass); `valid_BS` marks slots that hold a real token, `positions_BS` their positions
+  (for sliding windows). `KVCache.empty(cfg, B, S)` is an empty one.
+  """
+
+  k_LBSHK: jax.Array
+  v_LBSHK: jax.Array
+  valid_BS: jax.Array
+  positions_BS: jax.Array
+  index: jax.Array
+
+  @classmethod
+  def empty(cls, cfg: ModelConfig, B: int, S: int) -> KVCache:
+    shape = (cfg.num_layers, B, S, cfg.num_heads, cfg.d_head)
+    zeros = jnp.zeros(shape, jnp.dtype(cfg.dtype))
+    return cls(zeros, zeros, jnp.zeros((B, S), bool), jnp.zeros((B, S), jnp.int32), jnp.zeros((), jnp.int32))
+
+
 class Attention(nnx.Module):
   """Multi-head self-attention with per-head projections W_Q [D,H,K], W_K, W_V [D,G,K] and W_O [H,K,D].
 
@@ -408,9 +529,12 @@ class Attention(nnx.Module):
       raise UserError("interventions k_in: grouped-query attention with qk_norm='full' reads all groups' keys at once")
     return norm(y_BTHK.reshape(B, T, H * K)).reshape(B, T, H, K)
 
-  def __call__(self, x_BTD, mask_BTS, dropout_rngs, capture, edits, positions_BT):
-    """(out_BTD, captured) with `edits` {site: (Edit of this layer, ...)} applied at q, k, v, pattern, z, head_out.
-    x_BTD: the normed input, or a tuple of the queries', keys' and values' inputs ([B,T,D] or per head [B,T,H,D])."""
+  def __call__(self, x_BTD, mask_BTS, dropout_rngs, capture, edits, positions_BT, cache=None):
+    """(out_BTD, captured) with `edits` {site: (edit of this layer, ...)} applied at q, k, v, attn_scores,
+    pattern, z, head_out. x_BTD: the normed input, or a tuple of the queries', keys' and values' inputs ([B,T,D]
+    or per head [B,T,H,D]). cache: this layer's (k_BSHK, v_BSHK, index) of a KVCache: the T new keys and
+    values are written at slots index.., attention reads all S slots (mask_BTS), and captured['kv_cache'] is
+    the updated (k_BSHK, v_BSHK)."""
     dt, cfg = self.dtype, self.cfg
     x_q, x_k, x_v = x_BTD if isinstance(x_BTD, tuple) else (x_BTD,) * 3
     q_BTHK = self._project(x_q, self.w_q_DHK, self.b_q_HK)
@@ -427,15 +551,23 @@ class Attention(nnx.Module):
       k_BSHK, v_BSHK = group(k_BSHK), group(v_BSHK)
     captured = {name: value for name, value in (("q", q_BTHK), ("k", k_BSHK), ("v", v_BSHK)) if name in capture}
     q_BTHK, k_BSHK, v_BSHK = _apply(edits, "q", q_BTHK), _apply(edits, "k", k_BSHK), _apply(edits, "v", v_BSHK)
+    if cache is not None:  # decoding: the new keys and values join the cached ones
+      k_cache, v_cache, index = cache
+      k_BSHK = jax.lax.dynamic_update_slice(k_cache, k_BSHK.astype(k_cache.dtype), (0, index, 0, 0))
+      v_BSHK = jax.lax.dynamic_update_slice(v_cache, v_BSHK.astype(v_cache.dtype), (0, index, 0, 0))
+      captured["kv_cache"] = (k_BSHK, v_BSHK)
     scale = cfg.attention_scale or q_BTHK.shape[-1] ** -0.5
     dropout_on = dropout_rngs is not None and self.attention_dropout.rate > 0
     probs_BHTS = None
-    explicit = {"probs", "pattern"} & set(capture) or "pattern" in edits
+    explicit = {"probs", "pattern", "attn_scores"} & set(capture) or {"pattern", "attn_scores"} & set(edits)
     if explicit or dropout_on or cfg.attention_softcap:  # explicit per-head path: A_h needed or changed
       logits_BHTS = jnp.einsum("bthk,bshk->bhts", q_BTHK, k_BSHK).astype(jnp.float32) * scale
       if cfg.attention_softcap:
         logits_BHTS = cfg.attention_softcap * jnp.tanh(logits_BHTS / cfg.attention_softcap)
       logits_BHTS = jnp.where(mask_BTS[:, None], logits_BHTS, jnp.finfo(jnp.float32).min)
+      if "attn_scores" in capture:
+        captured["attn_scores"] = logits_BHTS
+      logits_BHTS = _apply(edits, "attn_scores", logits_BHTS)
       probs_BHTS = jax.nn.softmax(logits_BHTS, axis=-1)
       captured.update({name: probs_BHTS for name in ("probs", "pattern") if name in capture})
       probs_BHTS = _apply(edits, "pattern", probs_BHTS)
@@ -474,13 +606,15 @@ class MLP(nnx.Module):
     self.activation = ACTIVATIONS[cfg.activation]
     self.dtype = jnp.dtype(cfg.dtype)
 
-  def __call__(self, x_BTD):
+  def __call__(self, x_BTD, post=None):
+    """post: a function of the hidden activation h_BTF (the site mlp_post: read and edited), None for none."""
     dt = self.dtype
     linear = lambda x, w, b: x @ w[...].astype(dt) + (0 if b is None else b[...].astype(dt))
     if self.w_gate_DF is None:
       h_BTF = self.activation(linear(x_BTD, self.w_in_DF, self.b_in_F))
     else:
       h_BTF = self.activation(linear(x_BTD, self.w_gate_DF, self.b_gate_F)) * linear(x_BTD, self.w_in_DF, self.b_in_F)
+    h_BTF = h_BTF if post is None else post(h_BTF)
     return linear(h_BTF, self.w_out_FD, self.b_out_D)
 
 
@@ -508,12 +642,15 @@ class Block(nnx.Module):
     self.sublayer_norm, self.parallel_residual = cfg.sublayer_norm, cfg.parallel_residual
     self.window, self.causal = window, cfg.kind == "decoder"
 
-  def __call__(self, x_BTD, mask_BTS, dropout_rngs, capture, edits, positions_BT):
-    """(resid_post_BTD, captured): the sites resid_pre, attn_out, resid_mid, mlp_out, resid_post read and
-    edited where each is defined for this block's layout (`SITES`), the attention's sites inside it."""
+  def __call__(self, x_BTD, mask_BTS, dropout_rngs, capture, edits, positions_BT, key_positions_BS=None, cache=None):
+    """(resid_post_BTD, captured): the sites resid_pre, attn_out, resid_mid, mlp_in, mlp_post, mlp_out,
+    resid_post, ln1_scale and ln2_scale read and edited where each is defined for this block's layout
+    (`SITES`), the attention's sites inside it. key_positions_BS: the keys' positions when they are not the
+    queries' (a KVCache's slots); cache: this layer's part of it (`Attention.__call__`)."""
     drop = lambda y: self.dropout(y, deterministic=dropout_rngs is None, rngs=dropout_rngs)
     if self.window:  # sliding-window attention: keys fewer than `window` positions back
-      distance_BTS = positions_BT[:, :, None] - positions_BT[:, None, :]
+      key_positions_BS = positions_BT if key_positions_BS is None else key_positions_BS
+      distance_BTS = positions_BT[:, :, None] - key_positions_BS[:, None, :]
       distance_BTS = distance_BTS if self.causal else jnp.abs(distance_BTS)
       mask_BTS = mask_BTS & (distance_BTS < self.window)
     captured = {}
@@ -523,37 +660,55 @@ class Block(nnx.Module):
         captured[name] = value
       return _apply(edits, name, value)
 
+    def scaled(norm, name):  # the norm itself unless its scale (site `name`) is read or edited
+      if name not in capture and name not in edits:
+        return norm
+
+      def apply(y_BTD):
+        scale_BT = site(name, norm_scale(norm, y_BTD))
+        return normed_by(norm, y_BTD, scale_BT) if name in edits else norm(y_BTD)  # only read: the plain pass
+
+      return apply
+
+    ln_attention = scaled(self.ln_attention, "ln1_scale")
+    ln_mlp = scaled(self.ln_mlp, "ln2_scale") if self.has_mlp else None
     x_BTD = site("resid_pre", x_BTD)
     same = lambda y: y
     if self.sublayer_norm:  # Gemma-2 (pre-norm too) and OLMo-2 (no pre-norm): x + norm(sublayer(x))
       pre_attention, post_attention = (
-        (self.ln_attention, self.ln_attention_out) if self.pre_layernorm else (same, self.ln_attention)
+        (ln_attention, self.ln_attention_out) if self.pre_layernorm else (same, ln_attention)
       )
       if self.has_mlp:
-        pre_mlp, post_mlp = (self.ln_mlp, self.ln_mlp_out) if self.pre_layernorm else (same, self.ln_mlp)
+        pre_mlp, post_mlp = (ln_mlp, self.ln_mlp_out) if self.pre_layernorm else (same, ln_mlp)
     elif self.pre_layernorm or self.parallel_residual:
-      pre_attention, post_attention = self.ln_attention, same
-      pre_mlp, post_mlp = (self.ln_mlp, same) if self.has_mlp else (None, None)
+      pre_attention, post_attention = ln_attention, same
+      pre_mlp, post_mlp = (ln_mlp, same) if self.has_mlp else (None, None)
     else:  # post-LN (BERT): the norms follow the residual adds
       pre_attention, post_attention, pre_mlp, post_mlp = same, same, same, same
     attn_in_BTD = pre_attention(x_BTD)
+    head_norm = self.ln_attention if pre_attention is ln_attention else pre_attention  # per-head copies: own scale
 
     def head_input(name):  # q_in, k_in, v_in: each head's own copy of the stream, read or edited only if asked
       if name not in capture and name not in edits:
         return attn_in_BTD
       B, T, D = x_BTD.shape
       edited = site(name, jnp.broadcast_to(x_BTD[:, :, None], (B, T, self.attention.cfg.num_heads, D)))
-      return pre_attention(edited) if name in edits else attn_in_BTD  # only read: the pass is the plain one
+      return head_norm(edited) if name in edits else attn_in_BTD  # only read: the pass is the plain one
 
     attn_in = tuple(head_input(name) for name in ("q_in", "k_in", "v_in"))
     attn_in = attn_in_BTD if all(x is attn_in_BTD for x in attn_in) else attn_in
-    attn_BTD, inner = self.attention(attn_in, mask_BTS, dropout_rngs, capture, edits, positions_BT)
+    attn_BTD, inner = self.attention(attn_in, mask_BTS, dropout_rngs, capture, edits, positions_BT, cache)
     captured.update(inner)
     attn_out_BTD = site("attn_out", drop(post_attention(attn_BTD)))
     post_ln = not (self.sublayer_norm or self.pre_layernorm or self.parallel_residual)
-    mid_BTD = site("resid_mid", self.ln_attention(x_BTD + attn_out_BTD) if post_ln else x_BTD + attn_out_BTD)
+    mid_BTD = site("resid_mid", ln_attention(x_BTD + attn_out_BTD) if post_ln else x_BTD + attn_out_BTD)
     if not self.has_mlp:  # attention-only: mlp_out is zero; mlp_in is the stream an MLP would read (edits: no effect)
       site("mlp_in", mid_BTD)
+      B, T, _ = mid_BTD.shape
+      if "mlp_post" in capture or "mlp_post" in edits:  # no neurons: [B,T,0]
+        site("mlp_post", jnp.zeros((B, T, 0), mid_BTD.dtype))
+      if "ln2_scale" in capture or "ln2_scale" in edits:  # no MLP norm: 1
+        site("ln2_scale", jnp.ones((B, T), jnp.float32))
       if "mlp_out" in capture or "mlp_out" in edits:
         mid_BTD = mid_BTD + site("mlp_out", jnp.zeros_like(mid_BTD))
       return site("resid_post", mid_BTD), captured
@@ -561,8 +716,9 @@ class Block(nnx.Module):
       x_BTD if self.parallel_residual and not self.sublayer_norm else mid_BTD
     )  # GPT-NeoX: both sublayers read the block's input
     mlp_in_BTD = site("mlp_in", mlp_in_BTD)  # the MLP's own copy: its edits leave the residual stream alone
-    mlp_out_BTD = site("mlp_out", drop(post_mlp(self.mlp(pre_mlp(mlp_in_BTD)))))
-    post_BTD = self.ln_mlp(mid_BTD + mlp_out_BTD) if post_ln else mid_BTD + mlp_out_BTD
+    post = (lambda h_BTF: site("mlp_post", h_BTF)) if "mlp_post" in capture or "mlp_post" in edits else None
+    mlp_out_BTD = site("mlp_out", drop(post_mlp(self.mlp(pre_mlp(mlp_in_BTD), post))))
+    post_BTD = ln_mlp(mid_BTD + mlp_out_BTD) if post_ln else mid_BTD + mlp_out_BTD
     return site("resid_post", post_BTD), captured
 
 
@@ -629,6 +785,7 @@ class Transformer(nnx.Module):
     capture: Collection[str] = (),
     dropout_rngs: nnx.Rngs | None = None,
     output: str = "logits",
+    kv_cache: KVCache | None = None,
   ) -> tuple[jax.Array, Intermediates]:
     """Returns (logits_BTV in float32, Intermediates with the `capture`d fields, others None).
 
@@ -636,8 +793,11 @@ class Transformer(nnx.Module):
     [B,L,H], multiplies Z_h before W_O (1 keeps, 0 removes, between scales); it is traced data, so new
     values never recompile, and the loss is differentiable in it. head_replacement: [L,H,K] or
     [B,L,H,K], what a masked head outputs instead (Z_h·m + (1 − m)·r; see `from_embeddings`).
-    interventions: {site: Edit} (`SITES`), applied after the head mask's edit of `z`. capture: names from
-    CAPTURE_FIELDS, each returned stacked over layers. dropout_rngs: None for deterministic. output: 'logits' or 'hidden' (the final hidden state).
+    interventions: {site: Edit, Apply, a function or a list of these} (`SITES`, `check_interventions`), applied
+    after the head mask's edit of `z`. capture: names from CAPTURE_FIELDS, each returned stacked over layers.
+    dropout_rngs: None for deterministic. output: 'logits' or 'hidden' (the final hidden state). kv_cache: a
+    `KVCache` (decoders): the tokens go to its slots index.., attend to every earlier valid slot, and the
+    call returns (logits, Intermediates, the updated KVCache); positions_BT then defaults to the slots.
     Packed rows (several sequences side by side in one row): positions_BT restarts at each sequence
     and segment_BT (int, equal within a sequence) keeps attention inside it, so each sequence's
     outputs are those of running it alone.
@@ -654,6 +814,7 @@ class Transformer(nnx.Module):
       capture=capture,
       dropout_rngs=dropout_rngs,
       output=output,
+      kv_cache=kv_cache,
     )
 
   def from_layer(self, x_BTD, layer: int, **kwargs):
@@ -675,6 +836,7 @@ class Transformer(nnx.Module):
     dropout_rngs=None,
     start_layer: int = 0,
     output: str = "logits",
+    kv_cache: KVCache | None = None,
   ):
     """The forward pass after the embedding layer (for gradients with respect to input embeddings).
 
@@ -687,7 +849,7 @@ class Transformer(nnx.Module):
     'logits' (float32 logits_BTV) or 'hidden' (the final hidden state h_BTD: after the final LayerNorm
     of a pre-LN model, the last block's output otherwise, as Hugging Face's last_hidden_state).
     positions_BT: each token's position, for rotary models and sliding windows (default 0..T−1 in every
-    row; packed rows restart it at every sequence, as for `__call__`).
+    row; packed rows restart it at every sequence, as for `__call__`). kv_cache: as for `__call__`.
     """
     cfg = self.cfg
     L, H = cfg.num_layers, cfg.num_heads
@@ -698,12 +860,23 @@ class Transformer(nnx.Module):
       raise UserError(f"output={output!r} must be 'logits' or 'hidden', start_layer={start_layer} in [0, {L})")
     B, T, _ = x_BTD.shape
     valid_BT = jnp.ones((B, T), bool) if valid_BT is None else valid_BT.astype(bool)
+    key_positions_BS, S = None, T
+    if kv_cache is not None:  # decoding: queries at slots index.., keys at every slot written so far
+      if cfg.kind != "decoder" or segment_BT is not None or start_layer:
+        raise UserError("kv_cache: decoders only, without segment_BT or start_layer")
+      S, index = kv_cache.valid_BS.shape[1], kv_cache.index
+      slots_T = index + jnp.arange(T)
+      positions_BT = jnp.broadcast_to(slots_T[None], (B, T)) if positions_BT is None else positions_BT
+      valid_BS = jax.lax.dynamic_update_slice(kv_cache.valid_BS, valid_BT, (0, index))
+      key_positions_BS = jax.lax.dynamic_update_slice(kv_cache.positions_BS, positions_BT.astype(jnp.int32), (0, index))
+      mask_BTS = valid_BS[:, None, :] & (jnp.arange(S)[None, None, :] <= slots_T[None, :, None])
     if positions_BT is None:
       positions_BT = jnp.broadcast_to(jnp.arange(T)[None], (B, T))
-    mask_BTS = jnp.broadcast_to(valid_BT[:, None, :], (B, T, T))
+    if kv_cache is None:
+      mask_BTS = jnp.broadcast_to(valid_BT[:, None, :], (B, T, T))
     if segment_BT is not None:  # packed rows: a token attends within its own sequence only
       mask_BTS = mask_BTS & (segment_BT[:, :, None] == segment_BT[:, None, :])
-    if cfg.kind == "decoder":
+    if cfg.kind == "decoder" and kv_cache is None:
       mask_BTS = mask_BTS & jnp.tril(jnp.ones((T, T), bool))[None]
     head_mask = jnp.ones((L, H)) if head_mask is None else jnp.asarray(head_mask)
     if head_mask.shape not in ((L, H), (B, L, H)):
@@ -718,19 +891,30 @@ class Transformer(nnx.Module):
         raise UserError(f"head_replacement of shape {head_replacement.shape}: expected [L,H,K] or [B,L,H,K]")
       replacement_BLHK = jnp.broadcast_to(head_replacement, (B, L, H, cfg.d_head))
       head_add_LBTHK = jnp.transpose((1 - head_mask_BLH)[..., None] * replacement_BLHK, (1, 0, 2, 3))[:, :, None]
-    interventions = check_interventions(cfg, interventions, B, T)
-    names = {_FIELD_OF.get(name, name) for name in capture} - {"embeddings"}
+    interventions = check_interventions(cfg, interventions, B, T, S)
+    names = {_FIELD_OF.get(name, name) for name in capture} - {"embeddings", "ln_final_scale"}
     block_capture = frozenset(names | {site for site, field in _FIELD_OF.items() if field in names})
 
     per_layer = {name: [] for name in names}
     embeddings_BTD = x_BTD
     if start_layer == 0:
       x_BTD = self.embed_dropout(x_BTD, deterministic=dropout_rngs is None, rngs=dropout_rngs)
+    new_k, new_v = [], []
     for layer in range(start_layer, L):
-      edits = {name: (edit.layer(layer),) for name, edit in interventions.items()}
-      edits["z"] = (Edit(head_keep_LBTHK[layer], None if head_add_LBTHK is None else head_add_LBTHK[layer]),)
-      edits["z"] += (interventions["z"].layer(layer),) if "z" in interventions else ()
-      x_BTD, captured = self.blocks[layer](x_BTD, mask_BTS, dropout_rngs, block_capture, edits, positions_BT)
+      edits = {}
+      for name, sequence in interventions.items():
+        here = tuple(e for e in (edit.layer(layer) for edit in sequence) if e is not None)
+        if here:
+          edits[name] = here
+      z_edit = Edit(head_keep_LBTHK[layer], None if head_add_LBTHK is None else head_add_LBTHK[layer])
+      edits["z"] = (z_edit, *edits.get("z", ()))
+      cache = None if kv_cache is None else (kv_cache.k_LBSHK[layer], kv_cache.v_LBSHK[layer], kv_cache.index)
+      x_BTD, captured = self.blocks[layer](
+        x_BTD, mask_BTS, dropout_rngs, block_capture, edits, positions_BT, key_positions_BS, cache
+      )
+      if cache is not None:
+        new_k.append(captured["kv_cache"][0])
+        new_v.append(captured["kv_cache"][1])
       for name, value in captured.items():
         field = _FIELD_OF.get(name, name)
         if field in per_layer and len(per_layer[field]) < layer + 1 - start_layer:
@@ -742,7 +926,12 @@ class Transformer(nnx.Module):
     fields = {f"{name}_L{axes[name]}": jnp.stack(values) for name, values in per_layer.items()}
     if "embeddings" in capture:
       fields["embeddings_BTD"] = embeddings_BTD
-    return logits_BTV, Intermediates(**fields)
+    if "ln_final_scale" in capture:
+      fields["ln_final_scale_BT"] = norm_scale(self.ln_final, x_BTD) if cfg.final_norm else jnp.ones((B, T))
+    if kv_cache is None:
+      return logits_BTV, Intermediates(**fields)
+    updated = KVCache(jnp.stack(new_k), jnp.stack(new_v), valid_BS, key_positions_BS, kv_cache.index + T)
+    return logits_BTV, Intermediates(**fields), updated
 
   def unembed(self, h_BTD):
     """Final hidden states to vocabulary logits (encoder: through the masked-LM transform first)."""
