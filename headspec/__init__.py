@@ -29,6 +29,8 @@ _LAZY = {
   "circuit": ("headspec.api", "circuit"),
   "Circuit": ("headspec.api", "Circuit"),
   "split_words": ("headspec.api", "split_words"),
+  # Generation with a KV cache (headspec/generation.py, docs/api.md).
+  "generate": ("headspec.generation", "generate"),
   "to_tokens": ("headspec.api", "to_tokens"),
   "to_str_tokens": ("headspec.api", "to_str_tokens"),
   "to_single_token": ("headspec.api", "to_single_token"),
@@ -56,6 +58,7 @@ __all__ = [
   "capture",
   "circuit",
   "fit_sae",
+  "generate",
   "load",
   "patch",
   "path_patch",
