@@ -341,7 +341,7 @@ def fit_arc_probes(
     raise UserError(f"arc probe: train and dev features differ in G, K: {x_train_NGK.shape}, {x_dev_NGK.shape}")
   _, num_g, k = x_train_NGK.shape
   rank = k if rank is None else min(int(rank), k)
-  from headspec.probing.probe import floored_std  # the one standardisation of every probe
+  from headspec.probing.probe_start import floored_std  # the one standardisation of every probe
 
   words = np.asarray(x_train_NGK, np.float64)
   mean = words.mean(0)

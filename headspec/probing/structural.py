@@ -369,7 +369,7 @@ def fit_structural_probes(
     )
   _check(x_train_NGK, trees_train, "train")
   _check(x_dev_NGK, trees_dev, "dev")
-  from headspec.probing.probe import floored_std  # the one standardisation of every probe
+  from headspec.probing.probe_start import floored_std  # the one standardisation of every probe
 
   x_train_NGK, x_dev_NGK = np.asarray(x_train_NGK, np.float32), np.asarray(x_dev_NGK, np.float32)
   _, num_g, k = x_train_NGK.shape
