@@ -464,3 +464,11 @@ def test_cards_read_the_tables_headspec_sae_and_circuit_write(train_tiny_decoder
         best[["upstream", "downstream", "input"]]
       )
       assert first["scores"][0] == pytest.approx(best["score"])
+
+
+def test_the_atlas_knows_every_per_head_patching_site():
+  """atlas/data.py keeps a JAX-free copy of the sites with a head axis; it must follow headspec.model.SITES."""
+  from headspec.atlas import data as data_lib
+  from headspec.model import SITES
+
+  assert set(data_lib.PATCHING_HEAD_SITES) == {site for site, axes in SITES.items() if "H" in axes}

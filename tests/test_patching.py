@@ -115,7 +115,7 @@ CORRUPT = [[5, 9, 17, 20, 33, 7], [8, 2, 40, 44, 12, 3]]
 ANSWERS = [(7, 11), (3, 4)]
 
 
-@pytest.mark.parametrize("site", ["z", "resid_pre", "pattern", "mlp_out"])
+@pytest.mark.parametrize("site", ["z", "resid_pre", "pattern", "mlp_out", "mlp_post", "attn_scores"])
 def test_sweep_equals_one_forward_per_patch(site):
   """Every value of the compiled sweep (from_layer over a cached stream, lax.map over patches) equals a full
   forward under that one patch; layers not asked for are NaN; by_position=False patches every position."""

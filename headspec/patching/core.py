@@ -90,7 +90,7 @@ def patch_mask(site: str, head, position, T: int, H: int):
   axes = SITES[site]
   pos_T = (jnp.arange(T) == position) | (position < 0)
   head_H = (jnp.arange(H) == head) | (head < 0)
-  shape = {"B": 1, "T": T, "H": H, "S": 1, "K": 1, "D": 1}
+  shape = {"B": 1, "T": T, "H": H, "S": 1, "K": 1, "D": 1, "F": 1}  # a patch spans every feature of a position
   mask = jnp.ones([shape[a] for a in axes], jnp.float32)
   mask = mask * pos_T.reshape([T if a == "T" else 1 for a in axes])
   if "H" in axes:
