@@ -30,7 +30,7 @@ masked-LM transform head) and GPT-2 (Radford et al. 2019; pre-LayerNorm, final L
 decoders' options (rotary positions with partial rotation and Llama-3 scaling, RMSNorm, gated MLPs,
 grouped-query attention, parallel residual, QK-norm, sublayer-output norms, soft-capping, sliding
 windows), chosen by `ModelConfig`, so that Hugging Face checkpoints of every family in
-headspec/pretrained.py import exactly. The defaults are GPT-2's: a config that sets none of the newer
+headspec/pretrained/ import exactly. The defaults are GPT-2's: a config that sets none of the newer
 options computes what it computed before they existed, and a seed draws the same weights.
 """
 
