@@ -31,6 +31,9 @@ _LAZY = {
   "split_words": ("headspec.api", "split_words"),
   # Generation with a KV cache (headspec/generation.py, docs/api.md).
   "generate": ("headspec.generation", "generate"),
+  # Attention in a notebook (headspec/views.py): matplotlib and an offline interactive HTML view.
+  "plot_attention": ("headspec.views", "plot_attention"),
+  "attention_view": ("headspec.views", "attention_view"),
   "to_tokens": ("headspec.api", "to_tokens"),
   "to_str_tokens": ("headspec.api", "to_str_tokens"),
   "to_single_token": ("headspec.api", "to_single_token"),
@@ -53,6 +56,7 @@ __all__ = [
   "TABLES",
   "__version__",
   "ablate",
+  "attention_view",
   "attribution_patch",
   "build_atlas",
   "capture",
@@ -62,6 +66,7 @@ __all__ = [
   "load",
   "patch",
   "path_patch",
+  "plot_attention",
   "probe",
   "read_table",
   "read_tables",
