@@ -229,6 +229,7 @@ CIRCUIT_EDGES = _table(
   "method,steps,score",
   ints="step,upstream_layer,upstream_head,downstream_layer,downstream_head,steps",
   floats="score",
+  float_format="r",  # scores span orders of magnitude: six decimals zeroed the small ones, and their sign
 )
 CIRCUIT_FAITHFULNESS = _table(
   "circuit/faithfulness.csv",
