@@ -544,7 +544,7 @@ def _probe_config(loaded: Loaded, task: str, config, options: dict):
   if task in ("distance", "depth"):  # their rows are tree metrics (probes/structural.csv), not accuracies
     raise UserError(
       f"probe: {task!r} is a structural probe; fit it with `headspec probe --config=... "
-      f"\"--config.probe.tasks=('{task}',)\"` (probes/structural.csv) or headspec.probing.structural"
+      f"--config.probe.tasks={task}` (probes/structural.csv) or headspec.probing.structural"
     )
   c.probe.tasks = (task,)
   for key, value in options.items():
@@ -955,8 +955,9 @@ def patch(
 
   model: `load(...)`'s result, a (model, tokenizer) pair or a Transformer. clean, corrupt: equal-length
   lists of texts (with a tokenizer) or of token-id lists, pairwise of equal token count. site: a name of
-  headspec.model.SITES. metric: 'logit_diff' (answers: one (correct_id, wrong_id) per prompt; logit
-  difference at each prompt's last token, mean over prompts) or a callable on the float32 logits [B,T,V]
+  headspec.model.SITES. metric: a name of the patching registry (headspec/patching/core.py METRICS:
+  'logit_diff', the logit difference at each prompt's last token with answers one (correct_id, wrong_id)
+  per prompt; 'prob', 'loss'; mean over prompts) or a callable on the float32 logits [B,T,V]
   (rows right-padded). layers, heads, positions: restrict the grid (default all). One compiled sweep does
   every patch. Bad input is one headspec.errors.UserError naming the value.
   """

@@ -136,11 +136,10 @@ def test_the_trainer_imports_no_analysis_but_its_one_link():
 def test_token_cross_entropy_is_written_once():
   """headspec/objectives.py token_nll is the one token loss: no other module computes softmax cross-entropy
   itself (training, evaluation, ablation, in-context learning and patching's 'loss' all call it)."""
-  pending = {"headspec.sae.splice"}  # issue 66's SAE work (another change in flight) moves it to token_nll
   writers = sorted(
     name
     for name, path in MODULES.items()
-    if "softmax_cross_entropy" in path.read_text() and name != "headspec.objectives" and name not in pending
+    if "softmax_cross_entropy" in path.read_text() and name != "headspec.objectives"
   )
   assert not writers, writers
 

@@ -18,9 +18,9 @@ import functools
 import jax
 import jax.numpy as jnp
 import numpy as np
-import optax
 from flax import nnx
 
+from headspec import objectives
 from headspec.errors import UserError
 from headspec.model import SITES, Edit
 
@@ -51,7 +51,7 @@ def site_heads(cfg, site: str) -> int:
 
 def _nll(logits_BTV, targets_BT, weights_BT):
   """[B, 2] per-row (Σ_t w_t·NLL_t, Σ_t w_t)."""
-  nll_BT = optax.softmax_cross_entropy_with_integer_labels(logits_BTV, targets_BT)
+  nll_BT = objectives.token_nll(logits_BTV, targets_BT)
   return jnp.stack([(nll_BT * weights_BT).sum(1), weights_BT.sum(1)], -1)
 
 
