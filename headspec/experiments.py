@@ -8,7 +8,7 @@ turns it into stages, in order:
   train ROOT/<run>, then every analysis of ROOT/<run>     run by run (training resumes from its last
                                                           checkpoint when the command is run again)
   <analysis> ROOT/<reference>                             pretrained reference models (e.g. MiniLM)
-  study ROOT                                              headspec/study.py: tables and figures across runs
+  study ROOT                                              headspec/study/: tables and figures across runs
 
 ROOT/experiment.json lists the runs (name, condition, seed, config) for the report. Every stage but
 training goes through `python -m headspec.stage MARKER -- COMMAND ARGS` (headspec/stage.py), which skips the stage

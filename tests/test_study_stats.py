@@ -138,7 +138,7 @@ def test_causal_over_seeds_t_test_holm_tost_and_loss_beside():
 def test_formation_tests_fisher_and_mann_whitney_with_never_last(monkeypatch):
   """The induction setting's 2-layer counts as docs/study.md reports them: with MLPs 5 of 5 seeds label an
   induction head at step 1,500; attention-only 3 of 5 (2,000, 2,000, 3,000; two never)."""
-  monkeypatch.setattr(study, "_label_min", lambda: 0.4)
+  monkeypatch.setattr(study.statistics, "_label_min", lambda: 0.4)
   steps = {"L2_mlp": [1500] * 5, "L2_attn_only": [2000, 2000, 3000, None, None]}
   roles = pd.DataFrame(
     [
