@@ -135,6 +135,49 @@ def holm(p_values) -> np.ndarray:
   return out
 
 
+def mde(ci_low, ci_high):
+  """The minimum detectable effect at 80% power (two-sided α = 0.05) of an estimate with this 95% CI:
+  (z_0.975 + z_0.80) × SE ≈ 2.8 × SE with SE = half-width / 1.96 (Bloom 1995, "Minimum detectable effects",
+  Evaluation Review 19(5); the standard normal power calculation). A bootstrap CI may be asymmetric: the
+  mean half-width, (ci_high − ci_low) / 2, is used."""
+  return (1.96 + 0.8416) * (np.asarray(ci_high, float) - np.asarray(ci_low, float)) / 2 / 1.96
+
+
+def _ranks(x) -> np.ndarray:
+  import pandas as pd
+
+  r = pd.Series(np.asarray(x, np.float64)).rank().to_numpy()
+  return (r - r.mean()) / (r.std() or 1.0)
+
+
+def spearman(x, y, *, permutations: int = 10000, seed: int = 0) -> tuple[float, float]:
+  """Spearman's ρ (Pearson correlation of ranks, ties averaged) and its two-sided permutation p-value."""
+  rx, ry = _ranks(x), _ranks(y)
+  rho = float(np.mean(rx * ry))
+  rng = np.random.default_rng(seed)
+  shuffled = np.array([np.mean(rx * ry[rng.permutation(len(ry))]) for _ in range(permutations)])
+  p = (1 + np.sum(np.abs(shuffled) >= abs(rho) - 1e-12)) / (permutations + 1)
+  return rho, float(p)
+
+
+def within_layer_spearman(x, y, layer, *, permutations: int = 10000, seed: int = 0) -> tuple[float, float]:
+  """The mean over layers of Spearman's ρ between x and y among one layer's heads, and its two-sided
+  permutation p-value with y shuffled only within each layer (the layers' levels are kept under the null)."""
+  layer = np.asarray(layer)
+  groups = [np.flatnonzero(layer == l) for l in np.unique(layer)]
+  groups = [g for g in groups if len(g) >= 3]
+  if not groups:
+    return float("nan"), float("nan")
+  rx = [_ranks(np.asarray(x)[g]) for g in groups]
+  ry = [_ranks(np.asarray(y)[g]) for g in groups]
+  rho = float(np.mean([np.mean(a * b) for a, b in zip(rx, ry)]))
+  rng = np.random.default_rng(seed)
+  shuffled = np.array(
+    [np.mean([np.mean(a * b[rng.permutation(len(b))]) for a, b in zip(rx, ry)]) for _ in range(permutations)]
+  )
+  return rho, float((1 + np.sum(np.abs(shuffled) >= abs(rho) - 1e-12)) / (permutations + 1))
+
+
 def _finite(values) -> np.ndarray:
   v = np.asarray(values, np.float64)
   return v[~np.isnan(v)]

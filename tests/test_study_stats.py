@@ -17,6 +17,12 @@ from headspec import resampling, study
 def test_holm_one_shared_helper():
   np.testing.assert_allclose(resampling.holm([0.01, 0.04, 0.03, np.nan]), [0.03, 0.06, 0.06, np.nan])
   assert study.holm is resampling.holm  # the study's rankings use the same one
+  # Spearman with its permutation p-values and the MDE live in the shared layer too (the study uses them)
+  for name in ("spearman", "within_layer_spearman", "mde"):
+    assert getattr(study, name) is getattr(resampling, name), name
+  rho, p = resampling.spearman([1, 2, 3, 4, 5], [2, 4, 6, 8, 11], permutations=200)
+  assert rho == pytest.approx(1.0) and p < 0.05
+  np.testing.assert_allclose(resampling.mde([-1.96], [1.96]), [1.96 + 0.8416])
 
 
 def test_t_tests_equal_scipy():

@@ -317,6 +317,7 @@ def causal(run: dict, workdir) -> list[dict]:
   ]
 
 
+# How much the model needs a head (ablation/heads.csv (method, metric)); signed ablation effects first.
 RANKING_MEASURES = {
   "zero_ablation": ("zero", "loss_delta"),
   "mean_ablation": ("mean", "loss_delta"),

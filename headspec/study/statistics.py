@@ -32,14 +32,6 @@ def _label_steps(roles_frame):
   )
 
 
-def mde(ci_low, ci_high):
-  """The minimum detectable effect at 80% power (two-sided α = 0.05) of an estimate with this 95% CI:
-  (z_0.975 + z_0.80) × SE ≈ 2.8 × SE with SE = half-width / 1.96 (Bloom 1995, "Minimum detectable effects",
-  Evaluation Review 19(5); the standard normal power calculation). A bootstrap CI may be asymmetric: the
-  mean half-width, (ci_high − ci_low) / 2, is used."""
-  return (1.96 + 0.8416) * (np.asarray(ci_high, float) - np.asarray(ci_low, float)) / 2 / 1.96
-
-
 CAUSAL_MEASURES = {  # the causal test's metrics the study tests over seeds, and what each measures
   "probe_accuracy_vs_random": "decodability after ablation (a probe refitted on the ablated last layer)",
   "loss_delta_vs_random": "LM loss change (> 0: the model needs the selective heads more)",
@@ -157,45 +149,9 @@ def _formation_summary(fo):
   )  # fmt: skip
 
 
-def _ranks(x) -> np.ndarray:
-  import pandas as pd
-
-  r = pd.Series(np.asarray(x, np.float64)).rank().to_numpy()
-  return (r - r.mean()) / (r.std() or 1.0)
-
-
-def spearman(x, y, *, permutations: int = 10000, seed: int = 0) -> tuple[float, float]:
-  """Spearman's ρ (Pearson correlation of ranks, ties averaged) and its two-sided permutation p-value."""
-  rx, ry = _ranks(x), _ranks(y)
-  rho = float(np.mean(rx * ry))
-  rng = np.random.default_rng(seed)
-  shuffled = np.array([np.mean(rx * ry[rng.permutation(len(ry))]) for _ in range(permutations)])
-  p = (1 + np.sum(np.abs(shuffled) >= abs(rho) - 1e-12)) / (permutations + 1)
-  return rho, float(p)
-
-
-def within_layer_spearman(x, y, layer, *, permutations: int = 10000, seed: int = 0) -> tuple[float, float]:
-  """The mean over layers of Spearman's ρ between x and y among one layer's heads, and its two-sided
-  permutation p-value with y shuffled only within each layer (the layers' levels are kept under the null)."""
-  layer = np.asarray(layer)
-  groups = [np.flatnonzero(layer == l) for l in np.unique(layer)]
-  groups = [g for g in groups if len(g) >= 3]
-  if not groups:
-    return float("nan"), float("nan")
-  rx = [_ranks(np.asarray(x)[g]) for g in groups]
-  ry = [_ranks(np.asarray(y)[g]) for g in groups]
-  rho = float(np.mean([np.mean(a * b) for a, b in zip(rx, ry)]))
-  rng = np.random.default_rng(seed)
-  shuffled = np.array(
-    [np.mean([np.mean(a * b[rng.permutation(len(b))]) for a, b in zip(rx, ry)]) for _ in range(permutations)]
-  )
-  return rho, float((1 + np.sum(np.abs(shuffled) >= abs(rho) - 1e-12)) / (permutations + 1))
-
-
-holm = resampling.holm  # Holm (1979), shared with the other analyses (headspec/resampling.py)
-
-
-# How much the model needs a head (ablation/heads.csv (method, metric)); signed ablation effects first.
+# Shared with the other analyses (headspec/resampling.py): Holm (1979), Spearman's ρ with permutation p-values, the MDE.
+holm, mde = resampling.holm, resampling.mde
+spearman, within_layer_spearman = resampling.spearman, resampling.within_layer_spearman
 
 
 def _by_condition(frame, keys: list[str], value: str):
