@@ -206,6 +206,26 @@ def test_study_chooses_on_dev_reports_test_and_counts_selective_heads(tmp_path):
   assert "| baseline | upos | 100 | 0.200 | 0.200 | 0.200 | 0.200 | 0.200 | 2 |" in text
 
 
+def test_study_draws_every_registered_probe_task(tmp_path, monkeypatch):
+  """A probe task added to the probing registry (headspec/probing/tasks.py) reaches the study: its rows are
+  collected and the emergence figure gets its panel, with no task list in the study to extend."""
+  from headspec.probing import tasks as probe_tasks
+
+  monkeypatch.setitem(probe_tasks.REGISTRY, "toy", probe_tasks.REGISTRY["upos"])
+  root = tmp_path / "exp"
+  exp = experiments.Experiment(runs=(experiments.Run("baseline_s0", "c.py", "baseline", 0),), analyses=())
+  experiments.write_plan(root, exp, "c.py")
+  heads = {(0, 0): (0.1, 0.2, 0.15), (0, 1): (0.0, 0.0, -0.01)}
+  rows = [dict(r, task=task) for task in ("upos", "toy") for r in _selectivity_rows("baseline_s0", 0, heads)]
+  run = root / "baseline_s0"
+  tables.write(tables.path_of(run, tables.PROBE_SELECTIVITY), rows, tables.PROBE_SELECTIVITY)
+  em = pd.DataFrame(study.collect(root)["emergence"])
+  assert sorted(em["task"]) == ["toy", "upos"]
+  assert study.tasks()[-1] == "toy" and study.figure_tasks(em) == ["upos", "toy"]  # the registry's order
+  study.write_study(root)
+  assert "| baseline | toy | 0 |" in (root / "study/summary.md").read_text()
+
+
 def test_study_without_probe_results_is_one_line(tmp_path):
   exp = experiments.Experiment(runs=(experiments.Run("a", "c.py", "baseline", 0),), analyses=())
   experiments.write_plan(tmp_path, exp, "c.py")

@@ -92,7 +92,6 @@ from headspec.study.collect import (  # noqa: F401  the public names tests and d
   DROP_FORMED,
   OUT,
   ROLES,
-  TASKS,
   causal,
   collect,
   emergence,
@@ -104,9 +103,10 @@ from headspec.study.collect import (  # noqa: F401  the public names tests and d
   sae_heads,
   sae_summary,
   structural,
+  tasks,
   training,
 )
-from headspec.study.figures import _figures
+from headspec.study.figures import _figures, figure_tasks  # noqa: F401
 from headspec.study.report import (
   STATISTICS,
   _emergence_sections,

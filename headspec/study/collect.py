@@ -8,6 +8,7 @@ import numpy as np
 
 from headspec import experiments, remote, tables, train_log
 from headspec.errors import UserError
+from headspec.probing import tasks as probe_tasks
 from headspec.study.statistics import (
   causal_seeds,
   conditions,
@@ -19,8 +20,13 @@ from headspec.study.statistics import (
 )
 
 OUT = "study"
-TASKS = ("upos", "xpos", "deprel", "arc")
 ROLES = ("previous_token", "duplicate_token", "induction")
+
+
+def tasks() -> tuple[str, ...]:
+  """The probe tasks the study draws, in the probing registry's order (headspec/probing/tasks.py `REGISTRY`),
+  so a task added there reaches the study's figures and summary without a list here."""
+  return tuple(probe_tasks.REGISTRY)
 
 
 COLUMNS = {  # every study table's columns (docs/outputs.md), so that an empty table still has its header

@@ -6,8 +6,14 @@ import numpy as np
 from etils import epath
 
 from headspec import figures, remote
-from headspec.study.collect import ROLES, TASKS
+from headspec.study.collect import ROLES, tasks
 from headspec.study.statistics import _by_condition
+
+
+def figure_tasks(em) -> list[str]:
+  """The emergence figure's panels: every registered probe task (`collect.tasks()`) with rows, in its order."""
+  present = set(em["task"])
+  return [t for t in tasks() if t in present]
 
 
 def _figures(frames: dict, out: epath.Path) -> list[str]:
@@ -80,10 +86,10 @@ def _draw(frames: dict, out: epath.Path) -> list[str]:
     written.append(name)
 
   em = frames["emergence"]
-  tasks = [t for t in TASKS if t in set(em["task"])]
-  fig, axes = plt.subplots(2, len(tasks), figsize=(4 * len(tasks), 6.5), squeeze=False)
+  drawn_tasks = figure_tasks(em)
+  fig, axes = plt.subplots(2, len(drawn_tasks), figsize=(4 * len(drawn_tasks), 6.5), squeeze=False)
   seeds = em.groupby("condition")["run"].nunique()
-  for j, task in enumerate(tasks):
+  for j, task in enumerate(drawn_tasks):
     for _run, g in em[em["task"] == task].groupby("run"):
       g = g.sort_values("step")
       condition = g["condition"].iloc[0]
