@@ -56,6 +56,7 @@ class Table:
   from every analysis by its writer; baselines.csv: every baseline row of a task and split, whose names
   carry a fitted value, such as `offset-1`; pruning.csv: a ranking's curve over every random order;
   causal.csv: every random head set of a test, so fewer sets on a re-run leave no stale draws).
+  `missing`: how a NaN or None is written where it is not 'nan' (the study's tables leave the cell empty).
   """
 
   path: str
@@ -66,6 +67,7 @@ class Table:
   float_format: str = ".6f"
   values: tuple[str, ...] = ()
   together: tuple[str, ...] = ()
+  missing: str | None = None
 
   def __post_init__(self):
     if set(self.key) | set(self.together) != set(self.row_key) or set(self.key) & set(self.together):
@@ -276,6 +278,67 @@ SAE_LABELS = _sae_table(
   "count,fraction",
 )
 
+
+def _study_table(name: str, identifying: str, values: str) -> Table:
+  """ROOT/study/NAME.csv of `headspec study` (headspec/study/): the rows `identifying` names (a run, or a
+  condition over seeds, and what was measured) and their `values`; floats as '%.6g', missing values empty."""
+  split = lambda s: tuple(c for c in s.split(",") if c)
+  key, measured = split(identifying), split(values)
+  ints = tuple(c for c in ("seed", "step") if c in key)
+  return Table(f"study/{name}.csv", key + measured, key, ints, (), ".6g", measured, (), "")
+
+
+_RUN = "run,condition,seed,"
+STUDY = {  # every study table, in the order `headspec study` collects them (docs/outputs.md, study/)
+  t.path.removeprefix("study/").removesuffix(".csv"): t
+  for t in (
+    _study_table("training", _RUN + "step", "loss,eval_loss"),
+    _study_table(
+      "emergence",
+      _RUN + "step,task",
+      "best_layer,best_head,selectivity,ci_low,ci_high,median_selectivity,selective_heads,above_init_heads,"
+      "init_best,heads,residual_layer,residual_selectivity",
+    ),
+    _study_table("layers", _RUN + "task,layer", "first_step"),
+    _study_table(
+      "structural",
+      _RUN + "step,task,metric,source,choice",
+      "layer,head,value,ci_low,ci_high,control_value,selectivity,linear,n",
+    ),
+    _study_table("diversity", _RUN + "step,metric", "value"),
+    _study_table("roles", _RUN + "step,role", "layer,head,score,median_score"),
+    _study_table("causal", _RUN + "step,task,k,metric", "value,ci_low,ci_high,mde"),
+    _study_table("induction", _RUN + "step,measure,k", "value,ci_low,ci_high,mde"),
+    _study_table("formation", _RUN + "source,task,layer,head", "init_best,formation_step"),
+    _study_table(
+      "causal_seeds",
+      "condition,task,k,metric",
+      "mean,t_low,t_high,min,max,seeds,p_value,family,p_holm,mde,below_0,above_0,tost_margin,tost_p",
+    ),
+    _study_table(
+      "formation_tests",
+      "quantity,condition_a,condition_b",
+      "formed_a,seeds_a,formed_b,seeds_b,median_step_a,median_step_b,fisher_p,fisher_p_holm,mannwhitney_u,"
+      "mannwhitney_p,mannwhitney_p_holm",
+    ),
+    _study_table(
+      "conditions",
+      "condition,task,measure,k",
+      "difference,ci_low,ci_high,seeds,baseline_seeds,test,p_value,family,p_holm",
+    ),
+    _study_table(
+      "rankings",
+      _RUN + "step,task,measure",
+      "spearman,p_value,p_holm,within_layer_spearman,within_layer_p,within_layer_p_holm,heads",
+    ),
+    _study_table("reference", "run,condition,kind,what", "layer,head,value,baseline,n"),
+    _study_table("sae_heads", _RUN + "step,sae,layer,head", "specialization,exclusive_features,features_carried"),
+    _study_table("sae", _RUN + "step,sae,measure,task", "value,p_value,p_holm,heads"),
+  )
+}
+"""The study's tables by name ('training', 'emergence', ...; in `TABLES` as 'study_training', ...)."""
+
+
 TABLES: dict[str, Table] = {
   t.path.removesuffix(".csv").replace("/results", "").replace("/", "_"): t
   for t in (
@@ -307,6 +370,7 @@ TABLES: dict[str, Table] = {
     SAE_HEADS,
     SAE_CONTEXTS,
     SAE_LABELS,
+    *STUDY.values(),
   )
 }
 """Every table by its short name: 'probes', 'probes_baselines', 'probes_mdl', 'diversity', 'ablation_heads', ..."""
@@ -379,7 +443,9 @@ def read(path, table: Table) -> list[dict[str, str]]:
   return [] if text is None else _parse(path, text, table)
 
 
-def _cell(value, float_format: str) -> str:
+def _cell(value, float_format: str, missing: str | None = None) -> str:
+  if missing is not None and (value is None or (isinstance(value, float) and math.isnan(value))):
+    return missing
   if isinstance(value, bool):
     return str(value)
   if isinstance(value, float) or (hasattr(value, "dtype") and getattr(value.dtype, "kind", "") == "f"):
@@ -395,7 +461,7 @@ def format_row(row: dict, table: Table) -> dict[str, str]:
   missing = [c for c in table.columns if c not in row]
   if missing:
     raise KeyError(f"{table.path}: row lacks column(s) {', '.join(missing)}")  # a bug in the analysis
-  return {c: _cell(row[c], table.float_format) for c in table.columns}
+  return {c: _cell(row[c], table.float_format, table.missing) for c in table.columns}
 
 
 LEASE_SECONDS = 600
@@ -499,7 +565,7 @@ def write(path, rows: list[dict], table: Table) -> None:
 
 
 def _key_of(row: dict, table: Table) -> tuple[str, ...]:
-  return tuple(_cell(row[c], table.float_format) for c in table.key)
+  return tuple(_cell(row[c], table.float_format, table.missing) for c in table.key)
 
 
 def _sort_value(value: str):

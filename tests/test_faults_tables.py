@@ -146,10 +146,13 @@ def test_every_table_with_a_step_names_its_model():
   """Issue 62: a step is one model's (two pretrained models are both at step 0), so every table with a
   `step` column keys it by `model` too; diversity/results.csv had none, and a second model analysed into
   the workdir replaced the first's rows. Only tables no model computes (metric descriptions, a task's
-  majority baselines) lack it."""
-  no_model = sorted(name for name, table in tables.TABLES.items() if "model" not in table.key)
+  majority baselines) lack it. The study's tables name the model by its `run` (an experiment's run is one
+  model); those over seeds (per condition) have no step."""
+  no_model = sorted(name for name, table in tables.TABLES.items() if not {"model", "run"} & set(table.key))
   assert all("step" not in tables.TABLES[name].columns for name in no_model), no_model
-  assert no_model == ["diversity_metrics", "probes_baselines"]
+  over_seeds = ["study_causal_seeds", "study_conditions", "study_formation_tests"]
+  assert no_model == ["diversity_metrics", "probes_baselines", *over_seeds]
+  assert all("model" in t.key for n, t in tables.TABLES.items() if "run" not in t.key and n not in no_model)
   assert tables.DIVERSITY.key[:2] == ("model", "step")
 
 

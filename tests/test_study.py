@@ -181,6 +181,10 @@ def test_study_chooses_on_dev_reports_test_and_counts_selective_heads(tmp_path):
   em = pd.read_csv(out / "emergence.csv")
   last = em[em["step"] == 100].iloc[0]
   assert (last["best_layer"], last["best_head"]) == (1, 0)  # dev's choice, not test's (1, 1)
+  # the study's tables are tables.py's (headspec.TABLES 'study_*'), written by its writer and read back by its reader
+  assert tables.TABLES["study_emergence"] is tables.STUDY["emergence"] and list(tables.STUDY) == list(study.COLUMNS)
+  read = tables.read_frame(out / "emergence.csv", tables.STUDY["emergence"])
+  assert read["step"].tolist() == em["step"].tolist() and read["task"].tolist() == ["upos", "upos"]
   assert last["selectivity"] == pytest.approx(0.20)
   assert last["median_selectivity"] == pytest.approx((0.04 + 0.20) / 2)  # of the 4 heads' test values
   assert last["selective_heads"] == 3 and last["heads"] == 4  # (0,0), (1,0), (1,1) have test CI > 0

@@ -85,7 +85,7 @@ import os
 
 from etils import epath
 
-from headspec import provenance, remote
+from headspec import provenance, remote, tables
 from headspec.study import statistics  # noqa: F401  (tests patch statistics._label_min)
 from headspec.study.collect import (  # noqa: F401  the public names tests and docs use
   COLUMNS,
@@ -142,7 +142,7 @@ def write_study(root) -> epath.Path:
   out.mkdir(parents=True, exist_ok=True)
   frames = {k: pd.DataFrame(v, columns=COLUMNS[k].split(",")) for k, v in rows.items()}
   for name, frame in frames.items():
-    remote.write_bytes_atomic(out / f"{name}.csv", frame.to_csv(index=False, float_format="%.6g").encode())
+    tables.write(out / f"{name}.csv", frame.to_dict("records"), tables.STUDY[name])  # floats '%.6g', NaN empty
   figures = _figures(frames, out)
   parts = [f"# Study: {os.fspath(root)}", ""] + _emergence_sections(frames)
   parts += _formation_sections(frames) + _structural_sections(frames) + _later_sections(frames)

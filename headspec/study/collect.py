@@ -29,31 +29,8 @@ def tasks() -> tuple[str, ...]:
   return tuple(probe_tasks.REGISTRY)
 
 
-COLUMNS = {  # every study table's columns (docs/outputs.md), so that an empty table still has its header
-  "training": "run,condition,seed,step,loss,eval_loss",
-  "emergence": "run,condition,seed,step,task,best_layer,best_head,selectivity,ci_low,ci_high,median_selectivity,"
-  "selective_heads,"
-  "above_init_heads,init_best,heads,"
-  "residual_layer,residual_selectivity",
-  "layers": "run,condition,seed,task,layer,first_step",
-  "structural": "run,condition,seed,step,task,metric,source,choice,layer,head,value,ci_low,ci_high,control_value,"
-  "selectivity,linear,n",
-  "diversity": "run,condition,seed,step,metric,value",
-  "roles": "run,condition,seed,step,role,layer,head,score,median_score",
-  "causal": "run,condition,seed,step,task,k,metric,value,ci_low,ci_high,mde",
-  "induction": "run,condition,seed,step,measure,k,value,ci_low,ci_high,mde",
-  "formation": "run,condition,seed,source,task,layer,head,init_best,formation_step",
-  "causal_seeds": "condition,task,k,metric,mean,t_low,t_high,min,max,seeds,p_value,family,p_holm,mde,below_0,"
-  "above_0,tost_margin,tost_p",
-  "formation_tests": "quantity,condition_a,condition_b,formed_a,seeds_a,formed_b,seeds_b,median_step_a,"
-  "median_step_b,fisher_p,fisher_p_holm,mannwhitney_u,mannwhitney_p,mannwhitney_p_holm",
-  "conditions": "condition,task,measure,k,difference,ci_low,ci_high,seeds,baseline_seeds,test,p_value,family,p_holm",
-  "rankings": "run,condition,seed,step,task,measure,spearman,p_value,p_holm,within_layer_spearman,"
-  "within_layer_p,within_layer_p_holm,heads",
-  "reference": "run,condition,kind,what,layer,head,value,baseline,n",
-  "sae_heads": "run,condition,seed,step,sae,layer,head,specialization,exclusive_features,features_carried",
-  "sae": "run,condition,seed,step,sae,measure,task,value,p_value,p_holm,heads",
-}
+COLUMNS = {name: ",".join(t.columns) for name, t in tables.STUDY.items()}
+"""Every study table's columns (headspec/tables.py `STUDY`, docs/outputs.md), so an empty table has its header."""
 
 
 def _frame(workdir, table):
