@@ -117,13 +117,7 @@ def _full_step(graphdef, state, tokens_BS, valid_BS, positions_BS, last, edits, 
   return _pick(logits_BSV[:, last], key, temperature, greedy, top_k)
 
 
-@check.arguments(
-  max_new_tokens=check.integer(0),
-  top_k=check.optional(check.integer(1)),
-  use_cache=check.boolean,
-  eos_id=check.optional(check.integer(0)),
-  seed=check.integer(0),
-)
+@check.arguments(max_new_tokens=check.integer(0), use_cache=check.boolean, seed=check.integer(0))
 def generate(
   model,
   prompt,
