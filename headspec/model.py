@@ -485,7 +485,7 @@ ATTENTION_PATHS = ("cudnn", "xla", "per_head")
 
 
 def attention_implementation(
-  cfg: ModelConfig, *, need_pattern: bool, platform: str, dtype, dropout: bool = False
+  cfg: ModelConfig, *, need_pattern: bool, platform: str, dtype, dropout: bool = False, lengths=(0, 0)
 ) -> tuple[str, str]:
   """(path, reason): how one attention layer computes softmax(q kᵀ) v (docs/scale.md, "Which attention path").
 
@@ -493,7 +493,8 @@ def attention_implementation(
   captured or edited (`need_pattern`), under attention dropout, and with soft-capped logits, which neither fused
   kernel computes. Otherwise `jax.nn.dot_product_attention` fuses it: 'cudnn' (flash attention, Dao et al.
   2022) on a GPU in float16/bfloat16 with d_head <= 128 and a multiple of 8, else 'xla'. platform: a
-  `jax.default_backend()` name ('cpu', 'gpu', 'tpu'); dtype: the compute dtype of q, k, v.
+  `jax.default_backend()` name ('cpu', 'gpu', 'tpu'); dtype: the compute dtype of q, k, v; lengths: (T, S), the
+  queries' and keys' lengths (cuDNN's masked kernel, differentiated, needs both even).
   """
   if need_pattern:
     return "per_head", "the pattern or attention scores are captured or edited"
@@ -507,6 +508,8 @@ def attention_implementation(
     return "xla", f"dtype {jnp.dtype(dtype).name}: cuDNN's flash attention needs float16 or bfloat16"
   if cfg.d_head > 128 or cfg.d_head % 8:
     return "xla", f"d_head={cfg.d_head}: cuDNN's flash attention needs d_head <= 128 and a multiple of 8"
+  if any(n % 2 for n in lengths):
+    return "xla", f"lengths (T, S)={tuple(lengths)}: cuDNN's masked attention needs even lengths"
   return "cudnn", "GPU, half precision, pattern not needed"
 
 
@@ -579,7 +582,12 @@ class Attention(nnx.Module):
     dropout_on = dropout_rngs is not None and self.attention_dropout.rate > 0
     need_pattern = bool({"probs", "pattern", "attn_scores"} & set(capture) or {"pattern", "attn_scores"} & set(edits))
     path, _ = attention_implementation(
-      cfg, need_pattern=need_pattern, platform=jax.default_backend(), dtype=q_BTHK.dtype, dropout=dropout_on
+      cfg,
+      need_pattern=need_pattern,
+      platform=jax.default_backend(),
+      dtype=q_BTHK.dtype,
+      dropout=dropout_on,
+      lengths=(q_BTHK.shape[1], k_BSHK.shape[1]),
     )
     # K/V per query head wherever one is read, edited or cached per head; the fused kernels take the groups as is.
     per_head_kv = path == "per_head" or cache is not None or not grouped_kv

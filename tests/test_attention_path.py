@@ -30,6 +30,9 @@ def test_selection():
   path, reason = pick(ModelConfig(**{**BASE, "d_head": 12}))
   assert path == "xla" and "d_head=12" in reason
   assert pick(ModelConfig(**{**BASE, "d_head": 256}))[0] == "xla"
+  assert pick(lengths=(12, 12))[0] == "cudnn"
+  path, reason = pick(lengths=(7, 7))
+  assert path == "xla" and "even" in reason
   # grouped-query attention, sliding windows, qk-norm, rotary: the fused kernel takes them (mask, G | H)
   options = dict(num_kv_heads=2, attention_windows=(3, 0), qk_norm="head", positions="rotary", norm="rmsnorm")
   assert pick(ModelConfig(**BASE, **options))[0] == "cudnn"
