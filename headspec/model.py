@@ -481,6 +481,38 @@ class KVCache:
     return cls(zeros, zeros, jnp.zeros((B, S), bool), jnp.zeros((B, S), jnp.int32), jnp.zeros((), jnp.int32))
 
 
+ATTENTION_PATHS = ("cudnn", "xla", "per_head")
+
+
+def attention_implementation(
+  cfg: ModelConfig, *, need_pattern: bool, platform: str, dtype, dropout: bool = False, lengths=(0, 0)
+) -> tuple[str, str]:
+  """(path, reason): how one attention layer computes softmax(q kᵀ) v (docs/scale.md, "Which attention path").
+
+  'per_head' writes out each head's [B,H,T,S] scores and map: needed when the pattern or attention scores are
+  captured or edited (`need_pattern`), under attention dropout, and with soft-capped logits, which neither fused
+  kernel computes. Otherwise `jax.nn.dot_product_attention` fuses it: 'cudnn' (flash attention, Dao et al.
+  2022) on a GPU in float16/bfloat16 with d_head <= 128 and a multiple of 8, else 'xla'. platform: a
+  `jax.default_backend()` name ('cpu', 'gpu', 'tpu'); dtype: the compute dtype of q, k, v; lengths: (T, S), the
+  queries' and keys' lengths (cuDNN's masked kernel, differentiated, needs both even).
+  """
+  if need_pattern:
+    return "per_head", "the pattern or attention scores are captured or edited"
+  if dropout:
+    return "per_head", "attention dropout drops entries of the pattern"
+  if cfg.attention_softcap:
+    return "per_head", "attention_softcap: the fused kernels do not soft-cap logits"
+  if platform not in ("gpu", "cuda"):
+    return "xla", f"platform {platform}: cuDNN runs on GPUs only"
+  if jnp.dtype(dtype) not in (jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16)):
+    return "xla", f"dtype {jnp.dtype(dtype).name}: cuDNN's flash attention needs float16 or bfloat16"
+  if cfg.d_head > 128 or cfg.d_head % 8:
+    return "xla", f"d_head={cfg.d_head}: cuDNN's flash attention needs d_head <= 128 and a multiple of 8"
+  if any(n % 2 for n in lengths):
+    return "xla", f"lengths (T, S)={tuple(lengths)}: cuDNN's masked attention needs even lengths"
+  return "cudnn", "GPU, half precision, pattern not needed"
+
+
 class Attention(nnx.Module):
   """Multi-head self-attention with per-head projections W_Q [D,H,K], W_K, W_V [D,G,K] and W_O [H,K,D].
 
@@ -529,12 +561,13 @@ class Attention(nnx.Module):
       raise UserError("interventions k_in: grouped-query attention with qk_norm='full' reads all groups' keys at once")
     return norm(y_BTHK.reshape(B, T, H * K)).reshape(B, T, H, K)
 
-  def __call__(self, x_BTD, mask_BTS, dropout_rngs, capture, edits, positions_BT, cache=None):
+  def __call__(self, x_BTD, mask_BTS, dropout_rngs, capture, edits, positions_BT, cache=None, grouped_kv=False):
     """(out_BTD, captured) with `edits` {site: (edit of this layer, ...)} applied at q, k, v, attn_scores,
     pattern, z, head_out. x_BTD: the normed input, or a tuple of the queries', keys' and values' inputs ([B,T,D]
     or per head [B,T,H,D]). cache: this layer's (k_BSHK, v_BSHK, index) of a KVCache: the T new keys and
     values are written at slots index.., attention reads all S slots (mask_BTS), and captured['kv_cache'] is
-    the updated (k_BSHK, v_BSHK)."""
+    the updated (k_BSHK, v_BSHK). grouped_kv: a fused path may read grouped-query K/V un-repeated (a forward
+    without captures or edits; with them, K/V are repeated per query head as always, so they stay bit for bit)."""
     dt, cfg = self.dtype, self.cfg
     x_q, x_k, x_v = x_BTD if isinstance(x_BTD, tuple) else (x_BTD,) * 3
     q_BTHK = self._project(x_q, self.w_q_DHK, self.b_q_HK)
@@ -545,7 +578,20 @@ class Attention(nnx.Module):
     if cfg.positions == "rotary":
       inv_freq = rotary_frequencies(cfg)
       q_BTHK, k_BSHK = apply_rotary(q_BTHK, positions_BT, inv_freq), apply_rotary(k_BSHK, positions_BT, inv_freq)
-    if cfg.kv_heads != cfg.num_heads:  # grouped-query attention: every query head gets its group's K and V
+    scale = cfg.attention_scale or q_BTHK.shape[-1] ** -0.5
+    dropout_on = dropout_rngs is not None and self.attention_dropout.rate > 0
+    need_pattern = bool({"probs", "pattern", "attn_scores"} & set(capture) or {"pattern", "attn_scores"} & set(edits))
+    path, _ = attention_implementation(
+      cfg,
+      need_pattern=need_pattern,
+      platform=jax.default_backend(),
+      dtype=q_BTHK.dtype,
+      dropout=dropout_on,
+      lengths=(q_BTHK.shape[1], k_BSHK.shape[1]),
+    )
+    # K/V per query head wherever one is read, edited or cached per head; the fused kernels take the groups as is.
+    per_head_kv = path == "per_head" or cache is not None or not grouped_kv
+    if cfg.kv_heads != cfg.num_heads and per_head_kv:  # grouped-query attention: each query head gets its K, V
       per_group = cfg.num_heads // cfg.kv_heads
       group = lambda y: y if y.shape[2] == cfg.num_heads else jnp.repeat(y, per_group, axis=2)  # per head already
       k_BSHK, v_BSHK = group(k_BSHK), group(v_BSHK)
@@ -556,11 +602,8 @@ class Attention(nnx.Module):
       k_BSHK = jax.lax.dynamic_update_slice(k_cache, k_BSHK.astype(k_cache.dtype), (0, index, 0, 0))
       v_BSHK = jax.lax.dynamic_update_slice(v_cache, v_BSHK.astype(v_cache.dtype), (0, index, 0, 0))
       captured["kv_cache"] = (k_BSHK, v_BSHK)
-    scale = cfg.attention_scale or q_BTHK.shape[-1] ** -0.5
-    dropout_on = dropout_rngs is not None and self.attention_dropout.rate > 0
     probs_BHTS = None
-    explicit = {"probs", "pattern", "attn_scores"} & set(capture) or {"pattern", "attn_scores"} & set(edits)
-    if explicit or dropout_on or cfg.attention_softcap:  # explicit per-head path: A_h needed or changed
+    if path == "per_head":  # the written-out path: A_h needed or changed
       logits_BHTS = jnp.einsum("bthk,bshk->bhts", q_BTHK, k_BSHK).astype(jnp.float32) * scale
       if cfg.attention_softcap:
         logits_BHTS = cfg.attention_softcap * jnp.tanh(logits_BHTS / cfg.attention_softcap)
@@ -573,8 +616,10 @@ class Attention(nnx.Module):
       probs_BHTS = _apply(edits, "pattern", probs_BHTS)
       dropped_BHTS = self.attention_dropout(probs_BHTS, deterministic=dropout_rngs is None, rngs=dropout_rngs)
       z_BTHK = jnp.einsum("bhts,bshk->bthk", dropped_BHTS.astype(dt), v_BSHK)
-    else:  # fused (cuDNN's flash attention on GPU where it applies, XLA elsewhere); still per head
-      z_BTHK = jax.nn.dot_product_attention(q_BTHK, k_BSHK, v_BSHK, mask=mask_BTS[:, None], scale=scale)
+    else:  # fused: jax.nn.dot_product_attention, cuDNN or XLA as chosen above; K/V un-repeated (G heads)
+      z_BTHK = jax.nn.dot_product_attention(
+        q_BTHK, k_BSHK, v_BSHK, mask=mask_BTS[:, None], scale=scale, implementation=path
+      )
     if "z" in capture:
       captured["z"] = z_BTHK
     masked_BTHK = _apply(edits, "z", z_BTHK)  # the head mask first: Z_h·m + (1 − m)·r
@@ -642,11 +687,22 @@ class Block(nnx.Module):
     self.sublayer_norm, self.parallel_residual = cfg.sublayer_norm, cfg.parallel_residual
     self.window, self.causal = window, cfg.kind == "decoder"
 
-  def __call__(self, x_BTD, mask_BTS, dropout_rngs, capture, edits, positions_BT, key_positions_BS=None, cache=None):
+  def __call__(
+    self,
+    x_BTD,
+    mask_BTS,
+    dropout_rngs,
+    capture,
+    edits,
+    positions_BT,
+    key_positions_BS=None,
+    cache=None,
+    grouped_kv=False,
+  ):
     """(resid_post_BTD, captured): the sites resid_pre, attn_out, resid_mid, mlp_in, mlp_post, mlp_out,
     resid_post, ln1_scale and ln2_scale read and edited where each is defined for this block's layout
     (`SITES`), the attention's sites inside it. key_positions_BS: the keys' positions when they are not the
-    queries' (a KVCache's slots); cache: this layer's part of it (`Attention.__call__`)."""
+    queries' (a KVCache's slots); cache, grouped_kv: this layer's part of the KVCache, and as `Attention.__call__`."""
     drop = lambda y: self.dropout(y, deterministic=dropout_rngs is None, rngs=dropout_rngs)
     if self.window:  # sliding-window attention: keys fewer than `window` positions back
       key_positions_BS = positions_BT if key_positions_BS is None else key_positions_BS
@@ -697,7 +753,7 @@ class Block(nnx.Module):
 
     attn_in = tuple(head_input(name) for name in ("q_in", "k_in", "v_in"))
     attn_in = attn_in_BTD if all(x is attn_in_BTD for x in attn_in) else attn_in
-    attn_BTD, inner = self.attention(attn_in, mask_BTS, dropout_rngs, capture, edits, positions_BT, cache)
+    attn_BTD, inner = self.attention(attn_in, mask_BTS, dropout_rngs, capture, edits, positions_BT, cache, grouped_kv)
     captured.update(inner)
     attn_out_BTD = site("attn_out", drop(post_attention(attn_BTD)))
     post_ln = not (self.sublayer_norm or self.pre_layernorm or self.parallel_residual)
@@ -878,6 +934,7 @@ class Transformer(nnx.Module):
       mask_BTS = mask_BTS & (segment_BT[:, :, None] == segment_BT[:, None, :])
     if cfg.kind == "decoder" and kv_cache is None:
       mask_BTS = mask_BTS & jnp.tril(jnp.ones((T, T), bool))[None]
+    no_head_edit = head_mask is None and head_replacement is None
     head_mask = jnp.ones((L, H)) if head_mask is None else jnp.asarray(head_mask)
     if head_mask.shape not in ((L, H), (B, L, H)):
       raise UserError(f"head_mask of shape {head_mask.shape}: expected [L,H]={[L, H]} or [B,L,H]={[B, L, H]}")
@@ -892,6 +949,8 @@ class Transformer(nnx.Module):
       replacement_BLHK = jnp.broadcast_to(head_replacement, (B, L, H, cfg.d_head))
       head_add_LBTHK = jnp.transpose((1 - head_mask_BLH)[..., None] * replacement_BLHK, (1, 0, 2, 3))[:, :, None]
     interventions = check_interventions(cfg, interventions, B, T, S)
+    # A plain forward (no capture, edit, head mask or cache) lets the fused attention read grouped K/V as is.
+    grouped_kv = not capture and not interventions and no_head_edit and kv_cache is None
     names = {_FIELD_OF.get(name, name) for name in capture} - {"embeddings", "ln_final_scale"}
     block_capture = frozenset(names | {site for site, field in _FIELD_OF.items() if field in names})
 
@@ -910,7 +969,7 @@ class Transformer(nnx.Module):
       edits["z"] = (z_edit, *edits.get("z", ()))
       cache = None if kv_cache is None else (kv_cache.k_LBSHK[layer], kv_cache.v_LBSHK[layer], kv_cache.index)
       x_BTD, captured = self.blocks[layer](
-        x_BTD, mask_BTS, dropout_rngs, block_capture, edits, positions_BT, key_positions_BS, cache
+        x_BTD, mask_BTS, dropout_rngs, block_capture, edits, positions_BT, key_positions_BS, cache, grouped_kv
       )
       if cache is not None:
         new_k.append(captured["kv_cache"][0])
