@@ -7,6 +7,7 @@ import errno
 import json
 import os
 import pathlib
+import re
 import shutil
 import subprocess
 import sys
@@ -232,6 +233,13 @@ def _train_args(workdir, data_dir, steps: int):
   return cmd + [f"--config.{flag}" for flag in f"{shape} {rest}".split()]
 
 
+def _lines_but_bars(stderr: str) -> list[str]:
+  """stderr's non-empty lines less the training bar's redraws (`train:  17%|█▋  | 2/12 ...`) and absl's
+  INFO lines (`I1202 03:50:22.81 ... text_tfds.py:93] ...`): what is left must be the one error line."""
+  bar_or_info = re.compile(r"\s*train: +\d+%\||I\d{4} \d\d:\d\d:\d\d")
+  return [line for line in stderr.splitlines() if line.strip() and not bar_or_info.match(line)]
+
+
 @pytest.mark.slow  # a training subprocess: about 15 s on an idle 2-core machine
 def test_training_stops_at_the_save_that_fails(disk, synthetic_data_dir, tmp_path):
   """checkpoints/ on a tmpfs of room for a few steps: the save that does not fit stops the run there, in one
@@ -240,7 +248,7 @@ def test_training_stops_at_the_save_that_fails(disk, synthetic_data_dir, tmp_pat
   run = tmp_path / "run"
   d = disk(run / "checkpoints", size="600k")  # a step of this model takes about 240 kB
   done = subprocess.run(_train_args(run, synthetic_data_dir, 12), cwd=REPO, capture_output=True, text=True, timeout=300)
-  errors = [line for line in done.stderr.splitlines() if line.strip()]
+  errors = _lines_but_bars(done.stderr)
   assert done.returncode == 2 and len(errors) == 1, done.stderr[-3000:]
   failed = int(errors[0].split("saving the checkpoint of step ")[1].split()[0])
   assert errors[0].startswith(
@@ -267,7 +275,7 @@ def test_metrics_jsonl_on_a_full_disk_stops_training_in_one_line(disk, synthetic
   train_and_evaluate(tiny_config(synthetic_data_dir, steps=1), run)
   d.fill()
   done = subprocess.run(_train_args(run, synthetic_data_dir, 3), cwd=REPO, capture_output=True, text=True, timeout=300)
-  errors = [line for line in done.stderr.splitlines() if line.strip()]
+  errors = _lines_but_bars(done.stderr)
   assert done.returncode == 2 and len(errors) == 1 and "No space left on device" in errors[0], done.stderr[-3000:]
   assert errors[0].startswith(f"headspec: error: {run}"), errors[0]
   assert not [p for p in run.rglob("*") if ".tmp-" in p.name or "orbax-checkpoint-tmp" in p.name]
