@@ -118,8 +118,11 @@ class AttentionView:
   def save(self, path):
     from etils import epath
 
+    from headspec import remote
+
     path = epath.Path(path)
-    path.write_text(f"<!doctype html><meta charset='utf-8'><title>attention</title>{self.html}")
+    page = f"<!doctype html><meta charset='utf-8'><title>attention</title>{self.html}"
+    remote.write_bytes_atomic(path, page.encode())  # whole or not at all (a full disk leaves no half page)
     return path
 
 
