@@ -117,6 +117,16 @@ def _full_step(graphdef, state, tokens_BS, valid_BS, positions_BS, last, edits, 
   return _pick(logits_BSV[:, last], key, temperature, greedy, top_k)
 
 
+def _check_sampling(cfg, temperature, top_k, eos_id) -> None:
+  """generate's sampling arguments, each refused in one line naming its range."""
+  if isinstance(temperature, bool) or not isinstance(temperature, int | float) or not temperature >= 0:
+    raise UserError(f"generate: temperature={temperature!r} must be a number ≥ 0")
+  if top_k is not None and (isinstance(top_k, bool) or not isinstance(top_k, int) or not 1 <= top_k <= cfg.vocab_size):
+    raise UserError(f"generate: top_k={top_k!r} must be None or an int in 1..{cfg.vocab_size}")
+  if eos_id is not None and (not isinstance(eos_id, int | np.integer) or not 0 <= eos_id < cfg.vocab_size):
+    raise UserError(f"generate: eos_id={eos_id!r} must be None or a token id in 0..{cfg.vocab_size - 1}")
+
+
 @check.arguments(max_new_tokens=check.integer(0), use_cache=check.boolean, seed=check.integer(0))
 def generate(
   model,
@@ -147,15 +157,7 @@ def generate(
   cfg = model.cfg
   if cfg.kind != "decoder":
     raise UserError("generate: the model is an encoder (masked LM); generation needs a decoder")
-  for name, value in (("max_new_tokens", max_new_tokens), ("seed", seed)):
-    if not isinstance(value, int | np.integer) or isinstance(value, bool) or value < 0:
-      raise UserError(f"generate: {name}={value!r} must be an int ≥ 0")
-  if isinstance(temperature, bool) or not isinstance(temperature, int | float) or not temperature >= 0:
-    raise UserError(f"generate: temperature={temperature!r} must be a number ≥ 0")
-  if top_k is not None and (isinstance(top_k, bool) or not isinstance(top_k, int) or not 1 <= top_k <= cfg.vocab_size):
-    raise UserError(f"generate: top_k={top_k!r} must be None or an int in 1..{cfg.vocab_size}")
-  if eos_id is not None and (not isinstance(eos_id, int | np.integer) or not 0 <= eos_id < cfg.vocab_size):
-    raise UserError(f"generate: eos_id={eos_id!r} must be None or a token id in 0..{cfg.vocab_size - 1}")
+  _check_sampling(cfg, temperature, top_k, eos_id)  # max_new_tokens and seed: the API check above
   rows, single = _rows(prompt, tokenizer, cfg.vocab_size)
   B, P = len(rows), max(map(len, rows))
   if P + max_new_tokens > cfg.max_len:

@@ -35,12 +35,7 @@ def test_the_page_has_its_blocks():
 def test_the_snippets_run(capsys):
   pytest.importorskip("transformers")
   namespace = {}
-  skipped = []
   for needs, code in blocks():
-    if needs and not hasattr(headspec, needs):
-      skipped.append(needs)  # another part of the issue adds it; the block runs once it exists
-      continue
+    assert not needs or hasattr(headspec, needs), f"docs/transformerlens.md uses headspec.{needs}, which is gone"
     exec(compile(code, f"{PAGE}:{needs or 'block'}", "exec"), namespace)
   assert namespace["frame"].shape[1] == 4 and len(namespace["per_layer"]) == namespace["L"] + 1
-  if skipped:
-    pytest.skip(f"docs/transformerlens.md ran without the block(s) needing headspec.{', '.join(skipped)}")

@@ -5,7 +5,6 @@ huggingface_hub with their pinned SHA-256."""
 import hashlib
 import logging
 import pathlib
-import sys
 
 import pytest
 from absl import logging as absl_logging
@@ -274,9 +273,10 @@ def test_a_hub_that_cannot_be_reached_is_one_line(tmp_path, monkeypatch):
 
 
 def test_huggingface_hub_is_a_declared_dependency():
-  if sys.version_info < (3, 11):
-    pytest.skip("tomllib")
-  import tomllib
+  try:
+    import tomllib
+  except ImportError:  # Python 3.10: pip's own copy of the same parser
+    from pip._vendor import tomli as tomllib
 
   pyproject = tomllib.loads((pathlib.Path(__file__).resolve().parent.parent / "pyproject.toml").read_text())
   names = [
