@@ -63,6 +63,22 @@ def _induction_figure(ind, per_run, colors):
   return fig
 
 
+def _sae_figure(sae, per_run, colors):
+  """study/sae.png: per run over training, the mean feature specialization S_h and the exclusive features."""
+  import matplotlib.pyplot as plt
+
+  shown = (("specialization_mean", "mean feature specialization S_h over heads"),
+           ("exclusive_features", "head-exclusive SAE features (all heads)"))  # fmt: skip
+  fig, axes = plt.subplots(1, len(shown), figsize=(4.5 * len(shown), 3.4), squeeze=False)
+  for ax, (measure, title) in zip(axes[0], shown):
+    per_run(ax, sae[sae["measure"] == measure], "value")
+    ax.set_title(title, fontsize=9)
+    ax.set_xlabel("training step (0 drawn at 1)")
+  drawn = sorted(set(sae["condition"]))
+  axes[0, 0].legend([plt.Line2D([], [], color=colors[c]) for c in drawn], drawn, fontsize=8)
+  return fig
+
+
 def _draw(frames: dict, out: epath.Path) -> list[str]:
   import matplotlib.pyplot as plt
 
@@ -150,16 +166,7 @@ def _draw(frames: dict, out: epath.Path) -> list[str]:
 
   sae = frames.get("sae", ())
   if len(sae):
-    shown = (("specialization_mean", "mean feature specialization S_h over heads"),
-             ("exclusive_features", "head-exclusive SAE features (all heads)"))  # fmt: skip
-    fig, axes = plt.subplots(1, len(shown), figsize=(4.5 * len(shown), 3.4), squeeze=False)
-    for ax, (measure, title) in zip(axes[0], shown):
-      per_run(ax, sae[sae["measure"] == measure], "value")
-      ax.set_title(title, fontsize=9)
-      ax.set_xlabel("training step (0 drawn at 1)")
-    drawn = sorted(set(sae["condition"]))
-    axes[0, 0].legend([plt.Line2D([], [], color=colors[c]) for c in drawn], drawn, fontsize=8)
-    save(fig, "sae.png")
+    save(_sae_figure(sae, per_run, colors), "sae.png")
 
   ro = frames["roles"]
   if len(ro):
