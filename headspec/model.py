@@ -778,6 +778,48 @@ class Block(nnx.Module):
     return site("resid_post", post_BTD), captured
 
 
+def _attention_mask(cfg, valid_BT, positions_BT, segment_BT, kv_cache):
+  """(mask_BTS, positions_BT, key_positions_BS, valid_BS) of a forward: padding, packed-row segments and
+  the causal mask; when decoding with a KVCache, queries at slots index.. and keys at every slot written so
+  far (key_positions_BS, valid_BS: the cache's, updated; None without a cache)."""
+  B, T = valid_BT.shape
+  key_positions_BS = valid_BS = None
+  if kv_cache is not None:  # decoding: queries at slots index.., keys at every slot written so far
+    S, index = kv_cache.valid_BS.shape[1], kv_cache.index
+    slots_T = index + jnp.arange(T)
+    positions_BT = jnp.broadcast_to(slots_T[None], (B, T)) if positions_BT is None else positions_BT
+    valid_BS = jax.lax.dynamic_update_slice(kv_cache.valid_BS, valid_BT, (0, index))
+    key_positions_BS = jax.lax.dynamic_update_slice(kv_cache.positions_BS, positions_BT.astype(jnp.int32), (0, index))
+    mask_BTS = valid_BS[:, None, :] & (jnp.arange(S)[None, None, :] <= slots_T[None, :, None])
+  if positions_BT is None:
+    positions_BT = jnp.broadcast_to(jnp.arange(T)[None], (B, T))
+  if kv_cache is None:
+    mask_BTS = jnp.broadcast_to(valid_BT[:, None, :], (B, T, T))
+  if segment_BT is not None:  # packed rows: a token attends within its own sequence only
+    mask_BTS = mask_BTS & (segment_BT[:, :, None] == segment_BT[:, None, :])
+  if cfg.kind == "decoder" and kv_cache is None:
+    mask_BTS = mask_BTS & jnp.tril(jnp.ones((T, T), bool))[None]
+  return mask_BTS, positions_BT, key_positions_BS, valid_BS
+
+
+def _head_edit(cfg, head_mask, head_replacement, B: int):
+  """The head mask and replacement as the first edit of site z (keep m, add (1 − m)·r), per layer:
+  (keep_LBTHK [L,B,1,H,1], add_LBTHK [L,B,1,H,K] or None)."""
+  L, H = cfg.num_layers, cfg.num_heads
+  head_mask = jnp.ones((L, H)) if head_mask is None else jnp.asarray(head_mask)
+  if head_mask.shape not in ((L, H), (B, L, H)):
+    raise UserError(f"head_mask of shape {head_mask.shape}: expected [L,H]={[L, H]} or [B,L,H]={[B, L, H]}")
+  head_mask_BLH = jnp.broadcast_to(head_mask, (B, L, H))
+  keep_LBTHK = jnp.transpose(head_mask_BLH, (1, 0, 2))[:, :, None, :, None]
+  if head_replacement is None:
+    return keep_LBTHK, None
+  head_replacement = jnp.asarray(head_replacement)
+  if head_replacement.shape not in ((L, H, cfg.d_head), (B, L, H, cfg.d_head)):
+    raise UserError(f"head_replacement of shape {head_replacement.shape}: expected [L,H,K] or [B,L,H,K]")
+  replacement_BLHK = jnp.broadcast_to(head_replacement, (B, L, H, cfg.d_head))
+  return keep_LBTHK, jnp.transpose((1 - head_mask_BLH)[..., None] * replacement_BLHK, (1, 0, 2, 3))[:, :, None]
+
+
 class Transformer(nnx.Module):
   """Encoder (bidirectional, masked-LM head) or decoder (causal, LM head), per `ModelConfig.kind`."""
 
@@ -908,7 +950,7 @@ class Transformer(nnx.Module):
     row; packed rows restart it at every sequence, as for `__call__`). kv_cache: as for `__call__`.
     """
     cfg = self.cfg
-    L, H = cfg.num_layers, cfg.num_heads
+    L = cfg.num_layers
     unknown = set(capture) - set(CAPTURE_FIELDS)
     if unknown:
       raise UserError(f"unknown capture field(s) {sorted(unknown)}; choose from {CAPTURE_FIELDS}")
@@ -916,38 +958,13 @@ class Transformer(nnx.Module):
       raise UserError(f"output={output!r} must be 'logits' or 'hidden', start_layer={start_layer} in [0, {L})")
     B, T, _ = x_BTD.shape
     valid_BT = jnp.ones((B, T), bool) if valid_BT is None else valid_BT.astype(bool)
-    key_positions_BS, S = None, T
-    if kv_cache is not None:  # decoding: queries at slots index.., keys at every slot written so far
-      if cfg.kind != "decoder" or segment_BT is not None or start_layer:
-        raise UserError("kv_cache: decoders only, without segment_BT or start_layer")
-      S, index = kv_cache.valid_BS.shape[1], kv_cache.index
-      slots_T = index + jnp.arange(T)
-      positions_BT = jnp.broadcast_to(slots_T[None], (B, T)) if positions_BT is None else positions_BT
-      valid_BS = jax.lax.dynamic_update_slice(kv_cache.valid_BS, valid_BT, (0, index))
-      key_positions_BS = jax.lax.dynamic_update_slice(kv_cache.positions_BS, positions_BT.astype(jnp.int32), (0, index))
-      mask_BTS = valid_BS[:, None, :] & (jnp.arange(S)[None, None, :] <= slots_T[None, :, None])
-    if positions_BT is None:
-      positions_BT = jnp.broadcast_to(jnp.arange(T)[None], (B, T))
-    if kv_cache is None:
-      mask_BTS = jnp.broadcast_to(valid_BT[:, None, :], (B, T, T))
-    if segment_BT is not None:  # packed rows: a token attends within its own sequence only
-      mask_BTS = mask_BTS & (segment_BT[:, :, None] == segment_BT[:, None, :])
-    if cfg.kind == "decoder" and kv_cache is None:
-      mask_BTS = mask_BTS & jnp.tril(jnp.ones((T, T), bool))[None]
+    if kv_cache is not None and (cfg.kind != "decoder" or segment_BT is not None or start_layer):
+      raise UserError("kv_cache: decoders only, without segment_BT or start_layer")
+    mask_BTS, positions_BT, key_positions_BS, valid_BS = _attention_mask(cfg, valid_BT, positions_BT, segment_BT,
+                                                                          kv_cache)  # fmt: skip
+    S = mask_BTS.shape[-1]
     no_head_edit = head_mask is None and head_replacement is None
-    head_mask = jnp.ones((L, H)) if head_mask is None else jnp.asarray(head_mask)
-    if head_mask.shape not in ((L, H), (B, L, H)):
-      raise UserError(f"head_mask of shape {head_mask.shape}: expected [L,H]={[L, H]} or [B,L,H]={[B, L, H]}")
-    head_mask_BLH = jnp.broadcast_to(head_mask, (B, L, H))
-    # The head mask and replacement: the first edit of site z (keep m, add (1 − m)·r), per layer [B,1,H,1|K].
-    head_keep_LBTHK = jnp.transpose(head_mask_BLH, (1, 0, 2))[:, :, None, :, None]
-    head_add_LBTHK = None
-    if head_replacement is not None:
-      head_replacement = jnp.asarray(head_replacement)
-      if head_replacement.shape not in ((L, H, cfg.d_head), (B, L, H, cfg.d_head)):
-        raise UserError(f"head_replacement of shape {head_replacement.shape}: expected [L,H,K] or [B,L,H,K]")
-      replacement_BLHK = jnp.broadcast_to(head_replacement, (B, L, H, cfg.d_head))
-      head_add_LBTHK = jnp.transpose((1 - head_mask_BLH)[..., None] * replacement_BLHK, (1, 0, 2, 3))[:, :, None]
+    head_keep_LBTHK, head_add_LBTHK = _head_edit(cfg, head_mask, head_replacement, B)
     interventions = check_interventions(cfg, interventions, B, T, S)
     # A plain forward (no capture, edit, head mask or cache) lets the fused attention read grouped K/V as is.
     grouped_kv = not capture and not interventions and no_head_edit and kv_cache is None
