@@ -77,7 +77,7 @@ def metrics_cost(intermediates, valid_BT, *, causal: bool, repeats: int = 3):
 
 def streaming_cost(intermediates, valid_BT, *, causal: bool, stream_batch: int, repeats: int = 3):
   """Seconds (all batches + finalize) and MiB (one `update` call) when streaming `stream_batch` sequences at a time."""
-  fields = [getattr(intermediates, f) for f in ("q_LBTHK", "probs_LBHTS", "z_LBTHK", "head_out_LBTHD")]
+  fields = [getattr(intermediates, f) for f in ("q_LBTHK", "pattern_LBHTS", "z_LBTHK", "head_out_LBTHD")]
   L, B, _, H, K = intermediates.z_LBTHK.shape
   chunks = [
     ([x[:, i : i + stream_batch] for x in fields], valid_BT[i : i + stream_batch]) for i in range(0, B, stream_batch)

@@ -63,10 +63,11 @@ def _scaling(model, hf_model, lengths, batch_tokens: int, repeats: int):
   import torch
   from flax import nnx
 
-  from headspec.probing.features import _pooled_forward
+  from headspec.probing.features import CAPTURE
+  from headspec.words import pooled_forward
 
   graphdef, state = nnx.split(model)
-  forward = _pooled_forward(graphdef)
+  forward = pooled_forward(graphdef, CAPTURE)
   rng = np.random.default_rng(0)
   rows = []
   for T in lengths:
@@ -74,10 +75,10 @@ def _scaling(model, hf_model, lengths, batch_tokens: int, repeats: int):
     tokens = rng.integers(1000, 20000, (B, T)).astype(np.int32)
     positions, segment = np.arange(T, dtype=np.int32)[None].repeat(B, 0), np.ones((B, T), np.int32)
     pool = np.eye(T, dtype=np.float32)[None].repeat(B, 0)  # every token its own "word"
-    jax.block_until_ready(forward(state, tokens, positions, segment, pool))
+    jax.block_until_ready(forward(state, tokens, positions, segment, pool, None))
     t = time.perf_counter()
     for _ in range(repeats):
-      jax.block_until_ready(forward(state, tokens, positions, segment, pool))
+      jax.block_until_ready(forward(state, tokens, positions, segment, pool, None))
     jax_s = (time.perf_counter() - t) / repeats
     ids, mask = torch.from_numpy(tokens.astype(np.int64)), torch.ones(B, T, dtype=torch.long)
     with torch.inference_mode():

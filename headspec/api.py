@@ -39,7 +39,7 @@ import numpy as np
 from flax import nnx
 
 from headspec import arguments as check
-from headspec import targets
+from headspec import edits, targets
 from headspec import tokens as tokens_lib
 from headspec.errors import UserError
 
@@ -299,9 +299,12 @@ def _capture_forward(graphdef):
   def forward(state, tokens_BT, valid_BT, head_mask_LH, to_BWT, special_BT):
     model = nnx.merge(graphdef, state)
     logits_BTV, inter = model(
-      tokens_BT, valid_BT=valid_BT, head_mask=head_mask_LH, capture=("probs", "z", "residual", "embeddings")
+      tokens_BT,
+      valid_BT=valid_BT,
+      interventions={"z": edits.head_mask(head_mask_LH)},
+      capture=("pattern", "z", "resid_post", "embeddings"),
     )
-    attn_LBHWW, special_LBHW, _, _ = words_lib.pool_words(inter.probs_LBHTS, to_BWT, special_BT)
+    attn_LBHWW, special_LBHW, _, _ = words_lib.pool_words(inter.pattern_LBHTS, to_BWT, special_BT)
     return logits_BTV, inter, attn_LBHWW, special_LBHW
 
   return forward
@@ -378,7 +381,7 @@ def run(model, sentences, head_mask=None, *, pooling: str = "auto") -> list[Capt
     start_BW[0, :N], end_BW[0, :N] = start_N, end_N
     pool_NT = align_lib.pooling_matrix(start_BW, end_BW, P, pooling)[0, :N]
     z_LTHK = np.asarray(inter.z_LBTHK[:, 0], np.float32)
-    residual_LTD = np.asarray(inter.residual_LBTD[:, 0], np.float32)
+    residual_LTD = np.asarray(inter.resid_post_LBTD[:, 0], np.float32)
     embeddings_TD = np.asarray(inter.embeddings_BTD[0], np.float32)
     out.append(
       Captured(
@@ -388,7 +391,7 @@ def run(model, sentences, head_mask=None, *, pooling: str = "auto") -> list[Capt
         piece_start_N=np.asarray(start_N, np.int64),
         piece_end_N=np.asarray(end_N, np.int64),
         logits_TV=np.asarray(logits[0, :T], np.float32),
-        probs_LHTS=np.asarray(inter.probs_LBHTS[:, 0, :, :T, :T], np.float32),
+        probs_LHTS=np.asarray(inter.pattern_LBHTS[:, 0, :, :T, :T], np.float32),
         z_LTHK=z_LTHK[:, :T],
         residual_LTD=residual_LTD[:, :T],
         embeddings_TD=embeddings_TD[:T],
@@ -504,7 +507,8 @@ def capture(model, tokens_or_text, *, sites=None, prepend_bos=None, head_mask=No
   right-padded and masked), token ids [T] or [B, T], or a list of id lists. sites: names of
   docs/patching.md's table (q, k, v, pattern, z, head_out, resid_pre, ...), 'embeddings', or TransformerLens
   hook names; default every site but the per-head stream copies q_in, k_in, v_in. head_mask as in `run`;
-  interventions: {site: headspec.model.Edit} applied in the same pass (run_with_hooks). Compiled once per
+  interventions: {site: headspec.model.Edit} applied in the same pass (run_with_hooks), after the head mask's
+  edit of z (`edits.head_mask`). Compiled once per
   model structure, site set and token shape [B, T]: the first call of a shape takes seconds, later ones
   milliseconds (pad to a fixed length to reuse one program). Values equal the eager
   `model(tokens, capture=sites)`'s."""
@@ -529,8 +533,11 @@ def capture(model, tokens_or_text, *, sites=None, prepend_bos=None, head_mask=No
       raise UserError(f"{what}: {len(row)} tokens exceed the model's context of {cfg.max_len}")
     rows.append(row)
   tokens_BT, valid_BT = _padded(rows, getattr(tokenizer, "pad_id", 0))
-  mask_LH = _head_mask(cfg, head_mask)
-  return cache_lib.run_capture(net, tokens_BT, valid_BT, names, head_mask=mask_LH, interventions=interventions)
+  if head_mask is not None:
+    if interventions is not None and not isinstance(interventions, dict):
+      raise UserError(f"interventions: a {type(interventions).__name__}; give a dict {{site: Edit}}")
+    interventions = edits.with_head_mask(interventions, edits.head_mask(_head_mask(cfg, head_mask)))
+  return cache_lib.run_capture(net, tokens_BT, valid_BT, names, interventions=interventions)
 
 
 # ---------------------------------------------------------------------------------------- probe

@@ -64,8 +64,8 @@ TL_HOOKS = {
 }
 _TL_NAME = re.compile(r"blocks\.(\d+)\.(.+)")
 # Per-head copies of the stream (H × D per token): captured only when asked for, as TransformerLens's
-# use_split_qkv_input; the older capture names are their sites' aliases.
-NOT_BY_DEFAULT = ("q_in", "k_in", "v_in", "probs", "residual")
+# use_split_qkv_input.
+NOT_BY_DEFAULT = ("q_in", "k_in", "v_in")
 TRACES: dict = {}  # (site set, tokens shape) -> times the forward was traced (compiled); for tests
 
 
@@ -80,7 +80,9 @@ def check_sites(sites) -> tuple[str, ...]:
   out = []
   for name in (sites,) if isinstance(sites, str) else sites:
     site = TL_HOOKS.get(name, name)
-    site = {"probs": "pattern", "residual": "resid_post", "hook_embed": "embeddings"}.get(site, site)
+    site = {"hook_embed": "embeddings"}.get(site, site)
+    if site in model_lib.DEPRECATED_CAPTURE:
+      (site,) = model_lib.capture_names((site,))
     if site not in model_lib.CAPTURE_FIELDS:
       raise UserError(
         f"capture: unknown site {name!r}; choose from {', '.join(default_sites() + ('q_in', 'k_in', 'v_in'))}"
@@ -93,23 +95,23 @@ def check_sites(sites) -> tuple[str, ...]:
 
 @functools.lru_cache(maxsize=32)
 def _forward(graphdef, sites: tuple[str, ...]):
-  """jit(state, tokens_BT, valid_BT, head_mask, interventions) -> (logits_BTV, Intermediates)."""
+  """jit(state, tokens_BT, valid_BT, interventions) -> (logits_BTV, Intermediates)."""
 
   @jax.jit
-  def forward(state, tokens_BT, valid_BT, head_mask, interventions):
+  def forward(state, tokens_BT, valid_BT, interventions):
     key = (sites, tokens_BT.shape)
     TRACES[key] = TRACES.get(key, 0) + 1  # runs only while tracing
     net = nnx.merge(graphdef, state)
-    return net(tokens_BT, valid_BT=valid_BT, head_mask=head_mask, interventions=interventions, capture=sites)
+    return net(tokens_BT, valid_BT=valid_BT, interventions=interventions, capture=sites)
 
   return forward
 
 
-def run_capture(net, tokens_BT, valid_BT, sites, head_mask=None, interventions=None) -> Cache:
+def run_capture(net, tokens_BT, valid_BT, sites, interventions=None) -> Cache:
   """The jitted forward on padded token rows; `valid_BT` marks the real tokens."""
   graphdef, state = nnx.split(net)
   tokens_BT, valid_BT = jnp.asarray(tokens_BT, jnp.int32), jnp.asarray(valid_BT, bool)
-  logits_BTV, inter = _forward(graphdef, sites)(state, tokens_BT, valid_BT, head_mask, interventions)
+  logits_BTV, inter = _forward(graphdef, sites)(state, tokens_BT, valid_BT, interventions)
   acts = {name: inter.site(name) if name != "embeddings" else inter.embeddings_BTD for name in sites}
   return Cache(net, np.asarray(tokens_BT), np.asarray(valid_BT), logits_BTV, acts)
 
@@ -158,7 +160,9 @@ class Cache:
     match = _TL_NAME.fullmatch(key)
     if match and layer is None:
       layer, key = int(match.group(1)), match.group(2)
-    site = {"probs": "pattern", "residual": "resid_post", "hook_embed": "embeddings"}.get(key, TL_HOOKS.get(key, key))
+    site = {"hook_embed": "embeddings"}.get(key, TL_HOOKS.get(key, key))
+    if site in model_lib.DEPRECATED_CAPTURE:
+      (site,) = model_lib.capture_names((site,))
     value = self._site(site, f"cache[{key!r}]")
     if layer is None:
       return value

@@ -10,6 +10,10 @@ broadcast against the activation's other axes, so a [H, K] direction of z gives 
   clamp(u, value)      x + (value − x·û) û  the component along û set to `value` (a steering clamp)
   replace(value)       value                the activation replaced (broadcast to its shape)
   splice(sae)          decode(encode(x))    a module spliced in, e.g. a sparse autoencoder's reconstruction
+
+And the head ablations as an affine `Edit` of the site z (traced arrays, so a new mask never recompiles):
+
+  head_mask(m, r)      Z_h·m_h + (1 − m_h)·r_h   zero (r None) or mean ablation (r the mean of Z_h), scaling
 """
 
 from __future__ import annotations
@@ -22,7 +26,7 @@ import jax.numpy as jnp
 from headspec.errors import UserError
 from headspec.model import Apply, Edit
 
-__all__ = ["Apply", "Edit", "clamp", "project_out", "replace", "splice"]
+__all__ = ["Apply", "Edit", "clamp", "head_mask", "project_out", "replace", "splice", "with_head_mask"]
 
 
 def _unit(u):
@@ -105,3 +109,36 @@ def splice(module=None, layers=None, *, encode: Callable | None = None, decode: 
   if not (callable(encode) and callable(decode)):
     raise UserError("splice: give a module with encode and decode, or both encode= and decode= functions")
   return Apply(_Functions(encode, decode), (), layers)
+
+
+def head_mask(mask, replacement=None) -> Edit:
+  """The head mask as an Edit of site z: Z_h·m_h + (1 − m_h)·r_h before W_O (keep m, add (1 − m)·r).
+
+  mask: [L, H], or per example [B, L, H] (1 keeps a head, 0 removes it, between scales it; traced, so the
+  loss is differentiable in it: L0 gates, DropHead). replacement: None (r = 0, plain masking) or [L, H, K] or
+  [B, L, H, K], what a removed head outputs instead: with r_h = the mean of Z_h over a data set it is mean
+  ablation (Wang et al. 2022). `model(tokens, interventions={"z": head_mask(m, r)})`."""
+  mask = jnp.asarray(mask, jnp.float32)
+  if mask.ndim not in (2, 3):
+    raise UserError(f"head_mask of shape {tuple(mask.shape)}: expected [L, H] or per example [B, L, H]")
+  keep = mask[:, None] if mask.ndim == 2 else jnp.transpose(mask, (1, 0, 2))  # [L, 1 or B, H]
+  keep = keep[:, :, None, :, None]  # [L, B, T, H, K] broadcast
+  if replacement is None:
+    return Edit(keep=keep)
+  replacement = jnp.asarray(replacement)
+  if replacement.ndim != mask.ndim + 1 and not (mask.ndim == 3 and replacement.ndim == 3):
+    raise UserError(
+      f"head_mask: replacement of shape {tuple(replacement.shape)}: expected [L, H, K] or per example [B, L, H, K]"
+    )
+  r = replacement[:, None] if replacement.ndim == 3 else jnp.transpose(replacement, (1, 0, 2, 3))  # [L, 1|B, H, K]
+  return Edit(keep=keep, add=((1 - keep[:, :, 0]) * r)[:, :, None])
+
+
+def with_head_mask(interventions, edit: Edit | None) -> dict:
+  """`interventions` with the head-mask `edit` first among the edits of z (None: unchanged)."""
+  interventions = dict(interventions or {})
+  if edit is None:
+    return interventions
+  given = interventions.get("z", ())
+  interventions["z"] = [edit, *(given if isinstance(given, list | tuple) else (given,))]
+  return interventions

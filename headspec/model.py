@@ -1,15 +1,15 @@
 """The Transformer: one flax.nnx model for encoders (masked LM) and decoders (causal LM).
 
 Attention is written out per head, because heads are the object of study: every head's queries,
-keys, values, attention map and context vector `Z_h = A_h V_h` can be returned, and a head mask
-scales `Z_h` before the output projection `W_O`.
+keys, values, attention map and context vector `Z_h = A_h V_h` can be returned and edited before the output
+projection `W_O`.
 
 Intervention sites (`SITES`, docs/patching.md): named activations of every layer that a forward pass can
 return (`capture`) and edit (`interventions`, a dict {site: edit}): an `Edit` of arrays over [L, *the site's
 axes], x -> x·keep + add, or an `Apply`, x -> fn(x, *args) on chosen layers (headspec/edits.py has ready-made
 ones: projection ablation, clamping a direction, replacement, an SAE spliced in). Edits are traced data:
 changing what is patched never recompiles (an `Apply` compiles once per function), and the outputs are
-differentiable in them. The head mask and head replacement are an edit of the site `z`. A `KVCache` turns the
+differentiable in them. Head masks and mean ablation are an Edit of the site `z` (`edits.head_mask`). A `KVCache` turns the
 forward into a decoding step (headspec/generate.py) with the same sites and edits.
 
 Shape glossary: the capital letters at the end of an array's name are its axes, one letter per axis,
@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import warnings
 from collections.abc import Callable, Collection
 
 import flax.struct
@@ -72,7 +73,7 @@ SITES = {
   "v": "BTHK",
   "attn_scores": "BHTS",  # the attention logits before the softmax: scaled, soft-capped, masked (float32 min)
   "pattern": "BHTS",  # the attention map A_h (after softmax, before attention dropout)
-  "z": "BTHK",  # Z_h = A_h V_h before W_O (the head mask and replacement edit it first)
+  "z": "BTHK",  # Z_h = A_h V_h before W_O (edits.head_mask: the head mask and mean ablation edit it)
   "head_out": "BTHD",  # each head's output Z_h W_O^h; attn_out = sum over heads + b_O
   "attn_out": "BTD",  # the attention sublayer's output as added to the residual stream
   "resid_mid": "BTD",  # the residual stream after attention (post-LN: after its LayerNorm)
@@ -86,10 +87,30 @@ SITES = {
   "ln1_scale": "BT",
   "ln2_scale": "BT",
 }
-# Capture names: the sites, plus 'embeddings', the final norm's scale 'ln_final_scale' [B,T] (1 without a final
-# norm; read only) and the older names 'probs' (= pattern), 'residual' (= resid_post).
-CAPTURE_FIELDS = ("embeddings", "ln_final_scale", "probs", "residual", *SITES)
-_FIELD_OF = {"pattern": "probs", "resid_post": "residual"}  # capture name -> its Intermediates field
+# Capture names: the sites, plus 'embeddings' and the final norm's scale 'ln_final_scale' [B,T] (1 without a final
+# norm; read only). The Intermediates field of each is NAME_L<axes>.
+CAPTURE_FIELDS = ("embeddings", "ln_final_scale", *SITES)
+# The older capture names, accepted with a DeprecationWarning for one release.
+DEPRECATED_CAPTURE = {"probs": "pattern", "residual": "resid_post"}
+
+
+def capture_names(capture: Collection[str]) -> tuple[str, ...]:
+  """`capture` with the older names ('probs', 'residual') replaced by their sites, with a DeprecationWarning;
+  UserError naming an unknown name."""
+  names = []
+  for name in capture:
+    if name in DEPRECATED_CAPTURE:
+      warnings.warn(
+        f"capture name {name!r} is deprecated: use {DEPRECATED_CAPTURE[name]!r} (Intermediates field "
+        f"{DEPRECATED_CAPTURE[name]}_L{SITES[DEPRECATED_CAPTURE[name]]})",
+        DeprecationWarning,
+        stacklevel=3,
+      )
+      name = DEPRECATED_CAPTURE[name]
+    if name not in CAPTURE_FIELDS:
+      raise UserError(f"unknown capture field {name!r}; choose from {CAPTURE_FIELDS}")
+    names.append(name)
+  return tuple(dict.fromkeys(names))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -207,21 +228,22 @@ class ModelConfig:
 class Intermediates:
   """What a forward pass exposes, stacked over layers on a leading L axis; None when not requested.
 
-  `z_LBTHK` is each head's context vector A_h V_h before the head mask and W_O; `head_out_LBTHD` is
-  the head's actual contribution to the residual stream, mask_h * Z_h W_O^h (the bias b_O belongs to
-  no head). `residual_LBTD` is the residual stream after each block; `embeddings_BTD` the input to
-  block 0 (probing reports it as layer -1). Every site is captured as computed in that pass, before its
-  own edit (after edits upstream of it); `site(name)` reads one by its site name.
+  Each field is named after its site (`SITES`) and axes. `z_LBTHK` is each head's context vector A_h V_h
+  before W_O (and before any edit of z, such as a head mask); `head_out_LBTHD` is the head's actual
+  contribution to the residual stream, its edited Z_h W_O^h (the bias b_O belongs to no head).
+  `resid_post_LBTD` is the residual stream after each block; `embeddings_BTD` the input to block 0 (probing
+  reports it as layer -1). Every site is captured as computed in that pass, before its own edit (after edits
+  upstream of it); `site(name)` reads one by its site name.
   """
 
   embeddings_BTD: jax.Array | None = None
   q_LBTHK: jax.Array | None = None
   k_LBTHK: jax.Array | None = None
   v_LBTHK: jax.Array | None = None
-  probs_LBHTS: jax.Array | None = None
+  pattern_LBHTS: jax.Array | None = None
   z_LBTHK: jax.Array | None = None
   head_out_LBTHD: jax.Array | None = None
-  residual_LBTD: jax.Array | None = None
+  resid_post_LBTD: jax.Array | None = None
   resid_pre_LBTD: jax.Array | None = None
   q_in_LBTHD: jax.Array | None = None
   k_in_LBTHD: jax.Array | None = None
@@ -238,11 +260,23 @@ class Intermediates:
 
   def site(self, name: str) -> jax.Array | None:
     """The captured activation of site (or capture name) `name`, [L, *SITES[name]]."""
-    field = _FIELD_OF.get(name, name)
+    (field,) = capture_names((name,)) if name in DEPRECATED_CAPTURE or name in CAPTURE_FIELDS else (name,)
     matches = [f.name for f in dataclasses.fields(self) if f.name.rsplit("_", 1)[0] == field]
     if not matches:
       raise UserError(f"unknown site {name!r}; choose from {', '.join(SITES)}")
     return getattr(self, matches[0])
+
+  @property
+  def probs_LBHTS(self) -> jax.Array | None:
+    """Deprecated: `pattern_LBHTS`."""
+    warnings.warn("Intermediates.probs_LBHTS is deprecated: use pattern_LBHTS", DeprecationWarning, stacklevel=2)
+    return self.pattern_LBHTS
+
+  @property
+  def residual_LBTD(self) -> jax.Array | None:
+    """Deprecated: `resid_post_LBTD`."""
+    warnings.warn("Intermediates.residual_LBTD is deprecated: use resid_post_LBTD", DeprecationWarning, stacklevel=2)
+    return self.resid_post_LBTD
 
 
 @flax.struct.dataclass
@@ -580,7 +614,7 @@ class Attention(nnx.Module):
       q_BTHK, k_BSHK = apply_rotary(q_BTHK, positions_BT, inv_freq), apply_rotary(k_BSHK, positions_BT, inv_freq)
     scale = cfg.attention_scale or q_BTHK.shape[-1] ** -0.5
     dropout_on = dropout_rngs is not None and self.attention_dropout.rate > 0
-    need_pattern = bool({"probs", "pattern", "attn_scores"} & set(capture) or {"pattern", "attn_scores"} & set(edits))
+    need_pattern = bool({"pattern", "attn_scores"} & (set(capture) | set(edits)))
     path, _ = attention_implementation(
       cfg,
       need_pattern=need_pattern,
@@ -612,7 +646,7 @@ class Attention(nnx.Module):
         captured["attn_scores"] = logits_BHTS
       logits_BHTS = _apply(edits, "attn_scores", logits_BHTS)
       probs_BHTS = jax.nn.softmax(logits_BHTS, axis=-1)
-      captured.update({name: probs_BHTS for name in ("probs", "pattern") if name in capture})
+      captured.update({"pattern": probs_BHTS} if "pattern" in capture else {})
       probs_BHTS = _apply(edits, "pattern", probs_BHTS)
       dropped_BHTS = self.attention_dropout(probs_BHTS, deterministic=dropout_rngs is None, rngs=dropout_rngs)
       z_BTHK = jnp.einsum("bhts,bshk->bthk", dropped_BHTS.astype(dt), v_BSHK)
@@ -622,7 +656,7 @@ class Attention(nnx.Module):
       )
     if "z" in capture:
       captured["z"] = z_BTHK
-    masked_BTHK = _apply(edits, "z", z_BTHK)  # the head mask first: Z_h·m + (1 − m)·r
+    masked_BTHK = _apply(edits, "z", z_BTHK)
     if "head_out" in capture or "head_out" in edits:
       head_out_BTHD = jnp.einsum("bthk,hkd->bthd", masked_BTHK, self.w_o_HKD[...].astype(dt))
       captured.update({"head_out": head_out_BTHD} if "head_out" in capture else {})
@@ -802,24 +836,6 @@ def _attention_mask(cfg, valid_BT, positions_BT, segment_BT, kv_cache):
   return mask_BTS, positions_BT, key_positions_BS, valid_BS
 
 
-def _head_edit(cfg, head_mask, head_replacement, B: int):
-  """The head mask and replacement as the first edit of site z (keep m, add (1 − m)·r), per layer:
-  (keep_LBTHK [L,B,1,H,1], add_LBTHK [L,B,1,H,K] or None)."""
-  L, H = cfg.num_layers, cfg.num_heads
-  head_mask = jnp.ones((L, H)) if head_mask is None else jnp.asarray(head_mask)
-  if head_mask.shape not in ((L, H), (B, L, H)):
-    raise UserError(f"head_mask of shape {head_mask.shape}: expected [L,H]={[L, H]} or [B,L,H]={[B, L, H]}")
-  head_mask_BLH = jnp.broadcast_to(head_mask, (B, L, H))
-  keep_LBTHK = jnp.transpose(head_mask_BLH, (1, 0, 2))[:, :, None, :, None]
-  if head_replacement is None:
-    return keep_LBTHK, None
-  head_replacement = jnp.asarray(head_replacement)
-  if head_replacement.shape not in ((L, H, cfg.d_head), (B, L, H, cfg.d_head)):
-    raise UserError(f"head_replacement of shape {head_replacement.shape}: expected [L,H,K] or [B,L,H,K]")
-  replacement_BLHK = jnp.broadcast_to(head_replacement, (B, L, H, cfg.d_head))
-  return keep_LBTHK, jnp.transpose((1 - head_mask_BLH)[..., None] * replacement_BLHK, (1, 0, 2, 3))[:, :, None]
-
-
 class Transformer(nnx.Module):
   """Encoder (bidirectional, masked-LM head) or decoder (causal, LM head), per `ModelConfig.kind`."""
 
@@ -877,8 +893,6 @@ class Transformer(nnx.Module):
     token_types_BT: jax.Array | None = None,
     positions_BT: jax.Array | None = None,
     segment_BT: jax.Array | None = None,
-    head_mask: jax.Array | None = None,
-    head_replacement: jax.Array | None = None,
     interventions: dict[str, Edit] | None = None,
     capture: Collection[str] = (),
     dropout_rngs: nnx.Rngs | None = None,
@@ -887,12 +901,10 @@ class Transformer(nnx.Module):
   ) -> tuple[jax.Array, Intermediates]:
     """Returns (logits_BTV in float32, Intermediates with the `capture`d fields, others None).
 
-    valid_BT: True for real tokens; padded keys get zero attention. head_mask: [L,H] or per example
-    [B,L,H], multiplies Z_h before W_O (1 keeps, 0 removes, between scales); it is traced data, so new
-    values never recompile, and the loss is differentiable in it. head_replacement: [L,H,K] or
-    [B,L,H,K], what a masked head outputs instead (Z_h·m + (1 − m)·r; see `from_embeddings`).
-    interventions: {site: Edit, Apply, a function or a list of these} (`SITES`, `check_interventions`), applied
-    after the head mask's edit of `z`. capture: names from CAPTURE_FIELDS, each returned stacked over layers.
+    valid_BT: True for real tokens; padded keys get zero attention. interventions: {site: Edit, Apply, a
+    function or a list of these} (`SITES`, `check_interventions`); a head mask or mean ablation is
+    `{"z": edits.head_mask(mask_LH, replacement_LHK)}` (traced: new values never recompile, and the loss is
+    differentiable in them). capture: names from CAPTURE_FIELDS, each returned stacked over layers.
     dropout_rngs: None for deterministic. output: 'logits' or 'hidden' (the final hidden state). kv_cache: a
     `KVCache` (decoders): the tokens go to its slots index.., attend to every earlier valid slot, and the
     call returns (logits, Intermediates, the updated KVCache); positions_BT then defaults to the slots.
@@ -906,8 +918,6 @@ class Transformer(nnx.Module):
       valid_BT=valid_BT,
       positions_BT=positions_BT,
       segment_BT=segment_BT,
-      head_mask=head_mask,
-      head_replacement=head_replacement,
       interventions=interventions,
       capture=capture,
       dropout_rngs=dropout_rngs,
@@ -916,7 +926,7 @@ class Transformer(nnx.Module):
     )
 
   def from_layer(self, x_BTD, layer: int, **kwargs):
-    """Blocks `layer`.. on the residual stream `x_BTD` entering block `layer` (= `residual_LBTD[layer − 1]`
+    """Blocks `layer`.. on the residual stream `x_BTD` entering block `layer` (= `resid_post_LBTD[layer − 1]`
     of a full pass, or the embeddings for layer 0): `from_embeddings(x_BTD, start_layer=layer, ...)`."""
     return self.from_embeddings(x_BTD, start_layer=layer, **kwargs)
 
@@ -927,8 +937,6 @@ class Transformer(nnx.Module):
     valid_BT=None,
     positions_BT=None,
     segment_BT=None,
-    head_mask=None,
-    head_replacement=None,
     interventions=None,
     capture=(),
     dropout_rngs=None,
@@ -938,11 +946,9 @@ class Transformer(nnx.Module):
   ):
     """The forward pass after the embedding layer (for gradients with respect to input embeddings).
 
-    head_replacement: [L,H,K] or per example [B,L,H,K], traced like head_mask: each head's output
-    becomes Z_h·m_h + (1 − m_h)·r_h before W_O (an Edit of site z: keep m, add (1 − m)·r), so m_h = 0 with r_h = the mean of Z_h over a data set
-    is mean ablation; None is r = 0 (plain masking). start_layer (a static int): `x_BTD` is the
+    interventions and capture: as for `__call__`. start_layer (a static int): `x_BTD` is the
     residual stream entering block `start_layer` (the output of block start_layer − 1, as captured in
-    `residual_LBTD`), and only blocks start_layer.. run: the fast path for interventions that leave the
+    `resid_post_LBTD`), and only blocks start_layer.. run: the fast path for interventions that leave the
     layers below unchanged; captured fields then stack those L − start_layer blocks only. output:
     'logits' (float32 logits_BTV) or 'hidden' (the final hidden state h_BTD: after the final LayerNorm
     of a pre-LN model, the last block's output otherwise, as Hugging Face's last_hidden_state).
@@ -951,9 +957,7 @@ class Transformer(nnx.Module):
     """
     cfg = self.cfg
     L = cfg.num_layers
-    unknown = set(capture) - set(CAPTURE_FIELDS)
-    if unknown:
-      raise UserError(f"unknown capture field(s) {sorted(unknown)}; choose from {CAPTURE_FIELDS}")
+    capture = capture_names(capture)
     if output not in ("logits", "hidden") or not 0 <= start_layer < L:
       raise UserError(f"output={output!r} must be 'logits' or 'hidden', start_layer={start_layer} in [0, {L})")
     B, T, _ = x_BTD.shape
@@ -963,13 +967,11 @@ class Transformer(nnx.Module):
     mask_BTS, positions_BT, key_positions_BS, valid_BS = _attention_mask(cfg, valid_BT, positions_BT, segment_BT,
                                                                           kv_cache)  # fmt: skip
     S = mask_BTS.shape[-1]
-    no_head_edit = head_mask is None and head_replacement is None
-    head_keep_LBTHK, head_add_LBTHK = _head_edit(cfg, head_mask, head_replacement, B)
     interventions = check_interventions(cfg, interventions, B, T, S)
-    # A plain forward (no capture, edit, head mask or cache) lets the fused attention read grouped K/V as is.
-    grouped_kv = not capture and not interventions and no_head_edit and kv_cache is None
-    names = {_FIELD_OF.get(name, name) for name in capture} - {"embeddings", "ln_final_scale"}
-    block_capture = frozenset(names | {site for site, field in _FIELD_OF.items() if field in names})
+    # A plain forward (no capture, edit or cache) lets the fused attention read grouped K/V as is.
+    grouped_kv = not capture and not interventions and kv_cache is None
+    names = set(capture) - {"embeddings", "ln_final_scale"}
+    block_capture = frozenset(names)
 
     per_layer = {name: [] for name in names}
     embeddings_BTD = x_BTD
@@ -982,8 +984,6 @@ class Transformer(nnx.Module):
         here = tuple(e for e in (edit.layer(layer) for edit in sequence) if e is not None)
         if here:
           edits[name] = here
-      z_edit = Edit(head_keep_LBTHK[layer], None if head_add_LBTHK is None else head_add_LBTHK[layer])
-      edits["z"] = (z_edit, *edits.get("z", ()))
       cache = None if kv_cache is None else (kv_cache.k_LBSHK[layer], kv_cache.v_LBSHK[layer], kv_cache.index)
       x_BTD, captured = self.blocks[layer](
         x_BTD, mask_BTS, dropout_rngs, block_capture, edits, positions_BT, key_positions_BS, cache, grouped_kv
@@ -992,14 +992,12 @@ class Transformer(nnx.Module):
         new_k.append(captured["kv_cache"][0])
         new_v.append(captured["kv_cache"][1])
       for name, value in captured.items():
-        field = _FIELD_OF.get(name, name)
-        if field in per_layer and len(per_layer[field]) < layer + 1 - start_layer:
-          per_layer[field].append(value)
+        if name in per_layer and len(per_layer[name]) < layer + 1 - start_layer:
+          per_layer[name].append(value)
     h_BTD = self.ln_final(x_BTD) if cfg.final_norm else x_BTD
     logits_BTV = h_BTD if output == "hidden" else self.unembed(h_BTD)
 
-    axes = {**{_FIELD_OF.get(name, name): axes_ for name, axes_ in SITES.items()}}
-    fields = {f"{name}_L{axes[name]}": jnp.stack(values) for name, values in per_layer.items()}
+    fields = {f"{name}_L{SITES[name]}": jnp.stack(values) for name, values in per_layer.items()}
     if "embeddings" in capture:
       fields["embeddings_BTD"] = embeddings_BTD
     if "ln_final_scale" in capture:

@@ -39,7 +39,7 @@ class Objective:
 
   @property
   def capture(self) -> tuple[str, ...]:
-    return tuple(name for name, w in (("v", self.subspace), ("probs", self.position), ("z", self.output)) if w)
+    return tuple(name for name, w in (("v", self.subspace), ("pattern", self.position), ("z", self.output)) if w)
 
 
 def mlm_corrupt(tokens_BT, example_id_B, key, obj: Objective):

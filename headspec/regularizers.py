@@ -84,7 +84,7 @@ def disagreement_terms(
     )
   if w_position:
     terms["disagreement/position"] = w_position * position_agreement(
-      intermediate(intermediates, "probs_LBHTS", _NEEDED_BY), valid_BT, off_diagonal=off_diagonal
+      intermediate(intermediates, "pattern_LBHTS", _NEEDED_BY), valid_BT, off_diagonal=off_diagonal
     )
   if w_output:
     name = "z_LBTHK" if output == "z" else "head_out_LBTHD"
@@ -126,8 +126,8 @@ def drophead_mask(rng, p, batch: int, num_layers: int, num_heads: int):
   Each head of each layer of each example is dropped independently with probability p; kept heads are
   rescaled by H / (number kept in that layer and example), so the layer's heads sum to H as at test
   time. If every head of a layer is dropped (probability p^H) we keep them all instead, so the sum is
-  always H and, by symmetry, E[mask] = 1 exactly. Pass as the model's `head_mask` ([B,L,H] is
-  accepted); p may be traced (from `drophead_rate`), so changing it never recompiles.
+  always H and, by symmetry, E[mask] = 1 exactly. Pass to the model as `interventions={"z":
+  edits.head_mask(mask_BLH)}`; p may be traced (from `drophead_rate`), so changing it never recompiles.
   """
   keep_BLH = jax.random.bernoulli(rng, 1.0 - jnp.asarray(p, jnp.float32), (batch, num_layers, num_heads))
   kept_BL1 = keep_BLH.sum(-1, keepdims=True)

@@ -40,6 +40,15 @@ def bootstrap_ci(
   if weight_N is not None:
     correct_NG = np.asarray(correct_NG, np.float64)
     return _paired_ci(correct_NG, sentence_index_N, num_resamples, seed, confidence, weight_N, "bootstrap_ci")
+  acc_G, acc_RG = bootstrap_accuracies(correct_NG, sentence_index_N, num_resamples=num_resamples, seed=seed)
+  alpha = (1.0 - confidence) / 2.0
+  low_G, high_G = np.percentile(acc_RG, [100 * alpha, 100 * (1 - alpha)], axis=0)
+  return acc_G, low_G, high_G
+
+
+def bootstrap_accuracies(correct_NG, sentence_index_N, *, num_resamples: int = 1000, seed: int = 0):
+  """(accuracy_G, accuracy_RG): word accuracy of every group and its R bootstrap resamples over sentences, the
+  same resampled sentences for every group (paired: differences between groups are resampled as pairs)."""
   correct_NG = np.asarray(correct_NG, np.float64)
   if correct_NG.ndim == 1:
     correct_NG = correct_NG[:, None]
@@ -55,10 +64,7 @@ def bootstrap_ci(
   np.add.at(correct_UG, sent_N, correct_NG)
   words_U = np.bincount(sent_N, minlength=num_s).astype(np.float64)
   counts_RU = bootstrap_resample_counts(num_s, num_resamples, seed)
-  acc_RG = (counts_RU @ correct_UG) / (counts_RU @ words_U)[:, None]
-  alpha = (1.0 - confidence) / 2.0
-  low_G, high_G = np.percentile(acc_RG, [100 * alpha, 100 * (1 - alpha)], axis=0)
-  return correct_UG.sum(0) / words_U.sum(), low_G, high_G
+  return correct_UG.sum(0) / words_U.sum(), (counts_RU @ correct_UG) / (counts_RU @ words_U)[:, None]
 
 
 def _sentence_sums(values_NG, sentence_index_N, what):

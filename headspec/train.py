@@ -29,7 +29,7 @@ from etils import epath
 from flax import nnx
 from jax.experimental import multihost_utils
 
-from headspec import checkpoints, jobloop, locks, parallel, provenance, regularizers, remote, runs, targets
+from headspec import checkpoints, edits, jobloop, locks, parallel, provenance, regularizers, remote, runs, targets
 from headspec.data import lm_pipeline, text_tfds
 from headspec.data import repeats as repeats_lib
 from headspec.data import tokenizer as tokenizer_lib
@@ -83,20 +83,21 @@ def train_step(state: TrainState, batch, base_key, *, graphdef, tx, obj: Objecti
   count = _psum(weights_BT.sum(), axis_name)
   if axis_name is not None:
     dropout_key = jax.random.fold_in(dropout_key, jax.lax.axis_index(axis_name))
-  head_mask, logged = None, {}
+  interventions, logged = None, {}
   if obj.drophead:
     rate = regularizers.drophead_rate(
       state.step, obj.total_steps, obj.drophead, obj.drophead_schedule, turn=obj.drophead_turn
     )
-    head_mask = regularizers.drophead_mask(
+    mask_BLH = regularizers.drophead_mask(
       jax.random.fold_in(dropout_key, 1), rate, inputs_BT.shape[0], obj.num_layers, obj.num_heads
     )
+    interventions = {"z": edits.head_mask(mask_BLH)}
     logged["drophead/rate"] = rate
 
   def loss_fn(params):
     model = nnx.merge(graphdef, params)
     logits_BTV, inter = model(
-      inputs_BT, head_mask=head_mask, capture=obj.capture, dropout_rngs=nnx.Rngs(dropout=dropout_key)
+      inputs_BT, interventions=interventions, capture=obj.capture, dropout_rngs=nnx.Rngs(dropout=dropout_key)
     )
     token_loss_BT = token_nll(logits_BTV, targets_BT)
     loss = (token_loss_BT * weights_BT).sum() / count

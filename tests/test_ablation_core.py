@@ -7,6 +7,7 @@ from flax import nnx
 
 from headspec import evalset
 from headspec.ablation import core, metrics
+from headspec.edits import head_mask
 from headspec.errors import UserError
 from headspec.model import ModelConfig, Transformer
 
@@ -43,7 +44,7 @@ def test_mask_equals_zeroed_w_o_rows_and_mean_of_constant_head_is_noop(pre_layer
   tokens = jnp.asarray(np.random.default_rng(1).integers(0, 50, (2, 10)))
   mask = np.ones((L, H), np.float32)
   mask[1, 2] = 0
-  masked, _ = model(tokens, head_mask=mask)
+  masked, _ = model(tokens, interventions={"z": head_mask(mask)})
   edited = nnx.clone(model)
   edited.blocks[1].attention.w_o_HKD[...] = edited.blocks[1].attention.w_o_HKD[...].at[2].set(0.0)
   zeroed, _ = edited(tokens)
@@ -57,7 +58,7 @@ def test_mask_equals_zeroed_w_o_rows_and_mean_of_constant_head_is_noop(pre_layer
   replacement = np.zeros((L, H, K), np.float32)
   replacement[1, 2] = np.linspace(-1, 1, K)
   np.testing.assert_allclose(
-    edited(tokens, head_mask=mask, head_replacement=replacement)[0], edited(tokens)[0], atol=1e-5
+    edited(tokens, interventions={"z": head_mask(mask, replacement)})[0], edited(tokens)[0], atol=1e-5
   )
   # and mean ablation through the evaluation set's own means gives the same answer
   es = lm_set(edited)
@@ -73,21 +74,29 @@ def test_from_layer_equals_full_forward(kind):
   mask = np.ones((L, H), np.float32)
   mask[2, 1] = 0.0
   repl = np.random.default_rng(3).normal(size=(L, H, K)).astype(np.float32)
-  full, inter = model(tokens, valid_BT=valid, head_mask=mask, head_replacement=repl, capture=("residual", "embeddings"))
-  for layer, x in enumerate([inter.embeddings_BTD, inter.residual_LBTD[0], inter.residual_LBTD[1]]):
-    out, _ = model.from_layer(x, layer, valid_BT=valid, head_mask=mask, head_replacement=repl)
+  full, inter = model(
+    tokens, valid_BT=valid, interventions={"z": head_mask(mask, repl)}, capture=("resid_post", "embeddings")
+  )
+  for layer, x in enumerate([inter.embeddings_BTD, inter.resid_post_LBTD[0], inter.resid_post_LBTD[1]]):
+    out, _ = model.from_layer(x, layer, valid_BT=valid, interventions={"z": head_mask(mask, repl)})
     np.testing.assert_allclose(out, full, atol=1e-4)
   hidden, _ = model(tokens, valid_BT=valid, output="hidden")
   assert hidden.shape == (2, 9, D)
 
 
 def test_bad_mask_shapes_are_user_errors():
+  """A mask of the wrong rank or size, or a replacement of the wrong rank, is one UserError line; the model's
+  signature has no head_mask= (the head mask is an Edit of z)."""
   model = tiny()
   tokens = jnp.zeros((2, 5), jnp.int32)
-  with pytest.raises(UserError, match="head_mask of shape"):
-    model(tokens, head_mask=np.ones((H, L)))
-  with pytest.raises(UserError, match="head_replacement of shape"):
-    model(tokens, head_replacement=np.ones((L, H)))
+  with pytest.raises(UserError, match=r"head_mask of shape \(4,\)"):
+    head_mask(np.ones(4))
+  with pytest.raises(UserError, match=r"interventions\['z'\].keep of shape \(4, 1, 1, 3, 1\) does not broadcast"):
+    model(tokens, interventions={"z": head_mask(np.ones((H, L)))})
+  with pytest.raises(UserError, match=r"replacement of shape \(3, 4\)"):
+    head_mask(np.ones((L, H)), np.ones((L, H)))
+  with pytest.raises(TypeError, match="head_mask"):
+    model(tokens, head_mask=np.ones((L, H)))
 
 
 def test_sweep_compiles_once_and_matches_single_forwards():

@@ -248,7 +248,7 @@ def test_causal_test_reads_words_where_the_probe_ranked_them(run_dir, synthetic_
     c = small_config()
     c.causal.pooling = pooling
     (data,) = causal.load_task_data(synthetic_data_dir, "synthetic", ["upos"], tokenizer, model.cfg, c)
-    pools[pooling] = np.concatenate([b[2].reshape(-1) for b in data.test.batches])
+    pools[pooling] = np.concatenate([inputs[3].reshape(-1) for inputs, _ in data.test.batches])
   assert ablate_config.get_config(None).causal.pooling == "auto"
   np.testing.assert_array_equal(pools["auto"], pools["last"])
   assert not np.array_equal(pools["last"], pools["first"])  # words of several pieces exist

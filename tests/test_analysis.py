@@ -87,7 +87,7 @@ def test_diversity_curves(runs, tmp_path):
 
 
 def test_diversity_scripts_read_the_runs_own_model(tmp_path):
-  """Issue 62: diversity/results.csv may hold another model analysed into the folder; diversity_curves and
+  """Diversity/results.csv may hold another model analysed into the folder; diversity_curves and
   compare_runs read the run's own (most frequent, not `-random`) model only."""
   import compare_runs
   import diversity_curves

@@ -119,9 +119,9 @@ def test_run_matches_the_analyses(run_dir, tmp_path):
   np.testing.assert_allclose(c.embeddings_ND, feats.residual(-1), atol=1e-5)
 
   # Pieces: the model's own forward pass.
-  logits, inter = model(jnp.asarray(c.tokens_T)[None], capture=("probs", "z"))
+  logits, inter = model(jnp.asarray(c.tokens_T)[None], capture=("pattern", "z"))
   np.testing.assert_allclose(c.logits_TV, np.asarray(logits[0]), atol=1e-4)
-  np.testing.assert_allclose(c.probs_LHTS, np.asarray(inter.probs_LBHTS[:, 0]), atol=1e-6)
+  np.testing.assert_allclose(c.probs_LHTS, np.asarray(inter.pattern_LBHTS[:, 0]), atol=1e-6)
   assert c.tokens_T[c.piece_start_N[1]] == tokenizer.word_pieces(c.words)[1][0]
 
   # A head mask as (layer, head) pairs = the model's head_mask: layer 0 unchanged, layer 1 changed.

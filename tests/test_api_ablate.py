@@ -1,4 +1,4 @@
-"""Issue 65 (ablation on your own text): `headspec.ablate(model, heads, texts=...)` needs no data directory
+"""Ablation on your own text: `headspec.ablate(model, heads, texts=...)` needs no data directory
 and takes a (model, tokenizer) pair; its loss change is the model's own next-token loss with and without the
 heads. Without texts a pretrained LM's default evaluation text is the first corpus the data directory holds
 (it failed offline unless corpus='english_mix'), read without writing a TFDS copy into the data directory,
@@ -14,6 +14,7 @@ import numpy as np  # noqa: E402
 import pytest  # noqa: E402
 
 import headspec  # noqa: E402
+from headspec.edits import head_mask  # noqa: E402
 from headspec.errors import UserError  # noqa: E402
 
 pytest.importorskip("transformers")
@@ -29,7 +30,8 @@ def gpt2_dir(tmp_path_factory):
 
 def _loss(net, tokens_BT, valid_BT, mask_LH):
   """Mean next-token cross-entropy over the valid pairs, from the model's forward."""
-  logits, _ = net(jnp.asarray(tokens_BT), valid_BT=jnp.asarray(valid_BT), head_mask=jnp.asarray(mask_LH))
+  edit = {"z": head_mask(jnp.asarray(mask_LH))}
+  logits, _ = net(jnp.asarray(tokens_BT), valid_BT=jnp.asarray(valid_BT), interventions=edit)
   logp = jax.nn.log_softmax(np.asarray(logits, np.float64)[:, :-1], -1)
   target = tokens_BT[:, 1:]
   nll = -np.take_along_axis(logp, target[..., None], -1)[..., 0]

@@ -1,4 +1,4 @@
-"""Issue 65 (run-with-cache): `headspec.capture` is one jitted forward (compiled once per model structure,
+"""Run-with-cache: `headspec.capture` is one jitted forward (compiled once per model structure,
 site set and token shape) whose values equal the eager model's, any site q, k, v included; its cache
 helpers against direct computations: the residual decomposition sums to the stream, the final norm's
 linearisation is the norm at the final stream, per-head direct logit attribution summed with the other

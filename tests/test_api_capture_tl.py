@@ -1,4 +1,4 @@
-"""Issue 65 (capture): the cache helpers against TransformerLens 4's ActivationCache (TransformerBridge over
+"""Capture: the cache helpers against TransformerLens 4's ActivationCache (TransformerBridge over
 the same GPT-2 directory): accumulated_resid, decompose_resid (TL's 'embed' + 'pos_embed' are headspec's one
 'embed'), stack_head_results and apply_ln_to_stack. The random checkpoint's final LayerNorm has weight 1 and
 bias 0, where TransformerLens's unfolded apply_ln_to_stack and headspec's (which applies the weight) agree."""

@@ -1,4 +1,4 @@
-"""Issue 65 (token helpers): `to_tokens`, `to_str_tokens`, `to_single_token` agree with the tokenizer's own
+"""Token helpers: `to_tokens`, `to_str_tokens`, `to_single_token` agree with the tokenizer's own
 encode (transformers' fast tokenizer over the same files, sentencepiece's processor) on punctuation,
 runs of spaces and non-ASCII text, on the packaged MiniLM WordPiece, a GPT-2-style byte-level BPE built
 offline and a headspec SentencePiece model; `run(text)` reads the text as written (it re-joined the words

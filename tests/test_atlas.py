@@ -75,7 +75,7 @@ def test_run_with_only_probes_and_diversity(tmp_path):
 
 
 def test_another_models_diversity_rows_are_their_own_metric(tmp_path):
-  """Issue 62: diversity/results.csv holds every model analysed into the folder; the atlas shows the
+  """Diversity/results.csv holds every model analysed into the folder; the atlas shows the
   primary model's under the plain ids and another model's as `@<model>`, never one over the other."""
   run = write_run(tmp_path / "two", ablation=False, attention=False)
   path = tables.path_of(run, tables.DIVERSITY)
@@ -238,7 +238,7 @@ def sae_circuit_run(tmp_path_factory):
 
 
 def test_sae_head_numbers_are_metrics_and_the_card_lists_the_strongest_features(sae_circuit_run):
-  """Issue 66: sae/heads.csv's numbers colour the grid (per site and SAE, every step, another model as its own);
+  """Sae/heads.csv's numbers colour the grid (per site and SAE, every step, another model as its own);
   head (1, 2)'s card lists the live features it carries, its largest shares first, with contexts and labels."""
   data = run_data(sae_circuit_run)
   assert data["tables"] == ["sae/heads.csv", "sae/features.csv", "circuit/edges.csv"]
@@ -300,7 +300,7 @@ def test_an_sae_per_layer_fills_each_layer_and_its_cards(tmp_path):
 
 
 def test_circuit_edges_are_metrics_and_the_card_lists_the_strongest_edges(sae_circuit_run):
-  """Issue 67: per method, each head's strongest incoming and outgoing edge colours the grid (every step);
+  """Per method, each head's strongest incoming and outgoing edge colours the grid (every step);
   the card lists the last step's top edges each way, ranked by the exact scores, every method's beside."""
   data = run_data(sae_circuit_run)
   assert (data["layers"], data["heads"]) == (3, 4)  # no config.json: the tables' shape, the logits (layer 3) not a row

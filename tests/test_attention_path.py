@@ -1,11 +1,12 @@
 """Which attention path a forward takes (headspec.model.attention_implementation) and that the fused path,
-with grouped-query K/V un-repeated, computes the written-out per-head path's logits (issue 64)."""
+with grouped-query K/V un-repeated, computes the written-out per-head path's logits."""
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from headspec.edits import head_mask
 from headspec.model import ModelConfig, attention_implementation, random_like
 
 BASE = dict(kind="decoder", vocab_size=40, num_layers=2, num_heads=4, d_model=32, d_head=8, d_ff=64, max_len=64)
@@ -55,7 +56,7 @@ def test_fused_equals_per_head(name):
   valid_BT = jnp.arange(12)[None] < jnp.array([[12], [7]])  # one row padded
   fused_BTV, _ = model(tokens_BT, valid_BT=valid_BT)
   per_head_BTV, cache = model(tokens_BT, valid_BT=valid_BT, capture=("pattern",))  # forces the per-head path
-  assert cache.probs_LBHTS is not None
+  assert cache.pattern_LBHTS is not None
   keep_BT = np.asarray(valid_BT)
   np.testing.assert_allclose(np.asarray(fused_BTV)[keep_BT], np.asarray(per_head_BTV)[keep_BT], atol=1e-5)
 
@@ -73,5 +74,7 @@ def test_fused_keeps_grouped_kv():
   assert repeat in jaxpr(("z", "resid_post"))
   assert repeat in jaxpr(("k",))
   assert repeat in jaxpr(("pattern",))
-  masked = str(jax.make_jaxpr(lambda tokens: model(tokens, head_mask=jnp.ones((2, 8)))[0])(tokens_BT))
+  masked = str(
+    jax.make_jaxpr(lambda tokens: model(tokens, interventions={"z": head_mask(jnp.ones((2, 8)))})[0])(tokens_BT)
+  )
   assert repeat in masked

@@ -32,8 +32,8 @@ def test_markdown_names_the_machine_and_every_figure():
 
 
 def test_a_benchmark_may_run_another_modules_script():
-  """structural_ewt is bench_structural at issue 36's size (all of EWT, layer 0's two shapes); probe_ewt is
-  bench_probe at all of EWT's 200k training words (issue 33 asks for both sizes)."""
+  """structural_ewt is bench_structural at full size (all of EWT, layer 0's two shapes); probe_ewt is
+  bench_probe at all of EWT's 200k training words."""
   assert runner.command("structural_ewt", runner.BENCHMARKS["structural_ewt"][0]) == (
     "python -m benchmarks.bench_structural --train_words=0 --dev_sentences=0 --layers=0"
   )

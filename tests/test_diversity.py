@@ -26,7 +26,7 @@ def random_batch(rng, b=B, causal=False, z_offset=0.0):
   probs[:, :, :, ~valid.any(0)] = 0.0
   return dict(
     q_LBTHK=rng.normal(size=(L, b, T, H, K)),
-    probs_LBHTS=probs,
+    pattern_LBHTS=probs,
     z_LBTHK=rng.normal(size=(L, b, T, H, K)) + z_offset,
     head_out_LBTHD=rng.normal(size=(L, b, T, H, D)),
   ), valid
@@ -51,7 +51,7 @@ def mean_squared_canonical_correlation(X, Y):
 
 def numpy_reference(x, valid, causal):
   """Every metric from its definition, in float64, with explicit loops."""
-  q, probs, z, out = (np.asarray(x[k], np.float64) for k in ("q_LBTHK", "probs_LBHTS", "z_LBTHK", "head_out_LBTHD"))
+  q, probs, z, out = (np.asarray(x[k], np.float64) for k in ("q_LBTHK", "pattern_LBHTS", "z_LBTHK", "head_out_LBTHD"))
   nl, nb, nt, nh, _ = q.shape
   tokens = [(b, t) for b in range(nb) for t in range(nt) if valid[b, t]]
   cos = lambda a, c: float(a @ c / (np.linalg.norm(a) * np.linalg.norm(c)))
@@ -121,7 +121,7 @@ def test_identical_heads_are_maximally_similar_and_cka_is_rotation_invariant():
   x, valid = random_batch(rng)
   for key in ("q_LBTHK", "z_LBTHK", "head_out_LBTHD"):
     x[key] = np.repeat(x[key][:, :, :, :1], H, axis=3)
-  x["probs_LBHTS"] = np.repeat(x["probs_LBHTS"][:, :, :1], H, axis=2)
+  x["pattern_LBHTS"] = np.repeat(x["pattern_LBHTS"][:, :, :1], H, axis=2)
   rotation, _ = np.linalg.qr(rng.normal(size=(K, K)))
   x["z_LBTHK"][:, :, :, 2] = 3.0 * x["z_LBTHK"][:, :, :, 0] @ rotation  # same head, other basis and scale
   m = diversity.compute(to_jax(x), jnp.asarray(valid))
@@ -150,13 +150,13 @@ def test_orthogonal_outputs_have_zero_cosine():
 def test_uniform_attention_has_max_entropy_and_zero_variance():
   x, _ = random_batch(np.random.default_rng(4))
   valid = np.ones((B, T), bool)
-  x["probs_LBHTS"] = np.full((L, B, H, T, T), 1.0 / T)
+  x["pattern_LBHTS"] = np.full((L, B, H, T, T), 1.0 / T)
   m = diversity.compute(to_jax(x), jnp.asarray(valid))
   np.testing.assert_allclose(m["attention_entropy"], np.full((L, H), math.log(T)), rtol=1e-6)
   np.testing.assert_allclose(m["attention_variance"], np.zeros((L, H)), atol=1e-9)
   # causal uniform attention: query t spreads over t+1 keys
   causal_probs = np.tril(np.ones((T, T))) / np.arange(1, T + 1)[:, None]
-  x["probs_LBHTS"] = np.broadcast_to(causal_probs, (L, B, H, T, T))
+  x["pattern_LBHTS"] = np.broadcast_to(causal_probs, (L, B, H, T, T))
   m = diversity.compute(to_jax(x), jnp.asarray(valid), causal=True)
   np.testing.assert_allclose(m["attention_entropy"], np.full((L, H), np.mean(np.log(np.arange(1, T + 1)))), rtol=1e-6)
   np.testing.assert_allclose(m["attention_variance"], np.zeros((L, H)), atol=1e-9)
@@ -169,7 +169,7 @@ def test_previous_token_pattern_has_distance_one_and_disjoint_heads_js_one():
   prev[0, 1] = 1.0  # the first token looks at the next one: distance 1 too
   probs = np.zeros((L, B, H, T, T))
   probs[:, :, 0], probs[:, :, 1], probs[:, :, 2] = prev, np.eye(T), prev  # head 1 (self) is disjoint from prev
-  x["probs_LBHTS"] = probs
+  x["pattern_LBHTS"] = probs
   m = diversity.compute(to_jax(x), jnp.asarray(valid))
   np.testing.assert_allclose(m["attention_distance"], np.tile([1.0, 0.0, 1.0], (L, 1)), rtol=1e-6)
   np.testing.assert_allclose(m["attention_entropy"], np.zeros((L, H)), atol=1e-7)
@@ -211,7 +211,7 @@ def test_runs_on_model_intermediates(kind):
   valid = jnp.arange(9)[None, :] < jnp.array([[9], [6]])
   _, inter = model(tokens, valid_BT=valid, capture=diversity.CAPTURE)
   m = diversity.compute(inter, valid, causal=kind == "decoder")
-  as_numpy = {k: np.asarray(getattr(inter, k)) for k in ("q_LBTHK", "probs_LBHTS", "z_LBTHK", "head_out_LBTHD")}
+  as_numpy = {k: np.asarray(getattr(inter, k)) for k in ("q_LBTHK", "pattern_LBHTS", "z_LBTHK", "head_out_LBTHD")}
   want = numpy_reference(as_numpy, np.asarray(valid), causal=kind == "decoder")
   for name in diversity.METRICS:
     np.testing.assert_allclose(np.asarray(m[name]), want[name], rtol=1e-3, atol=1e-5, err_msg=name)
@@ -265,7 +265,7 @@ def test_basis_free_metrics_are_unchanged_by_an_invertible_change_of_head_basis(
   head_out2 = np.einsum("lbthk,hkd->lbthd", z2, w_o2).astype(np.float32)
   q2 = np.einsum("lbthk,hkj->lbthj", q, mix).astype(np.float32)
   np.testing.assert_allclose(head_out2, head_out, rtol=1e-3, atol=1e-4)
-  fields = ("q_LBTHK", "probs_LBHTS", "z_LBTHK", "head_out_LBTHD")
+  fields = ("q_LBTHK", "pattern_LBHTS", "z_LBTHK", "head_out_LBTHD")
   a = m.compute(dict(zip(fields, (q, probs, z, head_out.astype(np.float32)))), valid)
   b = m.compute(dict(zip(fields, (q2, probs, z2, head_out2))), valid)
   for name, metric in m.REGISTRY.items():

@@ -184,7 +184,7 @@ def test_pretrained_minilm_step_0(synthetic_data_dir, tmp_path):
 
 
 def test_two_models_at_step_0_in_one_workdir_keep_every_row(run_dir, tmp_path, monkeypatch):
-  """Issue 62: diversity/results.csv is keyed by model, so a second model analysed into the same workdir
+  """Diversity/results.csv is keyed by model, so a second model analysed into the same workdir
   (two pretrained models at step 0) adds its rows beside the first's instead of replacing them, and
   `read_results(path, model)` (what the figures draw) gives one model's rows."""
   import dataclasses

@@ -17,7 +17,7 @@ from headspec.errors import UserError
 
 @pytest.fixture(autouse=True)
 def _unpinned(monkeypatch):
-  """These tests serve synthetic files under real treebank names; pins: tests/test_faults_inputs.py."""
+  """These tests serve synthetic files under real treebank names; pins: tests/test_inputs_from_outside.py."""
   monkeypatch.setattr(download, "PINS", {})
 
 

@@ -1,5 +1,5 @@
 """headspec/draws.py: bucketed draws equal jax.random's per-shape draws bit for bit, with one program per bucket;
-and the causal test's random head sets (headspec/ablation/causal.py, issue 61): every candidate set when they
+and the causal test's random head sets (headspec/ablation/causal.py): every candidate set when they
 are few, else distinct draws, and an interval that resamples the draws too."""
 
 import jax

@@ -85,7 +85,7 @@ def test_features_equal_direct_model_call(setup, tmp_path, kind, pooling, specia
   tokens_BT = np.zeros((len(al.windows), 32), np.int32)
   for w, ids in enumerate(al.windows):
     tokens_BT[w, : len(ids)] = ids
-  direct = jax.jit(lambda t, v: model(t, valid_BT=v, capture=("z", "residual", "embeddings"))[1])
+  direct = jax.jit(lambda t, v: model(t, valid_BT=v, capture=("z", "resid_post", "embeddings"))[1])
   ref = jax.tree.map(
     np.asarray, direct(tokens_BT, np.arange(32)[None] < np.array([len(w) for w in al.windows])[:, None])
   )
@@ -94,7 +94,7 @@ def test_features_equal_direct_model_call(setup, tmp_path, kind, pooling, specia
     inter = dataclasses.replace(
       ref,
       z_LBTHK=ref.z_LBTHK[:, w : w + 1],
-      residual_LBTD=ref.residual_LBTD[:, w : w + 1],
+      resid_post_LBTD=ref.resid_post_LBTD[:, w : w + 1],
       embeddings_BTD=ref.embeddings_BTD[w : w + 1],
     )
     s, e = al.word_start_N[n], al.word_end_N[n]
@@ -102,7 +102,7 @@ def test_features_equal_direct_model_call(setup, tmp_path, kind, pooling, specia
     for l in range(2):
       np.testing.assert_allclose(z[l][n], np.asarray(inter.z_LBTHK[l, 0, pos]).mean(0), atol=2e-5, rtol=1e-4)
       np.testing.assert_allclose(
-        residual[l][n], np.asarray(inter.residual_LBTD[l, 0, pos]).mean(0), atol=2e-4, rtol=1e-4
+        residual[l][n], np.asarray(inter.resid_post_LBTD[l, 0, pos]).mean(0), atol=2e-4, rtol=1e-4
       )
     np.testing.assert_allclose(embeddings[n], np.asarray(inter.embeddings_BTD[0, pos]).mean(0), atol=1e-5)
   assert z[0].shape == (al.num_words, 3, 5) and residual[1].shape == (al.num_words, 24)
@@ -134,7 +134,7 @@ def test_cache_is_reused_and_keyed(setup, tmp_path, monkeypatch):
   z16 = np.load(first.path / "z_0.npy", mmap_mode="r")
   assert z16.dtype == np.float16  # the default on-disk dtype
   # A second call must not run the model: make any forward fail.
-  monkeypatch.setattr(features_lib, "_pooled_forward", lambda graphdef: pytest.fail("recomputed"))
+  monkeypatch.setattr(features_lib.words_lib, "pooled_forward", lambda *_: pytest.fail("recomputed"))
   second = features_lib.extract_features(model, tokenizer, sentences, **kw)
   assert second.from_cache and second.path == first.path
   np.testing.assert_array_equal(second.z(1), first.z(1))
@@ -147,6 +147,30 @@ def test_cache_is_reused_and_keyed(setup, tmp_path, monkeypatch):
   ]
   assert len({first.path} | {o.path for o in others}) == 4 and not any(o.from_cache for o in others)
   assert not list(tmp_path.glob("*.tmp-*"))  # temporary folders are renamed or removed
+
+
+def test_interventions_reach_the_features_and_their_cache_key(setup, tmp_path):
+  """Features of a model with a head of layer 0 removed (an Edit of z, through the shared word forward): layer 0's
+  z is read before the edit (unchanged), its residual stream and layer 1 change, and the edit keys the cache
+  (an equal edit reads it back, another mask is another entry, no edit keeps the unedited key)."""
+  from headspec.edits import head_mask
+
+  tokenizer, sentences = setup
+  model = _model("decoder", tokenizer.vocab_size)
+  kw = dict(cache_dir=tmp_path, identity={"run": "x", "step": 1}, name="dev", log=None)
+  plain = features_lib.extract_features(model, tokenizer, sentences, **kw)
+  mask = np.ones((2, 3), np.float32)
+  mask[0, 1] = 0.0
+  edited = features_lib.extract_features(model, tokenizer, sentences, **kw, interventions={"z": head_mask(mask)})
+  np.testing.assert_array_equal(edited.z(0), plain.z(0))
+  assert np.abs(edited.residual(0) - plain.residual(0)).max() > 1e-3
+  assert np.abs(edited.z(1) - plain.z(1)).max() > 1e-3
+  again = features_lib.extract_features(model, tokenizer, sentences, **kw, interventions={"z": head_mask(mask.copy())})
+  assert again.from_cache and again.path == edited.path != plain.path
+  mask[0, 2] = 0.0
+  other = features_lib.extract_features(model, tokenizer, sentences, **kw, interventions={"z": head_mask(mask)})
+  assert not other.from_cache and other.path not in (edited.path, plain.path)
+  assert features_lib.extract_features(model, tokenizer, sentences, **kw, interventions={}).path == plain.path
 
 
 def test_bucket_lengths():

@@ -130,16 +130,16 @@ def test_attention_only_model():
   assert not hasattr(model.blocks[0], "mlp") and not hasattr(model.blocks[0], "ln_mlp")
   n_params = sum(x.size for x in jax.tree.leaves(nnx.state(model, nnx.Param)))
   assert n_params < sum(x.size for x in jax.tree.leaves(nnx.state(_tiny(), nnx.Param)))
-  logits, inter = model(np.asarray(_tokens()[:, :12]), capture=("probs",))
-  assert logits.shape == (COUNT, 12, V) and inter.probs_LBHTS.shape == (2, COUNT, 2, 12, 12)
+  logits, inter = model(np.asarray(_tokens()[:, :12]), capture=("pattern",))
+  assert logits.shape == (COUNT, 12, V) and inter.pattern_LBHTS.shape == (2, COUNT, 2, 12, 12)
 
 
 def test_run_matches_the_maps_of_the_model():
   model = _tiny()
   x = _tokens()
   p = ind.run(model, x, np.ones(x.shape, bool), np.array([0, 1, 2]), batch_size=3)  # a padded last batch
-  _, inter = model(x, capture=("probs",))
-  direct = ind.pattern_scores_of_maps(np.asarray(inter.probs_LBHTS), x, [0, 1, 2])
+  _, inter = model(x, capture=("pattern",))
+  direct = ind.pattern_scores_of_maps(np.asarray(inter.pattern_LBHTS), x, [0, 1, 2])
   scores = ind.attention_scores(p, resamples=50, seed=0)
   for role in ind.ATTENTION_ROLES:
     np.testing.assert_allclose(scores[role][0], direct[role], rtol=1e-5)
@@ -381,7 +381,7 @@ def test_repeat_loss_cis_are_the_copies_means_and_their_difference():
 
 
 def test_causal_check_selects_on_one_half_and_measures_on_the_other(run_dir, monkeypatch):
-  """Issue 61: the top-k induction heads (and the unlabelled control's) are chosen on the first half of the
+  """The top-k induction heads (and the unlabelled control's) are chosen on the first half of the
   repeated sequences and their ablation measured on the second: disjoint sets, the scores of the first."""
   select, measure = ind.causal_split(20, 10)
   assert not set(select) & set(measure) and len(select) == 10 and len(measure) == 10

@@ -14,10 +14,14 @@ import pytest
 
 PACKAGE = pathlib.Path(__file__).resolve().parent.parent / "headspec"
 ANALYSES = ("probing", "diversity", "ablation", "attention", "patching", "atlas", "sae")
-# (importing analysis, imported module), exactly: the causal probe test fits probing's probes; the induction
-# causal check runs ablation's causal test (the same test, on induction heads).
+# (importing analysis, imported module), exactly: the causal probe test fits probing's probes, on probing's
+# registered label tasks, labelled under the probe stage's config, with its subsampler; the induction causal
+# check runs ablation's causal test (the same test, on induction heads).
 ALLOWED = {
   ("ablation", "headspec.probing.probe"),
+  ("ablation", "headspec.probing.tasks"),
+  ("ablation", "headspec.probing.stats"),
+  ("ablation", "headspec.probing.config"),
   ("attention", "headspec.ablation.causal"),
 }
 # The trainer's one link to an analysis: it logs the head-diversity metrics while training (train.diversity_every)
@@ -26,7 +30,7 @@ TRAINER_ALLOWED = {"headspec.diversity.metrics"}
 # The shared layer: below every analysis, so it imports none.
 SHARED = (
   "objectives", "alignment", "resampling", "evaltext", "evalset", "selectivity", "heads", "regularizers", "jobloop",
-  "figures", "tables", "targets", "data",
+  "figures", "tables", "targets", "data", "words", "edits",
 )  # fmt: skip
 
 

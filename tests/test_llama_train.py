@@ -54,6 +54,6 @@ def test_llama_recipe_trains_under_jit_and_pmap_and_loads(synthetic_data_dir, tm
   moved = jax.tree.map(lambda a, b: float(np.abs(np.asarray(a) - np.asarray(b)).max()), model, first)
   assert max(jax.tree.leaves(moved)) > 0  # step 4 is not step 0
   ids = np.asarray([tokenizer.encode("the cat sat on the mat")])
-  _, inter = model(ids, capture=("probs", "z", "k"))
-  assert inter.probs_LBHTS.shape[:3] == (2, 1, 4) and inter.k_LBTHK.shape[3] == 4
-  np.testing.assert_allclose(inter.probs_LBHTS.sum(-1), 1.0, atol=1e-5)
+  _, inter = model(ids, capture=("pattern", "z", "k"))
+  assert inter.pattern_LBHTS.shape[:3] == (2, 1, 4) and inter.k_LBTHK.shape[3] == 4
+  np.testing.assert_allclose(inter.pattern_LBHTS.sum(-1), 1.0, atol=1e-5)

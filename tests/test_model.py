@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 from flax import nnx
 
+from headspec.edits import head_mask
 from headspec.errors import UserError
 from headspec.model import CAPTURE_FIELDS, ModelConfig, Transformer
 
@@ -43,16 +44,16 @@ def test_fused_attention_matches_the_explicit_path(kind):
   valid = jnp.ones_like(TOKENS, bool).at[1, 7:].set(False)
   mask = jnp.ones((3, 4)).at[1, 2].set(0.0).at[2, 0].set(0.5)
   replacement = jnp.asarray(np.random.default_rng(1).normal(size=(3, 4, 12)), jnp.float32)
-  kw = dict(valid_BT=valid, head_mask=mask, head_replacement=replacement)
+  kw = dict(valid_BT=valid, interventions={"z": head_mask(mask, replacement)})
   fused, f_inter = model(TOKENS, capture=("z",), **kw)
-  explicit, e_inter = model(TOKENS, capture=("z", "probs"), **kw)
+  explicit, e_inter = model(TOKENS, capture=("z", "pattern"), **kw)
   np.testing.assert_allclose(fused, explicit, atol=2e-5)
   np.testing.assert_allclose(f_inter.z_LBTHK, e_inter.z_LBTHK, atol=2e-6)
 
   graphdef, params = nnx.split(model)
 
   def loss(params, probs):
-    logits, _ = nnx.merge(graphdef, params)(TOKENS, capture=("probs",) if probs else (), **kw)
+    logits, _ = nnx.merge(graphdef, params)(TOKENS, capture=("pattern",) if probs else (), **kw)
     return (jax.nn.log_softmax(logits) * valid[..., None]).sum()
 
   g_fused, g_explicit = (jax.grad(loss)(params, probs) for probs in (False, True))
@@ -92,33 +93,33 @@ def test_z_through_w_o_reproduces_attention_output(kind):
   """sum_h Z_h W_O^h + b_O equals what the attention sublayer adds, recomputed from its input."""
   model = make(kind)
   valid = jnp.ones_like(TOKENS, bool).at[1, 8:].set(False)
-  _, inter = model(TOKENS, valid_BT=valid, capture=("z", "head_out", "residual", "embeddings", "probs", "v"))
+  _, inter = model(TOKENS, valid_BT=valid, capture=("z", "head_out", "resid_post", "embeddings", "pattern", "v"))
   block = model.blocks[1]
   attn = block.attention
   recombined_BTD = jnp.einsum("bthk,hkd->btd", inter.z_LBTHK[1], attn.w_o_HKD[...]) + attn.b_o_D[...]
   np.testing.assert_allclose(inter.head_out_LBTHD[1].sum(2) + attn.b_o_D[...], recombined_BTD, atol=1e-5)
   # Z_h = A_h V_h from the captured probabilities and values.
   np.testing.assert_allclose(
-    jnp.einsum("bhts,bshk->bthk", inter.probs_LBHTS[1], inter.v_LBTHK[1]), inter.z_LBTHK[1], atol=1e-5
+    jnp.einsum("bhts,bshk->bthk", inter.pattern_LBHTS[1], inter.v_LBTHK[1]), inter.z_LBTHK[1], atol=1e-5
   )
   # The block's output from its input, with the attention output replaced by the recombination.
-  x_BTD = inter.residual_LBTD[0]
+  x_BTD = inter.resid_post_LBTD[0]
   if model.cfg.pre_layernorm:
     after_BTD = x_BTD + recombined_BTD
     expected = after_BTD + block.mlp(block.ln_mlp(after_BTD))
   else:
     after_BTD = block.ln_attention(x_BTD + recombined_BTD)
     expected = block.ln_mlp(after_BTD + block.mlp(after_BTD))
-  np.testing.assert_allclose(inter.residual_LBTD[1], expected, atol=1e-5)
+  np.testing.assert_allclose(inter.resid_post_LBTD[1], expected, atol=1e-5)
   # Padded keys get no attention.
-  assert float(jnp.abs(inter.probs_LBHTS[:, 1, :, :, 8:]).max()) == 0.0
+  assert float(jnp.abs(inter.pattern_LBHTS[:, 1, :, :, 8:]).max()) == 0.0
 
 
 def test_zero_in_head_mask_removes_exactly_that_head():
   model = make("decoder")
-  _, full = model(TOKENS, capture=("head_out", "z", "residual"))
+  _, full = model(TOKENS, capture=("head_out", "z", "resid_post"))
   mask = jnp.ones((3, 4)).at[0, 2].set(0.0)
-  _, masked = model(TOKENS, head_mask=mask, capture=("head_out", "z", "residual"))
+  _, masked = model(TOKENS, interventions={"z": head_mask(mask)}, capture=("head_out", "z", "resid_post"))
   # Layer 0: same Z for every head, contribution of head 2 gone, others unchanged.
   np.testing.assert_allclose(masked.z_LBTHK[0], full.z_LBTHK[0], atol=1e-6)
   assert float(jnp.abs(masked.head_out_LBTHD[0, :, :, 2]).max()) == 0.0
@@ -131,11 +132,11 @@ def test_zero_in_head_mask_removes_exactly_that_head():
   attn_full = x0 + full.head_out_LBTHD[0].sum(2) + block.attention.b_o_D[...]
   attn_masked = attn_full - full.head_out_LBTHD[0, :, :, 2]
   expected = attn_masked + block.mlp(block.ln_mlp(attn_masked))
-  np.testing.assert_allclose(masked.residual_LBTD[0], expected, atol=1e-5)
+  np.testing.assert_allclose(masked.resid_post_LBTD[0], expected, atol=1e-5)
   # Per-example masks: example 0 masked, example 1 not.
   per_example = jnp.stack([mask, jnp.ones((3, 4))])
-  logits_pe, _ = model(TOKENS, head_mask=per_example)
-  logits_m, _ = model(TOKENS, head_mask=mask)
+  logits_pe, _ = model(TOKENS, interventions={"z": head_mask(per_example)})
+  logits_m, _ = model(TOKENS, interventions={"z": head_mask(mask)})
   logits_f, _ = model(TOKENS)
   np.testing.assert_allclose(logits_pe[0], logits_m[0], atol=1e-5)
   np.testing.assert_allclose(logits_pe[1], logits_f[1], atol=1e-5)
@@ -146,7 +147,7 @@ def test_head_mask_is_traced_and_differentiable():
   graphdef, state = nnx.split(model)
 
   def loss(state, mask):
-    logits, _ = nnx.merge(graphdef, state)(TOKENS, head_mask=mask)
+    logits, _ = nnx.merge(graphdef, state)(TOKENS, interventions={"z": head_mask(mask)})
     return jax.nn.log_softmax(logits)[..., 0].mean()
 
   @jax.jit

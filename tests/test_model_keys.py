@@ -1,4 +1,4 @@
-"""The modern-decoder ModelConfig options as training config keys (issue 34): declared in defaults.py with
+"""The modern-decoder ModelConfig options as training config keys: declared in defaults.py with
 ModelConfig's defaults (old configs train the same model), accepted on the command line, documented for
 --help, checked on resume like the other shape keys, and each run's heads' K/V groups readable."""
 

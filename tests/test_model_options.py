@@ -53,7 +53,7 @@ def forward():
 
   def run(ids_BT=IDS, shift=0):
     positions_BT = jnp.broadcast_to(jnp.arange(ids_BT.shape[1]) + shift, ids_BT.shape)
-    return _forward(graphdef, state, ids_BT, positions_BT, ("q", "k", "v", "probs"))
+    return _forward(graphdef, state, ids_BT, positions_BT, ("q", "k", "v", "pattern"))
 
   return run
 
@@ -66,13 +66,13 @@ def test_grouped_query_heads_share_their_groups_keys_and_values(forward):
   np.testing.assert_array_equal(inter.k_LBTHK[:, :, :, 0], inter.k_LBTHK[:, :, :, 1])
   np.testing.assert_array_equal(inter.v_LBTHK[:, :, :, 2], inter.v_LBTHK[:, :, :, 3])
   assert np.abs(inter.k_LBTHK[:, :, :, 1] - inter.k_LBTHK[:, :, :, 2]).max() > 1e-3
-  assert np.abs(inter.probs_LBHTS[:, :, 0] - inter.probs_LBHTS[:, :, 1]).max() > 1e-3  # queries differ
+  assert np.abs(inter.pattern_LBHTS[:, :, 0] - inter.pattern_LBHTS[:, :, 1]).max() > 1e-3  # queries differ
 
 
 def test_rotary_attention_depends_on_relative_positions_only(forward):
   base_logits, base = forward()
   logits, inter = forward(shift=37)
-  np.testing.assert_allclose(inter.probs_LBHTS, base.probs_LBHTS, atol=1e-5)
+  np.testing.assert_allclose(inter.pattern_LBHTS, base.pattern_LBHTS, atol=1e-5)
   np.testing.assert_allclose(logits, base_logits, atol=1e-4)
   assert np.abs(forward(IDS[:, ::-1])[0][:, -1] - base_logits[:, -1]).max() > 1e-3  # but order matters
 
@@ -84,7 +84,7 @@ def test_partial_rotary_leaves_the_other_features_alone(forward):
 
 
 def test_sliding_window_limits_how_far_back_a_token_looks(forward):
-  probs = np.asarray(forward()[1].probs_LBHTS)
+  probs = np.asarray(forward()[1].pattern_LBHTS)
   t, s = np.arange(12)[:, None], np.arange(12)[None]
   assert probs[0][..., (t - s >= 3) | (s > t)].max() == 0.0
   assert probs[1][..., (t - s >= 3) & (s <= t)].min() > 0.0  # the global layer sees everything before

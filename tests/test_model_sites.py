@@ -72,7 +72,7 @@ def test_projection_ablation_equals_its_closed_form():
   u_D = jnp.asarray(np.random.default_rng(2).normal(size=32), jnp.float32)
   unit_D = np.asarray(u_D) / np.linalg.norm(np.asarray(u_D))
   _, clean = model(TOKENS, capture=("resid_post", "z"))
-  x_BTD = np.asarray(clean.residual_LBTD[0])
+  x_BTD = np.asarray(clean.resid_post_LBTD[0])
   closed_BTD = x_BTD - (x_BTD @ unit_D)[..., None] * unit_D
   logits, inter = model(TOKENS, interventions={"resid_post": edits.project_out(u_D, layers=0)}, capture=("resid_pre",))
   np.testing.assert_allclose(np.asarray(inter.resid_pre_LBTD[1]), closed_BTD, atol=1e-5)
@@ -165,7 +165,7 @@ def test_new_sites_read_what_they_name():
       np.testing.assert_allclose(out, np.asarray(inter.mlp_out_LBTD[layer]), atol=1e-4)
     scores = np.asarray(inter.attn_scores_LBHTS)
     assert (scores[..., 0, 1:] == np.finfo(np.float32).min).all()  # the first query sees only key 0
-    np.testing.assert_allclose(np.asarray(jax.nn.softmax(scores, -1)), np.asarray(inter.probs_LBHTS), atol=1e-6)
+    np.testing.assert_allclose(np.asarray(jax.nn.softmax(scores, -1)), np.asarray(inter.pattern_LBHTS), atol=1e-6)
 
     def scale(x, layernorm=options.get("norm") == "layernorm", eps=model.cfg.layer_norm_eps):  # noqa: B008
       x = np.asarray(x, np.float64)
@@ -174,7 +174,7 @@ def test_new_sites_read_what_they_name():
 
     np.testing.assert_allclose(np.asarray(inter.ln1_scale_LBT), scale(inter.resid_pre_LBTD), rtol=1e-5)
     np.testing.assert_allclose(np.asarray(inter.ln2_scale_LBT), scale(inter.resid_mid_LBTD), rtol=1e-5)
-    np.testing.assert_allclose(np.asarray(inter.ln_final_scale_BT), scale(inter.residual_LBTD[-1]), rtol=1e-5)
+    np.testing.assert_allclose(np.asarray(inter.ln_final_scale_BT), scale(inter.resid_post_LBTD[-1]), rtol=1e-5)
     shifted, _ = model(TOKENS, interventions={"attn_scores": Edit(add=jnp.full((2, 2, 4, 7, 1), 3.0))})
     np.testing.assert_allclose(np.asarray(shifted), np.asarray(plain), atol=1e-4)
     own, _ = model(TOKENS, interventions={"ln1_scale": Edit.patch(inter.ln1_scale_LBT, jnp.ones((2, 1, 1)))})

@@ -62,7 +62,7 @@ def kinds(cell) -> list:
 
 
 def test_notebooks_are_kept_with_outputs():
-  assert len(NOTEBOOKS) == 7  # 06_induction_circuit (issue 67), 07_sae (issue 66) beside 01-05
+  assert len(NOTEBOOKS) == 7  # 06_induction_circuit, 07_sae beside 01-05
   for path in NOTEBOOKS:
     cells = [c for c in nbformat.read(path, as_version=4).cells if c.cell_type == "code"]
     assert all(c.get("execution_count") for c in cells), f"{path.name}: execute and save it with its outputs"

@@ -8,6 +8,7 @@ import pytest
 from flax import nnx
 from test_model import TOKENS, make  # the same tiny encoder/decoder as the model tests
 
+from headspec.edits import head_mask
 from headspec.errors import UserError
 from headspec.model import SITES, Edit
 
@@ -25,23 +26,38 @@ OTHER = jnp.asarray(np.random.default_rng(1).integers(0, 61, (2, 11)), jnp.int32
 )
 def test_sites_are_consistent_with_each_other(kind, options):
   """resid_pre[l+1] = resid_post[l]; attn_out = Σ_h head_out + b_O; resid_post = resid_mid + mlp_out (pre-LN,
-  parallel) and resid_mid = resid_pre + attn_out (pre-LN); the older names read the same arrays."""
+  parallel) and resid_mid = resid_pre + attn_out (pre-LN)."""
   model = make(kind, **options)
-  _, inter = model(TOKENS, capture=tuple(SITES) + ("residual", "probs"))
+  _, inter = model(TOKENS, capture=tuple(SITES))
   for name, axes in SITES.items():
     assert inter.site(name).shape[0] == 3 and inter.site(name).ndim == len(axes) + 1, name
-  np.testing.assert_array_equal(inter.site("resid_post"), inter.residual_LBTD)
-  np.testing.assert_array_equal(inter.site("pattern"), inter.probs_LBHTS)
-  np.testing.assert_allclose(inter.resid_pre_LBTD[1:], inter.residual_LBTD[:-1], atol=1e-6)
+  np.testing.assert_allclose(inter.resid_pre_LBTD[1:], inter.resid_post_LBTD[:-1], atol=1e-6)
   b_o = np.stack([np.asarray(b.attention.b_o_D[...]) for b in model.blocks])[:, None, None]
   np.testing.assert_allclose(inter.attn_out_LBTD, inter.head_out_LBTHD.sum(3) + b_o, atol=1e-5)
   if kind == "decoder":
     np.testing.assert_allclose(inter.resid_mid_LBTD, inter.resid_pre_LBTD + inter.attn_out_LBTD, atol=1e-5)
-    np.testing.assert_allclose(inter.residual_LBTD, inter.resid_mid_LBTD + inter.mlp_out_LBTD, atol=1e-5)
+    np.testing.assert_allclose(inter.resid_post_LBTD, inter.resid_mid_LBTD + inter.mlp_out_LBTD, atol=1e-5)
   if not options.get("mlp", True):
     np.testing.assert_array_equal(inter.mlp_out_LBTD, 0.0)
   with pytest.raises(UserError, match="unknown site 'hook_z'"):
     inter.site("hook_z")
+
+
+def test_older_capture_names_warn_and_read_their_sites():
+  """'probs' and 'residual' (and the fields probs_LBHTS, residual_LBTD) are deprecated aliases of pattern and
+  resid_post for one release: each warns and reads the same array; 'hook_z' is no capture name."""
+  model = make("decoder")
+  _, inter = model(TOKENS, capture=("pattern", "resid_post"))
+  with pytest.warns(DeprecationWarning, match="'probs' is deprecated: use 'pattern'"):
+    _, old = model(TOKENS, capture=("probs", "residual"))
+  np.testing.assert_array_equal(old.pattern_LBHTS, inter.pattern_LBHTS)
+  np.testing.assert_array_equal(old.resid_post_LBTD, inter.resid_post_LBTD)
+  with pytest.warns(DeprecationWarning, match="use pattern_LBHTS"):
+    np.testing.assert_array_equal(old.probs_LBHTS, inter.pattern_LBHTS)
+  with pytest.warns(DeprecationWarning, match="use resid_post_LBTD"):
+    np.testing.assert_array_equal(old.residual_LBTD, inter.resid_post_LBTD)
+  with pytest.raises(UserError, match="unknown capture field 'hook_z'"):
+    model(TOKENS, capture=("hook_z",))
 
 
 def test_head_mask_is_an_edit_of_z():
@@ -49,7 +65,7 @@ def test_head_mask_is_an_edit_of_z():
   model = make()
   mask = jnp.ones((3, 4)).at[1, 2].set(0.0).at[2, 0].set(0.5)
   repl = jnp.asarray(np.random.default_rng(2).normal(size=(3, 4, 12)), jnp.float32)
-  by_mask, _ = model(TOKENS, head_mask=mask, head_replacement=repl)
+  by_mask, _ = model(TOKENS, interventions={"z": head_mask(mask, repl)})
   keep = mask[:, None, None, :, None]
   edit = Edit(keep=keep, add=((1 - mask)[..., None] * repl)[:, None, None])
   by_edit, _ = model(TOKENS, interventions={"z": edit})

@@ -49,7 +49,7 @@ def test_patch_command_writes_tables_and_heatmaps(run_dir):
 
 @pytest.mark.slow  # two patch runs: about 35 s on 2 CPU cores at load average ~10 (an upper bound)
 def test_a_rerun_with_the_other_direction_or_fewer_sites_keeps_every_row(run_dir, tmp_path):
-  """Issue 62: the table key holds direction and site, so a noising run after a denoising one, or a run of
+  """The table key holds direction and site, so a noising run after a denoising one, or a run of
   fewer sites, adds its rows beside the earlier run's (both with their heatmaps) instead of deleting them;
   summary.csv's base and source are per direction."""
   work = tmp_path / "patch"
@@ -126,7 +126,7 @@ def test_ioi_pairs_on_a_published_wordpiece():
 
 
 def test_ioi_abc_corruption_replaces_all_three_names_with_unrelated_ones():
-  """Issue 61: Wang et al.'s ABC distribution, over many pairs and every template: the three names of the
+  """Wang et al.'s ABC distribution, over many pairs and every template: the three names of the
   clean prompt all replaced, by three distinct names none of which is in the clean prompt."""
   tokenizer = load_hf_tokenizer(pretrained.minilm_dir(), "bert")
   clean, corrupt, answers = tasks.ioi_pairs(tokenizer, count=60, seed=3)

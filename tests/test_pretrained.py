@@ -26,6 +26,7 @@ from flax import nnx  # noqa: E402
 from headspec import pretrained  # noqa: E402
 from headspec.data.hf_tokenizer import load_hf_tokenizer  # noqa: E402
 from headspec.data.tokenizer import Tokenizer, load_tokenizer  # noqa: E402
+from headspec.edits import head_mask  # noqa: E402
 from headspec.errors import UserError  # noqa: E402
 
 torch = pytest.importorskip("torch")
@@ -33,7 +34,7 @@ transformers = pytest.importorskip("transformers")
 tokenizers = pytest.importorskip("tokenizers")
 
 ATOL = 1e-4
-CAPTURE = ("embeddings", "probs", "z", "residual")
+CAPTURE = ("embeddings", "pattern", "z", "resid_post")
 SENTENCES = [
   "The quick brown fox jumps over the lazy dog.",
   "Héllo, naïve café-owners: isn't it 3.5% cheaper?",
@@ -45,8 +46,10 @@ SENTENCES = [
 @functools.partial(jax.jit, static_argnums=0)
 def _forward(graphdef, state, ids_BT, valid_BT, types_BT, head_mask_LH):
   model = nnx.merge(graphdef, state)
-  logits_BTV, inter = model(ids_BT, valid_BT=valid_BT, token_types_BT=types_BT, head_mask=head_mask_LH, capture=CAPTURE)
-  last_BTD = inter.residual_LBTD[-1]
+  logits_BTV, inter = model(
+    ids_BT, valid_BT=valid_BT, token_types_BT=types_BT, interventions={"z": head_mask(head_mask_LH)}, capture=CAPTURE
+  )
+  last_BTD = inter.resid_post_LBTD[-1]
   final_BTD = model.ln_final(last_BTD) if model.cfg.pre_layernorm else last_BTD
   return logits_BTV, inter, final_BTD
 
@@ -109,9 +112,9 @@ def assert_parity(model, hf_model, ids_BT, valid_BT, types_BT=None, head_mask_LH
   close(inter.embeddings_BTD, hidden[0], err_msg="embeddings")
   for layer in range(L):
     # transformers 5 reports the last hidden state after GPT-2's final LayerNorm
-    ours_BTD = final if layer == L - 1 else inter.residual_LBTD[layer]
+    ours_BTD = final if layer == L - 1 else inter.resid_post_LBTD[layer]
     close(ours_BTD, hidden[layer + 1], err_msg=f"hidden state after layer {layer}")
-    close(inter.probs_LBHTS[layer], out.attentions[layer].numpy(), err_msg=f"attention probs, layer {layer}")
+    close(inter.pattern_LBHTS[layer], out.attentions[layer].numpy(), err_msg=f"attention probs, layer {layer}")
     close(inter.z_LBTHK[layer].reshape(B, T, -1), contexts[layer], err_msg=f"per-head context, layer {layer}")
   if check_logits:
     close(logits, out.logits.numpy(), err_msg="logits")

@@ -226,7 +226,7 @@ def root(tmp_path_factory):
 @functools.partial(jax.jit, static_argnums=0)
 def _forward(graphdef, state, ids_BT, valid_BT, positions_BT):
   model = nnx.merge(graphdef, state)
-  return model(ids_BT, valid_BT=valid_BT, positions_BT=positions_BT, capture=("probs", "z"))
+  return model(ids_BT, valid_BT=valid_BT, positions_BT=positions_BT, capture=("pattern", "z"))
 
 
 def _reference(hf_model, out_proj: str, ids_BT, valid_BT, positions_BT):
@@ -275,7 +275,7 @@ def test_parity_with_transformers(family, root):
     B, T = ids.shape
     for layer in range(model.cfg.num_layers):
       np.testing.assert_allclose(
-        inter.probs_LBHTS[layer] * valid[:, None, :, None],
+        inter.pattern_LBHTS[layer] * valid[:, None, :, None],
         out.attentions[layer].numpy() * valid[:, None, :, None],
         atol=PROBS_ATOL,
         rtol=0,

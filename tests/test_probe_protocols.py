@@ -1,4 +1,4 @@
-"""The probing protocols as their papers run them (issue 61, items 9, 10, 12): Hewitt & Manning's regimen.py
+"""The probing protocols as their papers run them: Hewitt & Manning's regimen.py
 for the structural probes (per-epoch shuffle, stopping after patience, torch's ReduceLROnPlateau), Hewitt &
 Liang's one λ for a task and its control, and a summary that never ranks on the split it reports."""
 

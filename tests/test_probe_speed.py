@@ -1,5 +1,5 @@
 """The softmax probe fit's cost structure: bounded compilations, one read per L-BFGS iteration, and
-results unchanged against the fit before issue 33 (benchmarks/probe_reference.json)."""
+results unchanged against the reference fit (benchmarks/probe_reference.json)."""
 
 import json
 import math

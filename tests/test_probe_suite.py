@@ -11,6 +11,7 @@ from flax import nnx
 
 from headspec import alignment as align
 from headspec import checkpoints, runs, tables
+from headspec.data import treebank
 from headspec.data.tokenizer import train_sentencepiece
 from headspec.defaults import train_config
 from headspec.errors import UserError
@@ -92,7 +93,7 @@ def _rows(path):
 
 def test_default_tasks_are_every_task_structural_included():
   """`probe.tasks` defaults to every registered task, Hewitt & Manning's distance and depth probes too, so
-  `headspec probe` and the quickstart write probes/structural.csv (issue 36)."""
+  `headspec probe` and the quickstart write probes/structural.csv."""
   from headspec.probing.config import synthetic_probe_config
 
   for config in (probe_config(), synthetic_probe_config("data")):
@@ -109,7 +110,7 @@ def test_suite_on_ewt_part(ewt_part, tmp_path, caplog):
   config.probe.random_baseline = True
   results = probe_run.run(config, workdir)
   assert results == workdir / "probes/results.csv"
-  # XLA compilations per model step (issue 33): the second step (same shapes) compiles no forward
+  # XLA compilations per model step: the second step (same shapes) compiles no forward
   # pass, start or Adam program again; only an L-BFGS narrowing to a shape the first step's fits never
   # reached (which probes still run depends on the data), at most 1 + log_{4/3}(G·T) per fit, and the
   # preconditioner's refresh at such a shape
@@ -348,7 +349,8 @@ def test_residual_probes_match_sklearn(ewt_part, tmp_path):
 
 
 def test_a_new_task_is_one_registry_entry(ewt_part, tmp_path, monkeypatch):
-  """A toy word-labelling task, registered as one entry, runs through the whole suite like the built-in ones."""
+  """A toy word-labelling task, registered as one entry, runs through the whole suite like the built-in ones,
+  and reaches the causal test (refitted on its labels, ranked by its selectivity) and the study's task list."""
   data, texts = ewt_part
   toy = tasks.LabelTask("capitalised", lambda sentence, config: tuple(str(w[:1].isupper()) for w in sentence.words))
   monkeypatch.setitem(tasks.REGISTRY, toy.name, toy)
@@ -362,6 +364,47 @@ def test_a_new_task_is_one_registry_entry(ewt_part, tmp_path, monkeypatch):
   assert baseline["task"] == "capitalised" and baseline["baseline"] == "majority" and float(baseline["accuracy"]) > 0.5
   embedding = next(float(r["accuracy"]) for r in rows if r["layer"] == "-1")
   assert embedding > float(baseline["accuracy"])  # word identity tells capitalisation
+
+  from headspec import selectivity, study
+  from headspec.ablation import causal
+  from headspec.ablation.config import ablate_config
+
+  assert "capitalised" in causal.label_tasks() and "capitalised" in study.tasks()
+  model, tokenizer = runs.load_run_model(workdir, 5)
+  ranked = selectivity.read_selectivity(workdir, "run", 5, 2, 2)
+  c = ablate_config()
+  c.bootstrap_resamples, c.causal.random_seeds, c.causal.refine_samples, c.causal.l2_grid = 50, 1, 0, (1e-3,)
+  (toy_data,) = causal.load_task_data(data, "en_ewt", ["capitalised"], tokenizer, model.cfg, c, log=lambda _: None)
+  capitals = [str(w[:1].isupper()) for s in toy_data.test.words for w in s]
+  assert toy_data.num_classes == 2 and [("False", "True")[i] for i in toy_data.test.labels] == capitals
+  causal_rows = causal.causal_rows(model, toy_data, ranked.by_task["capitalised"], None, None, c)
+  assert {r["task"] for r in causal_rows} == {"capitalised"} and {r["k"] for r in causal_rows} == {0, 1, 2}
+
+
+def test_causal_test_labels_deprels_as_the_probe_stage_did(ewt_part, tmp_path):
+  """probe.deprel_subtypes reaches the causal test through RUN/probes/run_info.json: 'nmod:poss' stays whole
+  when the probes kept subtypes, and is 'nmod' when they stripped them (the default, also with no probe stage)."""
+  from headspec.ablation import causal
+  from headspec.ablation.config import ablate_config
+
+  data, texts = ewt_part
+  workdir = _make_run(tmp_path / "run", texts[:50])
+  model, tokenizer = runs.load_run_model(workdir, 5)
+  assert causal.probe_settings(workdir).probe.deprel_subtypes is False  # no probe stage ran yet
+  (workdir / "probes").mkdir()
+  recorded = {"config": {"probe": {"deprel_subtypes": True, "tasks": ["deprel"]}}}
+  (workdir / "probes/run_info.json").write_text(json.dumps(recorded))
+  settings = causal.probe_settings(workdir)
+  assert settings.probe.deprel_subtypes is True and settings.probe.tasks == ("deprel",)
+  c = ablate_config()
+  c.causal.max_train_words = c.causal.max_eval_words = 0  # every sentence
+  load = lambda *probe: causal.load_task_data(
+    data, "en_ewt", ["deprel"], tokenizer, model.cfg, c, *probe, log=lambda _: None
+  )[0]
+  kept, stripped = load(settings), load()
+  gold = [d for s in treebank.load_split(data, "en_ewt", "train") for d in s.deprels]
+  assert any(":" in d for d in gold)
+  assert kept.num_classes > stripped.num_classes  # train has subtyped relations, kept apart only in `kept`
 
 
 @pytest.mark.parametrize(

@@ -17,6 +17,7 @@ import optax
 import pytest
 
 from headspec import regularizers, runs
+from headspec.edits import head_mask
 from headspec.quickstart import quickstart_config
 from headspec.train import train_and_evaluate
 
@@ -50,12 +51,13 @@ class Run:
     self.valid_BT = jnp.ones(rows.shape, bool)
     self.targets_BT = jnp.concatenate([self.tokens_BT[:, 1:], self.tokens_BT[:, -1:]], axis=1)
     self.weights_BT = jnp.ones(rows.shape).at[:, -1].set(0.0)
-    _, self.inter = self.model(self.tokens_BT, capture=("v", "probs", "z"))
+    _, self.inter = self.model(self.tokens_BT, capture=("v", "pattern", "z"))
     records = [json.loads(line) for line in (workdir / "metrics.jsonl").read_text().splitlines()]
     self.logged = set().union(*records)
 
-  def loss(self, head_mask=None) -> float:
-    logits_BTV, _ = self.model(self.tokens_BT, head_mask=head_mask)
+  def loss(self, mask=None) -> float:
+    edit = None if mask is None else {"z": head_mask(mask)}
+    logits_BTV, _ = self.model(self.tokens_BT, interventions=edit)
     token_loss_BT = optax.softmax_cross_entropy_with_integer_labels(logits_BTV, self.targets_BT)
     return float((token_loss_BT * self.weights_BT).sum() / self.weights_BT.sum())
 
@@ -104,10 +106,10 @@ def test_position_disagreement_lowers_attention_overlap(train):
   base, run = train(), train(position=1.0)
   assert "disagreement/position" in run.logged
   # Mean over i != j of sum_s A_i[t,s] A_j[t,s]: 0.165 -> 0.123 / 0.146 -> 0.126.
-  off = lambda r: float(regularizers.position_agreement(r.inter.probs_LBHTS, r.valid_BT, off_diagonal=True))
+  off = lambda r: float(regularizers.position_agreement(r.inter.pattern_LBHTS, r.valid_BT, off_diagonal=True))
   assert off(run) < off(base) - 0.01
   # The trained quantity (i = j included): 0.202 -> 0.129 / 0.154 -> 0.129.
-  full = lambda r: float(regularizers.position_agreement(r.inter.probs_LBHTS, r.valid_BT))
+  full = lambda r: float(regularizers.position_agreement(r.inter.pattern_LBHTS, r.valid_BT))
   assert full(run) < full(base) - 0.01
 
 

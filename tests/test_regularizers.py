@@ -80,7 +80,7 @@ def test_disagreement_terms_weights_and_fields(batch):
   valid = jnp.asarray(batch["valid"])
   inter = dict(
     v_LBTHK=jnp.asarray(batch["v"]),
-    probs_LBHTS=jnp.asarray(batch["probs"]),
+    pattern_LBHTS=jnp.asarray(batch["probs"]),
     z_LBTHK=jnp.asarray(batch["v"]),
     head_out_LBTHD=jnp.asarray(batch["out"]),
   )

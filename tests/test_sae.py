@@ -1,4 +1,4 @@
-"""Sparse autoencoders on attention outputs (headspec/sae/, docs/sae.md, issue 66)."""
+"""Sparse autoencoders on attention outputs (headspec/sae/, docs/sae.md)."""
 
 from __future__ import annotations
 

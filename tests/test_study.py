@@ -316,7 +316,7 @@ def _structural_rows(model, step, by_group):
 
 
 def test_study_reports_structural_probes_chosen_on_dev_beside_control_and_linear(tmp_path):
-  """study/structural.csv: per run and step, both choices named in `choice` (issue 61): the head and the
+  """study/structural.csv: per run and step, both choices named in `choice`: the head and the
   residual stream of highest DEV value (best_value) and of highest DEV selectivity (most_selective), never
   test's, reported on test (value, CI, control, selectivity) beside the linear baseline on test; the embeddings
   and random-weights rows are not candidates; reference.csv compares the best-value head's raw value with the

@@ -1,4 +1,4 @@
-"""The study's tests over seeds (issue 61): each equals scipy.stats' own, on small synthetic tables.
+"""The study's tests over seeds: each equals scipy.stats' own, on small synthetic tables.
 
 conditions.csv: condition − baseline paired by seed (scipy.stats.ttest_rel) or Welch (ttest_ind,
 equal_var=False), Holm within each family; causal_seeds.csv: one-sample t (ttest_1samp), Holm and the TOST

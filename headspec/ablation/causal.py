@@ -1,10 +1,13 @@
 """Causal test of probe selectivity: once the heads a probe finds most selective are ablated, is the task
 still linearly decodable from the model (DECODABILITY AFTER ABLATION), and does the LM loss need them?
 
-For each label task (upos, xpos, deprel; arc probes are bilinear and not refitted here) with rows in
-RUN/probes/results.csv: heads are ranked by selectivity (accuracy − control accuracy, Hewitt & Liang
-2019) on the treebank's DEV split, and the effect is measured on its TEST split, so selection and
-measurement never share data. For k = 1, 2, 4, ... up to half of the heads:
+For each label task of the probing registry (headspec/probing/tasks.py `REGISTRY`, its `LabelTask`s: upos,
+xpos, deprel and any task added there; arc and structural probes are not refitted here) with rows in
+RUN/probes/results.csv, labelled as the probe stage read them (its `probe.*` settings from
+RUN/probes/run_info.json, e.g. `probe.deprel_subtypes`), on whole-sentence subsamples drawn as the probes draw
+theirs (`stats.subsample`) and with the probes' paired sentence bootstrap (`resampling.bootstrap_accuracies`):
+heads are ranked by selectivity (accuracy − control accuracy, Hewitt & Liang 2019) on the treebank's DEV split,
+and the effect is measured on its TEST split, so selection and measurement never share data. For k = 1, 2, 4, ... up to half of the heads:
   selective             the k most selective heads are ablated;
   random_layer_matched  as many heads per layer as the selective set has in that layer, from that layer's
                         NON-selected heads (a random set that shares selective heads pulls selective −
@@ -36,24 +39,46 @@ Ablation is MEAN ablation (Z_h replaced by its mean over the probe's training to
 from __future__ import annotations
 
 import dataclasses
-import functools
 import itertools
+import json
 import math
 
-import jax
 import jax.numpy as jnp
 import numpy as np
-from flax import nnx
+from etils import epath
 
 from headspec import alignment as align_lib
 from headspec import evalset, resampling
+from headspec import words as words_lib
 from headspec.ablation import core, metrics
-from headspec.alignment import bucket_length, resolve_pooling
+from headspec.alignment import resolve_pooling
 from headspec.data import treebank as treebank_lib
+from headspec.edits import head_mask
 from headspec.errors import UserError
-from headspec.probing import probe
+from headspec.probing import probe, stats
+from headspec.probing import tasks as probe_tasks
 
-LABEL_TASKS = ("upos", "xpos", "deprel")
+
+def probe_settings(workdir):
+  """The probe stage's config as it ran: `probe_config()`'s defaults with the `probe.*` values recorded in
+  RUN/probes/run_info.json (the defaults where the file or a key is missing), so the causal test labels words as
+  the probes that ranked the heads did (e.g. `probe.deprel_subtypes`)."""
+  from headspec import provenance
+  from headspec.probing.config import probe_config
+
+  config = probe_config()
+  path = epath.Path(workdir) / "probes" / provenance.FILE
+  recorded = json.loads(path.read_text()).get("config", {}).get("probe", {}) if path.exists() else {}
+  for key, value in recorded.items():
+    if key in config.probe:
+      default = config.probe[key]
+      config.probe[key] = tuple(value) if isinstance(default, tuple) and isinstance(value, list) else value
+  return config
+
+
+def label_tasks() -> tuple[str, ...]:
+  """The probing registry's label tasks, in its order: the tasks the causal test refits."""
+  return tuple(name for name, task in probe_tasks.REGISTRY.items() if isinstance(task, probe_tasks.LabelTask))
 
 
 def ks(num_heads_total: int) -> list[int]:
@@ -182,85 +207,40 @@ class _Split:
   words: list
   labels: np.ndarray
   sentence_N: np.ndarray
-  batches: list  # (tokens_BT, valid_BT, pool_BWT, word index per (b, w) or -1)
+  batches: list  # ((tokens_BT, positions_BT, segment_BT, pool_BWT), word index per (b, w) or -1)
   windows: list
 
 
 def _subsample(sentences, max_words: int, seed: int):
+  """A seeded subset of whole sentences of about `max_words` words, as the probes draw theirs (all for 0)."""
   if max_words <= 0:
     return sentences
-  order = np.random.default_rng(seed).permutation(len(sentences))
-  lengths = np.cumsum([len(sentences[i].words) for i in order])
-  keep = order[: max(1, int(np.searchsorted(lengths, max_words, side="right")))]
-  return [sentences[i] for i in sorted(keep)]
+  return [sentences[i] for i in stats.subsample([len(s.words) for s in sentences], max_words, seed)]
 
 
-def _label(sentence, task):
-  return (
-    sentence.upos
-    if task == "upos"
-    else sentence.xpos
-    if task == "xpos"
-    else tuple(d.split(":")[0] for d in sentence.deprels)
-  )
-
-
-def _make_split(sentences, task, index, tokenizer, max_len, causal, pooling, batch_tokens) -> _Split:
+def _make_split(sentences, labels, tokenizer, max_len, causal, pooling, batch_tokens) -> _Split:
+  """A split's words in one-window rows (headspec/words.py), pooled at `pooling`, with their labels."""
   words = [s.words for s in sentences]
-  labels = np.array([index.get(x, len(index)) for s in sentences for x in _label(s, task)], np.int32)
   al = align_lib.align(words, tokenizer, max_len, causal=causal)
-  by_window = np.argsort(al.word_window_N, kind="stable")
-  bounds = np.searchsorted(al.word_window_N[by_window], np.arange(len(al.windows) + 1))
+  of_window = words_lib.words_of_windows(al)
   lengths = np.array([len(w) for w in al.windows])
-  buckets = np.array([bucket_length(n, max_len) for n in lengths])
-  batches = []
-  for T in np.unique(buckets):
-    idx = np.flatnonzero(buckets == T)
-    B = max(1, batch_tokens // int(T))
-    for start in range(0, len(idx), B):
-      chunk = idx[start : start + B]
-      tokens_BT = np.full((B, T), tokenizer.pad_id, np.int32)
-      valid_BT = np.zeros((B, T), bool)
-      start_BW, end_BW = np.zeros((B, T), np.int64), np.zeros((B, T), np.int64)
-      word_BW = np.full((B, T), -1, np.int64)
-      for b, w in enumerate(chunk):
-        tokens_BT[b, : lengths[w]] = al.windows[w]
-        valid_BT[b, : lengths[w]] = True
-        mine = by_window[bounds[w] : bounds[w + 1]]
-        start_BW[b, : len(mine)], end_BW[b, : len(mine)] = al.word_start_N[mine], al.word_end_N[mine]
-        word_BW[b, : len(mine)] = mine
-      batches.append((tokens_BT, valid_BT, align_lib.pooling_matrix(start_BW, end_BW, int(T), pooling), word_BW))
+  batches = [
+    words_lib.window_inputs(T, B, windows, al, of_window, tokenizer.pad_id, pooling)
+    for T, B, windows in words_lib.window_batches(lengths, max_len, batch_tokens)
+  ]
   return _Split(words, labels, al.word_sentence_N, batches, al.windows)
 
 
-@functools.lru_cache(maxsize=4)
-def _last_residual(graphdef):
-  @jax.jit
-  def forward(params, tokens_BT, valid_BT, pool_BWT, mask_LH, replacement_LHK):
-    h_BTD, _ = nnx.merge(graphdef, params)(
-      tokens_BT, valid_BT=valid_BT, head_mask=mask_LH, head_replacement=replacement_LHK, capture=(), output="hidden"
-    )
-    return jnp.einsum("bwt,btd->bwd", pool_BWT, h_BTD.astype(jnp.float32))
-
-  return forward
-
-
 def word_features(model, split: _Split, mask_LH, replacement_LHK) -> np.ndarray:
-  """[N, D] the last block's output (the last layer's residual stream) per word, pooled from its pieces.
+  """[N, D] the last block's output (the last layer's residual stream) per word, pooled from its pieces, with
+  the heads of `mask_LH` mean-ablated (an Edit of z, `edits.head_mask`) through the shared word forward.
 
   A pre-LN model's final LayerNorm is applied (the hidden state its LM head reads); probing's residual
   features of the last layer are the block output before it, which a probe on standardised features
   sees up to a per-word scale.
   """
-  graphdef, params = nnx.split(model)
-  fn = _last_residual(graphdef)
-  out = np.zeros((len(split.labels), model.cfg.d_model), np.float32)
-  mask, repl = jnp.asarray(mask_LH, jnp.float32), jnp.asarray(replacement_LHK, jnp.float32)
-  for tokens_BT, valid_BT, pool_BWT, word_BW in split.batches:
-    x = np.asarray(fn(params, tokens_BT, valid_BT, pool_BWT, mask, repl))
-    real = word_BW >= 0
-    out[word_BW[real]] = x[real]
-  return out
+  edit = {"z": head_mask(jnp.asarray(mask_LH, jnp.float32), jnp.asarray(replacement_LHK, jnp.float32))}
+  return words_lib.hidden_words(model, split.batches, len(split.labels), edit)
 
 
 @dataclasses.dataclass
@@ -272,9 +252,17 @@ class TaskData:
   test: _Split
 
 
-def load_task_data(data_root, treebank: str, tasks, tokenizer, model_cfg, config, log=print) -> list[TaskData]:
+def load_task_data(
+  data_root, treebank: str, tasks, tokenizer, model_cfg, config, probe_config=None, log=print
+) -> list[TaskData]:
   """Train/dev/test of `treebank`: the sentences the model can represent (align.representable, which
-  logs what it skips), subsampled to `causal.max_*_words` whole sentences, labelled per task."""
+  logs what it skips), subsampled to `causal.max_*_words` whole sentences, labelled per task by the probing
+  registry's task under `probe_config` (a config with the probe stage's `probe.*` keys; None: the probes'
+  defaults)."""
+  if probe_config is None:
+    from headspec.probing.config import probe_config as defaults
+
+    probe_config = defaults()
   c = config.causal
   present = treebank_lib.available_splits(data_root, treebank)
   for needed in ("train", "dev", "test"):
@@ -283,11 +271,8 @@ def load_task_data(data_root, treebank: str, tasks, tokenizer, model_cfg, config
 
   def representable(split):
     sentences = treebank_lib.load_split(data_root, treebank, split)
-    kept = align_lib.representable(
-      [s.words for s in sentences], tokenizer, model_cfg.max_len, where=f"causal test: {treebank}/{split}",
-      names=[s.sent_id for s in sentences], log=log,
-    )  # fmt: skip
-    return kept.select(sentences)
+    where = f"causal test: {treebank}/{split}"
+    return words_lib.representable_sentences(sentences, tokenizer, model_cfg.max_len, where=where, log=log)[0]
 
   splits = {
     s: _subsample(representable(s), n, config.seed)
@@ -295,16 +280,22 @@ def load_task_data(data_root, treebank: str, tasks, tokenizer, model_cfg, config
   }
   pooling = resolve_pooling(c.pooling, model_cfg.kind)  # as `headspec probe` read the heads it ranked
   out = []
-  for task in tasks:
-    classes = sorted({x for s in splits["train"] for x in _label(s, task)})
-    index = {x: i for i, x in enumerate(classes)}
+  for name in tasks:
+    task = probe_tasks.REGISTRY[name]
+    vocab = task.vocabulary(splits["train"], probe_config)
     made = {
       s: _make_split(
-        splits[s], task, index, tokenizer, model_cfg.max_len, model_cfg.kind == "decoder", pooling, c.batch_tokens
-      )
+        splits[s],
+        task.labels(splits[s], vocab, probe_config),
+        tokenizer,
+        model_cfg.max_len,
+        model_cfg.kind == "decoder",
+        pooling,
+        c.batch_tokens,
+      )  # fmt: skip
       for s in splits
     }
-    out.append(TaskData(task, len(classes), made["train"], made["dev"], made["test"]))
+    out.append(TaskData(name, len(vocab.classes), made["train"], made["dev"], made["test"]))
   return out
 
 
@@ -317,18 +308,6 @@ def _fit(x_train, x_dev, data: TaskData, config):
     x_train[:, None], x_dev[:, None], [spec], l2_grid=tuple(config.causal.l2_grid), seed=config.seed,
     refine_samples=config.causal.refine_samples,
   )  # fmt: skip
-
-
-def _boot(correct_NG, sentence_N, resamples: int, seed: int) -> np.ndarray:
-  """[R, G] accuracies of the same sentence resamples for every group (paired)."""
-  correct_NG = np.asarray(correct_NG, np.float64)
-  _, sent = np.unique(sentence_N, return_inverse=True)
-  S = sent.max() + 1
-  correct_SG = np.zeros((S, correct_NG.shape[1]))
-  np.add.at(correct_SG, sent, correct_NG)
-  words_S = np.bincount(sent, minlength=S).astype(np.float64)
-  counts_RS = resampling.bootstrap_resample_counts(S, resamples, seed)
-  return (counts_RS @ correct_SG) / (counts_RS @ words_S)[:, None]
 
 
 def causal_rows(model, data: TaskData, selectivity_LH, lm_set, lm_replacement, config, progress=None) -> list[dict]:
@@ -375,7 +354,7 @@ def causal_rows(model, data: TaskData, selectivity_LH, lm_set, lm_replacement, c
         progress.update(1)
     for metric, cols in (("probe_accuracy", refit_cols), ("probe_accuracy_fixed", fixed_cols)):
       correct_NG = np.stack(cols, 1)
-      boot_RG = _boot(correct_NG, data.test.sentence_N, R, seed)
+      _, boot_RG = resampling.bootstrap_accuracies(correct_NG, data.test.sentence_N, num_resamples=R, seed=seed)
       value_G = correct_NG.mean(0)
       low_G, high_G = np.percentile(boot_RG, [2.5, 97.5], axis=0)
       for g in range(len(masks)):

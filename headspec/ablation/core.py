@@ -23,6 +23,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
+from headspec.edits import head_mask
 from headspec.evalset import Batch, EvalSet
 from headspec.objectives import token_nll
 
@@ -54,8 +55,7 @@ def _layer_inputs(model, kind: str, inputs_BT, valid_BT, mask_LH, replacement_LH
   out, inter = model(
     inputs_BT,
     valid_BT=valid_BT,
-    head_mask=mask_LH,
-    head_replacement=replacement_LHK,
+    interventions={"z": head_mask(mask_LH, replacement_LHK)},
     capture=("resid_pre",),
     output=_output(kind),
   )
@@ -79,8 +79,7 @@ def _sweep(graphdef, kind: str):
           x_in[l],
           l,
           valid_BT=valid_BT,
-          head_mask=ones_LH.at[l].set(row_H),
-          head_replacement=replacement_LHK,
+          interventions={"z": head_mask(ones_LH.at[l].set(row_H), replacement_LHK)},
           output=_output(kind),
         )
         return _per_sequence(kind, out, valid_BT, targets_BT, weights_BT)
@@ -100,7 +99,7 @@ def _evaluate(graphdef, kind: str):
 
     def one(mask_LH):
       out, _ = model(
-        inputs_BT, valid_BT=valid_BT, head_mask=mask_LH, head_replacement=replacement_LHK, output=_output(kind)
+        inputs_BT, valid_BT=valid_BT, interventions={"z": head_mask(mask_LH, replacement_LHK)}, output=_output(kind)
       )
       return _per_sequence(kind, out, valid_BT, targets_BT, weights_BT)
 
@@ -116,7 +115,7 @@ def _forward(graphdef, kind: str):
     TRACES["forward"] += 1
     model = nnx.merge(graphdef, params)
     out, _ = model(
-      inputs_BT, valid_BT=valid_BT, head_mask=mask_LH, head_replacement=replacement_LHK, output=_output(kind)
+      inputs_BT, valid_BT=valid_BT, interventions={"z": head_mask(mask_LH, replacement_LHK)}, output=_output(kind)
     )
     return _per_sequence(kind, out, valid_BT, targets_BT, weights_BT)
 
@@ -132,7 +131,7 @@ def _lm_gradient(graphdef):
     B = inputs_BT.shape[0]
 
     def total(mask_BLH):
-      logits, _ = model(inputs_BT, valid_BT=valid_BT, head_mask=mask_BLH, head_replacement=replacement_LHK)
+      logits, _ = model(inputs_BT, valid_BT=valid_BT, interventions={"z": head_mask(mask_BLH, replacement_LHK)})
       sums = _per_sequence("lm", logits, valid_BT, targets_BT, weights_BT)
       return (sums[:, 0] / jnp.maximum(sums[:, 2], 1.0)).sum()  # per-example masks: grads are per sequence
 
@@ -157,8 +156,7 @@ def _embedding_jacobian(graphdef, kind: str):
           x_in[l],
           l,
           valid_BT=valid_BT,
-          head_mask=mask_LH.at[l].set(row_H),
-          head_replacement=replacement_LHK,
+          interventions={"z": head_mask(mask_LH.at[l].set(row_H), replacement_LHK)},
           output="hidden",
         )
         return _per_sequence("embedding", h, valid_BT, targets_BT, weights_BT)
@@ -176,10 +174,10 @@ def _head_statistics(graphdef):
     """(Σ_tokens Z_h [L,H,K], Σ_queries entropy(A_h) [L,H], token count): for means and entropies."""
     TRACES["head_statistics"] += 1
     model = nnx.merge(graphdef, params)
-    _, inter = model(inputs_BT, valid_BT=valid_BT, capture=("z", "probs"))
+    _, inter = model(inputs_BT, valid_BT=valid_BT, capture=("z", "pattern"))
     v_BT = valid_BT.astype(jnp.float32)
     z_sum = jnp.einsum("lbthk,bt->lhk", inter.z_LBTHK.astype(jnp.float32), v_BT)
-    p = inter.probs_LBHTS
+    p = inter.pattern_LBHTS
     entropy_LBHT = -(p * jnp.log(jnp.where(p > 0, p, 1.0))).sum(-1)
     entropy_sum = jnp.einsum("lbht,bt->lh", entropy_LBHT, v_BT)
     return z_sum, entropy_sum, v_BT.sum()

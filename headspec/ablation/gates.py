@@ -23,6 +23,7 @@ import optax
 from flax import nnx
 
 from headspec.ablation import core
+from headspec.edits import head_mask
 from headspec.evalset import EvalSet
 
 BETA, GAMMA, ZETA = 2.0 / 3.0, -0.1, 1.1
@@ -52,7 +53,7 @@ def _step_fn(graphdef, learning_rate: float):
 
     def objective(log_alpha):
       u = jax.random.uniform(key, log_alpha.shape, minval=1e-6, maxval=1 - 1e-6)
-      logits, _ = model(inputs_BT, valid_BT=valid_BT, head_mask=sample_gates(log_alpha, u))
+      logits, _ = model(inputs_BT, valid_BT=valid_BT, interventions={"z": head_mask(sample_gates(log_alpha, u))})
       sums = core._per_sequence("lm", logits, valid_BT, targets_BT, weights_BT)
       return sums[:, 0].sum() / jnp.maximum(sums[:, 2].sum(), 1.0) + penalty * open_probability(log_alpha).sum()
 

@@ -77,15 +77,13 @@ def check_config(config) -> tuple[tuple[str, ...], tuple[str, ...]]:
 def _sentence_windows(config, tokenizer, max_len: int, kind: str) -> list[np.ndarray]:
   """The first `num_sentences` sentences of `treebank`/`split`, as token windows with their specials."""
   from headspec import alignment as align
+  from headspec import words as words_lib
   from headspec.data import treebank as treebank_lib
 
   data_root = targets.data_dir(config, purpose=f"the {config.treebank} {config.split} sentences")
   sentences = treebank_lib.load_split(data_root, config.treebank, config.split)[: config.num_sentences]
-  where, names = f"{config.treebank}/{config.split}", [s.sent_id for s in sentences]
-  kept = align.representable(
-    [s.words for s in sentences], tokenizer, max_len, where=where, names=names, log=logging.info
-  )
-  return align.align(kept.select([s.words for s in sentences]), tokenizer, max_len, causal=kind == "decoder").windows
+  kept, _ = words_lib.representable_sentences(sentences, tokenizer, max_len, where=f"{config.treebank}/{config.split}")
+  return align.align([s.words for s in kept], tokenizer, max_len, causal=kind == "decoder").windows
 
 
 def evaluation_set(config, workdir, job: targets.Target, tokenizer, model_cfg) -> evalset_lib.EvalSet:
@@ -119,6 +117,7 @@ class _Plan:
   rankings: tuple
   selectivity: dict  # (name, step) -> headspec.selectivity.Selectivity | None
   data_root: pathlib.Path | None
+  probe_config: ml_collections.ConfigDict | None = None  # the probe stage's settings (causal.probe_settings)
 
 
 class Ablation(jobloop.Analysis):
@@ -154,7 +153,8 @@ class Ablation(jobloop.Analysis):
     if "causal" in methods and any(selectivity.values()):
       run_config = None if config.model.pretrained else runs.read_config(self.workdir)
       data_root = targets.data_dir(config, run_config, purpose="the treebank of the causal probe test")
-    self.plan_ = _Plan(jobs, methods, rankings, selectivity, data_root)
+    probe_config = causal.probe_settings(self.workdir) if data_root is not None else None
+    self.plan_ = _Plan(jobs, methods, rankings, selectivity, data_root, probe_config)
     self.sets, self.task_cache = {}, {}
     logging.info(f"ablate: {len(jobs)} model step(s), methods {', '.join(methods)}")
 
@@ -371,16 +371,16 @@ def _gates(stage: _Stage) -> list[dict]:
 def _causal(stage: _Stage, lm_set, mean_z, selectivity, cache: dict, tokenizer) -> list[dict]:
   """ablation/causal.csv rows of the causal probe test (`cache`: the task data of each treebank)."""
   model, config, plan, tag = stage.model, stage.config, stage.plan, stage.tag
-  tasks = [t for t in causal.LABEL_TASKS if t in selectivity.by_task]
+  tasks = [t for t in causal.label_tasks() if t in selectivity.by_task]
   skipped = sorted(set(selectivity.by_task) - set(tasks))
   if skipped:
     logging.info(
-      f"{tag}: causal test skips {', '.join(skipped)} (only label tasks {', '.join(causal.LABEL_TASKS)} are refitted)"
+      f"{tag}: causal test skips {', '.join(skipped)} (only label tasks {', '.join(causal.label_tasks())} are refitted)"
     )
   key = (selectivity.treebank, tuple(tasks))
   if key not in cache:
     cache[key] = causal.load_task_data(
-      plan.data_root, selectivity.treebank, tasks, tokenizer, model.cfg, config, log=logging.info
+      plan.data_root, selectivity.treebank, tasks, tokenizer, model.cfg, config, plan.probe_config, log=logging.info
     )
   rows = []
   L, H = model.cfg.num_layers, model.cfg.num_heads

@@ -102,9 +102,9 @@ def _scorer(graphdef):
   @jax.jit
   def score(params, tokens_BT, valid_BT, ordinary_BT):
     model = nnx.merge(graphdef, params)
-    logits_BTV, inter = model(tokens_BT, valid_BT=valid_BT, capture=("probs",))
+    logits_BTV, inter = model(tokens_BT, valid_BT=valid_BT, capture=("pattern",))
     keys, queries = pattern_masks(tokens_BT, valid_BT, ordinary_BT)
-    num, den = pattern_sums(inter.probs_LBHTS, keys, queries)
+    num, den = pattern_sums(inter.pattern_LBHTS, keys, queries)
     targets_BT = jnp.concatenate([tokens_BT[:, 1:], tokens_BT[:, -1:]], axis=1)
     nll_BT = token_nll(logits_BTV, targets_BT)
     return num, den, nll_BT

@@ -36,6 +36,7 @@ from etils import epath
 
 from headspec import alignment as align_lib
 from headspec import filenames, jobloop, provenance, remote, runs, tables, targets
+from headspec import words as shared_words
 from headspec.attention import clark as clark_lib
 from headspec.attention import flow as flow_lib
 from headspec.attention import induction_run, report
@@ -87,11 +88,8 @@ def representable_data(data: Data, tokenizer, max_len: int) -> tuple[Data, list[
   that lost some, for the summary."""
   notes, splits = [], []
   for split in [data.select] + ([data.report] if data.report else []):
-    words = [s.words for s in split.sentences]
-    kept = align_lib.representable(
-      words, tokenizer, max_len, where=split.key, names=[s.sent_id for s in split.sentences], log=logging.info
-    )
-    splits.append(_split_of(split.key, kept.select(split.sentences)) if kept.num_skipped else split)
+    sentences, kept = shared_words.representable_sentences(split.sentences, tokenizer, max_len, where=split.key)
+    splits.append(_split_of(split.key, sentences) if kept.num_skipped else split)
     notes += [kept.summary()] if kept.num_skipped else []
   examples = data.examples
   if examples:

@@ -39,6 +39,7 @@ import numpy as np
 from flax import nnx
 
 from headspec import alignment as align_lib
+from headspec import words as words_lib
 from headspec.alignment import bucket_length
 from headspec.errors import UserError
 
@@ -145,14 +146,14 @@ def _forward(graphdef, causal: bool, maps: bool):
 
   @jax.jit
   def forward(state, tokens_BT, valid_BT, to_BWT, special_BT, punct_BW, word_valid_BW, row_owner_BW):
-    _, inter = nnx.merge(graphdef, state)(tokens_BT, valid_BT=valid_BT, capture=("probs",))
-    pooled = pool_words(inter.probs_LBHTS, to_BWT, special_BT)
+    _, inter = nnx.merge(graphdef, state)(tokens_BT, valid_BT=valid_BT, capture=("pattern",))
+    pooled = pool_words(inter.pattern_LBHTS, to_BWT, special_BT)
     if maps:
       return pooled[0], pooled[1]
     owned_BWT = to_BWT * row_owner_BW[:, :, None]
     return {
       **query_stats(*pooled, punct_BW, word_valid_BW, row_owner_BW, causal),
-      **token_positional(inter.probs_LBHTS, valid_BT, owned_BWT, causal),
+      **token_positional(inter.pattern_LBHTS, valid_BT, owned_BWT, causal),
     }
 
   return forward
@@ -245,18 +246,6 @@ def _batch_inputs(win: _Windows, windows, T: int, B: int, tokenizer, punct_N):
   return tokens_BT, valid_BT, to_BWT, special_BT, punct_BW, word_valid_BW, row_owner_BW
 
 
-def _schedule(win: _Windows, max_len: int, batch_tokens: int):
-  """(T, B, windows) batches: windows grouped by power-of-two length bucket (one compile per bucket)."""
-  lengths = np.array([len(w) for w in win.al.windows])
-  buckets = np.array([bucket_length(n, max_len) for n in lengths])
-  batches = []
-  for T in np.unique(buckets):
-    inside = np.flatnonzero(buckets == T)
-    B = max(1, batch_tokens // int(T))
-    batches += [(int(T), B, inside[i : i + B]) for i in range(0, len(inside), B)]
-  return batches
-
-
 def word_stats(
   model,
   tokenizer,
@@ -287,8 +276,7 @@ def word_stats(
   argmax_any = np.full((L, H, N), -1, np.int32)
   argmax_col, col_max = np.full((L, H, N), -1, np.int32), np.full((L, H, N), -1.0, np.float32)
   values = {f: np.zeros((L, H, N), np.float32) for f in STAT_FIELDS}
-  by_window = np.argsort(al.word_window_N, kind="stable")
-  bounds = np.searchsorted(al.word_window_N[by_window], np.arange(len(al.windows) + 1))
+  of_window = words_lib.words_of_windows(al)
 
   def dispatch(T, B, windows):
     return forward(state, *_batch_inputs(win, windows, T, B, tokenizer, punct_N)), windows
@@ -297,7 +285,7 @@ def word_stats(
     out = jax.device_get(out)
     b_idx, w_idx, n_idx = [], [], []
     for b, w in enumerate(windows):
-      mine = by_window[bounds[w] : bounds[w + 1]]  # words whose row comes from window w
+      mine = of_window[w]  # words whose row comes from window w
       b_idx.append(np.full(len(mine), b))
       w_idx.append(mine - win.first_word_of_window[w])
       n_idx.append(mine)
@@ -317,7 +305,10 @@ def word_stats(
       argmax_col[:, :, keys] = np.where(better, np.where(arg >= 0, arg + w0, -1), argmax_col[:, :, keys])
 
   pending = None
-  for T, B, windows in _schedule(win, cfg.max_len, batch_tokens):  # dispatch the next before reading back
+  lengths = np.array([len(w) for w in al.windows])
+  for T, B, windows in words_lib.window_batches(
+    lengths, cfg.max_len, batch_tokens
+  ):  # dispatch the next before reading back
     current = dispatch(T, B, windows)
     if pending is not None:
       collect(*pending)
@@ -431,8 +422,8 @@ def token_maps(model, tokenizer, words: Sequence[str]) -> tuple[np.ndarray, list
   al = align_lib.align([list(words)], tokenizer, cfg.max_len, causal=cfg.kind == "decoder")
   ids = al.windows[0]
   graphdef, state = nnx.split(model)
-  _, inter = jax.jit(lambda s, t: nnx.merge(graphdef, s)(t, capture=("probs",)))(state, ids[None])
-  probs_LHTT = np.asarray(jax.device_get(inter.probs_LBHTS))[:, 0]
+  _, inter = jax.jit(lambda s, t: nnx.merge(graphdef, s)(t, capture=("pattern",)))(state, ids[None])
+  probs_LHTT = np.asarray(jax.device_get(inter.pattern_LBHTS))[:, 0]
   return probs_LHTT, [token_label(tokenizer, int(i)) for i in ids]
 
 

@@ -50,7 +50,7 @@ from jax.scipy.special import entr
 from headspec.heads import intermediate, unit
 
 _EPS = 1e-12
-CAPTURE = ("q", "probs", "z", "head_out")  # the model's `capture` fields the metrics read (Batch below)
+CAPTURE = ("q", "pattern", "z", "head_out")  # the model's `capture` fields the metrics read (Batch below)
 
 
 class Batch(NamedTuple):
@@ -435,7 +435,7 @@ def finalize(state: State) -> dict[str, jax.Array]:
 
 def update_from(state: State, intermediates, valid_BT, *, causal: bool = False) -> State:
   """`update` reading `q_LBTHK, probs_LBHTS, z_LBTHK, head_out_LBTHD` from an Intermediates or dict."""
-  fields = ("q_LBTHK", "probs_LBHTS", "z_LBTHK", "head_out_LBTHD")
+  fields = ("q_LBTHK", "pattern_LBHTS", "z_LBTHK", "head_out_LBTHD")
   return update(state, *(intermediate(intermediates, f, "diversity") for f in fields), valid_BT, causal=causal)
 
 

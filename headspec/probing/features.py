@@ -1,7 +1,8 @@
 """Per-word features of a treebank split: every head's Z_h, every layer's residual stream, the embeddings.
 
 The model runs under `jax.jit` on windows of word pieces (headspec/alignment.py), packed side by
-side into rows of ROW_TOKENS tokens (headspec/packing.py; each window keeps its own positions and
+side into rows of words.ROW_TOKENS tokens (headspec/words.py, the word layer every analysis shares; each window
+keeps its own positions and
 attends only within itself, so its outputs are those of running it alone), a fixed number of tokens
 per batch, so a split compiles once per row width and rows are ~95% tokens, not padding (EWT train:
 98%; one window per row padded to a power of two would be 66%). Inside the jitted function each word's
@@ -30,7 +31,6 @@ import collections
 import concurrent.futures
 import contextlib
 import dataclasses
-import functools
 import hashlib
 import json
 import os
@@ -40,19 +40,18 @@ import time
 from collections.abc import Callable, Sequence
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
 from headspec import alignment as align_lib
-from headspec import filenames, packing, remote
-from headspec.alignment import bucket_length
+from headspec import filenames, remote
+from headspec import words as words_lib
 from headspec.errors import UserError
 
 FORMAT_VERSION = 2  # 2: windows packed into rows
-ROW_TOKENS = 128  # tokens per packed row (windows longer than this get rows of their own)
 CACHE_DTYPES = ("float16", "float32")
 _META = "meta.json"
+CAPTURE = ("z", "resid_post", "embeddings")  # the sites a split's features hold, pooled per word
 
 
 @dataclasses.dataclass(frozen=True)
@@ -124,30 +123,6 @@ def words_fingerprint(sentences: Sequence[Sequence[str]]) -> str:
   return digest.hexdigest()
 
 
-@functools.lru_cache(maxsize=8)
-def _pooled_forward(graphdef):
-  """jit(state, tokens_BT, positions_BT, segment_BT, pool_BWT) -> (z_LBWHK, residual_LBWD, embeddings_BWD),
-  word-pooled, of packed rows (segment 0 = padding)."""
-
-  @jax.jit
-  def forward(state, tokens_BT, positions_BT, segment_BT, pool_BWT):
-    model = nnx.merge(graphdef, state)
-    _, inter = model(
-      tokens_BT,
-      valid_BT=segment_BT > 0,
-      positions_BT=positions_BT,
-      segment_BT=segment_BT,
-      capture=("z", "residual", "embeddings"),
-    )
-    f32 = jnp.float32
-    z_LBWHK = jnp.einsum("bwt,lbthk->lbwhk", pool_BWT, inter.z_LBTHK.astype(f32))
-    residual_LBWD = jnp.einsum("bwt,lbtd->lbwd", pool_BWT, inter.residual_LBTD.astype(f32))
-    embeddings_BWD = jnp.einsum("bwt,btd->bwd", pool_BWT, inter.embeddings_BTD.astype(f32))
-    return z_LBWHK, residual_LBWD, embeddings_BWD
-
-  return forward
-
-
 class _NpyAppender:
   """Writes a .npy file of known shape row block by row block (numpy's header, then raw rows), so no
   full-size array or memory map of it is ever resident."""
@@ -166,7 +141,7 @@ class _NpyAppender:
     self.file.close()
 
 
-def _cache_name(identity: dict, name: str, sentences, pooling: str, dtype: str, max_len: int) -> str:
+def _cache_name(identity: dict, name: str, sentences, pooling: str, dtype: str, max_len: int, interventions) -> str:
   key = dict(
     identity=identity,
     words=words_fingerprint(sentences),
@@ -175,6 +150,8 @@ def _cache_name(identity: dict, name: str, sentences, pooling: str, dtype: str, 
     max_len=max_len,
     version=FORMAT_VERSION,
   )
+  if interventions:  # an edited model is another computation (unedited keys stay as they were)
+    key["interventions"] = words_lib.interventions_fingerprint(interventions)
   digest = hashlib.sha256(json.dumps(key, sort_keys=True, default=str).encode()).hexdigest()[:20]
   return f"{filenames.component(name)}-{digest}"
 
@@ -208,7 +185,7 @@ class _Files:
 
   def append(self, outputs, words: list[np.ndarray]) -> np.ndarray:
     """Appends one batch's pooled outputs, row by row in `words` order; returns the words written."""
-    z_LBWHK, residual_LBWD, embeddings_BWD = (np.asarray(x) for x in outputs)
+    z_LBWHK, residual_LBWD, embeddings_BWD = (np.asarray(outputs[name]) for name in CAPTURE)
     rows = [(b, k) for b, mine in enumerate(words) for k in range(len(mine))]
     b_idx, w_idx = (np.array(v, np.int64) for v in zip(*rows)) if rows else (np.zeros(0, np.int64),) * 2
     for l, (z, residual) in enumerate(zip(self.z, self.residual)):
@@ -222,68 +199,26 @@ class _Files:
       f.close()
 
 
-def _plan_batches(lengths: np.ndarray, max_len: int, batch_tokens: int):
-  """(widths per window, [(row width T, rows: [[(window, first column), ...] per row])] per batch).
-
-  Windows packed side by side into rows of ROW_TOKENS tokens (longer windows: rows of the next power of
-  two, up to max_len), so a split compiles once per row width and little is spent on padding."""
-  widths = np.array([bucket_length(n, max_len, minimum=min(ROW_TOKENS, max_len)) for n in lengths])
-  batches = []
-  for T in np.unique(widths):
-    members = np.flatnonzero(widths == T)
-    placed = packing.first_fit(lengths[members], int(T))
-    first = np.concatenate([[0], np.cumsum(lengths[members])[:-1]])
-    row_U, start_U = placed.row_N[first], placed.start_N[first]
-    rows = [[] for _ in range(placed.num_rows)]
-    for u in np.lexsort((start_U, row_U)):
-      rows[row_U[u]].append((int(members[u]), int(start_U[u])))
-    B = max(1, batch_tokens // int(T))
-    batches += [(int(T), rows[i : i + B]) for i in range(0, len(rows), B)]
-  return widths, batches
-
-
-def _batch_inputs(T: int, rows, al, lengths, words_of_window, pad_id: int, batch_tokens: int, pooling: str):
-  """((tokens_BT, positions_BT, segment_BT, pool_BWT), the words of each row in pooled order) of one batch."""
-  B = max(1, batch_tokens // T)
-  tokens_BT = np.full((B, T), pad_id, np.int32)
-  positions_BT, segment_BT = np.zeros((B, T), np.int32), np.zeros((B, T), np.int32)
-  start_BW, end_BW = np.zeros((B, T), np.int64), np.zeros((B, T), np.int64)  # at most T words per row
-  words = []
-  for b, row in enumerate(rows):
-    mine_row, k = [], 0
-    for w, col in row:
-      n = lengths[w]
-      tokens_BT[b, col : col + n] = al.windows[w]
-      positions_BT[b, col : col + n], segment_BT[b, col : col + n] = np.arange(n), col + 1
-      mine = words_of_window[w]
-      start_BW[b, k : k + len(mine)] = col + al.word_start_N[mine]
-      end_BW[b, k : k + len(mine)] = col + al.word_end_N[mine]
-      mine_row.append(mine)
-      k += len(mine)
-    words.append(np.concatenate(mine_row))
-  pool_BWT = align_lib.pooling_matrix(start_BW, end_BW, T, pooling)
-  return (tokens_BT, positions_BT, segment_BT, pool_BWT), words
-
-
-def _run_batches(model, tokenizer, al, lengths, batches, batch_tokens, pooling, devices, files: _Files) -> np.ndarray:
+def _run_batches(
+  model, tokenizer, al, lengths, batches, batch_tokens, pooling, devices, files: _Files, interventions=None
+) -> np.ndarray:
   """Runs every batch (round-robin over devices) and appends its features; returns the words in written order.
 
   One writer thread, fed in batch order (so rows land in dispatch order), reads each batch back and
   appends it to the files while this thread dispatches the next ones; at most two batches per device
   are in flight, which bounds device memory."""
   graphdef, state = nnx.split(model)
-  forward = _pooled_forward(graphdef)
+  forward = words_lib.pooled_forward(graphdef, CAPTURE)
   states = [jax.device_put(state, d) for d in devices]  # the weights once per device
-  # Words grouped by their window, in word order within each window.
-  by_window = np.argsort(al.word_window_N, kind="stable")
-  bounds = np.searchsorted(al.word_window_N[by_window], np.arange(len(al.windows) + 1))
-  words_of_window = [by_window[bounds[w] : bounds[w + 1]] for w in range(len(al.windows))]
+  words_of_window = words_lib.words_of_windows(al)
   order, in_flight = [], collections.deque()
   with concurrent.futures.ThreadPoolExecutor(1) as writer:
     for i, (T, rows) in enumerate(batches):
-      inputs, words = _batch_inputs(T, rows, al, lengths, words_of_window, tokenizer.pad_id, batch_tokens, pooling)
+      inputs, words = words_lib.packed_inputs(
+        T, rows, al, lengths, words_of_window, tokenizer.pad_id, batch_tokens, pooling
+      )
       d = i % len(devices)
-      outputs = forward(states[d], *jax.device_put(inputs, devices[d]))  # asynchronous
+      outputs = forward(states[d], *jax.device_put(inputs, devices[d]), interventions)  # asynchronous
       in_flight.append(writer.submit(files.append, outputs, words))
       if len(in_flight) > 2 * len(devices):
         order.append(in_flight.popleft().result())
@@ -305,6 +240,7 @@ def extract_features(
   batch_tokens: int = 4096,
   log: Callable[[str], None] | None = print,
   devices: Sequence[jax.Device] | None = None,
+  interventions: dict | None = None,
 ) -> Features:
   """Features of every word of `sentences` (each a sequence of word strings), cached under `cache_dir`.
 
@@ -314,6 +250,8 @@ def extract_features(
   cache_dir: a local folder; a URL (gs://...) is cached on local scratch instead (`local_cache_dir`).
   devices: where batches run, round-robin (default: every local device). The stored features do not
   depend on it: every batch runs the same compiled program, whichever device it lands on.
+  interventions: model.py's {site: edit} applied in every pass (e.g. `{"z": edits.head_mask(m, r)}`: the
+  features of a model with heads ablated); part of the cache key.
   """
   check_options(pooling, dtype)
   if not sentences:
@@ -323,7 +261,7 @@ def extract_features(
   for stale in remote.remove_stale_temps(cache_dir):  # a killed extraction's half-written folder
     if log:
       log(f"  removed {stale} (left by a process that no longer runs)")
-  folder = cache_dir / _cache_name(identity, name, sentences, pooling, dtype, cfg.max_len)
+  folder = cache_dir / _cache_name(identity, name, sentences, pooling, dtype, cfg.max_len, interventions)
   if (folder / _META).is_file():
     return _load(folder, from_cache=True)
 
@@ -336,9 +274,9 @@ def extract_features(
     tmp.mkdir(parents=True)
     files = _Files(tmp, al.num_words, cfg, dtype)
     lengths = np.array([len(w) for w in al.windows])
-    widths, batches = _plan_batches(lengths, cfg.max_len, batch_tokens)
+    widths, batches = words_lib.packed_batches(lengths, cfg.max_len, batch_tokens)
     devices = list(devices or jax.local_devices())
-    order_N = _run_batches(model, tokenizer, al, lengths, batches, batch_tokens, pooling, devices, files)
+    order_N = _run_batches(model, tokenizer, al, lengths, batches, batch_tokens, pooling, devices, files, interventions)
     assert len(order_N) == al.num_words and np.array_equal(np.sort(order_N), np.arange(al.num_words)), "every word once"
     np.save(tmp / "order.npy", order_N)
     np.save(tmp / "word_sentence.npy", al.word_sentence_N)

@@ -24,6 +24,7 @@ from absl import logging
 
 from headspec import alignment as align
 from headspec import filenames, jobloop, locks, provenance, remote, resampling, tables, targets
+from headspec import words as words_lib
 from headspec.probing import complexity as complexity_lib
 from headspec.probing import labels, mdl, plan
 from headspec.probing import tasks as tasks_lib
@@ -390,11 +391,8 @@ def representable_data(config, job: targets.Target) -> tuple[labels.Data, list[s
   del model
 
   def keep(key, sentences):
-    words = [s.words for s in sentences]
-    kept = align.representable(
-      words, tokenizer, max_len, where=key, names=[s.sent_id for s in sentences], log=logging.info
-    )
+    sentences, kept = words_lib.representable_sentences(sentences, tokenizer, max_len, where=key)
     skipped.extend([kept.summary()] if kept.num_skipped else [])
-    return kept.select(sentences)
+    return sentences
 
   return labels.load_data(config, keep=keep), skipped

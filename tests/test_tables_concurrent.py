@@ -1,4 +1,4 @@
-"""headspec.tables under faults: concurrent writers, bad rows, files that are not tables (issue 38)."""
+"""headspec.tables under faults: concurrent writers, bad rows, files that are not tables."""
 
 import multiprocessing
 import time
@@ -143,7 +143,7 @@ def _row_of(table, change: str = ""):
 
 
 def test_every_table_with_a_step_names_its_model():
-  """Issue 62: a step is one model's (two pretrained models are both at step 0), so every table with a
+  """A step is one model's (two pretrained models are both at step 0), so every table with a
   `step` column keys it by `model` too; diversity/results.csv had none, and a second model analysed into
   the workdir replaced the first's rows. Only tables no model computes (metric descriptions, a task's
   majority baselines) lack it. The study's tables name the model by its `run` (an experiment's run is one
@@ -172,7 +172,7 @@ def test_a_diversity_table_from_before_its_model_column_is_refused_in_one_line(t
 
 @pytest.mark.parametrize("name", sorted(tables.TABLES))
 def test_a_later_run_differing_in_any_identifying_column_drops_no_row(tmp_path, name):
-  """Issue 62: a run that differs from an earlier one in any column that identifies a row (direction,
+  """A run that differs from an earlier one in any column that identifies a row (direction,
   site, task, split, seed, ...; every column but the measured values) adds its rows beside the earlier
   ones. The only exceptions are a `together` table's columns, whose rows of one key are always written
   whole by one job (labels of a (model, step), baselines of a task and split, a pruning curve's random
@@ -201,7 +201,7 @@ def test_a_later_run_differing_in_any_identifying_column_drops_no_row(tmp_path, 
 
 
 def test_attention_without_its_induction_step_keeps_the_induction_labels(tmp_path):
-  """Issue 62 (a sibling in labels.csv, written whole per (model, step)): `headspec attention` with the
+  """labels.csv, written whole per (model, step): `headspec attention` with the
   induction step off kept no induction label of an earlier run (its roles.csv rows stayed)."""
   from headspec.attention import induction_run
 

@@ -1,4 +1,4 @@
-"""Issue 62, the Hugging Face import under faults: shard index entries outside the model folder, malformed
+"""The Hugging Face import under faults: shard index entries outside the model folder, malformed
 config.json values (types, ranges, NaN-giving values) and indexes, a layer count above the checkpoint's
 tensors, corrupt weights met while planning, bad `hf:` names and revisions, a revision given twice. Each
 is one line naming the file and the key (or the name), raised when a command plans, before any computation.

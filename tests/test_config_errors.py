@@ -1,4 +1,4 @@
-"""Checks added in the release review: config values a user can get wrong are one-line errors."""
+"""Config values a user can get wrong are one-line errors."""
 
 import pytest
 

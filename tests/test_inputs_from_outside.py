@@ -1,4 +1,4 @@
-"""Inputs from outside under faults (issue 38): UD downloads (pins, names, modes, stale parts), a CoNLL-U
+"""Inputs from outside under faults: UD downloads (pins, names, modes, stale parts), a CoNLL-U
 byte-order mark, shell quoting in the launchers, one-line errors that keep their reason, head_mask forms."""
 
 import hashlib

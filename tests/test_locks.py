@@ -1,4 +1,4 @@
-"""Issue 62, items 2 and 8: two launches on one workdir, and a damaged experiment.json.
+"""Locks: two launches on one workdir, and a damaged experiment.json.
 
 Two processes training one run at once are one too many (every metrics line twice): the second is refused
 in one line naming the holder's pid. Two launches of one experiment stage: the second waits, then finds

@@ -1,4 +1,4 @@
-"""The command line's frictions (issue 65): one spelling rule for list-valued keys, plain error lines,
+"""The command line in use: one spelling rule for list-valued keys, plain error lines,
 quickstart's overrides, bars and log lines together, TFDS quiet offline, the Hub's dataset files through
 huggingface_hub with their pinned SHA-256."""
 

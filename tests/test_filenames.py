@@ -1,4 +1,4 @@
-"""Names become paths (issue 62): one rule, headspec/filenames.py `component`, turns every user-given name
+"""Names become paths: one rule, headspec/filenames.py `component`, turns every user-given name
 into a file-name component, and every writer uses it. An absolute path, `..` or `/` in `model_name` wrote
 the probe's parts outside the run directory, and failed in `patch` and `ablate` only when the figures were
 saved, after the computing."""
@@ -112,7 +112,7 @@ def test_ablate_figures_of_a_hostile_model_name_are_written(workdir, outside, sy
 
 @pytest.mark.slow  # two probes of the tiny decoder's heads (the second reads the feature cache): 88 s at load ~13
 def test_a_probe_of_another_task_keeps_the_earlier_tasks_rows_and_baselines(workdir, synthetic_data_dir):
-  """Issue 62 (a sibling of the patching rows): probes/baselines.csv was
+  """A sibling of the patching rows: probes/baselines.csv was
   rewritten whole by each probe run, so probing xpos after upos dropped upos's baselines (its results
   rows stayed)."""
   from headspec.probing.config import probe_config

@@ -1,4 +1,4 @@
-"""Issue 62, items 12-13: the Python API under wrong types. Every public function (headspec.__all__) and
+"""The Python API under wrong types. Every public function (headspec.__all__) and
 `Captured.head_attention` refuse a wrong type (None, a list where a text goes, a text where a bool or a
 count goes, a lone surrogate in text) with one headspec.errors.UserError naming the argument, before any
 work: no TypeError or AttributeError escapes. Plus the API's smaller faults: answers as a numpy array,

@@ -1,4 +1,4 @@
-"""Issue 38, the siblings: faults fixed in one place and found again elsewhere (temporaries of killed
+"""Writers and readers shared by every command, each checked where it is used (temporaries of killed
 writers, a read-modify-write outside the table lock, a grid sized by a stray row, a config of another
 command, `$` in study figures, damaged metrics.jsonl lines, CSVs read without the row checks)."""
 

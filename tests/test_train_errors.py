@@ -1,4 +1,4 @@
-"""Faults in training and the run directory (issue 38): bad config values, refused resumes, damaged run
+"""Faults in training and the run directory: bad config values, refused resumes, damaged run
 files and cut-off metrics lines each stop with one line naming the key or file, and change nothing."""
 
 import json
@@ -305,7 +305,7 @@ def test_a_wrong_data_position_is_one_line_and_changes_nothing(run_copy, synthet
   runs.load_run_model(run_copy, 2)  # the parameters are fine
 
 
-# --- issue 62: a damaged data file inside orbax's database; a refusal known only once the corpus is read ---
+# --- a damaged data file inside orbax's database; a refusal known only once the corpus is read ---
 
 
 def test_a_damaged_database_file_names_the_step_and_how_to_set_it_aside(run_copy, synthetic_data_dir):

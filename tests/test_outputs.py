@@ -1,4 +1,4 @@
-"""Issue 38, the analysis commands' outputs: a work directory that cannot be written is refused before any
+"""The analysis commands' outputs: a work directory that cannot be written is refused before any
 computation; temporary folders of killed writers are removed and never shown; the atlas survives bad
 table rows and a damaged metrics.jsonl; words and names with `$` are drawn as written, not as mathtext."""
 

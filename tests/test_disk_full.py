@@ -1,4 +1,4 @@
-"""Issue 62 item 9, a full disk: each writer stops with one line naming the file it was writing, leaves
+"""A full disk: each writer stops with one line naming the file it was writing, leaves
 nothing half-written (no temporary, no partial line, no partial checkpoint), and training stops at the
 save that failed. The disk is a small tmpfs (CI runs as root; skipped, with the reason, where the mount
 is refused) filled to the last block; one test injects ENOSPC instead, so it runs anywhere."""
@@ -15,7 +15,7 @@ import sys
 import numpy as np
 import pytest
 from test_atlas_fixtures import write_run
-from test_faults_train import tiny_config
+from test_train_errors import tiny_config
 
 from headspec import checkpoints, cli, tables, train_log
 from headspec.train import train_and_evaluate
