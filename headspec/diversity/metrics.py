@@ -2,7 +2,7 @@
 
 Shapes follow the glossary in headspec/model.py (B batch, T query tokens, S key tokens, L layers,
 H heads, K head width, D model width, M head pairs i < j). Inputs are the stacked `Intermediates`
-fields of a forward pass: `q_LBTHK`, `probs_LBHTS` (rows sum to 1 over the attendable keys, 0
+fields of a forward pass: `q_LBTHK`, `pattern_LBHTS` (rows sum to 1 over the attendable keys, 0
 elsewhere), `z_LBTHK` (Z_h = A_h V_h), `head_out_LBTHD` (Z_h W_O^h), and `valid_BT` (True for real
 tokens). Only valid tokens count as queries; a query's *support* is the set of valid keys it may
 attend to (keys s <= t as well when `causal`).
@@ -434,7 +434,7 @@ def finalize(state: State) -> dict[str, jax.Array]:
 
 
 def update_from(state: State, intermediates, valid_BT, *, causal: bool = False) -> State:
-  """`update` reading `q_LBTHK, probs_LBHTS, z_LBTHK, head_out_LBTHD` from an Intermediates or dict."""
+  """`update` reading `q_LBTHK, pattern_LBHTS, z_LBTHK, head_out_LBTHD` from an Intermediates or dict."""
   fields = ("q_LBTHK", "pattern_LBHTS", "z_LBTHK", "head_out_LBTHD")
   return update(state, *(intermediate(intermediates, f, "diversity") for f in fields), valid_BT, causal=causal)
 
