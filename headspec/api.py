@@ -534,8 +534,6 @@ def capture(model, tokens_or_text, *, sites=None, prepend_bos=None, head_mask=No
     rows.append(row)
   tokens_BT, valid_BT = _padded(rows, getattr(tokenizer, "pad_id", 0))
   if head_mask is not None:
-    if interventions is not None and not isinstance(interventions, dict):
-      raise UserError(f"interventions: a {type(interventions).__name__}; give a dict {{site: Edit}}")
     interventions = edits.with_head_mask(interventions, edits.head_mask(_head_mask(cfg, head_mask)))
   return cache_lib.run_capture(net, tokens_BT, valid_BT, names, interventions=interventions)
 

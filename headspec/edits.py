@@ -135,10 +135,11 @@ def head_mask(mask, replacement=None) -> Edit:
 
 
 def with_head_mask(interventions, edit: Edit | None) -> dict:
-  """`interventions` with the head-mask `edit` first among the edits of z (None: unchanged)."""
-  interventions = dict(interventions or {})
-  if edit is None:
+  """`interventions` with the head-mask `edit` first among the edits of z (None: unchanged). What is not a dict
+  passes through as given, for the model's check to refuse in one line."""
+  if edit is None or not isinstance(interventions, dict | None):
     return interventions
+  interventions = dict(interventions or {})
   given = interventions.get("z", ())
   interventions["z"] = [edit, *(given if isinstance(given, list | tuple) else (given,))]
   return interventions
