@@ -5,7 +5,8 @@ Each function is a thin, typed face over what the commands themselves call, so t
 
   load(source, step=None)        targets.pretrained_target / targets.run_targets (the commands' planner)
   run(model, sentences, ...)     Transformer.__call__ with capture; words ↔ pieces by alignment.py (word
-                                 lists) or tokens.text_words (a text, tokenized as written); word-level
+                                 lists) or tokens.text_words (a text, tokenized as written); inputs and
+                                 word vectors by headspec/words.py (the probes' own pooling); word-level
                                  attention by attention/words.pool_words (Clark et al. 2019)
   to_tokens / to_str_tokens / to_single_token   headspec/tokens.py (the tokenizer on the text as written)
   capture(model, tokens_or_text, sites=...)     headspec/cache.py: one jitted forward, a Cache with helpers
@@ -290,22 +291,24 @@ class _Shape:
   num_heads: int
 
 
+_RUN_SITES = ("pattern", "z", "resid_post", "embeddings")
+
+
 @functools.lru_cache(maxsize=8)
 def _capture_forward(graphdef):
-  """jit(state, tokens_BT, valid_BT, head_mask_LH, to_BWT, special_BT) -> (logits, Intermediates, word maps)."""
-  from headspec.attention import words as words_lib
+  """jit(state, (tokens_BT, positions_BT, segment_BT, pool_BWT), head_mask_LH, to_BWT, special_BT) ->
+  (logits, Intermediates, the sites pooled per word by headspec/words.py, word attention, special attention)."""
+  from headspec import words as words_layer
+  from headspec.attention import words as attention_words
 
   @jax.jit
-  def forward(state, tokens_BT, valid_BT, head_mask_LH, to_BWT, special_BT):
+  def forward(state, inputs, head_mask_LH, to_BWT, special_BT):
+    *rows, pool_BWT = inputs
     model = nnx.merge(graphdef, state)
-    logits_BTV, inter = model(
-      tokens_BT,
-      valid_BT=valid_BT,
-      interventions={"z": edits.head_mask(head_mask_LH)},
-      capture=("pattern", "z", "resid_post", "embeddings"),
-    )
-    attn_LBHWW, special_LBHW, _, _ = words_lib.pool_words(inter.pattern_LBHTS, to_BWT, special_BT)
-    return logits_BTV, inter, attn_LBHWW, special_LBHW
+    logits_BTV, inter = words_layer.forward_rows(model, rows, {"z": edits.head_mask(head_mask_LH)}, _RUN_SITES)
+    pooled = words_layer.pool_sites(pool_BWT, inter, ("z", "resid_post", "embeddings"))
+    attn_LBHWW, special_LBHW, _, _ = attention_words.pool_words(inter.pattern_LBHTS, to_BWT, special_BT)
+    return logits_BTV, inter, pooled, attn_LBHWW, special_LBHW
 
   return forward
 
@@ -326,8 +329,9 @@ def run(model, sentences, head_mask=None, *, pooling: str = "auto") -> list[Capt
   of range or a longer sentence is a UserError naming it.
   """
   from headspec import alignment as align_lib
+  from headspec import words as words_layer
   from headspec.alignment import bucket_length, resolve_pooling
-  from headspec.attention import words as words_lib
+  from headspec.attention import words as attention_words
 
   loaded = _loaded(model)
   net, tokenizer = loaded.model, loaded.tokenizer
@@ -366,38 +370,29 @@ def run(model, sentences, head_mask=None, *, pooling: str = "auto") -> list[Capt
   for words, ids, start_N, end_N in rows:
     T, N = len(ids), len(words)
     P = bucket_length(T, cfg.max_len)  # padded length: one compile per power of two
-    tokens = np.full((1, P), tokenizer.pad_id, np.int32)
-    tokens[0, :T] = ids
-    valid = np.zeros((1, P), bool)
-    valid[0, :T] = True
-    to_BWT = np.zeros((1, P, P), np.float32)
+    inputs = words_layer.sequence_inputs([(ids, start_N, end_N)], P, 1, tokenizer.pad_id, pooling)
+    to_BWT = np.zeros((1, P, P), np.float32)  # word n's pieces, for the word attention's sums
     for n, (a, b) in enumerate(zip(start_N, end_N)):
       to_BWT[0, n, a:b] = 1.0
     special_BT = np.zeros((1, P), bool)
     special_BT[0, :prefix] = True
     special_BT[0, T - suffix : T] = True
-    logits, inter, attn, special = jax.device_get(forward(state, tokens, valid, mask_LH, to_BWT, special_BT))
-    start_BW, end_BW = np.zeros((1, P), np.int64), np.zeros((1, P), np.int64)
-    start_BW[0, :N], end_BW[0, :N] = start_N, end_N
-    pool_NT = align_lib.pooling_matrix(start_BW, end_BW, P, pooling)[0, :N]
-    z_LTHK = np.asarray(inter.z_LBTHK[:, 0], np.float32)
-    residual_LTD = np.asarray(inter.resid_post_LBTD[:, 0], np.float32)
-    embeddings_TD = np.asarray(inter.embeddings_BTD[0], np.float32)
+    logits, inter, pooled, attn, special = jax.device_get(forward(state, inputs, mask_LH, to_BWT, special_BT))
     out.append(
       Captured(
         words=list(words),
-        pieces=[words_lib.token_label(tokenizer, int(i)) for i in ids],
+        pieces=[attention_words.token_label(tokenizer, int(i)) for i in ids],
         tokens_T=np.asarray(ids),
         piece_start_N=np.asarray(start_N, np.int64),
         piece_end_N=np.asarray(end_N, np.int64),
         logits_TV=np.asarray(logits[0, :T], np.float32),
         probs_LHTS=np.asarray(inter.pattern_LBHTS[:, 0, :, :T, :T], np.float32),
-        z_LTHK=z_LTHK[:, :T],
-        residual_LTD=residual_LTD[:, :T],
-        embeddings_TD=embeddings_TD[:T],
-        z_NLHK=np.einsum("nt,lthk->nlhk", pool_NT, z_LTHK),
-        residual_NLD=np.einsum("nt,ltd->nld", pool_NT, residual_LTD),
-        embeddings_ND=pool_NT @ embeddings_TD,
+        z_LTHK=np.asarray(inter.z_LBTHK[:, 0, :T], np.float32),
+        residual_LTD=np.asarray(inter.resid_post_LBTD[:, 0, :T], np.float32),
+        embeddings_TD=np.asarray(inter.embeddings_BTD[0, :T], np.float32),
+        z_NLHK=np.asarray(pooled["z"][:, 0, :N]).transpose(1, 0, 2, 3),
+        residual_NLD=np.asarray(pooled["resid_post"][:, 0, :N]).transpose(1, 0, 2),
+        embeddings_ND=np.asarray(pooled["embeddings"][0, :N]),
         attention_LHNN=np.asarray(attn[:, 0, :, :N, :N], np.float32),
         special_LHN=np.asarray(special[:, 0, :, :N], np.float32),
         pooling=pooling,

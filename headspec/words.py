@@ -6,9 +6,10 @@ analyses, the causal test and the API share these steps instead of each writing 
   window_batches            one window per row, rows grouped by power-of-two width: one compile per width
   packed_batches            windows packed side by side into rows of ROW_TOKENS (headspec/packing.py), each
                             keeping its own positions and segment, so far less is spent on padding
-  window_inputs, packed_inputs   a batch's model inputs and its word-pooling matrix
+  sequence_inputs, window_inputs, packed_inputs   a batch's model inputs and its word-pooling matrix
   pooled_forward            one jitted forward of packed rows that returns the `capture`d sites (and the
                             final hidden state) pooled per word, under `interventions` (model.py's edits)
+  forward_rows, pool_sites  its two halves, for a forward that also keeps the token-level sites (api.run)
 
 Shared layer: it imports no analysis (tests/test_layering.py).
 """
@@ -72,22 +73,31 @@ def window_batches(lengths: np.ndarray, max_len: int, batch_tokens: int) -> list
   return batches
 
 
-def window_inputs(T: int, B: int, windows, al, words_of_window, pad_id: int, pooling: str):
-  """((tokens_BT, positions_BT, segment_BT, pool_BWT), word_BW: the global word of each pooled slot or −1) of
-  a `window_batches` batch, in `pooled_forward`'s form (each row one sequence, segment 1; padding 0)."""
+def sequence_inputs(sequences, T: int, B: int, pad_id: int, pooling: str):
+  """(tokens_BT, positions_BT, segment_BT, pool_BWT): `pooled_forward`'s inputs of one sequence per row.
+
+  sequences: up to B (token ids, start_N, end_N), word n being pieces [start_N[n], end_N[n]) of its row;
+  each row is segment 1 at positions 0.., padding segment 0; word slots past a row's words pool nothing."""
   tokens_BT = np.full((B, T), pad_id, np.int32)
   segment_BT = np.zeros((B, T), np.int32)
   start_BW, end_BW = np.zeros((B, T), np.int64), np.zeros((B, T), np.int64)
-  word_BW = np.full((B, T), -1, np.int64)
-  for b, w in enumerate(windows):
-    n = len(al.windows[w])
-    tokens_BT[b, :n], segment_BT[b, :n] = al.windows[w], 1
-    mine = words_of_window[w]
-    start_BW[b, : len(mine)], end_BW[b, : len(mine)] = al.word_start_N[mine], al.word_end_N[mine]
-    word_BW[b, : len(mine)] = mine
+  for b, (ids, start_N, end_N) in enumerate(sequences):
+    tokens_BT[b, : len(ids)], segment_BT[b, : len(ids)] = ids, 1
+    start_BW[b, : len(start_N)], end_BW[b, : len(end_N)] = start_N, end_N
   positions_BT = np.broadcast_to(np.arange(T, dtype=np.int32), (B, T)).copy()
-  pool_BWT = align_lib.pooling_matrix(start_BW, end_BW, T, pooling)
-  return (tokens_BT, positions_BT, segment_BT, pool_BWT), word_BW
+  return tokens_BT, positions_BT, segment_BT, align_lib.pooling_matrix(start_BW, end_BW, T, pooling)
+
+
+def window_inputs(T: int, B: int, windows, al, words_of_window, pad_id: int, pooling: str):
+  """((tokens_BT, positions_BT, segment_BT, pool_BWT), word_BW: the global word of each pooled slot or −1) of
+  a `window_batches` batch (`sequence_inputs` of its windows)."""
+  word_BW = np.full((B, T), -1, np.int64)
+  sequences = []
+  for b, w in enumerate(windows):
+    mine = words_of_window[w]
+    sequences.append((al.windows[w], al.word_start_N[mine], al.word_end_N[mine]))
+    word_BW[b, : len(mine)] = mine
+  return sequence_inputs(sequences, T, B, pad_id, pooling), word_BW
 
 
 def packed_batches(lengths: np.ndarray, max_len: int, batch_tokens: int):
@@ -146,22 +156,35 @@ def pooled_forward(graphdef, capture: tuple[str, ...], hidden: bool = False):
   @jax.jit
   def forward(state, tokens_BT, positions_BT, segment_BT, pool_BWT, interventions):
     model = nnx.merge(graphdef, state)
-    out_BT, inter = model(
-      tokens_BT,
-      valid_BT=segment_BT > 0,
-      positions_BT=positions_BT,
-      segment_BT=segment_BT,
-      interventions=interventions,
-      capture=capture,
-      output="hidden" if hidden else "logits",
-    )
-    f32 = jnp.float32
-    pooled = {name: jnp.einsum(_POOL[name], pool_BWT, inter.site(name).astype(f32)) for name in capture}
+    rows = (tokens_BT, positions_BT, segment_BT)
+    out_BT, inter = forward_rows(model, rows, interventions, capture, "hidden" if hidden else "logits")
+    pooled = pool_sites(pool_BWT, inter, capture)
     if hidden:
-      pooled["hidden"] = jnp.einsum(_POOL["hidden"], pool_BWT, out_BT.astype(f32))
+      pooled["hidden"] = jnp.einsum(_POOL["hidden"], pool_BWT, out_BT.astype(jnp.float32))
     return pooled
 
   return forward
+
+
+def forward_rows(model, rows, interventions, capture: tuple[str, ...], output: str = "logits"):
+  """The model on rows (tokens_BT, positions_BT, segment_BT) of packed sequences (segment 0 = padding), under
+  `interventions`, capturing `capture`: (logits or final hidden state, Intermediates)."""
+  tokens_BT, positions_BT, segment_BT = rows
+  return model(
+    tokens_BT,
+    valid_BT=segment_BT > 0,
+    positions_BT=positions_BT,
+    segment_BT=segment_BT,
+    interventions=interventions,
+    capture=capture,
+    output=output,
+  )
+
+
+def pool_sites(pool_BWT, inter, capture: tuple[str, ...]) -> dict:
+  """{site: its captured activations pooled per word} (traced; float32): z [L,B,W,H,K], resid_post [L,B,W,D],
+  embeddings [B,W,D] of the model's `Intermediates` `inter`, pooled by pool_BWT."""
+  return {name: jnp.einsum(_POOL[name], pool_BWT, inter.site(name).astype(jnp.float32)) for name in capture}
 
 
 def hidden_words(model, batches: Sequence, num_words: int, interventions=None) -> np.ndarray:

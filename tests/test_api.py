@@ -131,7 +131,13 @@ def test_run_matches_the_analyses(run_dir, tmp_path):
   np.testing.assert_array_equal(masked.probs_LHTS, headspec.run(loaded, [c.words], head_mask=mask)[0].probs_LHTS)
   np.testing.assert_allclose(masked.probs_LHTS[0], c.probs_LHTS[0], atol=1e-6)
   assert np.abs(masked.probs_LHTS[1] - c.probs_LHTS[1]).max() > 1e-4
-  assert headspec.run(loaded, [c.words], pooling="mean")[0].z_NLHK.shape == c.z_NLHK.shape
+  # Mean pooling goes through the same word layer (headspec/words.py) as probing's mean-pooled features.
+  meaned = headspec.run(loaded, [c.words], pooling="mean")[0]
+  feats = extract_features(
+    model, tokenizer, [c.words], cache_dir=tmp_path, identity={"t": 2}, pooling="mean", dtype="float32", log=None
+  )
+  np.testing.assert_allclose(meaned.z_NLHK[:, 1], feats.z(1), atol=1e-5)
+  assert np.abs(meaned.z_NLHK - c.z_NLHK).max() > 1e-4  # the pieces of a multi-piece word differ
 
 
 @pytest.mark.parametrize(
