@@ -1,8 +1,8 @@
 """Training throughput (tokens/s) and model FLOPs utilisation for a few model sizes; prints JSON.
 
-  python -m benchmarks.bench_train [--sizes=tiny,small,base] [--steps=10] [--dtype=float32]
+  python -m benchmarks.bench_train [--sizes=tiny,small,base] [--steps=10] [--dtype=float32] [--mesh=fsdp=8]
 
-Runs the real step function (headspec.train.train_step, jit over all local devices) on random tokens.
+Runs the real step function (headspec.train.train_step, jit on the `--mesh`: headspec/mesh.py) on random tokens.
 FLOPs per token follow Chowdhery et al. 2022 (PaLM), appendix B: 6·N + 12·L·T·H·K, where N counts the
 matmul parameters (blocks and the unembedding) and the second term is attention's QK^T and AV.
 MFU = achieved FLOP/s / peak FLOP/s of the device (a table of known peaks; null where unknown, e.g. CPUs).
@@ -21,11 +21,11 @@ import numpy as np
 from absl import app, flags
 from flax import nnx
 
-from headspec import parallel
+from headspec import mesh, parallel
 from headspec.defaults import train_config
 from headspec.model import ModelConfig, Transformer
 from headspec.objectives import Objective
-from headspec.train import TrainState, make_optimizer, train_step
+from headspec.train import TrainState, jit_step, make_optimizer, train_step
 
 SIZES = {  # layers, heads, d_model, d_head, d_ff, vocab, seq_len, batch
   "tiny": (2, 4, 64, 16, 256, 1000, 64, 32),
@@ -50,6 +50,7 @@ PEAK_FLOPS = {
 _SIZES = flags.DEFINE_list("sizes", ["tiny", "small", "base"], "model sizes to run")
 _STEPS = flags.DEFINE_integer("steps", 10, "timed steps per size (after 2 warm-up steps)")
 _DTYPE = flags.DEFINE_enum("dtype", "float32", ["float32", "bfloat16"], "compute dtype")
+_MESH = flags.DEFINE_string("mesh", "", "the device mesh, as config.mesh: data=N,fsdp=N,tensor=N ('': all on data)")
 
 
 def flops_per_token(cfg: ModelConfig, seq_len: int) -> float:
@@ -58,7 +59,7 @@ def flops_per_token(cfg: ModelConfig, seq_len: int) -> float:
   return 6.0 * matmul_params + 12.0 * L * seq_len * H * K
 
 
-def bench(size: str, steps: int, dtype: str) -> dict:
+def bench(size: str, steps: int, dtype: str, mesh_spec: str = "") -> dict:
   layers, heads, d_model, d_head, d_ff, vocab, seq_len, batch = SIZES[size]
   batch = max(batch, jax.device_count()) // jax.device_count() * jax.device_count()
   cfg = ModelConfig(
@@ -77,11 +78,9 @@ def bench(size: str, steps: int, dtype: str) -> dict:
   graphdef, params = nnx.split(Transformer(cfg, rngs=nnx.Rngs(0)))
   tx = make_optimizer(train)
   obj = Objective(kind="decoder", vocab_size=vocab, mask_id=0, num_layers=layers, num_heads=heads)
-  mesh = parallel.data_mesh()
-  state = jax.device_put(
-    TrainState(step=jnp.zeros((), jnp.int32), params=params, opt_state=tx.init(params)), parallel.replicated(mesh)
-  )
-  step = jax.jit(functools.partial(train_step, graphdef=graphdef, tx=tx, obj=obj), donate_argnums=0)
+  grid = mesh.parse(mesh_spec, key="--mesh")
+  state = mesh.place(TrainState(step=jnp.zeros((), jnp.int32), params=params, opt_state=tx.init(params)), grid)
+  step = jit_step(functools.partial(train_step, graphdef=graphdef, tx=tx, obj=obj), state, grid)
   rng = np.random.default_rng(0)
   batches = [
     parallel.global_batch(
@@ -89,7 +88,7 @@ def bench(size: str, steps: int, dtype: str) -> dict:
         "tokens": rng.integers(0, vocab, (batch, seq_len), dtype=np.int32),
         "example_id": np.arange(batch, dtype=np.int32),
       },
-      mesh,
+      grid,
     )
     for _ in range(2)
   ]
@@ -115,6 +114,7 @@ def bench(size: str, steps: int, dtype: str) -> dict:
     "seq_len": seq_len,
     "batch": batch,
     "dtype": dtype,
+    "mesh": mesh.describe(grid),
     "params": int(sum(x.size for x in jax.tree.leaves(params))),
     "tokens_per_second": round(tokens_per_second, 1),
     "flops_per_token": fpt,
@@ -131,7 +131,7 @@ def main(argv):
     "devices": jax.device_count(),
     "cpu": platform.processor() or platform.machine(),
   }
-  results = [bench(size, _STEPS.value, _DTYPE.value) for size in _SIZES.value]
+  results = [bench(size, _STEPS.value, _DTYPE.value, _MESH.value) for size in _SIZES.value]
   print(json.dumps({"machine": machine, "results": results}, indent=1))
 
 

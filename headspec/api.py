@@ -97,15 +97,25 @@ def _is_run_dir(path: pathlib.Path) -> bool:
 
 
 @check.arguments(source=check.name_or_path, step=check.optional(check.integer(0)), revision=check.optional(check.text))
-def load(source: str | os.PathLike, step: int | None = None, revision: str | None = None) -> Loaded:
+def load(
+  source: str | os.PathLike, step: int | None = None, revision: str | None = None, *, mesh=None, dtype=None
+) -> Loaded:
   """A model and its tokenizer: 'minilm', a Hugging Face-format directory (step 0), a Hugging Face Hub name
   ('gpt2', 'org/name', 'hf:org/name@revision'; `revision` a branch, tag or commit, through the local
   cache; docs/pretrained.md), or a `headspec train` run directory at `step` (its last saved step by default).
 
   Goes through the commands' planner (headspec/targets.py), so the name, step and cache identity are
-  the ones the commands write. Anything else (no such directory, a step the run does not have, a step
-  other than 0 for a pretrained model, a wrong type) is one headspec.errors.UserError (a ValueError).
+  the ones the commands write. mesh: where the parameters live, a `jax.sharding.Mesh` or the config key's
+  text ('fsdp=4,tensor=2'; headspec/mesh.py's rules shard them; None: as loaded, on one device). dtype:
+  'float32' (the default: exact parity with the reference implementations) or 'bfloat16' (parameters and
+  compute; half the bytes). Anything else (no such directory, a step the run does not have, a step other
+  than 0 for a pretrained model, a wrong type, a bad mesh) is one headspec.errors.UserError (a ValueError).
   """
+  from headspec import mesh as mesh_lib
+
+  grid = mesh if mesh is None or isinstance(mesh, jax.sharding.Mesh) else mesh_lib.parse(mesh, key="load(mesh=...)")
+  if dtype not in (None, "float32", "bfloat16"):
+    raise UserError(f"load(dtype={dtype!r}): use 'float32' or 'bfloat16'")
   text = os.fspath(source)
   path = pathlib.Path(os.path.expanduser(text))
   if text != "minilm" and not path.is_dir():
@@ -129,7 +139,11 @@ def load(source: str | os.PathLike, step: int | None = None, revision: str | Non
       raise UserError(f"load({text!r}, step={step}): a pretrained model has only step 0")
     target = targets.pretrained_target(text)
   model, tokenizer = target.load()
-  return Loaded(model, tokenizer, target)
+  if dtype is not None:
+    from headspec.model import cast
+
+    model = cast(model, dtype)
+  return Loaded(mesh_lib.place_model(model, grid) if grid is not None else model, tokenizer, target)
 
 
 def _loaded(model_or_loaded) -> Loaded:

@@ -25,6 +25,7 @@ import orbax.checkpoint as ocp
 from etils import epath
 from orbax.checkpoint import checkpoint_managers
 
+from headspec import mesh as mesh_lib
 from headspec import remote
 from headspec.errors import UserError
 
@@ -173,8 +174,9 @@ def restore(mngr: ocp.CheckpointManager, step: int, abstract_state):
   return restored.state, restored.data
 
 
-def restore_params(workdir, step: int, abstract_params):
-  """Only the model parameters of a saved step (for probing and analysis)."""
+def restore_params(workdir, step: int, abstract_params, *, mesh=None):
+  """Only the model parameters of a saved step (for probing and analysis): on `mesh`, each device reading
+  only its shards (headspec/mesh.py's rules, whatever mesh saved them), else on the first device."""
   mngr = manager(workdir, read_only=True)
   if step not in mngr.all_steps():
     raise UserError(f"no checkpoint for step {step} in {checkpoint_dir(workdir)} (have {sorted(mngr.all_steps())})")
@@ -183,13 +185,14 @@ def restore_params(workdir, step: int, abstract_params):
   _drop_late_read_callbacks()
   abstract = {"params": abstract_params}
   device = jax.sharding.SingleDeviceSharding(jax.devices()[0])
+  shardings = mesh_lib.param_shardings(abstract, mesh) if mesh is not None else jax.tree.map(lambda _: device, abstract)
   try:
     restored = mngr.restore(
       step,
       args=ocp.args.Composite(
         state=ocp.args.PyTreeRestore(
           abstract,
-          restore_args=jax.tree.map(lambda _: ocp.ArrayRestoreArgs(sharding=device), abstract),
+          restore_args=jax.tree.map(lambda s: ocp.ArrayRestoreArgs(sharding=s), shardings),
           partial_restore=True,
         )
       ),

@@ -52,7 +52,13 @@ class Command:
       return
     if args:
       raise UserError(f"{name} takes no arguments, got {' '.join(args)}")
-    print(self.report(function(config, workdir)))
+    from headspec import mesh
+
+    grid = mesh.parse(config.mesh, key="config.mesh")  # a bad mesh is refused before any work
+    # A mesh given shards models, batches and activations; '' leaves the analyses as they run on one
+    # device (feature extraction round-robin over the local devices).
+    with mesh.using(grid if config.mesh and grid.size > 1 else None):
+      print(self.report(function(config, workdir)))
 
 
 def quickstart(config, workdir, args) -> None:

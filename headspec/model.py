@@ -48,6 +48,7 @@ import numpy as np
 from flax import nnx
 
 from headspec import draws
+from headspec import mesh as mesh_lib
 from headspec.errors import UserError
 
 ACTIVATIONS = {
@@ -604,9 +605,9 @@ class Attention(nnx.Module):
     without captures or edits; with them, K/V are repeated per query head as always, so they stay bit for bit)."""
     dt, cfg = self.dtype, self.cfg
     x_q, x_k, x_v = x_BTD if isinstance(x_BTD, tuple) else (x_BTD,) * 3
-    q_BTHK = self._project(x_q, self.w_q_DHK, self.b_q_HK)
-    k_BSHK = self._project(x_k, self.w_k_DHK, self.b_k_HK)
-    v_BSHK = self._project(x_v, self.w_v_DHK, self.b_v_HK)
+    q_BTHK = mesh_lib.constrain(self._project(x_q, self.w_q_DHK, self.b_q_HK), "BTHK")  # heads over `tensor`
+    k_BSHK = mesh_lib.constrain(self._project(x_k, self.w_k_DHK, self.b_k_HK), "BTHK")
+    v_BSHK = mesh_lib.constrain(self._project(x_v, self.w_v_DHK, self.b_v_HK), "BTHK")
     if cfg.qk_norm != "none":
       q_BTHK, k_BSHK = self._qk_norm(self.q_norm, q_BTHK), self._qk_norm(self.k_norm, k_BSHK)
     if cfg.positions == "rotary":
@@ -645,11 +646,11 @@ class Attention(nnx.Module):
       if "attn_scores" in capture:
         captured["attn_scores"] = logits_BHTS
       logits_BHTS = _apply(edits, "attn_scores", logits_BHTS)
-      probs_BHTS = jax.nn.softmax(logits_BHTS, axis=-1)
+      probs_BHTS = mesh_lib.constrain(jax.nn.softmax(logits_BHTS, axis=-1), "BHTS")
       captured.update({"pattern": probs_BHTS} if "pattern" in capture else {})
       probs_BHTS = _apply(edits, "pattern", probs_BHTS)
       dropped_BHTS = self.attention_dropout(probs_BHTS, deterministic=dropout_rngs is None, rngs=dropout_rngs)
-      z_BTHK = jnp.einsum("bhts,bshk->bthk", dropped_BHTS.astype(dt), v_BSHK)
+      z_BTHK = mesh_lib.constrain(jnp.einsum("bhts,bshk->bthk", dropped_BHTS.astype(dt), v_BSHK), "BTHK")
     else:  # fused: jax.nn.dot_product_attention, cuDNN or XLA as chosen above; K/V un-repeated (G heads)
       z_BTHK = jax.nn.dot_product_attention(
         q_BTHK, k_BSHK, v_BSHK, mask=mask_BTS[:, None], scale=scale, implementation=path
@@ -986,8 +987,9 @@ class Transformer(nnx.Module):
           edits[name] = here
       cache = None if kv_cache is None else (kv_cache.k_LBSHK[layer], kv_cache.v_LBSHK[layer], kv_cache.index)
       x_BTD, captured = self.blocks[layer](
-        x_BTD, mask_BTS, dropout_rngs, block_capture, edits, positions_BT, key_positions_BS, cache, grouped_kv
-      )
+        mesh_lib.constrain(x_BTD, "BTD"), mask_BTS, dropout_rngs, block_capture, edits, positions_BT,
+        key_positions_BS, cache, grouped_kv,
+      )  # fmt: skip
       if cache is not None:
         new_k.append(captured["kv_cache"][0])
         new_v.append(captured["kv_cache"][1])
@@ -1026,3 +1028,14 @@ def random_like(cfg: ModelConfig, seed: int) -> Transformer:
   random-weights control of the analyses, and bit for bit the step-0 weights of a run trained with
   `seed` (headspec/train.py draws them the same way)."""
   return Transformer(cfg, rngs=nnx.Rngs(params=seed))
+
+
+def cast(model: Transformer, dtype: str) -> Transformer:
+  """`model` with its parameters and its compute dtype (`cfg.dtype`) in `dtype` ('float32' | 'bfloat16'):
+  bfloat16 halves the parameters' bytes; attention logits, softmax and pooled features stay float32."""
+  cfg = dataclasses.replace(model.cfg, dtype=dtype)  # checks the name
+  if cfg == model.cfg and all(x.dtype == jnp.dtype(dtype) for x in jax.tree.leaves(nnx.state(model, nnx.Param))):
+    return model
+  graphdef, _ = nnx.split(nnx.eval_shape(lambda: Transformer(cfg, rngs=nnx.Rngs(0))))
+  state = jax.tree.map(lambda x: x.astype(dtype) if jnp.issubdtype(x.dtype, jnp.floating) else x, nnx.state(model))
+  return nnx.merge(graphdef, state)

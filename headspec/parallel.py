@@ -1,8 +1,9 @@
-"""Data parallelism: a one-axis device mesh for `jax.jit`, the `jax.pmap` path, and multi-host start.
+"""How training lays arrays out: the `jax.jit` mesh path, the `jax.pmap` path, and multi-host start.
 
 Both paths run the same step function (headspec/train.py); only how arrays are laid out differs:
-- jit: parameters replicated and the batch sharded along the mesh axis 'data' with `NamedSharding`;
-  XLA inserts the gradient all-reduce.
+- jit: the mesh of `config.mesh` (headspec/mesh.py): parameters and optimizer state sharded by the
+  logical axis rules (replicated on a data-only mesh), the batch split over `data` and `fsdp`; XLA inserts
+  the gradient reduction and the weight gathers.
 - pmap: parameters carry a leading device axis, the batch is reshaped to [devices, B/devices, ...],
   and the step all-reduces gradients itself with `lax.psum` over the axis named `PMAP_AXIS`.
 """
@@ -14,8 +15,9 @@ import os
 import jax
 import numpy as np
 from absl import logging
-from jax.sharding import Mesh, NamedSharding, PartitionSpec
+from jax.sharding import Mesh
 
+from headspec import mesh as mesh_lib
 from headspec.errors import UserError
 
 PMAP_AXIS = "batch"
@@ -70,33 +72,25 @@ def any_process(flag: bool) -> bool:
   return bool(np.any(multihost_utils.process_allgather(np.array(flag, np.int32))))
 
 
-def check_batch_size(global_batch_size: int, parallelism: str) -> int:
-  """Returns the per-process batch size after checking it divides over processes and devices."""
+def check_batch_size(global_batch_size: int, parallelism: str, batch_shards: int | None = None) -> int:
+  """Returns the per-process batch size after checking it divides over processes and the batch's shards
+  (the mesh's data × fsdp; default every device)."""
   if parallelism not in PARALLELISMS:
     raise UserError(f"config parallelism must be one of {PARALLELISMS}, got {parallelism!r}")
-  devices = jax.device_count()
-  if global_batch_size % devices:
-    raise UserError(f"train.batch_size={global_batch_size} is not divisible by the {devices} devices")
+  shards = batch_shards or jax.device_count()
+  if global_batch_size % shards or global_batch_size % jax.process_count():
+    raise UserError(
+      f"train.batch_size={global_batch_size} is not divisible by the {shards} batch shards (mesh data×fsdp)"
+    )
   return global_batch_size // jax.process_count()
 
 
-def data_mesh(devices=None) -> Mesh:
-  """The given devices (default: all devices of all processes) on one axis named 'data'."""
-  return Mesh(np.asarray(devices or jax.devices()), ("data",))
-
-
-def replicated(mesh: Mesh) -> NamedSharding:
-  return NamedSharding(mesh, PartitionSpec())
-
-
-def batch_sharded(mesh: Mesh) -> NamedSharding:
-  return NamedSharding(mesh, PartitionSpec("data"))
-
-
 def global_batch(local_batch: dict, mesh: Mesh) -> dict:
-  """This process's rows of the batch become one global array sharded over 'data' (multi-host safe)."""
-  sharding = batch_sharded(mesh)
-  return {k: jax.make_array_from_process_local_data(sharding, v) for k, v in local_batch.items()}
+  """This process's rows of the batch become one global array split over `data` and `fsdp` (multi-host safe)."""
+  return {
+    k: jax.make_array_from_process_local_data(mesh_lib.batch_sharding(mesh, np.ndim(v)), v)
+    for k, v in local_batch.items()
+  }
 
 
 def pmap_batch(local_batch: dict, n: int) -> dict:

@@ -9,6 +9,7 @@ import ml_collections
 from flax import nnx
 
 from headspec import checkpoints, remote
+from headspec import mesh as mesh_lib
 from headspec.data.tokenizer import INFO_FILE, Tokenizer, load_tokenizer
 from headspec.errors import UserError
 from headspec.model import ModelConfig, Transformer
@@ -166,7 +167,7 @@ def load_run_model(workdir, step: int) -> tuple[Transformer, Tokenizer]:
   cfg = model_config(config.model, tokenizer.vocab_size, config.train.seq_len)
   abstract = nnx.eval_shape(lambda: Transformer(cfg, rngs=nnx.Rngs(0)))
   graphdef, abstract_params = nnx.split(abstract)
-  params = checkpoints.restore_params(workdir, step, abstract_params)
+  params = checkpoints.restore_params(workdir, step, abstract_params, mesh=mesh_lib.current())
   return nnx.merge(graphdef, params), tokenizer
 
 

@@ -176,7 +176,19 @@ def plan(config, workdir, *, steps, model_name: str = "", random_baseline: bool 
     targets = run_targets(workdir, steps, name=model_name)
   if random_baseline:
     targets.append(random_target(targets[0], config.seed))
-  return targets
+  return [dataclasses.replace(t, load=_on_mesh(t.load)) for t in targets]
+
+
+def _on_mesh(load: Callable) -> Callable:
+  """`load` whose model lands on the command's mesh (headspec/mesh.py `current`, set from `config.mesh`)."""
+
+  def placed():
+    from headspec import mesh
+
+    model, tokenizer = load()
+    return mesh.place_model(model), tokenizer
+
+  return placed
 
 
 def data_dir(config=None, run_config=None, *, purpose: str = "", must_exist: bool = True) -> epath.Path:

@@ -30,6 +30,7 @@ from flax import nnx
 from jax.experimental import multihost_utils
 
 from headspec import checkpoints, edits, jobloop, locks, parallel, provenance, regularizers, remote, runs, targets
+from headspec import mesh as mesh_lib
 from headspec.data import lm_pipeline, text_tfds
 from headspec.data import repeats as repeats_lib
 from headspec.data import tokenizer as tokenizer_lib
@@ -309,11 +310,18 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir, *, devices=No
   workdir = remote.run_path(workdir)  # local: absolute; gs://...: stays a URL
   check_config(config)
   parallel.initialize_distributed(config.multihost)
-  local_batch = parallel.check_batch_size(config.train.batch_size, config.parallelism)
+  devices = list(devices or jax.devices())
+  mesh = mesh_lib.parse(config.mesh, devices, key="config.mesh")
+  pmap = config.parallelism == "pmap"
+  if pmap and (mesh.shape["fsdp"] > 1 or mesh.shape["tensor"] > 1):
+    raise UserError(
+      f"config.parallelism='pmap' copies the model to every device: use config.mesh='' (got {config.mesh!r})"
+    )
+  batch_shards = len(devices) if pmap else mesh.shape["data"] * mesh.shape["fsdp"]
+  local_batch = parallel.check_batch_size(config.train.batch_size, config.parallelism, batch_shards)
   # Nothing is written before every check and the restore have passed: a refused resume leaves the run as
   # it was. On a fresh run the tokenizer (and then the token cache) are the first things written.
   saved = runs.check_resume(workdir, config)
-  devices = list(devices or jax.devices())
   with _nothing_left_if_refused(workdir, saved):  # the corpus' length is known only once it is tokenized
     tokenizer = prepare_tokenizer(config, workdir)
     cfg = runs.model_config(config.model, tokenizer.vocab_size, config.train.seq_len)
@@ -324,9 +332,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir, *, devices=No
     state = TrainState(step=jnp.zeros((), jnp.int32), params=params, opt_state=tx.init(params))
     base_key, eval_key = jax.random.split(jax.random.key(config.seed))
 
-    mesh = parallel.data_mesh(devices)
-    pmap = config.parallelism == "pmap"
-    state = jax.device_put(state, devices[0] if pmap else parallel.replicated(mesh))
+    state = jax.device_put(state, devices[0]) if pmap else mesh_lib.place(state, mesh)  # sharded by the rules
     state, data_state, mngr = _restore(config, workdir, saved, state)
     train_NT, valid_NT = prepare_rows(config, workdir, tokenizer)
     data_iter = _data_iterator(config, workdir, train_NT, data_state, saved, tokenizer)
@@ -344,7 +350,8 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir, *, devices=No
     writer=MetricsWriter(workdir, is_lead=parallel.is_lead(), resume_step=int(state.step)),
   )
   batches = _batches(data_iter, local_batch, len(devices), pmap, mesh)
-  return loop.run(stepper, int(state.step), batches, data_iter, base_key)
+  with mesh_lib.using(None if pmap else mesh):  # the model's activation constraints read it when tracing
+    return loop.run(stepper, int(state.step), batches, data_iter, base_key)
 
 
 @contextlib.contextmanager
@@ -425,6 +432,13 @@ def _batches(data_iter, local_batch: int, num_devices: int, pmap: bool, mesh):
     yield parallel.pmap_batch(local, num_devices) if pmap else parallel.global_batch(local, mesh)
 
 
+def jit_step(step_fn, state: TrainState, mesh):
+  """`jax.jit` of a training step whose state (placed by `mesh.place`) keeps its layout from step to step
+  and whose metrics come back replicated; the old state's buffers are donated."""
+  layout = jax.tree.map(lambda x: x.sharding, state)
+  return jax.jit(step_fn, donate_argnums=0, out_shardings=(layout, mesh_lib.replicated(mesh)))
+
+
 class _Stepper:
   """The training step on one layout: jit over the data mesh, or pmap over the devices (state replicated)."""
 
@@ -440,7 +454,7 @@ class _Stepper:
       )
       self.state = parallel.replicate_for_pmap(state, devices)
     else:
-      self._step = jax.jit(step_fn, donate_argnums=0)
+      self._step = jit_step(step_fn, state, mesh)
       self.state = state
 
   def __call__(self, batch, base_key) -> dict:
@@ -474,21 +488,24 @@ class _Loop:
       bar = jobloop.progress(self.train.steps, "train", unit="step", initial=step, disable=jax.process_index() != 0)
       with jobloop.lines_above_bars(), bar, jobloop.ticking(bar):  # metrics lines print above the bar
         bar.set_postfix_str("compiling the step…", refresh=True)  # the first step compiles: no frozen 0%
+        pending = []  # (step, loss on device) not yet read back: the host syncs only when something is due
         while step < self.train.steps and not stop:
           metrics = stepper(next(batches), base_key)
-          loss = self._finite_loss(metrics, step)
           step, steps_timed = step + 1, steps_timed + 1
-          if step % self.train.log_every == 0 or step == self.train.steps:
-            last = self._log(
-              step, loss, metrics, steps_timed * self.tokens_per_step / max(time.perf_counter() - t0, 1e-9)
-            )
-            t0, steps_timed = time.perf_counter(), 0
-            bar.set_postfix_str(f"loss {loss:.4g}", refresh=False)
-          elif step == 1:
+          pending.append((step, metrics["loss"]))
+          stop = parallel.any_process(preemption.requested)  # every process stops after the same step
+          if self._due(step) or stop:
+            loss = self._finite_loss(pending)  # before anything is logged, evaluated or saved
+            pending = []
+            if step % self.train.log_every == 0 or step == self.train.steps:
+              rate = steps_timed * self.tokens_per_step / max(time.perf_counter() - t0, 1e-9)
+              last = self._log(step, loss, metrics, rate)
+              t0, steps_timed = time.perf_counter(), 0
+              bar.set_postfix_str(f"loss {loss:.4g}", refresh=False)
+            self._after_step(step, stepper, data_iter)
+          if step == 1 and not last:
             bar.set_postfix_str("", refresh=False)
           bar.update(1)
-          self._after_step(step, stepper, data_iter)
-          stop = parallel.any_process(preemption.requested)  # every process stops after the same step
       if stop:
         _save(self.mngr, step, stepper.host_state(), data_iter)
         print(f"preempted: saved step {step} in {self.mngr.directory}; the same command resumes from it", flush=True)
@@ -507,16 +524,25 @@ class _Loop:
       preemption.restore()
     return last
 
-  def _finite_loss(self, metrics, step: int) -> float:
-    loss = float(metrics["loss"])
-    if not math.isfinite(loss):
-      kept = self.mngr.latest_step()
-      raise UserError(
-        f"loss became {loss} at step {step + 1}; stopped. Last good checkpoint: "
-        f"{'step ' + str(kept) if kept is not None else 'none'} in {self.workdir / 'checkpoints'} "
-        f"(try a lower train.learning_rate)"
-      )
-    return loss
+  def _due(self, step: int) -> bool:
+    """Whether `step` logs, evaluates, tracks diversity or checkpoints (the steps that read the loss back)."""
+    train = self.train
+    every = [train.log_every, train.checkpoint_every, train.eval_every, train.diversity_every if self.div_probe else 0]
+    return step == train.steps or step in train.keep_steps or any(n and step % n == 0 for n in every)
+
+  def _finite_loss(self, pending) -> float:
+    """The last of the `pending` (step, loss) pairs, read back in one transfer; the first non-finite one
+    stops the run, naming its step."""
+    losses = jax.device_get([loss for _, loss in pending])
+    for (step, _), loss in zip(pending, losses):
+      if not math.isfinite(float(loss)):
+        kept = self.mngr.latest_step()
+        raise UserError(
+          f"loss became {float(loss)} at step {step}; stopped. Last good checkpoint: "
+          f"{'step ' + str(kept) if kept is not None else 'none'} in {self.workdir / 'checkpoints'} "
+          f"(try a lower train.learning_rate)"
+        )
+    return float(losses[-1])
 
   def _log(self, step: int, loss: float, metrics, tokens_per_second: float) -> dict:
     last = {

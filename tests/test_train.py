@@ -54,6 +54,16 @@ def test_jit_mesh_pmap_and_single_device_agree(synthetic_data_dir, tmp_path):
   assert len(jit) == 4 and len(set(jit)) > 1
   np.testing.assert_allclose(one, jit, rtol=2e-5)
   np.testing.assert_allclose(pmap, jit, rtol=2e-5)
+  config.parallelism, config.mesh = "jit", "fsdp=2"  # parameters and Adam state split over both devices
+  train_and_evaluate(config, tmp_path / "fsdp")
+  np.testing.assert_allclose(losses(tmp_path / "fsdp"), jit, rtol=1e-4)
+  restored = [np.asarray(x) for x in _params(tmp_path / "fsdp", 4)]  # saved sharded, restored on one device
+  assert all(len(x.devices()) == 1 for x in _params(tmp_path / "fsdp", 4))
+  np.testing.assert_allclose(np.concatenate([x.ravel() for x in restored]),
+                             np.concatenate([np.asarray(x).ravel() for x in _params(tmp_path / "jit", 4)]), atol=1e-5)  # fmt: skip
+  config.parallelism = "pmap"
+  with pytest.raises(UserError, match="config.parallelism='pmap' copies the model to every device"):
+    train_and_evaluate(config, tmp_path / "refused")
 
 
 def _params(workdir, step):

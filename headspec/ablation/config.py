@@ -9,6 +9,7 @@ import ml_collections
 
 def ablate_config() -> ml_collections.ConfigDict:
   c = ml_collections.ConfigDict()
+  c.mesh = ""  # the device mesh, e.g. data=2,fsdp=2,tensor=2 (headspec/mesh.py, docs/scale.md); '': all devices on data
   c.steps = "all"  # 'all' | 'last' | comma-separated saved steps; a pretrained model has step 0 only
   c.model_name = ""  # the tables' `model` column; '' = the run folder's name or the pretrained name
   c.random_baseline = False  # also ablate the first target with random weights (no LM head: embedding_shift)

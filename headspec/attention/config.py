@@ -14,6 +14,7 @@ from headspec.errors import UserError
 
 def attention_config() -> ml_collections.ConfigDict:
   c = ml_collections.ConfigDict()
+  c.mesh = ""  # the device mesh, e.g. data=2,fsdp=2,tensor=2 (headspec/mesh.py, docs/scale.md); '': all devices on data
   c.seed = 0  # bootstrap resamples
   c.data_dir = data_dir_default()  # holds ud/<treebank>/; '' = the run's own data_dir, then HEADSPEC_DATA_DIR
   c.steps = "last"  # 'all' | 'last' | comma-separated saved steps ('100,1000'); pretrained models: step 0

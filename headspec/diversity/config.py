@@ -10,6 +10,7 @@ SAMPLES = ("first", "random")
 
 def diversity_config() -> ml_collections.ConfigDict:
   c = ml_collections.ConfigDict()
+  c.mesh = ""  # the device mesh, e.g. data=2,fsdp=2,tensor=2 (headspec/mesh.py, docs/scale.md); '': all devices on data
   c.steps = "all"  # 'all' | 'last' | comma-separated saved steps; a pretrained model has step 0 only
   c.num_tokens = 10000  # evaluation tokens (queries); the last row is cut to make it exact
   c.batch_size = 8  # rows per jit-compiled update; memory grows with batch_size · seq_len², not num_tokens

@@ -12,6 +12,7 @@ from headspec.probing.tasks import REGISTRY
 
 def probe_config() -> ml_collections.ConfigDict:
   c = ml_collections.ConfigDict()
+  c.mesh = ""  # the device mesh, e.g. data=2,fsdp=2,tensor=2 (headspec/mesh.py, docs/scale.md); '': all devices on data
   c.seed = 0  # control-task labels, probe minibatch order, bootstrap resamples, random-baseline weights
   c.data_dir = data_dir_default()  # holds ud/<treebank>/<treebank>-ud-<split>.conllu
 

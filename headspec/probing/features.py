@@ -45,6 +45,7 @@ from flax import nnx
 
 from headspec import alignment as align_lib
 from headspec import filenames, remote
+from headspec import mesh as mesh_lib
 from headspec import words as words_lib
 from headspec.errors import UserError
 
@@ -202,14 +203,21 @@ class _Files:
 def _run_batches(
   model, tokenizer, al, lengths, batches, batch_tokens, pooling, devices, files: _Files, interventions=None
 ) -> np.ndarray:
-  """Runs every batch (round-robin over devices) and appends its features; returns the words in written order.
+  """Runs every batch (round-robin over devices, or sharded over the command's mesh when one is set) and
+  appends its features; returns the words in written order.
 
   One writer thread, fed in batch order (so rows land in dispatch order), reads each batch back and
   appends it to the files while this thread dispatches the next ones; at most two batches per device
   are in flight, which bounds device memory."""
   graphdef, state = nnx.split(model)
   forward = words_lib.pooled_forward(graphdef, CAPTURE)
-  states = [jax.device_put(state, d) for d in devices]  # the weights once per device
+  grid = mesh_lib.current()
+  if grid is not None:  # one sharded forward per batch: weights by the rules, rows over data×fsdp
+    states, devices = [mesh_lib.place(state, grid)], [grid]
+    put = lambda inputs, d: mesh_lib.put_batch(inputs, grid)
+  else:
+    states = [jax.device_put(state, d) for d in devices]  # the weights once per device
+    put = lambda inputs, d: jax.device_put(inputs, devices[d])
   words_of_window = words_lib.words_of_windows(al)
   order, in_flight = [], collections.deque()
   with concurrent.futures.ThreadPoolExecutor(1) as writer:
@@ -218,7 +226,7 @@ def _run_batches(
         T, rows, al, lengths, words_of_window, tokenizer.pad_id, batch_tokens, pooling
       )
       d = i % len(devices)
-      outputs = forward(states[d], *jax.device_put(inputs, devices[d]), interventions)  # asynchronous
+      outputs = forward(states[d], *put(inputs, d), interventions)  # asynchronous
       in_flight.append(writer.submit(files.append, outputs, words))
       if len(in_flight) > 2 * len(devices):
         order.append(in_flight.popleft().result())

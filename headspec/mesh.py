@@ -1,0 +1,195 @@
+"""The device mesh every command runs on, and the logical axis rules that shard parameters and activations.
+
+One config key names the mesh (`mesh`, on every command's config; `headspec.load(mesh=...)` in the API):
+'data=2,fsdp=2,tensor=2' (axes in any order, a missing axis has size 1, one axis may be -1: the devices
+left); '' puts every device on `data` (data parallelism, parameters replicated). JAX's own engine does the
+rest (GSPMD: `jax.jit` over `NamedSharding`s, as MaxText and big_vision run): nothing is copied per device.
+
+Logical axes (MaxText's logical axis rules, Megatron's head and MLP split). A name's trailing capitals are
+its axes (the shape glossary of model.py: `w_q_DHK`, `w_in_DF`, `token_embed_VD`, `z_LBTHK`), so the rules
+are one table per kind, read off the name:
+- parameters (PARAM_RULES): the model width D over `fsdp` (ZeRO-3/FSDP: each device holds 1/fsdp of every
+  matrix and XLA gathers a layer's weights where they are used); heads H (and K/V groups), the MLP width F
+  and the vocabulary V over `tensor`; names without axes (norm scales) and a dimension that the mesh axis
+  does not divide stay replicated. Leading dimensions beyond the name's letters (stacked layers) are not
+  sharded.
+- activations (ACTIVATION_RULES): the batch B over `data` and `fsdp` together, heads H over `tensor`.
+  `constrain(x, "BTHK")` pins an activation inside a traced function when a mesh is set (`jax.set_mesh`,
+  which `using(mesh)` does) and is the identity otherwise, so one-device code is unchanged.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import re
+
+import jax
+import numpy as np
+from jax.sharding import AxisType, Mesh, NamedSharding, PartitionSpec
+
+from headspec.errors import UserError
+
+AXES = ("data", "fsdp", "tensor")
+BATCH_AXES = ("data", "fsdp")  # the batch is split over both: FSDP is data parallelism with sharded weights
+PARAM_RULES = {"V": "tensor", "D": "fsdp", "H": "tensor", "F": "tensor"}
+ACTIVATION_RULES = {"B": BATCH_AXES, "H": "tensor"}
+_AXES_OF_NAME = re.compile(r"_([A-Z]+)$")
+_WRAPPERS = {"value", "raw_value"}  # what an nnx.Variable's leaf path ends in
+
+
+def parse(spec: str, devices=None, *, key: str = "mesh") -> Mesh:
+  """The mesh of `spec` over `devices` (default: every device of every process), axes AXES in that order.
+
+  A bad spec is a UserError naming `key`: an unknown axis, a size that is not an integer, two -1s, or
+  sizes whose product is not the number of devices."""
+  devices = list(devices if devices is not None else jax.devices())
+  sizes = {axis: 1 for axis in AXES}
+  given = [part.strip() for part in str(spec or "").split(",") if part.strip()]
+  if not given:
+    sizes["data"] = -1
+  for part in given:
+    axis, _, size = part.partition("=")
+    axis = axis.strip()
+    if axis not in AXES:
+      raise UserError(f"{key}={spec!r}: unknown axis {axis!r} (axes: {', '.join(AXES)}, e.g. data=2,fsdp=2,tensor=2)")
+    try:
+      sizes[axis] = int(size)
+    except ValueError:
+      raise UserError(f"{key}={spec!r}: {axis}={size.strip()!r} is not an integer") from None
+    if sizes[axis] == 0 or sizes[axis] < -1:
+      raise UserError(f"{key}={spec!r}: {axis} must be a positive size or -1 (the devices left)")
+  rest = [axis for axis, size in sizes.items() if size == -1]
+  if len(rest) > 1:
+    raise UserError(f"{key}={spec!r}: only one axis may be -1")
+  known = int(np.prod([size for size in sizes.values() if size != -1]))
+  if rest:
+    if len(devices) % known:
+      raise UserError(f"{key}={spec!r}: {known} does not divide the {len(devices)} devices")
+    sizes[rest[0]] = len(devices) // known
+  shape = tuple(sizes[axis] for axis in AXES)
+  if int(np.prod(shape)) != len(devices):
+    raise UserError(
+      f"{key}={spec!r}: data×fsdp×tensor = {int(np.prod(shape))}, but there are {len(devices)} devices "
+      "(sizes must multiply to the device count; one may be -1)"
+    )
+  array = np.asarray(devices, dtype=object).reshape(shape)
+  return Mesh(array, AXES, axis_types=(AxisType.Auto,) * len(AXES))
+
+
+def describe(mesh: Mesh) -> str:
+  """'data=2,fsdp=2,tensor=2' (the form `parse` reads)."""
+  return ",".join(f"{axis}={mesh.shape[axis]}" for axis in mesh.axis_names)
+
+
+def axes_of(name: str) -> str:
+  """The axis letters a name ends in ('w_q_DHK' -> 'DHK'; 'scale' -> '')."""
+  match = _AXES_OF_NAME.search(name)
+  return match.group(1) if match else ""
+
+
+def _size(mesh: Mesh, axis) -> int:
+  names = axis if isinstance(axis, tuple) else (axis,)
+  return int(np.prod([mesh.shape[a] for a in names]))
+
+
+def spec_for(letters: str, shape, mesh: Mesh, rules: dict) -> PartitionSpec:
+  """The PartitionSpec of an array whose trailing axes are `letters`, per `rules` (letter -> mesh axis or
+  axes); a dimension the mesh axis does not divide, a size-1 mesh axis, and leading dimensions beyond the
+  letters stay unsharded, and no mesh axis is used twice."""
+  shape = tuple(shape)
+  letters = letters[-len(shape) :] if letters and len(letters) > len(shape) else letters
+  spec, used = [None] * (len(shape) - len(letters)), set()
+  for letter, size in zip(letters, shape[len(shape) - len(letters) :]):
+    axis = rules.get(letter)
+    names = set(axis if isinstance(axis, tuple) else (axis,)) if axis else set()
+    fits = axis is not None and not names & used and _size(mesh, axis) > 1 and size % _size(mesh, axis) == 0
+    spec.append(axis if fits else None)
+    used |= names if fits else set()
+  return PartitionSpec(*spec)
+
+
+def _leaf_name(path) -> str:
+  """The last named key of a pytree path that is not a Variable's wrapper (`...['w_q_DHK'].value`)."""
+  for key in reversed(path):
+    name = getattr(key, "key", None) or getattr(key, "name", None)
+    if isinstance(name, str) and name not in _WRAPPERS:
+      return name
+  return ""
+
+
+def param_shardings(tree, mesh: Mesh):
+  """A NamedSharding per leaf of `tree` (parameters, or an optimizer state that mirrors them: Adam's moments
+  keep the parameters' paths), by PARAM_RULES on each leaf's name; scalars and unnamed leaves replicated."""
+
+  def sharding(path, leaf):
+    shape = tuple(getattr(leaf, "shape", np.shape(leaf)))  # arrays and ShapeDtypeStructs alike
+    return NamedSharding(
+      mesh, spec_for(axes_of(_leaf_name(path)), shape, mesh, PARAM_RULES) if shape else PartitionSpec()
+    )
+
+  return jax.tree_util.tree_map_with_path(sharding, tree)
+
+
+def place(tree, mesh: Mesh):
+  """`tree` on `mesh`, sharded by `param_shardings` (arrays already there move without a host copy)."""
+  return jax.device_put(tree, param_shardings(tree, mesh))
+
+
+def replicated(mesh: Mesh) -> NamedSharding:
+  return NamedSharding(mesh, PartitionSpec())
+
+
+def batch_sharding(mesh: Mesh, ndim: int = 2) -> NamedSharding:
+  """Rows over `data` and `fsdp` (the batch axis of every input), the other dimensions whole."""
+  return NamedSharding(mesh, PartitionSpec(BATCH_AXES, *[None] * (ndim - 1)))
+
+
+def constrain(x, letters: str):
+  """`x` (axes `letters`, e.g. 'BTHK') pinned by ACTIVATION_RULES to the mesh that `jax.set_mesh` set; the
+  identity under no mesh or a one-device mesh."""
+  mesh = jax.sharding.get_abstract_mesh()
+  if mesh.empty or mesh.size == 1 or not set(AXES) <= set(mesh.axis_names):  # (pmap names its own axis)
+    return x
+  return jax.lax.with_sharding_constraint(x, spec_for(letters, x.shape, mesh, ACTIVATION_RULES))
+
+
+def current() -> Mesh | None:
+  """The mesh `using` set, or None (none set, or one device: nothing to shard)."""
+  mesh = jax.sharding.get_mesh()
+  return None if mesh.empty or mesh.size == 1 else mesh
+
+
+def place_model(model, mesh: Mesh | None = None):
+  """An nnx model with its parameters sharded on `mesh` (default: `current()`); unchanged without one."""
+  from flax import nnx
+
+  mesh = mesh or current()
+  if mesh is None:
+    return model
+  graphdef, state = nnx.split(model)
+  return nnx.merge(graphdef, place(state, mesh))
+
+
+def put_batch(arrays, mesh: Mesh | None = None):
+  """Model inputs (a pytree of [B, ...] arrays) with rows split over `data`×`fsdp` of `mesh` (default:
+  `current()`) where the shards divide B, else replicated; unchanged without a mesh."""
+  mesh = mesh or current()
+  if mesh is None:
+    return arrays
+  shards = mesh.shape["data"] * mesh.shape["fsdp"]
+
+  def put(x):
+    whole = np.ndim(x) == 0 or np.shape(x)[0] % shards
+    return jax.device_put(x, replicated(mesh) if whole else batch_sharding(mesh, np.ndim(x)))
+
+  return jax.tree.map(put, arrays)
+
+
+@contextlib.contextmanager
+def using(mesh: Mesh | None):
+  """Within: `mesh` is the one `constrain` reads and jit places uncommitted inputs on (None: nothing set)."""
+  if mesh is None:
+    yield None
+    return
+  with jax.set_mesh(mesh):
+    yield mesh

@@ -1,0 +1,148 @@
+"""The device mesh (headspec/mesh.py) on 8 fake CPU devices, in a process of its own (tests/mesh_checks.py):
+forward parity on four meshes, the training loss curve, bytes per device, checkpoints across meshes and the
+bfloat16 cast; and, in this process, the `mesh` key's parsing and its one-line refusals."""
+
+import json
+import os
+import pathlib
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from headspec import mesh
+from headspec.errors import UserError
+
+REPO = pathlib.Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(scope="module")
+def checks(tmp_path_factory):
+  env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
+  workdir = tmp_path_factory.mktemp("mesh")
+  done = subprocess.run(
+    [sys.executable, str(REPO / "tests/mesh_checks.py"), str(workdir)],
+    cwd=REPO, env=env, capture_output=True, text=True, timeout=900,
+  )  # fmt: skip
+  assert done.returncode == 0, done.stderr[-3000:]
+  return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+@pytest.mark.slow
+def test_forward_on_every_mesh_equals_one_device(checks):
+  for spec, got in checks["forward_parity"].items():
+    assert max(got["diff"]) < 1e-5, (spec, got)
+  on = checks["forward_parity"]["data=2,fsdp=2,tensor=2"]
+  assert on["w_q"] == "P('fsdp', 'tensor', None)" and on["w_in"] == "P('fsdp', 'tensor')"
+  assert on["embed"] == "P('tensor', 'fsdp')"
+  assert on["z"] == "P(None, ('data', 'fsdp'), None, 'tensor')"  # [L,B,T,H,K]: batch and heads sharded
+  assert on["pattern"] == "P(None, ('data', 'fsdp'), 'tensor')"  # [L,B,H,T,S]
+  assert checks["forward_parity"]["data=8"]["w_q"] == "P(None, None, None)"  # data only: replicated
+
+
+@pytest.mark.slow
+def test_training_follows_the_one_device_curve_and_repeats_bit_for_bit(checks):
+  curves = checks["train_curves"]
+  one = np.array(curves["one"])
+  for spec in ("data=2,fsdp=2,tensor=2", "fsdp=8"):
+    np.testing.assert_allclose(curves[spec], one, rtol=1e-4)
+  assert curves["again"] == curves["data=2,fsdp=2,tensor=2"]
+
+
+@pytest.mark.slow
+def test_sharded_state_bytes_per_device(checks):
+  memory = checks["memory"]
+  total = memory["data=8"]["state_bytes"]
+  assert memory["data=8"]["argument_bytes"] >= total  # replicated: everything on every device
+  for spec, shards in (("fsdp=8", 8), ("fsdp=4,tensor=2", 8), ("data=2,fsdp=2,tensor=2", 4)):
+    got = memory[spec]["argument_bytes"]
+    assert total / shards <= got <= 1.2 * total / shards, (spec, got, total / shards)
+    assert memory[spec]["largest_replicated_matrix"] <= 64, spec  # only [H, K]-sized biases, if any
+
+
+@pytest.mark.slow
+def test_checkpoints_restore_across_meshes_bit_for_bit(checks):
+  restored = checks["checkpoint_across_meshes"]
+  assert all(r["equal"] for r in restored.values()), restored
+  assert restored["fsdp=8"]["w_q"] == "P('fsdp', None, None)" and restored["fsdp=8"]["devices"] == 8
+  assert restored["None"]["devices"] == 1
+
+
+@pytest.mark.slow
+def test_bfloat16_halves_the_parameters(checks):
+  half = checks["bf16"]
+  assert half["bfloat16_bytes"] * 2 == half["float32_bytes"]
+  assert half["max_abs_logit_diff"] < 0.02 * max(half["logit_scale"], 1.0)  # docs/scale.md states it
+
+
+def test_mesh_key_parses_and_refuses_in_one_line():
+  import jax
+
+  one = jax.devices()
+  assert mesh.describe(mesh.parse("", one)) == f"data={len(one)},fsdp=1,tensor=1"
+  assert mesh.describe(mesh.parse("fsdp=-1", one[:1])) == "data=1,fsdp=1,tensor=1"
+  for spec, message in (
+    ("model=2", "config.mesh='model=2': unknown axis 'model'"),
+    ("data=two", "config.mesh='data=two': data='two' is not an integer"),
+    ("data=-1,fsdp=-1", "only one axis may be -1"),
+    ("data=0", "data must be a positive size or -1"),
+    ("data=3", "data×fsdp×tensor = 3, but there are"),
+  ):
+    with pytest.raises(UserError, match=message):
+      mesh.parse(spec, one[:1], key="config.mesh")
+
+
+def test_rules_read_the_axes_off_the_names():
+  """What the rules give on a 2×2×4 mesh (abstract: no devices needed): a dimension the axis does not divide,
+  stacked leading layers and axis-less names stay whole."""
+  from jax.sharding import AbstractMesh
+  from jax.sharding import PartitionSpec as P
+
+  grid = AbstractMesh((2, 2, 4), mesh.AXES)
+  assert mesh.axes_of("w_q_DHK") == "DHK" and mesh.axes_of("scale") == ""
+  rules = mesh.PARAM_RULES
+  assert mesh.spec_for("DHK", (64, 8, 16), grid, rules) == P("fsdp", "tensor", None)
+  assert mesh.spec_for("DHK", (64, 6, 16), grid, rules) == P("fsdp", None, None)  # 6 heads over 4: whole
+  assert mesh.spec_for("DF", (12, 64, 256), grid, rules) == P(None, "fsdp", "tensor")  # stacked layers
+  assert mesh.spec_for("", (64,), grid, rules) == P(None)
+  assert mesh.spec_for("LBTHK", (2, 8, 16, 8, 4), grid, mesh.ACTIVATION_RULES) == P(
+    None, ("data", "fsdp"), None, "tensor", None
+  )
+
+
+def test_features_and_load_on_a_mesh_equal_one_device(data_dir, tmp_path):
+  """Feature extraction under a mesh is one sharded forward (weights by the rules, rows over data×fsdp), and
+  gives the features of one device; `headspec.load(mesh=, dtype=)` places and casts (the suite's 2 devices)."""
+  import jax
+  from flax import nnx
+
+  import headspec
+  from headspec.data.tokenizer import train_sentencepiece
+  from headspec.data.treebank import load_split
+  from headspec.model import ModelConfig, random_like
+  from headspec.probing.features import extract_features
+
+  sentences = [s.words for s in load_split(data_dir, "en_ewt", "dev")[:40]]
+  tokenizer = train_sentencepiece([" ".join(s) for s in sentences], tmp_path / "spm", vocab_size=400)
+  cfg = ModelConfig(
+    kind="decoder", vocab_size=tokenizer.vocab_size, num_layers=2, num_heads=2, d_model=16, d_head=8, d_ff=32, max_len=16
+  )  # fmt: skip
+  model = random_like(cfg, 0)
+  kwargs = dict(identity={"t": 1}, pooling="last", dtype="float32", log=None, batch_tokens=256)
+  alone = extract_features(model, tokenizer, sentences, cache_dir=tmp_path / "one", **kwargs)
+  grid = mesh.parse(f"fsdp={jax.device_count()}")
+  with mesh.using(grid):
+    sharded = extract_features(model, tokenizer, sentences, cache_dir=tmp_path / "mesh", **kwargs)
+  for layer in range(2):
+    np.testing.assert_allclose(sharded.z(layer), alone.z(layer), atol=1e-6)
+    np.testing.assert_allclose(sharded.residual(layer), alone.residual(layer), atol=1e-6)
+
+  with pytest.raises(UserError, match=r"load\(mesh=\.\.\.\)='tensor=3'"):
+    headspec.load("minilm", mesh="tensor=3")
+  with pytest.raises(UserError, match="load.dtype='float16'.: use 'float32' or 'bfloat16'"):
+    headspec.load("minilm", dtype="float16")
+  loaded = headspec.load("minilm", mesh=f"tensor={jax.device_count()}", dtype="bfloat16")
+  w_q = nnx.state(loaded.model, nnx.Param)["blocks"][0]["attention"]["w_q_DHK"].get_value()
+  assert w_q.dtype == jax.numpy.bfloat16 and str(w_q.sharding.spec) == "P(None, 'tensor', None)"
+  assert loaded.model.cfg.dtype == "bfloat16"
