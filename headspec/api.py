@@ -137,12 +137,14 @@ def load(
   else:
     if step not in (None, 0):
       raise UserError(f"load({text!r}, step={step}): a pretrained model has only step 0")
-    target = targets.pretrained_target(text)
+    target = targets.pretrained_target(text, mesh=grid, dtype=dtype or "float32")
   model, tokenizer = target.load()
   if dtype is not None:
     from headspec.model import cast
 
     model = cast(model, dtype)
+    if dtype != "float32":  # another computation: feature caches must not mix them
+      target = dataclasses.replace(target, identity={**target.identity, "dtype": dtype})
   return Loaded(mesh_lib.place_model(model, grid) if grid is not None else model, tokenizer, target)
 
 

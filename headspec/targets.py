@@ -57,7 +57,7 @@ def pretrained_dir(pretrained: str) -> epath.Path:
   return path
 
 
-def pretrained_target(pretrained: str, *, name: str = "") -> Target:
+def pretrained_target(pretrained: str, *, name: str = "", mesh=None, dtype: str = "float32") -> Target:
   """Step 0 of a pretrained model; its name is 'minilm', the Hub model's name (without its organisation) or
   the directory's name unless `name` is given."""
   from headspec import pretrained as pretrained_lib
@@ -76,7 +76,9 @@ def pretrained_target(pretrained: str, *, name: str = "") -> Target:
     name=name,
     step=0,
     identity=identity,
-    load=functools.cache(lambda: pretrained_lib.load_pretrained(what)),  # one import per process
+    load=functools.cache(
+      lambda: pretrained_lib.load_pretrained(what, mesh=mesh or _mesh(), dtype=dtype)
+    ),  # one import per process
     lm_head=pretrained_lib.has_trained_lm_head(source),
     kind="encoder" if pretrained_lib.is_encoder(family) else "decoder",
   )
@@ -177,6 +179,12 @@ def plan(config, workdir, *, steps, model_name: str = "", random_baseline: bool 
   if random_baseline:
     targets.append(random_target(targets[0], config.seed))
   return [dataclasses.replace(t, load=_on_mesh(t.load)) for t in targets]
+
+
+def _mesh():
+  from headspec import mesh
+
+  return mesh.current()
 
 
 def _on_mesh(load: Callable) -> Callable:

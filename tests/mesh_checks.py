@@ -165,10 +165,43 @@ def bf16() -> dict:
   }
 
 
-CHECKS = {f.__name__: f for f in (forward_parity, train_curves, memory, checkpoint_across_meshes, bf16)}
+def _rss_now() -> int:
+  with open("/proc/self/statm") as f:
+    return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+
+def streaming_import(workdir: str) -> dict:
+  """Peak host memory of importing WORKDIR/llama (a multi-shard bfloat16 checkpoint the test wrote) in
+  bfloat16 onto fsdp=8, against its size and its largest tensor; and its parameters' layout."""
+  import resource
+
+  from headspec import pretrained
+
+  path = os.path.join(workdir, "llama")
+  before = _rss_now()  # the model stays alive: on CPU every device's shard is host memory
+  model, _ = pretrained.load_pretrained(path, mesh=mesh.parse("fsdp=8"), dtype="bfloat16")
+  peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+  params = jax.tree.leaves(nnx.state(model, nnx.Param))
+  files = [os.path.join(path, f) for f in os.listdir(path) if f.endswith(".safetensors")]
+  w_q = nnx.state(model, nnx.Param)["blocks"][0]["attention"]["w_q_DHK"].get_value()
+  return {
+    "files": len(files),
+    "checkpoint_bytes": sum(os.path.getsize(f) for f in files),
+    "param_bytes": int(sum(x.nbytes for x in params)),
+    "largest_tensor_bytes": int(max(x.size for x in params) * 4),  # read and checked in float32
+    "peak_growth_bytes": int(max(peak - before, 0)),
+    "dtype": str(w_q.dtype),
+    "w_q": str(w_q.sharding.spec),
+  }
+
+
+CHECKS = {
+  f.__name__: f for f in (forward_parity, train_curves, memory, checkpoint_across_meshes, bf16, streaming_import)
+}
+WITH_WORKDIR = ("checkpoint_across_meshes", "streaming_import")
 
 if __name__ == "__main__":  # python tests/mesh_checks.py WORKDIR [CHECK ...] (default: every check)
   workdir, *names = sys.argv[1:]
   assert jax.device_count() == 8, jax.devices()
-  run = lambda name: CHECKS[name](workdir) if name == "checkpoint_across_meshes" else CHECKS[name]()
+  run = lambda name: CHECKS[name](workdir) if name in WITH_WORKDIR else CHECKS[name]()
   print(json.dumps({name: run(name) for name in names or CHECKS}))

@@ -17,10 +17,32 @@ from headspec.errors import UserError
 REPO = pathlib.Path(__file__).resolve().parents[1]
 
 
+def _write_llama(path: pathlib.Path) -> None:
+  """A random Llama (32M parameters, grouped-query, untied) saved by transformers in bfloat16 as 4 shards,
+  beside a byte-level BPE tokenizer (the embedding keeps more rows than tokens, as Llama's may)."""
+  import tokenizers
+  import torch
+  import transformers
+
+  config = transformers.LlamaConfig(
+    vocab_size=8000, hidden_size=512, intermediate_size=1408, num_hidden_layers=8, num_attention_heads=8,
+    num_key_value_heads=4, max_position_embeddings=256, tie_word_embeddings=False,
+  )  # fmt: skip
+  torch.manual_seed(0)
+  transformers.LlamaForCausalLM(config).to(torch.bfloat16).save_pretrained(path, max_shard_size="20MB")
+  bpe = tokenizers.ByteLevelBPETokenizer()
+  bpe.train_from_iterator(["the dog saw a cat", "a cat ran home"] * 3, vocab_size=200, special_tokens=["<pad>", "<s>", "</s>", "<unk>"])  # fmt: skip
+  bpe.post_processor = tokenizers.processors.TemplateProcessing(single="<s> $A", special_tokens=[("<s>", 1)])
+  bpe.save(str(path / "tokenizer.json"))
+  roles = {"bos_token": "<s>", "eos_token": "</s>", "pad_token": "<pad>", "unk_token": "<unk>"}
+  (path / "tokenizer_config.json").write_text(json.dumps(roles))
+
+
 @pytest.fixture(scope="module")
 def checks(tmp_path_factory):
   env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
   workdir = tmp_path_factory.mktemp("mesh")
+  _write_llama(workdir / "llama")
   done = subprocess.run(
     [sys.executable, str(REPO / "tests/mesh_checks.py"), str(workdir)],
     cwd=REPO, env=env, capture_output=True, text=True, timeout=900,
@@ -74,6 +96,17 @@ def test_bfloat16_halves_the_parameters(checks):
   half = checks["bf16"]
   assert half["bfloat16_bytes"] * 2 == half["float32_bytes"]
   assert half["max_abs_logit_diff"] < 0.02 * max(half["logit_scale"], 1.0)  # docs/scale.md states it
+
+
+@pytest.mark.slow
+def test_import_streams_tensor_by_tensor_onto_the_mesh(checks):
+  """A 4-shard bfloat16 Llama imported in bfloat16 onto fsdp=8: host memory grows by the model (on CPU every
+  device's shard is host memory) plus about one tensor, not the 3× of reading every tensor and converting."""
+  got = checks["streaming_import"]
+  assert got["files"] == 4 and got["dtype"] == "bfloat16" and got["w_q"] == "P('fsdp', None, None)"
+  assert abs(got["param_bytes"] - got["checkpoint_bytes"]) < 0.01 * got["checkpoint_bytes"]  # bf16 in, bf16 kept
+  bound = got["param_bytes"] + 2 * got["largest_tensor_bytes"] + 16 * 2**20
+  assert got["peak_growth_bytes"] <= bound, got
 
 
 def test_mesh_key_parses_and_refuses_in_one_line():

@@ -38,7 +38,7 @@ from headspec.pretrained.files import (
   model_dir_of,
   parse_hub_name,
 )
-from headspec.pretrained.tensors import Tensors, read_tensors
+from headspec.pretrained.tensors import Tensors, placing, read_tensors
 
 __all__ = [
   "FAMILIES",
@@ -83,9 +83,11 @@ def is_encoder(family: str) -> bool:
   return family in FAMILIES and FAMILIES[family].encoder
 
 
-def load_pretrained(name_or_path: str) -> tuple[Transformer, HFTokenizer]:
-  """('minilm' | 'hf:org/name[@revision]' | PATH to a Hugging Face directory) -> (Transformer in float32, its
-  tokenizer). Families: `FAMILIES` (families.py; docs/pretrained.md).
+def load_pretrained(name_or_path: str, *, mesh=None, dtype: str = "float32") -> tuple[Transformer, HFTokenizer]:
+  """('minilm' | 'hf:org/name[@revision]' | PATH to a Hugging Face directory) -> (Transformer, its tokenizer).
+  Families: `FAMILIES` (families.py; docs/pretrained.md). Streamed: tensor by tensor (`safe_open`), each
+  placed as read, in `dtype` ('float32' | 'bfloat16', also the compute dtype) and, with a `mesh`, straight
+  into each device's shards (headspec/mesh.py's rules).
 
   BERT: BertModel or BertForMaskedLM weights, key prefix `bert.` or none; without `cls.predictions.*` the
   masked-LM head stays random (logged). GPT-2: GPT2Model or GPT2LMHeadModel, prefix `transformer.` or none.
@@ -109,10 +111,12 @@ def load_pretrained(name_or_path: str) -> tuple[Transformer, HFTokenizer]:
 
   # Built abstractly (no random init: eager initialisation of every parameter takes ~20 s on a 2-core CPU),
   # then every parameter is set from the checkpoint.
-  tensors = read_tensors(checkpoint.files)
+  tensors = read_tensors(checkpoint.files)  # headers only
+  cfg = dataclasses.replace(cfg, dtype=dtype)
   model = nnx.eval_shape(lambda: Transformer(cfg, rngs=nnx.Rngs(0)))
   t = Tensors(tensors, FAMILIES[family].prefix, checkpoint.weights_path)
-  FAMILIES[family].load(model, t)
+  with placing(model, mesh=mesh, dtype=dtype):
+    FAMILIES[family].load(model, t)
   t.finish()
   unset = [
     path

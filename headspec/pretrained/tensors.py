@@ -1,14 +1,19 @@
-"""Reading a checkpoint's tensors (safetensors.numpy, no PyTorch) and setting headspec's parameters from them:
-`Tensors` pops each by name with its shape checked, and names what no family mapping took."""
+"""Reading a checkpoint's tensors (safetensors' `safe_open`, no PyTorch) and setting headspec's parameters
+from them: `Tensors` pops each by name with its shape checked, reading it only then, and names what no
+family mapping took; `assign` puts each where `placing` says (dtype, shards of a mesh), so an import holds
+one tensor on the host at a time."""
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
+import dataclasses
 import pathlib
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 import safetensors
-import safetensors.numpy
 from flax import nnx
 
 from headspec.errors import UserError
@@ -32,12 +37,31 @@ def tensor_names(files: list[pathlib.Path]) -> list[str]:
   return names
 
 
-def read_tensors(files: list[pathlib.Path]) -> dict[str, np.ndarray]:
-  """All tensors of the files."""
+@dataclasses.dataclass(frozen=True)
+class Stored:
+  """One tensor of a safetensors file, not read yet: its shape from the header, its values on `read()`
+  (`safe_open` maps the file; only this tensor is copied into memory)."""
+
+  file: pathlib.Path
+  name: str
+  shape: tuple[int, ...]
+
+  def read(self) -> np.ndarray:
+    try:
+      with safetensors.safe_open(self.file, framework="numpy") as f:
+        return f.get_tensor(self.name)
+    except Exception as e:  # as in tensor_names
+      raise _unreadable(self.file, e) from None
+
+
+def read_tensors(files: list[pathlib.Path]) -> dict[str, Stored]:
+  """Every tensor of the files by name, each read only when popped: host memory holds one tensor at a
+  time (and what has been placed), not the checkpoint."""
   tensors = {}
   for file in files:
     try:
-      tensors.update(safetensors.numpy.load_file(file))
+      with safetensors.safe_open(file, framework="numpy") as f:
+        tensors.update({name: Stored(file, name, tuple(f.get_slice(name).get_shape())) for name in f.keys()})
     except Exception as e:  # safetensors raises its own SafetensorError / OSError on bad files
       raise _unreadable(file, e) from None
   return tensors
@@ -81,7 +105,7 @@ class Tensors:
     value = self.tensors.pop(name)
     if tuple(value.shape) != tuple(shape):
       raise UserError(f"{self.path}: tensor {name!r} has shape {list(value.shape)}, config.json implies {list(shape)}")
-    value = np.asarray(value, np.float32)
+    value = np.asarray(value.read() if isinstance(value, Stored) else value, np.float32)
     # A damaged file would otherwise compute NaN everywhere, silently. The sum is one cheap pass (NaN or inf
     # in, non-finite out); only a non-finite sum (or an overflowing one) counts the values themselves.
     if not np.isfinite(value.sum()) and (bad := int((~np.isfinite(value)).sum())):
@@ -95,8 +119,47 @@ class Tensors:
       raise UserError(f"{self.path}: unexpected tensor(s) {', '.join(unknown[:3])}{more} for this config")
 
 
+@dataclasses.dataclass(frozen=True)
+class Placement:
+  """Where imported parameters go as each is read: `dtype`, and shards of `mesh` by headspec/mesh.py's
+  rules (`names`: each parameter's name, by the id of its Variable, for the rules)."""
+
+  dtype: str = "float32"
+  mesh: object = None
+  names: dict = dataclasses.field(default_factory=dict)
+
+
+_PLACEMENT: contextvars.ContextVar[Placement | None] = contextvars.ContextVar("placement", default=None)
+
+
+@contextlib.contextmanager
+def placing(model, *, mesh=None, dtype: str = "float32"):
+  """Within: `assign` puts each parameter of `model` (an abstract one) in `dtype`, sharded over `mesh`."""
+  names = {}
+  for path, variable in nnx.iter_graph(model):
+    if isinstance(variable, nnx.Variable):
+      names[id(variable)] = str(path[-1])
+  token = _PLACEMENT.set(Placement(dtype, mesh, names))
+  try:
+    yield
+  finally:
+    _PLACEMENT.reset(token)
+
+
 def assign(param: nnx.Param, value: np.ndarray) -> None:
-  param.set_value(jnp.asarray(value, jnp.float32))  # works on the abstract (eval_shape) model too
+  """Sets an (abstract or real) parameter from a host array, as the current `placing` says: without a mesh
+  on the default device; with one, each device gets only its slice (`jax.make_array_from_callback`)."""
+  where = _PLACEMENT.get() or Placement()
+  value = np.asarray(value, jnp.dtype(where.dtype))
+  if where.mesh is None:
+    param.set_value(jnp.asarray(value))
+    return
+  from headspec import mesh as mesh_lib
+
+  letters = mesh_lib.axes_of(where.names.get(id(param), ""))
+  spec = mesh_lib.spec_for(letters, value.shape, where.mesh, mesh_lib.PARAM_RULES)
+  sharding = jax.sharding.NamedSharding(where.mesh, spec)
+  param.set_value(jax.make_array_from_callback(value.shape, sharding, lambda index: value[index]))
 
 
 def assign_layernorm(ln: nnx.LayerNorm, t: Tensors, name: str, D: int) -> None:
