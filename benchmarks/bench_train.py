@@ -23,7 +23,7 @@ from flax import nnx
 
 from headspec import mesh, parallel
 from headspec.defaults import train_config
-from headspec.model import ModelConfig, Transformer
+from headspec.model import ModelConfig, Transformer, attention_implementation
 from headspec.objectives import Objective
 from headspec.train import TrainState, jit_step, make_optimizer, train_step
 
@@ -34,7 +34,14 @@ SIZES = {  # layers, heads, d_model, d_head, d_ff, vocab, seq_len, batch
   # The GPU sizes of the speed issue (BERT-base and -large shapes; nanoGPT's benchmark has no dropout either).
   "gpu_base": (12, 12, 768, 64, 3072, 32000, 512, 32),
   "gpu_large": (24, 16, 1024, 64, 4096, 32000, 512, 32),
+  "llama_1b": (16, 32, 2048, 64, 5632, 32000, 1024, 16),  # TinyLlama-1.1B's shape (with LLAMA below)
 }
+# Llama-family sizes: rotary positions, RMSNorm, SwiGLU, grouped-query K/V, no biases, untied unembedding.
+LLAMA = dict(
+  positions="rotary", norm="rmsnorm", gated_mlp=True, activation="silu", num_kv_heads=4, attention_bias=False,
+  attention_out_bias=False, mlp_bias=False, tie_embeddings=False,
+)  # fmt: skip
+OPTIONS = {"llama_1b": LLAMA}
 # Dense peak FLOP/s by device kind and compute dtype (vendor datasheets; bf16 tensor cores, fp32 = TF32).
 PEAK_FLOPS = {
   ("NVIDIA H100 80GB HBM3", "bfloat16"): 989e12,
@@ -55,13 +62,15 @@ _MESH = flags.DEFINE_string("mesh", "", "the device mesh, as config.mesh: data=N
 
 def flops_per_token(cfg: ModelConfig, seq_len: int) -> float:
   L, H, D, K, F, V = cfg.num_layers, cfg.num_heads, cfg.d_model, cfg.d_head, cfg.d_ff, cfg.vocab_size
-  matmul_params = L * (4 * D * H * K + 2 * D * F) + D * V
+  mlp = (3 if cfg.gated_mlp else 2) * D * F if cfg.mlp else 0
+  matmul_params = L * (2 * D * H * K + 2 * D * cfg.kv_heads * K + mlp) + D * V
   return 6.0 * matmul_params + 12.0 * L * seq_len * H * K
 
 
 def bench(size: str, steps: int, dtype: str, mesh_spec: str = "") -> dict:
   layers, heads, d_model, d_head, d_ff, vocab, seq_len, batch = SIZES[size]
   batch = max(batch, jax.device_count()) // jax.device_count() * jax.device_count()
+  grid = mesh.parse(mesh_spec, key="--mesh")
   cfg = ModelConfig(
     kind="decoder",
     vocab_size=vocab,
@@ -72,13 +81,13 @@ def bench(size: str, steps: int, dtype: str, mesh_spec: str = "") -> dict:
     d_ff=d_ff,
     max_len=seq_len,
     dtype=dtype,
+    **OPTIONS.get(size, {}),
   )
   train = train_config().train
   train.steps, train.warmup_steps = 1000, 10
   graphdef, params = nnx.split(Transformer(cfg, rngs=nnx.Rngs(0)))
   tx = make_optimizer(train)
   obj = Objective(kind="decoder", vocab_size=vocab, mask_id=0, num_layers=layers, num_heads=heads)
-  grid = mesh.parse(mesh_spec, key="--mesh")
   state = mesh.place(TrainState(step=jnp.zeros((), jnp.int32), params=params, opt_state=tx.init(params)), grid)
   step = jit_step(functools.partial(train_step, graphdef=graphdef, tx=tx, obj=obj), state, grid)
   rng = np.random.default_rng(0)
@@ -93,14 +102,19 @@ def bench(size: str, steps: int, dtype: str, mesh_spec: str = "") -> dict:
     for _ in range(2)
   ]
   key = jax.random.key(0)
-  for i in range(2):  # compile and warm up
-    state, metrics = step(state, batches[i % 2], key)
-  jax.block_until_ready(metrics)
-  t0 = time.perf_counter()
-  for i in range(steps):
-    state, metrics = step(state, batches[i % 2], key)
-  jax.block_until_ready(metrics)
-  seconds = time.perf_counter() - t0
+  with mesh.using(grid):  # the model's activation constraints read it
+    for i in range(2):  # compile and warm up
+      state, metrics = step(state, batches[i % 2], key)
+    jax.block_until_ready(metrics)
+    t0 = time.perf_counter()
+    for i in range(steps):
+      state, metrics = step(state, batches[i % 2], key)
+    jax.block_until_ready(metrics)
+    seconds = time.perf_counter() - t0
+  path, why = attention_implementation(
+    cfg, need_pattern=False, platform=jax.default_backend(), dtype=jnp.dtype(dtype), dropout=False,
+    lengths=(seq_len, seq_len),
+  )  # fmt: skip
   tokens_per_second = steps * batch * seq_len / seconds
   fpt = flops_per_token(cfg, seq_len)
   device = jax.devices()[0]
@@ -115,6 +129,8 @@ def bench(size: str, steps: int, dtype: str, mesh_spec: str = "") -> dict:
     "batch": batch,
     "dtype": dtype,
     "mesh": mesh.describe(grid),
+    "attention_path": path,
+    "attention_path_reason": why,
     "params": int(sum(x.size for x in jax.tree.leaves(params))),
     "tokens_per_second": round(tokens_per_second, 1),
     "flops_per_token": fpt,

@@ -15,7 +15,7 @@ def data_dir_default() -> str:
 
 def train_config() -> ml_collections.ConfigDict:
   c = ml_collections.ConfigDict()
-  c.mesh = ""  # the device mesh, e.g. data=2,fsdp=2,tensor=2 (headspec/mesh.py, docs/scale.md); '': all devices on data
+  c.mesh = ""  # data=N,fsdp=N,tensor=N (docs/scale.md); '': training data-parallel, analyses on one device
   c.seed = 0
   c.data_dir = data_dir_default()  # holds text/<corpus>/ and ud/<treebank>/
   c.parallelism = "jit"  # 'jit' (NamedSharding mesh over all devices) | 'pmap'

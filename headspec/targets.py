@@ -93,7 +93,7 @@ def revision_step(revision: str, spec: str) -> int:
   return int(match.group(1))
 
 
-def pretrained_targets(pretrained: str, steps, *, name: str = "") -> list[Target]:
+def pretrained_targets(pretrained: str, steps, *, name: str = "", dtype: str = "float32") -> list[Target]:
   """The `steps` of a pretrained model: step 0 of 'minilm', a directory or `hf:org/name[@revision]`; or, for
   `hf:org/name@rev1,rev2,...`, its published revisions as the steps of one target (Pythia's `step1000`, ...),
   each step the number its revision names, selected by `steps` ('all' | 'last' | listed steps)."""
@@ -103,7 +103,7 @@ def pretrained_targets(pretrained: str, steps, *, name: str = "") -> list[Target
   if not (pretrained.startswith(pretrained_lib.HUB_PREFIX) and "," in pretrained):
     if wanted not in ("all", "last", "0"):
       raise UserError(f"steps={steps!r}: a pretrained model has only step 0 (use 'all', 'last' or 0)")
-    return [pretrained_target(pretrained, name=name)]
+    return [pretrained_target(pretrained, name=name, dtype=dtype)]
   repo, revisions = pretrained[len(pretrained_lib.HUB_PREFIX) :].partition("@")[::2]
   by_step = {}
   for revision in revisions.split(","):
@@ -124,7 +124,10 @@ def pretrained_targets(pretrained: str, steps, *, name: str = "") -> list[Target
       raise UserError(f"step(s) {missing or steps} not among the revisions of {pretrained} (steps: {chosen})")
     chosen = listed
   name = name or pretrained_lib.parse_hub_name(repo)[0].split("/")[-1]
-  return [dataclasses.replace(pretrained_target(f"hf:{repo}@{by_step[step]}", name=name), step=step) for step in chosen]
+  return [
+    dataclasses.replace(pretrained_target(f"hf:{repo}@{by_step[step]}", name=name, dtype=dtype), step=step)
+    for step in chosen
+  ]
 
 
 def run_targets(workdir, steps, *, name: str = "") -> list[Target]:
@@ -170,15 +173,20 @@ def random_target(like: Target, seed: int) -> Target:
 def plan(config, workdir, *, steps, model_name: str = "", random_baseline: bool = False) -> list[Target]:
   """The models an analysis command reads: `config.model.pretrained` at step 0, else `workdir`'s saved
   `steps`; with `random_baseline`, the first of them again with random weights (seed `config.seed`)."""
+  dtype = config.model.get("dtype", "float32")
+  if dtype not in ("float32", "bfloat16"):
+    raise UserError(f"config.model.dtype={dtype!r}: use 'float32' or 'bfloat16'")
   if config.model.pretrained:
-    targets = pretrained_targets(config.model.pretrained, steps, name=model_name)
+    targets = pretrained_targets(config.model.pretrained, steps, name=model_name, dtype=dtype)
   else:
     if not workdir:
       raise UserError("no run directory: give --workdir=RUN (a training run) or --config.model.pretrained")
     targets = run_targets(workdir, steps, name=model_name)
   if random_baseline:
     targets.append(random_target(targets[0], config.seed))
-  return [dataclasses.replace(t, load=_on_mesh(t.load)) for t in targets]
+  if dtype != "float32":  # another computation: its feature caches are its own
+    targets = [dataclasses.replace(t, identity={**t.identity, "dtype": dtype}) for t in targets]
+  return [dataclasses.replace(t, load=_on_mesh(t.load, dtype)) for t in targets]
 
 
 def _mesh():
@@ -187,14 +195,16 @@ def _mesh():
   return mesh.current()
 
 
-def _on_mesh(load: Callable) -> Callable:
-  """`load` whose model lands on the command's mesh (headspec/mesh.py `current`, set from `config.mesh`)."""
+def _on_mesh(load: Callable, dtype: str = "float32") -> Callable:
+  """`load` whose model is in `dtype` (`config.model.dtype`) and on the command's mesh (headspec/mesh.py
+  `current`, set from `config.mesh`)."""
 
   def placed():
     from headspec import mesh
+    from headspec.model import cast
 
     model, tokenizer = load()
-    return mesh.place_model(model), tokenizer
+    return mesh.place_model(cast(model, dtype)), tokenizer
 
   return placed
 

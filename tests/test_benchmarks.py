@@ -1,6 +1,8 @@
 """`python -m benchmarks`: reading each benchmark's JSON, the report it writes, and bad input."""
 
+import json
 import os
+import pathlib
 import subprocess
 import sys
 
@@ -9,6 +11,7 @@ import test_probe_suite
 
 import benchmarks.__main__ as runner
 
+REPO = pathlib.Path(__file__).resolve().parents[1]
 ewt_part = test_probe_suite.ewt_part  # the fixture: 300/80/80 sentences of EWT dev, 40 of GUM dev
 
 
@@ -286,3 +289,17 @@ def test_circuit_benchmark_times_edge_scores_against_exact_edge_patching(tmp_pat
   assert result["exact_over_eap"] == pytest.approx(seconds["exact"] / seconds["eap"], abs=0.1)
   assert result["compilations"] == {"eap": 1, "eap_ig": 1, "exact": 1}
   assert all(-1 <= r <= 1 for r in result["spearman_with_exact"].values())
+
+
+def test_gpu_scale_script_runs_on_cpu_as_it_would_on_an_accelerator():
+  """benchmarks/gpu_scale.py --smoke: both meshes of the training step, with the attention path each took."""
+  env = {**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=2"}
+  done = subprocess.run(
+    [sys.executable, "-m", "benchmarks.gpu_scale", "--smoke", "--skip_minilm"],
+    cwd=REPO, env=env, capture_output=True, text=True, timeout=600,
+  )  # fmt: skip
+  assert done.returncode == 0, done.stderr[-2000:]
+  out = json.loads(done.stdout)
+  assert out["machine"]["devices"] == 2
+  assert [r["mesh"] for r in out["training"]] == ["data=2,fsdp=1,tensor=1", "data=1,fsdp=2,tensor=1"]
+  assert all(r["attention_path"] == "xla" and r["tokens_per_second"] > 0 for r in out["training"])

@@ -179,3 +179,33 @@ def test_features_and_load_on_a_mesh_equal_one_device(data_dir, tmp_path):
   w_q = nnx.state(loaded.model, nnx.Param)["blocks"][0]["attention"]["w_q_DHK"].get_value()
   assert w_q.dtype == jax.numpy.bfloat16 and str(w_q.sharding.spec) == "P(None, 'tensor', None)"
   assert loaded.model.cfg.dtype == "bfloat16"
+
+
+def test_a_command_runs_on_the_mesh_and_dtype_its_config_names(data_dir, tmp_path):
+  """`headspec diversity --config.mesh=tensor=2 --config.model.dtype=bfloat16` on all-MiniLM-L6-v2 (the
+  suite's 2 devices): the same metrics as on one device in float32, to bfloat16's precision; a bad mesh or
+  dtype is one line before any work."""
+  import csv
+
+  env = {**os.environ, "HEADSPEC_DATA_DIR": str(data_dir)}
+  base = [sys.executable, "-m", "headspec", "diversity", "--config=configs/diversity.py", "--config.model.pretrained=minilm",
+          "--config.corpus=english_mix", "--config.num_tokens=256", "--config.batch_size=2", "--config.seq_len=64"]  # fmt: skip
+  rows = {}
+  for name, extra in (("one", []), ("mesh", ["--config.mesh=tensor=2", "--config.model.dtype=bfloat16"])):
+    done = subprocess.run(
+      [*base, *extra, f"--workdir={tmp_path / name}"], cwd=REPO, env=env, capture_output=True, text=True
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    table = next((tmp_path / name).rglob("results.csv"))
+    rows[name] = {
+      (r["metric"], r["layer"], r["head_i"], r["head_j"]): float(r["value"]) for r in csv.DictReader(open(table))
+    }
+  assert rows["one"].keys() == rows["mesh"].keys() and len(rows["one"]) > 100
+  diffs = np.array([abs(rows["one"][k] - rows["mesh"][k]) for k in rows["one"]])
+  assert np.median(diffs) < 0.01 and diffs.max() > 0  # bfloat16 moves the numbers, a little
+  for extra, message in (("--config.mesh=tensor=3", "config.mesh='tensor=3': data×fsdp×tensor = 3"),
+                         ("--config.model.dtype=float16", "config.model.dtype='float16': use 'float32' or 'bfloat16'")):  # fmt: skip
+    done = subprocess.run(
+      [*base, extra, f"--workdir={tmp_path / 'bad'}"], cwd=REPO, env=env, capture_output=True, text=True
+    )
+    assert done.returncode == 2 and message in done.stderr and "Traceback" not in done.stderr, done.stderr[-1000:]

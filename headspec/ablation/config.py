@@ -9,7 +9,7 @@ import ml_collections
 
 def ablate_config() -> ml_collections.ConfigDict:
   c = ml_collections.ConfigDict()
-  c.mesh = ""  # the device mesh, e.g. data=2,fsdp=2,tensor=2 (headspec/mesh.py, docs/scale.md); '': all devices on data
+  c.mesh = ""  # data=N,fsdp=N,tensor=N (docs/scale.md); '': training data-parallel, analyses on one device
   c.steps = "all"  # 'all' | 'last' | comma-separated saved steps; a pretrained model has step 0 only
   c.model_name = ""  # the tables' `model` column; '' = the run folder's name or the pretrained name
   c.random_baseline = False  # also ablate the first target with random weights (no LM head: embedding_shift)
@@ -33,6 +33,7 @@ def ablate_config() -> ml_collections.ConfigDict:
 
   c.model = ml_collections.ConfigDict()
   c.model.pretrained = ""  # 'minilm' or a Hugging Face directory: its step 0 instead of WORKDIR's checkpoints
+  c.model.dtype = "float32"  # parameters and compute: 'float32' or 'bfloat16' (half the memory; docs/scale.md)
 
   c.pruning = ml_collections.ConfigDict()
   c.pruning.rankings = "importance,ablation,magnitude,entropy,probe,random"  # 'probe' needs probes/results.csv

@@ -14,7 +14,7 @@ from headspec.errors import UserError
 
 def attention_config() -> ml_collections.ConfigDict:
   c = ml_collections.ConfigDict()
-  c.mesh = ""  # the device mesh, e.g. data=2,fsdp=2,tensor=2 (headspec/mesh.py, docs/scale.md); '': all devices on data
+  c.mesh = ""  # data=N,fsdp=N,tensor=N (docs/scale.md); '': training data-parallel, analyses on one device
   c.seed = 0  # bootstrap resamples
   c.data_dir = data_dir_default()  # holds ud/<treebank>/; '' = the run's own data_dir, then HEADSPEC_DATA_DIR
   c.steps = "last"  # 'all' | 'last' | comma-separated saved steps ('100,1000'); pretrained models: step 0
@@ -28,6 +28,7 @@ def attention_config() -> ml_collections.ConfigDict:
 
   c.model = ml_collections.ConfigDict()
   c.model.pretrained = ""  # 'minilm' or a Hugging Face directory: its step 0 instead of WORKDIR's checkpoints
+  c.model.dtype = "float32"  # parameters and compute: 'float32' or 'bfloat16' (half the memory; docs/scale.md)
 
   c.clark = ml_collections.ConfigDict()
   c.clark.min_count = 100  # relations with at least this many non-root arcs in the selection split (Clark et al.)

@@ -10,7 +10,7 @@ SAMPLES = ("first", "random")
 
 def diversity_config() -> ml_collections.ConfigDict:
   c = ml_collections.ConfigDict()
-  c.mesh = ""  # the device mesh, e.g. data=2,fsdp=2,tensor=2 (headspec/mesh.py, docs/scale.md); '': all devices on data
+  c.mesh = ""  # data=N,fsdp=N,tensor=N (docs/scale.md); '': training data-parallel, analyses on one device
   c.steps = "all"  # 'all' | 'last' | comma-separated saved steps; a pretrained model has step 0 only
   c.num_tokens = 10000  # evaluation tokens (queries); the last row is cut to make it exact
   c.batch_size = 8  # rows per jit-compiled update; memory grows with batch_size · seq_len², not num_tokens
@@ -22,4 +22,5 @@ def diversity_config() -> ml_collections.ConfigDict:
   c.seq_len = 128  # pretrained models only: tokens per row, special tokens ([CLS], [SEP]) included
   c.model = ml_collections.ConfigDict()
   c.model.pretrained = ""  # 'minilm' or a Hugging Face directory: its step 0 instead of WORKDIR's checkpoints
+  c.model.dtype = "float32"  # parameters and compute: 'float32' or 'bfloat16' (half the memory; docs/scale.md)
   return c

@@ -24,7 +24,7 @@ METHODS = ("eap", "eap_ig", "exact")
 def circuit_config() -> ml_collections.ConfigDict:
   """Every `headspec circuit` key with its default (configs/circuit.py starts from it)."""
   c = ml_collections.ConfigDict()
-  c.mesh = ""  # the device mesh, e.g. data=2,fsdp=2,tensor=2 (headspec/mesh.py, docs/scale.md); '': all devices on data
+  c.mesh = ""  # data=N,fsdp=N,tensor=N (docs/scale.md); '': training data-parallel, analyses on one device
   c.steps = "last"  # 'all' | 'last' | comma-separated saved steps; a pretrained model has step 0 only
   c.model_name = ""  # the tables' `model` column; '' = the run folder's name or the pretrained name
   c.task = "induction"  # 'induction' | 'ioi' (headspec/patching/tasks.py) | 'pairs' (the prompt pairs of `pairs`)
@@ -42,6 +42,7 @@ def circuit_config() -> ml_collections.ConfigDict:
   c.seed = 0  # the prompt pairs' random tokens and the random edge sets
   c.model = ml_collections.ConfigDict()
   c.model.pretrained = ""  # a Hugging Face directory or Hub name: its step 0 instead of WORKDIR's checkpoints
+  c.model.dtype = "float32"  # parameters and compute: 'float32' or 'bfloat16' (half the memory; docs/scale.md)
   return c
 
 

@@ -12,12 +12,13 @@ from headspec.probing.tasks import REGISTRY
 
 def probe_config() -> ml_collections.ConfigDict:
   c = ml_collections.ConfigDict()
-  c.mesh = ""  # the device mesh, e.g. data=2,fsdp=2,tensor=2 (headspec/mesh.py, docs/scale.md); '': all devices on data
+  c.mesh = ""  # data=N,fsdp=N,tensor=N (docs/scale.md); '': training data-parallel, analyses on one device
   c.seed = 0  # control-task labels, probe minibatch order, bootstrap resamples, random-baseline weights
   c.data_dir = data_dir_default()  # holds ud/<treebank>/<treebank>-ud-<split>.conllu
 
   c.model = ml_collections.ConfigDict()
   c.model.pretrained = ""  # 'minilm' or a Hugging Face directory: probe it (step 0) instead of WORKDIR's checkpoints
+  c.model.dtype = "float32"  # parameters and compute: 'float32' or 'bfloat16' (half the memory; docs/scale.md)
 
   c.probe = ml_collections.ConfigDict()
   c.probe.tasks = tuple(REGISTRY)  # all of probing/tasks.py's: 'upos', 'xpos', 'deprel', 'arc', 'distance', 'depth'

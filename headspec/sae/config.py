@@ -10,7 +10,7 @@ from headspec.defaults import data_dir_default
 
 def sae_config() -> ml_collections.ConfigDict:
   c = ml_collections.ConfigDict()
-  c.mesh = ""  # the device mesh, e.g. data=2,fsdp=2,tensor=2 (headspec/mesh.py, docs/scale.md); '': all devices on data
+  c.mesh = ""  # data=N,fsdp=N,tensor=N (docs/scale.md); '': training data-parallel, analyses on one device
   c.steps = "last"  # 'all' | 'last' | comma-separated saved steps; a pretrained model has step 0 only
   c.model_name = ""  # the tables' `model` column; '' = the run folder's name or the pretrained name
   c.site = (
@@ -72,4 +72,5 @@ def sae_config() -> ml_collections.ConfigDict:
   c.model.pretrained = (
     ""  # 'minilm', hf:org/name or a Hugging Face directory: its step 0 instead of WORKDIR's checkpoints
   )
+  c.model.dtype = "float32"  # parameters and compute: 'float32' or 'bfloat16' (half the memory; docs/scale.md)
   return c
