@@ -150,6 +150,8 @@ def constrain(x, letters: str):
   mesh = jax.sharding.get_abstract_mesh()
   if mesh.empty or mesh.size == 1 or not set(AXES) <= set(mesh.axis_names):  # (pmap names its own axis)
     return x
+  if AxisType.Manual in mesh.axis_types:  # inside `split_over_data`'s shard_map: each device has its own
+    return x
   return jax.lax.with_sharding_constraint(x, spec_for(letters, x.shape, mesh, ACTIVATION_RULES))
 
 
@@ -183,6 +185,24 @@ def put_batch(arrays, mesh: Mesh | None = None):
     return jax.device_put(x, replicated(mesh) if whole else batch_sharding(mesh, np.ndim(x)))
 
   return jax.tree.map(put, arrays)
+
+
+def split_over_data(fn, mesh: Mesh, *, axis: int, arg: int, outputs):
+  """`fn(*args)` with argument `arg`'s dimension `axis` (a sweep's masks or patches) split over `mesh`'s
+  `data` devices, each mapping its share (`jax.shard_map`); the other arguments whole on every device.
+  outputs: per output, the dimension split the same way, or None for one computed alike on every device.
+  The length of that dimension must divide by the `data` size (callers pad)."""
+  from jax.sharding import PartitionSpec as P
+
+  def split(dim):
+    return P() if dim is None else P(*([None] * dim), "data")
+
+  def run(*args):
+    in_specs = tuple(split(axis) if i == arg else P() for i in range(len(args)))
+    out_specs = tuple(split(d) for d in outputs) if isinstance(outputs, tuple) else split(outputs)
+    return jax.shard_map(fn, mesh=mesh, in_specs=in_specs, out_specs=out_specs, check_vma=False)(*args)
+
+  return jax.jit(run)
 
 
 @contextlib.contextmanager

@@ -215,3 +215,25 @@ def test_unlabelled_control_draws_k_heads_no_role_label_names():
   low = np.ones((2, 4), bool)  # at step 0 no head is named: the top heads themselves are never drawn
   mask = causal.unlabelled_mask(low, causal.selective_mask(induction, 4), 4, 0)
   assert (mask == 0).sum() == 4 and not ((mask == 0) & (causal.selective_mask(induction, 4) == 0)).any()
+
+
+def test_sweeps_split_over_a_data_mesh_give_the_one_device_values():
+  """Under a mesh of the suite's 2 devices on `data`, each device evaluates its share of the masks
+  (headspec/mesh.py split_over_data): the sweep's and the mask evaluation's values equal one device's."""
+  import jax
+
+  from headspec import mesh
+
+  model = tiny()
+  es = lm_set(model)
+  L, H = model.cfg.num_layers, model.cfg.num_heads
+  rows_EH = 1.0 - np.eye(H, dtype=np.float32)[:3]  # 3 masks a layer: padded to 4 over 2 devices
+  layer_masks = np.broadcast_to(rows_EH, (L, 3, H))
+  masks_ELH = np.random.default_rng(0).integers(0, 2, (5, L, H)).astype(np.float32)
+  zero = core.zero_replacement(model)
+  alone = core.run_sweep(model, es, layer_masks, zero), core.run_masks(model, es, masks_ELH, zero)
+  with mesh.using(mesh.parse(f"data={jax.device_count()}")):
+    split = core.run_sweep(model, es, layer_masks, zero), core.run_masks(model, es, masks_ELH, zero)
+  np.testing.assert_array_equal(split[0][0], alone[0][0])
+  np.testing.assert_array_equal(split[0][1], alone[0][1])
+  np.testing.assert_array_equal(split[1], alone[1])

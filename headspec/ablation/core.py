@@ -23,6 +23,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
+from headspec import mesh as mesh_lib
 from headspec.edits import head_mask
 from headspec.evalset import Batch, EvalSet
 from headspec.objectives import token_nll
@@ -218,18 +219,43 @@ def zero_replacement(model) -> jax.Array:
   return jnp.zeros((cfg.num_layers, cfg.num_heads, cfg.d_head), jnp.float32)
 
 
+def _split(fn, name: str, axis: int, outputs):
+  """`fn`, or with a command's mesh of several `data` devices set (headspec/mesh.py), `fn` with its masks'
+  dimension `axis` split over them: each device evaluates its share of the masks, one after another as
+  on one device, so every value is the one-device value."""
+  grid = mesh_lib.current()
+  if grid is None or grid.shape["data"] == 1:
+    return fn, 1
+  key = (fn, name, grid)
+  if key not in _SPLIT:
+    _SPLIT[key] = mesh_lib.split_over_data(fn, grid, axis=axis, arg=5, outputs=outputs)  # the masks
+  return _SPLIT[key], grid.shape["data"]
+
+
+_SPLIT: dict = {}
+
+
+def _padded(masks: np.ndarray, axis: int, multiple: int) -> np.ndarray:
+  """`masks` with all-ones masks appended along `axis` to a multiple of `multiple` (they are dropped after)."""
+  pad = (-masks.shape[axis]) % multiple
+  shape = list(masks.shape)
+  shape[axis] = pad
+  return np.concatenate([masks, np.ones(shape, np.float32)], axis=axis)
+
+
 def run_sweep(model, evalset: EvalSet, layer_masks_LEH, replacement_LHK, progress=None):
   """(full [N,P], swept [L,E,N,P]) over the evaluation set: see `_sweep`."""
   graphdef, params = nnx.split(model)
-  fn = compiled(graphdef, evalset.kind)["sweep"]
+  fn, devices = _split(compiled(graphdef, evalset.kind)["sweep"], "sweep", 1, (None, 1))
   L, E = np.shape(layer_masks_LEH)[:2]
   P, N = _width(model, evalset), evalset.num_sequences
   full, swept = np.zeros((N, P), np.float32), np.zeros((L, E, N, P), np.float32)
-  masks, repl = jnp.asarray(layer_masks_LEH, jnp.float32), jnp.asarray(replacement_LHK, jnp.float32)
+  masks = jnp.asarray(_padded(np.asarray(layer_masks_LEH, np.float32), 1, devices))
+  repl = jnp.asarray(replacement_LHK, jnp.float32)
   for b in evalset.batches:
     f, s = fn(params, *_arrays(b), masks, repl)
     _gather(f, b, full)
-    _gather(s, b, swept, axis=2)
+    _gather(np.asarray(s)[:, :E], b, swept, axis=2)
     if progress is not None:
       progress.update(1)
   return full, swept
@@ -238,19 +264,19 @@ def run_sweep(model, evalset: EvalSet, layer_masks_LEH, replacement_LHK, progres
 def run_masks(model, evalset: EvalSet, head_masks_ELH, replacement_LHK, progress=None) -> np.ndarray:
   """[E,N,P] per-sequence values under each of E masks [L,H] (evaluated MASKS_PER_CALL at a time)."""
   graphdef, params = nnx.split(model)
-  fn = compiled(graphdef, evalset.kind)["evaluate"]
+  fn, devices = _split(compiled(graphdef, evalset.kind)["evaluate"], "evaluate", 0, 0)
+  per_call = MASKS_PER_CALL * devices  # MASKS_PER_CALL on each device
   masks = np.asarray(head_masks_ELH, np.float32)
   E = len(masks)
-  pad = (-E) % MASKS_PER_CALL
-  masks = np.concatenate([masks, np.ones((pad, *masks.shape[1:]), np.float32)])
+  masks = _padded(masks, 0, per_call)
   out = np.zeros((len(masks), evalset.num_sequences, _width(model, evalset)), np.float32)
   repl = jnp.asarray(replacement_LHK, jnp.float32)
-  for start in range(0, len(masks), MASKS_PER_CALL):
-    chunk = jnp.asarray(masks[start : start + MASKS_PER_CALL])
+  for start in range(0, len(masks), per_call):
+    chunk = jnp.asarray(masks[start : start + per_call])
     for b in evalset.batches:
-      _gather(fn(params, *_arrays(b), chunk, repl), b, out[start : start + MASKS_PER_CALL], axis=1)
+      _gather(fn(params, *_arrays(b), chunk, repl), b, out[start : start + per_call], axis=1)
     if progress is not None:
-      progress.update(1)
+      progress.update(devices)
   return out[:E]
 
 
