@@ -54,10 +54,11 @@ class Command:
       raise UserError(f"{name} takes no arguments, got {' '.join(args)}")
     from headspec import mesh
 
-    grid = mesh.parse(config.mesh, key="config.mesh")  # a bad mesh is refused before any work
+    spec = config.get("mesh", "")  # a command whose defaults have no mesh runs as on one device
+    grid = mesh.parse(spec, key="config.mesh")  # a bad mesh is refused before any work
     # A mesh given shards models, batches and activations; '' leaves the analyses as they run on one
     # device (feature extraction round-robin over the local devices).
-    with mesh.using(grid if config.mesh and grid.size > 1 else None):
+    with mesh.using(grid if spec and grid.size > 1 else None):
       print(self.report(function(config, workdir)))
 
 
