@@ -100,8 +100,9 @@ def test_bfloat16_halves_the_parameters(checks):
 
 @pytest.mark.slow
 def test_import_streams_tensor_by_tensor_onto_the_mesh(checks):
-  """A 4-shard bfloat16 Llama imported in bfloat16 onto fsdp=8: host memory grows by the model (on CPU every
-  device's shard is host memory) plus about one tensor, not the 3× of reading every tensor and converting."""
+  """A 4-shard bfloat16 Llama imported (a second time, the first kept) in bfloat16 onto fsdp=8: host memory
+  grows by the model (on CPU every device's shard is host memory) plus about one tensor, not the 3× of
+  reading every tensor and converting."""
   got = checks["streaming_import"]
   assert got["files"] == 4 and got["dtype"] == "bfloat16" and got["w_q"] == "P('fsdp', None, None)"
   assert abs(got["param_bytes"] - got["checkpoint_bytes"]) < 0.01 * got["checkpoint_bytes"]  # bf16 in, bf16 kept
