@@ -29,7 +29,7 @@ STAGES = (
   ("training the decoder", "train decoder"),
   ("training the encoder", "train encoder"),
   ("probing every head of the decoder", "probe decoder + random copy"),
-  ("probing every head of the encoder", "probe encoder + random copy"),
+  ("probing every head of the encoder", "probe encoder"),
   ("what the decoder's heads attend to", "attention"),
   ("ablating every head of the decoder", "ablation"),
   ("wrote:", "atlas and listing"),

@@ -185,9 +185,7 @@ def test_quickstart_benchmark_knows_every_stage_the_quickstart_prints():
   for start, _ in bench_quickstart.STAGES:
     template = start.replace("the decoder", "the {kind}").replace("the encoder", "the {kind}")
     assert template in source if start.startswith(("training", "probing")) else start in source, start
-  assert bench_quickstart._stage("probing every head of the encoder on the synthetic treebank") == (
-    "probe encoder + random copy"
-  )
+  assert bench_quickstart._stage("probing every head of the encoder on the synthetic treebank") == "probe encoder"
   assert bench_quickstart._stage("I1128 probing 2 model step(s)") is None
 
 

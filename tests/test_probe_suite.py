@@ -101,6 +101,23 @@ def test_default_tasks_are_every_task_structural_included():
     assert tables.PROBE_STRUCTURAL in suite.job_tables(config)
 
 
+def test_quickstart_probes_are_the_synthetic_suite_with_three_keys_trimmed():
+  """The quickstart's probes differ from configs/probe_synthetic.py only in the train subset, the λ grid and
+  the random copy (which the quickstart asks for on the decoder alone): every task, split and protocol
+  key stays the full suite's."""
+  from headspec.probing.config import quickstart_probe_config, synthetic_probe_config
+
+  full = synthetic_probe_config("data").to_dict()
+  for random_baseline in (True, False):
+    quick = quickstart_probe_config("data", random_baseline=random_baseline).to_dict()
+    moved = {key for key in full["probe"] if quick["probe"][key] != full["probe"][key]}
+    assert moved == {"max_train_words", "l2_grid"} | ({"random_baseline"} if not random_baseline else set())
+    assert quick["probe"]["max_train_words"] == 12_000 and set(quick["probe"]["l2_grid"]) < set(
+      full["probe"]["l2_grid"]
+    )
+    assert {k: v for k, v in quick.items() if k != "probe"} == {k: v for k, v in full.items() if k != "probe"}
+
+
 def test_suite_on_ewt_part(ewt_part, tmp_path, caplog):
   caplog.set_level(logging.INFO)  # the progress lines are absl INFO logs
   data, texts = ewt_part

@@ -102,9 +102,10 @@ def run(config: ml_collections.ConfigDict, workdir) -> pathlib.Path | epath.Path
   return jobloop.run(Probe(config, workdir))
 
 
-def quickstart(run_dir, data_dir) -> str:
-  """Probes a quickstart run (its last step, plus random weights) on the synthetic treebank; returns summary.md."""
-  from headspec.probing.config import synthetic_probe_config
+def quickstart(run_dir, data_dir, *, random_baseline: bool = True) -> str:
+  """Probes a quickstart run (its last step, and random weights if `random_baseline`) on the synthetic
+  treebank with `quickstart_probe_config`; returns summary.md."""
+  from headspec.probing.config import quickstart_probe_config
 
-  results = run(synthetic_probe_config(os.fspath(data_dir)), run_dir)
+  results = run(quickstart_probe_config(os.fspath(data_dir), random_baseline=random_baseline), run_dir)
   return (epath.Path(results).parent / "summary.md").read_text()
