@@ -66,6 +66,7 @@ BENCHMARKS = {
   # issue 36's bar at full size: layer 0's 12 heads and its residual stream on all of EWT (~40 min, 2 cores)
   "structural_ewt": (STRUCTURAL_EWT, STRUCTURAL_EWT, True),  # --full: "structural" already runs --all
   "compile_cache": ([], [], False),
+  "depth": ([], [], False),  # issue 64: first-call seconds of the forward and sweeps at 4 and 16 layers (scan)
   "init": ([], [], False),  # model initialisation: bucketed draws against per-shape and one jit
   # issue 33's 40k MiniLM run; --full: the reference config on all of EWT train (MDL off in both)
   "probe_minilm": (["--max_train_words=40000"], ["--max_train_words=0"], True),
@@ -99,6 +100,9 @@ HEADLINES = {
                      "softmax probes on the same sources", "total.softmax.fit_s"),
   "compile_cache": ("headspec probe with a warm compilation cache", "commands.warm.wall_s", "s",
                     "the same command without the cache", "commands.off.wall_s"),
+  "depth": ("z patching sweep, 16-layer decoder, first call (compile + run)",
+            "depths.16.patching_sweep_z_by_position.seconds", "s", "the 4-layer decoder's (target: within 2×)",
+            "depths.4.patching_sweep_z_by_position.seconds"),
   "init": ("MiniLM's initial weights, bucketed draws", "sizes.minilm.seconds.bucketed", "s",
            "one draw per shape", "sizes.minilm.seconds.per_shape"),
   "probe_minilm": ("headspec probe, MiniLM × EWT, 40k words (empty cache)", "wall_s", "s", "target", "target_s"),

@@ -78,8 +78,9 @@ def _check_edits(cfg, interventions, B: int, S: int) -> dict:
         continue
       for part in ("keep", "add"):
         shape = np.shape(getattr(edit, part)) if getattr(edit, part) is not None else ()
-        at = [1 + i for i, axis in enumerate(SITES[name]) if axis in "TS"]
-        if len(shape) == 1 + len(SITES[name]) and any(shape[i] != 1 for i in at):
+        lead = 0 if edit.at is not None else 1  # the L axis, absent from an edit at one layer
+        at = [lead + i for i, axis in enumerate(SITES[name]) if axis in "TS"]
+        if len(shape) == lead + len(SITES[name]) and any(shape[i] != 1 for i in at):
           raise UserError(
             f"generate: interventions[{name!r}].{part} of shape {tuple(shape)} has a position axis; in generation "
             "an Edit acts at every position (size 1 on T and S), or use an Apply"

@@ -6,11 +6,13 @@ projection `W_O`.
 
 Intervention sites (`SITES`, docs/patching.md): named activations of every layer that a forward pass can
 return (`capture`) and edit (`interventions`, a dict {site: edit}): an `Edit` of arrays over [L, *the site's
-axes], x -> x·keep + add, or an `Apply`, x -> fn(x, *args) on chosen layers (headspec/edits.py has ready-made
-ones: projection ablation, clamping a direction, replacement, an SAE spliced in). Edits are traced data:
-changing what is patched never recompiles (an `Apply` compiles once per function), and the outputs are
-differentiable in them. Head masks and mean ablation are an Edit of the site `z` (`edits.head_mask`). A `KVCache` turns the
-forward into a decoding step (headspec/generate.py) with the same sites and edits.
+axes] (or one layer's, `Edit.at`), x -> x·keep + add, or an `Apply`, x -> fn(x, *args) on chosen layers
+(headspec/edits.py has ready-made ones: projection ablation, clamping a direction, replacement, an SAE
+spliced in). Edits are traced data: changing what is patched never recompiles (an `Apply` compiles once per
+function), and the outputs are differentiable in them. Head masks and mean ablation are an Edit of the site
+`z` (`edits.head_mask`). A `KVCache` turns the forward into a decoding step (headspec/generate.py) with the
+same sites and edits. The blocks run as one `lax.scan` (`Transformer._run_blocks`), so the compiled forward
+does not grow with depth.
 
 Shape glossary: the capital letters at the end of an array's name are its axes, one letter per axis,
 one meaning per letter throughout headspec (after penzai's model_parts.py):
@@ -37,6 +39,7 @@ options computes what it computed before they existed, and a seed draws the same
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 import warnings
 from collections.abc import Callable, Collection
@@ -286,20 +289,31 @@ class Edit:
 
   Patching a site to a value v where mask m is 1 is `Edit.patch(v, m)` (keep = 1 − m, add = m·v); scaling
   by m is Edit(keep=m). Arrays are traced: new values never recompile, and outputs are differentiable in them.
+  `at`: the one layer the edit applies at (an int, or a traced int32: a sweep over layers compiles once); keep
+  and add are then that layer's alone, broadcasting to [*the site's axes], so a one-layer patch holds one
+  layer's arrays, not L.
   """
 
   keep: jax.Array | None = None
   add: jax.Array | None = None
+  at: jax.Array | int | None = None
 
   @classmethod
-  def patch(cls, value, mask) -> Edit:
-    """x becomes `value` where `mask` is 1 (x·(1 − m) + m·v between)."""
+  def patch(cls, value, mask, at=None) -> Edit:
+    """x becomes `value` where `mask` is 1 (x·(1 − m) + m·v between); `at`: as for `Edit`."""
     mask = jnp.asarray(mask, jnp.float32)
-    return cls(keep=1.0 - mask, add=mask * value)
+    return cls(keep=1.0 - mask, add=mask * value, at=at)
 
-  def layer(self, layer: int) -> Edit:
-    """The edit of one layer (the leading L axis indexed)."""
-    return Edit(*(None if a is None else a[layer] for a in (self.keep, self.add)))
+  def layer(self, layer) -> Edit:
+    """The edit of one layer (an int, or traced): the leading L axis indexed (an axis of 1 serves every layer);
+    an edit `at` one layer is the identity (keep 1, add 0) at the others."""
+    if self.at is not None:
+      here = jnp.asarray(layer) == self.at
+      keep = None if self.keep is None else jnp.where(here, self.keep, 1.0)
+      return Edit(keep, None if self.add is None else jnp.where(here, self.add, 0.0))
+    return Edit(
+      *(None if a is None else jnp.asarray(a)[layer if np.shape(a)[0] > 1 else 0] for a in (self.keep, self.add))
+    )
 
   def __call__(self, x):
     x = x if self.keep is None else x * self.keep.astype(x.dtype)
@@ -351,6 +365,42 @@ def _apply(edits: dict, name: str, x):
   return x
 
 
+def _edit_patterns(interventions: dict, layers) -> tuple[list, np.ndarray]:
+  """(patterns, pattern_L): each distinct set of the edits active at a layer of `layers`, as ((site, (index of
+  the edit in its sequence, ...)), ...), and each layer's index into them. An Edit is active at every layer (one
+  `at` a layer is the identity at the others); an Apply at its `layers`."""
+  patterns, pattern_L = [], []
+  for layer in layers:
+    active = tuple(
+      (name, here)
+      for name, sequence in interventions.items()
+      if (here := tuple(i for i, e in enumerate(sequence) if not isinstance(e, Apply) or e.layer(layer) is not None))
+    )
+    if active not in patterns:
+      patterns.append(active)
+    pattern_L.append(patterns.index(active))
+  return patterns, np.asarray(pattern_L, np.int32)
+
+
+def _edit_xs(edit, first: int, L: int):
+  """An edit's scanned data: an Edit's keep and add that have the L axis, layers first.. (None for an array
+  without it, an Edit `at` one layer and an Apply, which the scan's body reads whole)."""
+  if isinstance(edit, Apply) or edit.at is not None:
+    return None
+  return tuple(None if a is None or np.shape(a)[0] != L else jnp.asarray(a)[first:] for a in (edit.keep, edit.add))
+
+
+def _layer_edit(edit, sliced, layer):
+  """One layer's edit inside the scan: an Apply as it is, an Edit from its slices (`_edit_xs`; an axis of 1
+  serves every layer), an Edit `at` one layer by `Edit.layer`."""
+  if isinstance(edit, Apply):
+    return edit
+  if sliced is None:
+    return edit.layer(layer)
+  keep, add = (s if s is not None or a is None else a[0] for s, a in zip(sliced, (edit.keep, edit.add)))
+  return Edit(keep, add)
+
+
 def check_interventions(cfg: ModelConfig, interventions, B: int, T: int, S: int | None = None) -> dict:
   """{site: (edit, ...)}: each value an `Edit` (every array broadcastable to [L, *site axes]), an `Apply`, a
   bare function of the activation (made an Apply on every layer) or a list or tuple of these, applied in
@@ -379,19 +429,23 @@ def check_interventions(cfg: ModelConfig, interventions, B: int, T: int, S: int 
       )
     full = (cfg.num_layers, *(sizes[a] for a in SITES[name]))
     for edit in edits:
+      layers = edit.layers if isinstance(edit, Apply) else None if edit.at is None else (edit.at,)
+      bad = [layer for layer in layers or () if isinstance(layer, int | np.integer) and not 0 <= layer < cfg.num_layers]
+      if bad or layers == ():
+        what = "layers" if isinstance(edit, Apply) else "at"
+        raise UserError(
+          f"interventions[{name!r}]: {what}={edit.layers if isinstance(edit, Apply) else edit.at} must be "
+          f"layers of the model (0..{cfg.num_layers - 1})"
+        )
       if isinstance(edit, Apply):
-        bad = [layer for layer in edit.layers or () if not 0 <= layer < cfg.num_layers]
-        if bad or edit.layers == ():
-          raise UserError(
-            f"interventions[{name!r}]: layers={edit.layers} must be layers of the model (0..{cfg.num_layers - 1})"
-          )
         continue
+      shape, axes = (full, f"L,{','.join(SITES[name])}") if edit.at is None else (full[1:], ",".join(SITES[name]))
       for part in ("keep", "add"):
         array = getattr(edit, part)
-        if array is not None and (np.ndim(array) != len(full) or _broadcasts(np.shape(array), full) is None):
+        if array is not None and (np.ndim(array) != len(shape) or _broadcasts(np.shape(array), shape) is None):
           raise UserError(
             f"interventions[{name!r}].{part} of shape {tuple(np.shape(array))} does not broadcast to "
-            f"[L,{','.join(SITES[name])}]={list(full)}"
+            f"[{axes}]={list(shape)}"
           )
     out[name] = edits
   if "ln1_scale" in out and {"q_in", "k_in", "v_in"} & set(out):
@@ -702,9 +756,10 @@ class Block(nnx.Module):
   """Attention and MLP sublayers with residuals; pre-LN (GPT-2) or post-LN (BERT) by config; without the
   MLP sublayer when `ModelConfig.mlp` is False (attention-only). `sublayer_norm` adds a norm on each
   sublayer's output (Gemma-2 with pre-norms, OLMo-2 without); `parallel_residual` adds attention and MLP
-  of the same input (GPT-NeoX); `attention_windows[layer]` limits how far back a token looks."""
+  of the same input (GPT-NeoX). Every layer's Block has the same structure (the Transformer scans them); the
+  sliding window `attention_windows[layer]` is an argument of the call, not an attribute."""
 
-  def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs, window: int = 0):
+  def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs):
     # Created in this order so that a seed draws the same weights as before the attention-only option.
     self.attention = Attention(cfg, rngs=rngs)
     self.has_mlp = cfg.mlp
@@ -720,7 +775,7 @@ class Block(nnx.Module):
     self.dropout = nnx.Dropout(cfg.dropout)
     self.pre_layernorm = cfg.pre_layernorm
     self.sublayer_norm, self.parallel_residual = cfg.sublayer_norm, cfg.parallel_residual
-    self.window, self.causal = window, cfg.kind == "decoder"
+    self.causal = cfg.kind == "decoder"
 
   def __call__(
     self,
@@ -733,17 +788,19 @@ class Block(nnx.Module):
     key_positions_BS=None,
     cache=None,
     grouped_kv=False,
+    window=0,
   ):
     """(resid_post_BTD, captured): the sites resid_pre, attn_out, resid_mid, mlp_in, mlp_post, mlp_out,
     resid_post, ln1_scale and ln2_scale read and edited where each is defined for this block's layout
     (`SITES`), the attention's sites inside it. key_positions_BS: the keys' positions when they are not the
-    queries' (a KVCache's slots); cache, grouped_kv: this layer's part of the KVCache, and as `Attention.__call__`."""
+    queries' (a KVCache's slots); cache, grouped_kv: this layer's part of the KVCache, and as `Attention.__call__`.
+    window: this layer's sliding window (`ModelConfig.attention_windows`; an int or a traced int32, 0 = all)."""
     drop = lambda y: self.dropout(y, deterministic=dropout_rngs is None, rngs=dropout_rngs)
-    if self.window:  # sliding-window attention: keys fewer than `window` positions back
+    if not isinstance(window, int) or window:  # sliding-window attention: keys fewer than `window` positions back
       key_positions_BS = positions_BT if key_positions_BS is None else key_positions_BS
       distance_BTS = positions_BT[:, :, None] - key_positions_BS[:, None, :]
       distance_BTS = distance_BTS if self.causal else jnp.abs(distance_BTS)
-      mask_BTS = mask_BTS & (distance_BTS < self.window)
+      mask_BTS = mask_BTS & ((window == 0) | (distance_BTS < window))
     captured = {}
 
     def site(name, value):  # captured as computed, then edited
@@ -850,8 +907,7 @@ class Transformer(nnx.Module):
     if cfg.embedding_layernorm:
       self.ln_embed = _layernorm(cfg, rngs)
     self.embed_dropout = nnx.Dropout(cfg.dropout)
-    windows = cfg.attention_windows or (0,) * cfg.num_layers
-    self.blocks = nnx.List([Block(cfg, rngs=rngs, window=windows[layer]) for layer in range(cfg.num_layers)])
+    self.blocks = nnx.List([Block(cfg, rngs=rngs) for _ in range(cfg.num_layers)])
     if cfg.final_norm:
       self.ln_final = _layernorm(cfg, rngs)
     if cfg.kind == "encoder":  # BERT's masked-LM transform: dense, activation, LayerNorm
@@ -926,9 +982,10 @@ class Transformer(nnx.Module):
       kv_cache=kv_cache,
     )
 
-  def from_layer(self, x_BTD, layer: int, **kwargs):
+  def from_layer(self, x_BTD, layer, **kwargs):
     """Blocks `layer`.. on the residual stream `x_BTD` entering block `layer` (= `resid_post_LBTD[layer − 1]`
-    of a full pass, or the embeddings for layer 0): `from_embeddings(x_BTD, start_layer=layer, ...)`."""
+    of a full pass, or the embeddings for layer 0): `from_embeddings(x_BTD, start_layer=layer, ...)`; `layer`
+    may be traced, so that a sweep over layers compiles one program."""
     return self.from_embeddings(x_BTD, start_layer=layer, **kwargs)
 
   def from_embeddings(
@@ -941,29 +998,43 @@ class Transformer(nnx.Module):
     interventions=None,
     capture=(),
     dropout_rngs=None,
-    start_layer: int = 0,
+    start_layer=0,
     output: str = "logits",
     kv_cache: KVCache | None = None,
   ):
     """The forward pass after the embedding layer (for gradients with respect to input embeddings).
 
-    interventions and capture: as for `__call__`. start_layer (a static int): `x_BTD` is the
-    residual stream entering block `start_layer` (the output of block start_layer − 1, as captured in
-    `resid_post_LBTD`), and only blocks start_layer.. run: the fast path for interventions that leave the
-    layers below unchanged; captured fields then stack those L − start_layer blocks only. output:
-    'logits' (float32 logits_BTV) or 'hidden' (the final hidden state h_BTD: after the final LayerNorm
-    of a pre-LN model, the last block's output otherwise, as Hugging Face's last_hidden_state).
-    positions_BT: each token's position, for rotary models and sliding windows (default 0..T−1 in every
-    row; packed rows restart it at every sequence, as for `__call__`). kv_cache: as for `__call__`.
+    The blocks run as one `lax.scan` over their parameters stacked on a leading layer axis (`_run_blocks`),
+    so the compiled program does not grow with depth; called outside any transform (and without dropout), the
+    pass is one jitted program, compiled once per structure and shapes (an eager scan would compile at every
+    call). interventions and capture: as for `__call__`.
+    start_layer: `x_BTD` is the residual stream entering block `start_layer` (the output of block
+    start_layer − 1, as captured in `resid_post_LBTD`), and only blocks start_layer.. run: the fast path for
+    interventions that leave the layers below unchanged. A static int scans those L − start_layer blocks, and
+    captured fields stack them only; a traced int32 scans all L blocks and steps over those below it (one
+    program for every start: the sweeps of headspec/ablation and headspec/patching), and captured fields stack
+    all L, zeros below start_layer. output: 'logits' (float32 logits_BTV) or 'hidden' (the final hidden state
+    h_BTD: after the final LayerNorm of a pre-LN model, the last block's output otherwise, as Hugging Face's
+    last_hidden_state). positions_BT: each token's position, for rotary models and sliding windows (default
+    0..T−1 in every row; packed rows restart it at every sequence, as for `__call__`). kv_cache: as for
+    `__call__`.
     """
     cfg = self.cfg
     L = cfg.num_layers
     capture = capture_names(capture)
-    if output not in ("logits", "hidden") or not 0 <= start_layer < L:
+    static_start = isinstance(start_layer, int | np.integer)
+    eager = not isinstance(x_BTD, jax.core.Tracer) and not isinstance(self.token_embed_VD[...], jax.core.Tracer)
+    if eager and static_start and dropout_rngs is None:  # a scan called eagerly would compile at every call
+      arrays = dict(valid_BT=valid_BT, positions_BT=positions_BT, segment_BT=segment_BT, kv_cache=kv_cache)
+      S = x_BTD.shape[1] if kv_cache is None else kv_cache.valid_BS.shape[1]
+      interventions = check_interventions(cfg, interventions, x_BTD.shape[0], x_BTD.shape[1], S)
+      graphdef, state = nnx.split(self)
+      return _compiled_forward(graphdef, capture, int(start_layer), output, state, x_BTD, interventions, arrays)
+    if output not in ("logits", "hidden") or (static_start and not 0 <= start_layer < L):
       raise UserError(f"output={output!r} must be 'logits' or 'hidden', start_layer={start_layer} in [0, {L})")
     B, T, _ = x_BTD.shape
     valid_BT = jnp.ones((B, T), bool) if valid_BT is None else valid_BT.astype(bool)
-    if kv_cache is not None and (cfg.kind != "decoder" or segment_BT is not None or start_layer):
+    if kv_cache is not None and (cfg.kind != "decoder" or segment_BT is not None or not static_start or start_layer):
       raise UserError("kv_cache: decoders only, without segment_BT or start_layer")
     mask_BTS, positions_BT, key_positions_BS, valid_BS = _attention_mask(cfg, valid_BT, positions_BT, segment_BT,
                                                                           kv_cache)  # fmt: skip
@@ -971,43 +1042,98 @@ class Transformer(nnx.Module):
     interventions = check_interventions(cfg, interventions, B, T, S)
     # A plain forward (no capture, edit or cache) lets the fused attention read grouped K/V as is.
     grouped_kv = not capture and not interventions and kv_cache is None
-    names = set(capture) - {"embeddings", "ln_final_scale"}
-    block_capture = frozenset(names)
+    block_capture = frozenset(set(capture) - {"embeddings", "ln_final_scale"})
 
-    per_layer = {name: [] for name in names}
     embeddings_BTD = x_BTD
-    if start_layer == 0:
-      x_BTD = self.embed_dropout(x_BTD, deterministic=dropout_rngs is None, rngs=dropout_rngs)
-    new_k, new_v = [], []
-    for layer in range(start_layer, L):
-      edits = {}
-      for name, sequence in interventions.items():
-        here = tuple(e for e in (edit.layer(layer) for edit in sequence) if e is not None)
-        if here:
-          edits[name] = here
-      cache = None if kv_cache is None else (kv_cache.k_LBSHK[layer], kv_cache.v_LBSHK[layer], kv_cache.index)
-      x_BTD, captured = self.blocks[layer](
-        mesh_lib.constrain(x_BTD, "BTD"), mask_BTS, dropout_rngs, block_capture, edits, positions_BT,
-        key_positions_BS, cache, grouped_kv,
-      )  # fmt: skip
-      if cache is not None:
-        new_k.append(captured["kv_cache"][0])
-        new_v.append(captured["kv_cache"][1])
-      for name, value in captured.items():
-        if name in per_layer and len(per_layer[name]) < layer + 1 - start_layer:
-          per_layer[name].append(value)
+    if not static_start or start_layer == 0:
+      dropped_BTD = self.embed_dropout(x_BTD, deterministic=dropout_rngs is None, rngs=dropout_rngs)
+      if dropped_BTD is not x_BTD:
+        x_BTD = dropped_BTD if static_start else jnp.where(start_layer == 0, dropped_BTD, x_BTD)
+    x_BTD, per_layer, kv_LBSHK = self._run_blocks(
+      x_BTD, start_layer, mask_BTS, positions_BT, key_positions_BS, interventions, block_capture, dropout_rngs,
+      kv_cache, grouped_kv,
+    )  # fmt: skip
     h_BTD = self.ln_final(x_BTD) if cfg.final_norm else x_BTD
     logits_BTV = h_BTD if output == "hidden" else self.unembed(h_BTD)
 
-    fields = {f"{name}_L{SITES[name]}": jnp.stack(values) for name, values in per_layer.items()}
+    fields = {f"{name}_L{SITES[name]}": value for name, value in per_layer.items()}
     if "embeddings" in capture:
       fields["embeddings_BTD"] = embeddings_BTD
     if "ln_final_scale" in capture:
       fields["ln_final_scale_BT"] = norm_scale(self.ln_final, x_BTD) if cfg.final_norm else jnp.ones((B, T))
     if kv_cache is None:
       return logits_BTV, Intermediates(**fields)
-    updated = KVCache(jnp.stack(new_k), jnp.stack(new_v), valid_BS, key_positions_BS, kv_cache.index + T)
+    updated = KVCache(*kv_LBSHK, valid_BS, key_positions_BS, kv_cache.index + T)
     return logits_BTV, Intermediates(**fields), updated
+
+  def _run_blocks(
+    self, x_BTD, start_layer, mask_BTS, positions_BT, key_positions_BS, interventions, capture, dropout_rngs,
+    kv_cache, grouped_kv,
+  ):  # fmt: skip
+    """(x_BTD after the last block, {site: captured, stacked over the layers scanned}, the KVCache's updated
+    (k_LBSHK, v_LBSHK) or None): blocks start_layer.. as one `lax.scan`.
+
+    The scanned data: the blocks' parameters stacked on a leading layer axis (inside the compiled program one
+    extra copy of them, sharded as the parameters are; `self.blocks` keeps one Block per layer, so parameter
+    paths and checkpoints are unchanged), and per layer its index, sliding window, slices of the Edits' arrays,
+    KV cache and dropout key. The body merges one Block and calls it. An Apply on some layers only makes the
+    layers differ in which edits they run: each distinct set is a branch of the body (`lax.switch`), traced
+    once. A traced start_layer runs block start_layer, then scans all L blocks, those up to start_layer a
+    branch that passes the stream through.
+    """
+    cfg, L = self.cfg, self.cfg.num_layers
+    static = isinstance(start_layer, int | np.integer)
+    first = int(start_layer) if static else 0
+    layers = range(first, L)
+    graphdef = nnx.graphdef(self.blocks[first])
+    if any(nnx.graphdef(self.blocks[layer]) != graphdef for layer in layers):
+      raise ValueError("Transformer.blocks differ in structure: they cannot run as one scan")
+    state_L = jax.tree.map(lambda *xs: jnp.stack(xs), *(nnx.state(self.blocks[layer]) for layer in layers))
+    windows_L = jnp.asarray(cfg.attention_windows[first:], jnp.int32) if any(cfg.attention_windows) else None
+    patterns, pattern_L = _edit_patterns(interventions, layers)
+    edits_L = {name: tuple(_edit_xs(edit, first, L) for edit in sequence) for name, sequence in interventions.items()}
+    keys_L = None  # per layer its own dropout key; deterministic without dropout_rngs (or without dropout)
+    if dropout_rngs is not None and (cfg.dropout or cfg.attention_dropout):
+      keys_L = jax.random.split(dropout_rngs["dropout"](), len(layers))
+    cache_L = None if kv_cache is None else (kv_cache.k_LBSHK, kv_cache.v_LBSHK)
+    xs = (jnp.arange(first, L), state_L, windows_L, edits_L, jnp.asarray(pattern_L), cache_L, keys_L)
+
+    def branch(pattern):
+      def run(x_BTD, layer, state, window, edits_l, cache_l, key):
+        block = nnx.merge(graphdef, state)
+        edits = {
+          name: tuple(_layer_edit(interventions[name][i], edits_l[name][i], layer) for i in active)
+          for name, active in pattern
+        }
+        cache = None if cache_l is None else (*cache_l, kv_cache.index)
+        rngs = None if key is None else nnx.Rngs(dropout=key)
+        y_BTD, captured = block(
+          mesh_lib.constrain(x_BTD, "BTD"), mask_BTS, rngs, capture, edits, positions_BT, key_positions_BS, cache,
+          grouped_kv, 0 if window is None else window,
+        )  # fmt: skip
+        return y_BTD.astype(x_BTD.dtype), captured
+
+      return run
+
+    runs = [branch(pattern) for pattern in patterns]
+
+    def step(x_BTD, xs_l, skip=None):  # one layer: its pattern's branch; with `skip`, that below start_layer
+      layer, state, window, edits_l, pattern, cache_l, key = xs_l
+      operands = (x_BTD, layer, state, window, edits_l, cache_l, key)
+      if skip is not None:
+        return jax.lax.switch(jnp.where(layer > start_layer, pattern + 1, 0), [skip, *runs], *operands)
+      return runs[0](*operands) if len(runs) == 1 else jax.lax.switch(pattern, runs, *operands)
+
+    if static:
+      x_BTD, per_layer = jax.lax.scan(step, x_BTD, xs)
+    else:  # block start_layer first, on its own: a sweep's vmap then leaves what it computes ahead of an edit
+      # unbatched (once for all the edits), as an unrolled program would; the scan passes it and those below
+      x_BTD, captured = step(x_BTD, jax.tree.map(lambda a: a[start_layer], xs))
+      skip = lambda x_BTD, *_: (x_BTD, jax.tree.map(jnp.zeros_like, captured))
+      x_BTD, per_layer = jax.lax.scan(functools.partial(step, skip=skip), x_BTD, xs)
+      per_layer = jax.tree.map(lambda a, c: a.at[start_layer].set(c), per_layer, captured)
+    kv_LBSHK = per_layer.pop("kv_cache", None)
+    return x_BTD, per_layer, kv_LBSHK
 
   def unembed(self, h_BTD):
     """Final hidden states to vocabulary logits (encoder: through the masked-LM transform first)."""
@@ -1021,6 +1147,15 @@ class Transformer(nnx.Module):
     if cfg.final_softcap:  # Gemma-2
       logits_BTV = cfg.final_softcap * jnp.tanh(logits_BTV / cfg.final_softcap)
     return logits_BTV
+
+
+@functools.partial(jax.jit, static_argnums=(0, 1, 2, 3))
+def _compiled_forward(graphdef, capture, start_layer, output, state, x_BTD, interventions, arrays):
+  """`Transformer.from_embeddings` called outside any transform, compiled once per structure and shapes."""
+  model = nnx.merge(graphdef, state)
+  return model.from_embeddings(
+    x_BTD, interventions=interventions, capture=capture, start_layer=start_layer, output=output, **arrays
+  )
 
 
 def random_like(cfg: ModelConfig, seed: int) -> Transformer:

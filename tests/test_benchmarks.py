@@ -301,3 +301,17 @@ def test_gpu_scale_script_runs_on_cpu_as_it_would_on_an_accelerator():
   assert out["machine"]["devices"] == 2
   assert [r["mesh"] for r in out["training"]] == ["data=2,fsdp=1,tensor=1", "data=1,fsdp=2,tensor=1"]
   assert all(r["attention_path"] == "xla" and r["tokens_per_second"] > 0 for r in out["training"])
+
+
+def test_depth_benchmark_reports_first_calls_and_ratios(tmp_path):
+  """bench_depth at 1 and 2 layers (2 heads, 4 tokens): each depth's first-call and compile seconds of the forward
+  and both sweeps, and the deeper over the shallower as the benchmark's own ratio."""
+  result = _run_benchmark("bench_depth", tmp_path, "--layers=1,2", "--heads=2", "--tokens=4", "--prompts=2")
+  names = ("forward", "ablation_sweep", "patching_sweep_z_by_position")
+  assert list(result["depths"]) == ["1", "2"] and all(list(d) == list(names) for d in result["depths"].values())
+  for name in names:
+    shallow, deep = result["depths"]["1"][name], result["depths"]["2"][name]
+    assert deep["seconds"] > 0 and deep["compile_seconds"] > 0
+    assert result["ratio_deepest_over_shallowest"][name] == pytest.approx(
+      deep["seconds"] / shallow["seconds"], abs=0.05
+    )

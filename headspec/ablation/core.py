@@ -9,8 +9,10 @@ before W_O (headspec/model.py: an Edit of the intervention site z): m_h = 0, r =
 
 `sweep` is the single-head sweep: one full pass caches the residual stream entering every block, then
 for each layer l the masks that touch only layer l run blocks l..L−1 from that cache (the layers below
-are unchanged), the masks of a layer mapped with lax.map; one compiled program per batch shape does the
-whole sweep. `TRACES` counts how often each function was traced (a test asserts one trace per shape).
+are unchanged; `Transformer.from_layer` with l traced, the edit held at layer l alone), the masks of a layer
+mapped with lax.map inside a lax.map over the layers; one compiled program per batch shape does the whole
+sweep, its size independent of depth. `TRACES` counts how often each function was traced (a test asserts
+one trace per shape).
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ from flax import nnx
 from headspec import mesh as mesh_lib
 from headspec.edits import head_mask
 from headspec.evalset import Batch, EvalSet
+from headspec.model import Edit
 from headspec.objectives import token_nll
 
 TRACES: collections.Counter = collections.Counter()
@@ -52,7 +55,7 @@ def _output(kind: str) -> str:
 
 
 def _layer_inputs(model, kind: str, inputs_BT, valid_BT, mask_LH, replacement_LHK):
-  """(full output, [x entering block l for every l]: the site resid_pre) of one pass under (mask, replacement)."""
+  """(full output, x_LBTD entering every block: the site resid_pre) of one pass under (mask, replacement)."""
   out, inter = model(
     inputs_BT,
     valid_BT=valid_BT,
@@ -60,7 +63,14 @@ def _layer_inputs(model, kind: str, inputs_BT, valid_BT, mask_LH, replacement_LH
     capture=("resid_pre",),
     output=_output(kind),
   )
-  return out, [inter.resid_pre_LBTD[l] for l in range(model.cfg.num_layers)]
+  return out, inter.resid_pre_LBTD
+
+
+def _row_edit(layer, row_H, replacement_LHK) -> Edit:
+  """The head mask of one layer's row (every other row all ones) as an Edit of z held at that layer alone:
+  Z_h·m_h + (1 − m_h)·r_h there, the identity elsewhere (`edits.head_mask` of that mask, without the L axis)."""
+  keep_BTHK = row_H[None, None, :, None]
+  return Edit(keep=keep_BTHK, add=(1.0 - keep_BTHK) * replacement_LHK[layer][None, None], at=layer)
 
 
 def _sweep(graphdef, kind: str):
@@ -71,22 +81,19 @@ def _sweep(graphdef, kind: str):
     model = nnx.merge(graphdef, params)
     L, H = model.cfg.num_layers, model.cfg.num_heads
     ones_LH = jnp.ones((L, H), jnp.float32)
-    full, x_in = _layer_inputs(model, kind, inputs_BT, valid_BT, ones_LH, replacement_LHK)
-    swept = []
-    for l in range(L):
+    full, x_LBTD = _layer_inputs(model, kind, inputs_BT, valid_BT, ones_LH, replacement_LHK)
 
-      def one(row_H, l=l):
+    def layer(l, x_BTD, masks_EH):  # one layer's masks, blocks l.. from the cached stream
+      def one(row_H):
         out, _ = model.from_layer(
-          x_in[l],
-          l,
-          valid_BT=valid_BT,
-          interventions={"z": head_mask(ones_LH.at[l].set(row_H), replacement_LHK)},
-          output=_output(kind),
+          x_BTD, l, valid_BT=valid_BT, interventions={"z": _row_edit(l, row_H, replacement_LHK)}, output=_output(kind)
         )
         return _per_sequence(kind, out, valid_BT, targets_BT, weights_BT)
 
-      swept.append(jax.lax.map(one, layer_masks_LEH[l]))
-    return _per_sequence(kind, full, valid_BT, targets_BT, weights_BT), jnp.stack(swept)
+      return jax.lax.map(one, masks_EH)
+
+    swept = jax.lax.map(lambda a: layer(*a), (jnp.arange(L), x_LBTD, layer_masks_LEH))
+    return _per_sequence(kind, full, valid_BT, targets_BT, weights_BT), swept
 
   return sweep
 
@@ -148,13 +155,12 @@ def _embedding_jacobian(graphdef, kind: str):
     TRACES["embedding_jacobian"] += 1
     model = nnx.merge(graphdef, params)
     L = model.cfg.num_layers
-    _, x_in = _layer_inputs(model, kind, inputs_BT, valid_BT, mask_LH, replacement_LHK)
-    per_layer = []
-    for l in range(L):
+    _, x_LBTD = _layer_inputs(model, kind, inputs_BT, valid_BT, mask_LH, replacement_LHK)
 
-      def e_of(row_H, l=l):
+    def layer(l, x_BTD):  # [B,H]: layer l's heads, blocks l.. from the cached stream
+      def e_of(row_H):
         h, _ = model.from_layer(
-          x_in[l],
+          x_BTD,
           l,
           valid_BT=valid_BT,
           interventions={"z": head_mask(mask_LH.at[l].set(row_H), replacement_LHK)},
@@ -163,8 +169,9 @@ def _embedding_jacobian(graphdef, kind: str):
         return _per_sequence("embedding", h, valid_BT, targets_BT, weights_BT)
 
       jac_BDH = jax.jacfwd(e_of)(mask_LH[l])
-      per_layer.append(0.5 * (jac_BDH**2).sum(1))
-    return jnp.stack(per_layer, axis=1)
+      return 0.5 * (jac_BDH**2).sum(1)
+
+    return jnp.moveaxis(jax.lax.map(lambda a: layer(*a), (jnp.arange(L), x_LBTD)), 0, 1)
 
   return embedding_jacobian
 

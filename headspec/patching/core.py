@@ -8,8 +8,10 @@ patches in the clean activation; noising runs the clean prompt and patches in th
 
 Every patch of a sweep is data (an Edit's one-hot mask), so one compiled program per (model structure,
 site, grid, metric, batch shape) does the whole sweep: the base run caches the residual stream entering
-every block, then for each layer l the patches of layer l run blocks l..L−1 from it (`Transformer.from_layer`,
-as the ablation sweep), mapped with lax.map. `TRACES` counts traces (a test asserts one per shape).
+every block, then for each layer l the patches of layer l run blocks l..L−1 from it (`Transformer.from_layer`
+with l traced, as the ablation sweep; each patch an Edit held at layer l alone), mapped with lax.map inside a
+lax.map over the layers, so the program's size does not grow with depth. `TRACES` counts traces (a test
+asserts one per shape).
 
 Attribution patching (Nanda 2023; Syed et al. 2023): the first-order estimate of every patch at once,
 (a_source − a_base) · ∂metric/∂a at the base run, one forward and one backward pass.
@@ -115,22 +117,20 @@ def _sweep(graphdef, site: str, metric):
     T = base_BT.shape[1]
     source_logits, source_inter = model(source_BT, valid_BT=valid_BT, capture=(site,))
     base_logits, base_inter = model(base_BT, valid_BT=valid_BT, capture=("resid_pre",))
-    source_L = source_inter.site(site)
     value = functools.partial(metric_value, metric, last_B=last_B, answers_B2=answers_B2)
-    rows = []
-    for layer in range(L):
 
-      def one(patch, layer=layer):
+    def row(layer, x_BTD, source, run_E):  # layer's patches: blocks layer.. from the base run's stream
+      def one(patch):
         head, position, run = patch
-        edit = _layer_edit(site, source_L, patch_mask(site, head, position, T, H), layer, L)
-        logits, _ = model.from_layer(
-          base_inter.resid_pre_LBTD[layer], layer, valid_BT=valid_BT, interventions={site: edit}
-        )
+        edit = Edit.patch(source, patch_mask(site, head, position, T, H), at=layer)
+        logits, _ = model.from_layer(x_BTD, layer, valid_BT=valid_BT, interventions={site: edit})
         return jnp.where(run, value(logits), jnp.nan)
 
-      patches = (heads_E, positions_E, layer_masks_LE[layer])
-      rows.append(jax.lax.map(one, patches, batch_size=min(PATCHES_PER_STEP, heads_E.shape[0])))
-    return value(base_logits), value(source_logits), jnp.stack(rows)
+      patches = (heads_E, positions_E, run_E)
+      return jax.lax.map(one, patches, batch_size=min(PATCHES_PER_STEP, heads_E.shape[0]))
+
+    layers = (jnp.arange(L), base_inter.resid_pre_LBTD, source_inter.site(site), layer_masks_LE)
+    return value(base_logits), value(source_logits), jax.lax.map(lambda a: row(*a), layers)
 
   return sweep
 
