@@ -5,10 +5,10 @@
       --config.data_dir=runs/quickstart/data
 
 Argument: the data folder (default runs/quickstart/data), e.g. configs/probe_synthetic.py:/tmp/qs/data.
-Probes the last step and a random-weights copy of the same architecture (model name + '-random'): on a
-2-core CPU about 4.5 minutes for the trained quickstart decoder and 2.5 for its random copy
-(docs/results.md#the-quickstart; most of it the weak-λ softmax probes of the embeddings and residual
-streams and the structural probes).
+The full suite: the last step and a random-weights copy of the same architecture (model name + '-random'),
+fitted on all 47.6k training words with three L2 penalties; on a 2-core CPU about 2.5 minutes for the
+trained quickstart decoder and its random copy (idle; BENCHMARKS.md). `headspec quickstart` itself probes
+with its trimmed copy, `quickstart_probe_config` (docs/results.md#the-quickstart).
 Expect UPOS and deprel heads far above the majority baseline with positive selectivity, and the random
 model less selective.
 """
