@@ -180,6 +180,25 @@ def test_new_prompts_answers_and_patches_do_not_recompile():
   assert again[["head", "position"]].drop_duplicates().values.tolist() == [[3, 0], [3, 5], [1, 0], [1, 5]]
 
 
+def test_sweep_split_over_a_data_mesh_gives_the_one_device_values():
+  """Under a mesh of the suite's 2 devices on `data`, each device runs its share of the patches (an odd
+  number: padded, the padding dropped): every value, NaN where a patch does not run, equals one device's to
+  float32 rounding (each device's lax.map batches its patches in other groups)."""
+  from headspec import mesh
+
+  model = make()
+  p = patch_lib.prompts(model.cfg, CLEAN, CORRUPT, ANSWERS, "logit_diff")
+  patches = patch_core.grid(model.cfg, "z", 6, True, [0, 2], [0, 1, 3], range(5))
+  runs = (p.corrupt_BT, p.clean_BT, p.valid_BT, p.last_B, p.answers_B2)
+  alone = patch_core.run_sweep(model, "z", "logit_diff", *runs, patches)
+  assert len(patches[0]) % 2 == 1 and jax.device_count() == 2
+  with mesh.using(mesh.parse("data=2")):
+    split = patch_core.run_sweep(model, "z", "logit_diff", *runs, patches)
+  assert split[:2] == alone[:2] and split[2].shape == alone[2].shape == (model.cfg.num_layers, 15)
+  np.testing.assert_allclose(split[2], alone[2], rtol=1e-6, atol=1e-7)
+  assert np.isnan(alone[2][1]).all() and not np.isnan(alone[2][[0, 2]]).any()
+
+
 def test_callable_metric_and_texts():
   model = make()
   metric = lambda logits: logits[:, -1, 7].mean()

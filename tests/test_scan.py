@@ -215,7 +215,7 @@ def _patching_text(L):
   graphdef, params = nnx.split(model)
   fn = patching._sweep(graphdef, "z", "logit_diff")
   args = (base, base[::-1], jnp.ones((2, T), bool), jnp.full((2,), T - 1), jnp.asarray([[1, 2], [3, 4]]))
-  return fn.lower(params, *args, *[jnp.asarray(a) for a in patches]).as_text()
+  return fn.lower(params, *args, jnp.asarray(patching._packed(*patches, 1))).as_text()
 
 
 @pytest.mark.parametrize("program", [_forward_text, _ablation_text, _patching_text], ids=lambda f: f.__name__[1:-5])

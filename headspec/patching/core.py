@@ -35,6 +35,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
+from headspec import mesh as mesh_lib
 from headspec.model import SITES, Edit
 from headspec.objectives import token_nll
 
@@ -109,9 +110,11 @@ def _layer_edit(site: str, source_L, mask, layer: int, L: int) -> Edit:
 @functools.lru_cache(maxsize=32)
 def _sweep(graphdef, site: str, metric):
   @jax.jit
-  def sweep(params, base_BT, source_BT, valid_BT, last_B, answers_B2, heads_E, positions_E, layer_masks_LE):
-    """(base metric, source metric, [L,E] metric with patch e of layer l); layer_masks_LE: which run."""
+  def sweep(params, base_BT, source_BT, valid_BT, last_B, answers_B2, patches_EX):
+    """(base metric, source metric, [L,E] metric with patch e of layer l; NaN where it does not run);
+    patches_EX: per patch its head, its position and whether it runs at each layer (`_packed`)."""
     TRACES["sweep"] += 1
+    heads_E, positions_E, layer_masks_LE = patches_EX[:, 0], patches_EX[:, 1], patches_EX[:, 2:].T.astype(bool)
     model = nnx.merge(graphdef, params)
     L, H = model.cfg.num_layers, model.cfg.num_heads
     T = base_BT.shape[1]
@@ -205,10 +208,37 @@ def grid(cfg, site: str, T: int, by_position: bool, layers, heads, positions):
 def run_sweep(model, site, metric, base_BT, source_BT, valid_BT, last_B, answers_B2, patches):
   """(base metric, source metric, [L,E] values) of one compiled sweep (see `_sweep`)."""
   graphdef, params = nnx.split(model)
-  fn = _sweep(graphdef, site, metric)
-  args = [jnp.asarray(a) for a in (base_BT, source_BT, valid_BT, last_B, answers_B2, *patches)]
+  fn, devices = _split(_sweep(graphdef, site, metric))
+  patches_EX = _packed(*patches, devices)
+  args = [jnp.asarray(a) for a in (base_BT, source_BT, valid_BT, last_B, answers_B2, patches_EX)]
   base, source, values = fn(params, *args)
-  return float(base), float(source), np.asarray(values)
+  return float(base), float(source), np.asarray(values)[:, : len(patches[0])]
+
+
+def _packed(heads_E, positions_E, layer_masks_LE, multiple: int) -> np.ndarray:
+  """[E', 2 + L] int32: each patch's head, position and run flag per layer, one array so that a mesh can split
+  the patches; padded to a multiple of `multiple` with patches that run nowhere (NaN, dropped after)."""
+  patches_EX = np.concatenate(
+    [np.stack([heads_E, positions_E], 1), np.asarray(layer_masks_LE).T], axis=1, dtype=np.int32
+  )
+  pad = (-len(patches_EX)) % multiple
+  return np.concatenate([patches_EX, np.zeros((pad, patches_EX.shape[1]), np.int32)])
+
+
+def _split(fn):
+  """`fn`, or with a command's mesh of several `data` devices set (headspec/mesh.py), `fn` with its patches
+  split over them: each device runs its share of the sweep's patches after the same base and source runs, so
+  every value is the one-device value (as the ablation sweep splits its masks)."""
+  grid = mesh_lib.current()
+  if grid is None or grid.shape["data"] == 1:
+    return fn, 1
+  key = (fn, grid)
+  if key not in _SPLIT:
+    _SPLIT[key] = mesh_lib.split_over_data(fn, grid, axis=0, arg=6, outputs=(None, None, 1))  # the patches
+  return _SPLIT[key], grid.shape["data"]
+
+
+_SPLIT: dict = {}
 
 
 def run_attribution(model, site, metric, base_BT, source_BT, valid_BT, last_B, answers_B2) -> np.ndarray:
