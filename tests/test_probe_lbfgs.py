@@ -121,4 +121,8 @@ def test_the_exact_inverse_hessian_as_preconditioner_solves_in_a_few_iterations(
   newton = lbfgs.minimize(_Problem(data, exact_m=True), start, np.zeros((G, Q), bool), **kw)
   np.testing.assert_allclose(newton.f, f_star, rtol=1e-5, atol=1e-5)
   np.testing.assert_allclose(newton.params[1], c_star, atol=1e-4)
-  assert newton.iterations.max() <= 5 < plain.iterations.max(), (newton.iterations, plain.iterations)
+  # the last iterations chase tol=1e-8 at float32's resolution: 5 on one CPU, 6 on another (AMD EPYC, 2026-12-06)
+  assert newton.iterations.max() <= 8 and 5 * newton.iterations.max() < plain.iterations.max(), (
+    newton.iterations,
+    plain.iterations,
+  )
