@@ -206,6 +206,22 @@ def split_over_data(fn, mesh: Mesh, *, axis: int, arg: int, outputs):
   return jax.jit(run)
 
 
+def split_for_current(fn, *, axis: int, arg: int, outputs):
+  """(`fn`, 1), or under a current mesh with several `data` devices (`using`) (`split_over_data` of `fn`,
+  the number of those devices): a sweep's masks or patches each device maps its share of, so every value is
+  the one-device value. Cached by function and mesh, so a sweep compiles once per mesh."""
+  grid = current()
+  if grid is None or grid.shape["data"] == 1:
+    return fn, 1
+  key = (fn, grid, axis, arg, outputs)
+  if key not in _SPLIT:
+    _SPLIT[key] = split_over_data(fn, grid, axis=axis, arg=arg, outputs=outputs)
+  return _SPLIT[key], grid.shape["data"]
+
+
+_SPLIT: dict = {}
+
+
 @contextlib.contextmanager
 def using(mesh: Mesh | None):
   """Within: `mesh` is the one `constrain` reads and jit places uncommitted inputs on (None: nothing set)."""

@@ -226,22 +226,6 @@ def zero_replacement(model) -> jax.Array:
   return jnp.zeros((cfg.num_layers, cfg.num_heads, cfg.d_head), jnp.float32)
 
 
-def _split(fn, axis: int, outputs):
-  """`fn`, or with a command's mesh of several `data` devices set (headspec/mesh.py), `fn` with its masks'
-  dimension `axis` split over them: each device evaluates its share of the masks, one after another as
-  on one device, so every value is the one-device value."""
-  grid = mesh_lib.current()
-  if grid is None or grid.shape["data"] == 1:
-    return fn, 1
-  key = (fn, grid)
-  if key not in _SPLIT:
-    _SPLIT[key] = mesh_lib.split_over_data(fn, grid, axis=axis, arg=5, outputs=outputs)  # the masks
-  return _SPLIT[key], grid.shape["data"]
-
-
-_SPLIT: dict = {}
-
-
 def _padded(masks: np.ndarray, axis: int, multiple: int) -> np.ndarray:
   """`masks` with all-ones masks appended along `axis` to a multiple of `multiple` (they are dropped after)."""
   pad = (-masks.shape[axis]) % multiple
@@ -253,7 +237,7 @@ def _padded(masks: np.ndarray, axis: int, multiple: int) -> np.ndarray:
 def run_sweep(model, evalset: EvalSet, layer_masks_LEH, replacement_LHK, progress=None):
   """(full [N,P], swept [L,E,N,P]) over the evaluation set: see `_sweep`."""
   graphdef, params = nnx.split(model)
-  fn, devices = _split(compiled(graphdef, evalset.kind)["sweep"], 1, (None, 1))
+  fn, devices = mesh_lib.split_for_current(compiled(graphdef, evalset.kind)["sweep"], axis=1, arg=5, outputs=(None, 1))
   L, E = np.shape(layer_masks_LEH)[:2]
   P, N = _width(model, evalset), evalset.num_sequences
   full, swept = np.zeros((N, P), np.float32), np.zeros((L, E, N, P), np.float32)
@@ -271,7 +255,7 @@ def run_sweep(model, evalset: EvalSet, layer_masks_LEH, replacement_LHK, progres
 def run_masks(model, evalset: EvalSet, head_masks_ELH, replacement_LHK, progress=None) -> np.ndarray:
   """[E,N,P] per-sequence values under each of E masks [L,H] (evaluated MASKS_PER_CALL at a time)."""
   graphdef, params = nnx.split(model)
-  fn, devices = _split(compiled(graphdef, evalset.kind)["evaluate"], 0, 0)
+  fn, devices = mesh_lib.split_for_current(compiled(graphdef, evalset.kind)["evaluate"], axis=0, arg=5, outputs=0)
   per_call = MASKS_PER_CALL * devices  # MASKS_PER_CALL on each device
   masks = np.asarray(head_masks_ELH, np.float32)
   E = len(masks)

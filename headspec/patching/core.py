@@ -208,7 +208,7 @@ def grid(cfg, site: str, T: int, by_position: bool, layers, heads, positions):
 def run_sweep(model, site, metric, base_BT, source_BT, valid_BT, last_B, answers_B2, patches):
   """(base metric, source metric, [L,E] values) of one compiled sweep (see `_sweep`)."""
   graphdef, params = nnx.split(model)
-  fn, devices = _split(_sweep(graphdef, site, metric))
+  fn, devices = mesh_lib.split_for_current(_sweep(graphdef, site, metric), axis=0, arg=6, outputs=(None, None, 1))
   patches_EX = _packed(*patches, devices)
   args = [jnp.asarray(a) for a in (base_BT, source_BT, valid_BT, last_B, answers_B2, patches_EX)]
   base, source, values = fn(params, *args)
@@ -223,22 +223,6 @@ def _packed(heads_E, positions_E, layer_masks_LE, multiple: int) -> np.ndarray:
   )
   pad = (-len(patches_EX)) % multiple
   return np.concatenate([patches_EX, np.zeros((pad, patches_EX.shape[1]), np.int32)])
-
-
-def _split(fn):
-  """`fn`, or with a command's mesh of several `data` devices set (headspec/mesh.py), `fn` with its patches
-  split over them: each device runs its share of the sweep's patches after the same base and source runs, so
-  every value is the one-device value (as the ablation sweep splits its masks)."""
-  grid = mesh_lib.current()
-  if grid is None or grid.shape["data"] == 1:
-    return fn, 1
-  key = (fn, grid)
-  if key not in _SPLIT:
-    _SPLIT[key] = mesh_lib.split_over_data(fn, grid, axis=0, arg=6, outputs=(None, None, 1))  # the patches
-  return _SPLIT[key], grid.shape["data"]
-
-
-_SPLIT: dict = {}
 
 
 def run_attribution(model, site, metric, base_BT, source_BT, valid_BT, last_B, answers_B2) -> np.ndarray:
