@@ -97,7 +97,7 @@ def run(args) -> dict:
       copy = tmp / f"run_{name}"
       shutil.copytree(trained, copy, ignore=shutil.ignore_patterns("probes"))
       out[name] = _probe(copy, tmp / "data", args, dict(env, **extra))
-    entries = list((tmp / "cache").glob("*"))
+    entries = list((tmp / "cache").glob("*-cache"))  # beside them: -atime stamps and the lock
     cache_mb = sum(p.stat().st_size for p in entries) / 2**20
   return {
     "what": f"headspec probe (probe_synthetic, {args.train_words} train words, tasks {args.tasks}) "

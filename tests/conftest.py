@@ -16,6 +16,9 @@ _RUN = os.environ.get("PYTEST_XDIST_TESTRUNUID") or f"pid{os.getpid()}"
 _JAX_CACHE = os.path.join(tempfile.gettempdir(), f"headspec-tests-jax-cache-{_RUN}")
 os.environ.setdefault("JAX_COMPILATION_CACHE_DIR", _JAX_CACHE)
 os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")
+# Bounded, so JAX reads and writes entries under a file lock: an unbounded cache writes them unlocked and
+# a worker loading a program another worker is still writing crashes (headspec.cli.use_compilation_cache).
+os.environ.setdefault("JAX_COMPILATION_CACHE_MAX_SIZE", str(8 << 30))
 
 import http.server  # noqa: E402
 import pathlib  # noqa: E402
