@@ -222,6 +222,14 @@ def split_for_current(fn, *, axis: int, arg: int, outputs):
 _SPLIT: dict = {}
 
 
+def pad_rows(x, multiple: int) -> np.ndarray:
+  """`x` with copies of its first row appended up to a length that `multiple` divides: what a split sweep
+  (`split_for_current`) runs beyond the rows asked for, whose results the caller drops."""
+  x = np.asarray(x)
+  pad = (-len(x)) % multiple
+  return np.concatenate([x, np.repeat(x[:1], pad, axis=0)]) if pad else x
+
+
 @contextlib.contextmanager
 def using(mesh: Mesh | None):
   """Within: `mesh` is the one `constrain` reads and jit places uncommitted inputs on (None: nothing set)."""

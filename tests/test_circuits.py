@@ -429,3 +429,21 @@ def test_circuit_command_writes_its_tables(train_tiny_decoder, capsys):
   faith = tables.read_frame(out, tables.CIRCUIT_FAITHFULNESS)
   assert faith[faith["task"] == "pairs:mine_prob"]["clean_metric"].between(0, 1).all()  # a probability
   assert not list((run_dir / "circuit").glob("pairs*.png"))  # figure_edges=0
+
+
+def test_exact_patching_and_faithfulness_split_over_a_data_mesh_give_the_one_device_values(model):
+  """Under a mesh of the suite's 2 devices on `data`, each device runs its share of the edges and of the
+  circuits (odd counts: padded, the padding dropped); every value equals one device's to float32 rounding."""
+  from headspec import mesh
+
+  p = tiny_prompts(model.cfg)
+  g = edges.graph(model.cfg)
+  asked = np.arange(0, g.E, 4)[:7]
+  keep_CE = np.random.default_rng(0).random((3, g.E)) < 0.5
+  alone = edges.exact(model, p, edges=asked), edges.faithfulness(model, p, keep_CE)
+  assert jax.device_count() == 2 and len(asked) % 2 and len(keep_CE) % 2
+  with mesh.using(mesh.parse("data=2")):
+    split = edges.exact(model, p, edges=asked), edges.faithfulness(model, p, keep_CE)
+  for one, two in zip(alone, split):
+    assert one[0].shape == two[0].shape and one[1:] == pytest.approx(two[1:], rel=1e-6)
+    np.testing.assert_allclose(two[0], one[0], rtol=1e-5, atol=1e-6)

@@ -256,6 +256,22 @@ def test_path_patching_known_answers():
   assert np.abs(to_q[to_q["layer"] < 2]["value"] - to_q.attrs["base"]).max() > 1e-6
 
 
+def test_path_patching_split_over_a_data_mesh_gives_the_one_device_values():
+  """Under a mesh of the suite's 2 devices on `data`, each device runs its share of the senders (11 of them:
+  padded, the padding dropped); every value equals one device's to float32 rounding."""
+  from headspec import mesh
+
+  model = make()
+  senders = [(layer, head) for layer in range(3) for head in range(4)][:11]
+  ask = dict(receivers=[(2, 0), (2, 1)], receiver_site="q", answers=ANSWERS, senders=senders)
+  alone = api.path_patch(model, CLEAN, CORRUPT, **ask)
+  with mesh.using(mesh.parse("data=2")):
+    split = api.path_patch(model, CLEAN, CORRUPT, **ask)
+  assert len(alone) == len(split) == 11 and jax.device_count() == 2
+  assert split.attrs["base"] == alone.attrs["base"] and split.attrs["source"] == alone.attrs["source"]
+  np.testing.assert_allclose(split["value"], alone["value"], rtol=1e-6, atol=1e-7)
+
+
 @pytest.mark.parametrize(
   "kwargs,message",
   [

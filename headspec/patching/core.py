@@ -233,12 +233,16 @@ def run_attribution(model, site, metric, base_BT, source_BT, valid_BT, last_B, a
 
 
 def run_path(model, receiver_site, metric, base_BT, source_BT, valid_BT, last_B, answers_B2, senders, receivers_LH):
-  """(base metric, source metric, [E] values): see `_path`."""
+  """(base metric, source metric, [E] values): see `_path`. Under a mesh with several `data` devices each
+  maps its share of the senders (`mesh.split_for_current`)."""
   graphdef, params = nnx.split(model)
-  fn = _path(graphdef, receiver_site, metric)
-  arrays = (base_BT, source_BT, valid_BT, last_B, answers_B2, np.asarray(senders, np.int32), receivers_LH)
+  fn, devices = mesh_lib.split_for_current(
+    _path(graphdef, receiver_site, metric), axis=0, arg=6, outputs=(None, None, 0)
+  )
+  senders_E2 = mesh_lib.pad_rows(np.asarray(senders, np.int32), devices)
+  arrays = (base_BT, source_BT, valid_BT, last_B, answers_B2, senders_E2, receivers_LH)
   base, source, values = fn(params, *[jnp.asarray(a) for a in arrays])
-  return float(base), float(source), np.asarray(values)
+  return float(base), float(source), np.asarray(values)[: len(senders)]
 
 
 def per_site_loop(model, site, metric, base_BT, source_BT, valid_BT, last_B, answers_B2, patches) -> np.ndarray:

@@ -31,6 +31,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
+from headspec import mesh as mesh_lib
 from headspec.errors import UserError
 from headspec.model import Edit
 from headspec.patching.core import PATCHES_PER_STEP, metric_value
@@ -250,9 +251,10 @@ def _circuits(graphdef, metric):
   return circuits
 
 
-def _call(fn_of, model, p, metric, *extra, batch_size=None):
+def _call(fn_of, model, p, metric, *extra, batch_size=None, split=False):
   """fn(params, clean, corrupt, valid, last, answers, *extra) over prompt batches: each output the mean over
-  batches weighted by their rows (the metric is a mean over prompts)."""
+  batches weighted by their rows (the metric is a mean over prompts). split: extra[0]'s rows (edges or
+  circuits, the first output's axis) are split over a current mesh's `data` devices (`mesh.split_for_current`)."""
   check_model(model.cfg)
   graphdef, params = nnx.split(model)
   B = len(p.clean_BT)
@@ -260,12 +262,18 @@ def _call(fn_of, model, p, metric, *extra, batch_size=None):
   if size < 1:
     raise UserError(f"batch_size={batch_size} must be at least 1")
   fn = fn_of(graphdef, metric)
+  asked = len(extra[0]) if split else None
+  if split:
+    fn, devices = mesh_lib.split_for_current(fn, axis=0, arg=6, outputs=(0, None, None))
+    extra = (jnp.asarray(mesh_lib.pad_rows(extra[0], devices)), *extra[1:])
   total = None
   for start in range(0, B, size):
     rows = slice(start, start + size)
     arrays = [jnp.asarray(a[rows]) for a in (p.clean_BT, p.corrupt_BT, p.valid_BT, p.last_B, p.answers_B2)]
     out = [np.asarray(o, np.float64) * (len(p.clean_BT[rows]) / B) for o in fn(params, *arrays, *extra)]
     total = out if total is None else [a + b for a, b in zip(total, out)]
+  if split:
+    total[0] = total[0][:asked]  # the padding's rows dropped
   return total
 
 
@@ -292,8 +300,8 @@ def exact(model, p, *, metric="logit_diff", edges=None, scale=1.0, batch_size=No
     if edges.ndim != 1 or not len(edges) or edges.dtype.kind not in "iu" or not ((0 <= edges) & (edges < g.E)).all():
       raise UserError(f"exact: edges={edges.tolist()!r}; give edge indices in 0..{g.E - 1} (graph(cfg).edges_E2)")
   edges_E2 = g.edges_E2 if edges is None else g.edges_E2[edges.astype(np.int64)]
-  values, clean, corrupt = _call(_exact, model, p, metric, jnp.asarray(edges_E2), jnp.float32(scale),
-                                 batch_size=batch_size)  # fmt: skip
+  values, clean, corrupt = _call(_exact, model, p, metric, edges_E2, jnp.float32(scale),
+                                 batch_size=batch_size, split=True)  # fmt: skip
   return values - corrupt, float(clean), float(corrupt)
 
 
@@ -304,7 +312,7 @@ def faithfulness(model, p, keep_CE, *, metric="logit_diff", batch_size=None):
   keep_CE = np.atleast_2d(np.asarray(keep_CE, bool))
   if keep_CE.shape[1] != g.E:
     raise UserError(f"circuits: a mask over {keep_CE.shape[1]} edges for a graph of {g.E}")
-  values, clean, corrupt = _call(_circuits, model, p, metric, jnp.asarray(keep_CE), batch_size=batch_size)
+  values, clean, corrupt = _call(_circuits, model, p, metric, keep_CE, batch_size=batch_size, split=True)
   if clean == corrupt:
     raise UserError("circuits: the clean and corrupted runs give the same metric; faithfulness is undefined")
   return (values - corrupt) / (clean - corrupt), float(clean), float(corrupt)
