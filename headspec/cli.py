@@ -93,11 +93,9 @@ def use_compilation_cache() -> None:
   program is kept (JAX's default keeps only those that took a second to compile; the probe fitter's
   take about that each, and a hundred entries are a few MB).
 
-  The cache is bounded (CACHE_MAX_BYTES, JAX_COMPILATION_CACHE_MAX_SIZE overrides it) because only a
-  bounded cache is safe to share: JAX then reads and writes its entries under a file lock, while an
-  unbounded one writes them in place, unlocked, so a command loading a program that a command beside it
-  is still writing reads a partial executable and crashes (seen as segfaults between the test suite's
-  workers, which share one cache)."""
+  The cache is bounded (CACHE_MAX_BYTES; JAX_COMPILATION_CACHE_MAX_SIZE overrides it): JAX then drops the
+  least recently used programs beyond it, and reads and writes entries under a file lock, so commands
+  side by side never write one entry at once (unbounded, it writes in place, unlocked)."""
   if os.environ.get("HEADSPEC_COMPILATION_CACHE", "1") == "0":
     return
   os.environ.setdefault("JAX_COMPILATION_CACHE_MAX_SIZE", str(CACHE_MAX_BYTES))
