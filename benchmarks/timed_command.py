@@ -16,8 +16,6 @@ import sys
 import time
 from collections.abc import Callable
 
-from headspec.cli import CACHE_MAX_BYTES
-
 
 def run(args: list[str], workdir: str, on_line: Callable[[str, float], None] = lambda line, now: None) -> dict:
   """`python -m headspec ARGS`, its output merged and passed line by line to `on_line(line, perf_counter)`.
@@ -25,7 +23,6 @@ def run(args: list[str], workdir: str, on_line: Callable[[str, float], None] = l
   lines when the command fails."""
   env = dict(os.environ, JAX_COMPILATION_CACHE_DIR=os.path.join(workdir, "jax-cache"))
   env["JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS"] = "0"
-  env.setdefault("JAX_COMPILATION_CACHE_MAX_SIZE", str(CACHE_MAX_BYTES))  # locked reads and writes
   usage0 = resource.getrusage(resource.RUSAGE_CHILDREN)
   t0 = time.perf_counter()
   tail: list[str] = []

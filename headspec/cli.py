@@ -74,9 +74,6 @@ def use_every_cpu_core() -> None:
     os.environ["XLA_FLAGS"] = f"{flags_now} --xla_force_host_platform_device_count={n}".strip()
 
 
-CACHE_MAX_BYTES = 8 << 30  # JAX evicts the least recently used programs beyond this
-
-
 def compilation_cache_dir() -> pathlib.Path:
   """Where `headspec` commands keep JAX's persistent compilation cache: $XDG_CACHE_HOME/headspec/jax
   (default ~/.cache/headspec/jax)."""
@@ -91,15 +88,10 @@ def use_compilation_cache() -> None:
   A user's JAX_COMPILATION_CACHE_DIR wins; HEADSPEC_COMPILATION_CACHE=0 turns it off. The cache key
   holds the program, the jax/jaxlib versions and the devices, so a stale entry is never used. Every
   program is kept (JAX's default keeps only those that took a second to compile; the probe fitter's
-  take about that each, and a hundred entries are a few MB).
-
-  The cache is bounded (CACHE_MAX_BYTES; JAX_COMPILATION_CACHE_MAX_SIZE overrides it): JAX then drops the
-  least recently used programs beyond it, and reads and writes entries under a file lock, so commands
-  side by side never write one entry at once (unbounded, it writes in place, unlocked)."""
-  if os.environ.get("HEADSPEC_COMPILATION_CACHE", "1") == "0":
-    return
-  os.environ.setdefault("JAX_COMPILATION_CACHE_MAX_SIZE", str(CACHE_MAX_BYTES))
-  if "JAX_COMPILATION_CACHE_DIR" in os.environ:
+  take about that each, and a hundred entries are a few MB). Unbounded, JAX's default: a bound
+  (JAX_COMPILATION_CACHE_MAX_SIZE) must start from an empty folder, since JAX's eviction reads a
+  timestamp file that entries written without a bound lack, and every write into such a folder fails."""
+  if os.environ.get("HEADSPEC_COMPILATION_CACHE", "1") == "0" or "JAX_COMPILATION_CACHE_DIR" in os.environ:
     return
   os.environ["JAX_COMPILATION_CACHE_DIR"] = os.fspath(compilation_cache_dir())
   os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")

@@ -26,8 +26,7 @@ def test_version(capsys):
 def test_commands_keep_compiled_programs_in_the_user_cache(switch, tmp_path):
   """`headspec` commands turn on JAX's persistent compilation cache in $XDG_CACHE_HOME/headspec/jax
   (a program compiled once is written there); HEADSPEC_COMPILATION_CACHE=0 turns it off; a user's
-  JAX_COMPILATION_CACHE_DIR wins (the suite sets its own, so this runs without it). Either cache is
-  bounded, so JAX locks its reads and writes (.lockfile, -atime stamps): commands side by side share it."""
+  JAX_COMPILATION_CACHE_DIR wins (the suite sets its own, so this runs without it)."""
   env = {k: v for k, v in os.environ.items() if not k.startswith(("JAX_COMPILATION", "JAX_PERSISTENT"))}
   env.update(XDG_CACHE_HOME=str(tmp_path), HEADSPEC_COMPILATION_CACHE=switch or "1")
   code = "from headspec import cli; cli.use_compilation_cache(); import jax; print(jax.jit(lambda x: x * 3)(2.0))"
@@ -35,12 +34,10 @@ def test_commands_keep_compiled_programs_in_the_user_cache(switch, tmp_path):
   assert out.stdout.strip() == "6.0"
   written = list((tmp_path / "headspec" / "jax").glob("*"))
   assert bool(written) == (switch == ""), written
-  assert (tmp_path / "headspec" / "jax" / ".lockfile").exists() == (switch == "")
   shutil.rmtree(tmp_path / "headspec", ignore_errors=True)
   env.update(JAX_COMPILATION_CACHE_DIR=str(tmp_path / "mine"), JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0")
   subprocess.run([sys.executable, "-c", code], env=env, check=True)
-  assert not (tmp_path / "headspec").exists() and any((tmp_path / "mine").glob("*-cache"))
-  assert (tmp_path / "mine" / ".lockfile").exists() == (switch == "")
+  assert not (tmp_path / "headspec").exists() and any((tmp_path / "mine").glob("*"))
 
 
 @pytest.mark.parametrize("command", sorted(n for n, c in cli.COMMANDS.items() if c.needs_config))
