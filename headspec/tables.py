@@ -313,7 +313,7 @@ STUDY = {  # every study table, in the order `headspec study` collects them (doc
     _study_table(
       "causal_seeds",
       "condition,task,k,metric",
-      "mean,t_low,t_high,min,max,seeds,p_value,family,p_holm,mde,below_0,above_0,tost_margin,tost_p",
+      "mean,t_low,t_high,min,max,seeds,p_value,family,p_holm,mde,below_0,above_0,tost_margin,tost_p,tost_p_holm",
     ),
     _study_table(
       "formation_tests",

@@ -137,6 +137,8 @@ def test_causal_over_seeds_t_test_holm_tost_and_loss_beside():
   assert flat["tost_margin"] == study.EQUIVALENCE_MARGINS["probe_accuracy_vs_random"]
   assert flat["tost_p"] == pytest.approx(resampling.tost([-0.001, 0.002, 0.0], flat["tost_margin"]))
   assert flat["tost_p"] < 0.05  # shown within the margin
+  np.testing.assert_allclose(dec_family["tost_p_holm"], resampling.holm(dec_family["tost_p"]))
+  assert (dec_family["tost_p_holm"] >= dec_family["tost_p"]).all()
   loss = out.set_index(["metric", "k"]).loc[("loss_delta_vs_random", 2)]
   assert loss["above_0"] == 3 and loss["family"] == "baseline:loss_delta_vs_random"
 

@@ -28,7 +28,8 @@ STATISTICS = """## Statistics: families of tests and their corrections
   counts and first crossings to follow over training, not tests of a head.
 - causal: one paired CI per run, task and k, uncorrected; mde is its power, not an equivalence bound.
   causal_seeds: over seeds, a one-sample t test per condition, task, k and metric, Holm within condition ×
-  metric (every task × k); tost_p tests |mean| < tost_margin (Schuirmann 1987), for "no more than" statements.
+  metric (every task × k); tost_p tests |mean| < tost_margin (Schuirmann 1987), for "no more than" statements,
+  and tost_p_holm is its Holm adjustment within the same family.
   probe_accuracy_vs_random is decodability after ablation (a refitted probe), not use; loss_delta_vs_random
   is the LM loss.
 - induction: the causal check of the top-k induction heads, one paired CI per run, kept step, k and ablation,
@@ -273,7 +274,7 @@ def _later_sections(frames: dict) -> list[str]:
       _markdown(frames["causal_seeds"], ".4f"),
       "p_value: one-sample t test of 0 over seeds; p_holm: Holm within condition × metric (every task × k); "
       "below_0 / above_0: seeds whose own CI lies below / above 0; tost_p: Schuirmann's two one-sided t tests of "
-      "|mean| < tost_margin (small: shown to be within the margin).",
+      "|mean| < tost_margin (small: shown to be within the margin), tost_p_holm Holm over the same family.",
     ]
   if len(frames.get("sae", ())):
     parts += _sae_section(frames)

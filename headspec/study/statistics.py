@@ -176,7 +176,8 @@ def causal_seeds(causal) -> list[dict]:
   (selective − random) over seeds: mean, 95% t interval, range, seed count, the one-sample t test of 0
   (`p_value`; Holm over the family `<condition>:<metric>`, every task × k, `p_holm`), the median `mde`, the
   seeds whose own CI lies below / above 0, and Schuirmann's TOST of |mean| < `tost_margin`
-  (EQUIVALENCE_MARGINS; `tost_p`: what a "no more than" statement needs)."""
+  (EQUIVALENCE_MARGINS; `tost_p`, Holm over the same family `tost_p_holm`: what a "no more than" statement
+  needs)."""
   out = []
   c = causal[causal["metric"].isin(list(CAUSAL_MEASURES))]
   for (condition, metric, task, k), g in c.groupby(["condition", "metric", "task", "k"]):
@@ -190,8 +191,9 @@ def causal_seeds(causal) -> list[dict]:
     )  # fmt: skip
   for family in dict.fromkeys(r["family"] for r in out):
     mine = [r for r in out if r["family"] == family]
-    for r, p in zip(mine, resampling.holm([r["p_value"] for r in mine])):
-      r["p_holm"] = float(p)
+    p_holm, tost_holm = (resampling.holm([r[key] for r in mine]) for key in ("p_value", "tost_p"))
+    for r, p, q in zip(mine, p_holm, tost_holm):
+      r["p_holm"], r["tost_p_holm"] = float(p), float(q)
   return out
 
 
