@@ -7,10 +7,10 @@ if "xla_force_host_platform_device_count" not in os.environ["XLA_FLAGS"]:
   os.environ["XLA_FLAGS"] += " --xla_force_host_platform_device_count=2"
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 # No persistent compilation cache in the suite: jaxlib 0.10.2's CPU backend segfaulted serializing a
-# program it had just compiled, to write it to the cache (jax/_src/compilation_cache.py,
-# put_executable_and_time), taking a pytest worker with it in two recent full runs. The workers get no cache
-# folder; the `headspec` commands that tests start inherit HEADSPEC_COMPILATION_CACHE=0. The tests of the
-# cache itself (test_cli_help.py, the compile-cache benchmark) set their own.
+# program it had just compiled, to write it to the cache (put_executable_and_time), taking a pytest worker
+# with it (docs/testing.md). The workers get no cache folder; the `headspec` commands that tests start
+# inherit HEADSPEC_COMPILATION_CACHE=0. The tests of the cache itself (test_cli_help.py, the compile-cache
+# benchmark) set their own.
 os.environ.pop("JAX_COMPILATION_CACHE_DIR", None)
 os.environ["HEADSPEC_COMPILATION_CACHE"] = "0"
 
