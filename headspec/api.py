@@ -41,6 +41,7 @@ from flax import nnx
 
 from headspec import arguments as check
 from headspec import edits, targets
+from headspec import mesh as mesh_lib
 from headspec import tokens as tokens_lib
 from headspec.errors import UserError
 
@@ -317,7 +318,7 @@ def _capture_forward(graphdef):
   from headspec import words as words_layer
   from headspec.attention import words as attention_words
 
-  @jax.jit
+  @mesh_lib.jit
   def forward(state, inputs, head_mask_LH, to_BWT, special_BT):
     *rows, pool_BWT = inputs
     model = nnx.merge(graphdef, state)

@@ -33,6 +33,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
+from headspec import mesh as mesh_lib
 from headspec import model as model_lib
 from headspec.arguments import short
 from headspec.errors import UserError
@@ -97,7 +98,7 @@ def check_sites(sites) -> tuple[str, ...]:
 def _forward(graphdef, sites: tuple[str, ...]):
   """jit(state, tokens_BT, valid_BT, interventions) -> (logits_BTV, Intermediates)."""
 
-  @jax.jit
+  @mesh_lib.jit
   def forward(state, tokens_BT, valid_BT, interventions):
     key = (sites, tokens_BT.shape)
     TRACES[key] = TRACES.get(key, 0) + 1  # runs only while tracing

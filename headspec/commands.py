@@ -40,6 +40,12 @@ class Command:
   def needs_config(self) -> bool:
     return self.defaults is not None
 
+  @property
+  def multihost(self) -> bool:
+    """Runs as one program over every process of a multi-process launch (`--config.multihost=True`):
+    training, and the analyses (every process computes, process 0 writes; headspec/jobloop.py)."""
+    return self.report is not None or self.run == "headspec.commands:train"
+
   def function(self) -> Callable:
     module, name = self.run.split(":")
     return getattr(importlib.import_module(module), name)
@@ -52,14 +58,17 @@ class Command:
       return
     if args:
       raise UserError(f"{name} takes no arguments, got {' '.join(args)}")
-    from headspec import mesh
+    from headspec import mesh, parallel
 
+    parallel.initialize_distributed(config.get("multihost", False))  # every process runs the same analysis
     spec = config.get("mesh", "")  # a command whose defaults have no mesh runs as on one device
     grid = mesh.parse(spec, key="config.mesh")  # a bad mesh is refused before any work
     # A mesh given shards models, batches and activations; '' leaves the analyses as they run on one
     # device (feature extraction round-robin over the local devices).
     with mesh.using(grid if spec and grid.size > 1 else None):
-      print(self.report(function(config, workdir)))
+      result = function(config, workdir)
+    if result is not None:  # None: a process of a multi-process command other than the writer (process 0)
+      print(self.report(result))
 
 
 def quickstart(config, workdir, args) -> None:

@@ -19,6 +19,7 @@ import numpy as np
 from flax import nnx
 
 from headspec import arguments as check
+from headspec import mesh as mesh_lib
 from headspec.errors import UserError
 from headspec.model import SITES, Edit, KVCache, Transformer, check_interventions
 
@@ -98,7 +99,7 @@ def _pick(logits_BV, key, temperature, greedy: bool, top_k: int | None):
   return jax.random.categorical(key, logits_BV, axis=-1).astype(jnp.int32)
 
 
-@functools.partial(jax.jit, static_argnums=(0, 8, 9))
+@functools.partial(mesh_lib.jit, static_argnums=(0, 8, 9))
 def _cached_step(graphdef, state, tokens_BT, valid_BT, positions_BT, cache, edits, key_temperature, greedy, top_k):
   """One forward of T new tokens against the cache: (the next token [B], the updated cache)."""
   key, temperature = key_temperature
@@ -108,7 +109,7 @@ def _cached_step(graphdef, state, tokens_BT, valid_BT, positions_BT, cache, edit
   return _pick(logits_BTV[:, -1], key, temperature, greedy, top_k), cache
 
 
-@functools.partial(jax.jit, static_argnums=(0, 7, 8))
+@functools.partial(mesh_lib.jit, static_argnums=(0, 7, 8))
 def _full_step(graphdef, state, tokens_BS, valid_BS, positions_BS, last, edits, greedy, top_k, key_temperature):
   """The full forward over the buffer (slots after `last` hidden): the token after slot `last` [B]."""
   key, temperature = key_temperature

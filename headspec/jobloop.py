@@ -75,8 +75,10 @@ class Analysis:
     raise NotImplementedError
 
 
-def progress(total: int, desc: str, unit: str = "it", *, initial: int = 0, disable: bool = False):
-  """A progress bar (tqdm.auto) of `total` items (`initial` of them done), redrawn at most once a second."""
+def progress(total: int, desc: str, unit: str = "it", *, initial: int = 0, disable: bool | None = None):
+  """A progress bar (tqdm.auto) of `total` items (`initial` of them done), redrawn at most once a second;
+  by default shown by the writer of a multi-process command only (`remote.is_writer`)."""
+  disable = not remote.is_writer() if disable is None else disable
   return tqdm(total=total, desc=desc, unit=unit, leave=True, mininterval=1.0, initial=initial, disable=disable)
 
 
@@ -139,17 +141,25 @@ def merge(workdir, table: tables.Table, rows) -> None:
 
 
 def run(analysis: Analysis):
-  """plan -> check writable -> prepare -> each job's rows merged -> finish; returns what finish returns."""
+  """plan -> check writable -> prepare -> each job's rows merged -> finish; returns what finish returns.
+
+  A multi-process command (`config.multihost`) runs this on every process as one SPMD program: each
+  process plans, prepares and computes every job (the programs span all processes' devices), and the
+  writer (process 0, `remote.is_writer`) merges the rows, draws the figures and finishes; the others return
+  None once every job is computed."""
+  writer = remote.is_writer()
   jobs = analysis.plan()
   tables.check_writable(analysis.workdir, *analysis.tables(jobs))
   analysis.prepare(jobs)
-  with lines_above_bars(), progress(len(jobs), f"{analysis.name}: model steps", unit="step") as bar, ticking(bar):
+  bar = progress(len(jobs), f"{analysis.name}: model steps", unit="step")
+  with lines_above_bars(), bar, ticking(bar):
     for i, job in enumerate(jobs):
       first = " (loading, compiling…)" if i == 0 else ""  # the first job compiles what the later ones reuse
       bar.set_postfix_str(f"{job.name} step {job.step}{first}", refresh=True)
       logging.info("%s step %d", job.name, job.step)
       for table, rows in analysis.job(job).items():
         merge(analysis.workdir, table, rows)
-      analysis.merged(job)
+      if writer:
+        analysis.merged(job)
       bar.update(1)
-  return analysis.finish(jobs)
+  return analysis.finish(jobs) if writer else None

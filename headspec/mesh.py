@@ -22,6 +22,7 @@ are one table per kind, read off the name:
 from __future__ import annotations
 
 import contextlib
+import functools
 import re
 
 import jax
@@ -156,6 +157,44 @@ def constrain(x, letters: str):
   return jax.lax.with_sharding_constraint(x, spec_for(letters, x.shape, mesh, ACTIVATION_RULES))
 
 
+def readable(tree):
+  """`tree` (what a traced function returns) replicated on the mesh `jax.set_mesh` set, when the program
+  spans several processes: a host reads back only its own devices' shards, so a result it reads
+  (`np.asarray`) must be whole on each. The identity on one process (the program is unchanged), under no
+  mesh, and inside `split_over_data`'s per-device map. What a multi-process analysis reads is small
+  (per-head values, pooled features), so gathering it costs one all-gather per program."""
+  if jax.process_count() == 1:
+    return tree
+  mesh = jax.sharding.get_abstract_mesh()
+  if mesh.empty or mesh.size == 1 or AxisType.Manual in mesh.axis_types:
+    return tree
+  return jax.tree.map(lambda x: jax.lax.with_sharding_constraint(x, PartitionSpec()), tree)
+
+
+def jit(fn=None, **jit_kwargs):
+  """`jax.jit` of `fn` with its outputs `readable`: the analyses' programs whose results a host reads back
+  (as a decorator too: `@mesh.jit(static_argnames=...)`). On one process it is `jax.jit(fn)`."""
+  if fn is None:
+    return functools.partial(jit, **jit_kwargs)
+
+  @functools.wraps(fn)
+  def whole(*args, **kwargs):
+    return readable(fn(*args, **kwargs))
+
+  return jax.jit(whole, **jit_kwargs)
+
+
+def to_host(x, dtype=None) -> np.ndarray:
+  """np.asarray(x, dtype), also of an array sharded across processes (a parameter under `fsdp` or `tensor`
+  spanning hosts: each host holds only its shards, so they are all-gathered, `process_allgather`, a
+  collective every process of a multi-process command reaches at the same point)."""
+  if isinstance(x, jax.Array) and not x.is_fully_addressable and not x.is_fully_replicated:
+    from jax.experimental import multihost_utils
+
+    x = multihost_utils.process_allgather(x, tiled=True)
+  return np.asarray(x, dtype)
+
+
 def current() -> Mesh | None:
   """The mesh `using` set, or None (none set, or one device: nothing to shard)."""
   mesh = jax.sharding.get_mesh()
@@ -201,7 +240,8 @@ def split_over_data(fn, mesh: Mesh, *, axis: int, arg: int, outputs):
   def run(*args):
     in_specs = tuple(split(axis) if i == arg else P() for i in range(len(args)))
     out_specs = tuple(split(d) for d in outputs) if isinstance(outputs, tuple) else split(outputs)
-    return jax.shard_map(fn, mesh=mesh, in_specs=in_specs, out_specs=out_specs, check_vma=False)(*args)
+    out = jax.shard_map(fn, mesh=mesh, in_specs=in_specs, out_specs=out_specs, check_vma=False)(*args)
+    return readable(out)
 
   return jax.jit(run)
 

@@ -73,7 +73,7 @@ def write(workdir, folder: str, file: str, command: str, config, record: dict) -
   """WORKDIR/folder/file from `record` (the lead process only, atomically)."""
   from headspec import remote
 
-  if "jax" in sys.modules and sys.modules["jax"].process_index() != 0:
+  if not remote.is_writer():
     return
   info = {
     "command": command,

@@ -23,6 +23,7 @@ import os
 import pathlib
 import re
 import shutil
+import sys
 import tempfile
 import time
 
@@ -90,9 +91,21 @@ def read_json(path):
     raise UserError(f"{path}: not a text file; the file is damaged") from None
 
 
+def is_writer() -> bool:
+  """Whether this process writes a run's files. A multi-process command (`config.multihost`: TPU pod workers,
+  SLURM tasks) runs the same program on every process; process 0 writes and the others drop their writes,
+  so each file of a shared workdir has one writer. A single process always writes. jax is asked only once
+  it is imported and distributed (a command without JAX never starts a backend here)."""
+  jax = sys.modules.get("jax")
+  return jax is None or not jax.distributed.is_initialized() or jax.process_index() == 0
+
+
 def write_bytes_atomic(path, data: bytes) -> None:
-  """Writes `path` whole: local through a temp file beside it and rename, remote as one object (atomic on GCS)."""
+  """Writes `path` whole: local through a temp file beside it and rename, remote as one object (atomic on GCS).
+  A process other than the writer (`is_writer`) writes nothing."""
   path = epath.Path(path)
+  if not is_writer():
+    return
   if is_remote(path):
     path.write_bytes(data)
     return
@@ -105,9 +118,11 @@ def write_bytes_atomic(path, data: bytes) -> None:
 def save_figure(fig, path, **savefig_kwargs) -> epath.Path:
   """`fig.savefig` to a local or remote path, whole: a local file is drawn beside it and renamed, a remote
   one is drawn in memory and written as one object (matplotlib cannot write to a URL). The format is
-  the file's suffix (default png). Returns the path."""
+  the file's suffix (default png); a process other than the writer (`is_writer`) draws nothing. Returns the path."""
   path = epath.Path(path)
   fmt = path.suffix.lstrip(".") or "png"
+  if not is_writer():
+    return path
   if is_remote(path):
     buffer = io.BytesIO()
     fig.savefig(buffer, format=fmt, **savefig_kwargs)
@@ -123,9 +138,13 @@ def save_figure(fig, path, **savefig_kwargs) -> epath.Path:
 def replacing(tmp: epath.Path, path: epath.Path):
   """Renames `tmp` onto `path` once the body has filled it. A body that fails (a full disk, a quota, an
   interrupt) leaves `path` as it was and no temporary; its OSError names `path`, so the CLI's one line
-  says which file could not be written."""
+  says which file could not be written. A process other than the writer (`is_writer`) removes `tmp` instead.
+  """
   try:
     yield
+    if not is_writer():
+      tmp.unlink(missing_ok=True)
+      return
     tmp.replace(path)
   except OSError as e:
     tmp.unlink(missing_ok=True)
@@ -249,7 +268,7 @@ class LocalMirror:
     self._sent: dict[str, tuple[int, int]] = {}
 
   def sync(self) -> list[epath.Path]:
-    if not self.remote:
+    if not self.remote or not is_writer():
       return []
     sent = []
     for file in sorted(p for p in self.local.rglob("*") if p.is_file()):

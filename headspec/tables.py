@@ -560,6 +560,8 @@ def _write(path: epath.Path, rows: list[dict], table: Table, check) -> None:
 def write(path, rows: list[dict], table: Table) -> None:
   """Writes `rows` (already-formatted strings, or values) as the whole table, atomically, under its lock."""
   path = epath.Path(path)
+  if not remote.is_writer():  # a multi-process command: process 0 writes
+    return
   with locked(path) as check:
     _write(path, rows, table, check)
 
@@ -585,9 +587,12 @@ def merge(path, new_rows, table: Table, *, others=None) -> list[dict[str, str]]:
   the lock, so no other writer's rows are lost in between.
   `others(row) -> bool`, for a table two analyses write (ablation/causal.csv, attention/roles.csv): the
   existing rows of a replaced key for which it is true belong to the other analysis and are kept.
-  Holds the table's lock (`locked`) from reading to renaming.
+  Holds the table's lock (`locked`) from reading to renaming. A process other than the writer of a
+  multi-process command (`remote.is_writer`) writes nothing and returns `new_rows` alone.
   """
   path = epath.Path(path)
+  if not remote.is_writer():
+    return [format_row(r, table) for r in (new_rows([]) if callable(new_rows) else new_rows)]
   with locked(path) as check:  # read, merge and rename as one: a concurrent writer's rows are not lost
     old = read(path, table)
     new = [format_row(r, table) for r in (new_rows(old) if callable(new_rows) else new_rows)]

@@ -27,6 +27,7 @@ import numpy as np
 from flax import nnx
 
 from headspec import alignment as align_lib
+from headspec import mesh as mesh_lib
 from headspec import packing
 from headspec.alignment import bucket_length
 
@@ -153,7 +154,7 @@ def pooled_forward(graphdef, capture: tuple[str, ...], hidden: bool = False):
   [B,W,D] (after a pre-LN model's final norm, what its LM head reads). interventions: model.py's
   {site: edit} (None for none), traced, so new values never recompile."""
 
-  @jax.jit
+  @mesh_lib.jit
   def forward(state, tokens_BT, positions_BT, segment_BT, pool_BWT, interventions):
     model = nnx.merge(graphdef, state)
     rows = (tokens_BT, positions_BT, segment_BT)

@@ -53,7 +53,12 @@ def test_local_any_command_and_two_processes():
     "--workdir=r",
     "--config.multihost=True",
   ]
-  code, out, _ = dry("local", "--dry-run", "--processes=2", "--", "atlas", "--workdir=r")  # analyses: one process
+  code, out, _ = dry(
+    "local", "--dry-run", "--processes=2", "--", "probe", "--config=configs/probe_ewt.py", "--workdir=r"
+  )
+  assert code == 0 and [h for h, _ in commands(out)] == ["local process 0 of 2", "local process 1 of 2"]  # one program
+  assert all(c[-1] == "--config.multihost=True" for _, c in commands(out))
+  code, out, _ = dry("local", "--dry-run", "--processes=2", "--", "atlas", "--workdir=r")  # no JAX: one process
   assert (
     code == 0
     and [h for h, _ in commands(out)] == ["local"]
@@ -131,7 +136,9 @@ def test_tpu_creates_installs_a_wheel_stages_data_and_runs_on_every_worker():
     and "HEADSPEC_DATA_DIR=~/headspec/data" in train
   )
   assert "git clone" not in out
-  assert [c for c in remote["TPU worker 0"] if "headspec probe" in c]
+  probe = [c for c in every if "headspec probe" in c]  # analyses too are one program over the slice
+  assert len(probe) == 1 and "--config.multihost=True" in probe[0] and "bfloat16" not in probe[0]
+  assert "TPU worker 0" not in remote
 
 
 @pytest.mark.parametrize(

@@ -8,6 +8,7 @@ devices. Also: SIGTERM to both processes saves one checkpoint at one step, and a
 import json
 import os
 import pathlib
+import shutil
 import signal
 import socket
 import subprocess
@@ -16,6 +17,7 @@ import time
 
 import jax
 import numpy as np
+import pandas as pd
 import pytest
 
 from headspec import checkpoints, runs, targets
@@ -138,3 +140,107 @@ def test_sigterm_to_both_saves_one_checkpoint_and_resumes(synthetic_data_dir, tm
   steps = [r["step"] for r in _records(tmp_path) if "loss" in r]
   assert steps == list(range(1, stopped + 3)), steps  # resumed at stopped + 1: no step repeated or skipped
   assert checkpoints.saved_steps(tmp_path)[-1] == stopped + 2
+
+
+ANALYSES = {  # command -> (config, mesh, flags): each crosses the two processes another way
+  "ablate": (  # parameters and batch rows split across the processes (fsdp): `mesh.to_host`, `mesh.readable`
+    "configs/ablate.py",
+    "fsdp=2",
+    [
+      "--config.methods=zero,magnitude,pruning",
+      "--config.pruning.rankings=magnitude,random",
+      "--config.pruning.random_seeds=2",
+      "--config.num_tokens=512",
+      "--config.bootstrap_resamples=20",
+    ],
+  ),  # fmt: skip
+  "patch": (  # the patches split over the data devices, one a process (`mesh.split_over_data`)
+    "configs/patch_induction.py",
+    "data=2",
+    ["--config.count=8", "--config.sites=z,resid_pre", "--config.attribution=False"],
+  ),
+  "probe": (  # a sharded feature extraction, then the probe groups split over the processes (fanout.py)
+    "configs/probe_synthetic.py:{data}",
+    "data=2",
+    [
+      "--config.probe.tasks=upos",
+      "--config.probe.max_train_words=2000",
+      "--config.probe.random_baseline=False",
+      "--config.probe.bootstrap_resamples=20",
+      "--config.probe.l2_grid=1e-3",
+    ],
+  ),  # fmt: skip
+}
+
+
+def _analysis_argv(command, workdir, data_dir):
+  config, mesh, flags = ANALYSES[command]
+  return [command, f"--config={REPO}/{config.format(data=data_dir)}", f"--workdir={workdir}",
+          f"--config.mesh={mesh}", *[f.format(data=data_dir) for f in flags]]  # fmt: skip
+
+
+def _tables(folder) -> dict:
+  return {p.relative_to(folder).as_posix(): p.read_text() for p in folder.rglob("*.csv")}
+
+
+def test_analyses_run_as_one_program_over_two_processes(train_tiny_decoder, synthetic_data_dir, tmp_path):
+  """`headspec ablate|patch|probe --config.multihost=True` on two processes of one CPU device each (the devices
+  of one mesh, as TPU workers or SLURM nodes are) write what one process with both devices writes: ablation and
+  patching the same tables byte for byte, probing the same features and, its groups fitted half on each
+  process, probes equal to the fitter's tolerance. Process 1 prints nothing: process 0 reports and writes."""
+  run = train_tiny_decoder(20, name="multihost")
+  for command in ANALYSES:
+    one, two = tmp_path / command / "one" / "tiny", tmp_path / command / "two" / "tiny"  # the tables' model: tiny
+    shutil.copytree(run, one)
+    shutil.copytree(run, two)
+    port = _free_port()
+    procs = [
+      subprocess.Popen(
+        [
+          sys.executable,
+          "-m",
+          "headspec",
+          *_analysis_argv(command, two, synthetic_data_dir),
+          "--config.multihost=True",
+        ],
+        cwd=REPO,
+        env=dict(
+          os.environ,
+          XLA_FLAGS="--xla_force_host_platform_device_count=1",
+          JAX_PLATFORMS="cpu",
+          JAX_COORDINATOR_ADDRESS=f"127.0.0.1:{port}",
+          JAX_NUM_PROCESSES="2",
+          JAX_PROCESS_ID=str(i),
+        ),  # fmt: skip
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+      )
+      for i in range(2)
+    ]
+    done = subprocess.run(  # the reference: one process, both devices of the suite, the same mesh
+      [sys.executable, "-m", "headspec", *_analysis_argv(command, one, synthetic_data_dir)],
+      cwd=REPO, env=dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=2"), capture_output=True,
+      text=True, timeout=300,
+    )  # fmt: skip
+    outs = _finish(procs, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    said = [[line for line in out.splitlines() if not line.startswith("[Gloo]")] for out, _ in outs]
+    assert said[0] and not said[1], said[1][-5:]
+    a, b = _tables(one), _tables(two)
+    assert a.keys() == b.keys() and len(a) >= 2, (a.keys(), b.keys())
+    if command != "probe":
+      assert a == b, command
+      continue
+    cached = [
+      {f.parent.name.rsplit("-", 1)[0] + "/" + f.name: f for f in (d / "probes" / "cache").rglob("*.npy")}
+      for d in (one, two)
+    ]  # fmt: skip  (a cache folder's name ends in a hash of the run's path)
+    assert len(cached[0]) >= 3 and cached[0].keys() == cached[1].keys()
+    assert all(np.array_equal(np.load(cached[0][k]), np.load(cached[1][k])) for k in cached[0])
+    rows = [
+      pd.read_csv(folder / "probes" / "results.csv").set_index(["task", "layer", "head"]) for folder in (one, two)
+    ]
+    assert len(rows[0]) > 10 and rows[0].index.equals(rows[1].index)
+    gap = (rows[0]["accuracy"] - rows[1]["accuracy"]).abs()
+    assert gap.max() < 0.01, gap.max()  # the L-BFGS tolerance: the same groups split in two move it as much

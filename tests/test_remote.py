@@ -306,3 +306,36 @@ def test_writers_and_checkpoints_on_a_gcs_emulator(tmp_path, monkeypatch):
   finally:
     emulator.terminate()
     emulator.wait(timeout=30)
+
+
+def test_only_the_writer_process_writes(tmp_path, monkeypatch):
+  """On a process other than process 0 of a multi-process command (`remote.is_writer`), tables, files and
+  figures are computed but not written, and no temporary is left; process 0 and a lone process write."""
+  import jax
+  import matplotlib
+
+  matplotlib.use("Agg")
+  import matplotlib.pyplot as plt
+
+  from headspec import tables
+
+  table = tables.PROBE_BASELINES
+  row = {c: 1 for c in table.columns}
+
+  def write_all(folder):
+    remote.write_bytes_atomic(folder / "a.txt", b"a")
+    fig = plt.figure()
+    remote.save_figure(fig, folder / "b.png")
+    plt.close(fig)
+    return tables.merge(folder / "c.csv", [row], table)
+
+  assert remote.is_writer()
+  monkeypatch.setattr(jax.distributed, "is_initialized", lambda: True)
+  for index, writes in ((1, False), (0, True)):
+    monkeypatch.setattr(jax, "process_index", lambda index=index: index)
+    folder = tmp_path / str(index)
+    folder.mkdir()
+    assert remote.is_writer() is writes
+    rows = write_all(folder)
+    assert len(rows) == 1  # the merged rows come back either way
+    assert sorted(p.name for p in folder.iterdir()) == (["a.txt", "b.png", "c.csv"] if writes else [])

@@ -74,7 +74,7 @@ def _row_edit(layer, row_H, replacement_LHK) -> Edit:
 
 
 def _sweep(graphdef, kind: str):
-  @jax.jit
+  @mesh_lib.jit
   def sweep(params, inputs_BT, valid_BT, targets_BT, weights_BT, layer_masks_LEH, replacement_LHK):
     """(full [B,P], swept [L,E,B,P]): mask e of layer l replaces row l of an all-ones mask."""
     TRACES["sweep"] += 1
@@ -99,7 +99,7 @@ def _sweep(graphdef, kind: str):
 
 
 def _evaluate(graphdef, kind: str):
-  @jax.jit
+  @mesh_lib.jit
   def evaluate(params, inputs_BT, valid_BT, targets_BT, weights_BT, head_masks_ELH, replacement_LHK):
     """[E,B,P]: a full pass per mask (any masks, any layers), mapped with lax.map."""
     TRACES["evaluate"] += 1
@@ -117,7 +117,7 @@ def _evaluate(graphdef, kind: str):
 
 
 def _forward(graphdef, kind: str):
-  @jax.jit
+  @mesh_lib.jit
   def forward(params, inputs_BT, valid_BT, targets_BT, weights_BT, mask_LH, replacement_LHK):
     """[B,P] under one mask: the Python-loop reference of the benchmark and the gates' evaluation."""
     TRACES["forward"] += 1
@@ -131,7 +131,7 @@ def _forward(graphdef, kind: str):
 
 
 def _lm_gradient(graphdef):
-  @jax.jit
+  @mesh_lib.jit
   def lm_gradient(params, inputs_BT, valid_BT, targets_BT, weights_BT, mask_LH, replacement_LHK):
     """[B,L,H] |∂ℓ(x_b)/∂m_h| with ℓ(x) the mean NLL of sequence x (Michel et al. 2019, eq. 2)."""
     TRACES["lm_gradient"] += 1
@@ -149,7 +149,7 @@ def _lm_gradient(graphdef):
 
 
 def _embedding_jacobian(graphdef, kind: str):
-  @jax.jit
+  @mesh_lib.jit
   def embedding_jacobian(params, inputs_BT, valid_BT, targets_BT, weights_BT, mask_LH, replacement_LHK):
     """[B,L,H] ½‖∂e(x_b)/∂m_h‖²: forward mode, one tangent per head, each layer's from the cached stream."""
     TRACES["embedding_jacobian"] += 1
@@ -177,7 +177,7 @@ def _embedding_jacobian(graphdef, kind: str):
 
 
 def _head_statistics(graphdef):
-  @jax.jit
+  @mesh_lib.jit
   def head_statistics(params, inputs_BT, valid_BT):
     """(Σ_tokens Z_h [L,H,K], Σ_queries entropy(A_h) [L,H], token count): for means and entropies."""
     TRACES["head_statistics"] += 1

@@ -22,6 +22,7 @@ import numpy as np
 import optax
 from flax import nnx
 
+from headspec import mesh as mesh_lib
 from headspec.ablation import core
 from headspec.edits import head_mask
 from headspec.evalset import EvalSet
@@ -47,7 +48,7 @@ def deterministic_gates(log_alpha):
 def _step_fn(graphdef, learning_rate: float):
   tx = optax.adam(learning_rate)
 
-  @jax.jit
+  @mesh_lib.jit
   def step(params, log_alpha, opt_state, key, penalty, inputs_BT, valid_BT, targets_BT, weights_BT):
     model = nnx.merge(graphdef, params)
 

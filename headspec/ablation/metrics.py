@@ -19,6 +19,7 @@ from __future__ import annotations
 import numpy as np
 from flax import nnx
 
+from headspec import mesh as mesh_lib
 from headspec.ablation import core
 from headspec.evalset import EvalSet
 from headspec.resampling import bootstrap_resample_counts
@@ -87,4 +88,4 @@ def normalise_per_layer(scores_LH) -> np.ndarray:
 
 def magnitude(model) -> np.ndarray:
   """[L,H] ‖W_O^h‖_F: the Frobenius norm of each head's [K,D] block of the output projection."""
-  return np.stack([np.linalg.norm(np.asarray(b.attention.w_o_HKD[...]), axis=(1, 2)) for b in model.blocks])
+  return np.stack([np.linalg.norm(mesh_lib.to_host(b.attention.w_o_HKD[...]), axis=(1, 2)) for b in model.blocks])

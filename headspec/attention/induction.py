@@ -32,11 +32,11 @@ from __future__ import annotations
 import dataclasses
 import functools
 
-import jax
 import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
+from headspec import mesh as mesh_lib
 from headspec.attention.roles import ratio_ci
 from headspec.data.repeats import varied_repeat_batch as varied_repeat_batch  # public here too (notebooks)
 from headspec.data.tokenizer import bos_ids as bos_ids  # the ids r_i is never drawn from, and what opens a row
@@ -99,7 +99,7 @@ def pattern_sums(probs_LBHTS, keys_3BTS, queries_3BT):
 def _scorer(graphdef):
   """The jitted forward of one model structure: (num [3,L,H,B], den [3,B], nll_BT) of a batch."""
 
-  @jax.jit
+  @mesh_lib.jit
   def score(params, tokens_BT, valid_BT, ordinary_BT):
     model = nnx.merge(graphdef, params)
     logits_BTV, inter = model(tokens_BT, valid_BT=valid_BT, capture=("pattern",))
@@ -214,24 +214,26 @@ def ov_eigenvalues_full(w_e_VD, w_v_DK, w_o_KD, w_u_DV) -> np.ndarray:
 
 def _gain(layernorm, D: int) -> np.ndarray:
   scale = getattr(layernorm, "scale", None)
-  return np.ones(D) if scale is None else np.asarray(scale[...], np.float64)
+  return np.ones(D) if scale is None else mesh_lib.to_host(scale[...], np.float64)
 
 
 def copying_scores(model) -> np.ndarray:
   """[L, H] copying score of every head (module docstring: LN gains folded in, biases ignored)."""
   cfg = model.cfg
   D = cfg.d_model
-  w_e_VD = np.asarray(model.token_embed_VD[...], np.float64)
+  w_e_VD = mesh_lib.to_host(model.token_embed_VD[...], np.float64)
   final = _gain(model.ln_final, D) if cfg.final_norm else np.ones(D)
-  w_u_DV = w_e_VD.T if cfg.tie_embeddings else np.asarray(model.unembed_DV[...], np.float64)
+  w_u_DV = w_e_VD.T if cfg.tie_embeddings else mesh_lib.to_host(model.unembed_DV[...], np.float64)
   w_u_DV = final[:, None] * w_u_DV
   ue_DD = w_u_DV @ w_e_VD  # W_U W_E, shared by every head
   out = np.zeros((cfg.num_layers, cfg.num_heads))
   for l, block in enumerate(model.blocks):
     gain = _gain(block.ln_attention, D) if cfg.pre_layernorm else np.ones(D)
-    w_v_DGK = np.asarray(block.attention.w_v_DHK[...], np.float64)  # grouped-query: G K/V heads, repeated per head
+    w_v_DGK = mesh_lib.to_host(
+      block.attention.w_v_DHK[...], np.float64
+    )  # grouped-query: G K/V heads, repeated per head
     w_v_DHK = gain[:, None, None] * np.repeat(w_v_DGK, cfg.num_heads // w_v_DGK.shape[1], axis=1)
-    w_o_HKD = np.asarray(block.attention.w_o_HKD[...], np.float64)
+    w_o_HKD = mesh_lib.to_host(block.attention.w_o_HKD[...], np.float64)
     m_HKK = np.einsum("hkd,de,ehj->hkj", w_o_HKD, ue_DD, w_v_DHK)
     for h, lam in enumerate(np.linalg.eigvals(m_HKK)):
       out[l, h] = copying_score(lam)

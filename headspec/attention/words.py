@@ -39,6 +39,7 @@ import numpy as np
 from flax import nnx
 
 from headspec import alignment as align_lib
+from headspec import mesh as mesh_lib
 from headspec import words as words_lib
 from headspec.alignment import bucket_length
 from headspec.errors import UserError
@@ -144,7 +145,7 @@ def token_positional(probs_LBHTS, valid_BT, owned_BWT, causal: bool) -> dict:
 def _forward(graphdef, causal: bool, maps: bool):
   """jit(state, batch...) -> query_stats (maps=False) or (attn_LBHWW, special_LBHW) (maps=True)."""
 
-  @jax.jit
+  @mesh_lib.jit
   def forward(state, tokens_BT, valid_BT, to_BWT, special_BT, punct_BW, word_valid_BW, row_owner_BW):
     _, inter = nnx.merge(graphdef, state)(tokens_BT, valid_BT=valid_BT, capture=("pattern",))
     pooled = pool_words(inter.pattern_LBHTS, to_BWT, special_BT)
@@ -422,7 +423,7 @@ def token_maps(model, tokenizer, words: Sequence[str]) -> tuple[np.ndarray, list
   al = align_lib.align([list(words)], tokenizer, cfg.max_len, causal=cfg.kind == "decoder")
   ids = al.windows[0]
   graphdef, state = nnx.split(model)
-  _, inter = jax.jit(lambda s, t: nnx.merge(graphdef, s)(t, capture=("pattern",)))(state, ids[None])
+  _, inter = mesh_lib.jit(lambda s, t: nnx.merge(graphdef, s)(t, capture=("pattern",)))(state, ids[None])
   probs_LHTT = np.asarray(jax.device_get(inter.pattern_LBHTS))[:, 0]
   return probs_LHTT, [token_label(tokenizer, int(i)) for i in ids]
 

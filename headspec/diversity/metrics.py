@@ -47,6 +47,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax.scipy.special import entr
 
+from headspec import mesh as mesh_lib
 from headspec.heads import intermediate, unit
 
 _EPS = 1e-12
@@ -424,7 +425,7 @@ def update(state: State, q_LBTHK, probs_LBHTS, z_LBTHK, head_out_LBTHD, valid_BT
   return new
 
 
-update_jit = jax.jit(update, static_argnames="causal")
+update_jit = mesh_lib.jit(update, static_argnames="causal")
 
 
 def finalize(state: State) -> dict[str, jax.Array]:
@@ -439,7 +440,7 @@ def update_from(state: State, intermediates, valid_BT, *, causal: bool = False) 
   return update(state, *(intermediate(intermediates, f, "diversity") for f in fields), valid_BT, causal=causal)
 
 
-@functools.partial(jax.jit, static_argnames="causal")
+@functools.partial(mesh_lib.jit, static_argnames="causal")
 def compute(intermediates, valid_BT, *, causal: bool = False) -> dict[str, jax.Array]:
   """Every metric for every layer of one batch of Intermediates, in one jit-compiled pass."""
   L, _, _, H, K = intermediate(intermediates, "z_LBTHK", "diversity").shape

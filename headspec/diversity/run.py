@@ -23,6 +23,7 @@ from absl import logging
 from flax import nnx
 
 from headspec import jobloop, provenance, remote, tables, targets
+from headspec import mesh as mesh_lib
 from headspec.data.tokenizer import load_tokenizer
 from headspec.diversity import metrics, plots
 from headspec.diversity.config import SAMPLES
@@ -50,7 +51,7 @@ def _batches(tokens_NT, valid_NT, batch_size: int):
     yield tokens_BT, valid_BT
 
 
-@functools.partial(jax.jit, static_argnames=("graphdef", "causal"), donate_argnames="state")
+@functools.partial(mesh_lib.jit, static_argnames=("graphdef", "causal"), donate_argnames="state")
 def _stream_update(params, state, tokens_BT, valid_BT, *, graphdef, causal: bool):
   """Forward pass capturing `metrics.CAPTURE`, then one `metrics.update`."""
   _, inter = nnx.merge(graphdef, params)(tokens_BT, valid_BT=valid_BT, capture=metrics.CAPTURE)

@@ -11,7 +11,8 @@ host, SLURM or Cloud TPU.
 TARGET: local (this machine; --processes N runs N jax.distributed processes on it), multi-gpu (one
 host, every GPU), slurm (an sbatch script: srun on every node, SIGTERM before the time limit, requeue;
 sweeps as a job array), tpu (a Cloud TPU VM or pod slice: optionally created, headspec installed from a
-wheel built here, data staged on every worker, training on all workers, analyses on worker 0).
+wheel built here, data staged on every worker, training and analyses on all workers as one program each,
+an experiment's resumable stages on worker 0).
 
 A pipeline is train, then probe, diversity, attention and ablate at every kept checkpoint, as one
 submission (`--study`, its former name, still works and warns). A sweep is one run (or pipeline) per grid

@@ -10,7 +10,7 @@ import subprocess
 import sys
 
 from headspec.errors import UserError
-from headspec.launch.plan import Step, headspec_argv, train_extra
+from headspec.launch.plan import Step, headspec_argv, multihost_extra, train_extra
 
 
 def local_steps(opts, plans) -> list[Step]:
@@ -37,7 +37,7 @@ def local_steps(opts, plans) -> list[Step]:
           ("JAX_NUM_PROCESSES", str(n)),
           ("JAX_PROCESS_ID", str(i)),
         )
-        steps.append(Step(f"local process {i} of {n}", (*argv, "--config.multihost=True"), proc_env))
+        steps.append(Step(f"local process {i} of {n}", (*argv, *multihost_extra(stage)), proc_env))
   return steps
 
 

@@ -9,13 +9,15 @@ import os
 import shlex
 
 from headspec import configs, experiments, remote, sweeps
+from headspec.commands import COMMANDS
 from headspec.errors import UserError
 from headspec.launch import args
 
 
 @dataclasses.dataclass(frozen=True)
 class Stage:
-  """One headspec invocation; `distributed`: runs as one process per node/worker/--processes (training)."""
+  """One headspec invocation; `distributed`: runs as one process per node/worker/--processes (training and
+  the analyses: `Command.multihost`, headspec/commands.py)."""
 
   args: tuple[str, ...]
   distributed: bool = False
@@ -126,7 +128,8 @@ def _command_plan(rest: list[str]) -> list[list[Stage]]:
   workdir = _flag(rest, "workdir")
   if workdir:
     remote.check_url(workdir)
-  return [[Stage(tuple(rest), distributed=rest[0] == "train")]]
+  command = COMMANDS.get(rest[0])
+  return [[Stage(tuple(rest), distributed=command is not None and command.multihost)]]
 
 
 def plan_runs(opts, rest: list[str]) -> tuple[list[list[Stage]], list[sweeps.Run]]:
@@ -157,7 +160,8 @@ def plan_runs(opts, rest: list[str]) -> tuple[list[list[Stage]], list[sweeps.Run
   for workdir, flags in targets:
     stages = [Stage(("train", f"--config={opts.config}", f"--workdir={workdir}", *flags, *rest), distributed=True)]
     for a in analyses:
-      stages.append(Stage((a, f"--config={getattr(opts, a + '_config')}", f"--workdir={workdir}", args.ANALYSES[a][1])))
+      analysis = (a, f"--config={getattr(opts, a + '_config')}", f"--workdir={workdir}", args.ANALYSES[a][1])
+      stages.append(Stage(analysis, distributed=True))
     if sweep_runs:
       stages.append(Stage(("@summarize", opts.workdir)))
     plans.append(stages)
@@ -177,4 +181,14 @@ def train_extra(stage: Stage, extra: list[str]) -> list[str]:
   """`extra` flags for training stages, unless the user already set them."""
   if stage.args[0] != "train":
     return []
+  return _unless_given(stage, extra)
+
+
+def multihost_extra(stage: Stage) -> list[str]:
+  """`--config.multihost=True` for a stage that runs on every node, worker or process (`distributed`), unless
+  the user already set it."""
+  return _unless_given(stage, ["--config.multihost=True"]) if stage.distributed else []
+
+
+def _unless_given(stage: Stage, extra: list[str]) -> list[str]:
   return [f for f in extra if not any(a.startswith(f.split("=")[0] + "=") for a in stage.args)]

@@ -6,7 +6,7 @@ from __future__ import annotations
 import shlex
 
 from headspec.errors import UserError
-from headspec.launch.plan import headspec_argv, train_extra
+from headspec.launch.plan import headspec_argv, multihost_extra, train_extra
 
 
 def _sbatch_value(flag: str, value: str) -> str:
@@ -55,8 +55,8 @@ def _header(opts, n_plans: int) -> list[str]:
 
 
 def slurm_script(opts, plans) -> str:
-  """An sbatch script: training as `srun` over every node (one task per node; jax.distributed reads
-  SLURM's variables), analyses as one task; SIGUSR1 two minutes before the limit goes to the batch shell,
+  """An sbatch script: training and analyses as `srun` over every node (one task per node; jax.distributed
+  reads SLURM's variables), an experiment's resumable stages and report as one task; SIGUSR1 two minutes before the limit goes to the batch shell,
   which passes SIGTERM to the step (headspec saves and exits) and requeues the job, which then resumes.
   Every value from the command line is quoted (shell lines) or checked to be one word (#SBATCH lines)."""
   lines = _header(opts, len(plans))
@@ -67,7 +67,7 @@ def slurm_script(opts, plans) -> str:
     for stage in stages:
       argv = headspec_argv(stage)
       if stage.distributed:
-        extra = train_extra(stage, [*gpu_extra, "--config.multihost=True"])
+        extra = train_extra(stage, gpu_extra) + multihost_extra(stage)
         out.append(f"run srun --nodes={opts.nodes} --ntasks-per-node=1 --kill-on-bad-exit=1 {shlex.join(argv + extra)}")
       else:
         out.append(f"run srun --nodes=1 --ntasks=1 {shlex.join(argv)}")

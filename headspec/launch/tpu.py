@@ -1,5 +1,6 @@
 """Cloud TPU: optionally create the VM, install headspec from a wheel built here, stage the data on every
-worker, then train on all workers and analyse on worker 0 (gcloud compute tpus tpu-vm ...)."""
+worker, then train and analyse on all workers (one program over the slice, `--config.multihost=True`; an
+experiment's resumable analysis stages and its report run on worker 0) (gcloud compute tpus tpu-vm ...)."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ import sys
 import headspec
 from headspec import remote
 from headspec.errors import UserError
-from headspec.launch.plan import Step, headspec_argv, train_extra
+from headspec.launch.plan import Step, headspec_argv, multihost_extra, train_extra
 
 REMOTE_HOME = "~/headspec"  # on TPU workers: the wheel (configs inside) and data/ go here
 TPU = ("gcloud", "compute", "tpus", "tpu-vm")
@@ -86,9 +87,8 @@ def tpu_steps(opts, plans) -> list[Step]:
   steps = _setup_steps(opts, where)
   for stages in plans:
     for stage in stages:
-      argv = headspec_argv(stage, "python3") + train_extra(
-        stage, ["--config.model.dtype=bfloat16", "--config.multihost=True"]
-      )
+      argv = headspec_argv(stage, "python3") + train_extra(stage, ["--config.model.dtype=bfloat16"])
+      argv += multihost_extra(stage)
       command = f"cd {REMOTE_HOME} && HEADSPEC_DATA_DIR={REMOTE_HOME}/data {shlex.join(argv)}"
       steps.append(_ssh(opts, where, command, "all" if stage.distributed else "0"))
   return steps

@@ -109,7 +109,7 @@ def _layer_edit(site: str, source_L, mask, layer: int, L: int) -> Edit:
 
 @functools.lru_cache(maxsize=32)
 def _sweep(graphdef, site: str, metric):
-  @jax.jit
+  @mesh_lib.jit
   def sweep(params, base_BT, source_BT, valid_BT, last_B, answers_B2, patches_EX):
     """(base metric, source metric, [L,E] metric with patch e of layer l; NaN where it does not run);
     patches_EX: per patch its head, its position and whether it runs at each layer (`_packed`)."""
@@ -140,7 +140,7 @@ def _sweep(graphdef, site: str, metric):
 
 @functools.lru_cache(maxsize=32)
 def _attribution(graphdef, site: str, metric):
-  @jax.jit
+  @mesh_lib.jit
   def attribution(params, base_BT, source_BT, valid_BT, last_B, answers_B2):
     """[L, *site axes without B] (a_source − a_base) · ∂metric/∂a at the base run, summed over the batch."""
     TRACES["attribution"] += 1
@@ -160,7 +160,7 @@ def _attribution(graphdef, site: str, metric):
 
 @functools.lru_cache(maxsize=32)
 def _path(graphdef, receiver_site: str, metric):
-  @jax.jit
+  @mesh_lib.jit
   def path(params, base_BT, source_BT, valid_BT, last_B, answers_B2, senders_E2, receivers_LH):
     """(base metric, source metric, [E] metric when sender e's effect reaches only the receivers):
     receivers_LH marks them; for receiver_site 'logits', the sender's paths to the logits through no other
@@ -249,7 +249,7 @@ def per_site_loop(model, site, metric, base_BT, source_BT, valid_BT, last_B, ans
   """[L,E] the values of `run_sweep` by one full forward per patch (the benchmark's reference: one jitted
   call per patch, the source activations computed once, the edit's arrays as data)."""
   graphdef, params = nnx.split(model)
-  source_L = jax.jit(lambda p, x, v: nnx.merge(graphdef, p)(x, valid_BT=v, capture=(site,))[1].site(site))(
+  source_L = mesh_lib.jit(lambda p, x, v: nnx.merge(graphdef, p)(x, valid_BT=v, capture=(site,))[1].site(site))(
     params, jnp.asarray(source_BT), jnp.asarray(valid_BT)
   )
   fn = _one_patch(graphdef, site, metric)
@@ -263,7 +263,7 @@ def per_site_loop(model, site, metric, base_BT, source_BT, valid_BT, last_B, ans
 
 @functools.lru_cache(maxsize=8)
 def _one_patch(graphdef, site: str, metric):
-  @jax.jit
+  @mesh_lib.jit
   def one(params, source_L, base_BT, valid_BT, last_B, answers_B2, layer, head, position):
     TRACES["one_patch"] += 1
     model = nnx.merge(graphdef, params)

@@ -169,7 +169,7 @@ def _runs(model, g, clean_BT, corrupt_BT, valid_BT):
 
 @functools.lru_cache(maxsize=16)
 def _scores(graphdef, metric, interpolate: bool):
-  @jax.jit
+  @mesh_lib.jit
   def scores(params, clean_BT, corrupt_BT, valid_BT, last_B, answers_B2, alphas_S):
     """([E] edge scores, m(clean), m(corrupt)): EAP (interpolate False: the gradient at the corrupted run of the
     tokens) or EAP-IG (the gradient averaged over the embeddings x_corrupt + α(x_clean − x_corrupt), α in alphas_S)."""
@@ -201,7 +201,7 @@ def _scores(graphdef, metric, interpolate: bool):
 
 @functools.lru_cache(maxsize=16)
 def _exact(graphdef, metric):
-  @jax.jit
+  @mesh_lib.jit
   def exact(params, clean_BT, corrupt_BT, valid_BT, last_B, answers_B2, edges_E2, scale):
     """([E] m(corrupted run, v's input + scale·(a_clean(u) − a_corrupt(u))), m(clean), m(corrupt))."""
     TRACES["exact"] += 1
@@ -224,7 +224,7 @@ def _exact(graphdef, metric):
 
 @functools.lru_cache(maxsize=16)
 def _circuits(graphdef, metric):
-  @jax.jit
+  @mesh_lib.jit
   def circuits(params, clean_BT, corrupt_BT, valid_BT, last_B, answers_B2, keep_CE):
     """([C] m(C) of each circuit keep_CE[c] (a mask over the edges), m(clean), m(corrupt)): the clean run with
     input(v) += Σ_{u→v ∉ C} (a_corrupt(u) − a(u)), a(u) this run's own outputs. The additions depend on the

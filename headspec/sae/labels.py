@@ -18,12 +18,12 @@ from __future__ import annotations
 import dataclasses
 import functools
 
-import jax
 import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
 from headspec import alignment as align_lib
+from headspec import mesh as mesh_lib
 
 LABEL_SETS = ("upos", "deprel", "head_distance")
 MAX_DISTANCE = 5
@@ -79,7 +79,7 @@ class Profile:
 
 @functools.lru_cache(maxsize=8)
 def _window_program(graphdef, site: str, layer: int):
-  @jax.jit
+  @mesh_lib.jit
   def run(params, tokens_BT, valid_BT):
     _, inter = nnx.merge(graphdef, params)(tokens_BT, valid_BT=valid_BT, capture=(site,))
     x = inter.site(site)[layer]

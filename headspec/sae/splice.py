@@ -15,11 +15,11 @@ from __future__ import annotations
 
 import functools
 
-import jax
 import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
+from headspec import mesh as mesh_lib
 from headspec import objectives
 from headspec.errors import UserError
 from headspec.model import SITES, Edit
@@ -57,7 +57,7 @@ def _nll(logits_BTV, targets_BT, weights_BT):
 
 @functools.lru_cache(maxsize=8)
 def _capture_program(graphdef, site: str, layer: int):
-  @jax.jit
+  @mesh_lib.jit
   def run(params, inputs_BT, valid_BT, targets_BT, weights_BT):
     logits_BTV, inter = nnx.merge(graphdef, params)(inputs_BT, valid_BT=valid_BT, capture=(site,))
     x = inter.site(site)[layer]
@@ -68,7 +68,7 @@ def _capture_program(graphdef, site: str, layer: int):
 
 @functools.lru_cache(maxsize=8)
 def _edited_program(graphdef, site: str, layer: int, num_layers: int):
-  @jax.jit
+  @mesh_lib.jit
   def run(params, inputs_BT, valid_BT, targets_BT, weights_BT, add_BTE):
     model = nnx.merge(graphdef, params)
     shape = (1, *add_BTE.shape[:2], *site_shape(model.cfg, site))
