@@ -340,9 +340,22 @@ def rewrite_summary(path: str) -> str:
   return path
 
 
+ACCELERATOR_FIGURES = (
+  "GPU and TPU figures (`python -m benchmarks.gpu_scale`, docs/scale.md): training MFU of the 12×768 decoder\n"
+  "and of a 1.1B Llama-like decoder on `data` and `fsdp` meshes: **not measured**; the MiniLM probe suite's wall\n"
+  "and host CPU seconds on an accelerator: **not measured**; the attention path on a GPU (cuDNN expected in\n"
+  "bfloat16): **not measured**. No accelerator was lent to this project when the script was written; it runs\n"
+  "unchanged on one (checked on CPU with `--smoke`)."
+)
+"""What the report says of the accelerator figures until `benchmarks.gpu_scale` has run on one (then its own
+record replaces this)."""
+
+
 def markdown(info: dict, entries: dict, full: bool, kept: dict | None = None, dates: dict | None = None) -> str:
   out = [
     "# Benchmarks",
+    "",
+    ACCELERATOR_FIGURES,
     "",
     f"Written by `python -m benchmarks{' --full' if full else ''}` on {info['date']}. Every figure below was",
     "measured in that run on this machine; rerun the command to refresh it (see benchmarks/__main__.py).",

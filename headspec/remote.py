@@ -91,6 +91,18 @@ def read_json(path):
     raise UserError(f"{path}: not a text file; the file is damaged") from None
 
 
+def _multiprocess() -> bool:
+  jax = sys.modules.get("jax")
+  return jax is not None and jax.distributed.is_initialized() and jax.process_count() > 1
+
+
+def temp_suffix() -> str:
+  """`.tmp-<pid>`, a writer's temporary's ending (`TEMP_NAME`); `.p<i>.tmp-<pid>` in process i of a
+  multi-process command, whose hosts' pids may coincide on a shared disk."""
+  jax = sys.modules.get("jax")
+  return f".p{jax.process_index()}.tmp-{os.getpid()}" if _multiprocess() else f".tmp-{os.getpid()}"
+
+
 def is_writer() -> bool:
   """Whether this process writes a run's files. A multi-process command (`config.multihost`: TPU pod workers,
   SLURM tasks) runs the same program on every process; process 0 writes and the others drop their writes,
@@ -160,7 +172,10 @@ def swap_folder(tmp, folder) -> None:
   one is first renamed aside as a temporary of this pid (`remove_stale_temps` finds it if we are killed)
   and removed once the new one is in place."""
   tmp, folder = pathlib.Path(os.fspath(tmp)), pathlib.Path(os.fspath(folder))
-  aside = folder.with_name(f".{folder.name}.old.tmp-{os.getpid()}")
+  if not is_writer():  # a multi-process command: process 0 swaps its own
+    shutil.rmtree(tmp, ignore_errors=True)
+    return
+  aside = folder.with_name(f".{folder.name}.old{temp_suffix()}")
   for _ in range(100):
     try:
       tmp.rename(folder)
@@ -183,7 +198,7 @@ def temp_beside(path) -> epath.Path:
   every write into a folder cleans up after its killed predecessors."""
   path = epath.Path(path)
   remove_stale_temps(path.parent, min_age_s=60.0)
-  return path.parent / f".{path.name}.tmp-{os.getpid()}"
+  return path.parent / f".{path.name}{temp_suffix()}"
 
 
 def files_under(folder) -> list[epath.Path]:
@@ -230,9 +245,12 @@ def remove_stale_temps(folder, *, slack_s: float = 5.0, min_age_s: float = 0.0) 
   changed (the pid was reused: a restarted container, or this very process). A live writer's temporary
   is kept, so concurrent writers of one folder are safe. `min_age_s`: also keep the temporaries changed
   less than this long ago (a writer on another host of a shared disk: its pid means nothing here).
-  Remote folders have none (objects are whole)."""
-  if is_remote(folder) or not os.path.isdir(folder):
+  Remote folders have none (objects are whole). In a multi-process command only the writer (process 0)
+  removes, and keeps what changed in the last minute (the other processes' temporaries, just begun)."""
+  if is_remote(folder) or not os.path.isdir(folder) or not is_writer():
     return []
+  if _multiprocess():
+    min_age_s = max(min_age_s, 60.0)
   removed = []
   for entry in pathlib.Path(os.fspath(folder)).iterdir():
     match = TEMP_NAME.search(entry.name)

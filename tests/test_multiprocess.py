@@ -1,8 +1,9 @@
-"""Two processes on this machine train data-parallel like one process with the same global batch.
+"""Two processes on this machine run as one program over their devices, as TPU workers or SLURM nodes do.
 
-The processes join through `jax.distributed` (coordinator on 127.0.0.1, CPU collectives over gloo),
-each with one CPU device and only its half of every batch; the single-process reference has two
-devices. Also: SIGTERM to both processes saves one checkpoint at one step, and a restart resumes it.
+The processes join through `jax.distributed` (coordinator on 127.0.0.1, CPU collectives over gloo). Training
+(each process loads only its half of every batch) follows one process with the same global batch, and its
+checkpoint restores anywhere; SIGTERM to both processes saves one checkpoint at one step, and a restart
+resumes it; the analyses (`--config.multihost=True`) write what one process writes.
 """
 
 import json
@@ -20,7 +21,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from headspec import checkpoints, runs, targets
+from headspec import checkpoints, mesh, runs, targets
 from headspec.data import text_tfds
 from headspec.quickstart import quickstart_config
 from headspec.train import train_and_evaluate
@@ -52,8 +53,8 @@ def _free_port() -> int:
     return s.getsockname()[1]
 
 
-def _start(workdir, data_dir, settings, n=2):
-  """`n` CLI processes of one multi-process run, one CPU device each."""
+def _start(workdir, data_dir, settings, n=2, devices=1):
+  """`n` CLI processes of one multi-process run, `devices` CPU devices each."""
   config = quickstart_config("encoder")
   text_tfds.prepare_corpus(data_dir, config.data.corpus, tfds_dir=targets.tfds_dir(data_dir))  # once, not racing
   port = _free_port()
@@ -62,7 +63,7 @@ def _start(workdir, data_dir, settings, n=2):
   for i in range(n):
     env = dict(
       os.environ,
-      XLA_FLAGS="--xla_force_host_platform_device_count=1",
+      XLA_FLAGS=f"--xla_force_host_platform_device_count={devices}",
       JAX_PLATFORMS="cpu",
       JAX_COORDINATOR_ADDRESS=f"127.0.0.1:{port}",
       JAX_NUM_PROCESSES=str(n),
@@ -95,7 +96,10 @@ def _records(workdir):
 
 
 def test_two_processes_match_one_process(synthetic_data_dir, tmp_path):
-  procs = _start(tmp_path / "two", synthetic_data_dir, SETTINGS)
+  """Two processes of two devices each, one mesh over the four (`fsdp=2,tensor=2`: parameters split across
+  the processes, heads within each), follow one process's losses; the checkpoint they save together
+  restores on one device and on another mesh bit for bit."""
+  procs = _start(tmp_path / "two", synthetic_data_dir, {**SETTINGS, "mesh": "fsdp=2,tensor=2"}, devices=2)
   config = quickstart_config("encoder")
   config.data_dir = str(synthetic_data_dir)
   for key, value in SETTINGS.items():
@@ -110,12 +114,13 @@ def test_two_processes_match_one_process(synthetic_data_dir, tmp_path):
     assert len(a) == (6 if key == "loss" else 2) and len(b) == len(a), (key, a, b)
     np.testing.assert_allclose(b, a, rtol=2e-5)
   assert checkpoints.saved_steps(tmp_path / "two") == [2, 4, 6]
-  for a, b in zip(
-    jax.tree.leaves(runs.load_run_model(tmp_path / "one", 6)[0]),
-    jax.tree.leaves(runs.load_run_model(tmp_path / "two", 6)[0]),
-    strict=True,
-  ):
+  on_one_device = jax.tree.leaves(runs.load_run_model(tmp_path / "two", 6)[0])
+  for a, b in zip(jax.tree.leaves(runs.load_run_model(tmp_path / "one", 6)[0]), on_one_device, strict=True):
     np.testing.assert_allclose(np.asarray(b), np.asarray(a), rtol=1e-5, atol=1e-6)
+  with mesh.using(mesh.parse("tensor=2", jax.devices()[:2])):
+    on_a_mesh = jax.tree.leaves(runs.load_run_model(tmp_path / "two", 6)[0])
+  assert any(len(x.sharding.device_set) == 2 and not x.is_fully_replicated for x in on_a_mesh)
+  assert all(np.array_equal(np.asarray(a), np.asarray(b)) for a, b in zip(on_one_device, on_a_mesh, strict=True))
 
 
 def test_sigterm_to_both_saves_one_checkpoint_and_resumes(synthetic_data_dir, tmp_path):

@@ -309,8 +309,9 @@ def test_writers_and_checkpoints_on_a_gcs_emulator(tmp_path, monkeypatch):
 
 
 def test_only_the_writer_process_writes(tmp_path, monkeypatch):
-  """On a process other than process 0 of a multi-process command (`remote.is_writer`), tables, files and
-  figures are computed but not written, and no temporary is left; process 0 and a lone process write."""
+  """On a process other than process 0 of a multi-process command (`remote.is_writer`), tables, files,
+  figures and swapped folders are computed but not written, no temporary is left and no other writer's is
+  removed; process 0 and a lone process write. Temporaries name their process (hosts' pids may coincide)."""
   import jax
   import matplotlib
 
@@ -329,13 +330,24 @@ def test_only_the_writer_process_writes(tmp_path, monkeypatch):
     plt.close(fig)
     return tables.merge(folder / "c.csv", [row], table)
 
-  assert remote.is_writer()
+  assert remote.is_writer() and remote.temp_suffix() == f".tmp-{os.getpid()}"
   monkeypatch.setattr(jax.distributed, "is_initialized", lambda: True)
+  monkeypatch.setattr(jax, "process_count", lambda: 2)
   for index, writes in ((1, False), (0, True)):
     monkeypatch.setattr(jax, "process_index", lambda index=index: index)
     folder = tmp_path / str(index)
     folder.mkdir()
-    assert remote.is_writer() is writes
+    assert remote.is_writer() is writes and remote.temp_suffix() == f".p{index}.tmp-{os.getpid()}"
     rows = write_all(folder)
     assert len(rows) == 1  # the merged rows come back either way
     assert sorted(p.name for p in folder.iterdir()) == (["a.txt", "b.png", "c.csv"] if writes else [])
+    drawn, tmp = folder / "drawn", folder / f".drawn{remote.temp_suffix()}"  # a folder swapped into place
+    drawn.mkdir()
+    tmp.mkdir()
+    (tmp / "new.png").write_bytes(b"x")
+    remote.swap_folder(tmp, drawn)
+    assert not tmp.exists() and [p.name for p in drawn.iterdir()] == (["new.png"] if writes else [])
+    stale = folder / ".gone.tmp-999999999"  # no such pid; changed long ago
+    stale.write_bytes(b"x")
+    os.utime(stale, (0, 0))
+    assert remote.remove_stale_temps(folder) == ([stale] if writes else []) and stale.exists() is not writes

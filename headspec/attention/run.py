@@ -155,7 +155,7 @@ def draw_pictures(model, tokenizer, examples, folder, config) -> None:
     raise UserError(f"pictures.line_layer={p.line_layer}: the model has layers 0..{L - 1}")
   folder = epath.Path(folder)
   in_place = remote.is_remote(folder)
-  tmp = folder if in_place else folder.with_name(f".{folder.name}.tmp-{os.getpid()}")
+  tmp = folder if in_place else folder.with_name(f".{folder.name}{remote.temp_suffix()}")
   if not in_place:
     remote.remove_stale_temps(folder.parent)  # folders of killed drawings (kill -9 leaves them)
     shutil.rmtree(tmp, ignore_errors=True)
@@ -200,9 +200,9 @@ def draw_pictures(model, tokenizer, examples, folder, config) -> None:
   buffer = io.BytesIO()
   np.savez_compressed(buffer, **arrays)
   remote.write_bytes_atomic(tmp / "maps.npz", buffer.getvalue())
-  if in_place:
+  if in_place:  # the earlier drawing's leftovers, removed by the writer (process 0 of a multi-process command)
     names = {"maps.npz", *(epath.Path(path).name for path in written)}
-    for old in remote.files_under(folder):
+    for old in remote.files_under(folder) if remote.is_writer() else []:
       if old.relative_to(folder).as_posix() not in names:
         old.unlink(missing_ok=True)
     return

@@ -275,7 +275,7 @@ def extract_features(
 
   t0 = time.perf_counter()
   al = align_lib.align(sentences, tokenizer, cfg.max_len, causal=cfg.kind == "decoder")
-  tmp = cache_dir / f"{folder.name}.tmp-{os.getpid()}"
+  tmp = cache_dir / f"{folder.name}{remote.temp_suffix()}"
   shutil.rmtree(tmp, ignore_errors=True)
   files = None
   try:  # a failed write (a full disk) leaves no half-written folder and names the cache folder
