@@ -184,7 +184,7 @@ def restore_params(workdir, step: int, abstract_params, *, mesh=None):
   _check_metadata(step_dir)
   _drop_late_read_callbacks()
   abstract = {"params": abstract_params}
-  device = jax.sharding.SingleDeviceSharding(jax.devices()[0])
+  device = jax.sharding.SingleDeviceSharding(jax.local_devices()[0])  # this process's (several: each its own)
   shardings = mesh_lib.param_shardings(abstract, mesh) if mesh is not None else jax.tree.map(lambda _: device, abstract)
   try:
     restored = mngr.restore(

@@ -58,14 +58,18 @@ class Command:
       return
     if args:
       raise UserError(f"{name} takes no arguments, got {' '.join(args)}")
+    import jax
+
     from headspec import mesh, parallel
 
     parallel.initialize_distributed(config.get("multihost", False))  # every process runs the same analysis
     spec = config.get("mesh", "")  # a command whose defaults have no mesh runs as on one device
     grid = mesh.parse(spec, key="config.mesh")  # a bad mesh is refused before any work
     # A mesh given shards models, batches and activations; '' leaves the analyses as they run on one
-    # device (feature extraction round-robin over the local devices).
-    with mesh.using(grid if spec and grid.size > 1 else None):
+    # device (feature extraction round-robin over the local devices), except in a multi-process command,
+    # where '' is every process's devices on `data`: one program over all of them, not a copy per process.
+    spread = bool(spec) or jax.process_count() > 1
+    with mesh.using(grid if spread and grid.size > 1 else None):
       result = function(config, workdir)
     if result is not None:  # None: a process of a multi-process command other than the writer (process 0)
       print(self.report(result))

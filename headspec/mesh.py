@@ -3,7 +3,8 @@
 One config key names the mesh (`mesh`, on every command's config; `headspec.load(mesh=...)` in the API):
 'data=2,fsdp=2,tensor=2' (axes in any order, a missing axis has size 1, one axis may be -1: the devices
 left); '' puts every device on `data` for training (data parallelism, parameters replicated) and leaves
-the analyses on one device, as they ran before a mesh existed. JAX's own engine does the
+the analyses on one device, as they ran before a mesh existed, except a multi-process analysis
+(`config.multihost`), which runs over every process's devices on `data`. JAX's own engine does the
 rest (GSPMD: `jax.jit` over `NamedSharding`s, as MaxText and big_vision run): nothing is copied per device.
 
 Logical axes (MaxText's logical axis rules, Megatron's head and MLP split). A name's trailing capitals are

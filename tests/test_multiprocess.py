@@ -164,6 +164,11 @@ ANALYSES = {  # command -> (config, mesh, flags): each crosses the two processes
     "data=2",
     ["--config.count=8", "--config.sites=z,resid_pre", "--config.attribution=False"],
   ),
+  "diversity": (  # mesh '': one process runs on one device, two on both processes' devices on `data`
+    "configs/diversity.py",
+    "",
+    ["--config.data_dir={data}", "--config.num_tokens=256"],
+  ),
   "probe": (  # a sharded feature extraction, then the probe groups split over the processes (fanout.py)
     "configs/probe_synthetic.py:{data}",
     "data=2",
@@ -189,10 +194,11 @@ def _tables(folder) -> dict:
 
 
 def test_analyses_run_as_one_program_over_two_processes(train_tiny_decoder, synthetic_data_dir, tmp_path):
-  """`headspec ablate|patch|probe --config.multihost=True` on two processes of one CPU device each (the devices
-  of one mesh, as TPU workers or SLURM nodes are) write what one process with both devices writes: ablation and
-  patching the same tables byte for byte, probing the same features and, its groups fitted half on each
-  process, probes equal to the fitter's tolerance. Process 1 prints nothing: process 0 reports and writes."""
+  """`headspec ablate|patch|diversity|probe --config.multihost=True` on two processes of one CPU device each (the
+  devices of one mesh, as TPU workers or SLURM nodes are) write what one process with both devices writes:
+  ablation and patching the same tables byte for byte, diversity the same values to float32 rounding, probing
+  the same features and, its groups fitted half on each process, probes equal to the fitter's tolerance.
+  Process 1 prints nothing: process 0 reports and writes."""
   run = train_tiny_decoder(20, name="multihost")
   for command in ANALYSES:
     one, two = tmp_path / command / "one" / "tiny", tmp_path / command / "two" / "tiny"  # the tables' model: tiny
@@ -234,6 +240,11 @@ def test_analyses_run_as_one_program_over_two_processes(train_tiny_decoder, synt
     assert said[0] and not said[1], said[1][-5:]
     a, b = _tables(one), _tables(two)
     assert a.keys() == b.keys() and len(a) >= 2, (a.keys(), b.keys())
+    if command == "diversity":  # another device count, another order of float32 sums
+      rows = [pd.read_csv(folder / "diversity" / "results.csv") for folder in (one, two)]
+      assert len(rows[0]) > 50 and rows[0].drop(columns="value").equals(rows[1].drop(columns="value"))
+      np.testing.assert_allclose(rows[1]["value"], rows[0]["value"], rtol=1e-5, atol=1e-6)
+      continue
     if command != "probe":
       assert a == b, command
       continue

@@ -15,7 +15,7 @@ from headspec.errors import UserError
 def attention_config() -> ml_collections.ConfigDict:
   c = ml_collections.ConfigDict()
   c.mesh = ""  # data=N,fsdp=N,tensor=N (docs/scale.md); '': training data-parallel, analyses on one device
-  c.multihost = False  # one SPMD program on every process (TPU pod workers, SLURM tasks); process 0 writes
+  c.multihost = False  # one program over all processes (pod workers, SLURM tasks; mesh '': all on data)
   c.seed = 0  # bootstrap resamples
   c.data_dir = data_dir_default()  # holds ud/<treebank>/; '' = the run's own data_dir, then HEADSPEC_DATA_DIR
   c.steps = "last"  # 'all' | 'last' | comma-separated saved steps ('100,1000'); pretrained models: step 0

@@ -11,7 +11,7 @@ SAMPLES = ("first", "random")
 def diversity_config() -> ml_collections.ConfigDict:
   c = ml_collections.ConfigDict()
   c.mesh = ""  # data=N,fsdp=N,tensor=N (docs/scale.md); '': training data-parallel, analyses on one device
-  c.multihost = False  # one SPMD program on every process (TPU pod workers, SLURM tasks); process 0 writes
+  c.multihost = False  # one program over all processes (pod workers, SLURM tasks; mesh '': all on data)
   c.steps = "all"  # 'all' | 'last' | comma-separated saved steps; a pretrained model has step 0 only
   c.num_tokens = 10000  # evaluation tokens (queries); the last row is cut to make it exact
   c.batch_size = 8  # rows per jit-compiled update; memory grows with batch_size · seq_len², not num_tokens

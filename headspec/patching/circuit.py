@@ -25,7 +25,7 @@ def circuit_config() -> ml_collections.ConfigDict:
   """Every `headspec circuit` key with its default (configs/circuit.py starts from it)."""
   c = ml_collections.ConfigDict()
   c.mesh = ""  # data=N,fsdp=N,tensor=N (docs/scale.md); '': training data-parallel, analyses on one device
-  c.multihost = False  # one SPMD program on every process (TPU pod workers, SLURM tasks); process 0 writes
+  c.multihost = False  # one program over all processes (pod workers, SLURM tasks; mesh '': all on data)
   c.steps = "last"  # 'all' | 'last' | comma-separated saved steps; a pretrained model has step 0 only
   c.model_name = ""  # the tables' `model` column; '' = the run folder's name or the pretrained name
   c.task = "induction"  # 'induction' | 'ioi' (headspec/patching/tasks.py) | 'pairs' (the prompt pairs of `pairs`)

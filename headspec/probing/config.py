@@ -13,7 +13,7 @@ from headspec.probing.tasks import REGISTRY
 def probe_config() -> ml_collections.ConfigDict:
   c = ml_collections.ConfigDict()
   c.mesh = ""  # data=N,fsdp=N,tensor=N (docs/scale.md); '': training data-parallel, analyses on one device
-  c.multihost = False  # one SPMD program on every process (TPU pod workers, SLURM tasks); process 0 writes
+  c.multihost = False  # one program over all processes (pod workers, SLURM tasks; mesh '': all on data)
   c.seed = 0  # control-task labels, probe minibatch order, bootstrap resamples, random-baseline weights
   c.data_dir = data_dir_default()  # holds ud/<treebank>/<treebank>-ud-<split>.conllu
 
