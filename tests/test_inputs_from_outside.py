@@ -113,7 +113,7 @@ def test_tpu_remote_commands_quote_every_value():
   rsync = [shlex.split(c) for c in commands if "rsync" in c]
   assert rsync and evil in rsync[0] and ";" not in rsync[0] and "touch" not in rsync[0]
   probe = shlex.split(next(c for c in commands if "headspec probe" in c))
-  assert probe[-2:] == ["--config=configs/probe_ewt.py", "--workdir=gs://b/r"]
+  assert probe[-3:] == ["--config=configs/probe_ewt.py", "--workdir=gs://b/r", "--config.multihost=True"]
 
 
 @pytest.mark.parametrize("flag", ["--job-name=x\nrm -rf ~", "--partition=a b", "--account=$(id)", "--time=1:00 #"])

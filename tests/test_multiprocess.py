@@ -222,7 +222,7 @@ def test_analyses_run_as_one_program_over_two_processes(train_tiny_decoder, synt
           JAX_COORDINATOR_ADDRESS=f"127.0.0.1:{port}",
           JAX_NUM_PROCESSES="2",
           JAX_PROCESS_ID=str(i),
-        ),  # fmt: skip
+        ),
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
@@ -248,10 +248,11 @@ def test_analyses_run_as_one_program_over_two_processes(train_tiny_decoder, synt
     if command != "probe":
       assert a == b, command
       continue
+    # a cache folder's name ends in a hash of the run's path: matched without it
     cached = [
       {f.parent.name.rsplit("-", 1)[0] + "/" + f.name: f for f in (d / "probes" / "cache").rglob("*.npy")}
       for d in (one, two)
-    ]  # fmt: skip  (a cache folder's name ends in a hash of the run's path)
+    ]
     assert len(cached[0]) >= 3 and cached[0].keys() == cached[1].keys()
     assert all(np.array_equal(np.load(cached[0][k]), np.load(cached[1][k])) for k in cached[0])
     rows = [

@@ -56,8 +56,9 @@ def _header(opts, n_plans: int) -> list[str]:
 
 def slurm_script(opts, plans) -> str:
   """An sbatch script: training and analyses as `srun` over every node (one task per node; jax.distributed
-  reads SLURM's variables), an experiment's resumable stages and report as one task; SIGUSR1 two minutes before the limit goes to the batch shell,
-  which passes SIGTERM to the step (headspec saves and exits) and requeues the job, which then resumes.
+  reads SLURM's variables), an experiment's resumable stages and report as one task; SIGUSR1 two minutes
+  before the limit goes to the batch shell, which passes SIGTERM to the step (headspec saves and exits)
+  and requeues the job, which then resumes.
   Every value from the command line is quoted (shell lines) or checked to be one word (#SBATCH lines)."""
   lines = _header(opts, len(plans))
   gpu_extra = ["--config.model.dtype=bfloat16"] if opts.gpus_per_node else []
