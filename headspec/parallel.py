@@ -18,6 +18,7 @@ from absl import logging
 from jax.sharding import Mesh
 
 from headspec import mesh as mesh_lib
+from headspec import remote
 from headspec.errors import UserError
 
 PMAP_AXIS = "batch"
@@ -55,8 +56,9 @@ def initialize_distributed(multihost: bool) -> None:
 
 
 def is_lead() -> bool:
-  """Whether this process writes the run's single-writer files (config.json, metrics, tokenizer)."""
-  return jax.process_index() == 0
+  """Whether this process writes the run's single-writer files (config.json, metrics, tokenizer): process 0,
+  the same writer the analyses have (`remote.is_writer`)."""
+  return remote.is_writer()
 
 
 def any_process(flag: bool) -> bool:

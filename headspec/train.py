@@ -485,7 +485,7 @@ class _Loop:
     try:
       if step == 0 and 0 in self.train.keep_steps:  # the initial parameters, for studies over training
         _save(self.mngr, 0, stepper.host_state(), data_iter)
-      bar = jobloop.progress(self.train.steps, "train", unit="step", initial=step, disable=jax.process_index() != 0)
+      bar = jobloop.progress(self.train.steps, "train", unit="step", initial=step)  # process 0 shows it
       with jobloop.lines_above_bars(), bar, jobloop.ticking(bar):  # metrics lines print above the bar
         bar.set_postfix_str("compiling the step…", refresh=True)  # the first step compiles: no frozen 0%
         pending = []  # (step, loss on device) not yet read back: the host syncs only when something is due

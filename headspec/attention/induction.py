@@ -229,9 +229,8 @@ def copying_scores(model) -> np.ndarray:
   out = np.zeros((cfg.num_layers, cfg.num_heads))
   for l, block in enumerate(model.blocks):
     gain = _gain(block.ln_attention, D) if cfg.pre_layernorm else np.ones(D)
-    w_v_DGK = mesh_lib.to_host(
-      block.attention.w_v_DHK[...], np.float64
-    )  # grouped-query: G K/V heads, repeated per head
+    # grouped-query: G K/V heads, repeated per head
+    w_v_DGK = mesh_lib.to_host(block.attention.w_v_DHK[...], np.float64)
     w_v_DHK = gain[:, None, None] * np.repeat(w_v_DGK, cfg.num_heads // w_v_DGK.shape[1], axis=1)
     w_o_HKD = mesh_lib.to_host(block.attention.w_o_HKD[...], np.float64)
     m_HKK = np.einsum("hkd,de,ehj->hkj", w_o_HKD, ue_DD, w_v_DHK)

@@ -66,24 +66,20 @@ def _over_local_devices(fit_part, g_start: int, g_end: int, max_devices: int | N
   """`over_devices` of groups g_start..g_end-1 on this process's devices, each fit on its one device (the
   command's mesh, if any, is set aside: a fit's arrays live on one device, not across the mesh)."""
   with jax.set_mesh(None):
-    return _fit_ranges(fit_part, g_start, g_end, max_devices)
+    num_g = g_end - g_start
+    devices = jax.local_devices()[: max(1, min(num_g, max_devices or num_g))]
+    if devices[0].platform == "cpu":
+      devices = devices[:1]
+    if len(devices) == 1:
+      parts = [fit_part(g_start, g_end, devices[0], jax.device_get)]
+    else:
+      turns = Turns()
 
+      def in_turn(g0, g1, device):
+        with turns.turn():
+          return fit_part(g0, g1, device, turns.fetch)
 
-def _fit_ranges(fit_part, g_start: int, g_end: int, max_devices: int | None) -> tuple:
-  num_g = g_end - g_start
-  devices = jax.local_devices()[: max(1, min(num_g, max_devices or num_g))]
-  if devices[0].platform == "cpu":
-    devices = devices[:1]
-  if len(devices) == 1:
-    parts = [fit_part(g_start, g_end, devices[0], jax.device_get)]
-  else:
-    turns = Turns()
-
-    def in_turn(g0, g1, device):
-      with turns.turn():
-        return fit_part(g0, g1, device, turns.fetch)
-
-    bounds = [g_start + int(b) for b in np.linspace(0, num_g, len(devices) + 1).round()]
-    with concurrent.futures.ThreadPoolExecutor(len(devices)) as pool:
-      parts = list(pool.map(in_turn, bounds[:-1], bounds[1:], devices))
-  return tuple(np.concatenate([p[i] for p in parts]) for i in range(len(parts[0])))
+      bounds = [g_start + int(b) for b in np.linspace(0, num_g, len(devices) + 1).round()]
+      with concurrent.futures.ThreadPoolExecutor(len(devices)) as pool:
+        parts = list(pool.map(in_turn, bounds[:-1], bounds[1:], devices))
+    return tuple(np.concatenate([p[i] for p in parts]) for i in range(len(parts[0])))
