@@ -52,20 +52,36 @@ class TrainState:
 def make_optimizer(train: ml_collections.ConfigDict) -> optax.GradientTransformation:
   """AdamW (Loshchilov & Hutter 2019) with linear warmup, cosine decay to 10%, and global-norm clipping.
 
-  Weight decay applies to matrices only (not biases, LayerNorm parameters or the output bias).
+  Weight decay applies to matrices only (not biases, LayerNorm parameters or the output bias). The same
+  options give the same object, so the jitted step that closes over it is found again (`_compiled_step`).
   """
-  schedule = learning_rate_schedule(train)
+  return _optimizer(
+    float(train.grad_clip),
+    float(train.learning_rate),
+    int(train.warmup_steps),
+    int(train.steps),
+    float(train.weight_decay),
+  )
+
+
+@functools.lru_cache(maxsize=16)
+def _optimizer(grad_clip, learning_rate, warmup_steps, steps, weight_decay) -> optax.GradientTransformation:
+  schedule = _schedule(learning_rate, warmup_steps, steps)
   decay_mask = lambda params: jax.tree.map(lambda x: x.ndim > 1, params)
   return optax.chain(
-    optax.clip_by_global_norm(train.grad_clip),
-    optax.adamw(schedule, b1=0.9, b2=0.98, weight_decay=train.weight_decay, mask=decay_mask),
+    optax.clip_by_global_norm(grad_clip),
+    optax.adamw(schedule, b1=0.9, b2=0.98, weight_decay=weight_decay, mask=decay_mask),
   )
 
 
 def learning_rate_schedule(train: ml_collections.ConfigDict) -> optax.Schedule:
-  warmup = min(train.warmup_steps, max(train.steps - 1, 0))
+  return _schedule(float(train.learning_rate), int(train.warmup_steps), int(train.steps))
+
+
+def _schedule(learning_rate: float, warmup_steps: int, steps: int) -> optax.Schedule:
+  warmup = min(warmup_steps, max(steps - 1, 0))
   return optax.warmup_cosine_decay_schedule(
-    0.0, train.learning_rate, warmup, max(train.steps, warmup + 1), end_value=0.1 * train.learning_rate
+    0.0, learning_rate, warmup, max(steps, warmup + 1), end_value=0.1 * learning_rate
   )
 
 
@@ -340,7 +356,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir, *, devices=No
   if mngr is None:
     mngr = checkpoints.manager(workdir, keep_last=config.train.keep_last, keep_steps=config.train.keep_steps)
 
-  stepper = _Stepper(config, functools.partial(train_step, graphdef=graphdef, tx=tx, obj=obj), state, devices, mesh)
+  stepper = _Stepper(config, graphdef, tx, obj, state, devices, mesh)
   loop = _Loop(
     config,
     workdir,
@@ -439,22 +455,36 @@ def jit_step(step_fn, state: TrainState, mesh):
   return jax.jit(step_fn, donate_argnums=0, out_shardings=(layout, mesh_lib.replicated(mesh)))
 
 
+@functools.lru_cache(maxsize=8)
+def _compiled_step(graphdef, tx, obj: Objective, layout, devices):
+  """The jitted (layout: (treedef, shardings, mesh)) or pmapped (devices) training step, kept per static
+  part: a second training of the same model, objective, optimizer and layout compiles nothing."""
+  step_fn = functools.partial(train_step, graphdef=graphdef, tx=tx, obj=obj)
+  if devices is not None:
+    return jax.pmap(
+      functools.partial(step_fn, axis_name=parallel.PMAP_AXIS),
+      axis_name=parallel.PMAP_AXIS,
+      in_axes=(0, 0, None),
+      devices=devices,
+      donate_argnums=0,
+    )
+  treedef, shardings, mesh = layout
+  out = (jax.tree.unflatten(treedef, shardings), mesh_lib.replicated(mesh))
+  return jax.jit(step_fn, donate_argnums=0, out_shardings=out)
+
+
 class _Stepper:
   """The training step on one layout: jit over the data mesh, or pmap over the devices (state replicated)."""
 
-  def __init__(self, config, step_fn, state, devices, mesh):
+  def __init__(self, config, graphdef, tx, obj, state, devices, mesh):
     self.pmap = config.parallelism == "pmap"
     if self.pmap:
-      self._step = jax.pmap(
-        functools.partial(step_fn, axis_name=parallel.PMAP_AXIS),
-        axis_name=parallel.PMAP_AXIS,
-        in_axes=(0, 0, None),
-        devices=devices,
-        donate_argnums=0,
-      )
+      self._step = _compiled_step(graphdef, tx, obj, None, tuple(devices))
       self.state = parallel.replicate_for_pmap(state, devices)
     else:
-      self._step = jit_step(step_fn, state, mesh)
+      layout = jax.tree.map(lambda x: x.sharding, state)
+      leaves, treedef = jax.tree.flatten(layout)
+      self._step = _compiled_step(graphdef, tx, obj, (treedef, tuple(leaves), mesh), None)
       self.state = state
 
   def __call__(self, batch, base_key) -> dict:
@@ -579,7 +609,7 @@ def _evaluator(config, graphdef, obj: Objective, valid_NT, eval_key):
   n = min(config.train.eval_batches * bsz, len(valid_NT) // bsz * bsz)
   if n == 0:
     return lambda params: {}
-  step = jax.jit(functools.partial(eval_step, graphdef=graphdef, obj=obj))
+  step = _compiled_eval(graphdef, obj)
 
   def evaluate(params):
     total = count = 0.0
@@ -592,6 +622,11 @@ def _evaluator(config, graphdef, obj: Objective, valid_NT, eval_key):
     return {"eval/loss": loss, "eval/perplexity": math.exp(min(loss, 50.0))}
 
   return evaluate
+
+
+@functools.lru_cache(maxsize=8)
+def _compiled_eval(graphdef, obj: Objective):
+  return jax.jit(functools.partial(eval_step, graphdef=graphdef, obj=obj))
 
 
 def _diversity_tracker(config, cfg: ModelConfig, graphdef, valid_NT):

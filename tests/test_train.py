@@ -216,3 +216,22 @@ def test_step_0_in_keep_steps_saves_the_initial_parameters(synthetic_data_dir, t
   assert any(
     not np.array_equal(np.asarray(a), np.asarray(b)) for a, b in zip(_params(tmp_path, 0), _params(tmp_path, 2))
   )
+
+
+def test_a_second_training_of_the_same_shapes_compiles_no_step(synthetic_data_dir, tmp_path):
+  """The jitted step is kept per (graph, objective, optimizer, layout): the same run again, in another
+  workdir, reuses its compiled train and eval steps; another learning rate compiles a new step."""
+  from headspec.compilations import Compilations
+
+  config = tiny_config(synthetic_data_dir, "decoder", steps=2)
+  config.train.eval_every, config.train.eval_batches = 2, 1
+  train_and_evaluate(config, tmp_path / "first")
+  with Compilations() as again:
+    train_and_evaluate(config, tmp_path / "again")
+  compiled = lambda c, name: sum(n for k, n in c.counts.items() if name in k)
+  assert compiled(again, "train_step") == compiled(again, "eval_step") == 0, again.counts
+  np.testing.assert_array_equal(losses(tmp_path / "again"), losses(tmp_path / "first"))
+  config.train.learning_rate *= 2
+  with Compilations() as other:
+    train_and_evaluate(config, tmp_path / "other")
+  assert compiled(other, "train_step") == 1, other.counts
