@@ -10,8 +10,9 @@ vector is pooled from its pieces with a [B, W, T] matrix, so only word vectors l
 
 Batches are dealt round-robin over every local device (data parallel: on a CPU host the CLI gives XLA
 one device per core; on a GPU host, one per GPU), with up to two batches in flight per device, and a
-writer thread reads results back and writes them while the next batches are dispatched, so the device
-does not wait on the host's copies and disk writes (nor the host on one device).
+batch's results are read back on this thread once newer ones are queued, and a writer thread writes them
+to disk while the next batches are dispatched, so the device does not wait on the disk (nor the host on
+one device). Only numpy arrays cross to the writer: no JAX array is touched off the main thread.
 Memory stays bounded whatever the split size: each batch is appended to `.npy` files on disk (no
 array of the whole split is ever held), one file per layer, in processing order; `Features.z(layer)`
 reads one layer back in word order. The files form a cache at `cache_dir/<name>-<hash>/`, keyed by the
@@ -206,9 +207,9 @@ def _run_batches(
   """Runs every batch (round-robin over devices, or sharded over the command's mesh when one is set) and
   appends its features; returns the words in written order.
 
-  One writer thread, fed in batch order (so rows land in dispatch order), reads each batch back and
-  appends it to the files while this thread dispatches the next ones; at most two batches per device
-  are in flight, which bounds device memory."""
+  This thread reads each batch back once more than two per device are in flight (which bounds device
+  memory) and hands the numpy arrays to one writer thread, fed in batch order (so rows land in dispatch
+  order), which appends them to the files while this thread dispatches the next ones."""
   graphdef, state = nnx.split(model)
   forward = words_lib.pooled_forward(graphdef, CAPTURE)
   grid = mesh_lib.current()
@@ -219,18 +220,25 @@ def _run_batches(
     states = [jax.device_put(state, d) for d in devices]  # the weights once per device
     put = lambda inputs, d: jax.device_put(inputs, devices[d])
   words_of_window = words_lib.words_of_windows(al)
-  order, in_flight = [], collections.deque()
+  in_flight, written = collections.deque(), []
   with concurrent.futures.ThreadPoolExecutor(1) as writer:
+
+    def read_back_oldest():  # on this thread: the writer only ever sees numpy arrays, never a JAX one
+      outputs, words = in_flight.popleft()
+      written.append(writer.submit(files.append, jax.device_get(outputs), words))
+
     for i, (T, rows) in enumerate(batches):
       inputs, words = words_lib.packed_inputs(
         T, rows, al, lengths, words_of_window, tokenizer.pad_id, batch_tokens, pooling
       )
       d = i % len(devices)
       outputs = forward(states[d], *put(inputs, d), interventions)  # asynchronous
-      in_flight.append(writer.submit(files.append, outputs, words))
+      in_flight.append((outputs, words))
       if len(in_flight) > 2 * len(devices):
-        order.append(in_flight.popleft().result())
-    order += [f.result() for f in in_flight]
+        read_back_oldest()
+    while in_flight:
+      read_back_oldest()
+    order = [f.result() for f in written]
   files.close()
   return np.concatenate(order).astype(np.int64)
 
