@@ -22,6 +22,7 @@ def _analysis_extra() -> list[str]:
 
 
 @pytest.mark.slow
+@pytest.mark.e2e
 def test_analysis_script_runs_without_jax(tmp_path):
   venv = tmp_path / "venv"
   # No pip inside the venv: this environment's pip installs into it (--python), without compiling .pyc

@@ -70,6 +70,7 @@ def _run_benchmark(name: str, data_dir, *args) -> dict:
   return runner.last_json(done.stdout)
 
 
+@pytest.mark.e2e
 def test_init_benchmark_draws_the_per_shape_weights(data_dir):
   """bench_init on a 1-layer, 8-wide model: the bucketed draw equals the per-shape draw bit for bit, in
   fresh processes, and the three ways' seconds and ratios are reported."""
@@ -82,6 +83,7 @@ def test_init_benchmark_draws_the_per_shape_weights(data_dir):
   )
 
 
+@pytest.mark.e2e
 def test_extraction_benchmark_matches_transformers(data_dir):
   """bench_extract on 40 EWT sentences: packed headspec extraction and Hugging Face's PyTorch model give
   the same residual streams (float16 on both sides), and every figure is reported."""
@@ -92,6 +94,7 @@ def test_extraction_benchmark_matches_transformers(data_dir):
 
 
 @pytest.mark.slow
+@pytest.mark.e2e
 def test_structural_benchmark_times_both_families_on_the_same_sources(data_dir):
   """bench_structural on MiniLM's residual sources of the embeddings and layer 0 (--kind leaves layer 0's
   heads out) over ~200 EWT training words: the structural and the softmax fits of the same source are
@@ -114,6 +117,7 @@ def test_structural_benchmark_times_both_families_on_the_same_sources(data_dir):
 
 
 @pytest.mark.slow
+@pytest.mark.e2e
 def test_compile_cache_benchmark_loads_what_the_cold_command_compiled(data_dir):
   """bench_compile_cache at its smallest (a 2-step decoder, 300 probe words, UPOS, dev and test of 60
   sentences): the three commands
@@ -316,3 +320,19 @@ def test_depth_benchmark_reports_first_calls_and_ratios(tmp_path):
     assert result["ratio_deepest_over_shallowest"][name] == pytest.approx(
       deep["seconds"] / shallow["seconds"], abs=0.05
     )
+
+
+def test_slowest_tests_reads_the_junit_record(tmp_path):
+  """slowest_tests reads every test's time from the record pytest.ini has each run write; a rerun test
+  keeps its last time."""
+  from benchmarks import slowest_tests
+
+  record = tmp_path / "record.xml"
+  record.write_text(
+    '<testsuites><testsuite name="pytest">'
+    '<testcase classname="tests.test_a" name="test_x[1]" time="2.5"/>'
+    '<testcase classname="tests.test_b" name="test_y" time="9.0"/>'
+    '<testcase classname="tests.test_b" name="test_y" time="7.0"/>'
+    "</testsuite></testsuites>"
+  )
+  assert slowest_tests.durations(str(record)) == {"tests/test_a.py::test_x[1]": 2.5, "tests/test_b.py::test_y": 7.0}

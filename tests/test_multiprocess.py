@@ -26,7 +26,7 @@ from headspec.data import text_tfds
 from headspec.quickstart import quickstart_config
 from headspec.train import train_and_evaluate
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.e2e]
 REPO = pathlib.Path(__file__).resolve().parents[1]
 
 SETTINGS = {

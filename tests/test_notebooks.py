@@ -71,6 +71,7 @@ def test_notebooks_are_kept_with_outputs():
 
 
 @pytest.mark.slow
+@pytest.mark.e2e
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.stem)
 def test_notebook_runs_and_outputs_match(path, tmp_path, monkeypatch):
   if not os.environ.get("HEADSPEC_DATA_DIR"):

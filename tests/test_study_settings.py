@@ -179,6 +179,7 @@ def _launch_tiny(experiment: str, root) -> None:
 
 
 @pytest.mark.slow
+@pytest.mark.e2e
 def test_tiny_grammar_setting_runs_end_to_end(tmp_path):
   """`headspec launch local` on the grammar setting's `tiny` sizes: data, one run, every analysis, the report."""
   _launch_tiny("configs/experiments/grammar.py", tmp_path)
@@ -190,6 +191,7 @@ def test_tiny_grammar_setting_runs_end_to_end(tmp_path):
 
 
 @pytest.mark.slow
+@pytest.mark.e2e
 def test_tiny_induction_setting_runs_end_to_end(tmp_path):
   """`headspec launch local` on the induction setting's `tiny` sizes: data, one run trained through
   `data.repeat_rows` (most of each batch repeated random sequences of the text's own ids), every analysis,
