@@ -79,24 +79,52 @@ def data_dir() -> pathlib.Path:
   return path
 
 
+def _run_shared(tmp_path_factory) -> pathlib.Path:
+  """This test run's folder that both pytest-xdist workers see (the parent of each worker's own)."""
+  base = tmp_path_factory.getbasetemp()
+  return base.parent if "PYTEST_XDIST_WORKER" in os.environ else base
+
+
+def _made_once(tmp_path_factory, name: str, make) -> pathlib.Path:
+  """`shared/name`, made by `make(folder)` by the first worker that asks (under a lock; the other waits and
+  reads it): deterministic inputs are built once per test run, not once per worker or module."""
+  import fcntl
+  import shutil
+
+  shared = _run_shared(tmp_path_factory)
+  out = shared / name
+  with open(shared / f"{name}.lock", "w") as lock:
+    fcntl.flock(lock, fcntl.LOCK_EX)
+    if not out.is_dir():
+      tmp = shared / f"{name}.partial"
+      shutil.rmtree(tmp, ignore_errors=True)
+      make(tmp)
+      tmp.rename(out)
+  return out
+
+
 @pytest.fixture(scope="session")
 def synthetic_data_dir(tmp_path_factory) -> pathlib.Path:
-  """A small synthetic treebank + text corpus (headspec/data/synthetic.py), shared by the session."""
+  """A small synthetic treebank + text corpus (headspec/data/synthetic.py), written once per test run."""
   from headspec.data.synthetic import write_synthetic
 
-  out = tmp_path_factory.mktemp("synthetic")
-  write_synthetic(out, num_train=600, num_dev=150, num_test=150, num_text_sentences=6000)
-  return out
+  make = lambda out: write_synthetic(out, num_train=600, num_dev=150, num_test=150, num_text_sentences=6000)
+  return _made_once(tmp_path_factory, "synthetic", make)
 
 
 @pytest.fixture(scope="session")
 def train_tiny_decoder(synthetic_data_dir, tmp_path_factory):
   """`train(steps, keep_steps, name)` -> the run directory of a 2-layer, 4-head decoder (d_model 32, rows of
-  32 tokens) trained on the synthetic text, with checkpoints at `keep_steps` and the last step."""
+  32 tokens) trained on the synthetic text, with checkpoints at `keep_steps` and the last step.
+
+  Each (steps, keep_steps) is trained once per test run (training is deterministic); every caller gets its
+  own copy under `name`, so a test may write into its run."""
+  import shutil
+
   from headspec.quickstart import quickstart_config
   from headspec.train import train_and_evaluate
 
-  def train(steps: int, keep_steps=(), name: str = "run") -> pathlib.Path:
+  def make(steps, keep_steps, workdir):
     c = quickstart_config("decoder")
     c.data_dir = str(synthetic_data_dir)
     c.data.vocab_size = 512
@@ -105,8 +133,17 @@ def train_tiny_decoder(synthetic_data_dir, tmp_path_factory):
     c.train.eval_every = c.train.diversity_every = 0
     c.train.checkpoint_every = 100
     c.train.keep_steps = tuple(keep_steps)
-    workdir = tmp_path_factory.mktemp("runs") / name
     train_and_evaluate(c, workdir)
+
+  def train(steps: int, keep_steps=(), name: str = "run") -> pathlib.Path:
+    keep_steps = tuple(keep_steps)
+    trained = _made_once(
+      tmp_path_factory,
+      f"tiny-decoder-{steps}-steps-keep-{'-'.join(map(str, keep_steps)) or 'none'}",
+      lambda out: make(steps, keep_steps, out),
+    )
+    workdir = tmp_path_factory.mktemp("runs") / name
+    shutil.copytree(trained, workdir)
     return workdir
 
   return train
@@ -124,8 +161,7 @@ def attention_only_decoder(tmp_path_factory):
   import numpy as np
   from flax import nnx
 
-  base = tmp_path_factory.getbasetemp()
-  shared = base.parent if "PYTEST_XDIST_WORKER" in os.environ else base  # the parent is this run's own
+  shared = _run_shared(tmp_path_factory)
 
   def get(num_layers: int):
     path = shared / f"attention-only-{num_layers}-layers.npz"
