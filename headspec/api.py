@@ -489,7 +489,8 @@ def to_str_tokens(model, text, *, prepend_bos: bool | None = None):
   array = np.asarray(text)
   if array.ndim == 2:
     return [to_str_tokens(loaded, row) for row in array]
-  return [tokens_lib.str_token(tokenizer, i) for i in tokens_lib.check_ids(array, V, "to_str_tokens: text")]
+  ids = tokens_lib.check_ids(text if isinstance(text, Sequence) else array, V, "to_str_tokens: text")  # no bools
+  return [tokens_lib.str_token(tokenizer, i) for i in ids]
 
 
 @check.arguments(model=_loaded, text=check.text)
@@ -621,7 +622,7 @@ def _temporary_cache() -> pathlib.Path:
   eval_splits=check.optional(check.texts),
   max_train_words=check.optional(check.integer(0)),
   data_dir=check.optional(check.path),
-  seed=check.optional(check.integer()),
+  seed=check.optional(check.seed),
   config=check.optional(check.config),
   cache_dir=check.optional(check.path),
 )
@@ -827,7 +828,7 @@ def _corpus_set(loaded: Loaded, c, corpus_given: bool):
   method=check.text,
   num_tokens=check.optional(check.integer(1)),
   data_dir=check.optional(check.path),
-  seed=check.optional(check.integer()),
+  seed=check.optional(check.seed),
   config=check.optional(check.config),
 )
 def ablate(
@@ -1053,7 +1054,7 @@ class Circuit:
     return circuit_run.figure(self.graph, self.edges[method].to_numpy(), top_n=top_n, title=f"top {top_n} by {method}")
 
 
-CIRCUIT_METHODS = ("eap", "eap_ig", "exact")
+CIRCUIT_METHODS = ("eap", "eap_ig", "exact", "eap_denoising", "eap_ig_denoising", "exact_denoising")
 
 
 @check.arguments(
@@ -1062,7 +1063,7 @@ CIRCUIT_METHODS = ("eap", "eap_ig", "exact")
   steps=check.integer(1),
   sizes=check.ints,
   random_sets=check.integer(0),
-  seed=check.integer(),
+  seed=check.seed,
   batch_size=check.optional(check.integer(1)),
 )
 def circuit(
@@ -1071,8 +1072,9 @@ def circuit(
 ):  # fmt: skip
   """Edge attribution patching and circuit faithfulness (docs/circuits.md): every edge's score by each of
   `methods` ('eap', Syed et al. 2023; 'eap_ig' with `steps` interpolation points, Hanna et al. 2024; 'exact'
-  edge patching, one forward per edge), and the faithfulness curve of the top-n circuits for n in `sizes`,
-  with `random_sets` random edge sets of each size. Returns a `Circuit` (its `.figure()` draws the graph).
+  edge patching, one forward per edge; all noising, the papers' convention: score ≈ m(clean, edge corrupted)
+  − m(clean); 'eap_denoising', 'eap_ig_denoising', 'exact_denoising' the reverse), and the faithfulness
+  curve of the top-n circuits for n in `sizes`, with `random_sets` random edge sets of each size. Returns a `Circuit` (its `.figure()` draws the graph).
   model, clean, corrupt, answers, metric, tokenizer as in `patch`. As `headspec circuit` computes
   circuit/edges.csv and circuit/faithfulness.csv; bad input is one headspec.errors.UserError."""
   from headspec.patching import edges as edges_lib
@@ -1088,8 +1090,9 @@ def circuit(
   p = _prompts(net, tokenizer, clean, corrupt, answers, metric)
   scores = {}
   for method in methods:
-    if method == "exact":
-      scores[method], clean_m, corrupt_m = edges_lib.exact(net, p, metric=metric, batch_size=batch_size)
+    if method.startswith("exact"):
+      scores[method], clean_m, corrupt_m = edges_lib.exact(net, p, metric=metric, batch_size=batch_size,
+                                                           direction=edges_lib.direction_of(method))  # fmt: skip
     else:
       scores[method], clean_m, corrupt_m = edges_lib.scores(net, p, method=method, steps=steps, metric=metric,
                                                             batch_size=batch_size)  # fmt: skip

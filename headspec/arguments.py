@@ -138,6 +138,23 @@ def integer(minimum: int | None = None) -> Callable:
   return rule
 
 
+SEED_LIMIT = 2**63  # jax.random.key takes a seed below this (2**70: OverflowError); numpy refuses a negative one
+
+
+def seed(value) -> int:
+  """A random seed: an int in 0..2**63-1 (what both jax.random.key and numpy.random.default_rng take)."""
+  if not _is_int(value):
+    raise _must(value, "an int seed")
+  if not 0 <= value < SEED_LIMIT:
+    raise Wrong(f"={value} must be a seed in 0..2**63-1")
+  return int(value)
+
+
+def is_token_id(value) -> bool:
+  """Whether `value` may be a token id: an int (numpy integers too), never a bool (True is not token 1)."""
+  return _is_int(value)
+
+
 def boolean(value) -> bool:
   """True or False (numpy's bool too): a text like 'no' is not taken as true."""
   if not (isinstance(value, bool) or type(value).__name__ == "bool_"):

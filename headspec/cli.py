@@ -113,6 +113,7 @@ def main(argv: list[str]) -> int:
       print(command_help(command))
       return 0
     _check_config_path(argv)
+    _load_config_file(argv)
     try:
       rest = _parse(argv)  # unknown flags stay in `rest`: `data download` has its own
     except flags.Error as e:
@@ -297,12 +298,28 @@ def _check_config_path(argv: list[str]) -> None:
     _fail(f"--config: no such config file {path}, nor a packaged config of that name ({', '.join(configs.names())})")
 
 
+def _config_spec(argv: list[str]) -> str | None:
+  """The value of the last --config=FILE[:ARG] (or `--config FILE`), None without one."""
+  specs = [a.split("=", 1)[1] if a.startswith("--config=") else b for a, b in zip(argv, [*argv[1:], ""])
+           if a.startswith("--config=") or a == "--config"]  # fmt: skip
+  return specs[-1] if specs else None
+
+
+def _load_config_file(argv: list[str]) -> None:
+  """The --config file run once through the user-file loader (configs.load_config) before config_flags
+  reads it: any exception of the file or its get_config (a syntax error, a failing import, a KeyError,
+  non-UTF-8 bytes) is one line naming the file and the exception, not a traceback."""
+  spec = _config_spec(argv)
+  if spec:
+    from headspec import configs
+
+    configs.load_config(spec, "--config")
+
+
 def _override_problem(argv: list[str], overrides: list[str]) -> str | None:
   """The one line naming a `--config.KEY` that the --config file lacks (config_help.override_problem),
   None when the file cannot be read again or every KEY exists."""
-  specs = [a.split("=", 1)[1] if a.startswith("--config=") else b for a, b in zip(argv, [*argv[1:], ""])
-           if a.startswith("--config=") or a == "--config"]  # fmt: skip
-  spec = specs[-1] if specs else None
+  spec = _config_spec(argv)
   if not spec:
     return None
   from headspec import config_help

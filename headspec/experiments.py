@@ -50,12 +50,14 @@ class Experiment:
   no config, such as atlas); `references`: (name, command, config spec) run once on ROOT/<name>
   (pretrained models, compared with the runs); `data`: the arguments of a `headspec data` command that
   writes the experiment's own data, run first with --out=ROOT/data (then every stage with a config, training
-  and analyses, gets --config.data_dir=ROOT/data)."""
+  and analyses, gets --config.data_dir=ROOT/data); `fixed_analysis_seed`: every run's seeded analyses keep
+  their config's seed (0) instead of the run's (headspec/launch/plan.py SEEDED_ANALYSES; a paired design)."""
 
   runs: tuple[Run, ...]
   analyses: tuple[tuple[str, str], ...]
   references: tuple[tuple[str, str, str], ...] = ()
   data: tuple[str, ...] = ()
+  fixed_analysis_seed: bool = False
 
 
 def check(experiment: Experiment, where: str) -> None:

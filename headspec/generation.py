@@ -22,6 +22,7 @@ from headspec import arguments as check
 from headspec import mesh as mesh_lib
 from headspec.errors import UserError
 from headspec.model import SITES, Edit, KVCache, Transformer, check_interventions
+from headspec.tokens import check_ids
 
 SLOTS = 32  # the cache (and the no-cache buffer) has a multiple of this many slots, so that the decoding step
 # compiles once for prompts and lengths that fall in one bucket
@@ -57,16 +58,17 @@ def _rows(prompt, tokenizer, V: int) -> tuple[list[list[int]], bool]:
     if isinstance(one, str):
       if tokenizer is None:
         raise UserError(f"generate: {where} is a text but the model has no tokenizer; give token ids")
+      try:
+        check.text(one)  # the API's one check of a text (a lone surrogate crashed sentencepiece)
+      except check.Wrong as e:
+        raise UserError(f"generate: {where}{e.text}") from None
       row = list(tokenizer.prefix_ids) + list(tokenizer.encode(one))
     elif _is_ids(one):
-      row = [int(t) for t in one]
+      row = check_ids(one, V, f"generate: {where}")  # the API's one check of token ids (no bools)
     else:
       raise UserError(f"generate: {where} is a {type(one).__name__}; give a text or a list of token ids")
     if not row:
       raise UserError(f"generate: {where} is empty")
-    bad = [t for t in row if not 0 <= t < V]
-    if bad:
-      raise UserError(f"generate: {where} has token id {bad[0]} outside the vocabulary 0..{V - 1}")
     rows.append(row)
   return rows, single
 
@@ -125,11 +127,11 @@ def _check_sampling(cfg, temperature, top_k, eos_id) -> None:
     raise UserError(f"generate: temperature={temperature!r} must be a number ≥ 0")
   if top_k is not None and (isinstance(top_k, bool) or not isinstance(top_k, int) or not 1 <= top_k <= cfg.vocab_size):
     raise UserError(f"generate: top_k={top_k!r} must be None or an int in 1..{cfg.vocab_size}")
-  if eos_id is not None and (not isinstance(eos_id, int | np.integer) or not 0 <= eos_id < cfg.vocab_size):
+  if eos_id is not None and (not check.is_token_id(eos_id) or not 0 <= eos_id < cfg.vocab_size):
     raise UserError(f"generate: eos_id={eos_id!r} must be None or a token id in 0..{cfg.vocab_size - 1}")
 
 
-@check.arguments(max_new_tokens=check.integer(0), use_cache=check.boolean, seed=check.integer(0))
+@check.arguments(max_new_tokens=check.integer(0), use_cache=check.boolean, seed=check.seed)
 def generate(
   model,
   prompt,

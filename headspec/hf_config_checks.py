@@ -147,14 +147,34 @@ class HFConfig:
       self.fail(k, "must be a list of strings")
     return value
 
-  def token_ids(self, key, vocab_size: int) -> None:
-    """A token id (or a list of them, as Llama-3's eos_token_id) inside the vocabulary; null or absent is fine."""
+  def token_ids(self, key, vocab_size: int) -> list[int] | None:
+    """A special token id (or a list of them, as Llama-3's eos_token_id), or None when absent or null. The
+    type is checked (transformers refuses `"</s>"` or `true` too); an id outside the vocabulary, which
+    transformers loads (random tiny models keep GPT-2's bos_token_id=50256 with vocab_size=300), is one
+    warning and treated as absent: no such special token."""
     k, value = self._lookup(key, None, True)
     if k is None:
-      return
+      return None
     ids = value if isinstance(value, list) else [value]
     if not all(isinstance(i, int) and not isinstance(i, bool) for i in ids):
       self.fail(k, "must be a token id (an integer) or a list of them")
     outside = [i for i in ids if not 0 <= i < vocab_size]
     if outside:
-      self.fail(k, f"is outside the vocabulary (token ids 0..{vocab_size - 1}: vocab_size={vocab_size})")
+      _warn_once(
+        f"{self.path}: {self.name(k)}={show(value)} is outside the vocabulary (token ids 0..{vocab_size - 1}: "
+        f"vocab_size={vocab_size}); loading as if the config named no {self.name(k).removesuffix('_id')}"
+      )
+      return None
+    return ids
+
+
+_WARNED: set[str] = set()
+
+
+def _warn_once(message: str) -> None:
+  """One warning per message in a process (a command reads config.json when it plans and when it loads)."""
+  if message not in _WARNED:
+    _WARNED.add(message)
+    from absl import logging
+
+    logging.warning("%s", message)

@@ -38,10 +38,11 @@ from headspec.errors import UserError
 @dataclasses.dataclass(frozen=True)
 class Rows:
   """Rows for a table two analyses write: the existing rows of a replaced key for which `others(row)`
-  is true are kept (`tables.merge`)."""
+  is true are kept (`tables.merge`); `groups`: keys whose rows this job replaces even where it has none."""
 
   rows: list[dict] | Callable
   others: Callable[[dict], bool] | None = None
+  groups: tuple[dict, ...] = ()
 
 
 class Analysis:
@@ -136,8 +137,9 @@ def ticking(bar, every: float | None = None):
 
 def merge(workdir, table: tables.Table, rows) -> None:
   """One job's rows of `table` merged into WORKDIR's copy (rows: a list, a function, or `Rows`)."""
-  others = rows.others if isinstance(rows, Rows) else None
-  tables.merge(tables.path_of(workdir, table), rows.rows if isinstance(rows, Rows) else rows, table, others=others)
+  if not isinstance(rows, Rows):
+    rows = Rows(rows)
+  tables.merge(tables.path_of(workdir, table), rows.rows, table, others=rows.others, groups=rows.groups)
 
 
 def run(analysis: Analysis):

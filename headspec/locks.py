@@ -121,9 +121,19 @@ def held(folder, stage: str, *, wait: bool, what: str = ""):
         os.rmdir(folder)
 
 
+def checkpoint_folder(folder, what: str) -> dict | None:
+  """`held`'s keywords for a checkpoint folder other than a run's own (which its run lock covers): the lock
+  `.<name>.lock` beside it, waited for, so two processes never run orbax managers on one folder at once (one
+  would remove the other's temporary step); None for no folder."""
+  if folder is None:
+    return None
+  path = remote.run_path(folder)
+  return dict(folder=path.parent, stage=path.name, wait=True, what=what)
+
+
 def holding(lock_of):
   """Decorates `f(...)` to run inside `held(**lock_of(**its arguments))`: `lock_of` gets the call's
-  arguments by name and returns held's keywords (folder, stage, wait, what)."""
+  arguments by name and returns held's keywords (folder, stage, wait, what), or None for no lock."""
 
   def decorate(function):
     signature = inspect.signature(function)
@@ -132,7 +142,10 @@ def holding(lock_of):
     def wrapper(*args, **kwargs):
       bound = signature.bind(*args, **kwargs)
       bound.apply_defaults()
-      with held(**lock_of(**bound.arguments)):
+      lock = lock_of(**bound.arguments)
+      if lock is None:
+        return function(*args, **kwargs)
+      with held(**lock):
         return function(*args, **kwargs)
 
     return wrapper

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import math
 import re
 
 import jax
@@ -61,18 +62,20 @@ def parse(spec: str, devices=None, *, key: str = "mesh") -> Mesh:
       raise UserError(f"{key}={spec!r}: {axis}={size.strip()!r} is not an integer") from None
     if sizes[axis] == 0 or sizes[axis] < -1:
       raise UserError(f"{key}={spec!r}: {axis} must be a positive size or -1 (the devices left)")
+    if sizes[axis] > len(devices):  # bounded before any product (numpy's int64 product wrapped to 0)
+      raise UserError(f"{key}={spec!r}: {axis}={sizes[axis]} exceeds the {len(devices)} devices")
   rest = [axis for axis, size in sizes.items() if size == -1]
   if len(rest) > 1:
     raise UserError(f"{key}={spec!r}: only one axis may be -1")
-  known = int(np.prod([size for size in sizes.values() if size != -1]))
+  known = math.prod(size for size in sizes.values() if size != -1)
   if rest:
     if len(devices) % known:
       raise UserError(f"{key}={spec!r}: {known} does not divide the {len(devices)} devices")
     sizes[rest[0]] = len(devices) // known
   shape = tuple(sizes[axis] for axis in AXES)
-  if int(np.prod(shape)) != len(devices):
+  if math.prod(shape) != len(devices):
     raise UserError(
-      f"{key}={spec!r}: data×fsdp×tensor = {int(np.prod(shape))}, but there are {len(devices)} devices "
+      f"{key}={spec!r}: data×fsdp×tensor = {math.prod(shape)}, but there are {len(devices)} devices "
       "(sizes must multiply to the device count; one may be -1)"
     )
   array = np.asarray(devices, dtype=object).reshape(shape)

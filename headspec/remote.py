@@ -43,7 +43,21 @@ def scheme_of(path) -> str | None:
 
 
 def check_url(path, what: str = "--workdir") -> None:
-  """UserError (one line) for a URL whose scheme epath cannot write to."""
+  """UserError (one line) for a URL whose scheme epath cannot write to, or a path that is not UTF-8 (a byte
+  such as 0xff: orbax's tensorstore cannot open a checkpoint there, which read as 'does not match this model')."""
+  text = os.fspath(path) if not isinstance(path, str) else path
+  if isinstance(text, str):
+    try:
+      text.encode("utf-8")
+    except UnicodeEncodeError:
+      try:
+        shown = os.fsencode(text).decode("utf-8", "backslashreplace")  # the bytes as `ls` shows them
+      except UnicodeError:  # a lone surrogate that is no byte (the Python API)
+        shown = ascii(text)
+      raise UserError(
+        f"{what}={shown}: the path has a byte that is not UTF-8, which checkpoints (orbax/tensorstore) cannot "
+        "use; rename the folder"
+      ) from None
   scheme = scheme_of(path)
   if scheme is not None and scheme not in SCHEMES:
     raise UserError(

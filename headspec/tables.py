@@ -55,7 +55,10 @@ class Table:
   at once, so a re-run replaces them whole (labels.csv: every head's labels of a (model, step), combined
   from every analysis by its writer; baselines.csv: every baseline row of a task and split, whose names
   carry a fitted value, such as `offset-1`; pruning.csv: a ranking's curve over every random order;
-  causal.csv: every random head set of a test, so fewer sets on a re-run leave no stale draws).
+  causal.csv: every random head set of a test, so fewer sets on a re-run leave no stale draws; the
+  faithfulness curve and edges of a circuit, the patching grid of a site, the ICL loss by position, the
+  interactions of the top heads; every row of one SAE in the sae/ tables). tests/test_faults_rows.py
+  says, for every table, which columns one job writes whole.
   `missing`: how a NaN or None is written where it is not 'nan' (the study's tables leave the cell empty).
   """
 
@@ -179,6 +182,7 @@ ABLATION_INTERACTIONS = _table(
   "model,step,metric,layer_a,head_a,layer_b,head_b,joint,sum_of_singles,interaction",
   ints="step,layer_a,head_a,layer_b,head_b",
   floats="joint,sum_of_singles,interaction",
+  together="layer_a,head_a,layer_b,head_b",  # every pair of the top heads (interactions.top) from one job
 )
 CLARK = _table(
   "attention/clark.csv",
@@ -211,6 +215,7 @@ ICL = _table(
   "model,step,kind,position,value,ci_low,ci_high",
   ints="step",
   floats="value,ci_low,ci_high",
+  together="position",  # the loss at every position of the text, one job's
 )
 
 PATCHING = _table(
@@ -218,6 +223,7 @@ PATCHING = _table(
   "model,step,task,method,site,direction,layer,head,position,value",
   ints="step,layer,head,position",
   floats="value",
+  together="layer,head,position",  # a site's whole grid (by position or not) from one job
 )
 PATCHING_SUMMARY = _table(
   "patching/summary.csv",
@@ -228,26 +234,31 @@ PATCHING_SUMMARY = _table(
 CIRCUIT_EDGES = _table(
   "circuit/edges.csv",
   "model,step,task,upstream,downstream,input,upstream_layer,upstream_head,downstream_layer,downstream_head,"
-  "method,steps,score",
+  "method,direction,steps,score",
   ints="step,upstream_layer,upstream_head,downstream_layer,downstream_head,steps",
   floats="score",
   float_format="r",  # scores span orders of magnitude: six decimals zeroed the small ones, and their sign
+  together="upstream,downstream,input,upstream_layer,upstream_head,downstream_layer,downstream_head",  # the graph
 )
 CIRCUIT_FAITHFULNESS = _table(
   "circuit/faithfulness.csv",
-  "model,step,task,method,steps,edges,set,faithfulness,clean_metric,corrupt_metric",
-  ints="step,steps,edges,set",
+  "model,step,task,method,direction,steps,edges,set,faithfulness,clean_metric,corrupt_metric,small_gap",
+  ints="step,steps,edges,set,small_gap",
   floats="faithfulness,clean_metric,corrupt_metric",
+  values="faithfulness,clean_metric,corrupt_metric,small_gap",  # small_gap 1: edges.small_gap, the values noise
+  together="edges,set",  # a method's whole curve (every size, every random set) comes from one job
 )
 
 
 def _sae_table(path: str, columns: str, ints: str, floats: str, values: str) -> Table:
-  """An `headspec sae` table (docs/outputs.md): every column but the measured ones identifies a row and is its key,
-  so SAEs of another site, layer or configuration (`sae`) add rows beside the earlier ones."""
+  """An `headspec sae` table (docs/outputs.md): (model, step, site, layer, sae) is the key, so SAEs of another
+  site, layer or configuration (`sae`) add rows beside the earlier ones; the identifying columns after them
+  (feature, head, metric, ...) are `together`: a rerun of one SAE (another seed, lr, ...) replaces all its rows."""
   split = lambda s: tuple(c for c in s.split(",") if c)
   cols, measured = split(columns), split(values)
-  key = tuple(c for c in cols if c not in measured)
-  return Table(path, cols, key, int_columns=split(ints), float_columns=split(floats), float_format="r", values=measured)
+  key = split(_SAE)
+  together = tuple(c for c in cols if c not in measured and c not in key)
+  return Table(path, cols, key, split(ints), split(floats), "r", measured, together)
 
 
 _SAE = "model,step,site,layer,sae,"
@@ -332,7 +343,7 @@ STUDY = {  # every study table, in the order `headspec study` collects them (doc
       "spearman,p_value,p_holm,within_layer_spearman,within_layer_p,within_layer_p_holm,heads",
     ),
     _study_table("reference", "run,condition,kind,what", "layer,head,value,baseline,n"),
-    _study_table("sae_heads", _RUN + "step,sae,layer,head", "specialization,exclusive_features,features_carried"),
+    _study_table("sae_heads", _RUN + "step,sae,layer,head", "specialization,exclusive_features,features_carried,z_rms"),
     _study_table("sae", _RUN + "step,sae,measure,task", "value,p_value,p_holm,heads"),
   )
 }
@@ -577,7 +588,7 @@ def _sort_value(value: str):
     return (1, 0, value)
 
 
-def merge(path, new_rows, table: Table, *, others=None) -> list[dict[str, str]]:
+def merge(path, new_rows, table: Table, *, others=None, groups=()) -> list[dict[str, str]]:
   """Replaces the rows whose key (`table.key`) matches any new row's, keeps the others; rows are
   ordered by key (numbers numerically), each key's rows (several only in a `together` table) in the order
   they were written. Returns the table as written.
@@ -587,6 +598,8 @@ def merge(path, new_rows, table: Table, *, others=None) -> list[dict[str, str]]:
   the lock, so no other writer's rows are lost in between.
   `others(row) -> bool`, for a table two analyses write (ablation/causal.csv, attention/roles.csv): the
   existing rows of a replaced key for which it is true belong to the other analysis and are kept.
+  `groups`: keys (dicts of `table.key`'s columns) whose rows this job replaces even where it writes none
+  of them (an SAE rerun without a treebank: the earlier SAE's labels of that name go).
   Holds the table's lock (`locked`) from reading to renaming. A process other than the writer of a
   multi-process command (`remote.is_writer`) writes nothing and returns `new_rows` alone.
   """
@@ -596,7 +609,7 @@ def merge(path, new_rows, table: Table, *, others=None) -> list[dict[str, str]]:
   with locked(path) as check:  # read, merge and rename as one: a concurrent writer's rows are not lost
     old = read(path, table)
     new = [format_row(r, table) for r in (new_rows(old) if callable(new_rows) else new_rows)]
-    replaced = {_key_of(r, table) for r in new}
+    replaced = {_key_of(r, table) for r in new} | {_key_of(g, table) for g in groups}
     kept = [r for r in old if _key_of(r, table) not in replaced or (others is not None and others(r))]
     rows = sorted(kept + new, key=lambda r: [_sort_value(v) for v in _key_of(r, table)])
     _write(path, rows, table, check)

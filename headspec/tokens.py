@@ -48,10 +48,17 @@ def str_token(tokenizer, token_id: int) -> str:
 
 
 def check_ids(ids, vocab_size: int, what: str) -> list[int]:
-  """A 1-D sequence of token ids in the vocabulary, as a list; UserError naming `what` otherwise."""
+  """A 1-D sequence of token ids in the vocabulary, as a list; UserError naming `what` otherwise. The one
+  check of token ids given to the API (generate, capture, patch, to_str_tokens): a bool is no token id
+  (numpy would make [True, 5] the ids [1, 5])."""
+  if not isinstance(ids, np.ndarray) and isinstance(ids, Sequence) and not isinstance(ids, str):
+    for i, t in enumerate(ids):
+      if isinstance(t, bool | np.bool_):
+        raise UserError(f"{what}[{i}]={t!r}: a bool is not a token id; give ints")
   array = np.asarray(ids)
   if array.ndim != 1 or not (array.dtype.kind in "iu" or array.size == 0):
-    raise UserError(f"{what}: expected a text or a 1-D list of token ids, got an array of shape {array.shape}")
+    kind = "bools" if array.dtype.kind == "b" else f"an array of shape {array.shape}"
+    raise UserError(f"{what}: expected a text or a 1-D list of token ids (ints), got {kind}")
   bad = [int(i) for i in array if not 0 <= i < vocab_size]
   if bad:
     raise UserError(f"{what}: token id {bad[0]} is outside the vocabulary 0..{vocab_size - 1}")
@@ -112,6 +119,6 @@ def texts_or_ids(value, what: str) -> list:
     raise UserError(f"{what}: an array of shape {array.shape}; give [T] or [B, T] token ids")
   if not isinstance(value, Sequence) or not len(value):
     raise UserError(f"{what}: give a text, a list of texts or token ids ([T] or [B, T])")
-  if all(isinstance(v, int | np.integer) for v in value):
+  if all(isinstance(v, int | np.integer) for v in value):  # bools too: check_ids refuses them
     return [list(value)]
   return list(value)

@@ -183,14 +183,14 @@ def test_layer_matched_random_heads_avoid_the_selective_ones():
   for k in (1, 2, 4, 6):
     sel = causal.selective_mask(selectivity, k)
     for seed in range(20):
-      rand = causal.layer_matched_mask(sel, seed)
+      rand = causal.layer_matched_masks(sel, 1, seed)[0][0]
       np.testing.assert_array_equal((rand == 0).sum(1), (sel == 0).sum(1))
       short = np.maximum((sel == 0).sum(1) - (sel != 0).sum(1), 0).sum()  # selective heads that must be reused
       assert ((rand == 0) & (sel == 0)).sum() == short
       assert causal.overlap(sel, rand) == pytest.approx(short / k)
   # Layer 1 holds 3 of the 5 most selective heads and 1 other: the random set takes that one and 2 selective.
   sel = causal.selective_mask(selectivity, 5)
-  assert causal.overlap(sel, causal.layer_matched_mask(sel, 0)) == pytest.approx(2 / 5)
+  assert causal.overlap(sel, causal.layer_matched_masks(sel, 1, 0)[0][0]) == pytest.approx(2 / 5)
 
 
 def test_unlabelled_control_draws_k_heads_no_role_label_names():
@@ -202,7 +202,9 @@ def test_unlabelled_control_draws_k_heads_no_role_label_names():
   induction = np.array([[0.1, 0.9, 0.0, 0.3], [0.95, 0.8, 0.7, 0.6]])
   unlabelled = (induction < 0.4) & ~np.array([[0, 0, 0, 1], [0, 0, 0, 0]], bool)  # L0H3: a previous-token head
   top = causal.selective_mask(induction, 1)
-  assert ((causal.layer_matched_mask(top, 0)[1] == 0) & (induction[1] >= 0.4)).sum() == 1  # another induction head
+  assert (
+    (causal.layer_matched_masks(top, 1, 0)[0][0][1] == 0) & (induction[1] >= 0.4)
+  ).sum() == 1  # another induction head
   drawn = set()
   for seed in range(40):
     removed = {tuple(x) for x in np.argwhere(causal.unlabelled_mask(unlabelled, top, 1, seed) == 0)}

@@ -394,5 +394,5 @@ def write_circuit(workdir: pathlib.Path, layers: int, heads: int, steps, groups:
         for method, (n, score) in by_method.items():
           rows.append(dict(model=name, step=step, task="induction", upstream=upstream, downstream=downstream, input=inp,
                            upstream_layer=ul, upstream_head=uh, downstream_layer=dl, downstream_head=dh, method=method,
-                           steps=n, score=score))  # fmt: skip
+                           direction="noising", steps=n, score=score))  # fmt: skip
   tables.write(tables.path_of(workdir, tables.CIRCUIT_EDGES), rows, tables.CIRCUIT_EDGES)

@@ -57,7 +57,7 @@ def test_help_meanings_come_from_the_defaults_comments(capsys):
   lines = {line.split(" = ")[0].strip(): line for line in capsys.readouterr().out.splitlines() if " = " in line}
   assert "L-BFGS stops a softmax probe" in lines["probe.tol"]  # inline comment
   assert "'first' | 'last' | 'mean'" in lines["probe.pooling"]  # inside a parenthesised value
-  assert "MDL's portions of the training words" in lines["probe.mdl_fractions"]  # the comment line above
+  assert "MDL's portions of the training sentences" in lines["probe.mdl_fractions"]  # the comment line above
   meanings = config_help.meanings(__import__("headspec.attention.config", fromlist=["x"]).attention_config)
   assert meanings["induction.causal.ks"].startswith("how many of the best induction heads")  # another module's factory
   assert "only the induction scores below" in meanings["treebank"]  # an indented continuation line

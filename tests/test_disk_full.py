@@ -396,3 +396,28 @@ def test_a_feature_cache_finished_by_another_process_meanwhile_is_kept(tiny_enco
   monkeypatch.setattr(pathlib.Path, "rename", the_other_finishes_first)
   got = features.extract_features(model, tokenizer, sentences, **kw)
   assert not got.from_cache and [p.name for p in (tmp_path / "cache").iterdir()] == [folder.name]
+
+
+# --- an SAE's Orbax checkpoint ----------------------------------------------------------------------------
+
+
+def test_an_sae_checkpoint_on_a_full_disk_is_one_line_and_leaves_no_temporary(disk, capfd):
+  """fit_sae's checkpoint does not fit (4096 features with Adam's moments: about 6 MB on a 1 MB disk): one
+  UserError line naming the step and the full disk, no traceback printed, no `*.orbax-checkpoint-tmp`; with
+  space again the same call trains and saves."""
+  import headspec
+  from headspec.errors import UserError
+
+  d = disk(size="1m")
+  x = np.random.default_rng(0).normal(size=(256, 64)).astype(np.float32)
+  kw = dict(features=4096, k=4, steps=20, batch_size=32, chunk=10, progress=False, checkpoint_every=10)
+  with pytest.raises(UserError) as e:
+    headspec.fit_sae(x, checkpoint_dir=d.path / "sae", **kw)
+  line = str(e.value)
+  assert "\n" not in line and line.startswith(f"{d.path / 'sae' / '10'}: saving the checkpoint of step 10 failed")
+  assert "No space left on device" in line
+  assert "Traceback" not in capfd.readouterr().err
+  assert not [p for p in d.path.rglob("*") if "orbax-checkpoint-tmp" in p.name]
+  d.grow()
+  headspec.fit_sae(x, checkpoint_dir=d.path / "sae", **kw)
+  assert checkpoints.saved_steps_of(d.path / "sae") == [20]

@@ -63,7 +63,7 @@ def test_few_layer_matched_sets_are_enumerated_not_drawn_with_repeats():
     removed = np.argwhere(m == 0)
     assert len(removed) == 1 and removed[0][0] == layer and sel[tuple(removed[0])] == 1
   # before: 3 independent draws of the 3 candidates repeated a set for most seeds (1 − 3!/3³ = 7/9)
-  old = [len(_sets([causal.layer_matched_mask(sel, 1000 * t + s) for s in range(3)])) < 3 for t in range(30)]
+  old = [len(_sets([causal.layer_matched_masks(sel, 1, 1000 * t + s)[0][0] for s in range(3)])) < 3 for t in range(30)]
   assert sum(old) > 10
   more, candidates = causal.layer_matched_masks(sel, 5, seed=0)  # more seeds than sets: still the 3
   assert candidates == 3 and len(more) == 3

@@ -158,7 +158,7 @@ def test_sampling_eos_and_bad_arguments():
   assert headspec.generate(model, [prompt, prompt[1:]], 3)[0] == greedy[:3]
   for kwargs, message in [
     (dict(prompt="text", max_new_tokens=3), "prompt is a text but the model has no tokenizer"),
-    (dict(prompt=[3, 99], max_new_tokens=3), "token id 99 outside the vocabulary"),
+    (dict(prompt=[3, 99], max_new_tokens=3), "prompt: token id 99 is outside the vocabulary"),
     (dict(prompt=[], max_new_tokens=3), "prompt is empty|give a text"),
     (dict(prompt=prompt, max_new_tokens=38), "exceeds model.max_len=40"),
     (dict(prompt=prompt, max_new_tokens=3, temperature=-1), "temperature=-1 must be a number"),

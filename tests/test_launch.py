@@ -254,3 +254,42 @@ def test_a_renamed_config_resolves_by_its_former_name(tmp_path, monkeypatch):
     assert configs.resolve(f"{old}:seed=1") == f"{new}:seed=1"
   assert configs.resolve("elsewhere/induction_study.py") == "elsewhere/induction_study.py"  # not ours
   assert launch.plan.load_config("configs/induction_study.py:seed=3").seed == 3
+
+
+def _analysis_seeds(plans) -> dict[tuple[str, str], str | None]:
+  """{(workdir, analysis): the --config.seed it gets, or None}, over every stage of `plans`."""
+  out = {}
+  for stage in [s for p in plans for s in p]:
+    argv = list(stage.args[stage.args.index("--") + 1 :] if stage.args[0] == "@stage" else stage.args)
+    workdir = next((a.split("=", 1)[1] for a in argv if a.startswith("--workdir=")), "")
+    seeds = [a.split("=", 1)[1] for a in argv if a.startswith("--config.seed=")]
+    out[(workdir, argv[0])] = seeds[-1] if seeds else None
+  return out
+
+
+def test_each_run_analyses_with_its_own_seed_unless_the_seed_is_fixed():
+  """Issue 77: seeds must vary what the intervals over seeds claim to cover (control labels, the probe's train
+  subsample, bootstrap resamples, SAE init), so probe/ablate/sae of the run with seed s get --config.seed=s;
+  `fixed_analysis_seed` (experiments) and --fixed-analysis-seed (pipelines, sweeps) keep the config's seed."""
+  spec = "configs/experiments/grammar.py:condition=baseline"
+  opts = launch.args.parser().parse_args(["local", f"--experiment={spec}", "--workdir=root"])
+  got = _analysis_seeds(launch.plan.experiment_plans(opts, []))
+  for seed in (0, 1):
+    run = f"root/baseline_s{seed}"
+    assert got[(run, "probe")] == got[(run, "ablate")] == str(seed)
+    assert got[(run, "diversity")] is None and got[(run, "atlas")] is None  # not seeded analyses
+  assert got[("root/baseline_s0", "train")] is None  # training takes its seed from its own config
+  opts = launch.args.parser().parse_args(["local", f"--experiment={spec},fixed_analysis_seed", "--workdir=root"])
+  assert launch.plan.load_experiment(f"{spec},fixed_analysis_seed").runs == launch.plan.load_experiment(spec).runs
+  fixed = _analysis_seeds(launch.plan.experiment_plans(opts, []))
+  assert fixed.keys() == got.keys() and all(v is None for (_, c), v in fixed.items() if c != "study")
+  argv = ["local", "--pipeline", "--analyses=probe,ablate,diversity", "--seeds=0,1"]
+  argv += ["--config=configs/base_decoder.py", "--workdir=sw"]
+  opts, rest = launch.args.parse(argv)
+  got = _analysis_seeds(launch.plan.plan_runs(opts, rest)[0])
+  assert (
+    [got[(f"sw/seed={s}", "probe")] for s in (0, 1)] == ["0", "1"] == [got[(f"sw/seed={s}", "ablate")] for s in (0, 1)]
+  )
+  assert got[("sw/seed=1", "diversity")] is None
+  opts, rest = launch.args.parse([*argv, "--fixed-analysis-seed"])
+  assert all(v is None for (_, c), v in _analysis_seeds(launch.plan.plan_runs(opts, rest)[0]).items() if c != "train")

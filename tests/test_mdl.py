@@ -144,3 +144,36 @@ def test_bad_input():
     mdl.online_codelengths(x, {"a": (np.zeros(20, np.int32), 3)}, fit_options={"l2_grid": (1.0,)})
   with pytest.raises(UserError):
     mdl.mdl_rows("m", 0, 0, [0, 1], x, {"a": (np.zeros(20, np.int32), np.zeros(20, np.int32), 3)})
+
+
+def test_portions_are_whole_sentences():
+  """Issue 77: Voita & Titov portion examples (sentences), not words. With each word's sentence given, the
+  sentences are shuffled whole and every block boundary falls between sentences, at t_i = the words of the
+  first ⌊f_i·S⌋ shuffled sentences; the old word rule cut sentences apart (checked on the same words)."""
+  rng = np.random.default_rng(1)
+  lengths = rng.integers(1, 25, 400)
+  sentence_N = np.repeat(rng.permutation(10_000)[:400], lengths)  # ids need not be 0..S-1
+  order, words_S = mdl.sentence_order(sentence_N, seed=3)
+  assert sorted(order) == list(range(len(sentence_N))) and words_S.sum() == len(sentence_N)
+  sent = sentence_N[order]
+  starts = {0, len(sent)} | {t for t in range(1, len(sent)) if sent[t] != sent[t - 1]}
+  assert len(starts) == 401  # each sentence's words are sent together
+  cuts = mdl.sentence_block_boundaries(words_S)
+  ends = np.cumsum(words_S)
+  assert set(cuts) <= starts and cuts[-1] == len(sent)
+  want = [int(ends[int(f * 400) - 1]) for f in mdl.DEFAULT_FRACTIONS if int(f * 400) >= 1]
+  assert list(cuts[2:]) == sorted(set(t for t in want if t > cuts[1]))
+  assert cuts[1] >= mdl.MIN_FIRST_BLOCK and len(set(sent[: cuts[1]])) == int(np.searchsorted(ends, cuts[1])) + 1
+  word_cuts = mdl.block_boundaries(len(sent))
+  assert not set(word_cuts) <= starts  # the word rule splits sentences between blocks
+  x, y, control = _problem()
+  n = N
+  sentence_N = np.repeat(np.arange(N), 5)[:N]  # 400 sentences of 5 words
+  codes = mdl.online_codelengths(
+    x[:, 4:], {"task": (y, K)}, fractions=FRACTIONS, seed=0, fit_options=FIT, sentence_N=sentence_N
+  )
+  assert codes["task"].boundaries == (0, 10, 50, 200, 600, n)  # 2, 10, 40, 120, 400 sentences of 5 words
+  assert codes["task"].block_bits_GB[0, 0] == pytest.approx(10 * math.log2(K))
+  assert codes["task"].compression_G[0] > 2  # separable clusters still compress
+  with pytest.raises(UserError, match="sentence_N"):
+    mdl.online_codelengths(x, {"task": (y, K)}, fractions=FRACTIONS, fit_options=FIT, sentence_N=sentence_N[:-1])

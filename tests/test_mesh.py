@@ -122,7 +122,8 @@ def test_mesh_key_parses_and_refuses_in_one_line():
     ("data=two", "config.mesh='data=two': data='two' is not an integer"),
     ("data=-1,fsdp=-1", "only one axis may be -1"),
     ("data=0", "data must be a positive size or -1"),
-    ("data=3", "data×fsdp×tensor = 3, but there are"),
+    ("data=3", "data=3 exceeds the 1 devices"),
+    ("data=4294967296,fsdp=4294967296,tensor=-1", "data=4294967296 exceeds the 1 devices"),  # int64 wrapped: 1/0
   ):
     with pytest.raises(UserError, match=message):
       mesh.parse(spec, one[:1], key="config.mesh")
@@ -208,7 +209,7 @@ def test_a_command_runs_on_the_mesh_and_dtype_its_config_names(data_dir, tmp_pat
   assert rows["one"].keys() == rows["mesh"].keys() and len(rows["one"]) > 100
   diffs = np.array([abs(rows["one"][k] - rows["mesh"][k]) for k in rows["one"]])
   assert np.median(diffs) < 0.01 and diffs.max() > 0  # bfloat16 moves the numbers, a little
-  for extra, message in (("--config.mesh=tensor=3", "config.mesh='tensor=3': data×fsdp×tensor = 3"),
+  for extra, message in (("--config.mesh=tensor=3", "config.mesh='tensor=3': tensor=3 exceeds the 2 devices"),
                          ("--config.model.dtype=float16", "config.model.dtype='float16': use 'float32' or 'bfloat16'")):  # fmt: skip
     done = subprocess.run(
       [*base, extra, f"--workdir={tmp_path / 'bad'}"], cwd=REPO, env=env, capture_output=True, text=True

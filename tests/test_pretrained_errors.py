@@ -194,7 +194,6 @@ CASES = [
     r"rope_parameters.partial_rotary_factor=1.5 must be a number in \(0, 1\]",
   ),
   ("olmo", dict(clip_qkv=-0.4), "clip_qkv=-0.4 must be a number >= 0"),
-  ("gemma2", dict(attn_logit_softcapping=-1.5), "attn_logit_softcapping=-1.5 must be a number >= 0"),
   ("gemma2", dict(query_pre_attn_scalar=-24), "query_pre_attn_scalar=-24 must be a positive number"),
   # item 13: the HF key that is wrong, not the ModelConfig field it became
   ("llama", dict(head_dim=7), "head_dim=7 rotates 7 features per head; .* must be even"),
@@ -207,9 +206,8 @@ CASES = [
   ("llama", dict(intermediate_size=0), "intermediate_size=0 must be positive"),
   ("bert_mlm", dict(max_position_embeddings=0), "max_position_embeddings=0 must be positive"),
   ("gpt2", dict(n_inner=0), "n_inner=0 must be positive"),
-  ("llama", dict(eos_token_id=99999), r"eos_token_id=99999 is outside the vocabulary \(token ids 0\.\.\d+: vocab_size"),
-  ("llama", dict(bos_token_id=[1, -1]), r"bos_token_id=\[1, -1\] is outside the vocabulary"),
   ("llama", dict(eos_token_id="</s>"), 'eos_token_id="</s>" must be a token id'),
+  # (ids outside the vocabulary and negative soft-caps load, as in transformers: tests/test_faults_inputs.py)
 ]
 
 

@@ -104,6 +104,41 @@ def test_punctuation_is_left_out_of_uuas_and_root_accuracy():
   assert structural.score_sentences([depth], [tree], "depth").correct_UG[0, 0] == 1
 
 
+def test_hewitt_manning_ptb_punctuation_is_an_option_beside_upos_punct():
+  """Issue 77: H&M leave out the words whose XPOS is one of 7 PTB tags (reporter.py: '' , . : `` -LRB- -RRB-),
+  not UD's UPOS PUNCT: with probe.structural_punctuation='ptb' a hyphen (HYPH, UPOS PUNCT) and a '$' (UPOS
+  SYM) stay in UUAS's trees while brackets and the full stop are left out; 'upos' (the default) is unchanged,
+  and a third value is one line before any model runs."""
+  from headspec.probing import plan, tasks
+  from headspec.probing.config import probe_config
+
+  assert structural.PTB_PUNCTUATION_TAGS == ("''", ",", ".", ":", "``", "-LRB-", "-RRB-")
+  upos = ("PRON", "PUNCT", "VERB", "SYM", "NUM", "PUNCT", "INTJ", "PUNCT", "PUNCT")
+  xpos = ("PRP", "HYPH", "VBD", "$", "CD", "-LRB-", "UH", "-RRB-", ".")
+  ud = structural.punctuation(upos, xpos)
+  ptb = structural.punctuation(upos, xpos, "ptb")
+  assert ud.tolist() == [0, 1, 0, 0, 0, 1, 0, 1, 1] and ptb.tolist() == [0, 0, 0, 0, 0, 1, 0, 1, 1]
+  heads = np.array([3, 3, 0, 5, 3, 7, 3, 7, 3])
+  pred = structural.Tree(heads, ud).distances()[None].astype(float)
+  totals = [structural.score_sentences([pred], [structural.Tree(heads, f)], "distance").total_U[0] for f in (ud, ptb)]
+  assert totals == [4, 5]  # UUAS's gold edges: over 5 and over 6 kept words
+  with pytest.raises(UserError, match="punctuation"):
+    structural.punctuation(upos, xpos, "both")
+  from headspec.data.treebank import Sentence
+
+  sentence = Sentence("s1", ("He", "-", "said", "$", "5", "(", "ok", ")", "."), upos, xpos, tuple(heads), ("x",) * 9)
+  config = probe_config()
+  assert config.probe.structural_punctuation == "upos"
+  task = tasks.StructuralTask("distance")
+  assert task.labels([sentence], None, config)[0].punct.tolist() == ud.tolist()
+  config.probe.structural_punctuation = "ptb"
+  assert task.labels([sentence], None, config)[0].punct.tolist() == ptb.tolist()
+  assert task.control([sentence], None, config)[0].punct.tolist() == ptb.tolist()
+  config.probe.structural_punctuation = "PUNCT"
+  with pytest.raises(UserError, match="structural_punctuation"):
+    plan.check_config(config)
+
+
 def _scores_one_by_one(pred, trees, kind):
   """The metrics' sums sentence by sentence, with networkx's MST and scipy's spearmanr: what the stacked
   scoring must reproduce."""

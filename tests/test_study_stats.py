@@ -226,3 +226,76 @@ def test_headspec_study_writes_the_tests(tmp_path):
   assert list(pd.read_csv(root / "study/formation_tests.csv").columns) == study.COLUMNS["formation_tests"].split(",")
   assert "### Over seeds: the causal test per condition, decodability and LM loss" in summary
   assert "tost_p" in summary and "condition:probe_accuracy_vs_random" in summary
+
+
+def test_loss_equivalence_margin_is_a_fraction_of_ablating_every_head(tmp_path):
+  """Issue 77: the LM-loss TOST margin is EQUIVALENCE's fraction × the condition's mean |loss change with every
+  head zero-ablated| (pruning.csv's last point), not a fixed 0.01 nats that exceeds what a whole layer's
+  attention costs; without that point the margin and TOST are NaN (no claim). The old fixed margin called
+  these near-zero cells equivalent (tost_p < 0.05 at 0.01 nats); on the all-heads scale they are not shown."""
+  import importlib
+
+  from headspec import tables
+  from headspec.study import statistics
+
+  collect = importlib.import_module("headspec.study.collect")  # the module (the package exports its function)
+
+  kind, fraction = statistics.EQUIVALENCE["loss_delta_vs_random"]
+  assert kind == "all_heads"
+  cells = _causal_rows([(0.004, 0.01), (0.005, 0.01), (0.006, 0.01)], metric="loss_delta_vs_random")
+  assert resampling.tost([0.004, 0.005, 0.006], 0.01) < 0.05  # "equivalent" at the old ±0.01 nats
+  every = [
+    dict(condition="baseline", task="", k=16, metric=statistics.ALL_HEADS_METRIC, value=v) for v in (0.02, -0.04)
+  ]
+  out = pd.DataFrame(study.causal_seeds(pd.DataFrame(cells + every))).iloc[0]
+  assert out["tost_margin"] == pytest.approx(fraction * 0.03)
+  assert out["tost_p"] == pytest.approx(resampling.tost([0.004, 0.005, 0.006], fraction * 0.03)) and out["tost_p"] > 0.5
+  alone = pd.DataFrame(study.causal_seeds(pd.DataFrame(cells))).iloc[0]
+  assert np.isnan(alone["tost_margin"]) and np.isnan(alone["tost_p"]) and np.isnan(alone["tost_p_holm"])
+  fixed = {"probe_accuracy_vs_random": ("absolute", 0.01), "loss_delta_vs_random": ("absolute", 0.01)}
+  assert study.causal_seeds(pd.DataFrame(cells), equivalence=fixed)[0]["tost_p"] < 0.05  # configurable
+  # collect: the all-heads row comes from ablation/pruning.csv's fully pruned point at the last step
+  rows = [dict(model="m", step=s, ranking=r, seed=-1, heads_pruned=n, fraction_pruned=n / 4, metric="loss_delta",
+               value=v) for s, r, n, v in [(8, "random", 4, 0.5), (8, "importance", 4, 0.5), (8, "random", 2, 0.1),
+                                          (0, "random", 4, 9.0)]]  # fmt: skip
+  tables.write(tables.path_of(tmp_path, tables.ABLATION_PRUNING), rows, tables.ABLATION_PRUNING)
+  run = dict(run="r", condition="baseline", seed=0)
+  [row] = collect._all_heads_loss(run, tmp_path)
+  assert (row["metric"], row["step"], row["k"], row["value"]) == (statistics.ALL_HEADS_METRIC, 8, 4, 0.5)
+  assert collect._all_heads_loss(run, tmp_path / "none") == []
+
+
+def test_induction_check_family_holds_every_cell_unless_a_primary_is_declared():
+  """Issue 77: the 4-layer induction claims quoted Holm over the zero-ablation cells only, leaving out the
+  mean-ablation cells run alongside. With no primary declared the family is every cell of the condition (2
+  ablations × 2 controls × 3 k); a declared primary's cells form the claims' family and each secondary cell is
+  corrected over all of them. Only the last step counts; a primary that was not run is refused."""
+  from headspec.study import statistics
+
+  rng = np.random.default_rng(0)
+  rows = []
+  for seed in range(5):
+    for control in statistics.INDUCTION_CONTROLS:
+      for ablation in ("zero", "mean"):
+        for k in (1, 2, 4):
+          for step, shift in ((100, 9.0), (600, 0.3 * k)):
+            rows.append(dict(run=f"s{seed}", condition="c", seed=seed, step=step, measure=f"{control} ({ablation})",
+                             k=k, value=shift + rng.normal()))  # fmt: skip
+    rows.append(dict(run=f"s{seed}", condition="c", seed=seed, step=600, measure="repeat_drop", k=np.nan, value=6.0))
+  frame = pd.DataFrame(rows)
+  assert statistics.INDUCTION_PRIMARY is None  # the study's default: one family of every cell
+  out = pd.DataFrame(statistics.induction_tests(frame))
+  assert len(out) == 12 and set(out["family"]) == {"c:induction:all"} and (out["seeds"] == 5).all()
+  np.testing.assert_allclose(out["p_holm"], resampling.holm(out["p_value"]))
+  last = frame[(frame["step"] == 600) & (frame["measure"] == f"{statistics.INDUCTION_CONTROLS[0]} (zero)")]
+  one = out[(out["control"] == statistics.INDUCTION_CONTROLS[0]) & (out["ablation"] == "zero") & (out["k"] == 1)]
+  assert one["mean"].item() == pytest.approx(last[last["k"] == 1]["value"].mean())  # the last step only
+  primary = pd.DataFrame(statistics.induction_tests(frame, primary="zero"))
+  zero, mean = primary[primary["ablation"] == "zero"], primary[primary["ablation"] == "mean"]
+  assert set(zero["family"]) == {"c:induction:zero"} and set(mean["family"]) == {"c:induction:all"}
+  np.testing.assert_allclose(zero["p_holm"], resampling.holm(zero["p_value"]))
+  every = resampling.holm(primary["p_value"])
+  np.testing.assert_allclose(mean["p_holm"], every[primary["ablation"].to_numpy() == "mean"])
+  assert (zero["p_holm"].to_numpy() <= out[out["ablation"] == "zero"]["p_holm"].to_numpy() + 1e-12).all()
+  with pytest.raises(ValueError, match="not among"):
+    statistics.induction_tests(frame, primary="resample")

@@ -63,7 +63,8 @@ def test_edge_scores_keep_their_small_values(tmp_path):
   """circuit/edges.csv: an edge score of 3e-9 (a tiny model's) keeps its value and sign (six decimals wrote 0)."""
   path = tmp_path / "edges.csv"
   row = dict(model="m", step=0, task="t", upstream="L0H1", downstream="L1H0", input="k", upstream_layer=0,
-             upstream_head=1, downstream_layer=1, downstream_head=0, method="eap", steps=1, score=-3.25e-9)  # fmt: skip
+             upstream_head=1, downstream_layer=1, downstream_head=0, method="eap", direction="noising", steps=1,
+             score=-3.25e-9)  # fmt: skip
   tables.merge(path, [row], tables.CIRCUIT_EDGES)
   (written,) = tables.read(path, tables.CIRCUIT_EDGES)
   assert float(written["score"]) == -3.25e-9

@@ -207,14 +207,16 @@ def analysis_config(stage: str, *, small: bool = False, minilm: bool = False):
 
 
 def sae_stage_config(small: bool = False):
-  """`headspec sae` at every kept step, one TopK SAE per layer's z (docs/sae.md; the study's sae tables). Small:
-  CPU-sized (2× the width of z in features, 400 steps of 256 tokens on 16k tokens, 200 EWT dev sentences for the
-  features' contexts); full: 4×, 2,000 steps of 1,024 on 100k tokens, every EWT dev sentence."""
+  """`headspec sae` at every kept step, one TopK SAE per layer's z, each head's z at unit RMS (docs/sae.md; the
+  study's sae tables). Small: CPU-sized (2× the width of z in features, 400 steps of 256 tokens on 16k tokens,
+  200 EWT dev sentences for the features' contexts); full: 4×, 2,000 steps of 1,024 on 100k tokens, every EWT
+  dev sentence."""
   from headspec.sae.config import sae_config
 
   c = sae_config()
   c.steps, c.layers = "all", "all"
   c.sae.expansion, c.sae.train_steps, c.sae.batch_size = 4.0, 2000, 1024
+  c.sae.normalize = "per_head"  # each head's z at unit RMS: S_h not driven by a head's output scale (issue 77)
   if small:
     c.train_tokens, c.eval_tokens = 16384, 4096
     c.sae.expansion, c.sae.train_steps, c.sae.batch_size, c.sae.warmup_steps = 2.0, 400, 256, 40

@@ -97,21 +97,6 @@ def selective_mask(selectivity_LH, k: int) -> np.ndarray:
   return mask.reshape(np.shape(selectivity_LH))
 
 
-def layer_matched_mask(selective_LH, seed: int) -> np.ndarray:
-  """As many heads per layer as `selective_LH` removes there, drawn uniformly from the heads it keeps there;
-  a layer with too few kept heads gives all of them plus a uniform draw of the rest from its removed heads."""
-  rng = np.random.default_rng(seed)
-  mask = np.ones_like(selective_LH)
-  for l, row in enumerate(np.asarray(selective_LH)):
-    removed, kept = np.flatnonzero(row == 0), np.flatnonzero(row != 0)
-    if len(removed) <= len(kept):
-      mask[l, rng.choice(kept, len(removed), replace=False)] = 0.0
-    else:
-      mask[l, kept] = 0.0
-      mask[l, rng.choice(removed, len(removed) - len(kept), replace=False)] = 0.0
-  return mask
-
-
 def unlabelled_mask(unlabelled_LH, top_LH, k: int, seed: int) -> np.ndarray | None:
   """k heads drawn uniformly from the heads of any layer that `top_LH` does not ablate (mask 1) and that
   have no previous-token, duplicate-token or induction label (`unlabelled_LH` true; copying labels are not
@@ -126,7 +111,9 @@ def unlabelled_mask(unlabelled_LH, top_LH, k: int, seed: int) -> np.ndarray | No
 
 
 def _layer_options(selective_LH) -> list[list[tuple[int, ...]]]:
-  """Per layer, every head subset a layer-matched draw can remove there (`layer_matched_mask`'s rule)."""
+  """Per layer, every head subset a layer-matched draw can remove there: as many heads as `selective_LH` removes
+  in that layer, from the heads it keeps there; a layer with too few kept heads gives all of them plus the fewest
+  of its removed heads."""
   out = []
   for row in np.asarray(selective_LH):
     removed, kept = np.flatnonzero(row == 0), np.flatnonzero(row != 0)
@@ -161,7 +148,7 @@ def _sets(options: list[list[tuple[int, ...]]], count: int, seed: int, shape) ->
 
 
 def layer_matched_masks(selective_LH, count: int, seed: int) -> tuple[list[np.ndarray], int]:
-  """(masks, candidates): the layer-matched random sets of `selective_LH` (`layer_matched_mask`'s rule) —
+  """(masks, candidates): the layer-matched random sets of `selective_LH` (`_layer_options`' rule) —
   all of them when there are at most `count` (`candidates` <= count: the mean over them is exact), else
   `count` distinct ones drawn uniformly. Independent draws would repeat a set: with 4 heads a layer and k = 1
   there are 3 candidates, and 3 independent draws repeat one with probability 7/9."""

@@ -500,7 +500,8 @@ class _RunData:
   def circuit(self) -> None:
     """`headspec circuit` (circuit/edges.csv; docs/circuits.md): every edge's score by EAP (Syed et al. 2023),
     EAP-IG (Hanna et al. 2024) or exact edge patching, the change of the logit difference when that edge alone
-    carries its clean value into the corrupted run (estimated, or measured). Per task and method, the grid has
+    carries its corrupted value in the clean run (noising, the papers' convention; a `*_denoising` method: its
+    clean value in the corrupted run), estimated or measured. Per task and method, the grid has
     each head's strongest (largest |score|) incoming edge — into its query, key or value input; a
     grouped-query head's key and value inputs are its K/V group's, shared — and its strongest outgoing edge;
     the card lists the primary model's latest step's top edges each way, ranked by the most exact method
@@ -554,7 +555,8 @@ class _RunData:
             else "from its output into any later node"
           )
           + f") on {task} by {_method_label(method, steps)}: the change of the logit difference when that edge"
-          " alone is patched into the corrupted run (estimated; exact: measured; docs/circuits.md).",
+          " alone carries its corrupted value in the clean run (noising; a *_denoising method: its clean value in"
+          " the corrupted run; estimated; exact: measured; docs/circuits.md).",
           diverging=True,
         ).set(step, layer, head, score, None, f"{where}; {len(edges)} {side} edges")
     self._circuit_cards(incoming, outgoing)

@@ -496,7 +496,7 @@ function circuitSection(card, l, h, circuits) {
   // The head's strongest incoming and outgoing edges (circuit/edges.csv), per task.
   circuits.forEach(c => {
     card.append(el("h3", { text: "Circuit edges · " + c.task + " (step " + c.step + ")" }));
-    card.append(el("p", { class: "muted", text: "Score: the change of the logit difference when the edge alone is patched into the corrupted run, "
+    card.append(el("p", { class: "muted", text: "Score: the change of the logit difference when the edge alone carries its corrupted value in the clean run (noising; a *_denoising method: its clean value in the corrupted run), "
       + "estimated by EAP (Syed et al. 2023) or EAP-IG (Hanna et al. 2024), or measured (exact). Ranked by |" + c.methods[0] + "|." }));
     for (const [side, title] of [["incoming", "Strongest incoming edges (into its q, k, v)"], ["outgoing", "Strongest outgoing edges"]]) {
       const edges = c[side];

@@ -94,6 +94,11 @@ class HFTokenizer:
       self.mask_id = token_id("mask_token")
       self.prefix_ids, self.suffix_ids = (token_id("bos_token"),), (self.eos_id,)
     elif family == "decoder":
+      if self.specials.get("eos_token") is None:
+        raise UserError(
+          f"{source}: no end-of-text token (tokenizer_config.json names no eos_token, and config.json's "
+          "eos_token_id is absent or outside the vocabulary); name it in tokenizer_config.json"
+        )
       self.eos_id = token_id("eos_token")
       known = lambda role: self.specials.get(role) is not None and backend.token_to_id(self.specials[role]) is not None
       self.unk_id = token_id("unk_token") if known("unk_token") else self.eos_id
@@ -231,9 +236,12 @@ def _fill_from_config(model_dir: pathlib.Path, backend: tokenizers.Tokenizer, sp
   """BOS/EOS tokens that tokenizer_config.json does not name, from config.json's bos_token_id / eos_token_id."""
   config = model_dir / "config.json"
   hf = _read_json(config) if config.is_file() else {}
+  vocab_size = hf.get("vocab_size")
   for role, key in (("bos_token", "bos_token_id"), ("eos_token", "eos_token_id")):
     token_id = hf.get(key)
     token_id = token_id[0] if isinstance(token_id, list) and token_id else token_id
+    if isinstance(token_id, int) and isinstance(vocab_size, int) and not 0 <= token_id < vocab_size:
+      continue  # outside the model's vocabulary: absent (checkpoint.read_config warned once)
     if specials.get(role) is None and isinstance(token_id, int) and not isinstance(token_id, bool):
       specials[role] = backend.id_to_token(token_id)
       if specials[role] is None:  # an id in the rows a decoder pads its embeddings with, or past them

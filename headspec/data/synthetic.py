@@ -781,6 +781,17 @@ def parser():
   return parser
 
 
+def _check_out_folder(out) -> None:
+  """--out is a folder or can be made one: neither it nor a folder above it is a file."""
+  path = pathlib.Path(out)
+  for where in (path, *path.parents):
+    if where.exists():
+      if not where.is_dir():
+        what = "is a file" if where == path else f"is under {where}, a file"
+        raise UserError(f"--out={out}: {what}, not a folder (give the data folder to write)")
+      return
+
+
 def main_synthetic(args: list[str]) -> pathlib.Path:
   """CLI entry: writes the treebank and text (and with --repeats the mixed corpus); returns OUT."""
   options = parser().parse_args(args)
@@ -789,6 +800,9 @@ def main_synthetic(args: list[str]) -> pathlib.Path:
     raise UserError(f"--treebank-sentences={options.treebank_sentences}: use three positive counts, like 4000,500,500")
   if options.text_sentences < 20:
     raise UserError(f"--text-sentences={options.text_sentences}: at least 20 (1/20 of them are the valid split)")
+  if not (options.repeats == 0 or 0 < options.repeats <= 1):  # NaN too: before anything is written
+    raise UserError(f"--repeats={options.repeats:g}: a fraction in (0, 1], or 0 for no repeats corpus")
+  _check_out_folder(options.out)
   num_train, num_dev, num_test = (int(s) for s in sizes)
   out = write_synthetic(
     options.out,

@@ -14,7 +14,7 @@ import conllu
 import conllu.exceptions
 import conllu.parser
 
-from headspec import provenance
+from headspec import provenance, textfiles
 from headspec.errors import UserError
 
 SPLITS = ("train", "dev", "test")
@@ -140,10 +140,7 @@ def read_conllu(path) -> list[Sentence]:
   path = pathlib.Path(path)
   if not path.is_file():
     raise UserError(f"{path}: no such CoNLL-U file")
-  try:
-    text = path.read_text(encoding="utf-8-sig")  # a leading byte-order mark is not part of the first line
-  except UnicodeDecodeError as e:
-    raise UserError(f"{path}: not UTF-8 ({e.reason} at byte {e.start})") from None
+  text = textfiles.read_text(path)  # with or without a byte-order mark; not UTF-8: one line naming file:line
   sentences = [
     _sentence(path, start, block, i, path.stem)
     for i, (start, block) in enumerate(_blocks(text), start=1)

@@ -39,6 +39,11 @@ def parser(prog: str = PROG) -> argparse.ArgumentParser:
     p.add_argument(f"--{name}-config", default=default, help=f"config of a pipeline's {name} stage")
   p.add_argument("--grid", action="append", default=[], help="sweep: KEY=V1,V2 (repeat for a grid)")
   p.add_argument("--seeds", default="", help="sweep: comma-separated seeds")
+  p.add_argument(
+    "--fixed-analysis-seed",
+    action="store_true",
+    help="a pipeline's or sweep's probe/ablate/sae keep their configs' seed (default: each run's training seed)",
+  )
   p.add_argument("--config", help="train config of a pipeline or sweep (configs/NAME.py[:ARG])")
   p.add_argument("--workdir", help="run directory of a pipeline; root of a sweep's run directories")
   p.add_argument("--data", default=os.environ.get("HEADSPEC_DATA_DIR", ""), help="data dir (default HEADSPEC_DATA_DIR)")

@@ -4,8 +4,6 @@ experiment, and the `python -m headspec ...` line of a stage."""
 from __future__ import annotations
 
 import dataclasses
-import importlib.util
-import os
 import shlex
 
 from headspec import configs, experiments, remote, sweeps
@@ -35,28 +33,40 @@ class Step:
     return " ".join([*(f"{k}={shlex.quote(v)}" for k, v in self.env), shlex.join(self.argv)])
 
 
-def _load_module(spec: str, flag: str = "--config"):
-  path, _, arg = configs.resolve(spec).partition(":")  # a packaged config by name or configs/NAME.py
-  if not os.path.isfile(path):
-    raise UserError(f"{flag}: no such config file {path}")
-  module_spec = importlib.util.spec_from_file_location("_headspec_launch_config", path)
-  module = importlib.util.module_from_spec(module_spec)
-  module_spec.loader.exec_module(module)
-  return module, arg or None
-
-
 def load_config(spec: str):
-  module, arg = _load_module(spec)
-  return module.get_config(arg) if arg else module.get_config()
+  return configs.load_config(spec, "--config")  # any error of the user's file: one line
+
+
+# The analyses whose config `seed` draws what their intervals are said to cover over seeds (docs/study.md
+# "Statistics"): the control task's labels, the probe's training subsample and minibatches, bootstrap resamples
+# (probe); the MLM mask, random heads and resamples (ablate); the SAE's initialisation and batches (sae). Each
+# run's stages of these get `--config.seed=<the run's seed>`, so condition differences stay paired on the seed.
+SEEDED_ANALYSES = ("probe", "ablate", "sae")
+# An experiment spec's key (configs/experiments/NAME.py:...,fixed_analysis_seed) keeping every run's analyses at
+# their config's seed (0): the behaviour before issue 77, for designs that pair the analysis draws across runs.
+FIXED_ANALYSIS_SEED = "fixed_analysis_seed"
+
+
+def seed_flags(command: str, seed: int | None) -> tuple[str, ...]:
+  """`--config.seed=SEED` for a seeded analysis (SEEDED_ANALYSES) of a run with `seed`; () otherwise or with
+  seed None (the analysis keeps its config's seed)."""
+  return (f"--config.seed={seed}",) if seed is not None and command in SEEDED_ANALYSES else ()
 
 
 def load_experiment(spec: str) -> experiments.Experiment:
-  """The Experiment of `spec` (configs/experiments/NAME.py[:ARG]), its config specs checked to load."""
-  module, arg = _load_module(spec, "--experiment")
+  """The Experiment of `spec` (configs/experiments/NAME.py[:ARG]), its config specs checked to load; the key
+  FIXED_ANALYSIS_SEED among ARG's arguments sets `fixed_analysis_seed` (the file never sees it)."""
+  module, arg = configs.load_module(spec, "--experiment")  # any error of the user's file: one line
   if not hasattr(module, "experiment"):
     raise UserError(f"--experiment={spec}: the file defines no experiment(arg) (configs/experiments/)")
+  given = [a.strip() for a in (arg or "").split(",") if a.strip()]
+  fixed = FIXED_ANALYSIS_SEED in given
+  if fixed:
+    arg = ",".join(a for a in given if a != FIXED_ANALYSIS_SEED) or None
+  exp = configs.call(module, "experiment", arg, spec, "--experiment", always=True)
+  if fixed:
+    exp = dataclasses.replace(exp, fixed_analysis_seed=True)
   try:
-    exp = module.experiment(arg)
     for config in [r.config for r in exp.runs] + [c for _, c in exp.analyses] + [c for _, _, c in exp.references]:
       if config:  # '' for a command without a config (atlas)
         load_config(config)
@@ -66,6 +76,9 @@ def load_experiment(spec: str) -> experiments.Experiment:
   return exp
 
 
+_NOT_FOR_EXPERIMENTS = ("pipeline", "study", "grid", "seeds", "config", "analyses", "fixed_analysis_seed")
+
+
 def _check_experiment_options(opts, rest: list[str]) -> None:
   """An experiment takes its runs and analyses from its file: refuse the options it would ignore."""
   if not opts.workdir:
@@ -73,7 +86,7 @@ def _check_experiment_options(opts, rest: list[str]) -> None:
   defaults = args.parser().parse_args([opts.target])
   given = [
     f"--{name.replace('_', '-')}"
-    for name in ("pipeline", "study", "grid", "seeds", "config", "analyses", *(f"{a}_config" for a in args.ANALYSES))
+    for name in (*_NOT_FOR_EXPERIMENTS, *(f"{a}_config" for a in args.ANALYSES))
     if getattr(opts, name) != getattr(defaults, name)
   ]
   if given:
@@ -95,8 +108,9 @@ def experiment_plans(opts, rest: list[str]) -> list[list[Stage]]:
   data = str(remote.run_path(root) / "data") if exp.data else ""  # absolute: runs' configs keep it
   on_data = (f"--config.data_dir={data}",) if data else ()  # every stage with a config reads ROOT/data
 
-  def resumable(name: str, command: str, config: str) -> Stage:  # `command` on ROOT/<name>, with its marker
-    argv = (command, *([f"--config={config}", *on_data] if config else []), f"--workdir={root}/{name}")
+  def resumable(name: str, command: str, config: str, seed: int | None = None) -> Stage:  # with its marker
+    options = [f"--config={config}", *on_data, *seed_flags(command, seed)] if config else []
+    argv = (command, *options, f"--workdir={root}/{name}")
     return Stage(("@stage", *experiments.stage_argv(root, f"{name}-{command}", argv)))
 
   stages = []
@@ -106,7 +120,8 @@ def experiment_plans(opts, rest: list[str]) -> list[list[Stage]]:
   for run in exp.runs:
     if run.config:  # '': a published model (its analyses' configs name it), nothing to train
       stages.append(Stage(("train", f"--config={run.config}", f"--workdir={root}/{run.name}", *rest), distributed=True))
-    stages += [resumable(run.name, command, config) for command, config in exp.analyses]
+    seed = None if exp.fixed_analysis_seed else run.seed  # the run's seed: seeds vary the analyses' draws too
+    stages += [resumable(run.name, command, config, seed) for command, config in exp.analyses]
   stages += [resumable(name, command, config) for name, command, config in exp.references]
   stages.append(Stage(("study", f"--workdir={root}")))
   return [stages]  # one job: the report needs every run
@@ -159,13 +174,24 @@ def plan_runs(opts, rest: list[str]) -> tuple[list[list[Stage]], list[sweeps.Run
   plans = []
   for workdir, flags in targets:
     stages = [Stage(("train", f"--config={opts.config}", f"--workdir={workdir}", *flags, *rest), distributed=True)]
+    seed = None if opts.fixed_analysis_seed else _run_seed(config, [*flags, *rest])
     for a in analyses:
-      analysis = (a, f"--config={getattr(opts, a + '_config')}", f"--workdir={workdir}", args.ANALYSES[a][1])
+      seeded = seed_flags(a, seed)
+      analysis = (a, f"--config={getattr(opts, a + '_config')}", *seeded, f"--workdir={workdir}", args.ANALYSES[a][1])
       stages.append(Stage(analysis, distributed=True))
     if sweep_runs:
       stages.append(Stage(("@summarize", opts.workdir)))
     plans.append(stages)
   return plans, sweep_runs
+
+
+def _run_seed(config, train_flags: list[str]) -> int | None:
+  """The seed a pipeline's or sweep run's training uses: its last `--config.seed=` flag, else the config's."""
+  given = [f.split("=", 1)[1] for f in train_flags if f.startswith("--config.seed=")]
+  try:
+    return int(given[-1]) if given else int(config.seed)
+  except (AttributeError, KeyError, TypeError, ValueError):
+    return None  # no integer seed to pass on: the analyses keep their configs' seeds
 
 
 def headspec_argv(stage: Stage, python: str = "python") -> list[str]:

@@ -13,12 +13,12 @@ import ml_collections
 import numpy as np
 from etils import epath
 
-from headspec import filenames, jobloop, provenance, remote, tables, targets
+from headspec import bounds, filenames, jobloop, provenance, remote, tables, targets, textfiles
 from headspec.errors import UserError
 from headspec.patching import tasks
 
 EDGES, FAITHFULNESS = tables.CIRCUIT_EDGES, tables.CIRCUIT_FAITHFULNESS
-METHODS = ("eap", "eap_ig", "exact")
+METHODS = ("eap", "eap_ig", "exact", "eap_denoising", "eap_ig_denoising", "exact_denoising")
 
 
 def circuit_config() -> ml_collections.ConfigDict:
@@ -34,7 +34,7 @@ def circuit_config() -> ml_collections.ConfigDict:
   c.metric = "logit_diff"  # 'logit_diff' | 'prob' | 'loss' (the patching registry, patching/core.py METRICS)
   c.count = 32  # prompt pairs
   c.induction_n = 6  # induction: [BOS] r_1..r_n r_1..r_{n-1}
-  c.methods = "eap,eap_ig,exact"  # scored edges: EAP, EAP-IG, exact edge patching (one forward per edge)
+  c.methods = "eap,eap_ig,exact"  # EAP, EAP-IG, exact edge patching (one forward per edge), noising; *_denoising
   c.ig_steps = 5  # EAP-IG's interpolation points (Hanna et al. 2024 use 5)
   c.sizes = "5,10,20,40"  # circuit sizes (edges kept) of the faithfulness curve; each at most the graph's E
   c.random_sets = 3  # random edge sets of each size
@@ -49,6 +49,7 @@ def circuit_config() -> ml_collections.ConfigDict:
 
 def check_config(c) -> tuple[list[str], list[int]]:
   """(methods, sizes); UserError naming the first bad key."""
+  bounds.check(c, BOUNDS, "circuit")  # NaN, inf, negative seeds, absurd sizes: before any work
   if c.task not in ("induction", "ioi", "pairs"):
     raise UserError(f"circuit: task={c.task!r}; choose 'induction', 'ioi' or 'pairs' (with pairs=FILE.jsonl)")
   if c.task == "pairs":
@@ -65,18 +66,25 @@ def check_config(c) -> tuple[list[str], list[int]]:
   bad = [m for m in methods if m not in METHODS]
   if bad or not methods:
     raise UserError(f"circuit: methods={c.methods!r}; name one or more of {', '.join(METHODS)}")
-  if isinstance(c.ig_steps, bool) or not isinstance(c.ig_steps, int) or c.ig_steps < 1:
-    raise UserError(f"circuit: ig_steps={c.ig_steps!r} must be an integer of at least 1")
   try:
     sizes = [int(s) for s in str(c.sizes).split(",") if s.strip()]
   except ValueError:
     raise UserError(f"circuit: sizes={c.sizes!r}; give comma-separated edge counts, e.g. '5,10,20'") from None
   if not sizes or min(sizes) < 1:
     raise UserError(f"circuit: sizes={c.sizes!r}; give edge counts of at least 1 (an empty circuit has nothing)")
-  for key in ("count", "random_sets", "batch_size", "figure_edges"):
-    if c[key] < (1 if key == "count" else 0):
-      raise UserError(f"circuit: {key}={c[key]} must be at least {1 if key == 'count' else 0}")
   return methods, sizes
+
+
+BOUNDS = (  # every numeric option's kind and range (headspec/bounds.py), checked first by `headspec circuit`
+  bounds.Bound("seed", "int", 0, 2**63 - 1),
+  bounds.Bound("count", "int", 1, 2**20),
+  bounds.Bound("induction_n", "int", 1, 2**16),
+  bounds.Bound("ig_steps", "int", 1, 10000),
+  bounds.Bound("random_sets", "int", 0, 10000),
+  bounds.Bound("batch_size", "int", 0, 2**20),
+  bounds.Bound("figure_edges", "int", 0, 10000),
+)
+bounds.declare("circuit", BOUNDS, defaults=circuit_config, check=check_config)
 
 
 PAIR_KEYS = ("clean", "corrupt", "answer", "wrong")
@@ -93,7 +101,7 @@ def read_pairs(path) -> list[dict]:
   if not path.is_file():
     raise UserError(f"circuit: pairs={str(path)!r} is not a file")
   rows = []
-  for number, line in enumerate(path.read_text().splitlines(), start=1):
+  for number, line in enumerate(textfiles.read_text(path).splitlines(), start=1):
     if not line.strip():
       continue
     where = f"{path}:{number}"
@@ -267,25 +275,28 @@ class Circuit(jobloop.Analysis):
     p = patch_lib.prompts(model.cfg, clean, corrupt, answers, c.metric, tokenizer, tokenizer.pad_id)
     batch = c.batch_size or None
     key = dict(model=job.name, step=job.step, task=task_name(c))
-    scores, steps = {}, {"eap": 1, "eap_ig": c.ig_steps, "exact": 0}
+    scores = {}
+    steps = lambda m: c.ig_steps if m.startswith("eap_ig") else 1 if m.startswith("eap") else 0
     for method in self.methods:
-      if method == "exact":
-        scores[method], clean_m, corrupt_m = edges.exact(model, p, metric=c.metric, batch_size=batch)
+      if method.startswith("exact"):
+        scores[method], clean_m, corrupt_m = edges.exact(model, p, metric=c.metric, batch_size=batch,
+                                                         direction=edges.direction_of(method))  # fmt: skip
       else:
         scores[method], clean_m, corrupt_m = edges.scores(model, p, method=method, steps=c.ig_steps,
                                                           metric=c.metric, batch_size=batch)  # fmt: skip
     frame = edges.edge_frame(g, scores)
     ids = ["upstream", "downstream", "input", "upstream_layer", "upstream_head", "downstream_layer", "downstream_head"]
     edge_rows = [
-      key | {k: r[k] for k in ids} | dict(method=m, steps=steps[m], score=float(r[m]))
+      key | {k: r[k] for k in ids} | dict(method=m, direction=edges.direction_of(m), steps=steps(m), score=float(r[m]))
       for r in frame.to_dict("records")
       for m in scores
     ]
     curve = edges.curve(model, p, scores, self.sizes, random_sets=c.random_sets, seed=c.seed, metric=c.metric,
                         batch_size=batch)  # fmt: skip
     faith_rows = [
-      key | dict(method=r["method"], steps=steps.get(r["method"], 0), edges=int(r["edges"]), set=int(r["set"]),
-                 faithfulness=float(r["faithfulness"]), clean_metric=clean_m, corrupt_metric=corrupt_m)
+      key | dict(method=r["method"], direction=r["direction"], steps=steps(r["method"]), edges=int(r["edges"]),
+                 set=int(r["set"]), faithfulness=float(r["faithfulness"]), clean_metric=clean_m,
+                 corrupt_metric=corrupt_m, small_gap=int(r["small_gap"]))
       for r in curve.to_dict("records")
     ]  # fmt: skip
     self.drawn = (g, scores)  # drawn once the tables hold them

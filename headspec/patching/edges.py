@@ -12,12 +12,24 @@ q_in, k_in, v_in, mlp_in (headspec/model.py) and resid_post of the last layer (t
 scores of every edge come from one einsum over gradients and output differences, and the exact sweep and
 the circuits run under lax.map over one compiled program.
 
-EAP (Syed, Rager & Conmy 2023): score(u→v) = (a_clean(u) − a_corrupt(u)) · ∂m/∂(input of v) at the corrupted
-run. EAP-IG (Hanna, Pezzelle & Belinkov 2024): the same with the gradient averaged over `steps` points
-x_corrupt + (k/steps)(x_clean − x_corrupt), k = 0..steps−1, of the input embeddings. Exact edge patching: the
-corrupted run with v's input given u's clean output in place of its corrupted one, everything else recomputing.
-Faithfulness of a circuit C: (m(C) − m(corrupt)) / (m(clean) − m(corrupt)), where the clean run has every edge
-outside C carrying its corrupted value, input(v) = Σ_{u→v ∈ C} a(u) + Σ_{u→v ∉ C} a_corrupt(u).
+Direction. By default every score is *noising*, the papers' convention (Syed, Rager & Conmy 2023; Hanna,
+Pezzelle & Belinkov 2024; their code, hannamw/EAP-IG src/eap/attribute.py `get_scores_eap`,
+`get_scores_eap_ig`, `get_scores_exact`): the clean run is the base, Δa(u) = a_corrupt(u) − a_clean(u), and
+a score estimates m(clean run, edge u → v corrupted) − m(clean). The *denoising* forms (Nanda's attribution
+patching: the corrupted run is the base, Δa(u) = a_clean(u) − a_corrupt(u), the score estimates m(corrupted
+run, edge given its clean value) − m(corrupt)) are methods of their own: `eap_denoising`, `eap_ig_denoising`,
+`exact(direction="denoising")` (`exact_denoising`). Faithfulness always noises.
+
+EAP: score(u→v) = Δa(u) · ∂m/∂(input of v) at the base run (noising: the clean tokens). EAP-IG: the same
+with the gradient averaged over `steps` points x_base + (k/steps)(x_other − x_base), k = 0..steps−1, of the
+input embeddings (noising: from the clean run towards the corrupted one; k = 0 is the base run, so steps=1
+is EAP). hannamw/EAP-IG's get_scores_eap_ig takes the mirrored points x_corrupt + (k/steps)(x_clean −
+x_corrupt), k = 0..steps−1 (the corrupted end included, the clean one not): `ig_from="other"`. Exact edge
+patching (get_scores_exact): the base run with v's input given u's other value in place of its own,
+everything else recomputing; its score is m(that run) − m(base). Faithfulness of a circuit C: (m(C) −
+m(corrupt)) / (m(clean) − m(corrupt)), where the clean run has every edge outside C carrying its corrupted
+value, input(v) = Σ_{u→v ∈ C} a(u) + Σ_{u→v ∉ C} a_corrupt(u) (hannamw/EAP-IG evaluate_graph); when
+|m(clean) − m(corrupt)| is small (`small_gap`) the ratio is noise and a warning names the gap.
 """
 
 from __future__ import annotations
@@ -25,6 +37,7 @@ from __future__ import annotations
 import collections
 import dataclasses
 import functools
+import warnings
 
 import jax
 import jax.numpy as jnp
@@ -37,7 +50,9 @@ from headspec.model import Edit
 from headspec.patching.core import PATCHES_PER_STEP, metric_value
 
 TRACES: collections.Counter = collections.Counter()
-METHODS = ("eap", "eap_ig")
+METHODS = ("eap", "eap_ig", "eap_denoising", "eap_ig_denoising")
+DIRECTIONS = ("noising", "denoising")  # the base run: clean (the papers'), corrupted (Nanda's attribution patching)
+SMALL_GAP = 1e-2  # |m(clean) − m(corrupt)| below this × max(1, |m(clean)|, |m(corrupt)|): faithfulness is noise
 INPUTS = ("q", "k", "v", "mlp", "logits")  # what an edge enters
 
 
@@ -160,41 +175,42 @@ def _edits(g: Graph, x_IBTD) -> dict:
   return edits
 
 
-def _runs(model, g, clean_BT, corrupt_BT, valid_BT):
-  """(clean logits, corrupted logits, clean nodes, corrupted nodes, corrupted embeddings, clean embeddings)."""
-  clean_logits, ci = model(clean_BT, valid_BT=valid_BT, capture=NODE_SITES)
-  corrupt_logits, xi = model(corrupt_BT, valid_BT=valid_BT, capture=NODE_SITES)
-  return clean_logits, corrupt_logits, _nodes(g, ci), _nodes(g, xi)
+def _runs(model, g, base_BT, other_BT, valid_BT):
+  """(base logits, other logits, base nodes [N,B,T,D], other nodes): the two runs captured with NODE_SITES."""
+  base_logits, bi = model(base_BT, valid_BT=valid_BT, capture=NODE_SITES)
+  other_logits, oi = model(other_BT, valid_BT=valid_BT, capture=NODE_SITES)
+  return base_logits, other_logits, _nodes(g, bi), _nodes(g, oi)
 
 
 @functools.lru_cache(maxsize=16)
 def _scores(graphdef, metric, interpolate: bool):
   @mesh_lib.jit
-  def scores(params, clean_BT, corrupt_BT, valid_BT, last_B, answers_B2, alphas_S):
-    """([E] edge scores, m(clean), m(corrupt)): EAP (interpolate False: the gradient at the corrupted run of the
-    tokens) or EAP-IG (the gradient averaged over the embeddings x_corrupt + α(x_clean − x_corrupt), α in alphas_S)."""
+  def scores(params, base_BT, other_BT, valid_BT, last_B, answers_B2, alphas_S):
+    """([E] edge scores Δa(u) · ∂m/∂(input of v), Δa = a_other − a_base, m(base), m(other)): the gradient at
+    the base run of the tokens (interpolate False: EAP) or averaged over the embeddings x_base + α(x_other −
+    x_base), α in alphas_S (EAP-IG). Noising: base clean, other corrupted; denoising the reverse."""
     TRACES["eap_ig" if interpolate else "eap"] += 1
     model = nnx.merge(graphdef, params)
     g = graph(model.cfg)
     value = functools.partial(metric_value, metric, last_B=last_B, answers_B2=answers_B2)
-    clean_logits, corrupt_logits, clean_NBTD, corrupt_NBTD = _runs(model, g, clean_BT, corrupt_BT, valid_BT)
-    zero_IBTD = jnp.zeros((g.I, *clean_NBTD.shape[1:]), clean_NBTD.dtype)
+    base_logits, other_logits, base_NBTD, other_NBTD = _runs(model, g, base_BT, other_BT, valid_BT)
+    zero_IBTD = jnp.zeros((g.I, *base_NBTD.shape[1:]), base_NBTD.dtype)
 
     def grad_at(alpha):
       def m(x_IBTD):
         if not interpolate:
-          logits, _ = model(corrupt_BT, valid_BT=valid_BT, interventions=_edits(g, x_IBTD))
+          logits, _ = model(base_BT, valid_BT=valid_BT, interventions=_edits(g, x_IBTD))
         else:
-          x_BTD = corrupt_NBTD[0] + alpha * (clean_NBTD[0] - corrupt_NBTD[0])
+          x_BTD = base_NBTD[0] + alpha * (other_NBTD[0] - base_NBTD[0])
           logits, _ = model.from_embeddings(x_BTD, valid_BT=valid_BT, interventions=_edits(g, x_IBTD))
         return value(logits)
 
       return jax.grad(m)(zero_IBTD)
 
     grad_IBTD = jax.lax.map(grad_at, alphas_S).mean(0)
-    scores_IN = jnp.einsum("ibtd,nbtd->in", grad_IBTD, clean_NBTD - corrupt_NBTD)
+    scores_IN = jnp.einsum("ibtd,nbtd->in", grad_IBTD, other_NBTD - base_NBTD)
     edges_E2 = jnp.asarray(g.edges_E2)
-    return scores_IN[edges_E2[:, 0], edges_E2[:, 1]], value(clean_logits), value(corrupt_logits)
+    return scores_IN[edges_E2[:, 0], edges_E2[:, 1]], value(base_logits), value(other_logits)
 
   return scores
 
@@ -202,22 +218,22 @@ def _scores(graphdef, metric, interpolate: bool):
 @functools.lru_cache(maxsize=16)
 def _exact(graphdef, metric):
   @mesh_lib.jit
-  def exact(params, clean_BT, corrupt_BT, valid_BT, last_B, answers_B2, edges_E2, scale):
-    """([E] m(corrupted run, v's input + scale·(a_clean(u) − a_corrupt(u))), m(clean), m(corrupt))."""
+  def exact(params, base_BT, other_BT, valid_BT, last_B, answers_B2, edges_E2, scale):
+    """([E] m(base run, v's input + scale·(a_other(u) − a_base(u))), m(base), m(other))."""
     TRACES["exact"] += 1
     model = nnx.merge(graphdef, params)
     g = graph(model.cfg)
     value = functools.partial(metric_value, metric, last_B=last_B, answers_B2=answers_B2)
-    clean_logits, corrupt_logits, clean_NBTD, corrupt_NBTD = _runs(model, g, clean_BT, corrupt_BT, valid_BT)
-    delta_NBTD = (clean_NBTD - corrupt_NBTD) * scale
+    base_logits, other_logits, base_NBTD, other_NBTD = _runs(model, g, base_BT, other_BT, valid_BT)
+    delta_NBTD = (other_NBTD - base_NBTD) * scale
 
     def one(edge):
       at_I = (jnp.arange(g.I) == edge[0]).astype(delta_NBTD.dtype)[:, None, None, None]
-      logits, _ = model(corrupt_BT, valid_BT=valid_BT, interventions=_edits(g, at_I * delta_NBTD[edge[1]][None]))
+      logits, _ = model(base_BT, valid_BT=valid_BT, interventions=_edits(g, at_I * delta_NBTD[edge[1]][None]))
       return value(logits)
 
     values_E = jax.lax.map(one, edges_E2, batch_size=min(PATCHES_PER_STEP, edges_E2.shape[0]))
-    return values_E, value(clean_logits), value(corrupt_logits)
+    return values_E, value(base_logits), value(other_logits)
 
   return exact
 
@@ -251,10 +267,11 @@ def _circuits(graphdef, metric):
   return circuits
 
 
-def _call(fn_of, model, p, metric, *extra, batch_size=None, split=False):
-  """fn(params, clean, corrupt, valid, last, answers, *extra) over prompt batches: each output the mean over
-  batches weighted by their rows (the metric is a mean over prompts). split: extra[0]'s rows (edges or
-  circuits, the first output's axis) are split over a current mesh's `data` devices (`mesh.split_for_current`)."""
+def _call(fn_of, model, p, metric, *extra, batch_size=None, split=False, direction="noising"):
+  """fn(params, base, other, valid, last, answers, *extra) over prompt batches, the base the clean prompts
+  (direction 'noising') or the corrupted ones ('denoising'): each output the mean over batches weighted by
+  their rows (the metric is a mean over prompts). split: extra[0]'s rows (edges or circuits, the first
+  output's axis) are split over a current mesh's `data` devices (`mesh.split_for_current`)."""
   check_model(model.cfg)
   graphdef, params = nnx.split(model)
   B = len(p.clean_BT)
@@ -269,7 +286,8 @@ def _call(fn_of, model, p, metric, *extra, batch_size=None, split=False):
   total = None
   for start in range(0, B, size):
     rows = slice(start, start + size)
-    arrays = [jnp.asarray(a[rows]) for a in (p.clean_BT, p.corrupt_BT, p.valid_BT, p.last_B, p.answers_B2)]
+    base_other = (p.clean_BT, p.corrupt_BT) if direction == "noising" else (p.corrupt_BT, p.clean_BT)
+    arrays = [jnp.asarray(a[rows]) for a in (*base_other, p.valid_BT, p.last_B, p.answers_B2)]
     out = [np.asarray(o, np.float64) * (len(p.clean_BT[rows]) / B) for o in fn(params, *arrays, *extra)]
     total = out if total is None else [a + b for a, b in zip(total, out)]
   if split:
@@ -277,37 +295,77 @@ def _call(fn_of, model, p, metric, *extra, batch_size=None, split=False):
   return total
 
 
-def scores(model, p, *, method="eap_ig", steps=5, metric="logit_diff", batch_size=None):
+def direction_of(method: str) -> str:
+  """'denoising' for the methods named so (eap_denoising, eap_ig_denoising, exact_denoising), else 'noising'."""
+  return "denoising" if method.endswith("_denoising") else "noising"
+
+
+def _check_direction(direction) -> None:
+  if direction not in DIRECTIONS:
+    raise UserError(f"direction={direction!r}: choose one of {', '.join(DIRECTIONS)}")
+
+
+def _ordered(direction, values, base, other):
+  """(values, m(clean), m(corrupt)) from a compiled call's (values, m(base), m(other))."""
+  clean, corrupt = (base, other) if direction == "noising" else (other, base)
+  return values, float(clean), float(corrupt)
+
+
+def scores(model, p, *, method="eap_ig", steps=5, metric="logit_diff", batch_size=None, ig_from="base"):
   """([E] every edge's score, m(clean), m(corrupt)) by EAP or EAP-IG (module docstring); `p` from
-  headspec.patching.patch.prompts. Edge e is graph(model.cfg).edges_E2[e]."""
+  headspec.patching.patch.prompts. Edge e is graph(model.cfg).edges_E2[e]. 'eap', 'eap_ig' noise (the
+  papers': gradient at the clean run, Δa = a_corrupt − a_clean, score ≈ m(clean, edge corrupted) −
+  m(clean)); 'eap_denoising', 'eap_ig_denoising' denoise. ig_from: EAP-IG's points x_base + (k/steps)(x_other
+  − x_base) ('base', k = 0 the base run: steps=1 is EAP) or x_other + (k/steps)(x_base − x_other) ('other',
+  as hannamw/EAP-IG's get_scores_eap_ig), k = 0..steps−1."""
   if method not in METHODS:
     raise UserError(f"method={method!r}: choose one of {', '.join(METHODS)}")
   if isinstance(steps, bool) or not isinstance(steps, int | np.integer) or steps < 1:
     raise UserError(f"steps={steps!r} must be an integer of at least 1 (the interpolation points of EAP-IG)")
-  alphas = jnp.arange(steps if method == "eap_ig" else 1, dtype=jnp.float32) / (steps if method == "eap_ig" else 1)
-  fn_of = lambda graphdef, m: _scores(graphdef, m, method == "eap_ig")
-  values, clean, corrupt = _call(fn_of, model, p, metric, alphas, batch_size=batch_size)
-  return values, float(clean), float(corrupt)
+  if ig_from not in ("base", "other"):
+    raise UserError(f"ig_from={ig_from!r}: choose 'base' (k = 0 the base run) or 'other' (hannamw/EAP-IG's points)")
+  interpolate, direction = method.startswith("eap_ig"), direction_of(method)
+  n = steps if interpolate else 1
+  alphas = jnp.arange(n, dtype=jnp.float32) / n
+  if ig_from == "other" and interpolate:
+    alphas = 1.0 - alphas
+  fn_of = lambda graphdef, m: _scores(graphdef, m, interpolate)
+  return _ordered(direction, *_call(fn_of, model, p, metric, alphas, batch_size=batch_size, direction=direction))
 
 
-def exact(model, p, *, metric="logit_diff", edges=None, scale=1.0, batch_size=None):
-  """([E'] m(corrupted run with edge e patched) − m(corrupt) for each edge asked for (default every edge, as
-  indices into edges_E2), m(clean), m(corrupt)). scale < 1 patches that fraction of the difference (a check
-  of the first-order scores: exact(scale=ε)/ε → EAP)."""
+def exact(model, p, *, metric="logit_diff", edges=None, scale=1.0, batch_size=None, direction="noising"):
+  """([E'] each asked edge's exact score (default every edge, as indices into edges_E2), m(clean),
+  m(corrupt)). Noising (hannamw/EAP-IG's get_scores_exact): m(clean run, v's input given a_corrupt(u) in
+  place of a_clean(u)) − m(clean); denoising: m(corrupted run, v's input given a_clean(u)) − m(corrupt).
+  scale < 1 patches that fraction of the difference, a_base + scale·(a_other − a_base) (a check of the
+  first-order scores: exact(scale=ε)/ε → EAP of the same direction)."""
+  _check_direction(direction)
   g = graph(model.cfg)
   if edges is not None:
     edges = np.asarray(edges)
     if edges.ndim != 1 or not len(edges) or edges.dtype.kind not in "iu" or not ((0 <= edges) & (edges < g.E)).all():
       raise UserError(f"exact: edges={edges.tolist()!r}; give edge indices in 0..{g.E - 1} (graph(cfg).edges_E2)")
   edges_E2 = g.edges_E2 if edges is None else g.edges_E2[edges.astype(np.int64)]
-  values, clean, corrupt = _call(_exact, model, p, metric, edges_E2, jnp.float32(scale),
-                                 batch_size=batch_size, split=True)  # fmt: skip
-  return values - corrupt, float(clean), float(corrupt)
+  values, base, other = _call(_exact, model, p, metric, edges_E2, jnp.float32(scale), batch_size=batch_size,
+                              split=True, direction=direction)  # fmt: skip
+  return _ordered(direction, values - base, base, other)
+
+
+def exact_denoising(model, p, **options):
+  """`exact` with direction='denoising': m(corrupted run, edge given its clean value) − m(corrupt)."""
+  return exact(model, p, direction="denoising", **options)
+
+
+def small_gap(clean: float, corrupt: float) -> bool:
+  """True when |m(clean) − m(corrupt)| < SMALL_GAP · max(1, |m(clean)|, |m(corrupt)|): faithfulness divides
+  by that gap, so its values are then noise (4e-4 on one prompt pair gave −2.29..1.43)."""
+  return abs(clean - corrupt) < SMALL_GAP * max(1.0, abs(clean), abs(corrupt))
 
 
 def faithfulness(model, p, keep_CE, *, metric="logit_diff", batch_size=None):
   """([C] faithfulness of each circuit keep_CE[c] (a bool mask over the E edges), m(clean), m(corrupt)):
-  (m(C) − m(corrupt)) / (m(clean) − m(corrupt)); the full graph gives 1, the empty circuit 0."""
+  (m(C) − m(corrupt)) / (m(clean) − m(corrupt)), noising (module docstring); the full graph gives 1, the
+  empty circuit 0. A RuntimeWarning names a small gap (`small_gap`); equal metrics are a UserError."""
   g = graph(model.cfg)
   keep_CE = np.atleast_2d(np.asarray(keep_CE, bool))
   if keep_CE.shape[1] != g.E:
@@ -315,6 +373,13 @@ def faithfulness(model, p, keep_CE, *, metric="logit_diff", batch_size=None):
   values, clean, corrupt = _call(_circuits, model, p, metric, keep_CE, batch_size=batch_size, split=True)
   if clean == corrupt:
     raise UserError("circuits: the clean and corrupted runs give the same metric; faithfulness is undefined")
+  if small_gap(clean, corrupt):
+    warnings.warn(
+      f"faithfulness: m(clean) − m(corrupt) = {clean - corrupt:.3g} (m(clean) {clean:.4g}, m(corrupt) "
+      f"{corrupt:.4g}) is a small gap; faithfulness divides by it, so its values are noise",
+      RuntimeWarning,
+      stacklevel=2,
+    )
   return (values - corrupt) / (clean - corrupt), float(clean), float(corrupt)
 
 
@@ -338,9 +403,10 @@ def circuit(scores_E, *, top_n=None, threshold=None, absolute=True) -> np.ndarra
 
 
 def curve(model, p, scores_by_method: dict, sizes, *, random_sets=3, seed=0, metric="logit_diff", batch_size=None):
-  """A DataFrame method, edges, set, faithfulness: for each method's scores and each size n, the circuit of
-  the top n edges by |score|; method 'random': `random_sets` random edge sets of each size (set 0, 1, ...).
-  Every circuit runs in one compiled call."""
+  """A DataFrame method, edges, set, faithfulness, direction ('noising': the faithfulness's), small_gap
+  (`small_gap`): for each method's scores and each size n, the circuit of the top n edges by |score|; method
+  'random': `random_sets` random edge sets of each size (set 0, 1, ...). Every circuit runs in one compiled
+  call."""
   import pandas as pd
 
   g = graph(model.cfg)
@@ -363,13 +429,15 @@ def curve(model, p, scores_by_method: dict, sizes, *, random_sets=3, seed=0, met
       masks.append(keep)
   values, clean, corrupt = faithfulness(model, p, np.stack(masks), metric=metric, batch_size=batch_size)
   frame = pd.DataFrame(rows, columns=["method", "edges", "set"]).assign(faithfulness=values)
+  frame = frame.assign(direction="noising", small_gap=small_gap(clean, corrupt))
   frame.attrs.update(clean=clean, corrupt=corrupt)
   return frame
 
 
 def edge_frame(g: Graph, values_by_method: dict):
   """A DataFrame upstream, downstream, input, upstream_layer, upstream_head, downstream_layer,
-  downstream_head, then one column per method (the edges in edges_E2 order)."""
+  downstream_head, then one column per method (the edges in edges_E2 order); attrs['direction'] maps each
+  method to 'noising' or 'denoising' (`direction_of`)."""
   import pandas as pd
 
   i_E, n_E = g.edges_E2[:, 0], g.edges_E2[:, 1]
@@ -384,4 +452,5 @@ def edge_frame(g: Graph, values_by_method: dict):
   })  # fmt: skip
   for method, values in values_by_method.items():
     frame[method] = np.asarray(values, np.float64)
+  frame.attrs["direction"] = {method: direction_of(method) for method in values_by_method}
   return frame

@@ -12,10 +12,11 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from headspec.arguments import short, unicode_problem
+from headspec.arguments import is_token_id, short, unicode_problem
 from headspec.errors import UserError
 from headspec.model import SITES
 from headspec.patching import core
+from headspec.tokens import check_ids
 
 DIRECTIONS = ("denoising", "noising")
 
@@ -46,11 +47,7 @@ def _ids(prompt, tokenizer, what: str, index: int, V: int) -> list[int]:
       raise UserError(f"{what}[{index}]: {unicode_problem(prompt)}; give valid Unicode text")
     return list(tokenizer.prefix_ids) + list(tokenizer.encode(prompt)) + list(tokenizer.suffix_ids)
   if isinstance(prompt, Sequence | np.ndarray) and all(isinstance(t, int | np.integer) for t in prompt):
-    ids = [int(t) for t in prompt]
-    bad = [t for t in ids if not 0 <= t < V]
-    if bad:
-      raise UserError(f"{what}[{index}]: token id {bad[0]} is outside the vocabulary 0..{V - 1}")
-    return ids
+    return check_ids(prompt, V, f"{what}[{index}]")  # the API's one check of token ids (no bools)
   raise UserError(f"{what}[{index}]: a {type(prompt).__name__}; give a text or a list of token ids")
 
 
@@ -90,7 +87,7 @@ def prompts(cfg, clean, corrupt, answers, metric, tokenizer=None, pad_id: int = 
       )
     for i, pair in enumerate(answers):
       ok = isinstance(pair, Sequence | np.ndarray) and not isinstance(pair, str) and getattr(pair, "ndim", 1) == 1
-      if not (ok and len(pair) == 2 and all(isinstance(a, int | np.integer) for a in pair)):
+      if not (ok and len(pair) == 2 and all(is_token_id(a) for a in pair)):
         shown = pair.tolist() if isinstance(pair, np.ndarray) else pair
         raise UserError(f"answers[{i}] = {short(shown)}: give a (correct_id, wrong_id) pair of token ids")
       bad = [a for a in pair if not 0 <= a < V]
@@ -104,12 +101,34 @@ def prompts(cfg, clean, corrupt, answers, metric, tokenizer=None, pad_id: int = 
       f"metric={metric!r}: give one of {', '.join(core.METRICS)} (with answers) or a callable on the logits [B,T,V]"
     )
   B, T = len(clean), max(map(len, rows_c))
+  if callable(metric):
+    check_metric(metric, B, T, V)
   out = {k: np.full((B, T), pad_id, np.int32) for k in ("clean", "corrupt")}
   valid = np.zeros((B, T), bool)
   for b, (c, x) in enumerate(zip(rows_c, rows_x)):
     out["clean"][b, : len(c)], out["corrupt"][b, : len(x)], valid[b, : len(c)] = c, x, True
   last = np.asarray([len(c) - 1 for c in rows_c], np.int32)
   return Prompts(out["clean"], out["corrupt"], valid, last, answers_B2)
+
+
+def check_metric(metric, B: int, T: int, V: int) -> None:
+  """A callable metric's output checked once, abstractly (jax.eval_shape, no computation): one number from
+  the logits [B, T, V]; a vector (a value per prompt) or a failing call is one UserError line."""
+  import jax
+
+  try:
+    out = jax.eval_shape(metric, jax.ShapeDtypeStruct((B, T, V), np.float32))
+  except Exception as e:  # noqa: BLE001  (the user's function)
+    first = (str(e).strip().splitlines() or [""])[0][:200]
+    raise UserError(
+      f"metric: calling it on logits [B={B}, T={T}, V={V}] failed ({type(e).__name__}: {first})"
+    ) from None
+  shape = getattr(out, "shape", None)
+  if shape is None or int(np.prod(shape)) != 1:
+    got = f"shape {tuple(shape)}" if shape is not None else f"a {type(out).__name__}"
+    raise UserError(
+      f"metric: returned {got} from logits [B={B}, T={T}, V={V}]; it must return one number (e.g. a mean over B)"
+    )
 
 
 def _range(values, size: int, what: str) -> list[int]:

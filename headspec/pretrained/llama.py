@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 from flax import nnx
 
@@ -117,6 +119,8 @@ def decoder_config(hf: HFConfig, spec: dict) -> ModelConfig:
     check(bias, path, "attention_bias=false is not supported for gpt_neox")
   gemma2 = family == "gemma2"
   cap = dict(low=0.0, low_open=False, optional=True)  # a soft-cap or clip of 0 (or null) is none
+  # c·tanh(x/c) is the same for -c: transformers loads a negative soft-cap and computes what |c| computes
+  softcap = dict(low=-math.inf, optional=True)
   source = f"head_dim={head_dim}" if head_dim else f"hidden_size={D} / num_attention_heads={H} = {K}"
   return ModelConfig(
     kind="decoder",
@@ -144,8 +148,8 @@ def decoder_config(hf: HFConfig, spec: dict) -> ModelConfig:
     mlp_bias=hf.flag("mlp_bias", family == "gpt_neox"),
     # Gemma-2 scales logits by query_pre_attn_scalar ** -0.5, not by d_head's
     attention_scale=hf.number("query_pre_attn_scalar", K, optional=True) ** -0.5 if gemma2 else 0.0,
-    attention_softcap=hf.number("attn_logit_softcapping", 0.0, **cap) if gemma2 else 0.0,
-    final_softcap=hf.number("final_logit_softcapping", 0.0, **cap) if gemma2 else 0.0,
+    attention_softcap=abs(hf.number("attn_logit_softcapping", 0.0, **softcap)) if gemma2 else 0.0,
+    final_softcap=abs(hf.number("final_logit_softcapping", 0.0, **softcap)) if gemma2 else 0.0,
     scale_embeddings=spec.get("embed_scale", False),
     attention_windows=windows(hf, family, L) if family in ("mistral", "qwen2", "qwen3", "gemma2") else (),
     clip_qkv=hf.number("clip_qkv", 0.0, **cap),

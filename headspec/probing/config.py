@@ -63,11 +63,13 @@ def probe_config() -> ml_collections.ConfigDict:
   c.probe.structural_learning_rate = 1e-3  # Adam's; divided by 10 after an epoch without dev improvement (H&M)
   c.probe.structural_batch_sentences = 20  # sentences per minibatch, reshuffled every epoch (H&M's batch_size)
   c.probe.structural_scale = "raw"  # 'raw' features as H&M | 'std': divided by their train std (docs/probing.md)
+  # words left out of UUAS and root accuracy: 'upos' (UPOS PUNCT) | 'ptb' (H&M's 7 PTB XPOS tags, docs/probing.md)
+  c.probe.structural_punctuation = "upos"
   c.probe.structural_max_train_words = 0  # 0: every train sentence; else a seeded subset of about this many words
   c.probe.complexity = False  # also write probes/complexity.csv: every λ's dev accuracy (Hewitt & Liang 2019)
   c.probe.mdl = False  # also write probes/mdl.csv: Voita & Titov (2020) online codelength per group, task and control
   c.probe.mdl_only = False  # True (with mdl): write only probes/mdl.csv, fit no probe, leave the other tables
-  # MDL's portions of the training words (the paper's 0.1% ... 100%; docs/probing_mdl.md)
+  # MDL's portions of the training sentences, cut at sentence boundaries (the paper's 0.1% ... 100%; probing_mdl.md)
   c.probe.mdl_fractions = (0.001, 0.002, 0.004, 0.008, 0.016, 0.032, 0.0625, 0.125, 0.25, 0.5, 1.0)
   c.probe.bootstrap_resamples = 1000  # resamples of sentences for the 95% confidence intervals
   c.probe.batch_tokens = 4096  # padded tokens per forward batch when extracting features

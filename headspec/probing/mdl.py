@@ -5,8 +5,11 @@ EMNLP 2020 (arXiv:2003.12298), §3.2.2 and their code (github.com/lena-voita/des
 control_tasks/mdl_configs/online_*.yml and mdl_eval_notebooks/Eval_MDL_online_code.ipynb).
 
 The labels y_1..y_N of N words are transmitted to a receiver who already has the features x_1..x_N.
-The words are shuffled once (`seed`) and cut at t_0 = 0 < t_1 < ... < t_B = N, t_i = ⌊f_i·N⌋ for the
-fractions f = (0.1, 0.2, 0.4, 0.8, 1.6, 3.2, 6.25, 12.5, 25, 50, 100)% (the paper's portions). The first
+Voita & Titov portion examples, i.e. sentences: given each word's sentence (`sentence_N`; the probe suite
+passes it), the S sentences are shuffled once (`seed`), their words kept together, and the blocks end at
+sentence boundaries: t_i = the words of the first ⌊f_i·S⌋ shuffled sentences, for the fractions
+f = (0.1, 0.2, 0.4, 0.8, 1.6, 3.2, 6.25, 12.5, 25, 50, 100)% of sentences (the paper's portions; issue 77:
+before, and still without `sentence_N`, the words were shuffled and cut at t_i = ⌊f_i·N⌋). The first
 block is sent with the uniform code over the K classes; every later block i is sent with p_i, the
 probe θ_i fitted on all words before it (t_0 .. t_i − 1, which the receiver has and can refit θ_i on):
 
@@ -35,8 +38,8 @@ in the fitter, probe.py), and two rules, both reproducible by the receiver, make
 So  p_i(y | x) = (1 − ε)·[y seen: (1 − m/(n_i + K))·p_θi(y | x) / Σ_{c seen} p_θi(c | x);
                           y unseen: 1/(n_i + K)] + ε/K.
 
-Differences from the reference code, on purpose: words (not sentences) are shuffled and portioned; the
-first block holds at least `min_first_block` words; every cost is in bits (their evaluation notebook
+Differences from the reference code, on purpose: the first block holds at least `min_first_block` words
+(whole sentences); every cost is in bits (their evaluation notebook
 adds each portion's summed PyTorch cross-entropy, a natural log, to t_1·log2 K); the probe is the linear
 softmax probe with the prior above instead of a probe trained with early stopping on dev; the escape
 and the floor above.
@@ -111,6 +114,43 @@ def block_boundaries(n: int, fractions: Sequence[float] = DEFAULT_FRACTIONS, min
   return tuple(cuts)
 
 
+def sentence_block_boundaries(
+  words_S, fractions: Sequence[float] = DEFAULT_FRACTIONS, min_first_block: int = MIN_FIRST_BLOCK
+) -> tuple:
+  """t_0 = 0 < ... < t_B = n in words, every cut at a sentence boundary: words_S is the number of words of each
+  sentence in the (shuffled) order sent, and t_i the words of its first c_i = ⌊f_i·S⌋ sentences (Voita & Titov
+  portion examples); the first block holds at least one sentence and min(min_first_block, n) words (whole
+  sentences), repeated cut points dropped, the last always n."""
+  words = np.asarray(words_S, np.int64)
+  block_boundaries(max(len(words), 1), fractions)  # the fractions' checks
+  if not len(words) or words.sum() < 1 or (words < 0).any():
+    raise UserError("MDL needs at least one word")
+  ends = np.cumsum(words)
+  n, f = int(ends[-1]), [float(v) for v in fractions]
+  first = max(int(f[0] * len(words)), 1)
+  first = max(first, int(np.searchsorted(ends, min(min_first_block, n))) + 1)  # enough words, whole sentences
+  cuts = [0]
+  for c in [first] + [int(v * len(words)) for v in f[1:]]:
+    t = int(ends[min(c, len(words)) - 1]) if c > 0 else 0
+    if t > cuts[-1]:
+      cuts.append(t)
+  if cuts[-1] != n:
+    cuts.append(n)
+  return tuple(cuts)
+
+
+def sentence_order(sentence_N, seed: int) -> tuple[np.ndarray, np.ndarray]:
+  """(order, words_S): the words in the order sent — the sentences of `sentence_N` shuffled with `seed`, each
+  sentence's words together in their own order — and the number of words of each sentence in that order
+  (what `sentence_block_boundaries` cuts)."""
+  _, sentence = np.unique(np.asarray(sentence_N), return_inverse=True)
+  num_s = int(sentence.max()) + 1 if len(sentence) else 0
+  rank = np.empty(num_s, np.int64)
+  rank[np.random.default_rng(seed).permutation(num_s)] = np.arange(num_s)
+  order = np.lexsort((np.arange(len(sentence)), rank[sentence]))
+  return order, np.bincount(rank[sentence], minlength=num_s)
+
+
 def _log2_probs(fitted, name, x_NGK, y_N, uniform_mix, seen_C, n_train, chunk=8192):
   """log2 p_i(y_n | x_n) (N, G): the fitted probe `name` with the escape for the classes unseen in its
   portion (seen_C false; n_train labelled words) and the uniform floor (module docstring); 0 where y < 0.
@@ -152,6 +192,7 @@ def online_codelengths(
   seed: int = 0,
   min_first_block: int = MIN_FIRST_BLOCK,
   fit_options: Mapping | None = None,
+  sentence_N=None,
 ) -> dict[str, OnlineCode]:
   """The online code of every label set, for every feature group of x_NGK (see the module docstring).
 
@@ -161,6 +202,8 @@ def online_codelengths(
   serves as its 'dev' set, which with one L2 value only reports the block accuracy). fit_options: other
   keyword arguments of probe.fit_softmax_probes (FIT_OPTIONS: e.g. max_iter, default DEFAULT_MAX_ITER
   here; tol; max_devices; refine_samples, capped at REFINE_PASSES passes over each portion).
+  sentence_N: each word's sentence id: sentences are shuffled and portioned (blocks end at sentence
+  boundaries, `sentence_block_boundaries`), as Voita & Titov portion examples; None: words are (the older rule).
   Deterministic given `seed`.
   """
   from headspec.probing import probe  # JAX only when a code is computed
@@ -187,8 +230,14 @@ def online_codelengths(
     sets[name] = (y_N.astype(np.int32), k)
   refine_samples = options.pop("refine_samples", DEFAULT_REFINE_SAMPLES)
   options.setdefault("max_iter", DEFAULT_MAX_ITER)
-  cuts = block_boundaries(n_words, fractions, min_first_block)
-  order = np.random.default_rng(seed).permutation(n_words)
+  if sentence_N is None:
+    cuts = block_boundaries(n_words, fractions, min_first_block)
+    order = np.random.default_rng(seed).permutation(n_words)
+  else:
+    if np.shape(sentence_N) != (n_words,):
+      raise UserError(f"MDL sentence_N: need the sentence of each of the {n_words} words, got {np.shape(sentence_N)}")
+    order, words_S = sentence_order(sentence_N, seed)
+    cuts = sentence_block_boundaries(words_S, fractions, min_first_block)
   num_blocks = len(cuts) - 1
   bits = {name: np.zeros((num_g, num_blocks)) for name in sets}
   accuracy = {name: np.full((num_g, num_blocks), np.nan) for name in sets}

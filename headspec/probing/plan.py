@@ -38,6 +38,10 @@ def check_config(config) -> None:
     )
   from headspec.probing import structural
 
+  if p.get("structural_punctuation", "upos") not in structural.PUNCTUATION:
+    raise UserError(
+      f"probe.structural_punctuation={p.structural_punctuation!r}: use one of {', '.join(structural.PUNCTUATION)}"
+    )
   if p.get("structural_scale", "raw") not in structural.SCALES:
     raise UserError(f"probe.structural_scale={p.structural_scale!r}: use one of {', '.join(structural.SCALES)}")
   tasks_lib.control_lambda(config)  # 'tied' | 'separate'

@@ -28,7 +28,10 @@ the others train on, as if each were trained alone.
 
 Metrics (the reference code's reporter.py), each per group:
   UUAS      the minimum spanning tree of the predicted distances against the gold tree, both over the
-            non-punctuation words (UPOS PUNCT), undirected edges: Σ shared edges / Σ gold edges
+            non-punctuation words, undirected edges: Σ shared edges / Σ gold edges. Punctuation
+            (`punctuation`, probe.structural_punctuation): 'upos', UD's UPOS PUNCT (the default), or 'ptb',
+            H&M's seven PTB XPOS tags '' , . : `` -LRB- -RRB- (reporter.py, prims_matrix_to_edges and
+            get_nopunct_argmin), which keep e.g. EWT's HYPH, NFP and $ that UPOS calls PUNCT or SYM
   DSpr.     Spearman ρ between word i's predicted and gold distances to every word of its sentence,
             averaged over the words of each sentence length, then over the lengths 5–50
   root acc  the least deep non-punctuation word is the gold root: fraction of sentences
@@ -60,12 +63,25 @@ KINDS = ("distance", "depth")
 DEFAULT_RANK = 64  # H&M find UUAS flat above rank ~64 on BERT-base; capped at K (a head's Z_h is d_head wide)
 PACK_WIDTH = 64
 SPEARMAN_LENGTHS = (5, 50)  # DSpr. and NSpr. average sentences of these lengths (inclusive), as H&M
+# Hewitt & Manning's punctuation, the XPOS (PTB) tags their reporter.py leaves out of UUAS and root accuracy
+PTB_PUNCTUATION_TAGS = ("''", ",", ".", ":", "``", "-LRB-", "-RRB-")
+PUNCTUATION = ("upos", "ptb")  # probe.structural_punctuation: UPOS PUNCT | PTB_PUNCTUATION_TAGS on XPOS
+
+
+def punctuation(upos: Sequence[str], xpos: Sequence[str], rule: str = "upos") -> np.ndarray:
+  """The punctuation flags of a sentence's words (left out of UUAS and root accuracy; DSpr. and NSpr. keep
+  every word, as H&M's reporter.py): 'upos', UPOS PUNCT; 'ptb', XPOS in PTB_PUNCTUATION_TAGS (H&M)."""
+  if rule == "upos":
+    return np.asarray([u == "PUNCT" for u in upos], bool)
+  if rule == "ptb":
+    return np.asarray([x in PTB_PUNCTUATION_TAGS for x in xpos], bool)
+  raise UserError(f"structural probe: punctuation must be one of {PUNCTUATION}, got {rule!r}")
 
 
 @dataclasses.dataclass(frozen=True)
 class Tree:
-  """One sentence's gold tree: heads_n (1-based, 0 = ROOT) and punct_n (UPOS PUNCT, left out of UUAS and
-  root accuracy)."""
+  """One sentence's gold tree: heads_n (1-based, 0 = ROOT) and punct_n (`punctuation`'s flags, left out of
+  UUAS and root accuracy)."""
 
   heads: np.ndarray
   punct: np.ndarray

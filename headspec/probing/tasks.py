@@ -250,6 +250,14 @@ def _punct(sentence) -> np.ndarray:
   return np.asarray([u == "PUNCT" for u in sentence.upos], bool)
 
 
+def _structural_punct(sentence, config) -> np.ndarray:
+  """The words the structural probes' UUAS and root accuracy leave out (probe.structural_punctuation)."""
+  from headspec.probing import structural
+
+  rule = config.probe.get("structural_punctuation", "upos")
+  return structural.punctuation(sentence.upos, sentence.xpos, rule)
+
+
 def _train_subset(train, max_words: int, config, *, max_length: int | None = None):
   """(sentence ids, word selector) of the train split a probe family fits on: every sentence, or with
   max_words > 0 a seeded subset of whole sentences of about that many words (stats.subsample)."""
@@ -408,7 +416,7 @@ class StructuralTask:
   def missing(self, sentences, config, role: str, vocab) -> str:
     """distance: a sentence with two words (train) or two non-punctuation words (UUAS's edges: dev and
     evaluation splits); depth: a non-punctuation word outside train (root accuracy's)."""
-    sizes = [len(s.words) if role == "train" else int((~_punct(s)).sum()) for s in sentences]
+    sizes = [len(s.words) if role == "train" else int((~_structural_punct(s, config)).sum()) for s in sentences]
     words = "words" if role == "train" else "non-punctuation words"
     if self.name == "distance" and max(sizes) < 2:
       return f"no pair of {words} in one sentence (the distance probe's tree distances)"
@@ -419,13 +427,13 @@ class StructuralTask:
   def labels(self, sentences, vocab, config) -> list:
     from headspec.probing import structural
 
-    return [structural.Tree(np.asarray(s.heads, np.int64), _punct(s)) for s in sentences]
+    return [structural.Tree(np.asarray(s.heads, np.int64), _structural_punct(s, config)) for s in sentences]
 
   def control(self, sentences, vocab, config) -> list:
     from headspec.probing import structural
 
     heads = controls.control_tree_heads([s.words for s in sentences], config.seed)
-    return [structural.Tree(h, _punct(s)) for h, s in zip(heads, sentences)]
+    return [structural.Tree(h, _structural_punct(s, config)) for h, s in zip(heads, sentences)]
 
   def baseline(self, vocab, train_gold, gold) -> list[tuple[str, float]]:
     """H&M's linear-structure baseline: [(linear_uuas, ·), (linear_dspr, ·)] or the root/NSpr. pair."""

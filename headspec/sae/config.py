@@ -2,10 +2,54 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import ml_collections
 from ml_collections import config_dict
 
+from headspec.bounds import Bound
 from headspec.defaults import data_dir_default
+
+MILLION, BILLION = 10**6, 10**9
+BOUNDS = (  # every numeric option's kind and range (headspec/bounds.py), checked first by `headspec sae`
+  Bound("seed", "int", 0, 2**63 - 1),
+  Bound("train_tokens", "int", 1, BILLION),
+  Bound("eval_tokens", "int", 1, 100 * MILLION),
+  Bound("batch_size", "int", 1, 65536),
+  Bound("seq_len", "int", 2, MILLION),
+  Bound("sae.expansion", "float", 0, 1024, above=True),
+  Bound("sae.features", "int", 1, 2**24, optional=True),
+  Bound("sae.k", "int", 1, 2**24),
+  Bound("sae.l1", "float", 0, MILLION),
+  Bound("sae.l0", "float", 0, MILLION),
+  Bound("sae.bandwidth", "float", 0, 1000, above=True),
+  Bound("sae.threshold_init", "float", 0, MILLION, above=True),
+  Bound("sae.aux_k", "int", 0, 2**24),
+  Bound("sae.aux_coefficient", "float", 0, MILLION),
+  Bound("sae.dead_after_tokens", "int", 1, 10**15),
+  Bound("sae.train_steps", "int", 1, BILLION),
+  Bound("sae.batch_size", "int", 1, 2**20),
+  Bound("sae.lr", "float", 0, 10, above=True),
+  Bound("sae.warmup_steps", "int", 0, BILLION),
+  Bound("sae.decay_fraction", "float", 0, 1),
+  Bound("sae.checkpoint_every", "int", 1, BILLION),
+  *(Bound(f"analysis.{key}", "float", 0, 1) for key in ("carry_min", "exclusive_min", "dense_min", "selective_min")),
+  Bound("analysis.max_sentences", "int", 0, BILLION),
+  Bound("analysis.batch_tokens", "int", 1, 2**20),
+  Bound("analysis.top", "int", 1, 1000),
+  Bound("analysis.context_words", "int", 0, 1000),
+  Bound("analysis.min_fires", "int", 1, 10**15),
+)
+_FIT_NAMES = {"sae.train_steps": "steps"}  # fit_sae's argument where it is not the key without 'sae.'
+FIT_BOUNDS = (  # fit_sae's options (headspec/sae/train.py `Options`): the same ranges
+  *(
+    dataclasses.replace(b, key=_FIT_NAMES.get(b.key, b.key.removeprefix("sae.")), optional=False)
+    for b in BOUNDS
+    if b.key.startswith("sae.") and b.key not in ("sae.expansion", "sae.checkpoint_every")
+  ),
+  Bound("seed", "int", 0, 2**63 - 1),
+  Bound("chunk", "int", 1, 100000),
+)
 
 
 def sae_config() -> ml_collections.ConfigDict:
@@ -51,6 +95,7 @@ def sae_config() -> ml_collections.ConfigDict:
   c.sae.warmup_steps = 100
   c.sae.decay_fraction = 0.2
   c.sae.b_dec_init = "geometric_median"  # 'geometric_median' (Bricken et al. 2023) | 'mean'
+  c.sae.normalize = "global"  # 'global': one input scale (RMS) | 'per_head': each head's z at unit RMS (docs/sae.md)
   c.sae.checkpoint_every = 1000  # Orbax checkpoints in RUN/sae/checkpoints/<model>-step<step>-<site><layer>-<hash>/
 
   c.analysis = ml_collections.ConfigDict()  # headspec/sae/metrics.py, labels.py

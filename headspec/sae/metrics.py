@@ -3,13 +3,19 @@
 Quality (the set of Gao et al. 2024 and Kissane et al. 2024):
   L0            mean over inputs of #{f : a_f(x) > 0}
   FVU           Σ_n ‖x_n − x̂_n‖² / Σ_n ‖x_n − x̄‖² (fraction of variance unexplained; 1 − R²)
-  dead          fraction of features that fire on none of the evaluation inputs
+  dead          fraction of features that fire on none of the evaluation inputs (metrics.csv's eval_tokens of them)
   dense         fraction of features that fire on more than `dense_min` of them (Rajamanoharan et al. 2024
                 count those above 10% as dense)
   loss recovered (L_ablate − L_splice) / (L_ablate − L_clean): 1 when splicing the reconstruction in costs
                 nothing, 0 when it is as bad as ablating the layer (Bricken et al. 2023; Kissane et al. 2024)
+  KL            mean over scored tokens of KL(p_clean ‖ p_splice) = Σ_v p_clean(v) (log p_clean(v) − log p_splice(v)),
+                nats (SAELens's `kl_div_with_sae`, whose `kl_div_score` sets it against zero ablation's)
+  agreement     fraction of scored tokens where argmax_v p_splice = argmax_v p_clean (splice.py computes both)
 Heads (Kissane et al. 2024 attribute a feature of the concatenated z to heads by its decoder norm):
-  a_fh          ‖W_dec[f, slice h]‖² / ‖W_dec[f]‖²: the share of feature f's decoder direction in head h
+  a_fh          ‖W_dec[f, slice h]‖² / ‖W_dec[f]‖²: the share of feature f's decoder direction in head h, in
+                the coordinates the SAE trained in (`SAE.trained_decoder_FK`: with per-head normalisation each
+                head's z at unit RMS, so a head's output scale does not enter the shares)
+  z RMS         √(mean over inputs and the head's K coordinates of z²): the head's output scale, to set S_h against
   entropy       H_f = −Σ_h a_fh log2 a_fh bits: 0 for a feature of one head, log2 H for one spread evenly
   carries       head h carries feature f when a_fh ≥ `carry_min`
   specialization S_h = Σ_f a_fh² / Σ_f a_fh over live features: the a_fh of a feature drawn in proportion to
@@ -45,8 +51,15 @@ def _sae(value):
 
 @args.arguments(sae=_sae, heads=args.integer(1))
 def sae_head_fractions(sae, *, heads: int) -> np.ndarray:
-  """[F, H]: each feature's squared decoder norm in each head's slice of the concatenated z over its total."""
-  return head_fractions(sae.W_dec_FK, heads)
+  """[F, H]: each feature's squared decoder norm in each head's slice of the concatenated z over its total, in
+  the coordinates it trained in (per-head normalisation: each head's z at unit RMS; module docstring)."""
+  return head_fractions(getattr(sae, "trained_decoder_FK", sae.W_dec_FK), heads)
+
+
+def head_rms(x_NK, heads: int) -> np.ndarray:
+  """[H] √(mean over rows and the head's K/H coordinates of x²): each head's block's RMS."""
+  x = np.asarray(x_NK, np.float64)
+  return np.sqrt((x.reshape(len(x), heads, -1) ** 2).mean((0, 2)))
 
 
 def l0(f_NF) -> float:

@@ -6,7 +6,9 @@ autoencoders"), or JumpReLU: π·H(π − θ_f), a learned threshold θ_f per fe
 "Jumping Ahead: Improving Reconstruction Fidelity with JumpReLU Sparse Autoencoders"; trained through
 straight-through estimators, headspec/sae/train.py). Subtracting b_dec before encoding is both papers' pre-encoder bias. Decoder rows W_dec[f]
 (one per feature, the "columns" of the papers' W_dec) are kept at unit norm by training, so a feature's
-activation is its coefficient along a unit direction.
+activation is its coefficient along a unit direction. Trained with `normalize='per_head'` (headspec/sae/train.py)
+the rows are unit in the coordinates it trained in, each head's block of x at unit RMS; the returned SAE reads
+raw x, so its W_dec rows are those times each coordinate's scale, and `trained_decoder_FK` gives them back.
 
 Here K is the input width (for the concatenated z of a layer, H·K of the model) and F the features.
 """
@@ -51,7 +53,9 @@ class SAE:
   """A trained SAE (arrays in float32). `encode(x_NK)` -> f_NF, `decode(f_NF)` -> x̂_NK, `__call__` both.
 
   kind: 'topk' | 'relu' | 'jumprelu'; k: active features per input for TopK (0 otherwise); threshold_F:
-  JumpReLU's θ (None otherwise). `info`: how it was trained (steps, final loss, input scale), for the record.
+  JumpReLU's θ (None otherwise). head_scale_K: with per-head normalisation, each input coordinate's scale
+  s_h / s (its head's RMS over the global one), folded into W_enc and W_dec; None: one global scale, folded
+  into the biases only. `info`: how it was trained (steps, final loss, input scales), for the record.
   """
 
   W_enc_KF: jax.Array
@@ -59,6 +63,7 @@ class SAE:
   W_dec_FK: jax.Array
   b_dec_K: jax.Array
   threshold_F: jax.Array | None = None
+  head_scale_K: jax.Array | None = None
   kind: str = flax.struct.field(pytree_node=False, default="topk")
   k: int = flax.struct.field(pytree_node=False, default=0)
   info: dict = flax.struct.field(pytree_node=False, default_factory=dict)
@@ -66,6 +71,11 @@ class SAE:
   @property
   def params(self) -> dict:
     return dict(W_enc_KF=self.W_enc_KF, b_enc_F=self.b_enc_F, W_dec_FK=self.W_dec_FK, b_dec_K=self.b_dec_K)
+
+  @property
+  def trained_decoder_FK(self):
+    """W_dec in the coordinates it trained in (unit rows): W_dec_FK / head_scale_K."""
+    return self.W_dec_FK if self.head_scale_K is None else self.W_dec_FK / self.head_scale_K
 
   @property
   def num_features(self) -> int:

@@ -14,6 +14,7 @@ profiles (headspec/sae/labels.py), and probes/results.csv, if present, the heads
 from __future__ import annotations
 
 import hashlib
+import inspect
 import json
 import math
 import time
@@ -22,9 +23,10 @@ import ml_collections
 import numpy as np
 from absl import logging
 
+from headspec import bounds, filenames, jobloop, provenance, remote, tables, targets
 from headspec import evalset as evalset_lib
-from headspec import filenames, jobloop, provenance, remote, tables, targets
 from headspec.errors import UserError
+from headspec.sae import config as sae_config
 from headspec.sae import labels as labels_lib
 from headspec.sae import metrics as m
 from headspec.sae import splice
@@ -38,12 +40,13 @@ def check_config(c) -> None:
   """UserError naming the first bad key, before any model is loaded."""
   splice.check_site(c.site)
   parse_layers(c.layers)
-  for key in ("train_tokens", "eval_tokens", "batch_size"):
-    if c[key] < 1:
-      raise UserError(f"sae: {key}={c[key]} must be at least 1")
   if c.sample not in ("first", "random"):
     raise UserError(f"sae: sample={c.sample!r}; choose 'first' or 'random'")
   s = c.sae
+  if s.normalize not in sae_train.NORMALIZATIONS:
+    raise UserError(f"sae: sae.normalize={s.normalize!r}; choose one of {', '.join(sae_train.NORMALIZATIONS)}")
+  if s.normalize == "per_head" and splice.SITES[c.site] != "BTHK":
+    raise UserError(f"sae: sae.normalize='per_head' needs a site with heads, not {c.site!r}; use 'global'")
   if s.features is not None and (isinstance(s.features, bool) or s.features <= 0):
     raise UserError(f"sae: sae.features={s.features} must be a positive number of SAE features")
   if s.features is None and s.expansion <= 0:
@@ -53,16 +56,27 @@ def check_config(c) -> None:
   if s.kind == "topk" and s.k < 1:
     raise UserError(f"sae: sae.k={s.k} must be at least 1")
   a = c.analysis
-  for key in ("carry_min", "exclusive_min", "dense_min", "selective_min"):
-    if not 0 <= a[key] <= 1:
-      raise UserError(f"sae: analysis.{key}={a[key]} must be in [0, 1]")
   if a.pooling not in POOLINGS:
     raise UserError(f"sae: analysis.pooling={a.pooling!r}; choose one of {', '.join(POOLINGS)}")
-  for key in ("top", "batch_tokens"):
-    if a[key] < 1:
-      raise UserError(f"sae: analysis.{key}={a[key]} must be at least 1")
-  if a.max_sentences < 0 or a.context_words < 0 or a.min_fires < 1:
-    raise UserError("sae: analysis.max_sentences and context_words must be >= 0, min_fires >= 1")
+  bounds.check(c, sae_config.BOUNDS, "sae")  # every numeric option: NaN, inf, absurd sizes (sae/config.py)
+
+
+def _fit_check(values) -> None:
+  """fit_sae's checks of `values` (its arguments), on a tiny input: bad ones are refused before training."""
+  sae_train.fit_sae(np.ones((4, 8), np.float32), progress=False, **values)
+
+
+bounds.declare("sae", sae_config.BOUNDS, defaults=sae_config.sae_config, check=check_config)
+
+
+def _fit_defaults() -> dict:
+  """fit_sae's defaults of its bounded arguments, with 8 features and k=2."""
+  names = {b.key for b in sae_config.FIT_BOUNDS}
+  given = inspect.signature(sae_train.fit_sae).parameters.items()
+  return {name: p.default for name, p in given if name in names} | dict(features=8, k=2)
+
+
+bounds.declare("fit_sae", sae_config.FIT_BOUNDS, defaults=_fit_defaults, check=_fit_check)
 
 
 def parse_layers(text: str) -> tuple[int, ...] | str:
@@ -91,8 +105,8 @@ def resolve_layers(c, num_layers: int) -> tuple[int, ...]:
   return chosen
 
 
-def options(c, width: int) -> sae_train.Options:
-  """The training options of the config for inputs of `width`; UserError for a bad combination."""
+def options(c, width: int, heads: int = 0) -> sae_train.Options:
+  """The training options of the config for inputs of `width` (`heads` blocks); UserError for a bad combination."""
   s = c.sae
   features = int(s.features) if s.features is not None else int(round(s.expansion * width))
   if features < 1:
@@ -102,7 +116,7 @@ def options(c, width: int) -> sae_train.Options:
     threshold_init=float(s.threshold_init), steps=int(s.train_steps), batch_size=int(s.batch_size),
     lr=float(s.lr), lr_schedule=s.lr_schedule, warmup_steps=int(s.warmup_steps), decay_fraction=float(s.decay_fraction),
     b_dec_init=s.b_dec_init, aux_k=int(s.aux_k), aux_coefficient=float(s.aux_coefficient),
-    dead_after_tokens=int(s.dead_after_tokens), seed=int(c.seed),
+    dead_after_tokens=int(s.dead_after_tokens), seed=int(c.seed), normalize=s.normalize, heads=int(heads),
   )  # fmt: skip
   sae_train.check_options(o, where="sae")
   if s.checkpoint_every < 1:
@@ -171,7 +185,7 @@ class SAEAnalysis(jobloop.Analysis):
     cfg = model.cfg
     self.layers = resolve_layers(c, cfg.num_layers)
     self.width = int(np.prod(splice.site_shape(cfg, c.site)))
-    self.options = options(c, self.width)
+    self.options = options(c, self.width, splice.site_heads(cfg, c.site))
     from headspec.selectivity import read_selectivity
 
     # probes/results.csv's dev selectivity per (model, step), read (and checked) before any computation
@@ -206,12 +220,15 @@ class SAEAnalysis(jobloop.Analysis):
     )
 
   def job(self, job):
-    """Every table's rows of one (model, step): one SAE per layer of `layers`."""
+    """Every table's rows of one (model, step): one SAE per layer of `layers`. Each SAE's rows replace all the
+    rows of its (model, step, site, layer, sae) in every table, those it has none of too (no treebank)."""
     out = {table: [] for table in TABLES}
     for layer in self.layers:
       for table, rows in self.layer_rows(job, layer).items():
         out[table] += rows
-    return out
+    key = dict(model=job.name, step=job.step, site=self.config.site, sae=sae_name(self.options))
+    groups = tuple(key | dict(layer=layer) for layer in self.layers)
+    return {table: jobloop.Rows(rows, groups=groups) for table, rows in out.items()}
 
   def layer_rows(self, job, layer: int) -> dict:
     c, o, site = self.config, self.options, self.config.site
@@ -241,10 +258,13 @@ class SAEAnalysis(jobloop.Analysis):
     )  # fmt: skip
     if job.lm_head:
       x_scored = x_eval if cfg.kind == "decoder" else splice.capture(model, evalset.batches, site, layer)[0]
-      loss = splice.losses(model, evalset.batches, site, layer, sae, x_scored.astype(np.float64).mean(0))
+      scores = splice.scores(model, evalset.batches, site, layer, sae, x_scored.astype(np.float64).mean(0))
+      loss = scores["loss"]
       values |= {f"loss_{name}": v for name, v in loss.items()}
       values["loss_recovered_zero"] = m.loss_recovered(loss["clean"], loss["splice"], loss["zero_ablation"])
       values["loss_recovered_mean"] = m.loss_recovered(loss["clean"], loss["splice"], loss["mean_ablation"])
+      values |= {f"{what}_{name}": v for what in ("kl", "agreement") for name, v in scores[what].items()}
+      values["kl_recovered_zero"] = m.loss_recovered(0.0, scores["kl"]["splice"], scores["kl"]["zero_ablation"])
     key = dict(model=job.name, step=job.step, site=site, layer=layer, sae=sae_name(o))
     metric_rows = [key | dict(metric=name, value=float(v)) for name, v in values.items()]
 
@@ -256,7 +276,7 @@ class SAEAnalysis(jobloop.Analysis):
                                        pooling=c.analysis.pooling, batch_tokens=c.analysis.batch_tokens,
                                        top=c.analysis.top)  # fmt: skip
     feature_rows, selectivity = self.feature_rows(key, sae, f_eval, rates_F, a_FH, profile)
-    head_rows = self.head_rows(key, job, layer, a_FH, rates_F, selectivity) if heads else []
+    head_rows = self.head_rows(key, job, layer, a_FH, rates_F, selectivity, m.head_rms(x_train, heads)) if heads else []
     context_rows, label_rows = self.treebank_rows(key, profile, al) if profile is not None else ([], [])
     return {tables.SAE_METRICS: metric_rows, tables.SAE_FEATURES: feature_rows, tables.SAE_HEADS: head_rows,
             tables.SAE_CONTEXTS: context_rows, tables.SAE_LABELS: label_rows}  # fmt: skip
@@ -287,9 +307,10 @@ class SAEAnalysis(jobloop.Analysis):
       rows.append(row)
     return rows, selectivity
 
-  def head_rows(self, key, job, layer, a_FH, rates_F, selectivity):
-    """Per head: features carried and exclusive, specialization S_h, the carried features' mean entropy, their
-    label selectivity beside the head's probe selectivity (probes/results.csv, dev split) when present."""
+  def head_rows(self, key, job, layer, a_FH, rates_F, selectivity, z_rms_H):
+    """Per head: features carried and exclusive, specialization S_h, the carried features' mean entropy, z's RMS
+    in the head on the training tokens (z_rms_H), the carried features' label selectivity beside the head's
+    probe selectivity (probes/results.csv, dev split) when present."""
     a = self.config.analysis
     live_F = rates_F > 0
     S_H = m.specialization(a_FH, live_F)
@@ -303,6 +324,7 @@ class SAEAnalysis(jobloop.Analysis):
         exclusive_features=int((live_F & (a_FH[:, h] >= a.exclusive_min)).sum()),
         specialization=float(S_H[h]),
         mean_entropy_bits=float(entropy_F[carried_F].mean()) if carried_F.any() else math.nan,
+        z_rms=float(z_rms_H[h]),  # the head's output scale on the training tokens (issue 77)
       )
       for name, (sel_F, _) in selectivity.items():
         mine = sel_F[carried_F & np.isfinite(sel_F)]

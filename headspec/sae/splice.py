@@ -8,13 +8,16 @@ each a forward pass with one `Edit` of that layer's site (headspec/model.py, doc
   zero_ablation x ← 0 (for z: the layer's attention output becomes its bias b_O)
   mean_ablation x ← the mean of x over the evaluation tokens (for z: attn_out becomes its mean, W_O linear)
 Losses are the mean next-token cross-entropy (decoders) or the masked-LM cross-entropy on one fixed seeded
-mask (encoders) over the scored tokens (headspec/evalset.py).
+mask (encoders) over the scored tokens (headspec/evalset.py). `scores` adds, per edit and over the same
+tokens, the mean KL(p_clean ‖ p_edit) = Σ_v p_clean(v) (log p_clean(v) − log p_edit(v)) of the predicted
+distributions (SAELens's `kl_div_with_sae`) and the fraction of tokens whose argmax prediction is unchanged.
 """
 
 from __future__ import annotations
 
 import functools
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 from flax import nnx
@@ -55,13 +58,27 @@ def _nll(logits_BTV, targets_BT, weights_BT):
   return jnp.stack([(nll_BT * weights_BT).sum(1), weights_BT.sum(1)], -1)
 
 
+def _fidelity(logits_BTV, clean_BTV, weights_BT):
+  """[B, 2] per-row (Σ_t w_t·KL(p_clean ‖ p)_t, Σ_t w_t·[argmax p = argmax p_clean]) (module docstring)."""
+  logp_BTV = jax.nn.log_softmax(logits_BTV.astype(jnp.float32), -1)
+  logq_BTV = jax.nn.log_softmax(clean_BTV.astype(jnp.float32), -1)
+  kl_BT = jnp.sum(jnp.where(logq_BTV > -jnp.inf, jnp.exp(logq_BTV) * (logq_BTV - logp_BTV), 0.0), -1)  # 0·log 0 = 0
+  agree_BT = (jnp.argmax(logits_BTV, -1) == jnp.argmax(clean_BTV, -1)).astype(jnp.float32)
+  return jnp.stack([(kl_BT * weights_BT).sum(1), (agree_BT * weights_BT).sum(1)], -1)
+
+
 @functools.lru_cache(maxsize=8)
-def _capture_program(graphdef, site: str, layer: int):
-  @mesh_lib.jit
+def _capture_program(graphdef, site: str, layer: int, logits: bool = False):
+  """jit -> (nll_B2, x_BTE) read by the host, and the clean logits_BTV (left on the device) when `logits`."""
+
+  @jax.jit
   def run(params, inputs_BT, valid_BT, targets_BT, weights_BT):
     logits_BTV, inter = nnx.merge(graphdef, params)(inputs_BT, valid_BT=valid_BT, capture=(site,))
     x = inter.site(site)[layer]
-    return _nll(logits_BTV, targets_BT, weights_BT), x.reshape(*x.shape[:2], -1).astype(jnp.float32)
+    read = mesh_lib.readable(
+      (_nll(logits_BTV, targets_BT, weights_BT), x.reshape(*x.shape[:2], -1).astype(jnp.float32))
+    )
+    return (*read, logits_BTV) if logits else read
 
   return run
 
@@ -69,13 +86,14 @@ def _capture_program(graphdef, site: str, layer: int):
 @functools.lru_cache(maxsize=8)
 def _edited_program(graphdef, site: str, layer: int, num_layers: int):
   @mesh_lib.jit
-  def run(params, inputs_BT, valid_BT, targets_BT, weights_BT, add_BTE):
+  def run(params, inputs_BT, valid_BT, targets_BT, weights_BT, add_BTE, clean_BTV):
+    """[B, 4] per-row (Σ w·NLL, Σ w, Σ w·KL, Σ w·agreement) with the layer's site set to add_BTE."""
     model = nnx.merge(graphdef, params)
     shape = (1, *add_BTE.shape[:2], *site_shape(model.cfg, site))
     keep = jnp.ones((num_layers,) + (1,) * (len(shape) - 1)).at[layer].set(0.0)
     add = jnp.zeros((num_layers, *shape[1:])).at[layer].set(add_BTE.reshape(shape[1:]))
     logits_BTV, _ = model(inputs_BT, valid_BT=valid_BT, interventions={site: Edit(keep=keep, add=add)})
-    return _nll(logits_BTV, targets_BT, weights_BT)
+    return jnp.concatenate([_nll(logits_BTV, targets_BT, weights_BT), _fidelity(logits_BTV, clean_BTV, weights_BT)], -1)
 
   return run
 
@@ -96,24 +114,36 @@ def capture(model, batches, site: str, layer: int) -> tuple[np.ndarray, np.ndarr
   return np.concatenate(xs), np.concatenate(sums)
 
 
-def losses(model, batches, site: str, layer: int, sae, mean_E: np.ndarray) -> dict[str, float]:
-  """{clean, splice, zero_ablation, mean_ablation}: mean loss over the scored tokens (module docstring)."""
+EDITS = ("splice", "zero_ablation", "mean_ablation")
+
+
+def scores(model, batches, site: str, layer: int, sae, mean_E: np.ndarray) -> dict[str, dict[str, float]]:
+  """{'loss': {clean, *EDITS}, 'kl': {*EDITS}, 'agreement': {*EDITS}}: per edit, the mean loss, KL(p_clean ‖
+  p_edit) and argmax agreement with the clean pass over the scored tokens (module docstring)."""
   graphdef, params = nnx.split(model)
-  captured = _capture_program(graphdef, site, layer)
+  captured = _capture_program(graphdef, site, layer, logits=True)
   edited = _edited_program(graphdef, site, layer, model.cfg.num_layers)
-  totals = dict.fromkeys(("clean", "splice", "zero_ablation", "mean_ablation"), 0.0)
-  weight = 0.0
+  totals = {name: np.zeros(3) for name in EDITS}
+  clean = weight = 0.0
   for batch in batches:
     arrays = _arrays(batch)
-    nll_B2, x_BTE = captured(params, *arrays)
+    nll_B2, x_BTE, clean_BTV = captured(params, *arrays)
     B, T, E = x_BTE.shape
     recon_BTE = sae(x_BTE.reshape(B * T, E)).reshape(B, T, E)
-    totals["clean"] += float(nll_B2[:, 0].sum())
+    clean += float(nll_B2[:, 0].sum())
     weight += float(nll_B2[:, 1].sum())
     adds = dict(splice=recon_BTE, zero_ablation=jnp.zeros_like(x_BTE),
                 mean_ablation=jnp.broadcast_to(jnp.asarray(mean_E, jnp.float32), x_BTE.shape))  # fmt: skip
     for name, add in adds.items():
-      totals[name] += float(edited(params, *arrays, add)[:, 0].sum())
+      totals[name] += np.asarray(edited(params, *arrays, add, clean_BTV), np.float64)[:, [0, 2, 3]].sum(0)
   if not weight:
     raise UserError("sae: the evaluation set scores no tokens (too short rows?)")
-  return {name: total / weight for name, total in totals.items()}
+  out = dict(loss=dict(clean=clean / weight), kl={}, agreement={})
+  for name, (nll, kl, agree) in totals.items():
+    out["loss"][name], out["kl"][name], out["agreement"][name] = nll / weight, kl / weight, agree / weight
+  return out
+
+
+def losses(model, batches, site: str, layer: int, sae, mean_E: np.ndarray) -> dict[str, float]:
+  """{clean, splice, zero_ablation, mean_ablation}: mean loss over the scored tokens (module docstring)."""
+  return scores(model, batches, site, layer, sae, mean_E)["loss"]

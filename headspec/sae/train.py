@@ -1,7 +1,14 @@
 """Training an SAE with optax: `fit_sae(x_NK, features=..., kind=..., ...)` -> SAE.
 
-Losses, on inputs scaled by one number s so that E‖x/s‖² = K (SAELens's normalisation; folded back into the
-returned SAE's biases, so it encodes and decodes raw activations):
+Losses, on scaled inputs (`normalize`), the scales folded back so that the returned SAE encodes and decodes
+raw activations:
+  global    one number s with E‖x/s‖² = K, x at unit RMS (SAELens's `normalize_activations=
+            'expected_average_only_in'` sets E‖x‖ = √K instead); folded into b_enc, b_dec (and θ): f scales by s.
+  per_head  each head's block of K/H coordinates divided by its own RMS s_h = √(E‖x_h‖² / (K/H)) on the
+            training inputs, so a head whose z is small weighs as much in the loss as any other (issue 77:
+            with one scale, a head's share of the features follows its output scale). With s_K each
+            coordinate's s_h and s the global scale (s² = mean_h s_h²): W_enc ← diag(s/s_K) W_enc, b_enc ← s·b_enc,
+            W_dec ← W_dec diag(s_K/s), b_dec ← s_K ⊙ b_dec, θ ← s·θ, so f scales by s, as with `global`.
   topk   Gao et al. 2024: NMSE(x, x̂) + α·NMSE(e, ê), NMSE(a, b) = Σ‖a − b‖² / Σ‖a − mean(a)‖² over the batch.
          The AuxK term: e = x − x̂ (no gradient), ê = W_dec·TopK_{k_aux}(pre-activations of the dead latents),
          a latent being dead once it has not fired for `dead_after_tokens` training inputs; α = 1/32, k_aux
@@ -38,10 +45,12 @@ import numpy as np
 import optax
 
 from headspec import arguments as args
+from headspec import locks
 from headspec.errors import UserError
 from headspec.sae import model as sae_model
 
 SCHEDULES = ("constant", "linear_decay", "cosine")
+NORMALIZATIONS = ("global", "per_head")
 B_DEC_INITS = ("geometric_median", "mean")
 
 
@@ -68,12 +77,18 @@ class Options:
   dead_after_tokens: int = 100_000
   seed: int = 0
   chunk: int = 50
+  normalize: str = "global"
+  heads: int = 0
 
 
 def check_options(o: Options, where: str = "fit_sae") -> None:
   """UserError naming the first bad option."""
   if isinstance(o.features, bool) or not isinstance(o.features, int | np.integer) or o.features <= 0:
     raise UserError(f"{where}: features={o.features!r} must be a positive number of SAE features")
+  from headspec import bounds
+  from headspec.sae.config import FIT_BOUNDS
+
+  bounds.check(dataclasses.asdict(o), FIT_BOUNDS, where)  # NaN, inf, absurd sizes (issue 78)
   if o.kind not in sae_model.KINDS:
     raise UserError(f"{where}: kind={o.kind!r}; choose one of {', '.join(sae_model.KINDS)}")
   if o.kind == "topk" and not 1 <= o.k <= o.features:
@@ -97,6 +112,10 @@ def check_options(o: Options, where: str = "fit_sae") -> None:
     raise UserError(f"{where}: b_dec_init={o.b_dec_init!r}; choose one of {', '.join(B_DEC_INITS)}")
   if o.aux_k < 0 or o.aux_coefficient < 0 or o.dead_after_tokens < 1:
     raise UserError(f"{where}: aux_k, aux_coefficient must be >= 0 and dead_after_tokens >= 1")
+  if o.normalize not in NORMALIZATIONS:
+    raise UserError(f"{where}: normalize={o.normalize!r}; choose one of {', '.join(NORMALIZATIONS)}")
+  if o.normalize == "per_head" and o.heads < 1:
+    raise UserError(f"{where}: normalize='per_head' needs heads >= 1 (the heads the input width splits into)")
 
 
 def check_activations(x_NK, where: str = "activations") -> np.ndarray:
@@ -121,6 +140,17 @@ def geometric_median(x_NK: np.ndarray, iterations: int = 100, tolerance: float =
       return new
     m = new
   return m
+
+
+def input_scales(x_NK: np.ndarray, o: Options) -> tuple[float, np.ndarray]:
+  """(s, s_K): the global RMS s = √(E‖x‖²/K) and each coordinate's scale (module docstring; 1 for zeros)."""
+  sq_NK = x_NK.astype(np.float64) ** 2
+  if o.normalize == "per_head":
+    s_H = np.sqrt(sq_NK.reshape(len(x_NK), o.heads, -1).mean((0, 2)))
+    s_K = np.repeat(np.where(s_H > 0, s_H, 1.0), x_NK.shape[1] // o.heads)
+    return float(np.sqrt(np.mean(s_K**2))), s_K
+  scale = float(np.sqrt(sq_NK.sum(1).mean() / x_NK.shape[1])) or 1.0
+  return scale, np.full(x_NK.shape[1], scale)
 
 
 def schedule(o: Options) -> optax.Schedule:
@@ -274,7 +304,10 @@ def initial_state(x_NK: np.ndarray, o: Options) -> dict:
 def fingerprint(x_NK: np.ndarray, o: Options) -> dict:
   """What a checkpoint must match to be resumed: the options and the training inputs."""
   digest = hashlib.sha256(np.ascontiguousarray(x_NK).tobytes()).hexdigest()
-  return dict(options=dataclasses.asdict(o), inputs=digest, shape=list(x_NK.shape))
+  options = dataclasses.asdict(o)
+  if o.normalize == "global":  # as before the option: earlier checkpoints still resume
+    del options["normalize"], options["heads"]
+  return dict(options=options, inputs=digest, shape=list(x_NK.shape))
 
 
 @args.arguments(
@@ -284,10 +317,16 @@ def fingerprint(x_NK: np.ndarray, o: Options) -> dict:
   steps=args.integer(),
   batch_size=args.integer(),
   aux_k=args.integer(),
+  warmup_steps=args.integer(),
+  dead_after_tokens=args.integer(),
+  chunk=args.integer(),
   seed=args.integer(),
+  normalize=args.text,
+  heads=args.integer(),
   checkpoint_every=args.integer(),
   progress=args.boolean,
 )
+@locks.holding(lambda checkpoint_dir, **_: locks.checkpoint_folder(checkpoint_dir, "SAE training"))
 def fit_sae(
   x_NK,
   *,
@@ -310,6 +349,8 @@ def fit_sae(
   dead_after_tokens: int = 100_000,
   seed: int = 0,
   chunk: int = 50,
+  normalize: str = "global",
+  heads: int = 0,
   checkpoint_dir=None,
   checkpoint_every: int = 1000,
   progress: bool = True,
@@ -318,21 +359,25 @@ def fit_sae(
 
   kind 'topk' (Gao et al. 2024; k active features, AuxK against dead latents), 'relu' (Bricken et al.
   2023; L1 coefficient `l1`) or 'jumprelu' (Rajamanoharan et al. 2024; L0 coefficient `l0`, STE `bandwidth`,
-  `threshold_init`); the other options are the module docstring's. `checkpoint_dir`: an Orbax
+  `threshold_init`); the other options are the module docstring's. normalize 'global' (one input scale) or
+  'per_head' (each of `heads` equal blocks of the width at unit RMS, issue 77). `checkpoint_dir`: an Orbax
   checkpoint every `checkpoint_every` steps and at the end; a second call with the same inputs and options
   resumes from it (or returns the finished SAE at once). Bad options or activations with NaN: UserError,
   before any computation.
   """
   o = Options(features, kind, int(k), float(l1), float(l0), float(bandwidth), float(threshold_init), int(steps),
               int(batch_size), float(lr), lr_schedule, int(warmup_steps), float(decay_fraction), b_dec_init,
-              int(aux_k), float(aux_coefficient), int(dead_after_tokens), int(seed), int(chunk))  # fmt: skip
+              int(aux_k), float(aux_coefficient), int(dead_after_tokens), int(seed), int(chunk), normalize,
+              int(heads))  # fmt: skip
   check_options(o)
   x_NK = check_activations(x_NK)
   if checkpoint_every < 1:
     raise UserError(f"fit_sae: checkpoint_every={checkpoint_every} must be at least 1")
   N, K = x_NK.shape
-  scale = float(np.sqrt(np.mean(np.sum(x_NK.astype(np.float64) ** 2, 1)) / K)) or 1.0
-  xs_NK = x_NK / np.float32(scale)
+  if o.normalize == "per_head" and K % o.heads:
+    raise UserError(f"fit_sae: heads={o.heads} does not divide the input width {K}")
+  scale, s_K = input_scales(x_NK, o)
+  xs_NK = x_NK / (np.float32(scale) if o.normalize == "global" else s_K.astype(np.float32))
   real_aux_k = min(o.features, o.aux_k or max(1, K // 2))
   state = initial_state(xs_NK, o)
   start, mngr = 0, None
@@ -356,6 +401,9 @@ def fit_sae(
     live_C = np.arange(o.chunk) < live
     state, metrics_C3 = program(state, x_device, jnp.asarray(index_CB, jnp.int32), jnp.asarray(live_C))
     loss = float(np.asarray(metrics_C3)[:live, 0].mean())
+    if not math.isfinite(loss):  # never saved, never measured, never written (issue 78)
+      raise UserError(f"fit_sae: the loss went {loss} by step {step + live} of {o.steps} (lr={o.lr:g}); nothing "
+                      "saved: lower lr or check the inputs")  # fmt: skip
     history.append((step + live, loss))
     previous, step = step, step + live
     if bar is not None:
@@ -371,12 +419,18 @@ def fit_sae(
   p = jax.device_get(state["params"])
   info = dict(steps=o.steps, resumed_at=start, scale=scale, aux_k=real_aux_k, history=history,
               final_loss=history[-1][1] if history else math.nan, options=json.loads(json.dumps(dataclasses.asdict(o))))  # fmt: skip
+  w_enc, w_dec, b_dec, head_scale_K = p["W_enc_KF"], p["W_dec_FK"], p["b_dec_K"] * scale, None
+  if o.normalize == "per_head":  # the module docstring's fold: the SAE reads raw x
+    info["head_scales"] = s_K[:: K // o.heads].tolist()
+    head_scale_K = (s_K / scale).astype(np.float32)
+    w_enc, w_dec, b_dec = w_enc / head_scale_K[:, None], w_dec * head_scale_K, p["b_dec_K"] * s_K.astype(np.float32)
   return sae_model.SAE(
-    W_enc_KF=jnp.asarray(p["W_enc_KF"]),
+    W_enc_KF=jnp.asarray(w_enc),
     b_enc_F=jnp.asarray(p["b_enc_F"] * scale),
-    W_dec_FK=jnp.asarray(p["W_dec_FK"]),
-    b_dec_K=jnp.asarray(p["b_dec_K"] * scale),
+    W_dec_FK=jnp.asarray(w_dec),
+    b_dec_K=jnp.asarray(b_dec),
     threshold_F=jnp.asarray(np.exp(p["log_threshold_F"]) * scale) if o.kind == "jumprelu" else None,
+    head_scale_K=None if head_scale_K is None else jnp.asarray(head_scale_K),
     kind=o.kind,
     k=o.k if o.kind == "topk" else 0,
     info=info,

@@ -59,14 +59,15 @@ chosen on dev and reported on test (the maximum over 48 noisy dev estimates is b
                   (> 0: the model needs it); importance_raw, Michel et al. 2019's E|∂ℓ/∂m_h|; importance,
                   the same normalised per layer (the pruning ranking; comparable only within a layer).
   sae_heads.csv   per run, kept step and head (sae/heads.csv of `headspec sae` on z, every layer): the head's
-                  feature specialization S_h, its exclusive and carried features (docs/sae.md).
+                  feature specialization S_h, its exclusive and carried features, its z RMS (docs/sae.md).
   sae.csv         per run and kept step, from sae_heads.csv: `specialization_mean` and `_max` over heads,
                   `exclusive_features` (summed over heads), `heads_with_exclusive`; per probe task where the
                   step was probed, Spearman's ρ over heads of S_h with the head's test selectivity
                   (`spearman_selectivity`, permutation p), its within-layer mean (`within_layer_spearman`,
                   heads shuffled within their layer), and `spearman_change`: ρ over heads of S_h's change
                   since the first step probed with the selectivity's change (does specialization rise where
-                  selectivity does?); p Holm-adjusted over the run's ρ rows.
+                  selectivity does?); p Holm-adjusted over the run's ρ rows; `spearman_z_rms`: ρ over the same
+                  heads of S_h with the head's z RMS (its output scale; Holm over those rows apart).
   reference.csv   the best head's test selectivity per task, the structural-probe value per metric of the
                   head with the best dev value (beside the linear baseline) and the best head's Clark accuracy per relation
                   (beside the best fixed offset), all chosen on dev and reported on test, for each run's

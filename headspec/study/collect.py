@@ -10,6 +10,7 @@ from headspec import experiments, remote, tables, train_log
 from headspec.errors import UserError
 from headspec.probing import tasks as probe_tasks
 from headspec.study.statistics import (
+  ALL_HEADS_METRIC,
   causal_seeds,
   conditions,
   formation_tests,
@@ -278,13 +279,29 @@ def _drop_formation(rows: list[dict]) -> list[dict]:
   return [dict(**run, source="loss", task="repeat_drop", layer=-1, head=-1, init_best=init[0], formation_step=first)]
 
 
+def _all_heads_loss(run: dict, workdir) -> list[dict]:
+  """The causal rows' ALL_HEADS_METRIC row of a run: the LM-loss change with every head zero-ablated at the last
+  pruned step (ablation/pruning.csv, heads_pruned = L·H, the same for every ranking: their mean), the scale of
+  the TOST margins (statistics.EQUIVALENCE); [] without that point."""
+  frame = _frame(workdir, tables.ABLATION_PRUNING)
+  if frame is None or not len(frame):
+    return []
+  frame = frame[(frame["metric"] == "loss_delta") & (frame["step"] == frame["step"].max())]
+  every = frame[np.isclose(frame["fraction_pruned"], 1.0)]
+  if not len(every):
+    return []
+  return [dict(**run, step=int(every["step"].iloc[0]), task="", k=int(every["heads_pruned"].iloc[0]),
+               metric=ALL_HEADS_METRIC, value=float(every["value"].mean()), ci_low=np.nan, ci_high=np.nan,
+               mde=np.nan)]  # fmt: skip
+
+
 def causal(run: dict, workdir) -> list[dict]:
   frame = _frame(workdir, tables.ABLATION_CAUSAL)
   if frame is None:
     return []
   frame = frame[(frame["kind"] == "probe_selective") & frame["metric"].str.endswith("_vs_random")]
   frame = frame[frame["step"] == frame["step"].max()]
-  return [
+  return _all_heads_loss(run, workdir) + [
     dict(
       **run,
       step=int(r["step"]),
@@ -335,13 +352,13 @@ def rankings(run: dict, workdir) -> list[dict]:
   return out
 
 
-SAE_HEAD_METRICS = ("specialization", "exclusive_features", "features_carried")  # sae/heads.csv, per head
+SAE_HEAD_METRICS = ("specialization", "exclusive_features", "features_carried", "z_rms")  # sae/heads.csv, per head
 SAE_PERMUTATIONS = 2000  # per ρ of sae.csv (steps × tasks × 3 per run): p resolution 1/2001
 
 
 def sae_heads(run: dict, workdir) -> list[dict]:
   """sae_heads.csv rows of one run: per kept step, SAE configuration and head, sae/heads.csv's S_h, exclusive
-  and carried features of the SAEs on z (`headspec sae`, docs/sae.md)."""
+  and carried features of the SAEs on z and the head's z RMS (`headspec sae`, docs/sae.md; NaN where absent)."""
   frame = _frame(workdir, tables.SAE_HEADS)
   if frame is None or frame.empty:
     return []
@@ -365,7 +382,9 @@ def _test_selectivity(workdir):
 
 def sae_summary(run: dict, heads_rows: list[dict], workdir) -> list[dict]:
   """sae.csv rows of one run from its sae_heads rows (module docstring): per step the heads' specialization
-  and exclusive features, and the rank correlations over heads of S_h with the probes' test selectivity."""
+  and exclusive features, and the rank correlations over heads of S_h with the probes' test selectivity and,
+  on the same heads, with their z RMS (`spearman_z_rms`: how much of S_h a head's output scale alone could
+  explain; Holm over the run's z RMS rows apart from the selectivity family)."""
   import pandas as pd
 
   if not heads_rows:
@@ -397,6 +416,9 @@ def sae_summary(run: dict, heads_rows: list[dict], workdir) -> list[dict]:
       rho, p = spearman(g["specialization"], g["selectivity"], **kw)
       w_rho, w_p = within_layer_spearman(g["specialization"], g["selectivity"], g["layer"], **kw)
       rows = [("spearman_selectivity", rho, p), ("within_layer_spearman", w_rho, w_p)]
+      if "z_rms" in g and g["z_rms"].notna().sum() >= 3:
+        r = g.dropna(subset=["z_rms"])
+        rows.append(("spearman_z_rms", *spearman(r["specialization"], r["z_rms"], **kw)))
       start = base[(base["sae"] == sae) & (base["step"] == first[sae, task]) & (base["task"] == task)]
       if int(step) != first[sae, task] and len(start):
         d = g.merge(start.drop(columns="step"), on=["sae", "task", "layer", "head"])
@@ -407,9 +429,10 @@ def sae_summary(run: dict, heads_rows: list[dict], workdir) -> list[dict]:
       for measure, value, p_value in rows:
         out.append(dict(**run, step=int(step), sae=sae, measure=measure, task=task, value=value, p_value=p_value,
                         heads=len(g)))  # fmt: skip
-  tested = [r for r in out if np.isfinite(r["p_value"])]
-  for r, p in zip(tested, holm([r["p_value"] for r in tested])):
-    r["p_holm"] = float(p)
+  for family in (lambda r: r["measure"] != "spearman_z_rms", lambda r: r["measure"] == "spearman_z_rms"):
+    tested = [r for r in out if np.isfinite(r["p_value"]) and family(r)]
+    for r, p in zip(tested, holm([r["p_value"] for r in tested])):
+      r["p_holm"] = float(p)
   for r in out:
     r.setdefault("p_holm", np.nan)
   return out

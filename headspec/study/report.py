@@ -5,10 +5,12 @@ from __future__ import annotations
 from headspec.study.collect import DROP_FORMED
 from headspec.study.statistics import (
   CAUSAL_MEASURES,
+  INDUCTION_PRIMARY,
   _by_condition,
   _formation_summary,
   _label_min,
   _label_steps,
+  induction_tests,
 )
 
 
@@ -182,6 +184,22 @@ def _induction_section(frames: dict) -> list[str]:
       "Power of the causal check (k = 1, zero ablation): the median over runs and steps of mde, the smallest "
       f"excess it detects at 80% power: {ind['mde'].median():.3f} nats.",
     ]
+  tests = induction_tests(frames["induction"], INDUCTION_PRIMARY)
+  if tests:
+    import pandas as pd
+
+    family = (
+      "Holm over every cell of the condition (both ablations × controls × k: no primary ablation declared)"
+      if INDUCTION_PRIMARY is None
+      else f"Holm over the primary ablation's ({INDUCTION_PRIMARY}) cells; a secondary cell over every cell"
+    )
+    parts += [
+      "",
+      "### The causal check over seeds at the last step (one-sample t test of 0)",
+      f"Top-k induction heads minus k random heads (layer-matched or unlabelled), second copy's loss; {family} "
+      "(headspec/study/statistics.py induction_tests, INDUCTION_PRIMARY).",
+      _markdown(pd.DataFrame(tests), ".4g"),
+    ]
   if len(frames.get("formation_tests", ())):
     parts += [
       "",
@@ -221,7 +239,10 @@ def _sae_section(frames: dict) -> list[str]:
       "### Does feature specialization go with probe selectivity? Spearman ρ over heads, by step",
       "spearman_selectivity: S_h against the head's test selectivity at that step; within_layer_spearman: the "
       "mean per-layer ρ; spearman_change: S_h's change since the first probed step against the selectivity's "
-      "(> 0: specialization rose where selectivity did). Per run p and Holm: study/sae.csv.",
+      "(> 0: specialization rose where selectivity did); spearman_z_rms: S_h against the head's z RMS on the same "
+      "heads (a large |ρ|: S_h follows the heads' output scale, which could drive spearman_selectivity). Per run p "
+      "and Holm: "
+      "study/sae.csv.",
       _markdown(_by_condition(rho, ["sae", "measure", "task", "step"], "value")),
     ]
   return parts
