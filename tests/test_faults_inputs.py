@@ -1,4 +1,4 @@
-"""Faults round 4, the input parts (issue 78): each class of fault has one mechanism and one test over all
+"""Faults in user input: each class of fault has one mechanism and one test over all
 its users. 1: a config.json check refuses only what transformers refuses or what would compute wrong
 numbers (special-token ids outside the vocabulary load, with one warning); 2: a user's config or
 experiment file is user input (any exception: one line); 3: user text files read with or without a BOM;

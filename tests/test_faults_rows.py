@@ -1,4 +1,4 @@
-"""Rows lost or wrong on a rerun (issue 78): a rerun that replaces a table's group (an SAE of the same name, a
+"""Rows lost or wrong on a rerun: a rerun that replaces a table's group (an SAE of the same name, a
 circuit's faithfulness curve) replaces all of that group's rows together, and keeps every other group."""
 
 import math

@@ -351,6 +351,7 @@ def _scores_and_repeat_losses(model):
 
 
 @pytest.mark.slow
+@pytest.mark.e2e
 def test_induction_head_forms_in_two_layers_not_in_one(attention_only_decoder):
   """Two attention-only layers form an induction head at an n never trained on; one layer cannot.
 

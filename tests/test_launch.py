@@ -268,7 +268,7 @@ def _analysis_seeds(plans) -> dict[tuple[str, str], str | None]:
 
 
 def test_each_run_analyses_with_its_own_seed_unless_the_seed_is_fixed():
-  """Issue 77: seeds must vary what the intervals over seeds claim to cover (control labels, the probe's train
+  """Seeds must vary what the intervals over seeds claim to cover (control labels, the probe's train
   subsample, bootstrap resamples, SAE init), so probe/ablate/sae of the run with seed s get --config.seed=s;
   `fixed_analysis_seed` (experiments) and --fixed-analysis-seed (pipelines, sweeps) keep the config's seed."""
   spec = "configs/experiments/grammar.py:condition=baseline"

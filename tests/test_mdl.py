@@ -147,7 +147,7 @@ def test_bad_input():
 
 
 def test_portions_are_whole_sentences():
-  """Issue 77: Voita & Titov portion examples (sentences), not words. With each word's sentence given, the
+  """Voita & Titov portion examples (sentences), not words. With each word's sentence given, the
   sentences are shuffled whole and every block boundary falls between sentences, at t_i = the words of the
   first ⌊f_i·S⌋ shuffled sentences; the old word rule cut sentences apart (checked on the same words)."""
   rng = np.random.default_rng(1)

@@ -53,6 +53,7 @@ def checks(tmp_path_factory):
 
 
 @pytest.mark.slow
+@pytest.mark.e2e
 def test_forward_on_every_mesh_equals_one_device(checks):
   for spec, got in checks["forward_parity"].items():
     assert max(got["diff"]) < 1e-5, (spec, got)
@@ -65,6 +66,7 @@ def test_forward_on_every_mesh_equals_one_device(checks):
 
 
 @pytest.mark.slow
+@pytest.mark.e2e
 def test_training_follows_the_one_device_curve_and_repeats_bit_for_bit(checks):
   curves = checks["train_curves"]
   one = np.array(curves["one"])
@@ -74,6 +76,7 @@ def test_training_follows_the_one_device_curve_and_repeats_bit_for_bit(checks):
 
 
 @pytest.mark.slow
+@pytest.mark.e2e
 def test_sharded_state_bytes_per_device(checks):
   memory = checks["memory"]
   total = memory["data=8"]["state_bytes"]
@@ -85,6 +88,7 @@ def test_sharded_state_bytes_per_device(checks):
 
 
 @pytest.mark.slow
+@pytest.mark.e2e
 def test_checkpoints_restore_across_meshes_bit_for_bit(checks):
   restored = checks["checkpoint_across_meshes"]
   assert all(r["equal"] for r in restored.values()), restored
@@ -93,6 +97,7 @@ def test_checkpoints_restore_across_meshes_bit_for_bit(checks):
 
 
 @pytest.mark.slow
+@pytest.mark.e2e
 def test_bfloat16_halves_the_parameters(checks):
   half = checks["bf16"]
   assert half["bfloat16_bytes"] * 2 == half["float32_bytes"]
@@ -100,6 +105,7 @@ def test_bfloat16_halves_the_parameters(checks):
 
 
 @pytest.mark.slow
+@pytest.mark.e2e
 def test_import_streams_tensor_by_tensor_onto_the_mesh(checks):
   """A 4-shard bfloat16 Llama imported (a second time, the first kept) in bfloat16 onto fsdp=8: host memory
   grows by the model (on CPU every device's shard is host memory) plus about one tensor, not the 3× of
@@ -184,6 +190,7 @@ def test_features_and_load_on_a_mesh_equal_one_device(data_dir, tmp_path):
   assert loaded.model.cfg.dtype == "bfloat16"
 
 
+@pytest.mark.e2e
 def test_a_command_runs_on_the_mesh_and_dtype_its_config_names(data_dir, tmp_path):
   """`headspec diversity --config.mesh=tensor=2 --config.model.dtype=bfloat16` on all-MiniLM-L6-v2 (the
   suite's 2 devices): the same metrics as on one device in float32, to bfloat16's precision; a bad mesh or

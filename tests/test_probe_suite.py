@@ -231,7 +231,7 @@ def test_suite_on_ewt_part(ewt_part, tmp_path, caplog):
     assert 0 < float(r["codelength_bits"]) and float(r["uniform_bits"]) > 0 and int(r["n"]) > 1000
     assert float(r["compression"]) > 1 and float(r["control_compression"]) > 1
   # (At steps 5 and 9 the features are close to word identity, which decides the control: with whole sentences
-  # portioned, issue 77, the control compresses 0.5-5 % better than UPOS in every group; no order is asserted.)
+  # portioned, the control compresses 0.5-5 % better than UPOS in every group; no order is asserted.)
   assert "MDL" in (workdir / "probes/summary.md").read_text()
   assert {(r["model"], r["step"]) for r in rows2} == {("run", "5"), ("run", "9"), ("run-random", "0")}
   step9 = [r for r in rows2 if r["step"] == "9"]  # its upos rows replaced, the other tasks' kept (the key holds task)

@@ -1,4 +1,4 @@
-"""`headspec sae` and fit_sae under faults (issue 78): reruns, a loss gone non-finite, two processes on one
+"""`headspec sae` and fit_sae under faults: reruns, a loss gone non-finite, two processes on one
 checkpoint folder, a damaged checkpoint."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""SAE head shares controlled for scale, and the splice's fidelity (issue 77; headspec/sae/, docs/sae.md)."""
+"""SAE head shares controlled for scale, and the splice's fidelity (headspec/sae/, docs/sae.md)."""
 
 from __future__ import annotations
 

@@ -105,7 +105,7 @@ def test_punctuation_is_left_out_of_uuas_and_root_accuracy():
 
 
 def test_hewitt_manning_ptb_punctuation_is_an_option_beside_upos_punct():
-  """Issue 77: H&M leave out the words whose XPOS is one of 7 PTB tags (reporter.py: '' , . : `` -LRB- -RRB-),
+  """H&M leave out the words whose XPOS is one of 7 PTB tags (reporter.py: '' , . : `` -LRB- -RRB-),
   not UD's UPOS PUNCT: with probe.structural_punctuation='ptb' a hyphen (HYPH, UPOS PUNCT) and a '$' (UPOS
   SYM) stay in UUAS's trees while brackets and the full stop are left out; 'upos' (the default) is unchanged,
   and a third value is one line before any model runs."""

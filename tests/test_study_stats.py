@@ -229,7 +229,7 @@ def test_headspec_study_writes_the_tests(tmp_path):
 
 
 def test_loss_equivalence_margin_is_a_fraction_of_ablating_every_head(tmp_path):
-  """Issue 77: the LM-loss TOST margin is EQUIVALENCE's fraction × the condition's mean |loss change with every
+  """The LM-loss TOST margin is EQUIVALENCE's fraction × the condition's mean |loss change with every
   head zero-ablated| (pruning.csv's last point), not a fixed 0.01 nats that exceeds what a whole layer's
   attention costs; without that point the margin and TOST are NaN (no claim). The old fixed margin called
   these near-zero cells equivalent (tost_p < 0.05 at 0.01 nats); on the all-heads scale they are not shown."""
@@ -266,7 +266,7 @@ def test_loss_equivalence_margin_is_a_fraction_of_ablating_every_head(tmp_path):
 
 
 def test_induction_check_family_holds_every_cell_unless_a_primary_is_declared():
-  """Issue 77: the 4-layer induction claims quoted Holm over the zero-ablation cells only, leaving out the
+  """The 4-layer induction claims once quoted Holm over the zero-ablation cells only, leaving out the
   mean-ablation cells run alongside. With no primary declared the family is every cell of the condition (2
   ablations × 2 controls × 3 k); a declared primary's cells form the claims' family and each secondary cell is
   corrected over all of them. Only the last step counts; a primary that was not run is refused."""

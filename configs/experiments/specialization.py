@@ -216,7 +216,7 @@ def sae_stage_config(small: bool = False):
   c = sae_config()
   c.steps, c.layers = "all", "all"
   c.sae.expansion, c.sae.train_steps, c.sae.batch_size = 4.0, 2000, 1024
-  c.sae.normalize = "per_head"  # each head's z at unit RMS: S_h not driven by a head's output scale (issue 77)
+  c.sae.normalize = "per_head"  # each head's z at unit RMS: S_h not driven by a head's output scale
   if small:
     c.train_tokens, c.eval_tokens = 16384, 4096
     c.sae.expansion, c.sae.train_steps, c.sae.batch_size, c.sae.warmup_steps = 2.0, 400, 256, 40

@@ -43,7 +43,8 @@ def load_config(spec: str):
 # run's stages of these get `--config.seed=<the run's seed>`, so condition differences stay paired on the seed.
 SEEDED_ANALYSES = ("probe", "ablate", "sae")
 # An experiment spec's key (configs/experiments/NAME.py:...,fixed_analysis_seed) keeping every run's analyses at
-# their config's seed (0): the behaviour before issue 77, for designs that pair the analysis draws across runs.
+# their config's seed (0), as before runs' seeds reached their analyses: for designs that pair the analysis draws
+# across runs.
 FIXED_ANALYSIS_SEED = "fixed_analysis_seed"
 
 

@@ -8,8 +8,8 @@ The labels y_1..y_N of N words are transmitted to a receiver who already has the
 Voita & Titov portion examples, i.e. sentences: given each word's sentence (`sentence_N`; the probe suite
 passes it), the S sentences are shuffled once (`seed`), their words kept together, and the blocks end at
 sentence boundaries: t_i = the words of the first ⌊f_i·S⌋ shuffled sentences, for the fractions
-f = (0.1, 0.2, 0.4, 0.8, 1.6, 3.2, 6.25, 12.5, 25, 50, 100)% of sentences (the paper's portions; issue 77:
-before, and still without `sentence_N`, the words were shuffled and cut at t_i = ⌊f_i·N⌋). The first
+f = (0.1, 0.2, 0.4, 0.8, 1.6, 3.2, 6.25, 12.5, 25, 50, 100)% of sentences (the paper's portions;
+without `sentence_N`, the earlier behaviour, the words are shuffled and cut at t_i = ⌊f_i·N⌋). The first
 block is sent with the uniform code over the K classes; every later block i is sent with p_i, the
 probe θ_i fitted on all words before it (t_0 .. t_i − 1, which the receiver has and can refit θ_i on):
 

@@ -327,7 +327,7 @@ def _mdl_rows(ctx: _Job, layer: int, heads: list[int], x_train, what: str) -> li
   fractions = tuple(ctx.config.probe.get("mdl_fractions", mdl.DEFAULT_FRACTIONS))
   rows = mdl.mdl_rows(
     ctx.job.name, ctx.job.step, layer, heads, x_train, label_tasks, fractions=fractions, seed=ctx.config.seed,
-    sentence_N=data.train.sentence_N,  # portions of sentences, as Voita & Titov (issue 77)
+    sentence_N=data.train.sentence_N,  # portions of sentences, as Voita & Titov
   )  # fmt: skip
   logging.info(
     f"    {what} MDL: online codes of {', '.join(label_tasks)} and their controls ({time.perf_counter() - t0:.0f} s)"

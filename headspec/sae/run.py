@@ -324,7 +324,7 @@ class SAEAnalysis(jobloop.Analysis):
         exclusive_features=int((live_F & (a_FH[:, h] >= a.exclusive_min)).sum()),
         specialization=float(S_H[h]),
         mean_entropy_bits=float(entropy_F[carried_F].mean()) if carried_F.any() else math.nan,
-        z_rms=float(z_rms_H[h]),  # the head's output scale on the training tokens (issue 77)
+        z_rms=float(z_rms_H[h]),  # the head's output scale on the training tokens
       )
       for name, (sel_F, _) in selectivity.items():
         mine = sel_F[carried_F & np.isfinite(sel_F)]

@@ -5,8 +5,8 @@ raw activations:
   global    one number s with E‖x/s‖² = K, x at unit RMS (SAELens's `normalize_activations=
             'expected_average_only_in'` sets E‖x‖ = √K instead); folded into b_enc, b_dec (and θ): f scales by s.
   per_head  each head's block of K/H coordinates divided by its own RMS s_h = √(E‖x_h‖² / (K/H)) on the
-            training inputs, so a head whose z is small weighs as much in the loss as any other (issue 77:
-            with one scale, a head's share of the features follows its output scale). With s_K each
+            training inputs, so a head whose z is small weighs as much in the loss as any other (with
+            one scale, a head's share of the features follows its output scale). With s_K each
             coordinate's s_h and s the global scale (s² = mean_h s_h²): W_enc ← diag(s/s_K) W_enc, b_enc ← s·b_enc,
             W_dec ← W_dec diag(s_K/s), b_dec ← s_K ⊙ b_dec, θ ← s·θ, so f scales by s, as with `global`.
   topk   Gao et al. 2024: NMSE(x, x̂) + α·NMSE(e, ê), NMSE(a, b) = Σ‖a − b‖² / Σ‖a − mean(a)‖² over the batch.
@@ -88,7 +88,7 @@ def check_options(o: Options, where: str = "fit_sae") -> None:
   from headspec import bounds
   from headspec.sae.config import FIT_BOUNDS
 
-  bounds.check(dataclasses.asdict(o), FIT_BOUNDS, where)  # NaN, inf, absurd sizes (issue 78)
+  bounds.check(dataclasses.asdict(o), FIT_BOUNDS, where)  # NaN, inf, absurd sizes
   if o.kind not in sae_model.KINDS:
     raise UserError(f"{where}: kind={o.kind!r}; choose one of {', '.join(sae_model.KINDS)}")
   if o.kind == "topk" and not 1 <= o.k <= o.features:
@@ -360,7 +360,7 @@ def fit_sae(
   kind 'topk' (Gao et al. 2024; k active features, AuxK against dead latents), 'relu' (Bricken et al.
   2023; L1 coefficient `l1`) or 'jumprelu' (Rajamanoharan et al. 2024; L0 coefficient `l0`, STE `bandwidth`,
   `threshold_init`); the other options are the module docstring's. normalize 'global' (one input scale) or
-  'per_head' (each of `heads` equal blocks of the width at unit RMS, issue 77). `checkpoint_dir`: an Orbax
+  'per_head' (each of `heads` equal blocks of the width at unit RMS). `checkpoint_dir`: an Orbax
   checkpoint every `checkpoint_every` steps and at the end; a second call with the same inputs and options
   resumes from it (or returns the finished SAE at once). Bad options or activations with NaN: UserError,
   before any computation.
@@ -401,7 +401,7 @@ def fit_sae(
     live_C = np.arange(o.chunk) < live
     state, metrics_C3 = program(state, x_device, jnp.asarray(index_CB, jnp.int32), jnp.asarray(live_C))
     loss = float(np.asarray(metrics_C3)[:live, 0].mean())
-    if not math.isfinite(loss):  # never saved, never measured, never written (issue 78)
+    if not math.isfinite(loss):  # never saved, never measured, never written
       raise UserError(f"fit_sae: the loss went {loss} by step {step + live} of {o.steps} (lr={o.lr:g}); nothing "
                       "saved: lower lr or check the inputs")  # fmt: skip
     history.append((step + live, loss))

@@ -39,7 +39,7 @@ CAUSAL_MEASURES = {  # the causal test's metrics the study tests over seeds, and
 # Equivalence margins of the TOST (`causal_seeds`), per metric: ("absolute", m): |selective − random| < m; or
 # ("all_heads", f): |selective − random| < f × the mean over the condition's runs of |the LM-loss change with every
 # head zero-ablated| (ALL_HEADS_METRIC rows, from ablation/pruning.csv's last point), a margin on the scale of what
-# the heads do at all. Issue 77: a fixed ±0.01 nats was wider than zero-ablating a whole layer's attention in the
+# the heads do at all. Why: a fixed ±0.01 nats was wider than zero-ablating a whole layer's attention in the
 # natural-text setting (0.001–0.003 nats), so equivalence within it said nothing. No all-heads effect measured:
 # margin and TOST NaN (no claim). headspec study takes no config: set it here or pass `equivalence=` to
 # causal_seeds; the margin used is written beside every TOST p (`tost_margin`).
