@@ -179,7 +179,7 @@ def test_a_later_run_differing_in_any_identifying_column_drops_no_row(tmp_path, 
   orders, a causal test's random head sets, a circuit's faithfulness curve, an SAE's rows: test_faults_rows.py)."""
   table = tables.TABLES[name]
   together = set(getattr(table, "together", ()))
-  from test_faults_rows import WHOLE  # which columns one job writes whole, table by table (the audit)
+  from test_faults_rows import WHOLE  # which columns one job writes whole, table by table
 
   assert together == set(filter(None, WHOLE[name].split(","))), name
   identifying = [c for c in table.columns if c not in table.values]
