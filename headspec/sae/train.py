@@ -380,12 +380,12 @@ def fit_sae(
   xs_NK = x_NK / (np.float32(scale) if o.normalize == "global" else s_K.astype(np.float32))
   real_aux_k = min(o.features, o.aux_k or max(1, K // 2))
   state = initial_state(xs_NK, o)
-  start, mngr = 0, None
+  start, mngr, fp = 0, None, None
   if checkpoint_dir is not None:
     from headspec.sae import checkpoint as ckpt
 
-    mngr = ckpt.manager(checkpoint_dir)
-    start, state = ckpt.resume(mngr, state, fingerprint(x_NK, o), checkpoint_dir)
+    mngr, fp = ckpt.manager(checkpoint_dir), fingerprint(x_NK, o)
+    start, state = ckpt.resume(mngr, state, fp, checkpoint_dir)
   program = _chunk_program(o, real_aux_k)
   x_device = jnp.asarray(xs_NK)
   history = []
@@ -410,18 +410,22 @@ def fit_sae(
       bar.set_postfix_str(f"loss {loss:.4f}", refresh=False)
       bar.update(live)
     if mngr is not None and (step // checkpoint_every > previous // checkpoint_every or step == o.steps):
-      ckpt.save(mngr, step, state, fingerprint(x_NK, o))
+      ckpt.save(mngr, step, state, fp)
   if bar is not None:
     bar.close()
   if mngr is not None:
     mngr.wait_until_finished()
     mngr.close()
-  p = jax.device_get(state["params"])
   info = dict(steps=o.steps, resumed_at=start, scale=scale, aux_k=real_aux_k, history=history,
               final_loss=history[-1][1] if history else math.nan, options=json.loads(json.dumps(dataclasses.asdict(o))))  # fmt: skip
+  return _folded(jax.device_get(state["params"]), o, scale, s_K, info)
+
+
+def _folded(p, o: Options, scale: float, s_K, info: dict) -> sae_model.SAE:
+  """The SAE of trained parameters `p` with the input scales folded back (module docstring): it reads raw x."""
   w_enc, w_dec, b_dec, head_scale_K = p["W_enc_KF"], p["W_dec_FK"], p["b_dec_K"] * scale, None
-  if o.normalize == "per_head":  # the module docstring's fold: the SAE reads raw x
-    info["head_scales"] = s_K[:: K // o.heads].tolist()
+  if o.normalize == "per_head":
+    info["head_scales"] = s_K[:: len(s_K) // o.heads].tolist()
     head_scale_K = (s_K / scale).astype(np.float32)
     w_enc, w_dec, b_dec = w_enc / head_scale_K[:, None], w_dec * head_scale_K, p["b_dec_K"] * s_K.astype(np.float32)
   return sae_model.SAE(
