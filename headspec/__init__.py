@@ -45,10 +45,15 @@ _LAZY = {
   # Sparse autoencoders on attention outputs (headspec/sae/, docs/sae.md).
   "fit_sae": ("headspec.sae.train", "fit_sae"),
   "sae_head_fractions": ("headspec.sae.metrics", "sae_head_fractions"),
+  "load_sae": ("headspec.sae.saelens", "load_sae"),  # an SAELens folder (docs/sae.md, "SAELens format")
+  # The activation store (headspec/store.py, docs/api.md): many texts' activations at fixed shapes.
+  "activations": ("headspec.store", "activations"),
+  "ActivationStore": ("headspec.store", "ActivationStore"),
 }
 
 __all__ = [
   "Ablation",
+  "ActivationStore",
   "Cache",
   "Captured",
   "Circuit",
@@ -56,6 +61,7 @@ __all__ = [
   "TABLES",
   "__version__",
   "ablate",
+  "activations",
   "attention_view",
   "attribution_patch",
   "build_atlas",
@@ -64,6 +70,7 @@ __all__ = [
   "fit_sae",
   "generate",
   "load",
+  "load_sae",
   "patch",
   "path_patch",
   "plot_attention",

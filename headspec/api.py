@@ -518,18 +518,20 @@ def capture(model, tokens_or_text, *, sites=None, prepend_bos=None, head_mask=No
 
   tokens_or_text: a text, a list of texts (each tokenized as written, `to_tokens`; different lengths are
   right-padded and masked), token ids [T] or [B, T], or a list of id lists. sites: names of
-  docs/patching.md's table (q, k, v, pattern, z, head_out, resid_pre, ...), 'embeddings', or TransformerLens
-  hook names; default every site but the per-head stream copies q_in, k_in, v_in. head_mask as in `run`;
+  docs/patching.md's table (q, k, v, pattern, z, head_out, resid_pre, ...), 'embeddings' (token + position
+  embeddings), 'embed' and 'pos_embed' (each alone, TransformerLens's hook_embed and hook_pos_embed; read from
+  any cache), or TransformerLens hook names; default every site but the per-head stream copies q_in, k_in, v_in. head_mask as in `run`;
   interventions: {site: headspec.model.Edit} applied in the same pass (run_with_hooks), after the head mask's
   edit of z (`edits.head_mask`). Compiled once per
-  model structure, site set and token shape [B, T]: the first call of a shape takes seconds, later ones
-  milliseconds (pad to a fixed length to reuse one program). Values equal the eager
-  `model(tokens, capture=sites)`'s."""
+  model structure, site set and [B, bucket]: rows are padded to the next power of two of their length
+  (masked) and the arrays (numpy) cut back to T, so a loop over batches of varied lengths compiles once per
+  bucket: the first call of a bucket takes seconds, later ones milliseconds. Values equal the eager
+  `model(tokens, capture=sites)`'s. For many texts, `headspec.activations` (headspec/store.py)."""
   from headspec import cache as cache_lib
 
   net, tokenizer = _model_and_tokenizer(model, tokenizer)
   cfg = net.cfg
-  names = cache_lib.default_sites() if sites is None else cache_lib.check_sites(sites)
+  names = cache_lib.default_sites() if sites is None else cache_lib.check_sites(sites, embed_parts=True)
   rows = []
   for b, prompt in enumerate(tokens_lib.texts_or_ids(tokens_or_text, "capture: tokens_or_text")):
     what = f"capture: tokens_or_text[{b}]"
@@ -657,7 +659,7 @@ def probe(
   given as a keyword (l2_grid=..., refine_samples=..., pooling=..., bootstrap_resamples=...) override it.
   cache_dir: the feature cache (default: a run's RUN/probes/cache, else a temporary folder removed when
   the process exits).
-  A progress bar (tqdm.auto) counts the feature groups fitted; the stages' lines are absl INFO logs.
+  A progress bar (tqdm, on stderr) counts the feature groups fitted; the stages' lines are absl INFO logs.
   """
   import pandas as pd
 
@@ -919,10 +921,27 @@ def ablate(
 # ---------------------------------------------------------------------------------------- patch
 
 
+def _is_id_row(value) -> bool:
+  """Whether `value` is one prompt's token ids (a non-empty 1-D list, tuple or array of ints), not a list of prompts."""
+  if isinstance(value, np.ndarray):
+    return value.ndim == 1 and value.size > 0 and value.dtype.kind in "iu"
+  return isinstance(value, list | tuple) and bool(value) and all(check.is_token_id(t) for t in value)
+
+
+def _prompt_or_prompts(value) -> list:
+  """The `clean`/`corrupt` rule of patch, attribution_patch, path_patch and circuit: one prompt (a text, or
+  one list of token ids) is a list of one; else a list of prompts (check.prompts)."""
+  if isinstance(value, str):
+    return [check.text(value)]
+  if _is_id_row(value):
+    return [value]
+  return check.prompts(value)
+
+
 _PATCH_RULES = dict(
   model=_model_rule,
-  clean=check.prompts,
-  corrupt=check.prompts,
+  clean=_prompt_or_prompts,
+  corrupt=_prompt_or_prompts,
   site=check.text,
   metric=check.metric,
   by_position=check.boolean,
@@ -939,9 +958,42 @@ def _model_and_tokenizer(model, tokenizer):
   return loaded.model, tokenizer if tokenizer is not None else loaded.tokenizer
 
 
+def _answer_id(tokenizer, prompt, answer: str, where: str) -> int:
+  """A text answer's token id (patching/patch.py answer_id), after the API's checks of the text."""
+  from headspec.patching import patch as patch_lib
+
+  if tokenizer is None:
+    raise UserError(f"{where}={answer!r} is a text but no tokenizer was given; pass a token id or tokenizer=")
+  try:
+    check.text(answer)
+  except check.Wrong as e:
+    raise UserError(f"{where}{e.text}") from None
+  return patch_lib.answer_id(tokenizer, prompt, answer, where)
+
+
+def _answers(tokenizer, clean: list, answers):
+  """answers with each text made its token id (`_answer_id`); one prompt's pair may be given bare,
+  `(" Mary", " John")`. Anything else is left to patching/patch.prompts' checks."""
+  bare = lambda a: isinstance(a, str) or check.is_token_id(a)
+  if isinstance(answers, list | tuple) and len(clean) == 1 and len(answers) == 2 and all(map(bare, answers)):
+    answers = [answers]
+  if not isinstance(answers, list | tuple):
+    return answers
+  out = []
+  for i, pair in enumerate(answers):
+    if isinstance(pair, list | tuple) and any(isinstance(a, str) for a in pair):
+      prompt = clean[i] if i < len(clean) else None
+      pair = tuple(
+        _answer_id(tokenizer, prompt, a, f"answers[{i}][{j}]") if isinstance(a, str) else a for j, a in enumerate(pair)
+      )
+    out.append(pair)
+  return out
+
+
 def _prompts(net, tokenizer, clean, corrupt, answers, metric):
   from headspec.patching import patch as patch_lib
 
+  answers = _answers(tokenizer, clean, answers)
   return patch_lib.prompts(net.cfg, clean, corrupt, answers, metric, tokenizer, getattr(tokenizer, "pad_id", 0))
 
 
@@ -972,10 +1024,12 @@ def patch(
   −1 when by_position=False. `frame.attrs`: 'base' and 'source', the metric of the unpatched runs.
 
   model: `load(...)`'s result, a (model, tokenizer) pair or a Transformer. clean, corrupt: equal-length
-  lists of texts (with a tokenizer) or of token-id lists, pairwise of equal token count. site: a name of
-  headspec.model.SITES. metric: a name of the patching registry (headspec/patching/core.py METRICS:
-  'logit_diff', the logit difference at each prompt's last token with answers one (correct_id, wrong_id)
-  per prompt; 'prob', 'loss'; mean over prompts) or a callable on the float32 logits [B,T,V]
+  lists of texts (with a tokenizer) or of token-id lists, pairwise of equal token count; or one prompt each
+  (a text or one token-id list). site: a name of headspec.model.SITES. metric: a name of the patching
+  registry (headspec/patching/core.py METRICS: 'logit_diff', the logit difference at each prompt's last
+  token with answers one (correct, wrong) pair per prompt, each a token id or a text of one token (" Mary":
+  the token it adds after the clean prompt, as `headspec circuit`'s pairs file; a bare pair for one
+  prompt); 'prob', 'loss'; mean over prompts) or a callable on the float32 logits [B,T,V]
   (rows right-padded). layers, heads, positions: restrict the grid (default all). One compiled sweep does
   every patch. Bad input is one headspec.errors.UserError naming the value.
   """

@@ -2,14 +2,20 @@
 with TransformerLens's cache helpers (docs/api.md, docs/transformerlens.md).
 
 The forward is `Transformer.__call__(tokens, capture=sites)` under `jax.jit`, one program per model
-structure, site set and token shape [B, T] (`_forward`): the first call with a new shape or site set
-compiles (seconds), later ones run at once. The weights are an argument of the program, not constants in
-it, so a model with other weights of the same structure reuses it. Values equal the eager model's.
+structure, site set and padded shape [B, P] (`forward`): rows are right-padded to P, the next power of two
+of their length (alignment.bucket_length, the one bucket rule), masked, and the arrays cut back to the
+rows' length on the host, so a loop over batches of varied lengths compiles once per bucket (seconds),
+later calls run at once. The weights are an argument of the program, not constants in it, so a model with
+other weights of the same structure reuses it. Values equal the eager model's. headspec/store.py runs the
+same program over a corpus (`headspec.activations`).
 
 Names are the sites of docs/patching.md (`headspec.model.SITES`: resid_pre, q, k, v, pattern, z,
-head_out, attn_out, resid_mid, mlp_in, mlp_out, resid_post, ...) and `embeddings` (block 0's input, token
-+ position embeddings); TransformerLens's hook names (`blocks.3.attn.hook_z`, `hook_embed` excepted) map to
-them (`TL_HOOKS`). Every site is [L, B, ...] (`cache["z"]`), one layer [B, ...] (`cache["z", 3]`).
+head_out, attn_out, resid_mid, mlp_in, mlp_out, resid_post, ...), `embeddings` (block 0's input: token +
+position embeddings) and, as TransformerLens splits it, `embed` (the token embedding alone) and `pos_embed`
+(the position embedding; none with rotary positions), computed from the weights and the tokens whether
+captured or not (`embed_part`). TransformerLens's hook names (`blocks.3.attn.hook_z`, `hook_embed`,
+`hook_pos_embed`) map to them (`TL_HOOKS`, `EMBED_HOOKS`). Every site is [L, B, ...] (`cache["z"]`), one
+layer [B, ...] (`cache["z", 3]`). An unknown name is one line naming the close valid ones (`unknown_site`).
 
 Helpers (after TransformerLens's ActivationCache; Elhage et al. 2021 for the residual decomposition and
 direct logit attribution, nostalgebraist 2020 for the logit lens):
@@ -25,6 +31,7 @@ direct logit attribution, nostalgebraist 2020 for the logit lens):
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import functools
 import re
 
@@ -63,6 +70,10 @@ TL_HOOKS = {
   "ln2.hook_scale": "ln2_scale",
   "ln_final.hook_scale": "ln_final_scale",
 }
+# TransformerLens's top-level embedding hooks: its `hook_embed` is the token embedding alone (W_E[tokens]; for
+# Gemma times sqrt(d_model), folded into W_E there), `hook_pos_embed` the position embedding added to it.
+EMBED_HOOKS = {"hook_embed": "embed", "hook_pos_embed": "pos_embed"}
+EMBED_PARTS = ("embed", "pos_embed")  # computed from the weights and tokens (`embed_part`), not by the forward
 _TL_NAME = re.compile(r"blocks\.(\d+)\.(.+)")
 # Per-head copies of the stream (H × D per token): captured only when asked for, as TransformerLens's
 # use_split_qkv_input.
@@ -75,46 +86,131 @@ def default_sites() -> tuple[str, ...]:
   return tuple(name for name in model_lib.CAPTURE_FIELDS if name not in NOT_BY_DEFAULT)
 
 
-def check_sites(sites) -> tuple[str, ...]:
+NAMES = (*EMBED_PARTS, *model_lib.CAPTURE_FIELDS)  # every name a Cache answers to, in the order keys() lists them
+
+
+def unknown_site(name: str, what: str, names=NAMES) -> UserError:
+  """The one line for a name that is no site: the close valid names (difflib; a TransformerLens name keeps
+  its `blocks.l.`), the valid ones and an example."""
+  match = _TL_NAME.fullmatch(name)
+  prefix, rest = (f"blocks.{match.group(1)}.", match.group(2)) if match else ("", name)
+  candidates = list(TL_HOOKS) if prefix else [*names, *TL_HOOKS, *(EMBED_HOOKS if names == NAMES else ())]
+  close = difflib.get_close_matches(rest, candidates, n=3, cutoff=0.6)
+  hint = f"did you mean {' or '.join(repr(prefix + c) for c in close)}? " if close else ""
+  return UserError(
+    f"{what}: unknown site {name!r}; {hint}sites: {', '.join(names)} (or TransformerLens's hook names), "
+    "e.g. 'z' or 'blocks.0.attn.hook_z' (docs/patching.md)"
+  )
+
+
+def _capture_name(name: str) -> str:
+  """The capture name of a site's name, a TransformerLens hook name (without `blocks.l.`) or an older name."""
+  site = EMBED_HOOKS.get(name, TL_HOOKS.get(name, name))
+  if site in model_lib.DEPRECATED_CAPTURE:
+    (site,) = model_lib.capture_names((site,))
+  return site
+
+
+def check_sites(sites, what: str = "capture", *, embed_parts: bool = False) -> tuple[str, ...]:
   """Capture names (sites of docs/patching.md, 'embeddings', or TransformerLens hook names without
-  `blocks.l.`), in a fixed order; UserError naming an unknown one."""
+  `blocks.l.`; with `embed_parts` also 'embed' and 'pos_embed', which `run_capture` computes), in a fixed
+  order; UserError (from function `what`) naming an unknown one and the close valid ones."""
+  names = NAMES if embed_parts else model_lib.CAPTURE_FIELDS
   out = []
   for name in (sites,) if isinstance(sites, str) else sites:
-    site = TL_HOOKS.get(name, name)
-    site = {"hook_embed": "embeddings"}.get(site, site)
-    if site in model_lib.DEPRECATED_CAPTURE:
-      (site,) = model_lib.capture_names((site,))
-    if site not in model_lib.CAPTURE_FIELDS:
-      raise UserError(
-        f"capture: unknown site {name!r}; choose from {', '.join(default_sites() + ('q_in', 'k_in', 'v_in'))}"
-      )
+    site = _capture_name(name)
+    if site not in names:
+      raise unknown_site(name, what, names)
     out.append(site)
   if not out:
-    raise UserError("capture: sites=() captures nothing; give site names (docs/patching.md) or leave sites out")
-  return tuple(name for name in model_lib.CAPTURE_FIELDS if name in out)
+    raise UserError(f"{what}: sites=() captures nothing; give site names (docs/patching.md) or leave sites out")
+  return tuple(name for name in names if name in out)
+
+
+def embed_part(net, tokens_BT, name: str, what: str) -> np.ndarray:
+  """TransformerLens's `hook_embed` ('embed': the token embedding W_E[tokens], times sqrt(D) where the model
+  scales it: Gemma, and Vaswani et al.'s sinusoidal models) or `hook_pos_embed` ('pos_embed': the learned or
+  sinusoidal position embedding of positions 0..T−1), [B, T, D] in the model's dtype: the two terms
+  `Transformer.embed` adds (before BERT's token types and embedding LayerNorm)."""
+  cfg, dt = net.cfg, jnp.dtype(net.cfg.dtype)
+  tokens_BT = jnp.asarray(tokens_BT, jnp.int32)
+  B, T = tokens_BT.shape
+  if name == "embed":
+    x_BTD = jnp.take(net.token_embed_VD[...], tokens_BT, axis=0)
+    if cfg.scale_embeddings:
+      x_BTD = x_BTD * jnp.sqrt(jnp.float32(cfg.d_model)).astype(dt)
+    if cfg.positions == "sinusoidal":
+      x_BTD = x_BTD * jnp.sqrt(jnp.float32(cfg.d_model))
+    return np.asarray(x_BTD.astype(dt))
+  if cfg.positions == "learned":
+    table_TD = net.position_embed_TD[...][:T]
+  elif cfg.positions == "sinusoidal":
+    table_TD = model_lib.sinusoidal_positions(T, cfg.d_model)
+  else:
+    raise UserError(
+      f"{what}: this model has {cfg.positions} positions (they enter each layer's queries and keys): it has no "
+      "position embedding; its embeddings are 'embed' alone"
+    )
+  return np.asarray(jnp.broadcast_to(table_TD[None], (B, T, cfg.d_model)).astype(dt))
 
 
 @functools.lru_cache(maxsize=32)
-def _forward(graphdef, sites: tuple[str, ...]):
-  """jit(state, tokens_BT, valid_BT, interventions) -> (logits_BTV, Intermediates)."""
+def forward(graphdef, sites: tuple[str, ...], output: str = "logits", picks: tuple | None = None):
+  """jit(state, tokens_BT, valid_BT, interventions) -> (logits_BTV, Intermediates), one program per padded
+  shape. output: 'logits' or 'hidden' (the final hidden state: no unembedding, for a caller that reads only
+  the sites). picks: ((capture name, layer or None), ...) to return those arrays instead of the
+  Intermediates, one layer cut inside the program (so only it leaves the device)."""
 
   @mesh_lib.jit
-  def forward(state, tokens_BT, valid_BT, interventions):
-    key = (sites, tokens_BT.shape)
+  def program(state, tokens_BT, valid_BT, interventions):
+    key = (sites, tokens_BT.shape) + (() if (output, picks) == ("logits", None) else (output, picks))
     TRACES[key] = TRACES.get(key, 0) + 1  # runs only while tracing
     net = nnx.merge(graphdef, state)
-    return net(tokens_BT, valid_BT=valid_BT, interventions=interventions, capture=sites)
+    out, inter = net(tokens_BT, valid_BT=valid_BT, interventions=interventions, capture=sites, output=output)
+    if picks is None:
+      return out, inter
+    return out, tuple(_site_of(inter, name) if layer is None else _site_of(inter, name)[layer] for name, layer in picks)
 
-  return forward
+  return program
+
+
+def _site_of(inter, name: str):
+  return inter.embeddings_BTD if name == "embeddings" else inter.site(name)
+
+
+def token_axes(name: str, layered: bool = True) -> tuple[int, ...]:
+  """The token axes (T, and S of an attention map) of capture name `name`'s array: [L, B, ...] as the
+  Intermediates hold it (`layered`), else one layer's [B, ...]."""
+  axes = {"embeddings": "BTD", "ln_final_scale": "BT"}.get(name) or model_lib.SITES[name]
+  shift = int(layered and name in model_lib.SITES)
+  return tuple(i + shift for i, letter in enumerate(axes) if letter in "TS")
 
 
 def run_capture(net, tokens_BT, valid_BT, sites, interventions=None) -> Cache:
-  """The jitted forward on padded token rows; `valid_BT` marks the real tokens."""
+  """The jitted forward on right-padded token rows (`valid_BT` marks the real tokens), padded further to
+  the bucket length of T (one program per bucket) and cut back to T: numpy arrays, as if run at T."""
+  from headspec.alignment import bucket_length
+
+  tokens_BT, valid_BT = np.asarray(tokens_BT, np.int32), np.asarray(valid_BT, bool)
+  B, T = tokens_BT.shape
+  P = max(T, bucket_length(T, net.cfg.max_len))
+  pad = ((0, 0), (0, P - T))
   graphdef, state = nnx.split(net)
-  tokens_BT, valid_BT = jnp.asarray(tokens_BT, jnp.int32), jnp.asarray(valid_BT, bool)
-  logits_BTV, inter = _forward(graphdef, sites)(state, tokens_BT, valid_BT, interventions)
-  acts = {name: inter.site(name) if name != "embeddings" else inter.embeddings_BTD for name in sites}
-  return Cache(net, np.asarray(tokens_BT), np.asarray(valid_BT), logits_BTV, acts)
+  captured = tuple(name for name in sites if name not in EMBED_PARTS)  # the embedding parts: from the weights
+  run = forward(graphdef, captured)
+  logits_BPV, inter = run(state, np.pad(tokens_BT, pad), np.pad(valid_BT, pad), interventions)
+  logits_BPV, padded = jax.device_get((logits_BPV, {name: _site_of(inter, name) for name in captured}))
+  acts = {}
+  for name in sites:
+    if name in EMBED_PARTS:
+      acts[name] = embed_part(net, tokens_BT, name, "capture")
+      continue
+    value = padded[name]
+    cut = [slice(None)] * value.ndim
+    for axis in token_axes(name):
+      cut[axis] = slice(0, T)
+    acts[name] = np.asarray(value[tuple(cut)])
+  return Cache(net, tokens_BT, valid_BT, np.asarray(logits_BPV[:, :T]), acts)
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
@@ -123,14 +219,16 @@ class Cache:
 
   tokens_BT (int32, right-padded with the tokenizer's pad id), valid_BT (True at real tokens),
   last_B (each row's last real token), logits_BTV (float32). `cache[site]` is [L, B, ...] as the site's
-  axes in docs/patching.md ('embeddings': [B, T, D]); `cache[site, layer]` one layer; TransformerLens's
-  names work too (`cache["blocks.0.attn.hook_z"]`). Arrays are jax arrays (np.asarray copies to numpy).
+  axes in docs/patching.md ('embeddings', 'embed', 'pos_embed': [B, T, D], the last two computed when read
+  if not captured); `cache[site, layer]` one layer; TransformerLens's names work too
+  (`cache["blocks.0.attn.hook_z"]`, `cache["hook_embed"]`). Arrays are numpy arrays on the host, T long (the
+  program's bucket padding cut off).
   """
 
   model: object = dataclasses.field(repr=False)
   tokens_BT: np.ndarray
   valid_BT: np.ndarray
-  logits_BTV: jax.Array = dataclasses.field(repr=False)
+  logits_BTV: np.ndarray = dataclasses.field(repr=False)
   activations: dict = dataclasses.field(repr=False)
 
   def __repr__(self) -> str:
@@ -158,13 +256,17 @@ class Cache:
       key, layer = key
     if not isinstance(key, str):
       raise UserError(f"cache[{key!r}]: a site's name (str), e.g. cache['z'] or cache['z', 0]")
+    given = key
     match = _TL_NAME.fullmatch(key)
     if match and layer is None:
       layer, key = int(match.group(1)), match.group(2)
-    site = {"hook_embed": "embeddings"}.get(key, TL_HOOKS.get(key, key))
-    if site in model_lib.DEPRECATED_CAPTURE:
-      (site,) = model_lib.capture_names((site,))
-    value = self._site(site, f"cache[{key!r}]")
+    site = _capture_name(key)
+    if site not in NAMES or (match and site not in model_lib.SITES):
+      raise unknown_site(given, f"cache[{given!r}]")
+    if site in EMBED_PARTS and site not in self.activations:  # the weights and tokens give it: no capture needed
+      value = embed_part(self.model, self.tokens_BT, site, f"cache[{given!r}]")
+    else:
+      value = self._site(site, f"cache[{key!r}]")
     if layer is None:
       return value
     L = self.cfg.num_layers
@@ -174,7 +276,7 @@ class Cache:
       raise UserError(f"cache[{key!r}, {layer}]: layer out of range 0..{L - 1}")
     return value[layer]
 
-  def _site(self, site: str, what: str) -> jax.Array:
+  def _site(self, site: str, what: str) -> np.ndarray:
     if site not in self.activations:
       known = ", ".join(self.activations)
       raise UserError(f"{what}: site {site!r} was not captured (captured: {known}); capture it: sites=[..., {site!r}]")
@@ -228,9 +330,10 @@ class Cache:
     self, layer=None, *, mode: str = "all", apply_ln: bool = False, incl_embeds: bool = True, return_labels=False
   ):
     """The residual stream entering block `layer` (default: the final stream) as the sum of its pieces:
-    'embed' (block 0's input), then per block below `layer` 'l_attn_out' and 'l_mlp_out' (mode 'all'; 'attn'
-    or 'mlp' keeps one kind): [C, B, T, D] (TransformerLens's decompose_resid; its 'embed' and 'pos_embed'
-    are one 'embed' here). With mode='all' and the embeddings the pieces sum to `accumulated_resid`'s
+    'embed' (block 0's input, token and position embeddings together: `cache["embeddings"]`, where
+    `cache["embed"]` is the token embedding alone), then per block below `layer` 'l_attn_out' and 'l_mlp_out'
+    (mode 'all'; 'attn' or 'mlp' keeps one kind): [C, B, T, D] (TransformerLens's decompose_resid; its
+    'embed' and 'pos_embed' are one 'embed' here). With mode='all' and the embeddings the pieces sum to `accumulated_resid`'s
     entry for `layer` (exactly, up to float rounding; a post-LN model has no such sum and is refused)."""
     self._additive("decompose_resid")
     layer = self._layer_arg(layer, "decompose_resid")

@@ -25,8 +25,8 @@ import orbax.checkpoint as ocp
 from etils import epath
 from orbax.checkpoint import checkpoint_managers
 
+from headspec import library_logs, remote
 from headspec import mesh as mesh_lib
-from headspec import remote
 from headspec.errors import UserError
 
 # Written when orbax commits a step: locally _CHECKPOINT_METADATA (inside the folder renamed into
@@ -90,13 +90,14 @@ def manager(
       checkpoint_managers.CustomSteps(list(keep_steps)),
     ]
   )
-  options = ocp.CheckpointManagerOptions(
-    preservation_policy=policy,
-    create=not read_only,
-    read_only=read_only,
-    step_name_format=_CommittedSteps(),
-  )
-  return ocp.CheckpointManager(checkpoint_dir(workdir), options=options, item_names=("state", "data"))
+  with library_logs.quiet():  # orbax's two warnings on opening read-only, as loading does on purpose
+    options = ocp.CheckpointManagerOptions(
+      preservation_policy=policy,
+      create=not read_only,
+      read_only=read_only,
+      step_name_format=_CommittedSteps(),
+    )
+    return ocp.CheckpointManager(checkpoint_dir(workdir), options=options, item_names=("state", "data"))
 
 
 def save(mngr: ocp.CheckpointManager, step: int, state, data_state: dict | None) -> None:

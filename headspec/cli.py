@@ -24,7 +24,7 @@ import sys
 from absl import flags, logging
 from ml_collections import config_flags
 
-from headspec import commands
+from headspec import commands, library_logs
 from headspec.commands import COMMANDS
 from headspec.errors import UserError
 
@@ -233,12 +233,16 @@ def version() -> str:
 
 
 def command_help(command: str) -> str:
-  """`headspec COMMAND --help`: its line of USAGE, and for a command with a config its keys, defaults
-  and meanings."""
+  """`headspec COMMAND --help`: its line of USAGE, then for a command with a config its keys, defaults and
+  meanings, for one without its flags (COMMANDS' `flags`) and their meanings."""
   entry = COMMANDS[command]
   synopsis, meaning = entry.usage[0]
   if not entry.needs_config:
-    return "usage: headspec " + next(line.strip() for line in USAGE.splitlines() if line.strip().startswith(synopsis))
+    flags_ = [*entry.flags, ("--verbose", FLAGS[_VERBOSE.name].help)]
+    width = max(len(flag) for flag, _ in flags_) + 2
+    return "\n".join(
+      [f"usage: headspec {synopsis}", meaning, "flags:", *(f"  {flag:<{width}}{text}" for flag, text in flags_)]
+    )
   from headspec import config_help
 
   return config_help.help_text(command, entry.defaults, meaning)
@@ -385,15 +389,7 @@ def _drop_library_chatter(record) -> bool:
     return False
   if record.exc_info and f"{os.sep}orbax{os.sep}" in os.path.abspath(record.pathname):
     return False
-  message = str(record.msg)
-  return not message.startswith(
-    (
-      "Using custom data configuration",
-      "Variant folder",
-      "CheckpointManagerOptions.read_only=True",
-      "Given directory is read only",
-    )
-  )
+  return not library_logs.is_note(record)
 
 
 def run() -> None:

@@ -27,6 +27,7 @@ class Command:
   own_help: `COMMAND --help` is passed on to the command (its own help), not the config keys' listing.
   own_parser: takes the whole command line after its name, before any flag of ours is parsed (its own
     parser: run is a function of that list returning the exit status); it must come first.
+  flags: a command without a config: its flags, (flag, meaning), which `COMMAND --help` lists.
   """
 
   usage: tuple[tuple[str, str], ...]
@@ -35,6 +36,7 @@ class Command:
   defaults: str | None = None
   own_help: bool = False
   own_parser: bool = False
+  flags: tuple[tuple[str, str], ...] = ()
 
   @property
   def needs_config(self) -> bool:
@@ -153,7 +155,14 @@ def data(config, workdir, args) -> None:
     (download if args[1] == "ud" else text_download).parser().print_help()
     return
   if wants_help:
-    print(usage)
+    from headspec.data import download, synthetic, text_download
+
+    forms = (
+      ("download ud TREEBANK", download.parser()),
+      ("download text CORPUS", text_download.parser()),
+      ("synthetic --out=DIR", synthetic.parser()),
+    )
+    print("\n\n".join([usage, *(_flag_lines(form, parser) for form, parser in forms)]))
     return
   if len(args) < 3 or args[0] != "download" or args[1] not in ("ud", "text"):
     raise UserError(usage)
@@ -171,6 +180,20 @@ def data(config, workdir, args) -> None:
 
   for path in main_download(args[2:], data_dir):
     print(path)
+
+
+def _flag_lines(form: str, parser) -> str:
+  """`headspec data --help`'s block for one form: its flags and their meanings, read from its own parser."""
+  rows = []
+  for action in parser._actions:
+    if not action.option_strings or "--help" in action.option_strings:
+      continue
+    flag = action.option_strings[-1] + ("" if action.nargs == 0 else f"={action.metavar or action.dest.upper()}")
+    shown = action.default is not None and action.default is not False and action.default != ""
+    rows.append((flag, action.help or (f"default {action.default}" if shown else "")))
+  width = max(len(flag) for flag, _ in rows) + 2
+  lines = [f"headspec data {form}: {parser.description or ''}".rstrip()]
+  return "\n".join(lines + [f"  {flag:<{width}}{text}".rstrip() for flag, text in rows])
 
 
 def launch(args: list[str]) -> int:
@@ -195,6 +218,10 @@ COMMANDS: dict[str, Command] = {
       ),
     ),
     "headspec.commands:quickstart",
+    flags=(
+      ("--workdir=DIR", "where the synthetic data and the runs decoder/ and encoder/ go (default runs/quickstart)"),
+      ("--config.train.steps=N", "training steps of each run (default 300; fewer: faster, rougher results)"),
+    ),
   ),
   "train": Command(
     (("train", "train a model (--config=base_decoder, base_encoder, quickstart:decoder)"),),
@@ -222,6 +249,10 @@ COMMANDS: dict[str, Command] = {
   "atlas": Command(
     (("atlas [--compare=RUN_B]", "RUN/atlas.html: every head's numbers on one offline page (no --config)"),),
     "headspec.commands:atlas",
+    flags=(
+      ("--workdir=RUN", "the run directory whose results tables the page shows; atlas.html is written into it"),
+      ("--compare=RUN_B", "another run directory shown side by side with RUN (repeat the flag for more)"),
+    ),
   ),
   "attention": Command(
     (("attention", "Clark et al. syntax from attention, head roles, pictures"),),
@@ -250,6 +281,12 @@ COMMANDS: dict[str, Command] = {
   "study": Command(
     (("study --workdir=ROOT", "an experiment's tables and figures across runs (ROOT/study/; no --config)"),),
     "headspec.commands:study",
+    flags=(
+      (
+        "--workdir=ROOT",
+        "the experiment folder (headspec launch ... --experiment=NAME): its runs are read, ROOT/study/ written",
+      ),
+    ),
   ),
   "launch": Command(
     (

@@ -16,7 +16,7 @@ def data_dir_default() -> str:
 def train_config() -> ml_collections.ConfigDict:
   c = ml_collections.ConfigDict()
   c.mesh = ""  # data=N,fsdp=N,tensor=N (docs/scale.md); '': training data-parallel, analyses on one device
-  c.seed = 0
+  c.seed = 0  # the initial parameters, the tokenizer sample, the batches' order, dropout and masking
   c.data_dir = data_dir_default()  # holds text/<corpus>/ and ud/<treebank>/
   c.parallelism = "jit"  # 'jit' (NamedSharding mesh over all devices) | 'pmap'
   c.multihost = False  # call jax.distributed.initialize() (TPU pods, SLURM)
@@ -31,21 +31,21 @@ def train_config() -> ml_collections.ConfigDict:
   # repeated random sequences of the corpus' own ids, each row seq_len / repeat_chunk of them (0: one).
   # Evaluation rows stay the corpus' text.
   c.data.repeat_rows = 0.0
-  c.data.repeat_chunk = 0
+  c.data.repeat_chunk = 0  # a repeat row's chunk length (BOS, a sequence twice): divides seq_len, >= 11; 0 = seq_len
 
   c.model = ml_collections.ConfigDict()
   c.model.kind = "decoder"  # 'encoder' (masked LM) | 'decoder' (causal LM)
-  c.model.num_layers = 6
-  c.model.num_heads = 8
-  c.model.d_model = 256
+  c.model.num_layers = 6  # transformer blocks (L)
+  c.model.num_heads = 8  # attention heads per block (H)
+  c.model.d_model = 256  # width of the residual stream (D)
   c.model.d_head = 32  # may differ from d_model / num_heads
-  c.model.d_ff = 1024
+  c.model.d_ff = 1024  # hidden width of each MLP (F)
   c.model.mlp = True  # False: attention-only decoder/encoder (no MLP sublayers; d_ff is then ignored)
-  c.model.dropout = 0.1
-  c.model.attention_dropout = 0.1
-  c.model.pre_layernorm = True
+  c.model.dropout = 0.1  # dropout on the embeddings and each sublayer's output while training; 0 = none
+  c.model.attention_dropout = 0.1  # dropout on the attention probabilities while training; 0 = none
+  c.model.pre_layernorm = True  # norm before each sublayer (GPT-2); False: after the residual add (BERT)
   c.model.positions = "learned"  # 'learned' | 'sinusoidal'
-  c.model.tie_embeddings = True
+  c.model.tie_embeddings = True  # the unembedding is the token embedding transposed; False: its own matrix
   c.model.activation = "gelu_tanh"  # 'gelu_exact' | 'gelu_tanh' | 'relu' | 'silu'
   c.model.dtype = "float32"  # compute dtype: 'float32' | 'bfloat16'
   # Modern-decoder options (docs/pretrained.md, configs/base_llama.py), each a ModelConfig field; these
@@ -62,9 +62,9 @@ def train_config() -> ml_collections.ConfigDict:
   c.model.rope_theta = 10000.0  # positions='rotary': base of the rotation frequencies
   c.model.rotary_fraction = 1.0  # the leading fraction of each head's features that rotate (GPT-NeoX rotary_pct)
   c.model.rope_scaling = "none"  # 'none' | 'linear' | 'llama3' (Llama-3.1's frequency-dependent scaling)
-  c.model.rope_factor = 1.0  # rope_scaling's factor
-  c.model.rope_low_freq_factor = 1.0  # rope_scaling='llama3' only
-  c.model.rope_high_freq_factor = 4.0  # rope_scaling='llama3' only
+  c.model.rope_factor = 1.0  # rope_scaling's factor: frequencies divided by it ('linear': all; 'llama3': the low ones)
+  c.model.rope_low_freq_factor = 1.0  # 'llama3' only: wavelengths above rope_original_max_len / this are scaled
+  c.model.rope_high_freq_factor = 4.0  # 'llama3' only: wavelengths below rope_original_max_len / this are kept
   c.model.rope_original_max_len = 0  # rope_scaling='llama3' only: the context the frequencies were trained for
   c.model.attention_scale = 0.0  # the attention logits' scale; 0 = d_head ** -0.5
   c.model.attention_softcap = 0.0  # cap * tanh(logits / cap) on attention logits; 0 = none (Gemma-2)
@@ -75,20 +75,20 @@ def train_config() -> ml_collections.ConfigDict:
   c.model.pretrained = ""  # 'minilm' or a Hugging Face-format directory; '' trains from scratch
 
   c.train = ml_collections.ConfigDict()
-  c.train.steps = 10000
+  c.train.steps = 10000  # optimizer steps in all (a resumed run continues up to it)
   c.train.batch_size = 64  # global, over all devices and hosts
-  c.train.seq_len = 128
-  c.train.learning_rate = 5e-4
-  c.train.warmup_steps = 500
-  c.train.weight_decay = 0.01
-  c.train.grad_clip = 1.0
-  c.train.mlm_probability = 0.15  # encoder only
-  c.train.log_every = 50
-  c.train.eval_every = 500  # 0: never
-  c.train.eval_batches = 20
+  c.train.seq_len = 128  # tokens per training row
+  c.train.learning_rate = 5e-4  # AdamW's peak rate, after warmup; cosine decay to 10% of it at train.steps
+  c.train.warmup_steps = 500  # linear warmup from 0 to learning_rate over these first steps
+  c.train.weight_decay = 0.01  # AdamW's decoupled weight decay, on matrices only (not biases or norms)
+  c.train.grad_clip = 1.0  # gradients clipped to this global L2 norm (> 0)
+  c.train.mlm_probability = 0.15  # encoder only: the fraction of tokens masked for the masked-LM loss (BERT's 15%)
+  c.train.log_every = 50  # a metrics.jsonl record (loss, perplexity, learning rate, ...) every N steps
+  c.train.eval_every = 500  # validation loss and perplexity every N steps (and at the last); 0: never
+  c.train.eval_batches = 20  # validation batches (of batch_size rows) per evaluation
   c.train.diversity_every = 0  # 0: off; else head-diversity metrics on a held-out batch every N steps
-  c.train.checkpoint_every = 1000
-  c.train.keep_last = 3
+  c.train.checkpoint_every = 1000  # an Orbax checkpoint every N steps (and at the last step)
+  c.train.keep_last = 3  # the newest checkpoints kept (>= 1); older ones are deleted unless in keep_steps
   c.train.keep_steps = ()  # steps always kept, for studies over training
   c.train.regularizers = ml_collections.ConfigDict()
   c.train.regularizers.subspace = 0.0  # disagreement on value vectors (Li et al. 2018)

@@ -5,8 +5,9 @@ with a key-value cache (headspec/model.py `KVCache`: the prompt's keys and value
 runs the one new token against them) or without (`use_cache=False`: every step reruns the full forward over a
 fixed-size buffer, the reference the cache is checked against). Both go through the model's own forward, so
 `interventions` (any site's `Edit` or `Apply`, docs/patching.md) act at every position of the prompt and of the
-generated tokens. Greedy output equals `transformers`' `generate(do_sample=False)` token for token on every
-decoder family headspec imports (tests/test_generate.py).
+generated tokens. A text prompt gives text back (the new tokens decoded), token ids give token ids. Greedy
+output equals `transformers`' `generate(do_sample=False)` token for token on every decoder family headspec
+imports (tests/test_generate.py).
 """
 
 from __future__ import annotations
@@ -43,16 +44,16 @@ def _is_ids(row) -> bool:
   return isinstance(row, list | tuple | np.ndarray) and all(isinstance(t, int | np.integer) for t in row)
 
 
-def _rows(prompt, tokenizer, V: int) -> tuple[list[list[int]], bool]:
-  """(token rows, whether one prompt was given): a text (tokenized with the BOS the tokenizer adds), a list
-  of token ids, or a list of either."""
+def _rows(prompt, tokenizer, V: int) -> tuple[list[list[int]], bool, list[bool]]:
+  """(token rows, whether one prompt was given, whether each row was given as a text): a text (tokenized with
+  the BOS the tokenizer adds), a list of token ids, or a list of either."""
   if isinstance(prompt, np.ndarray) and prompt.ndim == 2:
     prompt = [list(row) for row in prompt]
   single = isinstance(prompt, str) or _is_ids(prompt)
   prompts = [prompt] if single else prompt
   if not isinstance(prompts, list | tuple) or not prompts:
     raise UserError(f"generate: prompt is a {type(prompt).__name__}; give a text, token ids or a list of either")
-  rows = []
+  rows, texts = [], []
   for i, one in enumerate(prompts):
     where = "prompt" if single else f"prompt[{i}]"
     if isinstance(one, str):
@@ -70,7 +71,8 @@ def _rows(prompt, tokenizer, V: int) -> tuple[list[list[int]], bool]:
     if not row:
       raise UserError(f"generate: {where} is empty")
     rows.append(row)
-  return rows, single
+    texts.append(isinstance(one, str))
+  return rows, single, texts
 
 
 def _check_edits(cfg, interventions, B: int, S: int) -> dict:
@@ -144,7 +146,9 @@ def generate(
   eos_id: int | None = None,
   seed: int = 0,
 ):
-  """The new tokens after `prompt`, as token ids: a list of ints for one prompt, a list of lists for several.
+  """What follows `prompt`, in the prompt's own kind: for a text the new text (`tokenizer.decode` of the new
+  tokens, special tokens dropped), for token ids the new ids (a list of ints); for a list of prompts a list,
+  each entry as its prompt (texts give texts, id lists give id lists).
 
   model: `headspec.load(...)` (text prompts need its tokenizer), a (Transformer, tokenizer) pair or a decoder
   Transformer. prompt: a text (tokenized as the tokenizer does, with its BOS if it adds one), a list of token
@@ -155,14 +159,15 @@ def generate(
   prompt's, then one token's with the cache, so a function that mixes positions sees only those).
   use_cache: True decodes with a KVCache (a prefill, then one jitted step per token); False reruns the whole
   forward each step (same tokens, slower). eos_id: a row stops after emitting it (that token included);
-  None generates max_new_tokens for every row. Decode the ids with the tokenizer (`tokenizer.decode`).
+  None generates max_new_tokens for every row. For a text prompt's new token ids, give its ids
+  (`headspec.to_tokens(model, text)[0]`).
   """
   model, tokenizer = _model_and_tokenizer(model)
   cfg = model.cfg
   if cfg.kind != "decoder":
     raise UserError("generate: the model is an encoder (masked LM); generation needs a decoder")
   _check_sampling(cfg, temperature, top_k, eos_id)  # max_new_tokens and seed: the API check above
-  rows, single = _rows(prompt, tokenizer, cfg.vocab_size)
+  rows, single, texts = _rows(prompt, tokenizer, cfg.vocab_size)
   B, P = len(rows), max(map(len, rows))
   if P + max_new_tokens > cfg.max_len:
     raise UserError(
@@ -171,7 +176,8 @@ def generate(
   S = min(cfg.max_len, -(-(P + int(max_new_tokens)) // SLOTS) * SLOTS)  # slots in buckets: fewer compiles
   edits = _check_edits(cfg, interventions, B, S)
   if not max_new_tokens:
-    return [] if single else [[] for _ in rows]
+    empty = ["" if text else [] for text in texts]
+    return empty[0] if single else empty
 
   pad_B = np.asarray([P - len(row) for row in rows], np.int32)
   tokens_BS = np.zeros((B, S), np.int32)
@@ -225,5 +231,5 @@ def generate(
     new = [int(t) for t in out_BN[b]]
     if eos_id is not None and eos_id in new:
       new = new[: new.index(eos_id) + 1]
-    result.append(new)
+    result.append(tokenizer.decode(new) if texts[b] else new)
   return result[0] if single else result

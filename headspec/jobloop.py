@@ -8,11 +8,13 @@ An analysis describes itself as an `Analysis` (its run.py) and `run` calls its p
   job       per (model, step): {table: rows}, merged into the tables right after that job (so an
             interrupted run keeps the jobs that finished); then `merged`: that job's figures
   finish    figures and reports; returns the path `run` returns (the main table or summary)
-A progress bar runs over the jobs (tqdm.auto: a widget in a notebook, a line on stderr in a terminal);
+A progress bar runs over the jobs (tqdm: a text line on stderr, in a terminal and in a notebook alike);
 `progress` makes the bars of stages inside a job. Before a job's first result the bar already shows
 which (model, step) runs and that it is loading and compiling, and its clock keeps moving (`ticking`),
-so a one-step command's bar is not a frozen 0% while XLA compiles. Log lines and printed lines go above
-the bars (`lines_above_bars`: tqdm.contrib.logging.logging_redirect_tqdm), never through them.
+so a one-step command's bar is not a frozen 0% while XLA compiles; once that job is done the note goes, so
+a finished bar never says it is compiling. Log lines and printed lines go above the bars
+(`lines_above_bars`: tqdm.contrib.logging.logging_redirect_tqdm, and `write_above_bars` for stdout, whose
+lines share the terminal with the bars on stderr), never after a bar's fragment.
 Provenance (run_info.json) is the decorator on each analysis's `run` (headspec/provenance.py).
 """
 
@@ -27,7 +29,7 @@ import threading
 from collections.abc import Callable, Sequence
 
 from absl import logging
-from tqdm.auto import tqdm
+from tqdm import tqdm
 from tqdm.contrib import DummyTqdmFile
 from tqdm.contrib.logging import logging_redirect_tqdm
 
@@ -77,10 +79,34 @@ class Analysis:
 
 
 def progress(total: int, desc: str, unit: str = "it", *, initial: int = 0, disable: bool | None = None):
-  """A progress bar (tqdm.auto) of `total` items (`initial` of them done), redrawn at most once a second;
+  """A progress bar (tqdm, on stderr) of `total` items (`initial` of them done), redrawn at most once a second;
   by default shown by the writer of a multi-process command only (`remote.is_writer`)."""
   disable = not remote.is_writer() if disable is None else disable
   return tqdm(total=total, desc=desc, unit=unit, leave=True, mininterval=1.0, initial=initial, disable=disable)
+
+
+def write_above_bars(text: str, file) -> None:
+  """`text` written to `file` (stdout) above the progress bars: every bar on `file` or on stderr is cleared
+  first and redrawn after. tqdm.write clears only the bars of the stream it writes to, so a printed line on
+  stdout landed after the stderr bar's fragment on the same terminal line ("train: 40%|███▌ |step=... loss=...")."""
+  with tqdm.external_write_mode(file=file), tqdm.external_write_mode(file=sys.stderr, nolock=True):
+    file.write(text)
+    file.flush()
+
+
+class _AboveBars(DummyTqdmFile):
+  """stdout while the bars run: whole lines go through `write_above_bars` (a partial line waits for its end)."""
+
+  def write(self, x, nolock=False):
+    pre, sep, post = x.rpartition("\n")
+    if sep:
+      write_above_bars("".join(self._buf) + pre + sep, self._wrapped)
+      self._buf = [post] if post else []
+    else:
+      self._buf.append(x)
+
+  def flush(self):
+    return getattr(self._wrapped, "flush", lambda: None)()
 
 
 @contextlib.contextmanager
@@ -106,7 +132,7 @@ def lines_above_bars():
     with contextlib.ExitStack() as stack:
       if not (absl_handler in saved and to_file):
         stack.enter_context(logging_redirect_tqdm(loggers=[root], tqdm_class=tqdm))
-      stack.enter_context(contextlib.redirect_stdout(DummyTqdmFile(sys.stdout)))
+      stack.enter_context(contextlib.redirect_stdout(_AboveBars(sys.stdout)))
       yield
   finally:
     root.handlers = saved
@@ -163,5 +189,6 @@ def run(analysis: Analysis):
         merge(analysis.workdir, table, rows)
       if writer:
         analysis.merged(job)
+      bar.set_postfix_str(f"{job.name} step {job.step}", refresh=False)  # done: compiled, loaded
       bar.update(1)
   return analysis.finish(jobs) if writer else None

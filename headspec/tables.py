@@ -288,6 +288,24 @@ SAE_LABELS = _sae_table(
   "fraction",
   "count,fraction",
 )
+# Per feature, for the atlas's feature pages (headspec/sae/feature_data.py): the histogram of its nonzero
+# activations on the evaluation tokens (non-empty bins only), its decoder direction's share a_fh in each head,
+# and its direct-path logit effect (the most promoted and suppressed tokens).
+SAE_HISTOGRAMS = _sae_table(
+  "sae/histograms.csv",
+  _SAE + "feature,bin,low,high,count",
+  "step,layer,feature,bin,count",
+  "low,high",
+  "low,high,count",
+)
+SAE_SHARES = _sae_table("sae/shares.csv", _SAE + "feature,head,share", "step,layer,feature,head", "share", "share")
+SAE_LOGITS = _sae_table(
+  "sae/logits.csv",
+  _SAE + "feature,direction,rank,token_id,token,value",
+  "step,layer,feature,rank,token_id",
+  "value",
+  "token_id,token,value",
+)
 
 
 def _study_table(name: str, identifying: str, values: str) -> Table:
@@ -381,6 +399,9 @@ TABLES: dict[str, Table] = {
     SAE_HEADS,
     SAE_CONTEXTS,
     SAE_LABELS,
+    SAE_HISTOGRAMS,
+    SAE_SHARES,
+    SAE_LOGITS,
     *STUDY.values(),
   )
 }

@@ -69,8 +69,11 @@ class MetricsWriter:
       self._jsonl.append(line.encode())
     self._tb.add_scalars({k: v for k, v in record.items() if k != "step"}, record["step"])
     shown = {k: v for k, v in record.items() if not k.startswith("diversity/")}
-    if len(shown) > 1:  # a progress line on stdout
-      print(" ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in shown.items()), flush=True)
+    if len(shown) > 1:  # a progress line on stdout, above the progress bar (tqdm.write clears it first)
+      from tqdm import tqdm
+
+      tqdm.write(" ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in shown.items()))
+      sys.stdout.flush()
     if self.remote and time.monotonic() - self._uploaded_at >= self.upload_every:
       self.flush()
 

@@ -71,9 +71,11 @@ def _heads(heads, H: int, what: str) -> list[int]:
 )
 def plot_attention(pattern, tokens=None, *, layer: int = 0, heads=None, batch: int = 0, max_tokens: int = 40):
   """A matplotlib Figure: one panel per head of `heads` (default all) with its query × key weights over
-  the first `max_tokens` tokens, token texts on both axes; colour 0 (white) to each panel's max."""
-  import matplotlib.pyplot as plt
+  the first `max_tokens` tokens, token texts on both axes; colour 0 (white) to each panel's max. Made
+  outside pyplot (headspec/figures.py): shown once as a cell's value, and `.savefig(path)` writes it."""
+  import matplotlib
 
+  from headspec import figures
   from headspec.attention.pictures import PLAIN_TEXT
 
   what = "plot_attention"
@@ -86,8 +88,8 @@ def plot_attention(pattern, tokens=None, *, layer: int = 0, heads=None, batch: i
   cols = min(len(chosen), 4)
   rows = -(-len(chosen) // cols)
   side = max(2.5, 0.16 * n + 1.2)
-  with plt.rc_context(PLAIN_TEXT):
-    fig, axes = plt.subplots(rows, cols, figsize=(side * cols, side * rows), squeeze=False)
+  with matplotlib.rc_context(PLAIN_TEXT):
+    fig, axes = figures.new_figure(rows, cols, figsize=(side * cols, side * rows), squeeze=False)
     for ax in axes.ravel()[len(chosen) :]:
       ax.set_axis_off()
     for ax, h in zip(axes.ravel(), chosen, strict=False):

@@ -210,3 +210,42 @@ def pytest_collection_modifyitems(config, items):
   sharing = [item.module for item in items if "attention_only_decoder" in getattr(item, "fixturenames", ())]
   readers = set(sharing) - set(sharing[:1])
   items.sort(key=lambda item: (item.module not in slow_modules, item.module in readers))
+
+
+# The compile record: with HEADSPEC_COMPILE_RECORD=FILE set, each pytest worker appends one JSON line per test
+# to FILE.<worker> — the XLA programs that test compiled in the worker's process and their compile seconds
+# (jax's backend-compile event; commands a test starts as subprocesses are not counted). A count of programs
+# does not depend on the machine's load, so it is what the suite's speed work is judged by;
+# `python -m benchmarks.slowest_tests --compiles=FILE` sums it (docs/testing.md).
+_COMPILES = {"programs": 0, "seconds": 0.0}
+
+
+def _count_compile(event: str, seconds: float, **_) -> None:
+  if event == "/jax/core/compile/backend_compile_duration":
+    _COMPILES["programs"] += 1
+    _COMPILES["seconds"] += seconds
+
+
+def pytest_configure(config):
+  if os.environ.get("HEADSPEC_COMPILE_RECORD"):
+    from jax import monitoring
+
+    monitoring.register_event_duration_secs_listener(_count_compile)
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_protocol(item, nextitem):
+  record = os.environ.get("HEADSPEC_COMPILE_RECORD")
+  before = dict(_COMPILES)
+  yield
+  if record:
+    import json
+
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "main")
+    line = {
+      "test": item.nodeid,
+      "programs": _COMPILES["programs"] - before["programs"],
+      "seconds": round(_COMPILES["seconds"] - before["seconds"], 3),
+    }
+    with open(f"{record}.{worker}", "a") as f:
+      f.write(json.dumps(line) + "\n")

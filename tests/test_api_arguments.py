@@ -40,6 +40,7 @@ def calls(run_dir, synthetic_data_dir):
     "to_str_tokens": (headspec.to_str_tokens, dict(model=loaded, text="the dog")),
     "to_single_token": (headspec.to_single_token, dict(model=loaded, text="the")),
     "capture": (headspec.capture, dict(model=loaded, tokens_or_text="the dog")),
+    "activations": (headspec.activations, dict(model=loaded, inputs="the dog", sites=["z"], progress=False)),
     "generate": (headspec.generate, dict(model=loaded, prompt="the dog", max_new_tokens=2)),
     "plot_attention": (headspec.plot_attention, dict(pattern=np.full((2, 3, 3), 1 / 3), tokens=["a", "b", "c"])),
     "attention_view": (headspec.attention_view, dict(pattern=np.full((2, 3, 3), 1 / 3), tokens=["a", "b", "c"])),
@@ -56,6 +57,7 @@ def calls(run_dir, synthetic_data_dir):
     "build_atlas": (headspec.build_atlas, dict(workdir=run_dir)),
     "fit_sae": (headspec.fit_sae, dict(x_NK=np.ones((8, 4), np.float32), features=8, k=2, steps=1, progress=False)),
     "sae_head_fractions": (headspec.sae_head_fractions, dict(sae=_SAE(), heads=2)),
+    "load_sae": (headspec.load_sae, dict(path=run_dir)),
   }
 
 
@@ -93,6 +95,18 @@ WRONG = [
   ("capture", "prepend_bos", "no"),
   ("capture", "head_mask", "all"),
   ("capture", "tokenizer", "gpt2"),
+  ("activations", "model", None),
+  ("activations", "inputs", None),
+  ("activations", "inputs", 3),
+  ("activations", "inputs", []),
+  ("activations", "inputs", [SURROGATE]),
+  ("activations", "sites", 3),
+  ("activations", "sites", None),
+  ("activations", "to", 3),
+  ("activations", "context", "16"),
+  ("activations", "batch_tokens", 0),
+  ("activations", "prepend_bos", "no"),
+  ("activations", "progress", 1),
   ("run", "model", None),
   ("run", "model", "minilm"),
   ("run", "sentences", None),
@@ -214,6 +228,10 @@ WRONG = [
   ("sae_head_fractions", "sae", None),
   ("sae_head_fractions", "sae", np.ones((8, 4))),
   ("sae_head_fractions", "heads", "2"),
+  ("load_sae", "path", None),
+  ("load_sae", "path", 3),
+  ("load_sae", "norm_scaling_factor", "2"),
+  ("load_sae", "norm_scaling_factor", -1.0),
 ]
 
 

@@ -45,27 +45,50 @@ def test_values_equal_the_eager_model(net):
     np.testing.assert_allclose(cache[site], eager, atol=1e-5, rtol=1e-5, err_msg=site)
   np.testing.assert_array_equal(cache["blocks.1.attn.hook_z"], cache["z"][1])  # TransformerLens's names
   np.testing.assert_array_equal(cache["q", 2], cache["q"][2])
-  np.testing.assert_array_equal(cache["hook_embed"], cache["embeddings"])
+  np.testing.assert_allclose(cache["hook_embed"] + cache["hook_pos_embed"], cache["embeddings"], atol=1e-6)
   heads_in = headspec.capture(net, TOKENS_BT, sites=["q_in", "v"])
   assert heads_in.keys() == ["q_in", "v"] and heads_in["q_in"].shape == (3, 2, 9, 4, 32)
   np.testing.assert_allclose(heads_in["v"], cache["v"], atol=1e-6)
 
 
-def test_compiles_once_per_shape_and_site_set(net):
+def test_compiles_once_per_bucket_and_site_set(net):
+  """Rows are right-padded to the next power of two of their length (at least 16), masked, and cut back:
+  lengths 5 and 7 share one program, 20 compiles the 32 bucket once; the arrays keep the rows' length."""
   sites = ("z", "resid_post")
   tokens = TOKENS_BT[:, :7]
   count = lambda shape, s=sites: cache_lib.TRACES.get((s, shape), 0)
-  before = count((2, 7))
-  headspec.capture(net, tokens, sites=list(sites))
+  before = count((2, 16))
+  first = headspec.capture(net, tokens, sites=list(sites))
   headspec.capture(net, tokens + 1, sites=["resid_post", "z"])  # other values, the same site set
   other = _scaled(model_lib.random_like(CFG, 1))  # other weights, the same structure
   headspec.capture(other, tokens, sites=list(sites))
-  assert count((2, 7)) - before == 1
-  headspec.capture(net, tokens[:, :5], sites=list(sites))
-  assert count((2, 5)) == 1 and count((2, 7)) - before == 1  # a new shape compiles once more
+  short = headspec.capture(net, tokens[:, :5], sites=list(sites))  # another length, the same bucket
+  assert count((2, 16)) - before == 1
+  assert first["z"].shape == (3, 2, 7, 4, 8) and short["resid_post"].shape == (3, 2, 5, 32)
+  assert first.tokens_BT.shape == first.valid_BT.shape == (2, 7) and first.logits_BTV.shape == (2, 7, 97)
+  long = np.random.default_rng(2).integers(0, 97, (2, 20)).astype(np.int32)
+  headspec.capture(net, long, sites=list(sites))
+  headspec.capture(net, long[:, :17], sites=list(sites))
+  assert count((2, 32)) == 1 and count((2, 16)) - before == 1
   a = headspec.capture(net, tokens, sites=list(sites))["z"]
   b = headspec.capture(other, tokens, sites=list(sites))["z"]
   assert np.abs(np.asarray(a) - np.asarray(b)).max() > 1e-3  # the weights are an argument, not constants
+
+
+def test_bucket_padding_is_masked_in_an_encoder():
+  """An encoder attends both ways, so the bucket's padding would change every token if it were not masked:
+  each site cut back equals the eager model run on the unpadded row (pattern's key axis cut too)."""
+  cfg = model_lib.ModelConfig(kind="encoder", vocab_size=50, num_layers=2, num_heads=2, d_model=16, d_head=8,
+                              d_ff=32, max_len=64)  # fmt: skip
+  encoder = _scaled(model_lib.random_like(cfg, 0), 4.0)
+  tokens = np.array([[3, 7, 1, 9, 4]], np.int32)
+  cache = headspec.capture(encoder, tokens)
+  logits, inter = encoder(jnp.asarray(tokens), capture=cache_lib.default_sites())  # eager, 5 tokens, no padding
+  np.testing.assert_allclose(cache.logits_BTV, logits, atol=1e-5, rtol=1e-5)
+  assert cache["pattern"].shape == (2, 1, 2, 5, 5)
+  for site in cache.keys():
+    eager = inter.embeddings_BTD if site == "embeddings" else inter.site(site)
+    np.testing.assert_allclose(cache[site], eager, atol=1e-5, rtol=1e-5, err_msg=site)
 
 
 def test_second_call_is_at_least_ten_times_faster(net):
@@ -223,9 +246,9 @@ def test_a_site_not_captured_is_named(net):
 
 def test_transformer_lens_names_and_layers(net):
   cache = headspec.capture(net, TOKENS_BT, sites=["attn.hook_z", "hook_resid_pre", "hook_embed"])
-  assert cache.keys() == ["embeddings", "resid_pre", "z"]  # TransformerLens's names read as headspec's sites
+  assert cache.keys() == ["embed", "resid_pre", "z"]  # TransformerLens's names read as headspec's sites
   np.testing.assert_array_equal(cache["blocks.2.hook_resid_pre"], cache["resid_pre", -1])
-  with pytest.raises(UserError, match=r"cache\['embeddings', 0\]: 'embeddings' has no layer axis"):
-    cache["embeddings", 0]
+  with pytest.raises(UserError, match=r"cache\['embed', 0\]: 'embed' has no layer axis"):
+    cache["embed", 0]
   with pytest.raises(UserError, match=r"cache\['z', 3\]: layer out of range 0..2"):
     cache["z", 3]

@@ -170,3 +170,34 @@ def test_sae_and_circuit_sections_in_browser(browser, tmp_path):
   assert card.find_elements(By.CSS_SELECTOR, "table.circuit-outgoing tr")[1].text.split()[:2] == ["logits", "logits"]
   _screenshot(browser, tmp_path, "atlas_sae_circuit.png")
   assert browser.get_log("browser") == []
+
+
+def test_sae_feature_page_in_browser(browser, tmp_path):
+  """A head's card links to its features' pages; a feature page loads from disk with no console message and no
+  network request, shows the context's word marked, the histogram, the head shares and the logit effect, and
+  its link back opens the head's card in the atlas (atlas.html#L1H2)."""
+  from selenium.webdriver.common.by import By
+
+  run = write_run(tmp_path / "pages", layers=3, heads=4, probes=False, attention=False, sae=True)
+  _load(browser, build_atlas(run))
+  _check_clean(browser)
+  browser.find_element(By.ID, "cell-0-1-2").click()
+  link = browser.find_element(By.CSS_SELECTOR, "#card table.sae-features a.feature-link")
+  assert link.text == "f3"
+  assert [a.text for a in browser.find_elements(By.CSS_SELECTOR, "#card .sae-more a")] == ["f0"]
+  browser.get_log("browser")
+  browser.get_log("performance")
+  link.click()
+  assert browser.current_url.endswith("atlas_features/pages_step1000_z1_topk-f8-k2/f3.html")
+  _check_clean(browser)
+  assert browser.find_element(By.TAG_NAME, "h1").text == "headspec atlas — pages · feature f3"
+  assert browser.find_element(By.CSS_SELECTOR, "table.contexts mark").text == "rank"  # the word, highlighted
+  assert len(browser.find_elements(By.CSS_SELECTOR, "svg.histogram rect")) == 2
+  assert browser.find_element(By.CSS_SELECTOR, "table.shares").text.split()[2:4] == ["L1H2", "0.950"]
+  promoted = browser.find_element(By.CSS_SELECTOR, "table.logits-promoted")
+  assert "<b>tok</b>" in promoted.text and "Direct path" in browser.find_element(By.TAG_NAME, "body").text
+  _screenshot(browser, tmp_path, "atlas_feature_page.png")
+  browser.find_element(By.CSS_SELECTOR, "a.head-link").click()
+  assert browser.current_url.endswith("atlas.html#L1H2")
+  assert browser.find_element(By.ID, "card-title").text == "pages · layer 1, head 2"
+  assert browser.get_log("browser") == []

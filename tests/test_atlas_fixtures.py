@@ -301,13 +301,16 @@ SAE_FEATURES = {
 
 
 def write_sae(workdir: pathlib.Path, heads: int, steps, layer: int = 1) -> None:
-  """sae/metrics.csv, features.csv, heads.csv, contexts.csv and labels.csv (docs/outputs.md) of one TopK SAE
-  on `layer`'s z at every step (heads ≥ 4): at the last step the features of SAE_FEATURES; at earlier ones
-  every feature is head 0's alone. Each live feature f has four contexts ('ctx f rank r', rank 0 the
-  strongest) and the UPOS profile NOUN 0.5, VERB 0.3, DET 0.2 (counts of 10 words) and deprel nsubj 1.0;
-  heads.csv has every head's counts, S_h = 0.1·(h + 1) + step/10⁴, and another model (`minilm`) at step 0."""
+  """sae/metrics.csv, features.csv, heads.csv, contexts.csv, labels.csv, histograms.csv, shares.csv and logits.csv
+  (docs/outputs.md) of one TopK SAE on `layer`'s z at every step (heads ≥ 4): at the last step the features of
+  SAE_FEATURES; at earlier ones every feature is head 0's alone. Each live feature f has four contexts
+  ('ctx f rank r', rank 0 the strongest) and the UPOS profile NOUN 0.5, VERB 0.3, DET 0.2 (counts of 10 words)
+  and deprel nsubj 1.0; heads.csv has every head's counts, S_h = 0.1·(h + 1) + step/10⁴, and another model
+  (`minilm`) at step 0. Per feature (`feature_tables`): its histogram over eval_tokens = 1000, its head shares,
+  its logit effect."""
   name, last = workdir.name, max(steps)
   metrics, features, head_rows, contexts, labels = [], [], [], [], []
+  per_feature = {tables.SAE_HISTOGRAMS: [], tables.SAE_SHARES: [], tables.SAE_LOGITS: []}
   for model, model_steps in ((name, steps), ("minilm", (0,))):
     for step in model_steps:
       key = dict(model=model, step=step, site="z", layer=layer, sae=SAE_NAME)
@@ -317,9 +320,12 @@ def write_sae(workdir: pathlib.Path, heads: int, steps, layer: int = 1) -> None:
         ("l0", 2.0),
         ("fvu", 0.125),
         ("dead_fraction", 0.125),
+        ("eval_tokens", SAE_EVAL_TOKENS),
       ):
         metrics.append(key | dict(metric=metric, value=value))
       table = SAE_FEATURES if (model, step) == (name, last) else {f: (0, 1.0, "0", 0.1) for f in SAE_FEATURES}
+      for table_of, rows in feature_tables(key, table, heads).items():
+        per_feature[table_of] += rows
       for f, (top, share, carried, rate) in table.items():
         features.append(key | dict(feature=f, firing_rate=rate, mean_activation=0.5 + f if rate else float("nan"),
                                    top_head=top, top_head_fraction=share, entropy_bits=1.0 - share, heads=carried,
@@ -347,8 +353,48 @@ def write_sae(workdir: pathlib.Path, heads: int, steps, layer: int = 1) -> None:
                       max_feature_selectivity_upos=0.25, selective_features_upos=len(carried), probe_selectivity_upos=0.3)  # fmt: skip
         head_rows += [key | dict(head=h, metric=metric, value=v) for metric, v in values.items()]
   for table, rows in ((tables.SAE_METRICS, metrics), (tables.SAE_FEATURES, features), (tables.SAE_HEADS, head_rows),
-                      (tables.SAE_CONTEXTS, contexts), (tables.SAE_LABELS, labels)):  # fmt: skip
+                      (tables.SAE_CONTEXTS, contexts), (tables.SAE_LABELS, labels), *per_feature.items()):  # fmt: skip
     tables.merge(tables.path_of(workdir, table), rows, table)  # another layer's SAE adds its rows
+
+
+SAE_EVAL_TOKENS = 1000
+# The logit effect's tokens of a live feature f (sae/logits.csv): promoted `up<f>.<rank>` with logit 3 − rank,
+# suppressed `down<f>.<rank>` with −(3 − rank); f3's first promoted token is markup, its second starts with a space.
+SAE_TOKEN_MARKUP = "<b>tok</b>"
+
+
+def feature_tables(key: dict, table: dict, heads: int) -> dict:
+  """histograms.csv, shares.csv and logits.csv of one SAE whose features are `table` (SAE_FEATURES' form).
+  Histogram: a live feature fires on firing_rate × SAE_EVAL_TOKENS tokens, in bins 0 (a tenth of them, [1, 2)) and
+  3 (the rest, [4, 5]). Shares: the top head its share, the other carried heads 0.9 of the rest evenly, the
+  heads it lacks 0.1 of the rest evenly (all of it if it has no other carried head)."""
+  out = {tables.SAE_HISTOGRAMS: [], tables.SAE_SHARES: [], tables.SAE_LOGITS: []}
+  for f, (top, share, carried, rate) in table.items():
+    others = [int(h) for h in carried.split(";")[1:]]
+    rest = [h for h in range(heads) if h != top and h not in others]
+    for h in range(heads):
+      if h == top:
+        value = share
+      elif h in others:
+        value = (1 - share) * 0.9 / len(others)
+      else:
+        value = (1 - share) * (0.1 if others else 1.0) / len(rest)
+      out[tables.SAE_SHARES].append(key | dict(feature=f, head=h, share=value))
+    if not rate:
+      continue
+    active = round(rate * SAE_EVAL_TOKENS)
+    for b, low, count in ((0, 1.0, active // 10), (3, 4.0, active - active // 10)):
+      out[tables.SAE_HISTOGRAMS].append(key | dict(feature=f, bin=b, low=low, high=low + 1.0, count=count))
+    for direction, sign, word in (("promoted", 1.0, "up"), ("suppressed", -1.0, "down")):
+      for rank in range(3):
+        token = f"{word}{f}.{rank}"
+        if (f, direction, rank) == (3, "promoted", 0):
+          token = SAE_TOKEN_MARKUP
+        elif (f, direction, rank) == (3, "promoted", 1):
+          token = " the"
+        out[tables.SAE_LOGITS].append(key | dict(feature=f, direction=direction, rank=rank, token_id=100 * f + rank,
+                                                 token=token, value=sign * (3 - rank)))  # fmt: skip
+  return out
 
 
 # circuit/edges.csv's known scores at the last step (exact; EAP 0.75×, EAP-IG 0.9× of them) on an otherwise

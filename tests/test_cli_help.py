@@ -63,10 +63,48 @@ def test_help_meanings_come_from_the_defaults_comments(capsys):
   assert "only the induction scores below" in meanings["treebank"]  # an indented continuation line
 
 
-@pytest.mark.parametrize("command", ["quickstart", "atlas", "study"])
-def test_help_of_commands_without_config(command, capsys):
+@pytest.mark.parametrize("command", sorted(n for n, c in cli.COMMANDS.items() if c.needs_config))
+def test_every_config_key_has_a_help_line(command):
+  """Each key of each command's default config has a meaning in `headspec COMMAND --help`: a comment beside
+  it in its defaults file."""
+  rows = config_help.describe(cli.COMMANDS[command].defaults)
+  missing = [key for key, _, meaning in rows if not meaning.strip()]
+  assert not missing, f"{command}: keys without a help line: {missing}"
+
+
+@pytest.mark.parametrize(
+  "command,flags",
+  [
+    ("quickstart", ["--workdir=DIR", "--config.train.steps=N", "--verbose"]),
+    ("atlas", ["--workdir=RUN", "--compare=RUN_B"]),
+    ("study", ["--workdir=ROOT"]),
+  ],
+)
+def test_help_of_commands_without_config(command, flags, capsys):
+  """A command without a config lists its flags, each with its meaning."""
   assert cli.main(["headspec", command, "--help"]) == 0
-  assert capsys.readouterr().out.startswith(f"usage: headspec {command}")
+  out = capsys.readouterr().out
+  assert out.startswith(f"usage: headspec {command}")
+  lines = out.splitlines()
+  for flag in flags:
+    (line,) = [line for line in lines if line.strip().startswith(flag)]
+    assert len(line.split(flag, 1)[1].strip()) > 10, line  # a meaning follows the flag
+
+
+def test_data_help_lists_every_subcommands_flags(capsys):
+  """`headspec data --help` lists the flags of its three forms (from their own parsers)."""
+  from headspec.data import download, synthetic, text_download
+
+  assert cli.main(["headspec", "data", "--help"]) == 0
+  out = capsys.readouterr().out
+  assert out.startswith("usage: headspec data")
+  for parser in (download.parser(), text_download.parser(), synthetic.parser()):
+    for action in parser._actions:
+      for flag in action.option_strings:
+        if flag.startswith("--") and flag != "--help":
+          assert flag in out, (parser.prog, flag)
+  for flag in ("--release", "--sha256", "--out", "--text-sentences", "--force"):
+    assert flag in out
 
 
 def test_configs_resolve_by_name_and_by_old_path(tmp_path, monkeypatch):
@@ -108,6 +146,26 @@ def test_pyproject_metadata():
   assert project["tool"]["setuptools"]["dynamic"]["version"] == {"attr": "headspec.__version__"}
   assert {"test", "analysis", "tf"} <= set(project["project"]["optional-dependencies"])
   assert (REPO / "setup.py").is_file() and (REPO / "configs" / "__init__.py").is_file()
+
+
+def test_test_only_libraries_are_test_dependencies():
+  """chex serves the tests alone: no module of headspec imports it (read with ast, no import runs), and it is
+  in the `test` extra, not in the dependencies every install gets."""
+  import ast
+
+  tomllib = pytest.importorskip("tomllib")
+  project = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
+  name = lambda requirement: requirement.split(";")[0].split("[")[0].split("=")[0].split(">")[0].split("<")[0].strip()
+  assert "chex" not in map(name, project["dependencies"])
+  assert "chex" in map(name, project["optional-dependencies"]["test"])
+  importers = []
+  for path in sorted((REPO / "headspec").rglob("*.py")):
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+      names = [a.name for a in node.names] if isinstance(node, ast.Import) else [node.module or ""] if isinstance(
+        node, ast.ImportFrom) else []  # fmt: skip
+      if any(n == "chex" or n.startswith("chex.") for n in names):
+        importers.append(str(path.relative_to(REPO)))
+  assert not importers, importers
 
 
 def test_the_wheel_ships_the_top_level_configs_as_headspec_configs(tmp_path):

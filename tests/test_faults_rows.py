@@ -36,6 +36,9 @@ WHOLE = {  # per table, the identifying columns one job writes whole (the audit 
   "sae_heads": "head,metric",
   "sae_contexts": "feature,rank",
   "sae_labels": "feature,label_set,label",
+  "sae_histograms": "feature,bin",  # a feature's non-empty bins only
+  "sae_shares": "feature,head",
+  "sae_logits": "feature,direction,rank",
   # study/: every table written whole by `headspec study` (tables.write), so a group is one row
   **{f"study_{name}": "" for name in tables.STUDY},
 }

@@ -82,9 +82,10 @@ def test_greedy_equals_transformers_with_and_without_the_cache(family, root):
   ids = list(tokenizer.prefix_ids) + tokenizer.encode(prompt)
   (expected,) = _reference(path, family, [ids])
   assert len(set(expected)) > 2, expected  # a model that repeats one token would hide a wrong position
-  cached = headspec.generate(loaded, prompt, NEW)  # a text: tokenized with the tokenizer's BOS
-  assert cached == expected, family
+  assert headspec.generate(loaded, ids, NEW) == expected, family
   assert headspec.generate(loaded, ids, NEW, use_cache=False) == expected, family
+  text = headspec.generate(loaded, prompt, NEW)  # a text: tokenized with the tokenizer's BOS, the new text back
+  assert text == tokenizer.decode(expected), family
 
 
 @pytest.mark.slow
@@ -172,3 +173,22 @@ def test_sampling_eos_and_bad_arguments():
       headspec.generate(model, **kwargs)
   with pytest.raises(UserError, match="encoder"):
     headspec.generate(_decoder(kind="encoder"), prompt, 3)
+
+
+def test_a_text_prompt_gives_text_and_ids_give_ids(tmp_path):
+  """A text gives the new text (the new tokens decoded), token ids give ids, a list gives a list of each
+  prompt's kind; the text is the decoding of what the same prompt's ids generate."""
+  from headspec.data.tokenizer import train_sentencepiece
+
+  lines = ["the dog saw a cat. the cat saw the dog!", "When Mary went to the store, she gave a drink."] * 40
+  tok = train_sentencepiece(lines, tmp_path, vocab_size=300)
+  model = _decoder(vocab_size=tok.vocab_size)
+  text = "the dog saw"
+  ids = list(tok.prefix_ids) + tok.encode(text)
+  new_ids = headspec.generate((model, tok), ids, 6)
+  assert isinstance(new_ids, list) and all(isinstance(t, int) for t in new_ids)
+  new_text = headspec.generate((model, tok), text, 6)
+  assert isinstance(new_text, str) and new_text == tok.decode(new_ids)
+  assert headspec.generate((model, tok), [text, "a cat"], 6)[0] == new_text
+  assert headspec.generate((model, tok), [text, ids], 6) == [new_text, new_ids]
+  assert headspec.generate((model, tok), text, 0) == "" and headspec.generate((model, tok), ids, 0) == []

@@ -1,6 +1,7 @@
 """The one job loop (headspec/jobloop.py), the one face of every analysis, and the CLI's log lines."""
 
 import ast
+import contextlib
 import logging
 import pathlib
 
@@ -129,3 +130,84 @@ def test_the_cli_shows_headspec_info_lines_and_drops_the_libraries():
   assert cli._drop_library_chatter(_record(logging.INFO, str(PACKAGE / "probing" / "suite.py")))
   assert not cli._drop_library_chatter(_record(logging.INFO, "/site-packages/orbax/checkpoint/manager.py"))
   assert cli._drop_library_chatter(_record(logging.WARNING, "/site-packages/orbax/checkpoint/manager.py"))
+
+
+class _Terminal:
+  """One terminal that stdout and stderr both write to, each through its own stream object (as on a
+  console: tqdm cannot tell they share a screen); `screen()` renders what it shows ('\\r' returns to the
+  line's start and overwrites, '\\n' starts a new line)."""
+
+  def __init__(self):
+    self.written = []
+
+  def stream(self):
+    terminal = self
+
+    class Stream:
+      def write(self, text):
+        terminal.written.append(text)
+
+      def flush(self):
+        pass
+
+    return Stream()
+
+  def screen(self) -> list[str]:
+    lines, col = [[]], 0
+    for ch in "".join(self.written):
+      if ch == "\r":
+        col = 0
+      elif ch == "\n":
+        lines.append([])
+        col = 0
+      else:
+        line = lines[-1]
+        line[col : col + 1] = [ch]
+        col += 1
+    return ["".join(line).rstrip() for line in lines]
+
+  @contextlib.contextmanager
+  def attached(self):
+    """sys.stdout and sys.stderr on this terminal while the block runs (set in the test's body: pytest's own
+    capture sets them again between a fixture and the test)."""
+    with contextlib.redirect_stdout(self.stream()), contextlib.redirect_stderr(self.stream()):
+      yield self
+
+
+@pytest.mark.parametrize("inside", [False, True])
+def test_metric_lines_never_follow_a_bars_fragment(tmp_path, inside):
+  """A metrics line (train_log, on stdout) and a printed line each stand on a line of their own on the
+  terminal, with the bar (on stderr) redrawn below them; with and without lines_above_bars (the trainer's)."""
+  from headspec.train_log import MetricsWriter
+
+  writer = MetricsWriter(tmp_path)
+  terminal = _Terminal()
+  with terminal.attached(), contextlib.ExitStack() as stack:
+    bar = jobloop.progress(4, "train", unit="step", disable=False)
+    if inside:
+      stack.enter_context(jobloop.lines_above_bars())
+    stack.enter_context(bar)
+    bar.update(2)
+    bar.refresh()
+    writer.write({"step": 2, "loss": 2.5})
+    if inside:  # a plain print: above the bars while they run under lines_above_bars
+      print("a printed line")
+    bar.update(2)
+  writer.close()
+  screen = terminal.screen()
+  assert "step=2 loss=2.5" in screen and ("a printed line" in screen or not inside), screen
+  assert screen[-1].startswith("train: 100%") or screen[-2].startswith("train: 100%"), screen
+
+
+def test_a_finished_bar_says_no_more_that_it_compiles(tmp_path):
+  """One job: its bar shows '(loading, compiling…)' while it runs, not once it is done."""
+
+  class _One(_Counting):
+    def plan(self):
+      return [_Target("m", 1)]
+
+  with _Terminal().attached() as terminal:
+    jobloop.run(_One(None, tmp_path))
+  screen = [line for line in terminal.screen() if "counting: model steps" in line]
+  assert "compiling" in "".join(terminal.written)
+  assert "100%" in screen[-1] and "compiling" not in screen[-1], screen

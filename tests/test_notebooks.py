@@ -3,7 +3,8 @@
 A notebook fails when a cell raises, or when its outputs no longer match the recorded ones in kind:
 per code cell, whether it shows a figure, the columns of each table it shows, and whether it has a
 result at all (text, timings and numbers may change; streams are ignored). The notebooks are kept with
-their outputs so they render as pages; re-record them after an intended change by executing and saving.
+their outputs so they render as pages; re-record them after an intended change with
+`python docs/notebooks/record.py [NOTEBOOK]`, which also takes the machine's paths out of the outputs.
 """
 
 import html.parser
@@ -62,12 +63,27 @@ def kinds(cell) -> list:
 
 
 def test_notebooks_are_kept_with_outputs():
-  assert len(NOTEBOOKS) == 7  # 06_induction_circuit, 07_sae beside 01-05
+  assert len(NOTEBOOKS) == 8  # 06_induction_circuit, 07_sae, 08_saelens beside 01-05
   for path in NOTEBOOKS:
     cells = [c for c in nbformat.read(path, as_version=4).cells if c.cell_type == "code"]
     assert all(c.get("execution_count") for c in cells), f"{path.name}: execute and save it with its outputs"
     shown = [k[0] for c in cells for k in kinds(c)]
     assert "figure" in shown or "table" in shown, f"{path.name}: no figure or table recorded"
+
+
+# What a stored output must not carry: a path of the machine it ran on, a library's notes about itself.
+MACHINE = ("/tmp/", "/work/", "/home/", "/Users/", "site-packages", "WARNING:absl", "TqdmWarning", "IProgress")
+
+
+def test_stored_outputs_carry_no_machine():
+  for path in NOTEBOOKS:
+    for i, cell in enumerate(nbformat.read(path, as_version=4).cells):
+      for output in cell.get("outputs", []):
+        texts = [output.get("text", "")] + [v for v in output.get("data", {}).values() if isinstance(v, str)]
+        found = [m for m in MACHINE for t in texts if m in t]
+        assert not found, (
+          f"{path.name}, cell {i}: {found[0]!r} in a stored output; record it with docs/notebooks/record.py"
+        )
 
 
 @pytest.mark.slow

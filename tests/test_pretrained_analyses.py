@@ -29,7 +29,7 @@ def _heads(rows):
 def test_llama_through_attention_ablation_probe_and_atlas(synthetic_data_dir, tmp_path):
   from headspec.ablation.config import quickstart_ablate_config
   from headspec.ablation.run import run as run_ablation
-  from headspec.atlas.page import build_atlas
+  from headspec.atlas import build_atlas
   from headspec.attention.config import attention_config
   from headspec.attention.run import run as run_attention
   from headspec.probing.config import probe_config

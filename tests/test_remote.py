@@ -26,7 +26,7 @@ REPO = pathlib.Path(__file__).resolve().parents[1]
 OWNED = ["train.py", "train_log.py", "checkpoints.py", "runs.py", "remote.py", "sweeps.py", "data/lm_pipeline.py", "data/tokenizer.py", "diversity/run.py",
          "data/hf_tokenizer.py", "probing/suite.py", "probing/run.py", "probing/report.py", "probing/features.py", "attention/run.py",
          "attention/pictures.py", "attention/induction_run.py", "ablation/run.py", "ablation/plots.py", "atlas/data.py",
-         "atlas/page.py"]  # fmt: skip
+         "atlas/page.py", "atlas/build.py", "atlas/features.py"]  # fmt: skip
 
 
 def test_unknown_scheme_is_one_user_error_and_urls_are_not_local_folders():

@@ -28,7 +28,7 @@ def ablate_config() -> ml_collections.ConfigDict:
   c.seq_len = 128  # pretrained LMs only: tokens per row, special tokens included
   # Evaluation set of a pretrained model without LM head (metric embedding_shift).
   c.treebank = "en_ewt"  # its sentences: data_dir/ud/<treebank>
-  c.split = "dev"
+  c.split = "dev"  # its split read: 'train' | 'dev' | 'test'
   c.num_sentences = 500  # the first num_sentences sentences of the split
   c.batch_tokens = 2048  # padded tokens per compiled call (sentences in power-of-two length buckets)
 

@@ -1,4 +1,5 @@
-"""Figures of `headspec ablate`, drawn from the rows of the ablation tables (matplotlib, Agg).
+"""Figures of `headspec ablate`, drawn from the rows of the ablation tables (matplotlib without pyplot:
+headspec/figures.py).
 
 One file per (model, step) and figure: heads_<tag>.png (layer × head heatmaps of every method and metric
 of heads.csv), pruning_<tag>.png (metric vs fraction pruned per ranking; random: mean with min–max band
@@ -12,27 +13,22 @@ component (headspec/filenames.py). A path may be a URL (gs://...): each figure i
 from __future__ import annotations
 
 import matplotlib
+import numpy as np
+from etils import epath
 
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
-import numpy as np  # noqa: E402
-from etils import epath  # noqa: E402
-
-from headspec import figures, remote  # noqa: E402
+from headspec import figures, remote
 
 
 def _save(fig, path) -> epath.Path:
   fig.tight_layout()
-  path = remote.save_figure(fig, path, dpi=110)
-  plt.close(fig)
-  return path
+  return remote.save_figure(fig, path, dpi=110)
 
 
 @matplotlib.rc_context({"text.parse_math": False})  # names and words drawn as written: `$` is not mathtext
 def heads(rows: list[dict], L: int, H: int, path) -> epath.Path:
   panels = sorted({(r["method"], r["metric"]) for r in rows})
   cols = min(3, len(panels))
-  fig, axes = plt.subplots(
+  fig, axes = figures.new_figure(
     -(-len(panels) // cols), cols, figsize=(4.2 * cols, 3.2 * -(-len(panels) // cols)), squeeze=False
   )
   for ax, (method, metric) in zip(axes.ravel(), panels):
@@ -51,7 +47,7 @@ def heads(rows: list[dict], L: int, H: int, path) -> epath.Path:
 @matplotlib.rc_context({"text.parse_math": False})
 def pruning(rows: list[dict], path) -> epath.Path:
   metrics = sorted({r["metric"] for r in rows})
-  fig, axes = plt.subplots(1, len(metrics), figsize=(5 * len(metrics), 3.8), squeeze=False)
+  fig, axes = figures.new_figure(1, len(metrics), figsize=(5 * len(metrics), 3.8), squeeze=False)
   for ax, metric in zip(axes[0], metrics):
     for ranking in sorted({r["ranking"] for r in rows}):
       mine = [r for r in rows if r["metric"] == metric and r["ranking"] == ranking]
@@ -80,7 +76,7 @@ def gates(rows: list[dict], path) -> epath.Path:
       entry = summary.setdefault(float(r["penalty"]), {"heads_kept": int(r["heads_kept"])})
       entry[r["metric"]] = float(r["value"])
   lams = sorted(summary)
-  fig, ax = plt.subplots(figsize=(5, 3.8))
+  fig, ax = figures.new_figure(figsize=(5, 3.8))
   ax.plot([summary[x]["heads_kept"] for x in lams], [summary[x]["loss"] for x in lams], "o-")
   for x in lams:
     ax.annotate(f"λ={x:g}", (summary[x]["heads_kept"], summary[x]["loss"]), fontsize=7)
@@ -91,7 +87,7 @@ def gates(rows: list[dict], path) -> epath.Path:
 @matplotlib.rc_context({"text.parse_math": False})
 def causal(rows: list[dict], path) -> epath.Path:
   tasks = sorted({r["task"] for r in rows})
-  fig, axes = plt.subplots(1, len(tasks), figsize=(4.5 * len(tasks), 3.6), squeeze=False)
+  fig, axes = figures.new_figure(1, len(tasks), figsize=(4.5 * len(tasks), 3.6), squeeze=False)
   for ax, task in zip(axes[0], tasks):
     mine = [r for r in rows if r["task"] == task and r["metric"] == "probe_accuracy"]
     ks = sorted({int(r["k"]) for r in mine if int(r["k"]) > 0})
@@ -124,7 +120,7 @@ def interactions(rows: list[dict], path) -> epath.Path:
   for r in rows:
     i, j = index[(int(r["layer_a"]), int(r["head_a"]))], index[(int(r["layer_b"]), int(r["head_b"]))]
     matrix[i, j] = matrix[j, i] = float(r["interaction"])
-  fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 4.8))
+  fig, (ax1, ax2) = figures.new_figure(1, 2, figsize=(11, 4.8))
   lim = max(np.abs(matrix).max(), 1e-12)
   im = ax1.imshow(matrix, cmap="RdBu_r", vmin=-lim, vmax=lim)
   labels = [f"{l}.{h}" for l, h in heads]

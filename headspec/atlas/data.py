@@ -28,7 +28,7 @@ import sys
 
 from etils import epath
 
-from headspec import remote, tables, train_log
+from headspec import filenames, remote, tables, train_log
 from headspec.errors import UserError
 
 # Per-head tables the atlas draws (the others are per-run curves, drawn by analysis/ scripts).
@@ -49,7 +49,8 @@ HEAD_TABLES = (
   tables.CIRCUIT_EDGES,
 )
 # The SAE tables the cards read beside sae/heads.csv and features.csv (run-level or per feature).
-SAE_AUX_TABLES = (tables.SAE_METRICS, tables.SAE_CONTEXTS, tables.SAE_LABELS)
+SAE_AUX_TABLES = (tables.SAE_METRICS, tables.SAE_CONTEXTS, tables.SAE_LABELS, tables.SAE_HISTOGRAMS, tables.SAE_SHARES,
+                  tables.SAE_LOGITS)  # fmt: skip
 # Patching sites with a head axis (headspec.model.SITES; JAX-free copy): the others are per layer.
 PATCHING_HEAD_SITES = ("q_in", "k_in", "v_in", "q", "k", "v", "attn_scores", "pattern", "z", "head_out")
 # Attention pictures embedded at most (base64 grows them by a third): the page must stay openable.
@@ -59,6 +60,8 @@ TOP_INTERACTIONS = 5
 TOP_FEATURES = 5  # SAE features per head and SAE on its card
 TOP_CONTEXTS = 3  # ... each with its highest-activating contexts
 TOP_LABELS = 3  # ... and its most frequent labels per label set
+MORE_FEATURES = 20  # links to the head's further carried features, after the TOP_FEATURES
+FEATURE_PAGES = "atlas_features"  # RUN/atlas_features/<SAE>/f<feature>.html (headspec/atlas/features.py)
 TOP_EDGES = 5  # circuit edges into and out of a head, per task
 # headspec/patching/edges.py: what an edge enters, and the methods' names (JAX-free copy).
 EDGE_INPUTS = ("q", "k", "v", "mlp", "logits")
@@ -86,6 +89,9 @@ _GRID_COLUMNS = {
   tables.SAE_METRICS.path: {"layer": 0},
   tables.SAE_CONTEXTS.path: {"layer": 0},
   tables.SAE_LABELS.path: {"layer": 0},
+  tables.SAE_HISTOGRAMS.path: {"layer": 0},
+  tables.SAE_SHARES.path: {"layer": 0, "head": 0},
+  tables.SAE_LOGITS.path: {"layer": 0},
   tables.CIRCUIT_EDGES.path: {
     "upstream_layer": -1,
     "upstream_head": -1,
@@ -180,8 +186,10 @@ class _Metric:
 
 
 class _RunData:
-  def __init__(self, workdir: epath.Path):
+  def __init__(self, workdir: epath.Path, pages: bool = False, quiet: bool = False):
     self.workdir = workdir
+    self.pages = pages  # link the SAE features on the cards to their pages (written for the page's own run)
+    self.quiet = quiet  # leave bad rows out without a warning (a second reader of the same tables)
     self.rows = {t.path: tables.read(tables.path_of(workdir, t), t) for t in HEAD_TABLES}
     self.shape, self.source = self._grid_shape()
     self.rows = {t.path: self._in_grid(t, self.source) for t in HEAD_TABLES}
@@ -224,7 +232,7 @@ class _RunData:
         continue
       bad += 1
       why = why or f"{tables.path_of(self.workdir, table)}:{line}: {wrong[0]}"
-    if bad:
+    if bad and not self.quiet:
       _warn(f"{why}; left out {bad} row(s) of this table")
     return kept
 
@@ -428,13 +436,9 @@ class _RunData:
     evaluation tokens) it carries (sae/features.csv `heads`), first those whose largest decoder-norm share a_fh
     is the head's, by that share (Kissane et al. 2024 rank a head's features so), then those it carries with
     a smaller share (by its place in `heads`; the table gives only the largest share), each with its
-    contexts (contexts.csv, rank 0 first) and label profiles (labels.csv, most frequent first)."""
-    last = {}  # (site, layer, sae) -> the primary model's latest step
-    for r in feature_rows:
-      if r["model"] == self.primary:
-        what = (r["site"], int(r["layer"]), r["sae"])
-        last[what] = max(last.get(what, -1), int(r["step"]))
-    keys = {(self.primary, step, *what) for what, step in last.items()}
+    contexts (contexts.csv, rank 0 first), label profiles (labels.csv, most frequent first) and page
+    (`feature_page`); then links to the next MORE_FEATURES it carries."""
+    keys = self.sae_card_keys(feature_rows)
     carried = collections.defaultdict(list)  # (key, head) -> [(order, feature, place in `heads`, feature row)]
     for r in feature_rows:
       key = _sae_key(r)
@@ -443,7 +447,9 @@ class _RunData:
       top = _num(r["top_head_fraction"]) or 0.0
       for place, head in enumerate(_feature_heads(r["heads"])):
         carried[(key, head)].append(((0, -top) if place == 0 else (place, top), int(r["feature"]), place, r))
-    shown = {kh: sorted(items, key=lambda x: x[:2])[:TOP_FEATURES] for kh, items in carried.items()}
+    ranked = {kh: sorted(items, key=lambda x: x[:2]) for kh, items in carried.items()}
+    shown = {kh: items[:TOP_FEATURES] for kh, items in ranked.items()}
+    page = lambda key, feature: feature_page(key, feature) if self.pages else None
     wanted = {(kh[0], item[1]) for kh, items in shown.items() for item in items}
     contexts, profiles = collections.defaultdict(list), collections.defaultdict(lambda: collections.defaultdict(list))
     if wanted:
@@ -480,8 +486,10 @@ class _RunData:
             "entropy_bits": _num(r["entropy_bits"]),
             "labels": labels,
             "contexts": [[c, a] for _, c, a in sorted(contexts[(key, feature)])[:TOP_CONTEXTS]],
+            "page": page(key, feature),
           }
         )
+      more = ranked.get((key, head), [])[TOP_FEATURES : TOP_FEATURES + MORE_FEATURES]
       mine = numbers.get((key, head), {})
       self.extra(layer, head).setdefault("sae", []).append(
         {
@@ -494,8 +502,18 @@ class _RunData:
           "exclusive_features": mine.get("exclusive_features"),
           "carried": len(carried.get((key, head), ())),
           "features": features,
+          "more": [[item[1], page(key, item[1])] for item in more],  # further carried features, in that order
         }
       )
+
+  def sae_card_keys(self, feature_rows: list[dict]) -> set[tuple]:
+    """The SAEs on the cards (`_sae_key`): per (site, layer, sae), the primary model's latest step."""
+    last = {}  # (site, layer, sae) -> the primary model's latest step
+    for r in feature_rows:
+      if r["model"] == self.primary:
+        what = (r["site"], int(r["layer"]), r["sae"])
+        last[what] = max(last.get(what, -1), int(r["step"]))
+    return {(self.primary, step, *what) for what, step in last.items()}
 
   def circuit(self) -> None:
     """`headspec circuit` (circuit/edges.csv; docs/circuits.md): every edge's score by EAP (Syed et al. 2023),
@@ -771,6 +789,14 @@ def _sae_key(r: dict) -> tuple:
   return r["model"], int(r["step"]), r["site"], int(r["layer"]), r["sae"]
 
 
+def feature_page(key: tuple, feature: int) -> str:
+  """The page of a feature of SAE `key` (`_sae_key`), relative to the run directory (and so to atlas.html):
+  atlas_features/<model>_step<step>_<site><layer>_<sae>/f<feature>.html, each name one file-name component."""
+  model, step, site, layer, sae = key
+  folder = f"{filenames.component(model)}_step{step}_{filenames.component(site)}{layer}_{filenames.component(sae)}"
+  return f"{FEATURE_PAGES}/{folder}/f{feature}.html"
+
+
 def _sae_metric_text(name: str) -> tuple[str, str]:
   """(label, description) of an sae/heads.csv metric."""
   if name in _SAE_METRICS:
@@ -836,13 +862,14 @@ def _data_uri(path: epath.Path) -> str:
   return "data:image/png;base64," + base64.b64encode(path.read_bytes()).decode("ascii")
 
 
-def run_data(workdir) -> dict:
+def run_data(workdir, pages: bool = True) -> dict:
   """The page's JSON for one run directory. Raises UserError if it is not a directory or has no
-  per-head table at all."""
+  per-head table at all. `pages`: the cards link each SAE feature to its page (`feature_page`, relative to
+  the run directory; headspec/atlas/features.py writes them)."""
   workdir = remote.run_path(workdir)
   if not workdir.is_dir():
     raise UserError(f"{workdir}: no such run directory")
-  run = _RunData(workdir)
+  run = _RunData(workdir, pages)
   if not any(run.rows.values()):
     names = ", ".join(t.path for t in HEAD_TABLES)
     raise UserError(
@@ -885,4 +912,4 @@ def atlas_data(workdir, compare=()) -> dict:
     remote.check_url(other, "--compare")
     if not remote.run_path(other).is_dir():
       raise UserError(f"--compare: no such run directory {other}")
-  return {"runs": [run_data(w) for w in [workdir, *compare]]}
+  return {"runs": [run_data(w, pages=i == 0) for i, w in enumerate([workdir, *compare])]}  # pages: the first's

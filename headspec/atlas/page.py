@@ -15,14 +15,11 @@ from __future__ import annotations
 
 import html
 import json
-import os
 import pathlib
 
 from etils import epath
 
-from headspec import arguments as args
-from headspec import provenance, remote, tables
-from headspec.atlas.data import atlas_data
+from headspec import remote
 
 PAGE_NAME = "atlas.html"
 
@@ -56,21 +53,6 @@ def write_page(path, text: str) -> pathlib.Path | epath.Path:
       remote.temp_beside(path).unlink(missing_ok=True)  # write_bytes_atomic's temporary (named by the pid)
     raise OSError(e.errno, e.strerror, str(path)) from None
   return remote.native_path(path)
-
-
-@provenance.recorded("", "atlas.run_info.json")
-@args.arguments(workdir=args.path, compare=args.paths)
-def build_atlas(workdir, compare=()) -> pathlib.Path | epath.Path:
-  """Writes WORKDIR/atlas.html (with the runs in `compare` side by side) and returns its path.
-
-  Raises headspec.errors.UserError if WORKDIR has no results table, or a compared run does not exist
-  or has none.
-  """
-  if isinstance(compare, (str, os.PathLike)):
-    compare = [compare]
-  tables.check_writable(remote.run_path(workdir))  # a run directory we cannot write to: before reading it
-  data = atlas_data(workdir, compare)
-  return write_page(remote.run_path(workdir) / PAGE_NAME, render(data))
 
 
 _TEMPLATE = """<!DOCTYPE html>
@@ -474,7 +456,7 @@ function saeSection(card, l, h, saes) {
       el("tr", {}, ["feature", "share a_fh", "heads", "fires", "mean act."].map(t => el("th", { text: t })),
         sets.map(t => el("th", { text: t.replace("_", " ") })), el("th", { text: "top contexts (activation)" })),
       s.features.map(f => el("tr", {},
-        el("td", { text: "f" + f.feature }),
+        el("td", {}, f.page ? el("a", { class: "feature-link", href: f.page, text: "f" + f.feature, title: "the feature's page" }) : "f" + f.feature),
         el("td", { class: "num", text: f.place === 0 ? fmt(f.share) : "#" + (f.place + 1) + " of " + f.heads.length,
           title: f.place === 0 ? "the head's share of the feature's squared decoder norm (its largest)" : "a smaller share than the heads before it" }),
         el("td", { text: f.heads.map(x => "h" + x).join(", ") }),
@@ -489,7 +471,9 @@ function saeSection(card, l, h, saes) {
         el("td", {}, f.contexts.length ? f.contexts.map(([c, a]) => el("div", {}, marked(c), el("span", { class: "muted", text: " (" + fmt(a) + ")" })))
           : el("span", { class: "muted", text: "–" }))))));
     const more = s.carried - s.features.length;
-    if (more > 0) card.append(el("p", { class: "muted", text: more + " more carried feature" + (more > 1 ? "s" : "") + " in sae/features.csv." }));
+    const links = (s.more || []).flatMap(([f, page], i) => [i ? ", " : ": ", page ? el("a", { href: page, text: "f" + f }) : "f" + f]);
+    if (more > 0) card.append(el("p", { class: "muted sae-more" }, more + " more carried feature" + (more > 1 ? "s" : "") + " in sae/features.csv",
+      links, links.length && links.length / 2 < more ? ", …" : "", "."));
   });
 }
 function circuitSection(card, l, h, circuits) {
@@ -560,4 +544,7 @@ buildPanels();
 runFigures();
 const first = [...METRICS.keys()].find(id => /^probe\/[^@]*\/selectivity$/.test(id)) || [...METRICS.keys()][0];
 setMetric(first);
+// atlas.html#L<layer>H<head> (a feature page's link back) opens that head's card of the first run.
+const wanted = /^#L(\d+)H(\d+)$/.exec(location.hash);
+if (wanted && +wanted[1] < RUNS[0].layers && +wanted[2] < RUNS[0].heads) openCard(0, +wanted[1], +wanted[2]);
 """

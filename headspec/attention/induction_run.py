@@ -346,12 +346,11 @@ def _figure(png, model, steps, score, icl, loss_curve, threshold, lo, hi) -> Non
   L, H = score["induction"].shape[1:]
   import matplotlib
 
-  matplotlib.use("Agg")
-  import matplotlib.pyplot as plt
+  from headspec import figures
 
-  fig, axes = plt.subplots(3, 1, figsize=(8, 9), sharex=True)
+  fig, axes = figures.new_figure(3, 1, figsize=(8, 9), sharex=True)
   x = np.asarray(steps, float)
-  cmap = plt.get_cmap("viridis")
+  cmap = matplotlib.colormaps["viridis"]
   for l in range(L):
     for h in range(H):
       color = cmap(l / max(L - 1, 1))
@@ -380,4 +379,3 @@ def _figure(png, model, steps, score, icl, loss_curve, threshold, lo, hi) -> Non
       ax.axvspan(lo, hi, color="gold", alpha=0.25)
   fig.tight_layout()
   remote.save_figure(fig, png, dpi=110)  # locally beside it, then renamed; remote: one object
-  plt.close(fig)

@@ -11,8 +11,9 @@
                             over tokens, special tokens included (headspec/attention/flow.py)
   maps.npz                  the example maps themselves: words_{i}, attn_{i} [L, H, N, N], special_{i} [L, H, N]
 
-Matplotlib with the Agg backend; nothing here needs JAX. Words are drawn as written: mathtext is off
-(`PLAIN_TEXT`), so a treebank word with `$` (EWT has `$$`, `me$$age`) is never parsed as a formula.
+Matplotlib figures made without pyplot (headspec/figures.py); nothing here needs JAX. Words are drawn as
+written: mathtext is off (`PLAIN_TEXT`), so a treebank word with `$` (EWT has `$$`, `me$$age`) is never
+parsed as a formula.
 Paths may be local or URLs (gs://...): each file is written whole (headspec.remote.save_figure).
 """
 
@@ -21,18 +22,13 @@ from __future__ import annotations
 import matplotlib
 import numpy as np
 from etils import epath
+from matplotlib.collections import LineCollection
+from matplotlib.lines import Line2D
 
-from headspec import remote
+from headspec import figures, remote
 
 # rcParams for every picture: words and names drawn literally, never parsed as mathtext ($...$).
 PLAIN_TEXT = {"text.parse_math": False}
-
-
-def _pyplot():
-  matplotlib.use("Agg")
-  import matplotlib.pyplot as plt
-
-  return plt
 
 
 def _short(word: str, width: int = 12) -> str:
@@ -42,14 +38,13 @@ def _short(word: str, width: int = 12) -> str:
 @matplotlib.rc_context(PLAIN_TEXT)
 def head_pictures(maps, words_list, out_dir, *, max_words: int = 40, dpi: int = 72) -> list[epath.Path]:
   """L{l}H{h}.png for every head: the example sentences' word maps side by side (first `max_words` words)."""
-  plt = _pyplot()
   out_dir = epath.Path(out_dir)
   out_dir.mkdir(parents=True, exist_ok=True)
   L, H = maps[0][0].shape[:2]
   paths = []
   cut = [min(len(w), max_words) for w in words_list]
   size = [max(2.2, 0.14 * n + 1.0) for n in cut]
-  fig, axes = plt.subplots(1, len(maps), figsize=(sum(size), max(size)), squeeze=False, dpi=dpi)
+  fig, axes = figures.new_figure(1, len(maps), figsize=(sum(size), max(size)), squeeze=False, dpi=dpi)
   images = []
   for i, words in enumerate(words_list):
     ax, n = axes[0, i], cut[i]
@@ -68,7 +63,6 @@ def head_pictures(maps, words_list, out_dir, *, max_words: int = 40, dpi: int = 
         f"layer {l} head {h}: word-level attention, rows attend to columns (colour scale 0 to max)", fontsize=9
       )
       paths.append(remote.save_figure(fig, out_dir / f"L{l}H{h}.png", dpi=dpi, bbox_inches="tight"))
-  plt.close(fig)
   return paths
 
 
@@ -76,13 +70,10 @@ def head_pictures(maps, words_list, out_dir, *, max_words: int = 40, dpi: int = 
 def line_view(attn_HNN, words, path, *, title: str = "", min_weight: float = 0.1, max_words: int = 40, dpi: int = 80):
   """A bertviz-style line view of one layer: a line from word i (left) to word j (right) per head,
   opacity = attn[h, i, j] (lines under `min_weight` left out), one colour per head."""
-  plt = _pyplot()
-  from matplotlib.collections import LineCollection
-
   H = attn_HNN.shape[0]
   n = min(len(words), max_words)
-  fig, ax = plt.subplots(figsize=(4.5, 0.22 * n + 1.2), dpi=dpi)
-  colours = plt.get_cmap("tab20" if H > 10 else "tab10")(np.arange(H) % (20 if H > 10 else 10))
+  fig, ax = figures.new_figure(figsize=(4.5, 0.22 * n + 1.2), dpi=dpi)
+  colours = matplotlib.colormaps["tab20" if H > 10 else "tab10"](np.arange(H) % (20 if H > 10 else 10))
   segments, rgba = [], []
   for h in range(H):
     i, j = np.nonzero(attn_HNN[h, :n, :n] >= min_weight)
@@ -96,22 +87,19 @@ def line_view(attn_HNN, words, path, *, title: str = "", min_weight: float = 0.1
   ax.set_xlim(-0.6, 1.6)
   ax.set_ylim(-n + 0.5, 0.5)
   ax.axis("off")
-  handles = [plt.Line2D([], [], color=colours[h], label=f"head {h}") for h in range(H)]
+  handles = [Line2D([], [], color=colours[h], label=f"head {h}") for h in range(H)]
   ax.legend(handles=handles, fontsize=6, loc="upper center", bbox_to_anchor=(0.5, 0.0), ncol=min(H, 6), frameon=False)
   ax.set_title(title, fontsize=8)
-  path = remote.save_figure(fig, path, dpi=dpi, bbox_inches="tight")
-  plt.close(fig)
-  return path
+  return remote.save_figure(fig, path, dpi=dpi, bbox_inches="tight")
 
 
 @matplotlib.rc_context(PLAIN_TEXT)
 def rollout_flow_picture(rollout_TT, flow_TT, tokens, path, *, title: str = "", dpi: int = 80):
   """Two heatmaps over tokens: rollout and (if given) flow, output positions on the rows."""
-  plt = _pyplot()
   panels = [("attention rollout", rollout_TT)] + ([("attention flow", flow_TT)] if flow_TT is not None else [])
   T = len(tokens)
   side = max(3.0, 0.16 * T + 1.2)
-  fig, axes = plt.subplots(1, len(panels), figsize=(side * len(panels), side), squeeze=False, dpi=dpi)
+  fig, axes = figures.new_figure(1, len(panels), figsize=(side * len(panels), side), squeeze=False, dpi=dpi)
   for ax, (name, matrix) in zip(axes[0], panels):
     ax.imshow(matrix, cmap="Purples", interpolation="nearest")
     labels = [_short(t) for t in tokens]
@@ -119,6 +107,4 @@ def rollout_flow_picture(rollout_TT, flow_TT, tokens, path, *, title: str = "", 
     ax.set_yticks(range(T), labels, fontsize=6)
     ax.set_title(name, fontsize=8)
   fig.suptitle(title, fontsize=9)
-  path = remote.save_figure(fig, path, dpi=dpi, bbox_inches="tight")
-  plt.close(fig)
-  return path
+  return remote.save_figure(fig, path, dpi=dpi, bbox_inches="tight")

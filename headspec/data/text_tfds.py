@@ -12,6 +12,7 @@ extra `headspec[tf]`); one already prepared as array_record in `tfds_dir` is rea
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import pathlib
@@ -22,7 +23,7 @@ from collections.abc import Iterator, Sequence
 import tensorflow_datasets as tfds
 from etils import epath
 
-from headspec import provenance, tables
+from headspec import library_logs, provenance, tables
 from headspec.errors import UserError
 
 SPLITS = ("train", "valid")
@@ -136,6 +137,21 @@ class _TextSequence(Sequence[str]):
         yield _as_str(example[self._feature])
 
 
+@contextlib.contextmanager
+def _without_tfds_bars():
+  """TFDS's own progress bars off while it prepares (its generating/shuffling bars, tqdm.auto, which warns in
+  a notebook without ipywidgets), then as they were: headspec logs one line per corpus prepared instead.
+  TFDS keeps the switch in tqdm_utils._active and offers only a global setter (tfds.display_progress_bar)."""
+  from tensorflow_datasets.core.utils import tqdm_utils
+
+  before = tqdm_utils._active
+  tfds.display_progress_bar(False)
+  try:
+    yield
+  finally:
+    tfds.display_progress_bar(before)
+
+
 def _as_str(value) -> str:
   return value.decode("utf-8") if isinstance(value, bytes) else str(value)
 
@@ -174,13 +190,14 @@ def prepare_corpus(data_dir: str | os.PathLike, corpus: str, *, tfds_dir: str | 
   kwargs = dict(source_dir=source_dir, config=corpus, data_dir=os.fspath(tfds_dir), file_format="array_record")
   # Two commands preparing the same corpus at once (two runs started together on a fresh data folder):
   # the second waits here and finds it prepared; unlocked, TFDS's final rename fails in one of them.
-  with tables.locked(epath.Path(tfds_dir) / TextCorpus.name / corpus):
+  with tables.locked(epath.Path(tfds_dir) / TextCorpus.name / corpus), library_logs.quiet():
     builder = TextCorpus(**kwargs)
     if builder.is_prepared() and builder.info.metadata.get("source") != _fingerprint(source_dir):
       logging.info("%s changed since it was prepared: preparing again", source_dir)
       shutil.rmtree(builder.data_dir)
       builder = TextCorpus(**kwargs)
-    builder.download_and_prepare()
+    with _without_tfds_bars():
+      builder.download_and_prepare()
   return builder
 
 
@@ -229,7 +246,8 @@ def _load_catalog(name: str, split: str, *, tfds_dir: str | os.PathLike) -> Sequ
       f"tfds:{name}: not prepared as array_record in {tfds_dir}; preparing and reading TFDS "
       "catalog datasets needs TensorFlow: pip install headspec[tf]"
     )
-  builder.download_and_prepare()
+  with _without_tfds_bars():
+    builder.download_and_prepare()
   dataset = builder.as_dataset(split=_catalog_split(builder, name, split))
   return [_as_str(example[feature]) for example in tfds.as_numpy(dataset)]
 

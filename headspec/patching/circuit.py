@@ -130,6 +130,8 @@ def pair_ids(rows, tokenizer, path, vocab_size: int):
   """(clean, corrupt, answers) token ids of `read_pairs`' rows: texts encoded after the tokenizer's prefix
   (BOS), an answer text the one token it adds after the clean prompt. UserError naming file:line when a
   clean and its corrupted prompt differ in token count, or an answer is not one token."""
+  from headspec.patching import patch as patch_lib
+
   clean, corrupt, answers = [], [], []
   for row in rows:
     where = f"{path}:{row['line']}"
@@ -147,11 +149,7 @@ def pair_ids(rows, tokenizer, path, vocab_size: int):
       if isinstance(value, str):
         if not isinstance(row["clean"], str):
           raise UserError(f"{where}: {key} is a text but clean is token ids; give {key} as a token id")
-        before = tokenizer.encode(row["clean"])
-        after = tokenizer.encode(row["clean"] + value)
-        if len(after) != len(before) + 1 or after[: len(before)] != before:
-          raise UserError(f"{where}: {key}={value!r} is {len(after) - len(before)} tokens after clean, not one")
-        value = after[-1]
+        value = patch_lib.answer_id(tokenizer, row["clean"], value, f"{where}: {key}")
       if not 0 <= value < vocab_size:
         raise UserError(f"{where}: {key}={value} is outside the vocabulary 0..{vocab_size - 1}")
       pair.append(int(value))
@@ -178,14 +176,10 @@ def figure(g, scores_E, *, top_n: int = 20, title: str = "", path=None):
   every node drawn, the kept edges' width proportional to |score| and colour its sign (blue +, red −), a
   head's query, key and value inputs told apart by line style (solid, dashed, dotted); an edge into a K/V
   group of a grouped-query model is drawn into each of its heads. Saved whole to `path` when given."""
-  import matplotlib
-
-  if path is not None:
-    matplotlib.use("Agg")
-  import matplotlib.pyplot as plt
   import networkx as nx
   from matplotlib.lines import Line2D
 
+  from headspec import figures
   from headspec.patching import edges
 
   scores_E = np.asarray(scores_E, np.float64)
@@ -213,7 +207,7 @@ def figure(g, scores_E, *, top_n: int = 20, title: str = "", path=None):
   for v, layer in graph.nodes(data="layer"):  # insertion order: heads 0..H-1, then the MLP
     by_layer.setdefault(layer, []).append(v)
   pos = {v: (i - (len(row) - 1) / 2, layer) for layer, row in by_layer.items() for i, v in enumerate(row)}
-  fig, ax = plt.subplots(figsize=(max(5.0, 1.1 * g.H + 2), 1.2 + 0.9 * (2 * g.L + 2)))
+  fig, ax = figures.new_figure(figsize=(max(5.0, 1.1 * g.H + 2), 1.2 + 0.9 * (2 * g.L + 2)))
   used = {u for u, v in graph.edges()} | {v for u, v in graph.edges()}
   colour = {"embed": "#d9d9d9", "logits": "#d9d9d9"}
   nodes = list(graph.nodes)
@@ -241,7 +235,6 @@ def figure(g, scores_E, *, top_n: int = 20, title: str = "", path=None):
   fig.tight_layout()
   if path is not None:
     remote.save_figure(fig, path, dpi=100)  # whole or not at all
-    plt.close(fig)
   return fig
 
 

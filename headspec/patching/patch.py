@@ -39,6 +39,26 @@ class Prompts:
     return (self.corrupt_BT, self.clean_BT) if direction == "denoising" else (self.clean_BT, self.corrupt_BT)
 
 
+def answer_id(tokenizer, prompt, answer: str, where: str) -> int:
+  """The token id of a text answer (' Mary'): the one token it adds after its clean prompt when that is a
+  text (as `headspec circuit`'s pairs file reads it), its own one token after a prompt of token ids.
+  UserError naming `where` for anything but one token."""
+  if not isinstance(prompt, str):
+    ids = list(tokenizer.encode(answer))
+    if len(ids) != 1:
+      raise UserError(f"{where}={answer!r} is {len(ids)} tokens {ids}, not one; give a single-token answer or its id")
+    return int(ids[0])
+  before, after = list(tokenizer.encode(prompt)), list(tokenizer.encode(prompt + answer))
+  if after[: len(before)] != before:
+    raise UserError(f"{where}={answer!r} merges with the end of its clean prompt's tokens; give its token id")
+  if len(after) != len(before) + 1:
+    raise UserError(
+      f"{where}={answer!r} is {len(after) - len(before)} tokens after its clean prompt, not one; give a "
+      "single-token answer or its token id"
+    )
+  return int(after[-1])
+
+
 def _ids(prompt, tokenizer, what: str, index: int, V: int) -> list[int]:
   if isinstance(prompt, str):
     if tokenizer is None:

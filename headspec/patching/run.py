@@ -112,16 +112,13 @@ class Patching(jobloop.Analysis):
 
 def heatmap(frame, title: str, path, label: str = core.METRICS["logit_diff"].label) -> None:
   """value by (layer·head or layer) rows × position columns, diverging around the base metric."""
-  import matplotlib
-
-  matplotlib.use("Agg")
-  import matplotlib.pyplot as plt
+  from headspec import figures
 
   if frame.empty:
     return
   frame = frame.astype({"layer": int, "head": int, "position": int, "value": float})
   grid = frame.pivot_table(index=["layer", "head"], columns="position", values="value")
-  fig, ax = plt.subplots(figsize=(1 + 0.4 * grid.shape[1], 1 + 0.3 * grid.shape[0]))
+  fig, ax = figures.new_figure(figsize=(1 + 0.4 * grid.shape[1], 1 + 0.3 * grid.shape[0]))
   image = ax.imshow(grid.to_numpy(), cmap="viridis", aspect="auto")
   ax.set_yticks(range(len(grid.index)), [f"L{a}" + (f"H{b}" if b >= 0 else "") for a, b in grid.index])
   ax.set_xticks(range(grid.shape[1]), [str(t) if t >= 0 else "all" for t in grid.columns])
@@ -130,7 +127,6 @@ def heatmap(frame, title: str, path, label: str = core.METRICS["logit_diff"].lab
   fig.colorbar(image, ax=ax, label=f"metric ({label})")
   fig.tight_layout()
   remote.save_figure(fig, path, dpi=100)  # whole or not at all (a full disk leaves no half-written file)
-  plt.close(fig)
 
 
 def run(config, workdir):

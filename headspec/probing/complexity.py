@@ -53,14 +53,13 @@ def figure(rows: list[dict], path) -> None:
   against λ; heads as thin grey lines with their mean in black, residual streams coloured by layer."""
   import matplotlib
 
-  matplotlib.use("Agg")
-  import matplotlib.pyplot as plt
+  from headspec import figures
 
   l2 = sorted({float(r["l2"]) for r in rows})
   groups = sorted({(int(r["layer"]), int(r["head"])) for r in rows})
   value = {(int(r["layer"]), int(r["head"]), float(r["l2"]), m): float(r[m]) for r in rows for m in _METRICS}
-  fig, axes = plt.subplots(1, 3, figsize=(13, 3.8), sharex=True)
-  cmap = plt.get_cmap("viridis")
+  fig, axes = figures.new_figure(1, 3, figsize=(13, 3.8), sharex=True)
+  cmap = matplotlib.colormaps["viridis"]
   layers = sorted({g[0] for g in groups})
   for ax, metric in zip(axes, _METRICS):
     heads = [[value[(ly, h, x, metric)] for x in l2] for ly, h in groups if h >= 0]
@@ -83,7 +82,6 @@ def figure(rows: list[dict], path) -> None:
   )
   fig.tight_layout()
   remote.save_figure(fig, path, dpi=100)
-  plt.close(fig)
 
 
 _METRICS = ("accuracy", "control_accuracy", "selectivity")

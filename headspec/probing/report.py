@@ -15,14 +15,11 @@ the embedding layer; and the MDL table when probes/mdl.csv exists. The probes/ f
 from __future__ import annotations
 
 import matplotlib
+import numpy as np
+from etils import epath
 
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
-import numpy as np  # noqa: E402
-from etils import epath  # noqa: E402
-
-from headspec import remote, tables  # noqa: E402
-from headspec.errors import UserError  # noqa: E402
+from headspec import figures, remote, tables
+from headspec.errors import UserError
 
 
 def _grid(rows: list[dict], key: str):
@@ -46,7 +43,7 @@ def _grid(rows: list[dict], key: str):
 @matplotlib.rc_context({"text.parse_math": False})  # names and words drawn as written: `$` is not mathtext
 def heatmap(rows: list[dict], title: str, path) -> None:
   """Writes the two-panel (accuracy, selectivity) layer × head heatmap of one (model, step, task, split)."""
-  fig, axes = plt.subplots(
+  fig, axes = figures.new_figure(
     1,
     2,
     figsize=(
@@ -79,7 +76,6 @@ def heatmap(rows: list[dict], title: str, path) -> None:
   fig.suptitle(title, fontsize=10)
   fig.tight_layout()
   remote.save_figure(fig, path, dpi=110)
-  plt.close(fig)
 
 
 def _ranking_values(rows: list[dict], task: str, value: str, select_split: str, primary_split: str):

@@ -66,7 +66,7 @@ def sae_config() -> ml_collections.ConfigDict:
   # The token rows (headspec/evaltext.py): the first train_tokens train the SAE, the next eval_tokens measure it
   # (a shorter text is cut in that proportion). Too few training tokens for the features overfit: eval FVU ≫ train FVU.
   c.train_tokens = 100000
-  c.eval_tokens = 8192
+  c.eval_tokens = 8192  # the tokens after the training ones, held out: they measure the SAE (FVU, L0) and its splice
   c.sample = "first"  # 'first' rows of the validation text, or 'random' rows drawn with `seed`
   c.seed = 0  # the row sample, the SAE's initialisation and batches
   c.batch_size = 8  # rows per forward pass
@@ -88,15 +88,16 @@ def sae_config() -> ml_collections.ConfigDict:
   c.sae.aux_k = 0  # topk: dead latents in the AuxK term; 0 = width // 2
   c.sae.aux_coefficient = 1 / 32  # topk: α of the AuxK term (Gao et al. 2024)
   c.sae.dead_after_tokens = 100000  # a latent is dead (for AuxK) after this many training tokens without firing
-  c.sae.train_steps = 3000
+  c.sae.train_steps = 3000  # Adam steps, each on sae.batch_size tokens drawn with replacement from the training tokens
   c.sae.batch_size = 1024  # tokens per step
   c.sae.lr = 1e-3  # Adam's peak learning rate
   c.sae.lr_schedule = "linear_decay"  # 'constant' | 'linear_decay' (to 0 over the last decay_fraction) | 'cosine'
-  c.sae.warmup_steps = 100
-  c.sae.decay_fraction = 0.2
+  c.sae.warmup_steps = 100  # the learning rate rises linearly from 0 to lr over these first steps
+  c.sae.decay_fraction = 0.2  # lr_schedule 'linear_decay': the last fraction of train_steps over which lr falls to 0
   c.sae.b_dec_init = "geometric_median"  # 'geometric_median' (Bricken et al. 2023) | 'mean'
   c.sae.normalize = "global"  # 'global': one input scale (RMS) | 'per_head': each head's z at unit RMS (docs/sae.md)
   c.sae.checkpoint_every = 1000  # Orbax checkpoints in RUN/sae/checkpoints/<model>-step<step>-<site><layer>-<hash>/
+  c.sae.load = ""  # an SAELens folder (cfg.json + sae_weights.safetensors, or Kissane et al.'s .pt): analysed, not trained; its hook names the layer
 
   c.analysis = ml_collections.ConfigDict()  # headspec/sae/metrics.py, labels.py
   c.analysis.carry_min = 0.2  # head h carries feature f when its decoder-norm share a_fh ≥ this

@@ -56,6 +56,8 @@ class SAE:
   JumpReLU's θ (None otherwise). head_scale_K: with per-head normalisation, each input coordinate's scale
   s_h / s (its head's RMS over the global one), folded into W_enc and W_dec; None: one global scale, folded
   into the biases only. `info`: how it was trained (steps, final loss, input scales), for the record.
+  hook_name: the TransformerLens hook it reads ('blocks.3.attn.hook_z'; '' unknown), set by `headspec sae` and
+  by `headspec.load_sae`; `layer` and `site` come from it. `save(dir)` writes SAELens's layout (layout.py).
   """
 
   W_enc_KF: jax.Array
@@ -67,6 +69,7 @@ class SAE:
   kind: str = flax.struct.field(pytree_node=False, default="topk")
   k: int = flax.struct.field(pytree_node=False, default=0)
   info: dict = flax.struct.field(pytree_node=False, default_factory=dict)
+  hook_name: str = flax.struct.field(pytree_node=False, default="")
 
   @property
   def params(self) -> dict:
@@ -97,6 +100,29 @@ class SAE:
 
   def numpy(self) -> dict[str, np.ndarray]:
     return {name: np.asarray(value) for name, value in self.params.items()}
+
+  @property
+  def layer(self) -> int:
+    """The block it reads, from `hook_name` (UserError when unknown)."""
+    from headspec.sae import layout
+
+    return layout.parse_hook(self.hook_name)[1]
+
+  @property
+  def site(self) -> str:
+    """The site it reads ('z' for hook_z), from `hook_name`."""
+    from headspec.sae import layout
+
+    return layout.parse_hook(self.hook_name)[0]
+
+  def save(self, directory, *, hook_name: str | None = None, layer: int | None = None, model_name: str = ""):
+    """Writes SAELens's folder (cfg.json, sae_weights.safetensors; headspec/sae/saelens.py) at `directory` and
+    returns it. The hook: `hook_name`, else blocks.<layer>.attn.hook_z for `layer`, else the SAE's own."""
+    from headspec.sae import layout
+
+    if hook_name is None and layer is not None:
+      hook_name = layout.hook_name("z", layer)
+    return layout.save(self, directory, hook_name=hook_name, model_name=model_name)
 
 
 @functools.partial(jax.jit, static_argnames=("kind", "k"))

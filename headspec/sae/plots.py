@@ -1,4 +1,5 @@
-"""Figures of `headspec sae`, drawn from the rows of sae/heads.csv and sae/features.csv (matplotlib, Agg).
+"""Figures of `headspec sae`, drawn from the rows of sae/heads.csv and sae/features.csv (matplotlib without
+pyplot: headspec/figures.py).
 
 One file per (model, step, site, SAE configuration) and figure, in RUN/sae/:
   heads_<tag>.png     layer × head heatmaps of each head's features carried, exclusive features and feature
@@ -15,13 +16,10 @@ from __future__ import annotations
 import math
 
 import matplotlib
+import numpy as np
+from etils import epath
 
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
-import numpy as np  # noqa: E402
-from etils import epath  # noqa: E402
-
-from headspec import filenames, remote  # noqa: E402
+from headspec import figures, filenames, remote
 
 HEAD_METRICS = (
   ("features_carried", "features carried (a_fh ≥ carry_min)"),
@@ -37,16 +35,14 @@ def tag(model: str, step: int, site: str, sae: str) -> str:
 
 def _save(fig, path) -> epath.Path:
   fig.tight_layout()
-  path = remote.save_figure(fig, path, dpi=110)
-  plt.close(fig)
-  return path
+  return remote.save_figure(fig, path, dpi=110)
 
 
 @matplotlib.rc_context({"text.parse_math": False})  # names drawn as written: `$` is not mathtext
 def heads(rows: list[dict], num_heads: int, path, title: str) -> epath.Path:
   """heads_<tag>.png from heads.csv rows of one tag (every layer present)."""
   layers = sorted({int(r["layer"]) for r in rows})
-  fig, axes = plt.subplots(1, len(HEAD_METRICS), figsize=(4.2 * len(HEAD_METRICS), 1.2 + 0.45 * len(layers) + 1.4),
+  fig, axes = figures.new_figure(1, len(HEAD_METRICS), figsize=(4.2 * len(HEAD_METRICS), 1.2 + 0.45 * len(layers) + 1.4),
                            squeeze=False)  # fmt: skip
   for ax, (metric, label) in zip(axes[0], HEAD_METRICS):
     grid_LH = np.full((len(layers), num_heads), np.nan)
@@ -72,7 +68,7 @@ def entropy(rows: list[dict], num_heads: int, path, title: str) -> epath.Path:
   """entropy_<tag>.png from features.csv rows of one tag: live features (firing_rate > 0) only."""
   layers = sorted({int(r["layer"]) for r in rows})
   top = math.log2(num_heads)
-  fig, axes = plt.subplots(1, len(layers), figsize=(3.6 * len(layers), 3.0), squeeze=False, sharey=True)
+  fig, axes = figures.new_figure(1, len(layers), figsize=(3.6 * len(layers), 3.0), squeeze=False, sharey=True)
   for ax, layer in zip(axes[0], layers):
     live = [float(r["entropy_bits"]) for r in rows if int(r["layer"]) == layer and float(r["firing_rate"]) > 0]
     ax.hist(live, bins=np.linspace(0, top, 21), color="C0")

@@ -1,6 +1,7 @@
 """`headspec sae`: an SAE on one layer's activations at every requested step, measured, attributed to heads
 and laid against a treebank (docs/sae.md). Through the one job loop (headspec/jobloop.py); writes
-RUN/sae/metrics.csv, features.csv, heads.csv, contexts.csv and labels.csv (docs/outputs.md), and per
+RUN/sae/metrics.csv, features.csv, heads.csv, contexts.csv, labels.csv and the per-feature histograms.csv,
+shares.csv and logits.csv (headspec/sae/feature_data.py; docs/outputs.md), and per
 (model, step) the figures heads_<tag>.png and entropy_<tag>.png (headspec/sae/plots.py).
 
 Per (model, step): the model reads the evaluation text (headspec/evaltext.py: a run's validation rows, or
@@ -27,12 +28,13 @@ from headspec import bounds, filenames, jobloop, provenance, remote, tables, tar
 from headspec import evalset as evalset_lib
 from headspec.errors import UserError
 from headspec.sae import config as sae_config
+from headspec.sae import feature_data, layout, saelens, splice
 from headspec.sae import labels as labels_lib
 from headspec.sae import metrics as m
-from headspec.sae import splice
 from headspec.sae import train as sae_train
 
-TABLES = (tables.SAE_METRICS, tables.SAE_FEATURES, tables.SAE_HEADS, tables.SAE_CONTEXTS, tables.SAE_LABELS)
+TABLES = (tables.SAE_METRICS, tables.SAE_FEATURES, tables.SAE_HEADS, tables.SAE_CONTEXTS, tables.SAE_LABELS,
+          *feature_data.TABLES)  # fmt: skip
 POOLINGS = ("auto", "first", "last", "mean")
 
 
@@ -59,6 +61,7 @@ def check_config(c) -> None:
   if a.pooling not in POOLINGS:
     raise UserError(f"sae: analysis.pooling={a.pooling!r}; choose one of {', '.join(POOLINGS)}")
   bounds.check(c, sae_config.BOUNDS, "sae")  # every numeric option: NaN, inf, absurd sizes (sae/config.py)
+  saelens.check_load(c.sae.load, c.layers)  # sae.load: the folder holds an SAE (its width and layer: prepare)
 
 
 def _fit_check(values) -> None:
@@ -186,6 +189,9 @@ class SAEAnalysis(jobloop.Analysis):
     self.layers = resolve_layers(c, cfg.num_layers)
     self.width = int(np.prod(splice.site_shape(cfg, c.site)))
     self.options = options(c, self.width, splice.site_heads(cfg, c.site))
+    self.loaded = saelens.for_model(c.sae.load, model, c.site) if str(c.sae.load).strip() else None
+    if self.loaded is not None:  # sae.load: analysed, not trained, on the layer of its hook (headspec/sae/saelens.py)
+      self.layers = (self.loaded.layer,)
     from headspec.selectivity import read_selectivity
 
     # probes/results.csv's dev selectivity per (model, step), read (and checked) before any computation
@@ -207,6 +213,11 @@ class SAEAnalysis(jobloop.Analysis):
     tokens_NT, valid_NT = evaluation_tokens(text_config, self.workdir, tokenizer)
     self.train_rows, self.eval_rows = split_rows(tokens_NT, valid_NT, c.train_tokens, c.eval_tokens)
 
+  def sae_name(self) -> str:
+    """The tables' `sae` column: the trained configuration's, or a loaded SAE's (saelens.loaded_name)."""
+    loaded = getattr(self, "loaded", None)
+    return saelens.loaded_name(loaded) if loaded is not None else sae_name(self.options)
+
   def checkpoint_dir(self, job, layer: int):
     key = dict(identity=job.identity, options=self.options.__dict__, site=self.config.site, layer=layer,
                rows=hashlib.sha256(self.train_rows[0].tobytes()).hexdigest())  # fmt: skip
@@ -226,7 +237,7 @@ class SAEAnalysis(jobloop.Analysis):
     for layer in self.layers:
       for table, rows in self.layer_rows(job, layer).items():
         out[table] += rows
-    key = dict(model=job.name, step=job.step, site=self.config.site, sae=sae_name(self.options))
+    key = dict(model=job.name, step=job.step, site=self.config.site, sae=self.sae_name())
     groups = tuple(key | dict(layer=layer) for layer in self.layers)
     return {table: jobloop.Rows(rows, groups=groups) for table, rows in out.items()}
 
@@ -234,16 +245,23 @@ class SAEAnalysis(jobloop.Analysis):
     c, o, site = self.config, self.options, self.config.site
     model, tokenizer = job.load()
     cfg = model.cfg
-    x_train, _ = splice.capture(model, _token_batches(*self.train_rows, c.batch_size), site, layer)
-    sae_train.check_activations(x_train, where=f"{job.name} step {job.step}: {site} of layer {layer}")
-    t0 = time.perf_counter()
-    sae = sae_train.fit_sae(x_train, **{**o.__dict__, "checkpoint_dir": self.checkpoint_dir(job, layer),
-                                        "checkpoint_every": c.sae.checkpoint_every})  # fmt: skip
-    seconds = time.perf_counter() - t0
+    if self.loaded is None:
+      x_train, _ = splice.capture(model, _token_batches(*self.train_rows, c.batch_size), site, layer)
+      sae_train.check_activations(x_train, where=f"{job.name} step {job.step}: {site} of layer {layer}")
+      t0 = time.perf_counter()
+      sae = sae_train.fit_sae(x_train, **{**o.__dict__, "checkpoint_dir": self.checkpoint_dir(job, layer),
+                                          "checkpoint_every": c.sae.checkpoint_every})  # fmt: skip
+      seconds = time.perf_counter() - t0
+      folder = saelens.folder_for_run(self.workdir, job.name, job.step, site, layer, self.sae_name())
+      layout.save(sae, folder, hook_name=layout.hook_name(site, layer), model_name=job.name,
+                   metadata=dict(step=job.step, checkpoint=self.checkpoint_dir(job, layer).name))  # fmt: skip
+    else:  # sae.load: nothing trained, the training rows unread; z_rms is over the evaluation tokens
+      sae, x_train, seconds = saelens.for_headspec_z(self.loaded, model), None, 0.0
     evalset = evalset_lib.lm_eval_set(*self.eval_rows, model_kind=cfg.kind, tokenizer=tokenizer,
                                       batch_size=c.batch_size, seed=c.seed)  # fmt: skip
     # quality on the plain evaluation rows (an encoder's eval set has masked inputs, not what the SAE trained on)
     x_eval, _ = splice.capture(model, _token_batches(*self.eval_rows, c.batch_size), site, layer)
+    x_train = x_eval if x_train is None else x_train
     f_eval = _encode_all(sae, x_eval)
     rates_F = m.firing_rates(f_eval)
     sample = x_train[np.random.default_rng(c.seed).permutation(len(x_train))[: len(x_eval)]]
@@ -256,6 +274,8 @@ class SAEAnalysis(jobloop.Analysis):
       dead_fraction=m.dead_fraction(rates_F), dense_fraction=m.dense_fraction(rates_F, c.analysis.dense_min),
       train_seconds=seconds,
     )  # fmt: skip
+    if self.loaded is not None:
+      values |= saelens.loaded_metrics(sae)
     if job.lm_head:
       x_scored = x_eval if cfg.kind == "decoder" else splice.capture(model, evalset.batches, site, layer)[0]
       scores = splice.scores(model, evalset.batches, site, layer, sae, x_scored.astype(np.float64).mean(0))
@@ -265,7 +285,7 @@ class SAEAnalysis(jobloop.Analysis):
       values["loss_recovered_mean"] = m.loss_recovered(loss["clean"], loss["splice"], loss["mean_ablation"])
       values |= {f"{what}_{name}": v for what in ("kl", "agreement") for name, v in scores[what].items()}
       values["kl_recovered_zero"] = m.loss_recovered(0.0, scores["kl"]["splice"], scores["kl"]["zero_ablation"])
-    key = dict(model=job.name, step=job.step, site=site, layer=layer, sae=sae_name(o))
+    key = dict(model=job.name, step=job.step, site=site, layer=layer, sae=self.sae_name())
     metric_rows = [key | dict(metric=name, value=float(v)) for name, v in values.items()]
 
     heads = splice.site_heads(cfg, site)
@@ -278,8 +298,10 @@ class SAEAnalysis(jobloop.Analysis):
     feature_rows, selectivity = self.feature_rows(key, sae, f_eval, rates_F, a_FH, profile)
     head_rows = self.head_rows(key, job, layer, a_FH, rates_F, selectivity, m.head_rms(x_train, heads)) if heads else []
     context_rows, label_rows = self.treebank_rows(key, profile, al) if profile is not None else ([], [])
+    per_feature = feature_data.feature_tables(key, sae=sae, f_NF=f_eval, a_FH=a_FH, model=model, tokenizer=tokenizer,
+                                              site=site, layer=layer, lm_head=job.lm_head)  # fmt: skip
     return {tables.SAE_METRICS: metric_rows, tables.SAE_FEATURES: feature_rows, tables.SAE_HEADS: head_rows,
-            tables.SAE_CONTEXTS: context_rows, tables.SAE_LABELS: label_rows}  # fmt: skip
+            tables.SAE_CONTEXTS: context_rows, tables.SAE_LABELS: label_rows, **per_feature}  # fmt: skip
 
   def feature_rows(self, key, sae, f_eval, rates_F, a_FH, profile):
     a = self.config.analysis
@@ -364,7 +386,7 @@ class SAEAnalysis(jobloop.Analysis):
     the heatmap holds every layer heads.csv has for this model, step, site and SAE configuration."""
     from headspec.sae import plots
 
-    c, name = self.config, sae_name(self.options)
+    c, name = self.config, self.sae_name()
     mine = lambda frame: frame[(frame["model"] == job.name) & (frame["step"] == job.step)
                                & (frame["site"] == c.site) & (frame["sae"] == name)]  # fmt: skip
     heads = mine(tables.read_frame(tables.path_of(self.workdir, tables.SAE_HEADS), tables.SAE_HEADS))

@@ -19,7 +19,6 @@ def figure_tasks(em) -> list[str]:
 def _figures(frames: dict, out: epath.Path) -> list[str]:
   import matplotlib
 
-  matplotlib.use("Agg")
   # Condition and run names are drawn as written: `$` is not mathtext.
   with matplotlib.rc_context({"text.parse_math": False}):
     return _draw(frames, out)
@@ -27,9 +26,7 @@ def _figures(frames: dict, out: epath.Path) -> list[str]:
 
 def _loss_figure(tr, colors):
   """study/loss.png: every run's training loss (line) and validation loss (points) by step."""
-  import matplotlib.pyplot as plt
-
-  fig, ax = plt.subplots(figsize=(5.5, 3.5))
+  fig, ax = figures.new_figure(figsize=(5.5, 3.5))
   for _run, g in tr.groupby("run"):
     c = colors.get(g["condition"].iloc[0], "k")
     ax.plot(g["step"], g["loss"], lw=0.8, color=c, alpha=0.6, label=g["condition"].iloc[0])
@@ -46,42 +43,40 @@ def _loss_figure(tr, colors):
 def _induction_figure(ind, per_run, colors):
   """study/induction.png: the repeat drop and the top induction head's causal checks (k = 1, against
   layer-matched and unlabelled random heads) per run by step."""
-  import matplotlib.pyplot as plt
+  from matplotlib.lines import Line2D
 
   shown = (("repeat_drop", "repeat drop: 1st − 2nd copy (nats)"),
            ("loss_delta_second_vs_random (zero)", "top induction head ablated − random head\n(2nd copy loss, k = 1)"),
            ("loss_delta_second_vs_unlabelled (zero)",
             "top induction head ablated − random\nunlabelled head (2nd copy loss, k = 1)"))  # fmt: skip
-  fig, axes = plt.subplots(1, len(shown), figsize=(4.5 * len(shown), 3.4), squeeze=False)
+  fig, axes = figures.new_figure(1, len(shown), figsize=(4.5 * len(shown), 3.4), squeeze=False)
   for ax, (measure, title) in zip(axes[0], shown):
     per_run(ax, ind[(ind["measure"] == measure) & (ind["k"].isna() | (ind["k"] == 1))], "value")
     ax.axhline(0, color="gray", lw=0.5)
     ax.set_title(title, fontsize=9)
     ax.set_xlabel("training step (0 drawn at 1)")
   drawn = sorted(set(ind["condition"]))
-  axes[0, 0].legend([plt.Line2D([], [], color=colors[c]) for c in drawn], drawn, fontsize=8)  # one line a run
+  axes[0, 0].legend([Line2D([], [], color=colors[c]) for c in drawn], drawn, fontsize=8)  # one line a run
   return fig
 
 
 def _sae_figure(sae, per_run, colors):
   """study/sae.png: per run over training, the mean feature specialization S_h and the exclusive features."""
-  import matplotlib.pyplot as plt
+  from matplotlib.lines import Line2D
 
   shown = (("specialization_mean", "mean feature specialization S_h over heads"),
            ("exclusive_features", "head-exclusive SAE features (all heads)"))  # fmt: skip
-  fig, axes = plt.subplots(1, len(shown), figsize=(4.5 * len(shown), 3.4), squeeze=False)
+  fig, axes = figures.new_figure(1, len(shown), figsize=(4.5 * len(shown), 3.4), squeeze=False)
   for ax, (measure, title) in zip(axes[0], shown):
     per_run(ax, sae[sae["measure"] == measure], "value")
     ax.set_title(title, fontsize=9)
     ax.set_xlabel("training step (0 drawn at 1)")
   drawn = sorted(set(sae["condition"]))
-  axes[0, 0].legend([plt.Line2D([], [], color=colors[c]) for c in drawn], drawn, fontsize=8)
+  axes[0, 0].legend([Line2D([], [], color=colors[c]) for c in drawn], drawn, fontsize=8)
   return fig
 
 
 def _draw(frames: dict, out: epath.Path) -> list[str]:
-  import matplotlib.pyplot as plt
-
   written = []
   seen = set().union(*(set(f["condition"]) for f in frames.values() if "condition" in f))
   colors = {c: f"C{i}" for i, c in enumerate(sorted(seen))}  # a part's runs may lack a table yet
@@ -98,12 +93,11 @@ def _draw(frames: dict, out: epath.Path) -> list[str]:
   def save(fig, name: str) -> None:
     fig.tight_layout()
     remote.save_figure(fig, out / name, dpi=110)
-    plt.close(fig)
     written.append(name)
 
   em = frames["emergence"]
   drawn_tasks = figure_tasks(em)
-  fig, axes = plt.subplots(2, len(drawn_tasks), figsize=(4 * len(drawn_tasks), 6.5), squeeze=False)
+  fig, axes = figures.new_figure(2, len(drawn_tasks), figsize=(4 * len(drawn_tasks), 6.5), squeeze=False)
   seeds = em.groupby("condition")["run"].nunique()
   for j, task in enumerate(drawn_tasks):
     for _run, g in em[em["task"] == task].groupby("run"):
@@ -148,7 +142,7 @@ def _draw(frames: dict, out: epath.Path) -> list[str]:
     metrics = sorted(set(div["metric"]))
     cols = 3
     rows_ = -(-len(metrics) // cols)
-    fig, axes = plt.subplots(rows_, cols, figsize=(4.2 * cols, 3 * rows_), squeeze=False)
+    fig, axes = figures.new_figure(rows_, cols, figsize=(4.2 * cols, 3 * rows_), squeeze=False)
     for ax, metric in zip(axes.flat, metrics):
       per_run(ax, div[div["metric"] == metric], "value")
       ax.set_title(metric, fontsize=9)
@@ -170,7 +164,7 @@ def _draw(frames: dict, out: epath.Path) -> list[str]:
 
   ro = frames["roles"]
   if len(ro):
-    fig, axes = plt.subplots(1, len(ROLES), figsize=(4 * len(ROLES), 3.2), squeeze=False)
+    fig, axes = figures.new_figure(1, len(ROLES), figsize=(4 * len(ROLES), 3.2), squeeze=False)
     for ax, role in zip(axes[0], ROLES):
       per_run(ax, ro[ro["role"] == role], "score")
       ax.set_title(f"best {role} score (repeated random)", fontsize=9)
