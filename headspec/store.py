@@ -413,10 +413,10 @@ class _Shards:
     else:
       for column, value in values.items():
         path = self.folder / column / f"{len(self.sizes):06d}.npy"
+        buffer = io.BytesIO()
+        np.save(buffer, value)
         try:
-          path.parent.mkdir(parents=True, exist_ok=True)
-          with path.open("wb") as f:
-            np.save(f, value)
+          remote.write_bytes_atomic(path, buffer.getvalue())  # whole, or not at all (a full disk)
         except OSError as e:
           raise UserError(f"activations: writing {path}: {e.strerror or e}") from None
     self.sizes.append(n)

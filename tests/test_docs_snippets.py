@@ -21,7 +21,6 @@ import pytest
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
-os.environ.setdefault("MPLBACKEND", "Agg")
 
 import headspec  # noqa: E402
 
@@ -149,6 +148,8 @@ def run_page(path: pathlib.Path, cwd: pathlib.Path) -> dict:
 @pytest.mark.parametrize("page", pages_with_blocks())
 def test_the_page_runs(page, tmp_path, request, monkeypatch):
   pytest.importorskip("transformers")
+  monkeypatch.setenv("MPLBACKEND", "Agg")  # a page's plt.show() draws nowhere (set for this test only: the
+  # notebooks' kernels, started from the same worker, must draw inline)
   if page in NEEDS_DATA:
     monkeypatch.setenv("HEADSPEC_DATA_DIR", str(request.getfixturevalue("data_dir")))
   namespace = run_page(ROOT / page, tmp_path)

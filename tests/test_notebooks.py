@@ -95,6 +95,7 @@ def test_notebook_runs_and_outputs_match(path, tmp_path, monkeypatch):
   # the kernel inherits it: the notebooks' scratch folders (tempfile.mkdtemp, ~40 MB of runs each) go
   # into pytest's temporary folder, not the system's
   monkeypatch.setenv("TMPDIR", str(tmp_path))
+  monkeypatch.delenv("MPLBACKEND", raising=False)  # the kernel draws inline, as a user's Jupyter does
   recorded = nbformat.read(path, as_version=4)
   fresh = nbformat.read(path, as_version=4)
   t0 = time.perf_counter()
