@@ -196,13 +196,6 @@ def _flag_lines(form: str, parser) -> str:
   return "\n".join(lines + [f"  {flag:<{width}}{text}".rstrip() for flag, text in rows])
 
 
-def launch(args: list[str]) -> int:
-  """`headspec launch ARGS` = `python -m headspec.launch ARGS` (same output, same one-line errors, exit 2)."""
-  from headspec import launch
-
-  return launch.main(args, prog="headspec launch")
-
-
 def _probe_summary(results) -> str:
   from etils import epath
 
@@ -295,7 +288,7 @@ COMMANDS: dict[str, Command] = {
         "run a command, pipeline, sweep or experiment: local, multi-gpu, slurm, tpu (docs/scale.md)",
       ),
     ),
-    "headspec.commands:launch",
+    "headspec.launch:command",
     own_help=True,
     own_parser=True,
   ),

@@ -10,7 +10,7 @@ import pytest
 from absl import logging as absl_logging
 
 from headspec import cli, config_help, jobloop, quickstart
-from headspec.data import text_download, text_tfds
+from headspec.data import fetch, text_download, text_tfds
 from headspec.errors import UserError
 
 
@@ -208,7 +208,7 @@ def _tiny_source(tmp_path) -> tuple[text_download.TextSource, dict[str, pathlib.
 
   def remote(path):
     data = files[path].read_bytes()
-    return text_download.RemoteFile(path, len(data), hashlib.sha256(data).hexdigest())
+    return fetch.RemoteFile(path, len(data), hashlib.sha256(data).hexdigest())
 
   source = text_download.TextSource(
     name="tiny_wiki",

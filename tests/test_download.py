@@ -11,7 +11,7 @@ import threading
 import pytest
 
 from headspec import cli
-from headspec.data import download, synthetic, text_download, text_tfds, treebank
+from headspec.data import download, fetch, synthetic, text_download, text_tfds, treebank
 from headspec.errors import UserError
 
 
@@ -150,7 +150,7 @@ def wikitext(server, tmp_path):
     target.write_bytes(data)
 
   def remote(path):
-    return text_download.RemoteFile(path, len(blobs[path]), hashlib.sha256(blobs[path]).hexdigest())
+    return fetch.RemoteFile(path, len(blobs[path]), hashlib.sha256(blobs[path]).hexdigest())
 
   source = dataclasses.replace(
     text_download.CORPORA["wikitext_103"],
@@ -449,7 +449,7 @@ def test_each_corpus_is_fetched_from_its_own_host_by_default(tmp_path, monkeypat
     asked.append((repo_id, filename, repo_type, revision))
     raise huggingface_hub.errors.LocalEntryNotFoundError("not fetched in this test")
 
-  monkeypatch.setattr(text_download, "fetch_verified", refuse)
+  monkeypatch.setattr(fetch, "fetch_verified", refuse)
   monkeypatch.setattr(huggingface_hub, "hf_hub_download", refuse_hub)
   for corpus in ("wikitext_2", "english_mix"):
     with pytest.raises(UserError, match="not fetched in this test|download failed"):

@@ -304,7 +304,7 @@ def test_two_downloads_of_one_treebank_at_once_both_finish(server, synthetic_dat
 
 SLOW_TEXT = """
 import sys, time
-from headspec.data import text_download
+from headspec.data import fetch
 
 def fill(corpus_dir, staging):
   for split in ("train", "valid"):
@@ -313,14 +313,14 @@ def fill(corpus_dir, staging):
   time.sleep(3)
   return {"by": "slow"}
 
-text_download.install_corpus(sys.argv[1], "c", fill, log=lambda _: None)
+fetch.install_corpus(sys.argv[1], "c", fill, log=lambda _: None)
 """
 
 
 def test_a_live_text_download_s_staging_folder_is_not_removed(tmp_path):
   """A second corpus install of the same name removes only the staging folders of dead processes: the
   live first one finishes (its `.c.*.partial.tmp-<pid>` is kept), and nothing is left behind."""
-  from headspec.data import text_download
+  from headspec.data import fetch
 
   first = _python(SLOW_TEXT, tmp_path)
   _ready(first)
@@ -330,7 +330,7 @@ def test_a_live_text_download_s_staging_folder_is_not_removed(tmp_path):
       (corpus_dir / f"{split}.txt").write_text(f"fast {split}\n")
     return {"by": "fast"}
 
-  text_download.install_corpus(tmp_path, "c", fill, log=lambda _: None)
+  fetch.install_corpus(tmp_path, "c", fill, log=lambda _: None)
   _, err = first.communicate(timeout=60)
   assert first.returncode == 0, err[-2000:]
   assert sorted(p.name for p in (tmp_path / "text").iterdir()) == ["c"]

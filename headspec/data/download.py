@@ -25,6 +25,7 @@ import urllib.request
 
 from headspec import remote
 from headspec.data import treebank as treebank_lib
+from headspec.data.fetch import ArgumentParser
 from headspec.errors import UserError
 
 DEFAULT_RELEASE = "r2.16"
@@ -261,16 +262,9 @@ def download_ud(
   return paths
 
 
-class _ArgumentParser(argparse.ArgumentParser):
-  """argparse whose errors are one-line UserErrors (it would print usage and exit otherwise)."""
-
-  def error(self, message):
-    raise UserError(f"{self.prog}: {message}")
-
-
 def parser() -> argparse.ArgumentParser:
   """`headspec data download ud`'s options (its --help needs no data directory)."""
-  parser = _ArgumentParser(
+  parser = ArgumentParser(
     prog="headspec data download ud", description="Fetch a UD treebank into DATA_DIR/ud/<treebank>/."
   )
   parser.add_argument("treebank", help=f"UD code, e.g. en_ewt (known: {', '.join(sorted(REPOSITORIES))})")

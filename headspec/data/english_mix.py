@@ -29,10 +29,10 @@ import re
 import zipfile
 from collections.abc import Iterator
 
-from headspec.data import text_download
+from headspec.data import fetch
 from headspec.errors import UserError
 
-NAME = text_download.ENGLISH_MIX
+NAME = "english_mix"
 # nltk/nltk_data's gh-pages branch at this commit (2024) serves the packages nltk.download fetches.
 REVISION = "5db857e6f7df11eabb5e5665836db9ec8df07e28"
 BASE_URL = "https://raw.githubusercontent.com/nltk/nltk_data"
@@ -155,14 +155,14 @@ def download(
       where = url(package, base_url)
       log(f"{where}: downloading ({package.size / 1e6:.1f} MB)")
       path = staging / f"{package.name}.zip"
-      remote = text_download.RemoteFile(package.path, package.size, package.sha256)
-      text_download.fetch_verified(where, path, remote, package.sha256, timeout)
+      remote = fetch.RemoteFile(package.path, package.size, package.sha256)
+      fetch.fetch_verified(where, path, remote, package.sha256, timeout)
       zips[package.name] = path.read_bytes()
       files.append({"url": where, "bytes": package.size, "sha256": package.sha256})
     counts = {}
     for split, docs in split_documents(zips, packages).items():
       path = corpus_dir / f"{split}.txt"
-      counts[split] = text_download.write_documents(docs, path)
+      counts[split] = fetch.write_documents(docs, path)
       digest = hashlib.sha256(path.read_bytes()).hexdigest()
       if digest != output_sha256[split]:
         raise UserError(
@@ -180,4 +180,4 @@ def download(
       "conversion": "headspec/data/english_mix.py: one document per file, the development corpus's split",
     }
 
-  return text_download.install_corpus(data_dir, NAME, fill, force=force, log=log)
+  return fetch.install_corpus(data_dir, NAME, fill, force=force, log=log)

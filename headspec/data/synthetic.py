@@ -765,9 +765,9 @@ def write_synthetic(
 
 def parser():
   """`headspec data synthetic`'s options (experiments write their data with it: configs/experiments/grammar.py)."""
-  from headspec.data.download import _ArgumentParser
+  from headspec.data.fetch import ArgumentParser
 
-  parser = _ArgumentParser(
+  parser = ArgumentParser(
     prog="headspec data synthetic",
     description="Write the synthetic treebank (OUT/ud/synthetic/) and its text (OUT/text/synthetic/).",
   )

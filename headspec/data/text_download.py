@@ -20,41 +20,23 @@ Every file of the shipped corpora is pinned. A source added with `sha256=None` (
 makes the download refuse to start until `--sha256=FILE=HEX` supplies one (see docs/data.md).
 
 `english_mix`, the development corpus, comes from zip files rather than parquet: its sources and rules
-are in headspec/data/english_mix.py; it is fetched, checked and swapped in the same way (`install_corpus`).
+are in headspec/data/english_mix.py; it is fetched, checked and swapped in the same way (headspec/data/fetch.py,
+which holds what every downloader shares).
 """
 
 from __future__ import annotations
 
 import dataclasses
-import hashlib
-import http.client
-import json
-import os
 import pathlib
 import re
-import shutil
 import sys
-import tempfile
-import urllib.error
-import urllib.request
 from collections.abc import Iterable, Iterator
 
+from headspec.data import english_mix, fetch
 from headspec.errors import UserError
-from headspec.remote import remove_stale_temps
 
 HF_DATASETS_URL = "https://huggingface.co/datasets"
-SPLITS = ("train", "valid")  # headspec's corpus splits (text_tfds.SPLITS)
 _HEX64 = re.compile(r"^[0-9a-f]{64}$")
-_CHUNK = 1 << 20
-
-
-@dataclasses.dataclass(frozen=True)
-class RemoteFile:
-  """One file of a dataset repository: its path there, byte size and SHA-256 (None: not verified)."""
-
-  path: str
-  size: int | None
-  sha256: str | None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -64,17 +46,17 @@ class TextSource:
   name: str
   repo: str
   revision: str
-  files: dict  # split ('train' | 'valid') -> tuple[RemoteFile, ...], read in order
+  files: dict  # split ('train' | 'valid') -> tuple[fetch.RemoteFile, ...], read in order
   rows: dict  # split -> parquet rows over its files (the dataset card's num_examples); {} = unchecked
   download_size: str
   text_size: str
   license: str
   description: str
 
-  def url(self, base_url: str, remote: RemoteFile) -> str:
+  def url(self, base_url: str, remote: fetch.RemoteFile) -> str:
     return f"{base_url.rstrip('/')}/{self.repo}/resolve/{self.revision}/{remote.path}"
 
-  def page(self, remote: RemoteFile) -> str:
+  def page(self, remote: fetch.RemoteFile) -> str:
     """The file's page on huggingface.co, whose 'Git LFS Details' show its SHA-256 and size."""
     return f"{HF_DATASETS_URL}/{self.repo}/blob/{self.revision}/{remote.path}"
 
@@ -99,18 +81,18 @@ CORPORA = {
     revision=WIKITEXT_REVISION,
     files={
       "train": (
-        RemoteFile(
+        fetch.RemoteFile(
           "wikitext-103-raw-v1/train-00000-of-00002.parquet",
           156_987_808,
           "74da360f23826045b3e6ac6375411fdb15f003030aa74f2596ed08b857cb9212",
         ),
-        RemoteFile(
+        fetch.RemoteFile(
           "wikitext-103-raw-v1/train-00001-of-00002.parquet",
           157_088_770,
           "ba090ac30dbf5461e8dcbdd1a1b8e6f3cf9c2c756d64f0c1220450acd514f720",
         ),
       ),
-      "valid": (RemoteFile("wikitext-103-raw-v1/" + _WIKITEXT_VALID[0], *_WIKITEXT_VALID[1:]),),
+      "valid": (fetch.RemoteFile("wikitext-103-raw-v1/" + _WIKITEXT_VALID[0], *_WIKITEXT_VALID[1:]),),
     },
     rows={"train": 1_801_350, "valid": 3_760},
     download_size="315 MB",
@@ -125,14 +107,14 @@ CORPORA = {
     files={
       # SHA-256 and size from several independent public manifests pinned to this revision (docs/data.md).
       "train": (
-        RemoteFile(
+        fetch.RemoteFile(
           "wikitext-2-raw-v1/train-00000-of-00001.parquet",
           6_357_543,
           "e83889baabc497075506f91975be5fac0d45c5290b6b20582c8cd1e853d0c9f7",
         ),
       ),
       # WikiText-2 and -103 share their validation articles; the parquet files are byte-identical.
-      "valid": (RemoteFile("wikitext-2-raw-v1/" + _WIKITEXT_VALID[0], *_WIKITEXT_VALID[1:]),),
+      "valid": (fetch.RemoteFile("wikitext-2-raw-v1/" + _WIKITEXT_VALID[0], *_WIKITEXT_VALID[1:]),),
     },
     rows={"train": 36_718, "valid": 3_760},
     download_size="7 MB",
@@ -148,7 +130,7 @@ def canonical_name(name: str) -> str:
   return name.strip().lower().replace("-", "_")
 
 
-ENGLISH_MIX = "english_mix"  # built from NLTK data packages (headspec/data/english_mix.py), not parquet
+ENGLISH_MIX = english_mix.NAME  # built from NLTK data packages (headspec/data/english_mix.py), not parquet
 
 
 def downloadable() -> list[str]:
@@ -185,33 +167,7 @@ def wikitext_documents(rows: Iterable[str]) -> Iterator[str]:
     yield "\n".join(lines)
 
 
-def fetch_verified(url: str, dest: pathlib.Path, remote: RemoteFile, sha256: str, timeout: float) -> None:
-  """Streams url into dest, hashing as it goes; a short, oversized or altered file is a UserError."""
-  request = urllib.request.Request(url, headers={"User-Agent": "headspec-data-download"})
-  digest, size, length = hashlib.sha256(), 0, None
-  try:
-    with urllib.request.urlopen(request, timeout=timeout) as response, open(dest, "wb") as out:
-      length = response.headers.get("Content-Length")
-      while chunk := response.read(_CHUNK):
-        out.write(chunk)
-        digest.update(chunk)
-        size += len(chunk)
-        if remote.size is not None and size > remote.size:
-          raise UserError(f"{url}: more than the pinned {remote.size} bytes; not the pinned file")
-  except urllib.error.HTTPError as e:
-    raise UserError(f"{url}: HTTP {e.code} {e.reason}") from None
-  except (urllib.error.URLError, http.client.HTTPException, OSError) as e:
-    reason = getattr(e, "reason", None) or e.__class__.__name__
-    raise UserError(f"{url}: download failed ({reason})") from None
-  if length is not None and length.isascii() and length.isdigit() and size != int(length):
-    raise UserError(f"{url}: connection closed after {size} of {length} bytes (interrupted download)")
-  if remote.size is not None and size != remote.size:
-    raise UserError(f"{url}: {size} bytes, expected the pinned {remote.size}")
-  if digest.hexdigest() != sha256:
-    raise UserError(f"{url}: SHA-256 {digest.hexdigest()} does not match the pinned {sha256}")
-
-
-def hub_file(source: TextSource, remote: RemoteFile, sha256: str, timeout: float) -> pathlib.Path:
+def hub_file(source: TextSource, remote: fetch.RemoteFile, sha256: str, timeout: float) -> pathlib.Path:
   """`remote` of `source.repo` at `source.revision` through huggingface_hub's `hf_hub_download` (a
   dataset repository; the file lands in the Hugging Face cache, or is found there), then checked against
   the pinned size and SHA-256: a failed download or a file that is not the pinned one is a UserError (the
@@ -235,11 +191,7 @@ def hub_file(source: TextSource, remote: RemoteFile, sha256: str, timeout: float
   except (errors.HfHubHTTPError, errors.HFValidationError, OSError) as e:
     reason = str(e).splitlines()[0] if str(e) else type(e).__name__
     raise UserError(f"{url}: download failed ({reason})") from None
-  digest, size = hashlib.sha256(), 0
-  with open(path, "rb") as f:
-    while chunk := f.read(_CHUNK):
-      digest.update(chunk)
-      size += len(chunk)
+  digest, size = fetch.file_digest(path)
   problem = None
   if remote.size is not None and size != remote.size:
     problem = f"{size} bytes, expected the pinned {remote.size}"
@@ -287,16 +239,6 @@ def _check_parquet(source: TextSource, split: str, paths: list[pathlib.Path]) ->
     raise UserError(f"{source.name} {split}: {rows} rows in the parquet files, expected {expected}")
 
 
-def write_documents(documents: Iterable[str], path: pathlib.Path) -> int:
-  count = 0
-  with open(path, "w", encoding="utf-8") as out:
-    for count, doc in enumerate(documents, start=1):
-      if count > 1:
-        out.write("\n")
-      out.write(doc + "\n")
-  return count
-
-
 def _hashes(source: TextSource, overrides: dict[str, str]) -> dict[str, str]:
   """Remote path -> SHA-256 to check: the pinned values, plus --sha256 for the files that have none."""
   by_name = {pathlib.PurePosixPath(f.path).name: f for files in source.files.values() for f in files}
@@ -323,43 +265,6 @@ def _hashes(source: TextSource, overrides: dict[str, str]) -> dict[str, str]:
   return hashes
 
 
-def install_corpus(data_dir, name: str, fill, *, force: bool = False, log=print) -> pathlib.Path:
-  """Builds data_dir/text/<name>/ through `fill(corpus_dir, staging) -> record` (it writes train.txt and
-  valid.txt into corpus_dir, may keep downloads in staging, and returns what SOURCE.json records), all in
-  a hidden `.<name>.*.partial.tmp-<pid>` folder that replaces the corpus only when complete. An existing corpus
-  (train.txt and valid.txt present) is kept unless `force`."""
-  root = pathlib.Path(data_dir) / "text"
-  target = root / name
-  if target.exists() and not force:
-    if all((target / f"{s}.txt").is_file() for s in SPLITS):
-      log(f"{target} exists; kept (use --force to replace it)")
-      return target
-    raise UserError(f"{target} exists but lacks train.txt or valid.txt; --force replaces it")
-  root.mkdir(parents=True, exist_ok=True)
-  remove_stale_temps(root)  # a killed run's .<name>.*.partial.tmp-<pid>; a live one's is kept
-  for stale in root.glob(f".{name}.*.partial"):  # the pid-less name of earlier versions
-    shutil.rmtree(stale, ignore_errors=True)
-  staging = pathlib.Path(tempfile.mkdtemp(dir=root, prefix=f".{name}.", suffix=f".partial.tmp-{os.getpid()}"))
-  try:
-    corpus_dir = staging / name
-    corpus_dir.mkdir()
-    record = fill(corpus_dir, staging)
-    (corpus_dir / "SOURCE.json").write_text(json.dumps(record, indent=2) + "\n", encoding="utf-8")
-    if target.exists():  # --force: swap, so that the old corpus stays whole until the new one is in place
-      old = staging / ".replaced"
-      os.replace(target, old)
-      try:
-        os.replace(corpus_dir, target)
-      except OSError:
-        os.replace(old, target)  # put the old corpus back before the staging folder is removed
-        raise
-    else:
-      os.replace(corpus_dir, target)
-  finally:
-    shutil.rmtree(staging, ignore_errors=True)
-  return target
-
-
 def download_text(
   corpus: str,
   data_dir,
@@ -380,8 +285,6 @@ def download_text(
   """
   name = canonical_name(corpus)
   if sources is None and name == ENGLISH_MIX:
-    from headspec.data import english_mix  # pylint: disable=g-import-not-at-top
-
     if sha256:
       raise UserError("--sha256 is for unpinned files; every english_mix package is pinned")
     return english_mix.download(data_dir, base_url=base_url, force=force, timeout=timeout, log=log)
@@ -398,7 +301,7 @@ def download_text(
 
   def fill(corpus_dir: pathlib.Path, staging: pathlib.Path) -> dict:
     record = {"corpus": name, "repository": source.repo, "revision": source.revision, "files": [], "documents": {}}
-    for split in SPLITS:
+    for split in fetch.SPLITS:
       paths = []
       for remote in source.files[split]:
         url = source.url(base_url or HF_DATASETS_URL, remote)
@@ -407,11 +310,11 @@ def download_text(
           path = hub_file(source, remote, hashes[remote.path], timeout)
         else:  # a mirror of the same paths over plain HTTPS
           path = staging / pathlib.PurePosixPath(remote.path).name
-          fetch_verified(url, path, remote, hashes[remote.path], timeout)
+          fetch.fetch_verified(url, path, remote, hashes[remote.path], timeout)
         paths.append(path)
         record["files"].append({"url": url, "bytes": path.stat().st_size, "sha256": hashes[remote.path]})
       _check_parquet(source, split, paths)
-      count = write_documents(wikitext_documents(_parquet_rows(paths)), corpus_dir / f"{split}.txt")
+      count = fetch.write_documents(wikitext_documents(_parquet_rows(paths)), corpus_dir / f"{split}.txt")
       if count == 0:
         raise UserError(f"{source.name} {split}: no documents in the downloaded files")
       record["documents"][split] = count
@@ -419,14 +322,12 @@ def download_text(
     record["conversion"] = "one document per article (from a ' = Title = ' heading to the next), lines stripped"
     return record
 
-  return install_corpus(data_dir, name, fill, force=force, log=log)
+  return fetch.install_corpus(data_dir, name, fill, force=force, log=log)
 
 
 def parser():
   """`headspec data download text`'s options (its --help needs no data directory)."""
-  from headspec.data.download import _ArgumentParser  # pylint: disable=g-import-not-at-top
-
-  parser = _ArgumentParser(
+  parser = fetch.ArgumentParser(
     prog="headspec data download text", description="Fetch a public LM corpus into DATA_DIR/text/<corpus>/."
   )
   parser.add_argument("corpus", help=f"one of {', '.join(downloadable())}")

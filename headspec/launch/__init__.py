@@ -94,6 +94,11 @@ def _submit_slurm(opts, script_text: str, sweep_runs) -> int:
   return subprocess.call(["sbatch", script])
 
 
+def command(args: list[str]) -> int:
+  """`headspec launch ARGS` = `python -m headspec.launch ARGS` (same output, same one-line errors, exit 2)."""
+  return main(args, prog="headspec launch")
+
+
 def main(argv: list[str], prog: str = PROG) -> int:
   """The launcher's command line (`python -m headspec.launch ARGS`, `headspec launch ARGS`): argv without
   the program name; `prog` names it in --help."""
