@@ -1,4 +1,4 @@
-"""Shared helpers of the analysis/ scripts: read run outputs (only through headspec.tables, plus
+"""Shared helpers of the analysis/ scripts: read run outputs (only through headspec.io.tables, plus
 metrics.jsonl), pick a run's model and splits, and save each figure as PNG and SVG.
 
 No JAX, no model code, no checkpoints: `pip install -e ".[analysis]"` is enough (pandas, matplotlib).
@@ -17,8 +17,8 @@ matplotlib.rcParams["text.parse_math"] = False  # run, model and split names dra
 import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 
-from headspec import tables, train_log  # noqa: E402
 from headspec.errors import UserError  # noqa: E402
+from headspec.io import metrics, tables  # noqa: E402
 
 BOOTSTRAP_DRAWS = 2000
 
@@ -95,8 +95,8 @@ def in_grid(df, run: pathlib.Path, table: tables.Table):
 
 def training_metrics(run: pathlib.Path) -> list[dict]:
   """metrics.jsonl: one JSON object per line (a line cut by an interrupted run, not UTF-8 or without an
-  integer step is skipped with one warning: `headspec.train_log.read_metrics`, every reader's)."""
-  return train_log.read_metrics(run)
+  integer step is skipped with one warning: `headspec.io.metrics.read_metrics`, every reader's)."""
+  return metrics.read_metrics(run)
 
 
 def bootstrap_mean_ci(values, *, seed: int = 0, level: float = 0.95) -> tuple[float, float]:

@@ -41,8 +41,8 @@ from _common import (
   training_metrics,
 )
 
-from headspec import tables
 from headspec.errors import UserError
+from headspec.io import tables
 
 COLUMNS = [
   "quantity",

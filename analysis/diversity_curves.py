@@ -16,8 +16,8 @@ import pathlib
 
 from _common import frame, main_guard, need, parser, primary_model, run_dirs, save, step_axis
 
-from headspec import tables
 from headspec.errors import UserError
+from headspec.io import tables
 
 
 def layer_means(df):

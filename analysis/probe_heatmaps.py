@@ -14,8 +14,8 @@ import pathlib
 import numpy as np
 from _common import frame, heads_only, in_grid, main_guard, need, parser, primary_model, run_dirs, save
 
-from headspec import tables
 from headspec.errors import UserError
+from headspec.io import tables
 
 
 def grid(df, shape: tuple[int, int]) -> np.ndarray:

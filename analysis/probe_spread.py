@@ -27,8 +27,8 @@ import pathlib
 import numpy as np
 from _common import frame, heads_only, main_guard, need, parser, primary_model, run_dirs, save, select_and_report_splits
 
-from headspec import tables
 from headspec.errors import UserError
+from headspec.io import tables
 
 
 def per_run(run: pathlib.Path) -> dict:

@@ -20,7 +20,7 @@ import pathlib
 import numpy as np
 from _common import frame, main_guard, need, parser, primary_model, run_dirs, save
 
-from headspec import tables
+from headspec.io import tables
 
 
 def curve_mean(sub) -> float:

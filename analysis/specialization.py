@@ -35,7 +35,7 @@ from _common import (
   step_axis,
 )
 
-from headspec import tables
+from headspec.io import tables
 
 COLUMNS = (
   "run,model,task,step,select_split,report_split,best_layer,best_head,selectivity,ci_low,ci_high,"

@@ -42,8 +42,8 @@ def check(config, workdir, layers, task_names, max_iter: int, chosen_l2: bool = 
   from sklearn.linear_model import LogisticRegression
   from sklearn.preprocessing import StandardScaler
 
-  from headspec import remote, tables
   from headspec.errors import UserError
+  from headspec.io import remote, tables
   from headspec.probing import features, plan, suite
 
   workdir = remote.run_path(workdir)

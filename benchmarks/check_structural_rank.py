@@ -49,8 +49,8 @@ def _load() -> list[float]:
 
 def sweep(config, workdir, layers, ranks, task_names) -> dict:
   """The sweep (see the module docstring) as a dict; `rows` holds one entry per (layer, rank, task, split, metric)."""
-  from headspec import remote
   from headspec.errors import UserError
+  from headspec.io import remote
   from headspec.probing import features, plan, structural, suite
   from headspec.probing import tasks as tasks_lib
 

@@ -1,6 +1,6 @@
 """headspec: attention-head specialization in JAX transformers.
 
-Importing `headspec` (or `headspec.tables`, `headspec.atlas`) imports no JAX: the package's own
+Importing `headspec` (or `headspec.io.tables`, `headspec.atlas`) imports no JAX: the package's own
 attributes are resolved lazily (PEP 562), so analysis scripts and the atlas run on a laptop with only
 the `analysis` extra (pandas, matplotlib). Submodules that need JAX (model, train, probing, ...) import
 it themselves when imported.
@@ -17,7 +17,7 @@ __version__ = "0.1.0"
 # name -> (module, attribute): loaded on first access.
 _LAZY = {
   "build_atlas": ("headspec.atlas", "build_atlas"),
-  "TABLES": ("headspec.tables", "TABLES"),
+  "TABLES": ("headspec.io.tables", "TABLES"),
   # The notebook API (headspec/api.py, docs/api.md): these import JAX when first used.
   "load": ("headspec.api", "load"),
   "run": ("headspec.api", "run"),
@@ -88,11 +88,11 @@ __all__ = [
 
 @_check.arguments(workdir=_check.path, name=_check.text)
 def read_table(workdir, name: str):
-  """Table `name` of a run (a key of headspec.tables.TABLES: 'probes', 'diversity', 'ablation_heads',
+  """Table `name` of a run (a key of headspec.io.tables.TABLES: 'probes', 'diversity', 'ablation_heads',
   ...) as a pandas DataFrame with the documented dtypes; UserError if the run has no such table (or for a
   wrong argument, headspec/arguments.py)."""
-  from headspec import tables
   from headspec.errors import UserError
+  from headspec.io import tables
 
   if name not in tables.TABLES:
     raise UserError(f"no table {name!r}; choose from {', '.join(tables.TABLES)}")

@@ -25,8 +25,8 @@ from collections.abc import Callable, Sequence
 
 import numpy as np
 
-from headspec import provenance
 from headspec.errors import UserError
+from headspec.io import provenance
 
 POOLINGS = ("first", "last", "mean")
 

@@ -663,7 +663,7 @@ def probe(
   """
   import pandas as pd
 
-  from headspec import tables
+  from headspec.io import tables
   from headspec.probing import labels, suite
 
   loaded = _loaded(model)

@@ -25,9 +25,9 @@ import orbax.checkpoint as ocp
 from etils import epath
 from orbax.checkpoint import checkpoint_managers
 
-from headspec import library_logs, remote
 from headspec import mesh as mesh_lib
 from headspec.errors import UserError
+from headspec.io import library_logs, remote
 
 # Written when orbax commits a step: locally _CHECKPOINT_METADATA (inside the folder renamed into
 # place), on object stores commit_success.txt (the last object written).

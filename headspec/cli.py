@@ -24,9 +24,10 @@ import sys
 from absl import flags, logging
 from ml_collections import config_flags
 
-from headspec import commands, library_logs
+from headspec import commands
 from headspec.commands import COMMANDS
 from headspec.errors import UserError
+from headspec.io import library_logs
 
 FLAGS = flags.FlagValues()
 _CONFIG = config_flags.DEFINE_config_file(
@@ -151,7 +152,7 @@ def main(argv: list[str]) -> int:
     if entry.needs_config and not _WORKDIR.value:
       _fail(f"{command} needs --workdir=DIR")
     if _WORKDIR.value:
-      from headspec import remote
+      from headspec.io import remote
 
       remote.check_url(_WORKDIR.value)  # gs://, s3://, az:// or a local path; anything else before any work
     _quiet_libraries(_VERBOSE.value)

@@ -119,7 +119,7 @@ def atlas(config, workdir, args) -> None:
 
 def study(config, workdir, args) -> None:
   """`headspec study --workdir=ROOT`: ROOT/study/ from an experiment's runs (headspec/study/; no --config)."""
-  from headspec import remote, tables
+  from headspec.io import remote, tables
   from headspec.study import OUT, write_study
 
   if not workdir:

@@ -13,9 +13,10 @@ import math
 import ml_collections
 import numpy as np
 
-from headspec import remote, runs, targets
+from headspec import runs, targets
 from headspec.data import lm_pipeline, text_tfds
 from headspec.errors import UserError
+from headspec.io import remote
 
 
 def _select_rows(rows_NT: np.ndarray, config) -> tuple[np.ndarray, np.ndarray]:

@@ -26,8 +26,9 @@ import os
 
 from etils import epath
 
-from headspec import configs, remote, tables
+from headspec import configs
 from headspec.errors import UserError
+from headspec.io import remote, tables
 
 PLAN = "experiment.json"
 STAGES = "stages"

@@ -15,7 +15,7 @@ so a one-step command's bar is not a frozen 0% while XLA compiles; once that job
 a finished bar never says it is compiling. Log lines and printed lines go above the bars
 (`lines_above_bars`: tqdm.contrib.logging.logging_redirect_tqdm, and `write_above_bars` for stdout, whose
 lines share the terminal with the bars on stderr), never after a bar's fragment.
-Provenance (run_info.json) is the decorator on each analysis's `run` (headspec/provenance.py).
+Provenance (run_info.json) is the decorator on each analysis's `run` (headspec/io/provenance.py).
 """
 
 from __future__ import annotations
@@ -33,8 +33,9 @@ from tqdm import tqdm
 from tqdm.contrib import DummyTqdmFile
 from tqdm.contrib.logging import logging_redirect_tqdm
 
-from headspec import remote, tables, targets
+from headspec import targets
 from headspec.errors import UserError
+from headspec.io import remote, tables
 
 
 @dataclasses.dataclass(frozen=True)

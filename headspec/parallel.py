@@ -18,8 +18,8 @@ from absl import logging
 from jax.sharding import Mesh
 
 from headspec import mesh as mesh_lib
-from headspec import remote
 from headspec.errors import UserError
+from headspec.io import remote
 
 PMAP_AXIS = "batch"
 PARALLELISMS = ("jit", "pmap")

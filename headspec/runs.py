@@ -8,10 +8,11 @@ import jax
 import ml_collections
 from flax import nnx
 
-from headspec import checkpoints, remote
+from headspec import checkpoints
 from headspec import mesh as mesh_lib
 from headspec.data.tokenizer import INFO_FILE, Tokenizer, load_tokenizer
 from headspec.errors import UserError
+from headspec.io import remote
 from headspec.model import ModelConfig, Transformer
 
 # Config keys that fix the parameters' shapes (train.seq_len sizes the learned positions, data.vocab_size

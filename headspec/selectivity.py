@@ -1,6 +1,6 @@
 """Per-head probe selectivity read from RUN/probes/results.csv: what the causal probe test ranks heads by
 (headspec/ablation/causal.py) and what an SAE's head attribution is compared with (headspec/sae/run.py).
-Shared layer: it reads the probing table's contract (headspec/tables.py), not the probing code.
+Shared layer: it reads the probing table's contract (headspec/io/tables.py), not the probing code.
 """
 
 from __future__ import annotations
@@ -9,8 +9,8 @@ import dataclasses
 
 import numpy as np
 
-from headspec import tables
 from headspec.errors import UserError
+from headspec.io import tables
 
 
 @dataclasses.dataclass(frozen=True)

@@ -2,7 +2,7 @@
 
 Runs `headspec COMMAND ARGS` in this process unless MARKER already holds the same command line, and
 writes it to MARKER when the command exits 0 (headspec/experiments.py plans the stages); a second launch
-of the same stage waits for the first (the stage's lock, headspec/locks.py), then finds it done. A module of its
+of the same stage waits for the first (the stage's lock, headspec/io/locks.py), then finds it done. A module of its
 own so that planning (experiments.py, used by the launcher, used by the CLI) never imports the CLI back.
 """
 
@@ -12,12 +12,13 @@ import sys
 
 from etils import epath
 
-from headspec import cli, locks, remote
+from headspec import cli
+from headspec.io import locks, remote
 
 
 def run_stage(marker: str, argv: list[str]) -> int:
   """Runs `headspec ARGV` unless MARKER holds the same arguments; writes them to MARKER when it exits 0.
-  Holds the stage's lock (headspec/locks.py: `.NAME.lock` beside MARKER) throughout: a second launch of
+  Holds the stage's lock (headspec/io/locks.py: `.NAME.lock` beside MARKER) throughout: a second launch of
   the same stage (two launchers on one experiment folder, or two parts of a setting sharing a reference)
   waits for the first, then finds the stage done."""
   done = epath.Path(marker)

@@ -35,7 +35,7 @@ import numpy as np
 from etils import epath
 from flax import nnx
 
-from headspec import api, jobloop, remote
+from headspec import api, jobloop
 from headspec import arguments as check
 from headspec import cache as cache_lib
 from headspec import model as model_lib
@@ -43,6 +43,7 @@ from headspec import tokens as tokens_lib
 from headspec import words as words_layer
 from headspec.data.tokenizer import bos_ids
 from headspec.errors import UserError
+from headspec.io import remote
 
 FORMAT = "headspec-activations/1"
 INDEX = ("tokens", "sequence", "position")  # the int32 columns stored beside the sites

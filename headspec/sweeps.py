@@ -21,8 +21,8 @@ import sys
 import ml_collections
 from etils import epath
 
-from headspec import remote, tables, train_log
 from headspec.errors import UserError
+from headspec.io import metrics, remote, tables
 
 TABLE = "sweep.csv"
 COLUMNS = ("name", "workdir", "overrides", "step", "loss", "eval_loss")
@@ -115,7 +115,7 @@ def write_plan(root, runs: list[Run]) -> epath.Path:
 def _last(workdir) -> dict:
   """The last logged step, loss and eval loss of a run (malformed lines skipped with a warning)."""
   out = {}
-  for record in train_log.read_metrics(workdir):
+  for record in metrics.read_metrics(workdir):
     out["step"] = record["step"]
     for key, column in (("loss", "loss"), ("eval/loss", "eval_loss")):
       if isinstance(record.get(key), (int, float)):

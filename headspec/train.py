@@ -29,7 +29,7 @@ from etils import epath
 from flax import nnx
 from jax.experimental import multihost_utils
 
-from headspec import checkpoints, edits, jobloop, locks, parallel, provenance, regularizers, remote, runs, targets
+from headspec import checkpoints, edits, jobloop, parallel, regularizers, runs, targets
 from headspec import mesh as mesh_lib
 from headspec.data import lm_pipeline, text_tfds
 from headspec.data import repeats as repeats_lib
@@ -37,9 +37,10 @@ from headspec.data import tokenizer as tokenizer_lib
 from headspec.data.tokenizer import bos_ids, special_ids
 from headspec.diversity import metrics as diversity
 from headspec.errors import UserError
+from headspec.io import locks, provenance, remote
+from headspec.io.metrics import MetricsWriter
 from headspec.model import ModelConfig, Transformer
 from headspec.objectives import Objective, eval_step, loss_inputs, token_nll
-from headspec.train_log import MetricsWriter
 
 
 @flax.struct.dataclass
@@ -309,7 +310,7 @@ class _Preemption:
 
 
 def _run_lock(config, workdir, **_) -> dict:
-  """The lock a training holds on its run (headspec/locks.py): another live training of it is refused in
+  """The lock a training holds on its run (headspec/io/locks.py): another live training of it is refused in
   one line. One per process of a multi-process run, named by its index (so jax.distributed starts first)."""
   parallel.initialize_distributed(config.multihost)  # idempotent: train_and_evaluate's own call does nothing
   index = jax.process_index()

@@ -120,7 +120,7 @@ class AttentionView:
   def save(self, path):
     from etils import epath
 
-    from headspec import remote
+    from headspec.io import remote
 
     path = epath.Path(path)
     page = f"<!doctype html><meta charset='utf-8'><title>attention</title>{self.html}"

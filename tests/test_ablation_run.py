@@ -8,12 +8,13 @@ import sys
 import numpy as np
 import pytest
 
-from headspec import runs, tables
+from headspec import runs
 from headspec.ablation import core, gates, metrics, pruning
 from headspec.ablation.run import evaluation_set
 from headspec.ablation.run import quickstart as ablate_quickstart
 from headspec.ablation.run import run as run_ablation
 from headspec.cli import main
+from headspec.io import tables
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "configs"))

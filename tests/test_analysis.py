@@ -1,5 +1,5 @@
 """analysis/ scripts on fixture runs: each writes PNG and SVG (and its CSV), numbers checked where the
-fixture fixes them; importing them (and headspec.tables, headspec.atlas) never imports JAX."""
+fixture fixes them; importing them (and headspec.io.tables, headspec.atlas) never imports JAX."""
 
 import csv
 import pathlib
@@ -92,7 +92,7 @@ def test_diversity_scripts_read_the_runs_own_model(tmp_path):
   import compare_runs
   import diversity_curves
 
-  from headspec import tables
+  from headspec.io import tables
 
   run = write_run(tmp_path / "own", layers=2, heads=2, steps=(0, 100), probes=False, ablation=False, attention=False)
   before = (diversity_curves.main([str(run), "--out", str(tmp_path / "a")]), compare_runs.quantities(run))
@@ -146,7 +146,7 @@ def test_probe_spread_over_seeds(tmp_path):
   per-head sds are the sample sds of the runs' values, and the CI half-width comes from selectivity.csv."""
   import probe_spread
 
-  from headspec import tables
+  from headspec.io import tables
 
   runs = [
     write_run(tmp_path / f"s{seed}", seed=seed, diversity=False, ablation=False, attention=False) for seed in range(3)
@@ -194,7 +194,7 @@ def test_missing_inputs_are_one_line(tmp_path, runs):
 def test_no_jax_imported():
   code = (
     "import sys; sys.path.insert(0, sys.argv[1])\n"
-    "import headspec, headspec.tables, headspec.atlas\n"
+    "import headspec, headspec.io.tables, headspec.atlas\n"
     f"for name in {SCRIPTS!r}: __import__(name)\n"
     "headspec.build_atlas\n"
     "heavy = sorted(m for m in ('jax', 'flax', 'tensorflow', 'orbax') if m in sys.modules)\n"

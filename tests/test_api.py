@@ -17,8 +17,9 @@ import pandas as pd
 import pytest
 
 import headspec
-from headspec import api, runs, tables
+from headspec import api, runs
 from headspec.errors import UserError
+from headspec.io import tables
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 L, H = 2, 4

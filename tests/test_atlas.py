@@ -7,9 +7,10 @@ import re
 import pytest
 from test_atlas_fixtures import write_run
 
-from headspec import cli, tables
+from headspec import cli
 from headspec.atlas import PAGE_NAME, atlas_data, build_atlas, run_data
 from headspec.errors import UserError
+from headspec.io import tables
 
 
 @pytest.fixture(scope="module")

@@ -10,9 +10,9 @@ import numpy as np
 import pytest
 from test_atlas_fixtures import SAE_EVAL_TOKENS, SAE_FEATURES, SAE_TOKEN_MARKUP, write_run
 
-from headspec import tables
 from headspec.atlas import build_atlas, run_data
 from headspec.atlas.features import NO_LOGITS, features_data
+from headspec.io import tables
 
 
 @pytest.fixture(scope="module")

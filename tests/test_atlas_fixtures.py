@@ -1,4 +1,4 @@
-"""Fixture runs for the atlas and analysis/ tests: every per-head table, written through headspec.tables
+"""Fixture runs for the atlas and analysis/ tests: every per-head table, written through headspec.io.tables
 following the contracts in docs/outputs.md (pure Python: no JAX, no NumPy), plus metrics.jsonl and
 attention pictures. Imported by tests/test_atlas.py and tests/test_analysis*.py; no tests of its own."""
 
@@ -10,7 +10,7 @@ import random
 import struct
 import zlib
 
-from headspec import tables
+from headspec.io import tables
 
 TASKS = ("upos", "arc")
 SPLITS = ("synth/dev", "synth/test")

@@ -7,11 +7,12 @@ import pathlib
 import numpy as np
 import pytest
 
-from headspec import cli, runs, tables
+from headspec import cli, runs
 from headspec.attention import attention_quickstart
 from headspec.attention.config import attention_config
 from headspec.attention.roles import ROLES
 from headspec.attention.run import run as run_attention
+from headspec.io import tables
 
 L, H = 2, 4
 CONFIG = str(pathlib.Path(__file__).resolve().parents[1] / "configs" / "attention_ewt.py")

@@ -471,7 +471,8 @@ def test_bad_circuit_keys_are_one_line(tmp_path):
 def test_circuit_command_writes_its_tables(train_tiny_decoder, capsys):
   """`headspec circuit` on a tiny trained decoder: one edges.csv row per (edge, method), the faithfulness
   curve's rows per (method, size, set), the full-size circuit at 1; a bad key is one line before any work."""
-  from headspec import cli, tables
+  from headspec import cli
+  from headspec.io import tables
   from headspec.patching import circuit as circuit_run
 
   run_dir = train_tiny_decoder(2, name="circuit")

@@ -145,7 +145,7 @@ def test_log_lines_go_above_the_bars(capsys):
 
 
 def test_the_first_job_says_it_is_compiling(tmp_path, capsys):
-  from headspec import tables
+  from headspec.io import tables
 
   class Slow(jobloop.Analysis):
     name = "slow"

@@ -4,7 +4,7 @@ synthetic control task, and the figure."""
 import numpy as np
 import pytest
 
-from headspec import tables
+from headspec.io import tables
 from headspec.probing import complexity, probe
 
 GRID = (1e-6, 1e-2, 1.0, 3.0)

@@ -18,7 +18,8 @@ import pytest
 from test_atlas_fixtures import write_run
 from test_train_errors import tiny_config
 
-from headspec import checkpoints, cli, tables, train_log
+from headspec import checkpoints, cli
+from headspec.io import metrics, tables
 from headspec.train import train_and_evaluate
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
@@ -183,7 +184,7 @@ def test_a_probe_part_on_a_full_disk_leaves_no_temporary(disk):
 
 def test_metrics_on_a_full_disk_leave_no_partial_line(disk):
   d = disk(size="1m")
-  writer = train_log.MetricsWriter(d.path)
+  writer = metrics.MetricsWriter(d.path)
   writer.write({"step": 1, "loss": 2.0})
   before = files(d.path)
   d.fill()
@@ -193,7 +194,7 @@ def test_metrics_on_a_full_disk_leave_no_partial_line(disk):
   assert_one_line_naming(e.value, e.value.filename)
   writer.close()
   assert files(d.path) == before
-  assert [r["step"] for r in train_log.read_metrics(d.path)] == [1]
+  assert [r["step"] for r in metrics.read_metrics(d.path)] == [1]
 
 
 def test_tensorboard_events_are_readable_records(tmp_path):
@@ -204,7 +205,7 @@ def test_tensorboard_events_are_readable_records(tmp_path):
   from tensorboardX.proto import event_pb2
   from tensorboardX.record_writer import masked_crc32c
 
-  writer = train_log.MetricsWriter(tmp_path)
+  writer = metrics.MetricsWriter(tmp_path)
   writer.write({"step": 3, "loss": 2.5, "eval/loss": 3.0})
   writer.close()
   (path,) = tmp_path.glob("events.out.tfevents.*")
@@ -259,7 +260,7 @@ def test_training_stops_at_the_save_that_fails(disk, synthetic_data_dir, tmp_pat
   assert 1 < failed < 12, errors[0]
   assert checkpoints.saved_steps(run) == list(range(1, failed))
   assert sorted(p.name for p in d.path.iterdir() if p.name != ".ballast") == [str(s) for s in range(1, failed)]
-  assert [r["step"] for r in train_log.read_metrics(run)][-1] == failed  # stopped there: nothing logged after
+  assert [r["step"] for r in metrics.read_metrics(run)][-1] == failed  # stopped there: nothing logged after
   assert f"resumes from step {failed - 1}" in errors[0]
   d.grow()
   config = tiny_config(synthetic_data_dir, steps=failed + 1)
@@ -330,7 +331,7 @@ def test_the_shared_writers_on_a_full_disk_leave_no_temporary_and_name_the_file(
   matplotlib.use("Agg")
   import matplotlib.pyplot as plt
 
-  from headspec import remote
+  from headspec.io import remote
 
   d = disk(size="1m")
   kept = d.path / "config.json"
@@ -356,8 +357,8 @@ def test_analyses_write_through_the_atomic_writers():
   import re
 
   allowed = {
-    "headspec/remote.py",  # the atomic writers themselves
-    "headspec/tables.py",  # its own temporary + rename, and the lock file
+    "headspec/io/remote.py",  # the atomic writers themselves
+    "headspec/io/tables.py",  # its own temporary + rename, and the lock file
     "headspec/probing/features.py",  # into the cache's temporary folder, renamed whole
     "headspec/data/text_download.py",  # into the corpus's .partial.tmp-<pid> folder, renamed whole
     "headspec/data/download.py",  # into a .part.tmp-<pid> file, renamed after its hash is checked

@@ -12,12 +12,13 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from headspec import runs, tables
+from headspec import runs
 from headspec.diversity import metrics as diversity
 from headspec.diversity.run import read_results
 from headspec.diversity.run import run as run_diversity
 from headspec.errors import UserError
 from headspec.evaltext import evaluation_tokens
+from headspec.io import tables
 from headspec.pretrained import load_pretrained
 
 REPO = pathlib.Path(__file__).resolve().parents[1]

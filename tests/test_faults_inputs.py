@@ -280,7 +280,7 @@ def _read_conllu(path):
   return read_conllu(path)
 
 
-# Every reader of a user's text file (headspec/textfiles.py): (reader, a valid file's bytes).
+# Every reader of a user's text file (headspec/io/textfiles.py): (reader, a valid file's bytes).
 TEXT_READERS = {"circuit pairs=FILE.jsonl": (_read_pairs, PAIR), "treebank .conllu": (_read_conllu, CONLLU)}
 
 

@@ -5,7 +5,7 @@ import math
 
 import pytest
 
-from headspec import tables
+from headspec.io import tables
 
 WHOLE = {  # per table, the identifying columns one job writes whole (the audit behind `Table.together`)
   "probes": "",  # every (task, layer, head, split) its own row

@@ -1,4 +1,4 @@
-"""Names become paths: one rule, headspec/filenames.py `component`, turns every user-given name
+"""Names become paths: one rule, headspec/io/filenames.py `component`, turns every user-given name
 into a file-name component, and every writer uses it. An absolute path, `..` or `/` in `model_name` wrote
 the probe's parts outside the run directory, and failed in `patch` and `ablate` only when the figures were
 saved, after the computing."""
@@ -10,7 +10,7 @@ import shutil
 
 import pytest
 
-from headspec import filenames, tables
+from headspec.io import filenames, tables
 
 HOSTILE = ("/abs/x", "../../../x", "a/b", "a\\b", "..", ".", "", "x\x00y", "a b", "\ud800", ".hidden", "é" * 100)
 

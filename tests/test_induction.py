@@ -11,12 +11,13 @@ import pytest
 from flax import nnx
 from induction_recipe import INDUCTION_N, INDUCTION_SPECIALS, INDUCTION_VOCAB
 
-from headspec import runs, tables
+from headspec import runs
 from headspec.attention import induction as ind
 from headspec.attention import induction_run
 from headspec.attention.config import attention_config
 from headspec.attention.run import run as run_attention
 from headspec.errors import UserError
+from headspec.io import tables
 from headspec.model import ModelConfig, Transformer
 from headspec.quickstart import quickstart_config
 from headspec.train import train_and_evaluate

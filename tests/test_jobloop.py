@@ -7,8 +7,9 @@ import pathlib
 
 import pytest
 
-from headspec import cli, jobloop, tables
+from headspec import cli, jobloop
 from headspec.errors import UserError
+from headspec.io import tables
 
 PACKAGE = pathlib.Path(__file__).resolve().parent.parent / "headspec"
 ANALYSES = ("probing", "diversity", "attention", "ablation")
@@ -176,9 +177,9 @@ class _Terminal:
 
 @pytest.mark.parametrize("inside", [False, True])
 def test_metric_lines_never_follow_a_bars_fragment(tmp_path, inside):
-  """A metrics line (train_log, on stdout) and a printed line each stand on a line of their own on the
+  """A metrics line (io/metrics.py, on stdout) and a printed line each stand on a line of their own on the
   terminal, with the bar (on stderr) redrawn below them; with and without lines_above_bars (the trainer's)."""
-  from headspec.train_log import MetricsWriter
+  from headspec.io.metrics import MetricsWriter
 
   writer = MetricsWriter(tmp_path)
   terminal = _Terminal()

@@ -30,7 +30,7 @@ TRAINER_ALLOWED = {"headspec.diversity.metrics"}
 # The shared layer: below every analysis, so it imports none.
 SHARED = (
   "objectives", "alignment", "resampling", "evaltext", "evalset", "selectivity", "heads", "regularizers", "jobloop",
-  "figures", "tables", "targets", "data", "words", "edits",
+  "figures", "io", "targets", "data", "words", "edits",
 )  # fmt: skip
 
 
@@ -216,3 +216,17 @@ def test_the_lbfgs_engine_and_the_device_fan_out_know_nothing_of_probes():
   a general split of groups over devices: neither imports any headspec module (inside functions too)."""
   assert _imports("headspec.probing.lbfgs", module_level=False) == set()
   assert _imports("headspec.probing.fanout", module_level=False) == set()
+
+
+def test_the_io_layer_stands_on_errors_alone():
+  """headspec/io (paths, tables, locks, metrics.jsonl, provenance: no JAX) imports nothing of headspec but
+  itself and headspec.errors, inside functions too: every layer above may read and write through it."""
+  io_modules = [m for m in MODULES if m == "headspec.io" or m.startswith("headspec.io.")]
+  assert {"headspec.io.tables", "headspec.io.remote", "headspec.io.locks"} <= set(io_modules)
+  upward = sorted(
+    f"{name} imports {imported}"
+    for name in io_modules
+    for imported in _imports(name, module_level=False)
+    if not (imported == "headspec.errors" or imported.startswith("headspec.io"))
+  )
+  assert not upward, "\n".join(upward)

@@ -17,8 +17,9 @@ import types
 
 import pytest
 
-from headspec import experiments, launch, locks, stage, study
+from headspec import experiments, launch, stage, study
 from headspec.errors import UserError
+from headspec.io import locks
 from headspec.probing import suite
 
 REPO = pathlib.Path(__file__).resolve().parents[1]

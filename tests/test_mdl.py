@@ -9,8 +9,8 @@ import math
 import numpy as np
 import pytest
 
-from headspec import tables
 from headspec.errors import UserError
+from headspec.io import tables
 from headspec.probing import mdl
 
 N, K, D = 2000, 5, 8

@@ -216,7 +216,7 @@ def test_pythia_revisions_experiment_plans_analyses_of_published_steps_without_t
 
 def _ablation_only_run(path, **model):
   """A run folder with config.json and one per-head table (what the atlas needs), no checkpoints."""
-  from headspec import tables
+  from headspec.io import tables
 
   model = dict(kind="decoder", num_layers=1, num_heads=4, pretrained="", **model)
   path.mkdir(parents=True)

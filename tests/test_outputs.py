@@ -12,8 +12,8 @@ import numpy as np
 import pytest
 from test_atlas_fixtures import tiny_png, write_run
 
-from headspec import remote, tables
 from headspec.atlas import run_data
+from headspec.io import remote, tables
 
 DOLLARS = ["$$", "me$$age", "$5", "a$b$c"]  # the first two are EWT train forms
 

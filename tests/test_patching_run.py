@@ -8,10 +8,11 @@ import pandas as pd
 import pytest
 import tokenizers
 
-from headspec import atlas, cli, pretrained, tables
+from headspec import atlas, cli, pretrained
 from headspec.data.hf_tokenizer import load_hf_tokenizer
 from headspec.data.tokenizer import load_tokenizer
 from headspec.errors import UserError
+from headspec.io import tables
 from headspec.patching import run as patch_run
 from headspec.patching import tasks
 from headspec.patching.config import patch_config

@@ -13,7 +13,8 @@ import numpy as np
 import pytest
 from matplotlib.figure import Figure
 
-from headspec import figures, remote
+from headspec import figures
+from headspec.io import remote
 
 PNG = b"\x89PNG\r\n\x1a\n"
 

@@ -10,11 +10,12 @@ import pytest
 from flax import nnx
 
 from headspec import alignment as align
-from headspec import checkpoints, runs, tables
+from headspec import checkpoints, runs
 from headspec.data import treebank
 from headspec.data.tokenizer import train_sentencepiece
 from headspec.defaults import train_config
 from headspec.errors import UserError
+from headspec.io import tables
 from headspec.model import random_like
 from headspec.probing import report, suite, tasks
 from headspec.probing import run as probe_run

@@ -1,4 +1,4 @@
-"""run_info.json (headspec/provenance.py): written beside a command's tables, with the resolved config,
+"""run_info.json (headspec/io/provenance.py): written beside a command's tables, with the resolved config,
 versions, git commit, the SHA-256 of every data file read, counts, host, devices and wall time."""
 
 import hashlib
@@ -6,7 +6,7 @@ import json
 import re
 import subprocess
 
-from headspec import provenance
+from headspec.io import provenance
 
 KEYS = {"command", "argv", "config", "versions", "git_commit", "data_files", "host", "platform", "python"}
 KEYS |= {"devices", "started", "wall_time_s"}

@@ -15,15 +15,16 @@ import pytest
 from etils import epath
 from etils.epath import testing as epath_testing
 
-from headspec import remote, runs
+from headspec import runs
 from headspec.data import lm_pipeline
 from headspec.data import tokenizer as tokenizer_lib
 from headspec.errors import UserError
+from headspec.io import remote
+from headspec.io.metrics import MetricsWriter
 from headspec.quickstart import quickstart_config
-from headspec.train_log import MetricsWriter
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
-OWNED = ["train.py", "train_log.py", "checkpoints.py", "runs.py", "remote.py", "sweeps.py", "data/lm_pipeline.py", "data/tokenizer.py", "diversity/run.py",
+OWNED = ["train.py", "io/metrics.py", "checkpoints.py", "runs.py", "io/remote.py", "sweeps.py", "data/lm_pipeline.py", "data/tokenizer.py", "diversity/run.py",
          "data/hf_tokenizer.py", "probing/suite.py", "probing/run.py", "probing/report.py", "probing/features.py", "attention/run.py",
          "attention/pictures.py", "attention/induction_run.py", "ablation/run.py", "ablation/plots.py", "atlas/data.py",
          "atlas/page.py", "atlas/build.py", "atlas/features.py"]  # fmt: skip
@@ -44,7 +45,7 @@ def test_no_local_only_calls_on_run_paths():
     assert not re.search(r"pathlib\.Path\([^)]*\)\.resolve\(\)", text), name
     assert not re.search(r"(?<![.\w])open\(", text), name
     assert not re.search(r"pathlib\.Path\((workdir|run_dir|out_dir|folder)\)", text), name
-    assert name == "remote.py" or ".savefig(" not in text, name
+    assert name == "io/remote.py" or ".savefig(" not in text, name
 
 
 def _mock_gcs(root: pathlib.Path):
@@ -318,7 +319,7 @@ def test_only_the_writer_process_writes(tmp_path, monkeypatch):
   matplotlib.use("Agg")
   import matplotlib.pyplot as plt
 
-  from headspec import tables
+  from headspec.io import tables
 
   table = tables.PROBE_BASELINES
   row = {c: 1 for c in table.columns}

@@ -209,7 +209,7 @@ def trained_run(train_tiny_decoder):
 
 @pytest.mark.slow
 def test_cli_on_the_tiny_decoder(trained_run, synthetic_data_dir, tmp_path):
-  from headspec import tables
+  from headspec.io import tables
 
   write_probes(trained_run, "sae", 200, layers=2)
   assert sae_cli(tmp_path, trained_run, synthetic_data_dir, **SMALL) == 0
@@ -268,7 +268,7 @@ def test_every_layer_gets_an_sae_and_figures(short_run, synthetic_data_dir, tmp_
 
 def write_probes(workdir, model: str, step: int, layers: int, heads: int = 4) -> None:
   """A probes/results.csv with dev rows: head h of layer l has selectivity 0.1·h + l."""
-  from headspec import tables
+  from headspec.io import tables
 
   rows = [dict(model=model, step=step, task="upos", layer=l, head=h, split="synthetic/dev", accuracy=0.5,
                ci_low=0.4, ci_high=0.6, control_accuracy=0.5 - (0.1 * h + l), selectivity=0.1 * h + l, n=10)

@@ -147,7 +147,8 @@ def test_study_sets_s_h_against_z_rms_beside_selectivity(tmp_path):
   import pandas as pd
   from test_study import _sae_head_rows, _selectivity_rows
 
-  from headspec import experiments, study, tables
+  from headspec import experiments, study
+  from headspec.io import tables
 
   root = tmp_path / "exp"
   exp = experiments.Experiment(runs=(experiments.Run("baseline_s0", "c.py", "baseline", 0),), analyses=())

@@ -236,7 +236,7 @@ ewt_part = test_probe_suite.ewt_part  # the fixture: 300/80/80 sentences of EWT 
 def test_probe_command_writes_structural_rows(ewt_part, tmp_path):
   """`headspec probe` with the distance and depth tasks: probes/structural.csv per group, metric and split,
   the linear baselines in baselines.csv, a summary.md section and per-head heatmaps."""
-  from headspec import tables
+  from headspec.io import tables
   from headspec.probing import run as probe_run
 
   data, texts = ewt_part

@@ -11,10 +11,11 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from headspec import experiments, launch, stage, study, tables
+from headspec import experiments, launch, stage, study
 from headspec.ablation.run import check_config as check_ablate
 from headspec.attention.config import check_config as check_attention
 from headspec.diversity.run import _check_config as check_diversity
+from headspec.io import tables
 from headspec.probing.plan import check_config as check_probe
 from headspec.sae.run import check_config as check_sae
 

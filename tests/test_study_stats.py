@@ -196,7 +196,8 @@ def test_headspec_study_writes_the_tests(tmp_path):
   loss) with their families, causal_seeds.csv and formation_tests.csv are written, summary.md shows them."""
   from test_study import _selectivity_rows
 
-  from headspec import experiments, tables
+  from headspec import experiments
+  from headspec.io import tables
 
   root = tmp_path / "exp"
   runs = tuple(experiments.Run(f"{c}_s{s}", "c.py", c, s) for c in ("baseline", "drophead") for s in range(3))
@@ -235,7 +236,7 @@ def test_loss_equivalence_margin_is_a_fraction_of_ablating_every_head(tmp_path):
   these near-zero cells equivalent (tost_p < 0.05 at 0.01 nats); on the all-heads scale they are not shown."""
   import importlib
 
-  from headspec import tables
+  from headspec.io import tables
   from headspec.study import statistics
 
   collect = importlib.import_module("headspec.study.collect")  # the module (the package exports its function)

@@ -1,9 +1,9 @@
-"""headspec.tables: the one reader, merger and atomic writer of results tables."""
+"""headspec.io.tables: the one reader, merger and atomic writer of results tables."""
 
 import pytest
 
-from headspec import tables
 from headspec.errors import UserError
+from headspec.io import tables
 
 
 def _row(model, step, acc):

@@ -1,12 +1,12 @@
-"""headspec.tables under faults: concurrent writers, bad rows, files that are not tables."""
+"""headspec.io.tables under faults: concurrent writers, bad rows, files that are not tables."""
 
 import multiprocessing
 import time
 
 import pytest
 
-from headspec import tables
 from headspec.errors import UserError
+from headspec.io import tables
 
 HEADER = ",".join(tables.ABLATION_CAUSAL.columns)
 GOOD = "m,1,probe_selective,upos,0,selective,-1,probe_accuracy,0.5,0.4,0.6"

@@ -10,8 +10,9 @@ import sys
 
 import pytest
 
-from headspec import checkpoints, runs, sweeps, train_log
+from headspec import checkpoints, runs, sweeps
 from headspec.errors import UserError
+from headspec.io import metrics
 from headspec.quickstart import quickstart_config
 from headspec.train import train_and_evaluate
 
@@ -232,7 +233,7 @@ def test_damaged_checkpoint_on_the_command_line_is_one_line(run_copy, synthetic_
 def test_a_cut_off_metrics_line_is_dropped_on_resume_and_skipped_by_readers(tmp_path, capsys):
   path = tmp_path / "metrics.jsonl"
   path.write_text('{"step": 1, "loss": 2.0}\n{"step": 2, "lo')  # killed while writing step 2
-  writer = train_log.MetricsWriter(tmp_path)
+  writer = metrics.MetricsWriter(tmp_path)
   writer.write({"step": 2, "loss": 1.5})
   writer.close()
   assert [json.loads(line) for line in path.read_text().splitlines()] == [
@@ -242,13 +243,13 @@ def test_a_cut_off_metrics_line_is_dropped_on_resume_and_skipped_by_readers(tmp_
   assert f"{path}:2: dropped a cut-off last line" in capsys.readouterr().err
 
   path.write_text('{"step": 1, "loss": 2.0}\n{"step": 2, "loss": 1.0}')  # whole, only its newline missing
-  writer = train_log.MetricsWriter(tmp_path)
+  writer = metrics.MetricsWriter(tmp_path)
   writer.write({"step": 3, "loss": 0.5})
   writer.close()
   assert [json.loads(line)["step"] for line in path.read_text().splitlines()] == [1, 2, 3]
 
   path.write_text('{"step": 1, "loss": 2.0}\n{"step": 2, "lo\n{"step": 3, "loss": 0.5}\n[1]\n{"step": 4, "lo')
-  assert [r["step"] for r in train_log.read_metrics(tmp_path)] == [1, 3]
+  assert [r["step"] for r in metrics.read_metrics(tmp_path)] == [1, 3]
   err = capsys.readouterr().err
   assert err.count("metrics.jsonl") == 1 and f"{path}:2: 3 line(s) left out" in err, err  # one warning
 
@@ -271,7 +272,7 @@ def test_a_resume_drops_records_logged_after_its_checkpoint(tmp_path, capsys):
   """Killed after logging steps 3 and 4 but before their checkpoint: the resumed run logs them again."""
   path = tmp_path / "metrics.jsonl"
   path.write_text("".join(f'{{"step": {s}, "loss": 1.0}}\n' for s in (1, 2, 3, 4)))
-  writer = train_log.MetricsWriter(tmp_path, resume_step=2)
+  writer = metrics.MetricsWriter(tmp_path, resume_step=2)
   writer.write({"step": 3, "loss": 0.5})
   writer.close()
   assert [json.loads(line)["step"] for line in path.read_text().splitlines()] == [1, 2, 3]

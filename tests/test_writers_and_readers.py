@@ -15,7 +15,7 @@ import time
 import pytest
 from test_atlas_fixtures import write_run
 
-from headspec import remote, tables
+from headspec.io import remote, tables
 
 
 def _dead_pid() -> int:
@@ -203,12 +203,13 @@ DAMAGED_METRICS = (
 
 
 def test_every_metrics_jsonl_reader_skips_damaged_lines_with_one_warning(tmp_path, capsys):
-  from headspec import study, sweeps, train_log
+  from headspec import study, sweeps
   from headspec.atlas import data as atlas_data
   from headspec.attention import induction_run
+  from headspec.io import metrics
 
   (tmp_path / "metrics.jsonl").write_bytes(DAMAGED_METRICS)  # not UTF-8, cut off, not a record, no integer step
-  assert [r["step"] for r in train_log.read_metrics(tmp_path)] == [1, 3]
+  assert [r["step"] for r in metrics.read_metrics(tmp_path)] == [1, 3]
   warnings = capsys.readouterr().err.strip().splitlines()
   assert len(warnings) == 1 and "metrics.jsonl:2: 5 line(s) left out" in warnings[0], warnings
   assert sweeps._last(tmp_path) == {"step": 3, "loss": "2.000000", "eval_loss": "2.500000"}

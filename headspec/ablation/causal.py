@@ -63,7 +63,7 @@ def probe_settings(workdir):
   """The probe stage's config as it ran: `probe_config()`'s defaults with the `probe.*` values recorded in
   RUN/probes/run_info.json (the defaults where the file or a key is missing), so the causal test labels words as
   the probes that ranked the heads did (e.g. `probe.deprel_subtypes`)."""
-  from headspec import provenance
+  from headspec.io import provenance
   from headspec.probing.config import probe_config
 
   config = probe_config()

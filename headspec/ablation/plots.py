@@ -6,8 +6,8 @@ of heads.csv), pruning_<tag>.png (metric vs fraction pruned per ranking; random:
 over seeds), gates_<tag>.png (heads kept vs held-out loss over λ), causal_<tag>.png (probe accuracy vs k,
 selective vs layer-matched random), interactions_<tag>.png (pair matrix and a graph of the strongest
 pairs, spring layout from networkx). <tag> = <model>_step<step>, the model's name made one file-name
-component (headspec/filenames.py). A path may be a URL (gs://...): each figure is written whole
-(headspec.remote.save_figure).
+component (headspec/io/filenames.py). A path may be a URL (gs://...): each figure is written whole
+(headspec.io.remote.save_figure).
 """
 
 from __future__ import annotations
@@ -16,7 +16,8 @@ import matplotlib
 import numpy as np
 from etils import epath
 
-from headspec import figures, remote
+from headspec import figures
+from headspec.io import remote
 
 
 def _save(fig, path) -> epath.Path:

@@ -22,10 +22,11 @@ from absl import logging
 from etils import epath
 
 from headspec import evalset as evalset_lib
-from headspec import filenames, jobloop, provenance, remote, runs, tables, targets
+from headspec import jobloop, runs, targets
 from headspec.ablation import causal, core, gates, interactions, metrics, plots, pruning
 from headspec.alignment import POOLINGS
 from headspec.errors import UserError
+from headspec.io import filenames, provenance, remote, tables
 from headspec.selectivity import read_selectivity
 
 HEAD_METHODS = ("zero", "mean", "keep_only", "importance", "magnitude", "entropy")

@@ -1,6 +1,6 @@
 """The atlas: one self-contained HTML page per run (RUN/atlas.html) to browse every head's numbers.
 
-`build_atlas(workdir, compare=())` reads the run's tables (headspec.tables; no JAX) and writes the page, and
+`build_atlas(workdir, compare=())` reads the run's tables (headspec.io.tables; no JAX) and writes the page, and
 a page per live SAE feature under RUN/atlas_features/ (headspec/atlas/features.py);
 `headspec atlas --workdir=RUN [--compare=RUN_B]` calls it. See docs/atlas.md.
 """

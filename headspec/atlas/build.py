@@ -10,10 +10,10 @@ import pathlib
 from etils import epath
 
 from headspec import arguments as args
-from headspec import provenance, remote, tables
 from headspec.atlas.data import atlas_data
 from headspec.atlas.features import write_feature_pages
 from headspec.atlas.page import PAGE_NAME, render, write_page
+from headspec.io import provenance, remote, tables
 
 
 @provenance.recorded("", "atlas.run_info.json")

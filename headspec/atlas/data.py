@@ -4,7 +4,7 @@ The page needs, per run, the layer × head grid shape, one entry per *metric* (a
 or more steps, optionally with a 95% CI and notes), the heads' role labels and best-matched dependency
 relations, their strongest SAE features (sae/*.csv) and circuit edges (circuit/edges.csv), and the attention
 pictures found under RUN/attention/. Tables are read only through
-`headspec.tables.read`; a run may have any subset of them.
+`headspec.io.tables.read`; a run may have any subset of them.
 
 Metric ids are shared across runs so `--compare` can show the same metric side by side: the run's own
 model (its primary model) has plain ids, its random-weights control (`<model>-random`) gets the suffix
@@ -28,8 +28,8 @@ import sys
 
 from etils import epath
 
-from headspec import filenames, remote, tables, train_log
 from headspec.errors import UserError
+from headspec.io import filenames, metrics, remote, tables
 
 # Per-head tables the atlas draws (the others are per-run curves, drawn by analysis/ scripts).
 HEAD_TABLES = (
@@ -758,7 +758,7 @@ class _RunData:
     A line that is no such record (cut off by a killed run, not UTF-8, a step that is not an integer) is
     left out, with one warning naming the file and its first such line; records without a loss (eval
     lines) are skipped quietly."""
-    records = train_log.read_metrics(self.workdir)  # the one reader: it skips and warns
+    records = metrics.read_metrics(self.workdir)  # the one reader: it skips and warns
     return [{"step": r["step"], "loss": _num(r["loss"])} for r in records if _num(r.get("loss")) is not None]
 
 

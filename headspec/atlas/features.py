@@ -20,10 +20,10 @@ from __future__ import annotations
 import collections
 import html
 
-from headspec import remote, tables
 from headspec.atlas import data as atlas_data
 from headspec.atlas.data import _num, _RunData, _sae_key, _sae_quality, feature_page
 from headspec.atlas.page import PAGE_NAME, write_page
+from headspec.io import remote, tables
 
 PAGE_LABELS = 15  # labels per label set on a page, most frequent first
 LOGIT_NOTE = (

@@ -19,7 +19,7 @@ import pathlib
 
 from etils import epath
 
-from headspec import remote
+from headspec.io import remote
 
 PAGE_NAME = "atlas.html"
 

@@ -31,10 +31,11 @@ import numpy as np
 from absl import logging
 from etils import epath
 
-from headspec import jobloop, remote, tables, targets, train_log
+from headspec import jobloop, targets
 from headspec.ablation import causal as causal_lib
 from headspec.attention import induction as ind
 from headspec.errors import UserError
+from headspec.io import metrics, remote, tables
 
 ENCODER_REFUSAL = (
   "induction.enabled='on': induction scores need a decoder; {name} is an encoder, which sees the whole "
@@ -268,8 +269,8 @@ def write(workdir, rows: dict, L: int, H: int, model: str, step: int, *, with_tr
 
 def training_loss(workdir) -> tuple[np.ndarray, np.ndarray]:
   """(steps, loss) of the training records in RUN/metrics.jsonl (empty when there is none; damaged lines are
-  skipped with one warning, `train_log.read_metrics`)."""
-  records = [r for r in train_log.read_metrics(workdir) if isinstance(r.get("loss"), (int, float))]
+  skipped with one warning, `metrics.read_metrics`)."""
+  records = [r for r in metrics.read_metrics(workdir) if isinstance(r.get("loss"), (int, float))]
   records = [r for r in records if not isinstance(r["loss"], bool)]
   return np.asarray([r["step"] for r in records]), np.asarray([float(r["loss"]) for r in records])
 

@@ -14,7 +14,7 @@
 Matplotlib figures made without pyplot (headspec/figures.py); nothing here needs JAX. Words are drawn as
 written: mathtext is off (`PLAIN_TEXT`), so a treebank word with `$` (EWT has `$$`, `me$$age`) is never
 parsed as a formula.
-Paths may be local or URLs (gs://...): each file is written whole (headspec.remote.save_figure).
+Paths may be local or URLs (gs://...): each file is written whole (headspec.io.remote.save_figure).
 """
 
 from __future__ import annotations
@@ -25,7 +25,8 @@ from etils import epath
 from matplotlib.collections import LineCollection
 from matplotlib.lines import Line2D
 
-from headspec import figures, remote
+from headspec import figures
+from headspec.io import remote
 
 # rcParams for every picture: words and names drawn literally, never parsed as mathtext ($...$).
 PLAIN_TEXT = {"text.parse_math": False}

@@ -5,7 +5,7 @@ word of the treebank's selection split (dev) and report split (test) is run thro
 word-level attention is reduced on device (words.py), scored per relation, direction and head against
 fixed-offset baselines (clark.py), turned into head roles with bootstrap CIs and labels (roles.py), and a
 few example sentences are drawn (pictures.py, with rollout and flow from flow.py). Writes, under RUN/:
-  attention/clark.csv, clark_baselines.csv, roles.csv, labels.csv   (headspec/tables.py contracts; the
+  attention/clark.csv, clark_baselines.csv, roles.csv, labels.csv   (headspec/io/tables.py contracts; the
       rows of each (model, step) computed are replaced, others kept)
   attention/clark_summary.md        best head per relation: chosen on dev, reported on test
   attention/pictures/<model>-step<step>/   see pictures.py
@@ -35,7 +35,7 @@ from absl import logging
 from etils import epath
 
 from headspec import alignment as align_lib
-from headspec import filenames, jobloop, provenance, remote, runs, tables, targets
+from headspec import jobloop, runs, targets
 from headspec import words as shared_words
 from headspec.attention import clark as clark_lib
 from headspec.attention import flow as flow_lib
@@ -46,6 +46,7 @@ from headspec.attention import words as words_lib
 from headspec.attention.config import check_config
 from headspec.data import treebank as treebank_lib
 from headspec.errors import UserError
+from headspec.io import filenames, provenance, remote, tables
 
 OUT = "attention"
 TABLES = (tables.CLARK, tables.CLARK_BASELINES, tables.ROLES, tables.LABELS)

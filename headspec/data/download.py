@@ -23,10 +23,10 @@ import sys
 import urllib.error
 import urllib.request
 
-from headspec import remote
 from headspec.data import treebank as treebank_lib
 from headspec.data.fetch import ArgumentParser
 from headspec.errors import UserError
+from headspec.io import remote
 
 DEFAULT_RELEASE = "r2.16"
 DEFAULT_BASE_URL = "https://raw.githubusercontent.com/UniversalDependencies"

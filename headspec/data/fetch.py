@@ -21,7 +21,7 @@ import urllib.request
 from collections.abc import Iterable
 
 from headspec.errors import UserError
-from headspec.remote import remove_stale_temps
+from headspec.io.remote import remove_stale_temps
 
 SPLITS = ("train", "valid")  # headspec's corpus splits (text_tfds.SPLITS)
 _CHUNK = 1 << 20

@@ -20,10 +20,10 @@ import tokenizers
 from etils import epath
 from tokenizers import decoders, models, normalizers, pre_tokenizers
 
-from headspec import remote
 from headspec.data.tokenizer import INFO_FILE, register_tokenizer_kind
 from headspec.errors import UserError
 from headspec.hf_config_checks import HFConfig, read_json_object
+from headspec.io import remote
 
 FAMILIES = ("bert", "gpt2", "roberta", "decoder")  # tokenizer styles; `style_of` maps a model_type to one
 TOKENIZER_JSON = "tokenizer.json"

@@ -17,10 +17,10 @@ import grain
 import numpy as np
 from etils import epath
 
-from headspec import remote
 from headspec.data.repeats import RepeatRows
 from headspec.data.tokenizer import Tokenizer
 from headspec.errors import UserError
+from headspec.io import remote
 
 
 def tokenize_stream(documents: Iterable[str], tokenizer: Tokenizer) -> np.ndarray:

@@ -25,9 +25,9 @@ import random
 
 import numpy as np
 
-from headspec import remote
 from headspec.data.text_tfds import SPLITS, read_text_documents
 from headspec.errors import UserError
+from headspec.io import remote
 
 SUFFIX = "_repeats"
 _WORD_DOCUMENTS = 2000  # the word list comes from the first documents of the train split

@@ -20,8 +20,8 @@ import random
 
 import conllu
 
-from headspec import remote
 from headspec.errors import UserError
+from headspec.io import remote
 
 # --- Lexicon ---------------------------------------------------------------------------------
 # Nouns: singular, plural. The `_HUMAN` ones take `who` in relative clauses.

@@ -23,8 +23,8 @@ from collections.abc import Iterator, Sequence
 import tensorflow_datasets as tfds
 from etils import epath
 
-from headspec import library_logs, provenance, tables
 from headspec.errors import UserError
+from headspec.io import library_logs, provenance, tables
 
 SPLITS = ("train", "valid")
 CATALOG_PREFIX = "tfds:"

@@ -19,8 +19,8 @@ import numpy as np
 import sentencepiece as spm
 from etils import epath
 
-from headspec import remote
 from headspec.errors import UserError
+from headspec.io import remote
 
 INFO_FILE = "headspec_tokenizer.json"
 _DRAW_BLOCK = 4096  # reservoir sampling draws its random numbers this many at a time

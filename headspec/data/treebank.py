@@ -14,8 +14,8 @@ import conllu
 import conllu.exceptions
 import conllu.parser
 
-from headspec import provenance, textfiles
 from headspec.errors import UserError
+from headspec.io import provenance, textfiles
 
 SPLITS = ("train", "dev", "test")
 # HEAD as CoNLL-U writes it: ASCII digits (IDs are read by conllu's own [0-9] patterns, ASCII too).

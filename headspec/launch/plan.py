@@ -6,9 +6,10 @@ from __future__ import annotations
 import dataclasses
 import shlex
 
-from headspec import configs, experiments, remote, sweeps
+from headspec import configs, experiments, sweeps
 from headspec.commands import COMMANDS
 from headspec.errors import UserError
+from headspec.io import remote
 from headspec.launch import args
 
 

@@ -10,8 +10,8 @@ import shlex
 import sys
 
 import headspec
-from headspec import remote
 from headspec.errors import UserError
+from headspec.io import remote
 from headspec.launch.plan import Step, headspec_argv, multihost_extra, train_extra
 
 REMOTE_HOME = "~/headspec"  # on TPU workers: the wheel (configs inside) and data/ go here

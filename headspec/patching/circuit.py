@@ -3,7 +3,7 @@ patching task (headspec/patching/tasks.py) or of prompt pairs from a file (`task
 every requested step, through the one job loop. Writes RUN/circuit/edges.csv, RUN/circuit/faithfulness.csv
 (docs/outputs.md, docs/circuits.md) and per method a figure of its top edges:
 circuit/<task>_<method>_<model>_step<step>.png (`figure`; the task and model's names one file-name
-component each, headspec/filenames.py)."""
+component each, headspec/io/filenames.py)."""
 
 from __future__ import annotations
 
@@ -13,8 +13,9 @@ import ml_collections
 import numpy as np
 from etils import epath
 
-from headspec import bounds, filenames, jobloop, provenance, remote, tables, targets, textfiles
+from headspec import bounds, jobloop, targets
 from headspec.errors import UserError
+from headspec.io import filenames, provenance, remote, tables, textfiles
 from headspec.patching import tasks
 
 EDGES, FAITHFULNESS = tables.CIRCUIT_EDGES, tables.CIRCUIT_FAITHFULNESS

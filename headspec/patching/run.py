@@ -2,14 +2,15 @@
 through the one job loop (headspec/jobloop.py). Writes RUN/patching/results.csv, RUN/patching/summary.csv
 (docs/outputs.md) and a heatmap per (task, site, direction, step):
 patching/<task>_<site>_<direction>_<model>_step<step>.png (the model's name one file-name component,
-headspec/filenames.py)."""
+headspec/io/filenames.py)."""
 
 from __future__ import annotations
 
 import pandas as pd
 
-from headspec import filenames, jobloop, remote, tables, targets
+from headspec import jobloop, targets
 from headspec.errors import UserError
+from headspec.io import filenames, remote, tables
 from headspec.model import SITES
 from headspec.patching import core, tasks
 from headspec.patching import patch as patch_lib

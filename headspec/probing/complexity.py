@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from headspec import remote, tables
+from headspec.io import remote, tables
 
 
 def complexity_rows(model: str, step: int, task: str, layer: int, heads, fitted, split: str, n: int) -> list[dict]:

@@ -19,11 +19,11 @@ reads one layer back in word order. The files form a cache at `cache_dir/<name>-
 model identity and step, the words of the split (so any change of file or subsample is a new key),
 pooling, dtype and this module's FORMAT_VERSION; a second run reads it instead of recomputing. A folder
 is written as `<name>-<hash>.tmp-<pid>` and renamed when whole; one left by a killed process is removed
-by the next extraction into the cache (`headspec.remote.remove_stale_temps`). One that fails (a full
+by the next extraction into the cache (`headspec.io.remote.remove_stale_temps`). One that fails (a full
 disk) removes its own and raises an OSError naming the cache folder (the CLI prints it as one line).
 The cache is always on local disk (it is memory-mapped and appended to, which object stores cannot
 do): a remote `cache_dir` (`gs://bucket/run/probes/cache`) stands for a folder on local scratch
-(`headspec.remote.scratch_dir`, under HEADSPEC_SCRATCH); `run_cache_dir(workdir)` is a run's.
+(`headspec.io.remote.scratch_dir`, under HEADSPEC_SCRATCH); `run_cache_dir(workdir)` is a run's.
 """
 
 from __future__ import annotations
@@ -45,10 +45,10 @@ import numpy as np
 from flax import nnx
 
 from headspec import alignment as align_lib
-from headspec import filenames, remote
 from headspec import mesh as mesh_lib
 from headspec import words as words_lib
 from headspec.errors import UserError
+from headspec.io import filenames, remote
 
 FORMAT_VERSION = 2  # 2: windows packed into rows
 CACHE_DTYPES = ("float16", "float32")

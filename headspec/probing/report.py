@@ -9,7 +9,7 @@ heads ranked on dev and reported on test, with accuracy, 95% CI, control accurac
 paired selectivity CIs of probes/selectivity.csv, against the majority (or head-offset) baseline and
 the embedding layer; and the MDL table when probes/mdl.csv exists. The probes/ folder may be a URL
 (gs://bucket/run/probes): every file is read and written whole through etils.epath. Tables are read by
-`headspec.tables.read`, which checks every row: a bad one is one line `file:line: what is wrong`.
+`headspec.io.tables.read`, which checks every row: a bad one is one line `file:line: what is wrong`.
 """
 
 from __future__ import annotations
@@ -18,8 +18,9 @@ import matplotlib
 import numpy as np
 from etils import epath
 
-from headspec import figures, remote, tables
+from headspec import figures
 from headspec.errors import UserError
+from headspec.io import remote, tables
 
 
 def _grid(rows: list[dict], key: str):

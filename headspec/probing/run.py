@@ -19,8 +19,9 @@ import ml_collections
 from absl import logging
 from etils import epath
 
-from headspec import jobloop, provenance, remote, tables
+from headspec import jobloop
 from headspec.compilations import Compilations
+from headspec.io import provenance, remote, tables
 from headspec.probing import complexity as complexity_lib
 from headspec.probing import features as features_lib
 from headspec.probing import plan, report, suite

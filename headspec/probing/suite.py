@@ -23,8 +23,9 @@ import numpy as np
 from absl import logging
 
 from headspec import alignment as align
-from headspec import filenames, jobloop, locks, provenance, remote, resampling, tables, targets
+from headspec import jobloop, resampling, targets
 from headspec import words as words_lib
+from headspec.io import filenames, locks, provenance, remote, tables
 from headspec.probing import complexity as complexity_lib
 from headspec.probing import labels, mdl, plan
 from headspec.probing import tasks as tasks_lib

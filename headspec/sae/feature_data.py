@@ -29,7 +29,8 @@ import numpy as np
 from flax import nnx
 
 from headspec import mesh as mesh_lib
-from headspec import tables, tokens
+from headspec import tokens
+from headspec.io import tables
 from headspec.model import SITES
 
 HISTOGRAM_BINS = 20

@@ -12,8 +12,8 @@ import re
 import numpy as np
 from etils import epath
 
-from headspec import remote
 from headspec.errors import UserError
+from headspec.io import remote
 
 CFG_FILE = "cfg.json"
 WEIGHTS_FILE = "sae_weights.safetensors"

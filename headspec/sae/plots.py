@@ -7,8 +7,8 @@ One file per (model, step, site, SAE configuration) and figure, in RUN/sae/:
                       (`layers=all` draws the whole model; one layer's SAE draws one row)
   entropy_<tag>.png   per layer, the histogram of the live features' head-attribution entropy H_f in bits,
                       with log2 H (a feature spread evenly over the heads) marked
-<tag> = <model>_step<step>_<site>_<sae>, the model's name made one file-name component (headspec/filenames.py)
-and <sae> the tables' `sae` column (topk-f256-k16). Each figure is written whole (headspec.remote.save_figure).
+<tag> = <model>_step<step>_<site>_<sae>, the model's name made one file-name component (headspec/io/filenames.py)
+and <sae> the tables' `sae` column (topk-f256-k16). Each figure is written whole (headspec.io.remote.save_figure).
 """
 
 from __future__ import annotations
@@ -19,7 +19,8 @@ import matplotlib
 import numpy as np
 from etils import epath
 
-from headspec import figures, filenames, remote
+from headspec import figures
+from headspec.io import filenames, remote
 
 HEAD_METRICS = (
   ("features_carried", "features carried (a_fh ≥ carry_min)"),

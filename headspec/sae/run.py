@@ -24,9 +24,10 @@ import ml_collections
 import numpy as np
 from absl import logging
 
-from headspec import bounds, filenames, jobloop, provenance, remote, tables, targets
+from headspec import bounds, jobloop, targets
 from headspec import evalset as evalset_lib
 from headspec.errors import UserError
+from headspec.io import filenames, provenance, remote, tables
 from headspec.sae import config as sae_config
 from headspec.sae import feature_data, layout, saelens, splice
 from headspec.sae import labels as labels_lib
@@ -222,7 +223,7 @@ class SAEAnalysis(jobloop.Analysis):
     key = dict(identity=job.identity, options=self.options.__dict__, site=self.config.site, layer=layer,
                rows=hashlib.sha256(self.train_rows[0].tobytes()).hexdigest())  # fmt: skip
     digest = hashlib.sha256(json.dumps(key, sort_keys=True, default=str).encode()).hexdigest()[:12]
-    name = filenames.component(job.name)  # the one rule for a name in a path (headspec/filenames.py)
+    name = filenames.component(job.name)  # the one rule for a name in a path (headspec/io/filenames.py)
     return (
       remote.run_path(self.workdir)
       / "sae"

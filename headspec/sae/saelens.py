@@ -50,8 +50,8 @@ import numpy as np
 from etils import epath
 
 from headspec import arguments as args
-from headspec import remote
 from headspec.errors import UserError
+from headspec.io import remote
 from headspec.sae.layout import CFG_FILE, WEIGHTS_FILE, parse_hook
 
 KINDS = {"standard": "relu", "topk": "topk", "jumprelu": "jumprelu", "gated": "jumprelu"}
@@ -187,7 +187,7 @@ def check_load(path, layers, key: str = "sae.load") -> None:
 def folder_for_run(workdir, job_name: str, step: int, site: str, layer: int, sae_column: str) -> epath.Path:
   """RUN/sae/saelens/<model>-step<step>-<site><layer>-<sae>/: where `headspec sae` writes a trained SAE in
   this layout, named by the tables' key (model made one file-name component), beside RUN/sae/checkpoints/."""
-  from headspec import filenames
+  from headspec.io import filenames
 
   name = f"{filenames.component(job_name)}-step{step}-{site}{layer}-{sae_column}"
   return remote.run_path(workdir) / "sae" / "saelens" / name

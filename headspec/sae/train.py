@@ -45,8 +45,8 @@ import numpy as np
 import optax
 
 from headspec import arguments as args
-from headspec import locks
 from headspec.errors import UserError
+from headspec.io import locks
 from headspec.sae import model as sae_model
 
 SCHEDULES = ("constant", "linear_decay", "cosine")

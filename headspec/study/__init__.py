@@ -86,7 +86,7 @@ import os
 
 from etils import epath
 
-from headspec import provenance, remote, tables
+from headspec.io import provenance, remote, tables
 from headspec.study import statistics  # noqa: F401  (tests patch statistics._label_min)
 from headspec.study.collect import (  # noqa: F401  the public names tests and docs use
   COLUMNS,

@@ -6,8 +6,9 @@ import os
 
 import numpy as np
 
-from headspec import experiments, remote, tables, train_log
+from headspec import experiments
 from headspec.errors import UserError
+from headspec.io import metrics, remote, tables
 from headspec.probing import tasks as probe_tasks
 from headspec.study.statistics import (
   ALL_HEADS_METRIC,
@@ -31,7 +32,7 @@ def tasks() -> tuple[str, ...]:
 
 
 COLUMNS = {name: ",".join(t.columns) for name, t in tables.STUDY.items()}
-"""Every study table's columns (headspec/tables.py `STUDY`, docs/outputs.md), so an empty table has its header."""
+"""Every study table's columns (headspec/io/tables.py `STUDY`, docs/outputs.md), so an empty table has its header."""
 
 
 def _frame(workdir, table):
@@ -60,10 +61,10 @@ def _best(frame, column: str):
 
 
 def training(run: dict, workdir) -> list[dict]:
-  """The training and validation losses of metrics.jsonl, one row per logged step (`train_log.read_metrics`:
+  """The training and validation losses of metrics.jsonl, one row per logged step (`metrics.read_metrics`:
   a cut-off or non-UTF-8 line is skipped with one warning)."""
   by_step: dict[int, dict] = {}
-  for record in train_log.read_metrics(workdir):
+  for record in metrics.read_metrics(workdir):
     row = by_step.setdefault(record["step"], dict(**run, step=record["step"], loss=np.nan, eval_loss=np.nan))
     for key, column in (("loss", "loss"), ("eval/loss", "eval_loss")):
       if isinstance(record.get(key), (int, float)) and not isinstance(record[key], bool):

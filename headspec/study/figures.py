@@ -5,7 +5,8 @@ from __future__ import annotations
 import numpy as np
 from etils import epath
 
-from headspec import figures, remote
+from headspec import figures
+from headspec.io import remote
 from headspec.study.collect import ROLES, tasks
 from headspec.study.statistics import _by_condition
 

@@ -36,8 +36,8 @@ import uuid
 
 from etils import epath
 
-from headspec import remote
 from headspec.errors import UserError
+from headspec.io import remote
 
 
 @dataclasses.dataclass(frozen=True)

@@ -26,8 +26,8 @@ import socket
 import sys
 import time
 
-from headspec import remote, tables
 from headspec.errors import UserError
+from headspec.io import remote, tables
 
 
 def lock_path(folder, stage: str) -> str:

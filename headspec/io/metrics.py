@@ -4,7 +4,7 @@ Local workdir: metrics.jsonl is appended to and flushed each record, as always. 
 (gs://...): objects cannot be appended to, so the writer keeps the file's lines (those of earlier
 segments of the run too, read back at start) and rewrites the whole object at most every
 `upload_every` seconds and at close; TensorBoard events are written on local scratch disk and uploaded
-whole at the same moments (headspec/remote.py).
+whole at the same moments (headspec/io/remote.py).
 
 A run stopped while writing a record (kill -9, a lost host) leaves a cut-off last line: the writer drops
 it when the run resumes (so the next record starts on a line of its own), and `read_metrics` skips any
@@ -26,7 +26,7 @@ import time
 
 from etils import epath
 
-from headspec import remote
+from headspec.io import remote
 
 
 class MetricsWriter:

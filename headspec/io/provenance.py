@@ -71,7 +71,7 @@ def recorded(folder: str, file: str = FILE):
 
 def write(workdir, folder: str, file: str, command: str, config, record: dict) -> None:
   """WORKDIR/folder/file from `record` (the lead process only, atomically)."""
-  from headspec import remote
+  from headspec.io import remote
 
   if not remote.is_writer():
     return
