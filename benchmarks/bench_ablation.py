@@ -33,9 +33,9 @@ def _best(fn, repeats=3) -> float:
 def sweep_vs_loop() -> dict:
   from flax import nnx
 
-  from headspec import evalset
   from headspec.ablation import core
-  from headspec.model import ModelConfig, Transformer
+  from headspec.model.transformer import ModelConfig, Transformer
+  from headspec.words import evalset
 
   L, H = 6, 8
   cfg = ModelConfig(
@@ -84,7 +84,7 @@ def sweep_vs_loop() -> dict:
 def minilm(num_sentences: int) -> dict:
   from headspec.ablation import core, metrics, run
   from headspec.ablation.config import ablate_config
-  from headspec.targets import pretrained_target
+  from headspec.runs.targets import pretrained_target
 
   config = ablate_config()
   config.model.pretrained = "minilm"

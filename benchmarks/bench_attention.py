@@ -28,10 +28,10 @@ def main() -> None:
   parser.add_argument("--max_sentences", type=int, default=0, help="0: every sentence")
   args = parser.parse_args()
 
-  from headspec import targets
   from headspec.attention import clark, roles, run
   from headspec.attention import words as words_lib
   from headspec.attention.config import attention_config, check_config
+  from headspec.runs import targets
 
   config = attention_config()
   config.model.pretrained = "minilm"

@@ -95,7 +95,7 @@ def main() -> None:
   import jax
   from flax import nnx
 
-  from headspec.model import ModelConfig, random_like
+  from headspec.model.transformer import ModelConfig, random_like
   from headspec.patching import edges, tasks
   from headspec.patching import patch as patch_lib
 

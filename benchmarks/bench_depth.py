@@ -5,7 +5,7 @@
 For a tiny random-weight decoder (d_model 64) at each depth: the first-call seconds (trace, compile and run)
 of the jitted forward, of the single-head ablation sweep (`ablation.core.run_sweep`, every head zeroed) and
 of the per-head per-position patching sweep of z (`patching.core.run_sweep`, L·H·T patches), each with the
-seconds XLA spent compiling (headspec/compilations.py), then the deepest over the shallowest as ratios (issue
+seconds XLA spent compiling (headspec/parallel/compilations.py), then the deepest over the shallowest as ratios (issue
 64's check: within ~2×). The persistent compilation cache is off, so every program compiles; a warm-up at
 the first depth is run and discarded first (jax's one-time start-up). The load average is read before and
 after: on a shared machine the figures are upper bounds.
@@ -26,7 +26,7 @@ def _first_call(fn) -> dict:
   """{seconds, compile_seconds} of one call of `fn` (results read back)."""
   import jax
 
-  from headspec.compilations import Compilations
+  from headspec.parallel.compilations import Compilations
 
   with Compilations() as seen:
     t0 = time.perf_counter()
@@ -40,11 +40,11 @@ def depth(L: int, H: int, T: int, B: int) -> dict:
   import jax
   from flax import nnx
 
-  from headspec import evalset
   from headspec.ablation import core as ablation
-  from headspec.model import ModelConfig, random_like
+  from headspec.model.transformer import ModelConfig, random_like
   from headspec.patching import core as patching
   from headspec.patching import patch as patch_lib
+  from headspec.words import evalset
 
   V = 256
   cfg = ModelConfig(kind="decoder", vocab_size=V, num_layers=L, num_heads=H, d_model=64, d_head=16, d_ff=256,

@@ -20,7 +20,7 @@ import jax.numpy as jnp
 from flax import nnx
 
 from headspec.diversity import metrics as diversity
-from headspec.model import ModelConfig, Transformer
+from headspec.model.transformer import ModelConfig, Transformer
 
 
 def _memory_mib(compiled) -> str:
@@ -49,7 +49,7 @@ def bench_config(kind: str = "encoder") -> ModelConfig:
 
 
 def forward_cost(cfg: ModelConfig, tokens_BT, valid_BT, *, capture=(), repeats: int = 3):
-  """Seconds and MiB of one jit-compiled headspec.model.Transformer forward pass (and its outputs).
+  """Seconds and MiB of one jit-compiled headspec.model.transformer.Transformer forward pass (and its outputs).
 
   Returns (seconds, mib, intermediates); intermediates are those of `capture` (None fields otherwise).
   """

@@ -64,7 +64,7 @@ def _scaling(model, hf_model, lengths, batch_tokens: int, repeats: int):
   from flax import nnx
 
   from headspec.probing.features import CAPTURE
-  from headspec.words import pooled_forward
+  from headspec.words.batches import pooled_forward
 
   graphdef, state = nnx.split(model)
   forward = pooled_forward(graphdef, CAPTURE)
@@ -112,9 +112,10 @@ def main() -> None:
   import torch
   import transformers
 
-  from headspec import pretrained, targets
+  from headspec import pretrained
   from headspec.data.treebank import load_split
   from headspec.probing import features
+  from headspec.runs import targets
 
   torch.set_num_threads(os.cpu_count())
   sentences = [s.words for s in load_split(targets.data_dir(), "en_ewt", args.split)]

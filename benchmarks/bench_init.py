@@ -2,8 +2,8 @@
 
   python -m benchmarks.bench_init [--sizes=quickstart,minilm]
 
-- `bucketed`: `Transformer(cfg, rngs=nnx.Rngs(params=0))` as headspec draws it (headspec/model.py `_normal`
-  through headspec/draws.py: each parameter the first |shape| values of a power-of-two draw, one compiled program per size bucket);
+- `bucketed`: `Transformer(cfg, rngs=nnx.Rngs(params=0))` as headspec draws it (headspec/model/transformer.py `_normal`
+  through headspec/model/draws.py: each parameter the first |shape| values of a power-of-two draw, one compiled program per size bucket);
 - `per_shape`: the same draws with `jax.random.normal(key, shape)` per parameter, op by op (one compiled
   threefry program per parameter shape);
 - `one_jit`: the whole initialisation under one `jax.jit` (one program per architecture).
@@ -41,9 +41,9 @@ def _draw(size: str, way: str) -> dict:
   import numpy as np
   from flax import nnx
 
-  from headspec import model
-  from headspec.quickstart import quickstart_config
-  from headspec.runs import model_config
+  from headspec.cli.quickstart import quickstart_config
+  from headspec.model import transformer as model
+  from headspec.runs.directory import model_config
 
   if SIZES[size] is None:
     c = quickstart_config("decoder")

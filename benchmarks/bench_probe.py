@@ -37,7 +37,7 @@ from sklearn.preprocessing import StandardScaler  # noqa: E402
 
 from benchmarks import plain_matmul  # noqa: E402
 from benchmarks import synthetic_probe_data as synth  # noqa: E402
-from headspec.compilations import Compilations  # noqa: E402
+from headspec.parallel.compilations import Compilations  # noqa: E402
 from headspec.probing import probe  # noqa: E402
 
 TASKS = (("upos", synth.NUM_UPOS), ("xpos", synth.NUM_XPOS), ("deprel", synth.NUM_DEPREL))

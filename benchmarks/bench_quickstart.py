@@ -23,7 +23,7 @@ import time
 
 from benchmarks import plain_matmul, timed_command
 
-# the quickstart's own progress lines (headspec/quickstart.py) -> stage name
+# the quickstart's own progress lines (headspec/cli/quickstart.py) -> stage name
 STAGES = (
   ("synthetic treebank and text", "data"),
   ("training the decoder", "train decoder"),

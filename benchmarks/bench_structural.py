@@ -52,8 +52,8 @@ def _load(values) -> list[float]:
 def _data(config, job, dev_sentences: int):
   """The suite's labelled splits (labels.load_data) of the sentences the model can represent, dev cut to its
   first `dev_sentences` (0: all)."""
-  from headspec import alignment as align
   from headspec.probing import labels
+  from headspec.words import alignment as align
 
   model, tokenizer = job.load()
   max_len = model.cfg.max_len
@@ -68,7 +68,7 @@ def _data(config, job, dev_sentences: int):
 
 def _score_softmax(members, fitted, x, split, config) -> None:
   """As suite._probe_source scores a split: per-word correctness, then the bootstrap CI over sentences."""
-  from headspec import resampling
+  from headspec.words import resampling
 
   for task in members:
     correct, _ = task.score(fitted[task.name], x, split)

@@ -2,7 +2,7 @@
 
   python -m benchmarks.bench_train [--sizes=tiny,small,base] [--steps=10] [--dtype=float32] [--mesh=fsdp=8]
 
-Runs the real step function (headspec.train.train_step, jit on the `--mesh`: headspec/mesh.py) on random tokens.
+Runs the real step function (headspec.train.loop.train_step, jit on the `--mesh`: headspec/parallel/mesh.py) on random tokens.
 FLOPs per token follow Chowdhery et al. 2022 (PaLM), appendix B: 6·N + 12·L·T·H·K, where N counts the
 matmul parameters (blocks and the unembedding) and the second term is attention's QK^T and AV.
 MFU = achieved FLOP/s / peak FLOP/s of the device (a table of known peaks; null where unknown, e.g. CPUs).
@@ -21,11 +21,12 @@ import numpy as np
 from absl import app, flags
 from flax import nnx
 
-from headspec import mesh, parallel
-from headspec.defaults import train_config
-from headspec.model import ModelConfig, Transformer, attention_implementation
-from headspec.objectives import Objective
-from headspec.train import TrainState, jit_step, make_optimizer, train_step
+from headspec.model.objectives import Objective
+from headspec.model.transformer import ModelConfig, Transformer, attention_implementation
+from headspec.parallel import distributed as parallel
+from headspec.parallel import mesh
+from headspec.train.config import train_config
+from headspec.train.loop import TrainState, jit_step, make_optimizer, train_step
 
 SIZES = {  # layers, heads, d_model, d_head, d_ff, vocab, seq_len, batch
   "tiny": (2, 4, 64, 16, 256, 1000, 64, 32),

@@ -80,9 +80,9 @@ def eval_steps(steps: int) -> list[int]:
 def main(_):
   from headspec.attention import induction as ind
   from headspec.data.repeats import repeat_chunks
-  from headspec.model import ModelConfig, Transformer
-  from headspec.objectives import Objective
-  from headspec.train import TrainState, make_optimizer, train_step
+  from headspec.model.objectives import Objective
+  from headspec.model.transformer import ModelConfig, Transformer
+  from headspec.train.loop import TrainState, make_optimizer, train_step
 
   f = {k: v.value for k, v in _FLAGS.items()}
   tokenizer, rows = _tokenizer_and_rows(f["data_dir"], f["corpus"], f["seq_len"])

@@ -26,7 +26,7 @@ import time
 from absl import app, flags
 from ml_collections import config_flags
 
-from headspec import cli
+from headspec.cli import main as cli
 
 _CONFIG = config_flags.DEFINE_config_file("config", None, "the probe run's config, configs/NAME.py")
 _WORKDIR = flags.DEFINE_string("workdir", None, "the probe run's directory")

@@ -26,7 +26,7 @@ import time
 from absl import app, flags
 from ml_collections import config_flags
 
-from headspec import cli
+from headspec.cli import main as cli
 
 _FLAGS = {}  # filled by _define_flags() when run as a script
 

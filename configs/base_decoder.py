@@ -13,7 +13,7 @@ below the unigram perplexity within 1k steps. Keeps steps 0, 100, 300, 1000, 300
 specialization over training.
 """
 
-from headspec.defaults import train_config
+from headspec.train.config import train_config
 
 
 def get_config(arg: str | None = None):

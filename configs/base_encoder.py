@@ -8,7 +8,7 @@ Same budget and the same ESTIMATED time per 1k steps as base_decoder.py (about 1
 CPU, about a minute on a datacenter GPU; not measured for this config).
 """
 
-from headspec.defaults import train_config
+from headspec.train.config import train_config
 
 
 def get_config(arg: str | None = None):

@@ -10,7 +10,7 @@ its checkpoints as it reads base_decoder's; a head is a query head (ModelConfig.
 group). Same data, steps and kept steps as base_decoder (time per 1k steps: see that file, an estimate).
 """
 
-from headspec.defaults import train_config
+from headspec.train.config import train_config
 
 
 def llama_options(model) -> None:

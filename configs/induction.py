@@ -14,7 +14,7 @@ tokens, 4,000 steps of 32 rows (33M tokens); a time on 2 CPU cores is NOT measur
 benchmarks/bench_train: a few hours; minutes on a GPU). 23 kept steps: about 23 × 2 MB of checkpoints.
 """
 
-from headspec.defaults import train_config
+from headspec.train.config import train_config
 
 KEEP_STEPS = (0, 10, 20, 30, 50, 70, 100, 150, 200, 300, 400, 500, 700, 1000, 1300, 1600, 2000, 2500, 3000, 3500, 4000)
 

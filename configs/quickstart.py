@@ -7,7 +7,7 @@ Argument: 'decoder' (default) or 'encoder'. About 2 minutes each on a 2-core CPU
 below the unigram entropy of the synthetic text.
 """
 
-from headspec.quickstart import quickstart_config
+from headspec.cli.quickstart import quickstart_config
 
 
 def get_config(arg: str | None = None):

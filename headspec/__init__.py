@@ -18,37 +18,41 @@ __version__ = "0.1.0"
 _LAZY = {
   "build_atlas": ("headspec.atlas", "build_atlas"),
   "TABLES": ("headspec.io.tables", "TABLES"),
-  # The notebook API (headspec/api.py, docs/api.md): these import JAX when first used.
-  "load": ("headspec.api", "load"),
-  "run": ("headspec.api", "run"),
-  "probe": ("headspec.api", "probe"),
-  "ablate": ("headspec.api", "ablate"),
-  "patch": ("headspec.api", "patch"),
-  "attribution_patch": ("headspec.api", "attribution_patch"),
-  "path_patch": ("headspec.api", "path_patch"),
-  "circuit": ("headspec.api", "circuit"),
-  "Circuit": ("headspec.api", "Circuit"),
-  "split_words": ("headspec.api", "split_words"),
-  # Generation with a KV cache (headspec/generation.py, docs/api.md).
-  "generate": ("headspec.generation", "generate"),
-  # Attention in a notebook (headspec/views.py): matplotlib and an offline interactive HTML view.
-  "plot_attention": ("headspec.views", "plot_attention"),
-  "attention_view": ("headspec.views", "attention_view"),
-  "to_tokens": ("headspec.api", "to_tokens"),
-  "to_str_tokens": ("headspec.api", "to_str_tokens"),
-  "to_single_token": ("headspec.api", "to_single_token"),
-  "capture": ("headspec.api", "capture"),
-  "Cache": ("headspec.cache", "Cache"),
-  "Loaded": ("headspec.api", "Loaded"),
-  "Captured": ("headspec.api", "Captured"),
-  "Ablation": ("headspec.api", "Ablation"),
+  # The notebook API (headspec/api/core.py, docs/api.md): these import JAX when first used.
+  "load": ("headspec.api.core", "load"),
+  "run": ("headspec.api.core", "run"),
+  "probe": ("headspec.api.core", "probe"),
+  "ablate": ("headspec.api.core", "ablate"),
+  "patch": ("headspec.api.core", "patch"),
+  "attribution_patch": ("headspec.api.core", "attribution_patch"),
+  "path_patch": ("headspec.api.core", "path_patch"),
+  "circuit": ("headspec.api.core", "circuit"),
+  "Circuit": ("headspec.api.core", "Circuit"),
+  "split_words": ("headspec.api.core", "split_words"),
+  # Generation with a KV cache (headspec/model/generation.py, docs/api.md).
+  "generate": ("headspec.model.generation", "generate"),
+  # Attention in a notebook (headspec/api/views.py): matplotlib and an offline interactive HTML view.
+  "plot_attention": ("headspec.api.views", "plot_attention"),
+  "attention_view": ("headspec.api.views", "attention_view"),
+  "to_tokens": ("headspec.api.core", "to_tokens"),
+  "to_str_tokens": ("headspec.api.core", "to_str_tokens"),
+  "to_single_token": ("headspec.api.core", "to_single_token"),
+  "capture": ("headspec.api.core", "capture"),
+  "Cache": ("headspec.model.capture", "Cache"),
+  # Modules of the notebook API: `from headspec import edits` (ready-made edits: head masks, SAE splices) and
+  # `from headspec import mesh` (device meshes, docs/scale.md); attribute None: the module itself.
+  "edits": ("headspec.model.edits", None),
+  "mesh": ("headspec.parallel.mesh", None),
+  "Loaded": ("headspec.api.core", "Loaded"),
+  "Captured": ("headspec.api.core", "Captured"),
+  "Ablation": ("headspec.api.core", "Ablation"),
   # Sparse autoencoders on attention outputs (headspec/sae/, docs/sae.md).
   "fit_sae": ("headspec.sae.train", "fit_sae"),
   "sae_head_fractions": ("headspec.sae.metrics", "sae_head_fractions"),
   "load_sae": ("headspec.sae.saelens", "load_sae"),  # an SAELens folder (docs/sae.md, "SAELens format")
-  # The activation store (headspec/store.py, docs/api.md): many texts' activations at fixed shapes.
-  "activations": ("headspec.store", "activations"),
-  "ActivationStore": ("headspec.store", "ActivationStore"),
+  # The activation store (headspec/api/store.py, docs/api.md): many texts' activations at fixed shapes.
+  "activations": ("headspec.api.store", "activations"),
+  "ActivationStore": ("headspec.api.store", "ActivationStore"),
 }
 
 __all__ = [
@@ -67,9 +71,11 @@ __all__ = [
   "build_atlas",
   "capture",
   "circuit",
+  "edits",
   "fit_sae",
   "generate",
   "load",
+  "mesh",
   "load_sae",
   "patch",
   "path_patch",
@@ -130,7 +136,8 @@ def read_tables(runs, name: str):
 def __getattr__(name: str):
   if name in _LAZY:
     module, attribute = _LAZY[name]
-    value = getattr(importlib.import_module(module), attribute)
+    value = importlib.import_module(module)
+    value = value if attribute is None else getattr(value, attribute)
     globals()[name] = value
     return value
   raise AttributeError(f"module 'headspec' has no attribute {name!r}")

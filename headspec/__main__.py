@@ -1,5 +1,5 @@
 """`python -m headspec <command> ...`"""
 
-from headspec.cli import run
+from headspec.cli.main import run
 
 run()

@@ -121,8 +121,8 @@ def train_tiny_decoder(synthetic_data_dir, tmp_path_factory):
   own copy under `name`, so a test may write into its run."""
   import shutil
 
-  from headspec.quickstart import quickstart_config
-  from headspec.train import train_and_evaluate
+  from headspec.cli.quickstart import quickstart_config
+  from headspec.train.loop import train_and_evaluate
 
   def make(steps, keep_steps, workdir):
     c = quickstart_config("decoder")

@@ -11,9 +11,9 @@ import optax
 from flax import nnx
 
 from headspec.attention import induction as ind
-from headspec.model import ModelConfig, Transformer
-from headspec.objectives import Objective
-from headspec.train import TrainState, train_step
+from headspec.model.objectives import Objective
+from headspec.model.transformer import ModelConfig, Transformer
+from headspec.train.loop import TrainState, train_step
 
 INDUCTION_SEQ, INDUCTION_VOCAB, INDUCTION_SPECIALS, INDUCTION_N = 24, 64, (0, 1, 2), 6
 

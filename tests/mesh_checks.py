@@ -18,11 +18,12 @@ import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 from flax import nnx  # noqa: E402
 
-from headspec import checkpoints, mesh  # noqa: E402
-from headspec.defaults import train_config  # noqa: E402
-from headspec.model import ModelConfig, Transformer, cast, random_like  # noqa: E402
-from headspec.objectives import Objective  # noqa: E402
-from headspec.train import TrainState, jit_step, make_optimizer, train_step  # noqa: E402
+from headspec.model.objectives import Objective  # noqa: E402
+from headspec.model.transformer import ModelConfig, Transformer, cast, random_like  # noqa: E402
+from headspec.parallel import mesh  # noqa: E402
+from headspec.runs import checkpoints  # noqa: E402
+from headspec.train.config import train_config  # noqa: E402
+from headspec.train.loop import TrainState, jit_step, make_optimizer, train_step  # noqa: E402
 
 MESHES = ("data=8", "data=2,fsdp=4", "data=2,fsdp=2,tensor=2", "tensor=8")
 CFG = ModelConfig(

@@ -5,11 +5,11 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from headspec import evalset
 from headspec.ablation import core, metrics
-from headspec.edits import head_mask
 from headspec.errors import UserError
-from headspec.model import ModelConfig, Transformer
+from headspec.model.edits import head_mask
+from headspec.model.transformer import ModelConfig, Transformer
+from headspec.words import evalset
 
 L, H, K, D = 3, 4, 8, 32
 
@@ -221,10 +221,10 @@ def test_unlabelled_control_draws_k_heads_no_role_label_names():
 
 def test_sweeps_split_over_a_data_mesh_give_the_one_device_values():
   """Under a mesh of the suite's 2 devices on `data`, each device evaluates its share of the masks
-  (headspec/mesh.py split_over_data): the sweep's and the mask evaluation's values equal one device's."""
+  (headspec/parallel/mesh.py split_over_data): the sweep's and the mask evaluation's values equal one device's."""
   import jax
 
-  from headspec import mesh
+  from headspec.parallel import mesh
 
   model = tiny()
   es = lm_set(model)

@@ -8,13 +8,13 @@ import sys
 import numpy as np
 import pytest
 
-from headspec import runs
 from headspec.ablation import core, gates, metrics, pruning
 from headspec.ablation.run import evaluation_set
 from headspec.ablation.run import quickstart as ablate_quickstart
 from headspec.ablation.run import run as run_ablation
 from headspec.cli import main
 from headspec.io import tables
+from headspec.runs import directory as runs
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "configs"))
@@ -90,7 +90,7 @@ def test_every_table_and_known_values(run_dir):
   # Known values: zero ablation of one head against a direct evaluation of the masked model.
   model, tokenizer = runs.load_run_model(run_dir, 30)
   config = small_config()
-  from headspec.targets import run_targets
+  from headspec.runs.targets import run_targets
 
   es = evaluation_set(config, run_dir, run_targets(run_dir, "last")[0], tokenizer, model.cfg)
   zero = core.zero_replacement(model)
@@ -148,7 +148,7 @@ def test_every_table_and_known_values(run_dir):
 
 def test_l0_penalty_lowers_open_gates(run_dir):
   model, tokenizer = runs.load_run_model(run_dir, 30)
-  from headspec.targets import run_targets
+  from headspec.runs.targets import run_targets
 
   es = evaluation_set(small_config(), run_dir, run_targets(run_dir, "last")[0], tokenizer, model.cfg)
   fit = lambda lam: gates.fit_gates(model, es, lam, steps=40, learning_rate=0.1, init_log_alpha=1.0, seed=0)
@@ -163,7 +163,7 @@ def test_quickstart_ablation(run_dir, synthetic_data_dir):
 def config_file(tmp_path, arg="", **overrides) -> str:
   """A config file that is configs/ablate.py[:arg] with `overrides` (key path -> value) applied.
 
-  (In-process `headspec.cli.main` does not apply --config.key=value overrides: the lead knows.)
+  (In-process `headspec.cli.main.main` does not apply --config.key=value overrides: the lead knows.)
   """
   name = f"cfg_{len(list(tmp_path.glob('cfg_*.py')))}.py"
   lines = [

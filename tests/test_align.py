@@ -5,10 +5,10 @@ import dataclasses
 import numpy as np
 import pytest
 
-from headspec import alignment as align
 from headspec.data.tokenizer import train_sentencepiece
 from headspec.data.treebank import load_split
 from headspec.errors import UserError
+from headspec.words import alignment as align
 
 
 @pytest.fixture(scope="module")

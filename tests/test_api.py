@@ -1,4 +1,4 @@
-"""The notebook API (headspec/api.py): every function against the command-line path it fronts.
+"""The notebook API (headspec/api/core.py): every function against the command-line path it fronts.
 
 Known answers: `probe` rows = probes/results.csv rows of `headspec probe` with the same config; `ablate`
 = ablation/heads.csv rows of `headspec ablate`; `run`'s word-level attention = the attention analyses'
@@ -17,9 +17,10 @@ import pandas as pd
 import pytest
 
 import headspec
-from headspec import api, runs
+from headspec.api import core as api
 from headspec.errors import UserError
 from headspec.io import tables
+from headspec.runs import directory as runs
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 L, H = 2, 4
@@ -132,7 +133,7 @@ def test_run_matches_the_analyses(run_dir, tmp_path):
   np.testing.assert_array_equal(masked.probs_LHTS, headspec.run(loaded, [c.words], head_mask=mask)[0].probs_LHTS)
   np.testing.assert_allclose(masked.probs_LHTS[0], c.probs_LHTS[0], atol=1e-6)
   assert np.abs(masked.probs_LHTS[1] - c.probs_LHTS[1]).max() > 1e-4
-  # Mean pooling goes through the same word layer (headspec/words.py) as probing's mean-pooled features.
+  # Mean pooling goes through the same word layer (headspec/words/batches.py) as probing's mean-pooled features.
   meaned = headspec.run(loaded, [c.words], pooling="mean")[0]
   feats = extract_features(
     model, tokenizer, [c.words], cache_dir=tmp_path, identity={"t": 2}, pooling="mean", dtype="float32", log=None
@@ -331,7 +332,7 @@ def test_probe_refuses_structural_tasks_in_one_line(run_dir, task):
 def test_temporary_feature_cache_is_removed_at_exit(tmp_path):
   """A pretrained model's features (~250 MB of MiniLM's on a treebank) in the per-process temporary
   cache must not outlive the process."""
-  code = "from headspec import api; p = api._temporary_cache(); (p / 'x').write_text('1'); print(p)"
+  code = "from headspec.api import core as api; p = api._temporary_cache(); (p / 'x').write_text('1'); print(p)"
   env = dict(os.environ, TMPDIR=str(tmp_path))
   done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, check=True)
   path = pathlib.Path(done.stdout.strip())

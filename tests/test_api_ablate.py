@@ -14,8 +14,8 @@ import numpy as np  # noqa: E402
 import pytest  # noqa: E402
 
 import headspec  # noqa: E402
-from headspec.edits import head_mask  # noqa: E402
 from headspec.errors import UserError  # noqa: E402
+from headspec.model.edits import head_mask  # noqa: E402
 
 pytest.importorskip("transformers")
 TEXTS = ["When Mary and John went to the store, John gave a drink to Mary.", "café naïve — 東京  two  spaces!?"]

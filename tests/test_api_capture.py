@@ -13,9 +13,9 @@ import pytest
 from flax import nnx
 
 import headspec
-from headspec import cache as cache_lib
-from headspec import model as model_lib
 from headspec.errors import UserError
+from headspec.model import capture as cache_lib
+from headspec.model import transformer as model_lib
 
 CFG = model_lib.ModelConfig(kind="decoder", vocab_size=97, num_layers=3, num_heads=4, d_model=32, d_head=8, d_ff=64,
                             max_len=32)  # fmt: skip

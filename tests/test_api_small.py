@@ -10,8 +10,8 @@ import numpy as np
 import pytest
 
 import headspec
-from headspec import model as model_lib
 from headspec.errors import UserError
+from headspec.model import transformer as model_lib
 from headspec.patching import circuit as circuit_lib
 
 CLEAN = "When Mary and John went to the store, John gave a drink to"

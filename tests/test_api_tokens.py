@@ -13,8 +13,8 @@ import numpy as np  # noqa: E402
 import pytest  # noqa: E402
 
 import headspec  # noqa: E402
-from headspec import tokens as tokens_lib  # noqa: E402
 from headspec.errors import UserError  # noqa: E402
+from headspec.model import tokens as tokens_lib  # noqa: E402
 
 transformers = pytest.importorskip("transformers")
 tokenizers = pytest.importorskip("tokenizers")
@@ -61,8 +61,8 @@ def minilm():
 @pytest.fixture(scope="module")
 def spm_pair(tmp_path_factory):
   """A headspec SentencePiece tokenizer (BPE, byte fallback) and a random decoder of its vocabulary."""
-  from headspec import model as model_lib
   from headspec.data.tokenizer import train_sentencepiece
+  from headspec.model import transformer as model_lib
 
   lines = ["the dog saw a cat. the cat saw the dog!", "When Mary went to the store, she gave a drink."] * 40
   tok = train_sentencepiece(lines, tmp_path_factory.mktemp("spm"), vocab_size=300)

@@ -4,9 +4,9 @@ packed layout scores each word against exactly its own sentence."""
 import numpy as np
 import pytest
 
-from headspec import packing
 from headspec.errors import UserError
 from headspec.probing import arc
+from headspec.words import packing
 
 
 def _planted(num_sentences, seed, noise_heads=False, n_max=10, g=2, k=8):

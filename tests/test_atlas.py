@@ -7,8 +7,8 @@ import re
 import pytest
 from test_atlas_fixtures import write_run
 
-from headspec import cli
 from headspec.atlas import PAGE_NAME, atlas_data, build_atlas, run_data
+from headspec.cli import main as cli
 from headspec.errors import UserError
 from headspec.io import tables
 
@@ -468,8 +468,8 @@ def test_cards_read_the_tables_headspec_sae_and_circuit_write(train_tiny_decoder
 
 
 def test_the_atlas_knows_every_per_head_patching_site():
-  """atlas/data.py keeps a JAX-free copy of the sites with a head axis; it must follow headspec.model.SITES."""
+  """atlas/data.py keeps a JAX-free copy of the sites with a head axis; it must follow headspec.model.transformer.SITES."""
   from headspec.atlas import data as data_lib
-  from headspec.model import SITES
+  from headspec.model.transformer import SITES
 
   assert set(data_lib.PATCHING_HEAD_SITES) == {site for site, axes in SITES.items() if "H" in axes}

@@ -7,12 +7,13 @@ import pathlib
 import numpy as np
 import pytest
 
-from headspec import cli, runs
 from headspec.attention import attention_quickstart
 from headspec.attention.config import attention_config
 from headspec.attention.roles import ROLES
 from headspec.attention.run import run as run_attention
+from headspec.cli import main as cli
 from headspec.io import tables
+from headspec.runs import directory as runs
 
 L, H = 2, 4
 CONFIG = str(pathlib.Path(__file__).resolve().parents[1] / "configs" / "attention_ewt.py")

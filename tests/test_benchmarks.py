@@ -178,12 +178,12 @@ def test_check_scripts_import_together():
 
 
 def test_quickstart_benchmark_knows_every_stage_the_quickstart_prints():
-  """bench_quickstart times stages by the lines headspec/quickstart.py prints: each must still be printed
+  """bench_quickstart times stages by the lines headspec/cli/quickstart.py prints: each must still be printed
   there (a renamed line would fold its stage's time into the stage before it)."""
   import inspect
 
   from benchmarks import bench_quickstart
-  from headspec import quickstart
+  from headspec.cli import quickstart
 
   source = inspect.getsource(quickstart.run_quickstart)
   for start, _ in bench_quickstart.STAGES:

@@ -3,9 +3,9 @@
 import numpy as np
 import pytest
 
-from headspec import resampling
 from headspec.errors import UserError
 from headspec.probing import stats
+from headspec.words import resampling
 
 
 def _reference(correct_NG, sentence_N, num_resamples, seed):

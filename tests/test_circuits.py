@@ -9,7 +9,7 @@ import pytest
 from flax import nnx
 
 from headspec.errors import UserError
-from headspec.model import Edit, ModelConfig, Transformer
+from headspec.model.transformer import Edit, ModelConfig, Transformer
 from headspec.patching import core, edges
 from headspec.patching import patch as patch_lib
 
@@ -471,7 +471,7 @@ def test_bad_circuit_keys_are_one_line(tmp_path):
 def test_circuit_command_writes_its_tables(train_tiny_decoder, capsys):
   """`headspec circuit` on a tiny trained decoder: one edges.csv row per (edge, method), the faithfulness
   curve's rows per (method, size, set), the full-size circuit at 1; a bad key is one line before any work."""
-  from headspec import cli
+  from headspec.cli import main as cli
   from headspec.io import tables
   from headspec.patching import circuit as circuit_run
 
@@ -518,7 +518,7 @@ def test_circuit_command_writes_its_tables(train_tiny_decoder, capsys):
 def test_exact_patching_and_faithfulness_split_over_a_data_mesh_give_the_one_device_values(model):
   """Under a mesh of the suite's 2 devices on `data`, each device runs its share of the edges and of the
   circuits (odd counts: padded, the padding dropped); every value equals one device's to float32 rounding."""
-  from headspec import mesh
+  from headspec.parallel import mesh
 
   p = tiny_prompts(model.cfg)
   g = edges.graph(model.cfg)

@@ -11,7 +11,9 @@ import sys
 import pytest
 
 import headspec
-from headspec import cli, config_help, configs
+from headspec import configs
+from headspec.cli import config_help
+from headspec.cli import main as cli
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 
@@ -29,7 +31,7 @@ def test_commands_keep_compiled_programs_in_the_user_cache(switch, tmp_path):
   JAX_COMPILATION_CACHE_DIR wins (the suite sets its own, so this runs without it)."""
   env = {k: v for k, v in os.environ.items() if not k.startswith(("JAX_COMPILATION", "JAX_PERSISTENT"))}
   env.update(XDG_CACHE_HOME=str(tmp_path), HEADSPEC_COMPILATION_CACHE=switch or "1")
-  code = "from headspec import cli; cli.use_compilation_cache(); import jax; print(jax.jit(lambda x: x * 3)(2.0))"
+  code = "from headspec.cli import main as cli; cli.use_compilation_cache(); import jax; print(jax.jit(lambda x: x * 3)(2.0))"
   out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
   assert out.stdout.strip() == "6.0"
   written = list((tmp_path / "headspec" / "jax").glob("*"))
@@ -142,7 +144,7 @@ def test_config_by_name_is_loaded_from_any_directory(tmp_path, monkeypatch, caps
 def test_pyproject_metadata():
   tomllib = pytest.importorskip("tomllib")
   project = tomllib.loads((REPO / "pyproject.toml").read_text())
-  assert project["project"]["scripts"] == {"headspec": "headspec.cli:run"}
+  assert project["project"]["scripts"] == {"headspec": "headspec.cli.main:run"}
   assert project["tool"]["setuptools"]["dynamic"]["version"] == {"attr": "headspec.__version__"}
   assert {"test", "analysis", "tf"} <= set(project["project"]["optional-dependencies"])
   assert (REPO / "setup.py").is_file() and (REPO / "configs" / "__init__.py").is_file()
@@ -192,7 +194,7 @@ def test_the_wheel_ships_the_top_level_configs_as_headspec_configs(tmp_path):
 def test_an_earlier_in_process_call_leaves_no_flag_behind(tmp_path):
   """absl keeps a flag's value between parses: `headspec data download ...` called in-process after a
   command given --config and --workdir wrote into that config's data_dir instead of HEADSPEC_DATA_DIR."""
-  from headspec import cli
+  from headspec.cli import main as cli
 
   cli._parse(cli.resolve_config(["headspec", "--config=probe_synthetic", f"--workdir={tmp_path / 'run'}", "probe"]))
   assert cli._CONFIG.value is not None and cli._WORKDIR.value == str(tmp_path / "run")
@@ -217,7 +219,7 @@ def _toy_config():
 def test_a_command_is_one_entry_of_the_table(tmp_path, monkeypatch, capsys):
   """One entry of commands.COMMANDS gives a command everything: dispatch to its run(config, workdir), its
   line of `headspec --help`, its `--help` keys, the --config and --workdir it needs and its key check."""
-  from headspec import commands
+  from headspec.cli import commands
 
   toy = commands.Command(
     (("toy", "a toy analysis"),), f"{__name__}:_toy_run", str, f"{__name__}:_toy_config"

@@ -9,9 +9,11 @@ import pathlib
 import pytest
 from absl import logging as absl_logging
 
-from headspec import cli, config_help, jobloop, quickstart
+from headspec.cli import config_help, quickstart
+from headspec.cli import main as cli
 from headspec.data import fetch, text_download, text_tfds
 from headspec.errors import UserError
+from headspec.words import jobloop
 
 
 class _Stop(Exception):
@@ -286,10 +288,10 @@ def test_huggingface_hub_is_a_declared_dependency():
 
 
 def test_training_has_a_bar_and_its_metrics_lines_stay_whole(tmp_path, capsys):
-  """The training loop's schedule (headspec/train.py) with a stand-in step, manager and writer: a bar
+  """The training loop's schedule (headspec/train/loop.py) with a stand-in step, manager and writer: a bar
   over the steps that says it compiles before the first step, and the metrics lines printed whole."""
-  from headspec import train
-  from headspec.quickstart import quickstart_config
+  from headspec.cli.quickstart import quickstart_config
+  from headspec.train import loop as train
 
   config = quickstart_config("decoder")
   config.train.steps, config.train.log_every, config.train.eval_every = 3, 1, 0

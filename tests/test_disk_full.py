@@ -18,9 +18,10 @@ import pytest
 from test_atlas_fixtures import write_run
 from test_train_errors import tiny_config
 
-from headspec import checkpoints, cli
+from headspec.cli import main as cli
 from headspec.io import metrics, tables
-from headspec.train import train_and_evaluate
+from headspec.runs import checkpoints
+from headspec.train.loop import train_and_evaluate
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 
@@ -136,7 +137,7 @@ def test_a_table_write_that_fails_midway_removes_its_temporary(tmp_path, monkeyp
 def tiny_encoder(synthetic_data_dir, tmp_path_factory):
   from headspec.data.tokenizer import train_sentencepiece
   from headspec.data.treebank import load_split
-  from headspec.model import ModelConfig, random_like
+  from headspec.model.transformer import ModelConfig, random_like
 
   dev = load_split(synthetic_data_dir, "synthetic", "dev")
   tokenizer = train_sentencepiece([" ".join(s.words) for s in dev], tmp_path_factory.mktemp("spm"), vocab_size=400)

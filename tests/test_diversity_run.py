@@ -12,14 +12,14 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from headspec import runs
 from headspec.diversity import metrics as diversity
 from headspec.diversity.run import read_results
 from headspec.diversity.run import run as run_diversity
 from headspec.errors import UserError
-from headspec.evaltext import evaluation_tokens
 from headspec.io import tables
 from headspec.pretrained import load_pretrained
+from headspec.runs import directory as runs
+from headspec.runs.evaltext import evaluation_tokens
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "configs"))
@@ -191,8 +191,8 @@ def test_two_models_at_step_0_in_one_workdir_keep_every_row(run_dir, tmp_path, m
   import dataclasses
   import shutil
 
-  from headspec import targets
   from headspec.diversity import run as diversity_run
+  from headspec.runs import targets
 
   workdir = tmp_path / "run"
   shutil.copytree(run_dir, workdir, ignore=shutil.ignore_patterns("diversity"))  # the module's run stays as it is

@@ -10,7 +10,7 @@ import threading
 
 import pytest
 
-from headspec import cli
+from headspec.cli import main as cli
 from headspec.data import download, fetch, synthetic, text_download, text_tfds, treebank
 from headspec.errors import UserError
 

@@ -1,4 +1,4 @@
-"""headspec/draws.py: bucketed draws equal jax.random's per-shape draws bit for bit, with one program per bucket;
+"""headspec/model/draws.py: bucketed draws equal jax.random's per-shape draws bit for bit, with one program per bucket;
 and the causal test's random head sets (headspec/ablation/causal.py): every candidate set when they
 are few, else distinct draws, and an interval that resamples the draws too."""
 
@@ -6,7 +6,7 @@ import jax
 import numpy as np
 import pytest
 
-from headspec import draws
+from headspec.model import draws
 
 SHAPES = [(1,), (7,), (3, 16, 16), (5, 64, 40), (24, 32, 32), (2, 3, 5, 7)]
 

@@ -37,7 +37,7 @@ def _one_line(call, match: str) -> str:
 
 def _cli(args: list[str]) -> tuple[int, str]:
   """`headspec ARGS` in-process: (exit status, stderr)."""
-  from headspec import cli
+  from headspec.cli import main as cli
 
   err = io.StringIO()
   with contextlib.redirect_stderr(err):
@@ -103,7 +103,7 @@ def _refused_cases():
 def test_every_refused_config_value_is_refused_by_transformers_or_computes_wrong_numbers(
   root, tiny_dirs, tmp_path, family, change, message
 ):
-  """Every value headspec's checks (headspec/hf_config_checks.py, the families' translations) refuse:
+  """Every value headspec's checks (headspec/pretrained/config_checks.py, the families' translations) refuse:
   transformers refuses it too (its config validation or its model), or computes wrong numbers with it,
   or the value is one of NONSENSE's (named, with the reason)."""
   from test_pretrained_errors import _model
@@ -249,7 +249,7 @@ def test_an_experiments_broken_run_config_is_one_line(tmp_path):
   broken.write_text("def get_config(arg=None):\n  return 1/0\n")
   exp = tmp_path / "exp.py"
   exp.write_text(
-    "from headspec.experiments import Experiment, Run\n\n"
+    "from headspec.launch.experiments import Experiment, Run\n\n"
     f"def experiment(arg):\n  return Experiment(runs=(Run('a', {str(broken)!r}, 'c', 0),), analyses=())\n"
   )
   out = io.StringIO()
@@ -420,7 +420,7 @@ def test_data_synthetic_checks_its_options_before_writing(tmp_path, args, messag
 
 def test_mesh_sizes_are_bounded_before_their_product():
   """Before: data=4294967296,fsdp=4294967296 multiplied to 0 in int64, then a ZeroDivisionError."""
-  from headspec import mesh
+  from headspec.parallel import mesh
 
   for spec in ("data=4294967296,fsdp=4294967296,tensor=-1", "tensor=" + "9" * 30):
     _one_line(lambda spec=spec: mesh.parse(spec, key="config.mesh"), r"config.mesh=.*exceeds the \d+ devices")

@@ -7,12 +7,13 @@ import jax
 import numpy as np
 import pytest
 
-from headspec.alignment import align, bucket_length, resolve_pooling
 from headspec.data.tokenizer import train_sentencepiece
 from headspec.data.treebank import load_split
 from headspec.errors import UserError
-from headspec.model import ModelConfig, random_like
+from headspec.model.capture import bucket_length
+from headspec.model.transformer import ModelConfig, random_like
 from headspec.probing import features as features_lib
+from headspec.words.alignment import align, resolve_pooling
 
 
 @dataclasses.dataclass
@@ -153,7 +154,7 @@ def test_interventions_reach_the_features_and_their_cache_key(setup, tmp_path):
   """Features of a model with a head of layer 0 removed (an Edit of z, through the shared word forward): layer 0's
   z is read before the edit (unchanged), its residual stream and layer 1 change, and the edit keys the cache
   (an equal edit reads it back, another mask is another entry, no edit keeps the unedited key)."""
-  from headspec.edits import head_mask
+  from headspec.model.edits import head_mask
 
   tokenizer, sentences = setup
   model = _model("decoder", tokenizer.vocab_size)

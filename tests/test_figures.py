@@ -6,7 +6,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import pytest  # noqa: E402
 
-from headspec import figures  # noqa: E402
+from headspec.words import figures  # noqa: E402
 
 
 @pytest.mark.parametrize("linthresh", [None, 30.0])

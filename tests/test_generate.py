@@ -17,9 +17,10 @@ import safetensors.numpy  # noqa: E402
 from flax import nnx  # noqa: E402
 
 import headspec  # noqa: E402
-from headspec import edits, pretrained  # noqa: E402
+from headspec import pretrained  # noqa: E402
 from headspec.errors import UserError  # noqa: E402
-from headspec.model import Edit, ModelConfig, Transformer  # noqa: E402
+from headspec.model import edits  # noqa: E402
+from headspec.model.transformer import Edit, ModelConfig, Transformer  # noqa: E402
 
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")

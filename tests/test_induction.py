@@ -11,16 +11,16 @@ import pytest
 from flax import nnx
 from induction_recipe import INDUCTION_N, INDUCTION_SPECIALS, INDUCTION_VOCAB
 
-from headspec import runs
 from headspec.attention import induction as ind
 from headspec.attention import induction_run
 from headspec.attention.config import attention_config
 from headspec.attention.run import run as run_attention
+from headspec.cli.quickstart import quickstart_config
 from headspec.errors import UserError
 from headspec.io import tables
-from headspec.model import ModelConfig, Transformer
-from headspec.quickstart import quickstart_config
-from headspec.train import train_and_evaluate
+from headspec.model.transformer import ModelConfig, Transformer
+from headspec.runs import directory as runs
+from headspec.train.loop import train_and_evaluate
 
 N_REP, COUNT, V = 6, 4, 40
 
@@ -218,8 +218,8 @@ def _read(path):
 def test_draw_from_text_uses_only_the_evaluation_texts_ids(run_dir):
   """induction.draw='text': r_1..r_n come from the ids that occur in the run's validation rows (no byte
   pieces the text never uses), also with natural_text off; 'vocabulary' reaches ids outside them."""
-  from headspec import targets
   from headspec.attention.config import check_config
+  from headspec.runs import targets
 
   drawn = {}
   for draw in ("vocabulary", "text"):
@@ -303,8 +303,8 @@ def test_attention_command_induction_step(run_dir, caplog):
 
 def test_causal_check_at_the_last_step_only(run_dir):
   """induction.causal.steps='last' runs the causal check at each model's last planned step, not before."""
-  from headspec import targets
   from headspec.attention.config import check_config
+  from headspec.runs import targets
 
   c = _config()
   c.induction.causal.steps = "last"
@@ -323,7 +323,7 @@ def test_causal_check_at_the_last_step_only(run_dir):
 
 
 def test_encoder_refused_with_one_line(run_dir, monkeypatch):
-  from headspec import targets
+  from headspec.runs import targets
 
   real = targets.run_targets
 
@@ -390,8 +390,8 @@ def test_causal_check_selects_on_one_half_and_measures_on_the_other(run_dir, mon
   assert list(ind.causal_split(20, 4)[1]) == [10, 11, 12, 13]
   with pytest.raises(UserError, match="induction.num_sequences=2: the causal check needs 3 or more"):
     ind.causal_split(2, 2)
-  from headspec import targets
   from headspec.ablation import causal as causal_lib
+  from headspec.runs import targets
 
   c = _config()
   jobs = targets.plan(c, run_dir, steps="4")

@@ -9,7 +9,9 @@ import types
 import numpy as np
 import pytest
 
-from headspec import api, cli, launch
+from headspec import launch
+from headspec.api import core as api
+from headspec.cli import main as cli
 from headspec.data import download, synthetic, treebank
 from headspec.errors import UserError
 

@@ -1,4 +1,4 @@
-"""The one job loop (headspec/jobloop.py), the one face of every analysis, and the CLI's log lines."""
+"""The one job loop (headspec/words/jobloop.py), the one face of every analysis, and the CLI's log lines."""
 
 import ast
 import contextlib
@@ -7,9 +7,10 @@ import pathlib
 
 import pytest
 
-from headspec import cli, jobloop
+from headspec.cli import main as cli
 from headspec.errors import UserError
 from headspec.io import tables
+from headspec.words import jobloop
 
 PACKAGE = pathlib.Path(__file__).resolve().parent.parent / "headspec"
 ANALYSES = ("probing", "diversity", "attention", "ablation")
@@ -116,7 +117,7 @@ def test_every_analysis_has_one_face(analysis):
 
 
 def test_commands_call_each_analysis_run():
-  from headspec.commands import COMMANDS
+  from headspec.cli.commands import COMMANDS
 
   runs = {command.run for command in COMMANDS.values()}
   for analysis in ANALYSES:

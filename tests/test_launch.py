@@ -10,8 +10,9 @@ import sys
 
 import pytest
 
-from headspec import launch, sweeps
+from headspec import launch
 from headspec.errors import UserError
+from headspec.launch import sweeps
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -107,7 +108,7 @@ def test_slurm_sweep_is_a_job_array_with_signal_and_requeue():
   assert "--workdir=/shared/dh/drophead=0,seed=0" in first and "--config.multihost=True" in first
   assert "--config.train.regularizers.drophead=0" in first and "--config.seed=0" in first
   assert "--workdir=/shared/dh/drophead=0.1,seed=1" in trains[3]
-  assert out.count("python -m headspec.sweeps summarize /shared/dh") == 4
+  assert out.count("python -m headspec.launch.sweeps summarize /shared/dh") == 4
 
 
 def test_tpu_creates_installs_a_wheel_stages_data_and_runs_on_every_worker():
@@ -184,7 +185,7 @@ def test_headspec_launch_is_the_module_form(argv):
 
 
 def test_headspec_launch_in_process(capsys):
-  from headspec import cli
+  from headspec.cli import main as cli
 
   assert cli.main(["headspec", "launch", "local", "--dry-run", "--", "atlas", "--workdir=r"]) == 0
   assert commands(capsys.readouterr().out)[0][1][-3:] == ["headspec", "atlas", "--workdir=r"]
@@ -198,7 +199,7 @@ def test_headspec_launch_in_process(capsys):
 
 
 def test_sweep_names_table_and_summary(tmp_path):
-  from headspec.quickstart import quickstart_config
+  from headspec.cli.quickstart import quickstart_config
 
   runs = sweeps.expand(
     quickstart_config("decoder"), sweeps.parse_grid(["train.regularizers.drophead=0,0.2"], "3"), tmp_path

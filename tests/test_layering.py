@@ -29,8 +29,8 @@ ALLOWED = {
 TRAINER_ALLOWED = {"headspec.diversity.metrics"}
 # The shared layer: below every analysis, so it imports none.
 SHARED = (
-  "objectives", "alignment", "resampling", "evaltext", "evalset", "selectivity", "heads", "regularizers", "jobloop",
-  "figures", "io", "targets", "data", "words", "edits",
+  "model.objectives", "model.heads", "model.edits", "words", "runs.evaltext", "runs.targets", "train.regularizers",
+  "io", "data",
 )  # fmt: skip
 
 
@@ -111,7 +111,7 @@ def test_the_allowed_links_are_exactly_the_ones_there():
     if _analysis(imported) not in (None, _analysis(name))
   }
   assert links == ALLOWED
-  assert {m for m in _imports("headspec.train", module_level=False) if _analysis(m)} == TRAINER_ALLOWED
+  assert {m for m in _imports("headspec.train.loop", module_level=False) if _analysis(m)} == TRAINER_ALLOWED
 
 
 def _shared(name: str) -> bool:
@@ -132,28 +132,28 @@ def test_shared_layer_imports_no_analysis():
 def test_the_trainer_imports_no_analysis_but_its_one_link():
   """train.py takes its token helpers (special ids, the opening token) from the data layer, not from an analysis."""
   upward = sorted(
-    m for m in _imports("headspec.train", module_level=False) if _analysis(m) and m not in TRAINER_ALLOWED
+    m for m in _imports("headspec.train.loop", module_level=False) if _analysis(m) and m not in TRAINER_ALLOWED
   )
   assert not upward, upward
 
 
 def test_token_cross_entropy_is_written_once():
-  """headspec/objectives.py token_nll is the one token loss: no other module computes softmax cross-entropy
+  """headspec/model/objectives.py token_nll is the one token loss: no other module computes softmax cross-entropy
   itself (training, evaluation, ablation, in-context learning and patching's 'loss' all call it)."""
   writers = sorted(
     name
     for name, path in MODULES.items()
-    if "softmax_cross_entropy" in path.read_text() and name != "headspec.objectives"
+    if "softmax_cross_entropy" in path.read_text() and name != "headspec.model.objectives"
   )
   assert not writers, writers
 
 
 def test_analyses_do_not_import_the_trainer():
-  """Scoring a model needs its objective (headspec.objectives), not the training loop."""
+  """Scoring a model needs its objective (headspec.model.objectives), not the training loop."""
   training = sorted(
-    f"{name} imports headspec.train"
+    f"{name} imports headspec.train.loop"
     for name in MODULES
-    if _analysis(name) and "headspec.train" in _imports(name, module_level=False)
+    if _analysis(name) and "headspec.train.loop" in _imports(name, module_level=False)
   )
   assert not training, "\n".join(training)
 
@@ -190,11 +190,11 @@ def test_launcher_is_a_package_of_modules():
 
 def test_launcher_and_experiments_do_not_import_the_cli():
   """cli -> launch -> experiments, and not back (even inside a function): a stage runs the CLI through its
-  own entry point, headspec/stage.py."""
+  own entry point, headspec/cli/stage.py."""
   back = sorted(
-    f"{name} imports headspec.cli"
-    for name in (*LAUNCHER, "headspec.experiments", "headspec.sweeps")
-    if "headspec.cli" in _imports(name, module_level=False)
+    f"{name} imports headspec.cli.main"
+    for name in (*LAUNCHER, "headspec.launch.experiments", "headspec.launch.sweeps")
+    if "headspec.cli.main" in _imports(name, module_level=False)
   )
   assert not back, "\n".join(back)
 
@@ -208,7 +208,7 @@ def test_no_circle_cli_launch_cli():
     if name not in reached:
       reached.add(name)
       todo += _imports(name, module_level=False)
-  assert "headspec.experiments" in reached and "headspec.cli" not in reached, sorted(reached)
+  assert "headspec.launch.experiments" in reached and "headspec.cli.main" not in reached, sorted(reached)
 
 
 def test_the_lbfgs_engine_and_the_device_fan_out_know_nothing_of_probes():
@@ -230,3 +230,56 @@ def test_the_io_layer_stands_on_errors_alone():
     if not (imported == "headspec.errors" or imported.startswith("headspec.io"))
   )
   assert not upward, "\n".join(upward)
+
+
+ARCHITECTURE = PACKAGE.parent / "docs" / "architecture.md"
+BASE = {"headspec", "headspec.errors", "headspec.arguments", "headspec.bounds"}
+
+
+def layer_table() -> dict[str, set[str]]:
+  """docs/architecture.md's layer table: package -> the packages (or modules) it names under "may import"."""
+  text = ARCHITECTURE.read_text()
+  rows = text[text.index("<!-- layers:") :].split("\n\n")[0].splitlines()[3:]
+  table = {}
+  for row in rows:
+    cells = [c.strip() for c in row.strip("|").split("|")]
+    table[cells[0].strip("`")] = {name.strip().strip("`") for name in cells[2].split(",") if name.strip()}
+  return table
+
+
+def _allowed(table: dict[str, set[str]], package: str) -> set[str]:
+  """What `package` may import: its row's names and, through each, what that one may (a module named, as
+  `cli.commands`, is allowed alone)."""
+  out, todo = set(), list(table[package])
+  while todo:
+    name = todo.pop()
+    if name not in out:
+      out.add(name)
+      todo += table.get(name, set())
+  return out
+
+
+def test_every_import_follows_the_layer_table():
+  """Each module of a package imports (inside functions too) only its own package, the base modules, and
+  what its package's row of docs/architecture.md allows; every package has its row."""
+  table = layer_table()
+  packages = {name.split(".")[1] for name in MODULES if name.count(".") >= 2}
+  assert packages <= set(table), f"no row in docs/architecture.md for {sorted(packages - set(table))}"
+  wrong = []
+  for name in sorted(MODULES):
+    if name.count(".") < 2:
+      continue
+    package = name.split(".")[1]
+    allowed = _allowed(table, package)
+    for imported in _imports(name, module_level=False):
+      if imported in BASE or imported.split(".")[1] == package:
+        continue
+      if not any(imported == f"headspec.{a}" or imported.startswith(f"headspec.{a}.") for a in allowed):
+        wrong.append(f"{name} imports {imported}")
+  assert not wrong, "\n".join(wrong)
+
+
+def test_the_top_of_the_package_is_the_public_face_and_the_base():
+  """At most six modules at headspec/'s top: the lazy public names, `python -m headspec`, and the base."""
+  top = sorted(p.name for p in PACKAGE.glob("*.py"))
+  assert top == ["__init__.py", "__main__.py", "arguments.py", "bounds.py", "errors.py"], top

@@ -7,10 +7,11 @@ import pathlib
 import jax
 import numpy as np
 
-from headspec import runs, targets
+from headspec.cli.quickstart import quickstart_config
 from headspec.configs import base_llama
-from headspec.quickstart import quickstart_config
-from headspec.train import train_and_evaluate
+from headspec.runs import directory as runs
+from headspec.runs import targets
+from headspec.train.loop import train_and_evaluate
 
 
 def _config(data_dir):

@@ -167,8 +167,8 @@ def test_repeat_rows_replace_the_first_rows_and_resume():
 
 
 def test_repeat_rows_config_is_checked_before_training(tmp_path):
-  from headspec.defaults import train_config
-  from headspec.train import check_config
+  from headspec.train.config import train_config
+  from headspec.train.loop import check_config
 
   c = train_config()
   c.train.seq_len = 32

@@ -17,9 +17,11 @@ import types
 
 import pytest
 
-from headspec import experiments, launch, stage, study
+from headspec import launch, study
+from headspec.cli import stage
 from headspec.errors import UserError
 from headspec.io import locks
+from headspec.launch import experiments
 from headspec.probing import suite
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
@@ -62,7 +64,7 @@ def _ready(proc: subprocess.Popen) -> None:
 
 HOLD = """
 import sys, time
-from headspec import locks
+from headspec.io import locks
 with locks.held(sys.argv[1], sys.argv[2], wait=False):
   print("ready", flush=True)
   time.sleep(60)
@@ -123,7 +125,8 @@ def test_two_trainings_of_one_run_at_once_one_trains_the_other_refuses(tmp_path,
 
 STAGE = """
 import sys, time
-from headspec import cli, stage
+from headspec.cli import main as cli
+from headspec.cli import stage
 log = sys.argv[2]
 
 def main(argv):
@@ -139,7 +142,7 @@ sys.exit(stage.run_stage(sys.argv[1], ["atlas", "--workdir=x"]))
 
 
 def test_a_second_launch_of_a_stage_waits_for_the_first_then_finds_it_done(tmp_path):
-  """Two `python -m headspec.stage MARKER -- ...` at once: the command runs once; the second waits (saying
+  """Two `python -m headspec.cli.stage MARKER -- ...` at once: the command runs once; the second waits (saying
   so, with the first's pid) and then skips it as done."""
   marker, log = tmp_path / "stages" / "run-atlas.done", tmp_path / "ran.txt"
   first = _python(STAGE, marker, log)
@@ -155,7 +158,7 @@ def test_a_second_launch_of_a_stage_waits_for_the_first_then_finds_it_done(tmp_p
 
 USE = """
 import sys, time
-from headspec import locks
+from headspec.io import locks
 parts = locks.SharedFolder(sys.argv[1])
 print("ready", flush=True)
 time.sleep(60)

@@ -1,4 +1,4 @@
-"""The device mesh (headspec/mesh.py) on 8 fake CPU devices, in a process of its own (tests/mesh_checks.py):
+"""The device mesh (headspec/parallel/mesh.py) on 8 fake CPU devices, in a process of its own (tests/mesh_checks.py):
 forward parity on four meshes, the training loss curve, bytes per device, checkpoints across meshes and the
 bfloat16 cast; and, in this process, the `mesh` key's parsing and its one-line refusals."""
 
@@ -12,8 +12,8 @@ import sys
 import numpy as np
 import pytest
 
-from headspec import mesh
 from headspec.errors import UserError
+from headspec.parallel import mesh
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 
@@ -162,7 +162,7 @@ def test_features_and_load_on_a_mesh_equal_one_device(data_dir, tmp_path):
   import headspec
   from headspec.data.tokenizer import train_sentencepiece
   from headspec.data.treebank import load_split
-  from headspec.model import ModelConfig, random_like
+  from headspec.model.transformer import ModelConfig, random_like
   from headspec.probing.features import extract_features
 
   sentences = [s.words for s in load_split(data_dir, "en_ewt", "dev")[:40]]

@@ -7,9 +7,9 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from headspec.edits import head_mask
 from headspec.errors import UserError
-from headspec.model import CAPTURE_FIELDS, ModelConfig, Transformer
+from headspec.model.edits import head_mask
+from headspec.model.transformer import CAPTURE_FIELDS, ModelConfig, Transformer
 
 jax.config.update("jax_default_matmul_precision", "highest")
 
@@ -197,7 +197,7 @@ def test_inconsistent_config_is_a_user_error():
 def test_initial_weights_are_the_per_shape_normal_draws_bit_for_bit():
   """`_normal` draws a power-of-two bucket and keeps its first |shape| values: bit-identical to
   `std * jax.random.normal(key, shape)` op by op (partitionable threefry), and the same under a trace."""
-  from headspec.model import _normal, random_like
+  from headspec.model.transformer import _normal, random_like
 
   for shape in [(1,), (3, 5), (24, 3, 5), (700, 24), (7, 13, 3)]:
     got = np.asarray(_normal(nnx.Rngs(params=4), shape)[...])

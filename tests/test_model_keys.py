@@ -14,12 +14,14 @@ import jax
 import pytest
 from flax import nnx
 
-from headspec import cli, config_help, runs
+from headspec.cli import config_help
+from headspec.cli import main as cli
 from headspec.configs import base_decoder
-from headspec.defaults import train_config
 from headspec.errors import UserError
-from headspec.model import ModelConfig, Transformer
-from headspec.train import check_config, train_and_evaluate
+from headspec.model.transformer import ModelConfig, Transformer
+from headspec.runs import directory as runs
+from headspec.train.config import train_config
+from headspec.train.loop import check_config, train_and_evaluate
 
 _FIELDS = dataclasses.fields(ModelConfig)
 OPTIONS = _FIELDS[[f.name for f in _FIELDS].index("mlp") + 1 :]  # the options after `mlp` (runs._modern_options)

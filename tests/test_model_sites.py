@@ -1,4 +1,4 @@
-"""Reading a site never changes the forward pass (headspec/model.py): capturing the per-head input sites
+"""Reading a site never changes the forward pass (headspec/model/transformer.py): capturing the per-head input sites
 q_in, k_in, v_in returns each head's copy of the stream, and the logits are those of the pass without it."""
 
 import jax
@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from headspec.model import ModelConfig, Transformer
+from headspec.model.transformer import ModelConfig, Transformer
 
 
 def _model(**options):
@@ -36,7 +36,7 @@ def test_edits_of_one_heads_query_or_key_input_under_a_full_qk_norm_are_refused(
   change every head's queries (measured: 0.18-0.21 on the others against 1.56 on h): refused in one line,
   while v_in (no norm) still reaches its head only."""
   from headspec.errors import UserError
-  from headspec.model import Edit
+  from headspec.model.transformer import Edit
 
   tokens = jnp.asarray(np.random.default_rng(1).integers(0, 40, (2, 7)), jnp.int32)
   model = _model(qk_norm="full", num_kv_heads=4)
@@ -65,8 +65,8 @@ TOKENS = jnp.asarray(np.random.default_rng(1).integers(0, 40, (2, 7)), jnp.int32
 def test_projection_ablation_equals_its_closed_form():
   """project_out(u) at resid_post of layer 0 is x − (x·û)û: what layer 1 then reads (its resid_pre) is that,
   and the logits equal those of the affine Edit adding −(x·û)û computed from the clean run (per head at z too)."""
-  from headspec import edits
-  from headspec.model import Edit
+  from headspec.model import edits
+  from headspec.model.transformer import Edit
 
   model = _scaled_model(qk_norm="head")
   u_D = jnp.asarray(np.random.default_rng(2).normal(size=32), jnp.float32)
@@ -94,8 +94,8 @@ def test_identity_splice_leaves_the_logits_unchanged():
   """An SAE (headspec's, JumpReLU with θ = −∞ and identity weights: x̂ = x) spliced into z of every layer,
   and identity encode/decode functions, leave the logits as they are (1e-6); clamp and replace do what they
   say; a bad function's output shape is one line."""
-  from headspec import edits
   from headspec.errors import UserError
+  from headspec.model import edits
   from headspec.sae.model import SAE
 
   model = _scaled_model()
@@ -121,7 +121,7 @@ def test_functional_edits_compile_once_per_function_not_per_value():
   """A jitted forward given project_out / clamp / an SAE splice traces once per function, whatever the
   direction, value or SAE weights (a trace counter), and the outputs follow the new values; and the
   logits are differentiable in an edit's values."""
-  from headspec import edits
+  from headspec.model import edits
   from headspec.sae.model import SAE
 
   model = _scaled_model()
@@ -153,7 +153,7 @@ def test_new_sites_read_what_they_name():
   pattern, masked entries at float32's minimum; ln1_scale / ln2_scale / ln_final_scale are sqrt(mean x² + eps)
   of what the RMSNorms read (sqrt(var + eps) for LayerNorm); an attn_scores edit constant along the keys
   changes nothing (softmax shift), and ln1_scale patched with its own value leaves the logits."""
-  from headspec.model import Edit
+  from headspec.model.transformer import Edit
 
   for options in (dict(gated_mlp=True, activation="silu"), dict(norm="layernorm", positions="learned")):
     model = _scaled_model(**options)

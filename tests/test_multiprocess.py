@@ -21,10 +21,12 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from headspec import checkpoints, mesh, runs, targets
+from headspec.cli.quickstart import quickstart_config
 from headspec.data import text_tfds
-from headspec.quickstart import quickstart_config
-from headspec.train import train_and_evaluate
+from headspec.parallel import mesh
+from headspec.runs import checkpoints, targets
+from headspec.runs import directory as runs
+from headspec.train.loop import train_and_evaluate
 
 pytestmark = [pytest.mark.slow, pytest.mark.e2e]
 REPO = pathlib.Path(__file__).resolve().parents[1]

@@ -164,7 +164,7 @@ def test_stale_temporaries_are_removed_and_live_ones_kept(tmp_path):
 def tiny_encoder(data_dir, tmp_path_factory):
   from headspec.data.tokenizer import train_sentencepiece
   from headspec.data.treebank import load_split
-  from headspec.model import ModelConfig, random_like
+  from headspec.model.transformer import ModelConfig, random_like
 
   dev = load_split(data_dir, "en_ewt", "dev")
   tokenizer = train_sentencepiece(
@@ -233,7 +233,8 @@ def _minilm_config(tmp_path, name: str) -> str:
 def test_a_workdir_that_cannot_be_written_is_one_line_before_any_computation(
   command, where, tmp_path, capsys, monkeypatch
 ):
-  from headspec import cli, pretrained
+  from headspec import pretrained
+  from headspec.cli import main as cli
 
   monkeypatch.setattr(pretrained, "load_pretrained", lambda *a: pytest.fail(f"{command} loaded a model first"))
   afile = tmp_path / "afile"

@@ -1,4 +1,4 @@
-"""Intervention sites (headspec/model.py SITES, Edit) and activation / attribution / path patching
+"""Intervention sites (headspec/model/transformer.py SITES, Edit) and activation / attribution / path patching
 (headspec/patching, headspec.patch) against direct recomputation and known answers."""
 
 import jax
@@ -8,9 +8,9 @@ import pytest
 from flax import nnx
 from test_model import TOKENS, make  # the same tiny encoder/decoder as the model tests
 
-from headspec.edits import head_mask
 from headspec.errors import UserError
-from headspec.model import SITES, Edit
+from headspec.model.edits import head_mask
+from headspec.model.transformer import SITES, Edit
 
 jax.config.update("jax_default_matmul_precision", "highest")
 
@@ -116,13 +116,13 @@ def test_bad_interventions_are_one_line():
     model(TOKENS, interventions={"hook_z": Edit()})
   with pytest.raises(UserError, match=r"interventions\['z'\].add of shape \(2, 11, 4, 12\) does not broadcast"):
     model(TOKENS, interventions={"z": Edit(add=jnp.zeros((2, 11, 4, 12)))})
-  with pytest.raises(UserError, match="give a headspec.model.Edit"):
+  with pytest.raises(UserError, match="give a headspec.model.transformer.Edit"):
     model(TOKENS, interventions={"z": jnp.zeros((3, 2, 11, 4, 12))})
 
 
 # ------------------------------------------------------------------------------ activation patching
 
-from headspec import api  # noqa: E402
+from headspec.api import core as api  # noqa: E402
 from headspec.patching import core as patch_core  # noqa: E402
 from headspec.patching import patch as patch_lib  # noqa: E402
 
@@ -184,7 +184,7 @@ def test_sweep_split_over_a_data_mesh_gives_the_one_device_values():
   """Under a mesh of the suite's 2 devices on `data`, each device runs its share of the patches (an odd
   number: padded, the padding dropped): every value, NaN where a patch does not run, equals one device's to
   float32 rounding (each device's lax.map batches its patches in other groups)."""
-  from headspec import mesh
+  from headspec.parallel import mesh
 
   model = make()
   p = patch_lib.prompts(model.cfg, CLEAN, CORRUPT, ANSWERS, "logit_diff")
@@ -259,7 +259,7 @@ def test_path_patching_known_answers():
 def test_path_patching_split_over_a_data_mesh_gives_the_one_device_values():
   """Under a mesh of the suite's 2 devices on `data`, each device runs its share of the senders (11 of them:
   padded, the padding dropped); every value equals one device's to float32 rounding."""
-  from headspec import mesh
+  from headspec.parallel import mesh
 
   model = make()
   senders = [(layer, head) for layer in range(3) for head in range(4)][:11]

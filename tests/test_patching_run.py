@@ -8,14 +8,15 @@ import pandas as pd
 import pytest
 import tokenizers
 
-from headspec import atlas, cli, pretrained
-from headspec.data.hf_tokenizer import load_hf_tokenizer
+from headspec import atlas, pretrained
+from headspec.cli import main as cli
 from headspec.data.tokenizer import load_tokenizer
 from headspec.errors import UserError
 from headspec.io import tables
 from headspec.patching import run as patch_run
 from headspec.patching import tasks
 from headspec.patching.config import patch_config
+from headspec.pretrained.hf_tokenizer import load_hf_tokenizer
 
 
 @pytest.fixture(scope="module")

@@ -1,5 +1,5 @@
 """headspec leaves a notebook's plotting alone: importing any module keeps the backend the user chose, and
-every figure is a Figure made outside pyplot (headspec/figures.py). pyplot never holds one (nothing shows
+every figure is a Figure made outside pyplot (headspec/words/figures.py). pyplot never holds one (nothing shows
 it twice, nothing leaks), a file is still written, and a figure returned to a notebook shows once, as PNG."""
 
 import json
@@ -13,8 +13,8 @@ import numpy as np
 import pytest
 from matplotlib.figure import Figure
 
-from headspec import figures
 from headspec.io import remote
+from headspec.words import figures
 
 PNG = b"\x89PNG\r\n\x1a\n"
 
@@ -45,7 +45,7 @@ def test_importing_every_module_keeps_the_chosen_backend():
   assert done.returncode == 0, done.stderr[-3000:]
   result = json.loads(done.stdout.strip().splitlines()[-1])
   assert result["failed"] == {}
-  assert {"headspec.sae.plots", "headspec.ablation.plots", "headspec.probing.report", "headspec.views"} <= set(
+  assert {"headspec.sae.plots", "headspec.ablation.plots", "headspec.probing.report", "headspec.api.views"} <= set(
     result["modules"]
   )
   assert result["backend"] == "svg"
@@ -171,7 +171,7 @@ def test_figures_returned_to_a_notebook_show_once_and_stay_out_of_pyplot(monkeyp
 
 def test_the_circuit_figure_shows_once_and_stays_out_of_pyplot(tmp_path):
   pytest.importorskip("IPython")
-  from headspec.model import ModelConfig
+  from headspec.model.transformer import ModelConfig
   from headspec.patching import circuit, edges
 
   sizes = dict(kind="decoder", vocab_size=8, num_layers=1, num_heads=2, d_model=8, d_head=4, d_ff=8, max_len=4)

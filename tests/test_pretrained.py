@@ -24,10 +24,10 @@ import safetensors.numpy  # noqa: E402
 from flax import nnx  # noqa: E402
 
 from headspec import pretrained  # noqa: E402
-from headspec.data.hf_tokenizer import load_hf_tokenizer  # noqa: E402
 from headspec.data.tokenizer import Tokenizer, load_tokenizer  # noqa: E402
-from headspec.edits import head_mask  # noqa: E402
 from headspec.errors import UserError  # noqa: E402
+from headspec.model.edits import head_mask  # noqa: E402
+from headspec.pretrained.hf_tokenizer import load_hf_tokenizer  # noqa: E402
 
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")

@@ -25,8 +25,9 @@ import test_pretrained  # noqa: E402
 from test_pretrained_families import LLAMA3, _tiny  # noqa: E402
 from test_pretrained_hub import _save_snapshot  # noqa: E402
 
-from headspec import pretrained, targets  # noqa: E402
+from headspec import pretrained  # noqa: E402
 from headspec.errors import UserError  # noqa: E402
+from headspec.runs import targets  # noqa: E402
 
 tiny_dirs = test_pretrained.tiny_dirs  # the fixture of tiny BERT (with and without MLM head) and GPT-2
 

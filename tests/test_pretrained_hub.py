@@ -12,8 +12,9 @@ os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
 import numpy as np  # noqa: E402
 import pytest  # noqa: E402
 
-from headspec import pretrained, targets  # noqa: E402
+from headspec import pretrained  # noqa: E402
 from headspec.errors import UserError  # noqa: E402
+from headspec.runs import targets  # noqa: E402
 
 huggingface_hub = pytest.importorskip("huggingface_hub")
 torch = pytest.importorskip("torch")

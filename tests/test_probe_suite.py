@@ -9,17 +9,18 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from headspec import alignment as align
-from headspec import checkpoints, runs
 from headspec.data import treebank
 from headspec.data.tokenizer import train_sentencepiece
-from headspec.defaults import train_config
 from headspec.errors import UserError
 from headspec.io import tables
-from headspec.model import random_like
+from headspec.model.transformer import random_like
 from headspec.probing import report, suite, tasks
 from headspec.probing import run as probe_run
 from headspec.probing.config import probe_config
+from headspec.runs import checkpoints
+from headspec.runs import directory as runs
+from headspec.train.config import train_config
+from headspec.words import alignment as align
 
 CONTRACT = "model,step,task,layer,head,split,accuracy,ci_low,ci_high,control_accuracy,selectivity,n"
 
@@ -385,9 +386,10 @@ def test_a_new_task_is_one_registry_entry(ewt_part, tmp_path, monkeypatch):
   embedding = next(float(r["accuracy"]) for r in rows if r["layer"] == "-1")
   assert embedding > float(baseline["accuracy"])  # word identity tells capitalisation
 
-  from headspec import selectivity, study
+  from headspec import study
   from headspec.ablation import causal
   from headspec.ablation.config import ablate_config
+  from headspec.words import selectivity
 
   assert "capitalised" in causal.label_tasks() and "capitalised" in study.tasks()
   model, tokenizer = runs.load_run_model(workdir, 5)
@@ -479,10 +481,10 @@ def test_trained_model_has_selective_heads(tmp_path):
   The quickstart *decoder* is used: in a couple hundred steps the causal LM already learns (loss ~3.7),
   while the masked-LM encoder is still near its unigram loss (~5.7) at that point.
   """
+  from headspec.cli.quickstart import quickstart_config
   from headspec.data.synthetic import write_synthetic
   from headspec.probing.config import synthetic_probe_config
-  from headspec.quickstart import quickstart_config
-  from headspec.train import train_and_evaluate
+  from headspec.train.loop import train_and_evaluate
 
   data = write_synthetic(tmp_path / "data", num_train=1000, num_dev=200, num_test=200, num_text_sentences=8000)
   config = quickstart_config("decoder")

@@ -22,7 +22,7 @@ def test_train_and_probe_write_run_info_with_data_hashes(train_tiny_decoder, syn
 
   run = train_tiny_decoder(2, name="provenance")
   info = json.loads((run / "run_info.json").read_text())
-  assert KEYS <= set(info) and info["command"] == "headspec.train"
+  assert KEYS <= set(info) and info["command"] == "headspec.train.loop"
   text = synthetic_data_dir / "text" / "synthetic"
   assert info["data_files"] == {
     str(text / "train.txt"): _sha(text / "train.txt"),

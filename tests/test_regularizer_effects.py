@@ -16,10 +16,11 @@ import numpy as np
 import optax
 import pytest
 
-from headspec import regularizers, runs
-from headspec.edits import head_mask
-from headspec.quickstart import quickstart_config
-from headspec.train import train_and_evaluate
+from headspec.cli.quickstart import quickstart_config
+from headspec.model.edits import head_mask
+from headspec.runs import directory as runs
+from headspec.train import regularizers
+from headspec.train.loop import train_and_evaluate
 
 pytestmark = pytest.mark.slow
 STEPS, L, H = 150, 2, 4

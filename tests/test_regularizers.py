@@ -1,4 +1,4 @@
-"""headspec.regularizers: NumPy references (loops), known answers, descent directions, DropHead."""
+"""headspec.train.regularizers: NumPy references (loops), known answers, descent directions, DropHead."""
 
 import itertools
 import math
@@ -8,8 +8,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from headspec import regularizers
 from headspec.errors import UserError
+from headspec.train import regularizers
 
 L, B, T, H, K, D = 2, 2, 4, 3, 2, 8
 
@@ -172,7 +172,8 @@ def test_drophead_rate_schedules():
 def test_drophead_turn_is_a_config_key():
   from types import SimpleNamespace
 
-  from headspec import defaults, train
+  from headspec.train import config as defaults
+  from headspec.train import loop as train
 
   config = defaults.train_config()
   config.train.steps, config.train.regularizers.drophead = 1000, 0.2

@@ -15,13 +15,13 @@ import pytest
 from etils import epath
 from etils.epath import testing as epath_testing
 
-from headspec import runs
+from headspec.cli.quickstart import quickstart_config
 from headspec.data import lm_pipeline
 from headspec.data import tokenizer as tokenizer_lib
 from headspec.errors import UserError
 from headspec.io import remote
 from headspec.io.metrics import MetricsWriter
-from headspec.quickstart import quickstart_config
+from headspec.runs import directory as runs
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 OWNED = ["train.py", "io/metrics.py", "checkpoints.py", "runs.py", "io/remote.py", "sweeps.py", "data/lm_pipeline.py", "data/tokenizer.py", "diversity/run.py",
@@ -87,7 +87,7 @@ def _tiny_bert_tokenizer():
   import tokenizers
   from tokenizers import models, pre_tokenizers
 
-  from headspec.data.hf_tokenizer import HFTokenizer
+  from headspec.pretrained.hf_tokenizer import HFTokenizer
 
   vocab = {t: i for i, t in enumerate(["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", "the", "cat"])}
   backend = tokenizers.Tokenizer(models.WordPiece(vocab, unk_token="[UNK]"))
@@ -182,13 +182,14 @@ def test_every_analysis_on_a_gs_workdir(synthetic_data_dir, tmp_path, monkeypatc
   """train, probe, diversity, attention, ablate and atlas on gs://bkt/run (the epath mock): tables and
   figures land in the bucket, whole; the feature cache on local scratch (HEADSPEC_SCRATCH), not in the
   bucket; no local folder `gs:` anywhere."""
-  from headspec import checkpoints, cli
   from headspec.ablation.run import run as run_ablation
   from headspec.attention.run import run as run_attention
+  from headspec.cli import main as cli
   from headspec.diversity.run import run as run_diversity
   from headspec.probing import features
   from headspec.probing.run import run as run_probe_suite
-  from headspec.train import train_and_evaluate
+  from headspec.runs import checkpoints
+  from headspec.train.loop import train_and_evaluate
 
   monkeypatch.chdir(tmp_path)
   scratch = tmp_path / "scratch"
@@ -238,7 +239,7 @@ def test_every_analysis_on_a_gs_workdir(synthetic_data_dir, tmp_path, monkeypatc
 
 
 def test_a_workdir_of_an_unknown_scheme_is_one_line_and_writes_nothing(tmp_path, monkeypatch, capsys):
-  from headspec import cli
+  from headspec.cli import main as cli
 
   monkeypatch.chdir(tmp_path)
   config = f"--config={REPO / 'headspec' / 'configs' / 'probe_synthetic.py'}"
@@ -295,7 +296,7 @@ def test_writers_and_checkpoints_on_a_gcs_emulator(tmp_path, monkeypatch):
       writer.close()
     assert [json.loads(line)["step"] for line in (workdir / "metrics.jsonl").read_text().splitlines()] == [1, 2]
     assert list(workdir.glob("events.out.tfevents.*"))
-    from headspec import checkpoints
+    from headspec.runs import checkpoints
 
     mngr = checkpoints.manager(workdir)
     checkpoints.save(mngr, 3, {"w": np.arange(4.0)}, {"next_index": 3})

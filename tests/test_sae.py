@@ -186,7 +186,7 @@ SMALL = dict(
 def sae_cli(tmp_path, workdir, data_dir, **overrides) -> int:
   """`headspec sae` in process with configs/sae.py plus `overrides` (key path with '__' for '.'): in-process
   cli.main does not apply --config.key=value overrides, so they go into a config file."""
-  from headspec import cli
+  from headspec.cli import main as cli
 
   name = tmp_path / f"sae_cfg_{len(list(tmp_path.glob('sae_cfg_*.py')))}.py"
   lines = ["from headspec.configs.sae import get_config as base", "def get_config(a=None):", "  c = base(None)"]

@@ -14,8 +14,8 @@ import pytest
 from test_sae import SMALL, sae_cli, short_run, snapshot  # noqa: F401  (short_run: a fixture)
 
 import headspec
-from headspec import checkpoints
 from headspec.errors import UserError
+from headspec.runs import checkpoints
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 TINY = dict(SMALL, sae__features=32, sae__k=4, sae__train_steps=60)

@@ -240,7 +240,7 @@ def _biased_model():
   import jax
   from flax import nnx
 
-  from headspec.model import ModelConfig, Transformer
+  from headspec.model.transformer import ModelConfig, Transformer
 
   cfg = ModelConfig(kind="decoder", vocab_size=40, num_layers=2, num_heads=4, num_kv_heads=2, d_model=32, d_head=8,
                     d_ff=64, max_len=16, norm="layernorm", attention_bias=True)  # fmt: skip
@@ -357,7 +357,7 @@ TINY = dict(
 
 
 def sae_cli(tmp_path, workdir, data_dir, **overrides) -> int:
-  from headspec import cli
+  from headspec.cli import main as cli
 
   name = tmp_path / f"sae_cfg_{len(list(tmp_path.glob('sae_cfg_*.py')))}.py"
   lines = ["from headspec.configs.sae import get_config as base", "def get_config(a=None):", "  c = base(None)"]
@@ -407,9 +407,9 @@ def test_headspec_sae_writes_the_saelens_folder_and_loads_it_back(trained_sae_ru
     features.loc["loaded-topk-f32-k4"]["firing_rate"], features.loc["topk-f32-k4"]["firing_rate"]
   )
   assert sorted((run / "sae" / "saelens").iterdir()) == [folder]  # a loaded SAE is not written again
-  # the loaded SAE spliced into the model (headspec/edits.py) and attributed to heads
-  from headspec import edits
-  from headspec.model import Edit
+  # the loaded SAE spliced into the model (headspec/model/edits.py) and attributed to heads
+  from headspec.model import edits
+  from headspec.model.transformer import Edit
 
   model, _ = headspec.load(run)
   tokens = jnp.arange(1, 17).reshape(2, 8)

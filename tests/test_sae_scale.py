@@ -97,7 +97,7 @@ def test_head_rms():
 def _model():
   from flax import nnx
 
-  from headspec.model import ModelConfig, Transformer
+  from headspec.model.transformer import ModelConfig, Transformer
 
   cfg = ModelConfig(kind="decoder", vocab_size=40, num_layers=2, num_heads=4, d_model=32, d_head=8, d_ff=64,
                     max_len=16)  # fmt: skip
@@ -109,9 +109,9 @@ def test_splice_kl_and_agreement():
   KL > 0, equal to KL(p_clean ‖ p_spliced) computed here from the two passes' logits."""
   from scipy.special import log_softmax
 
-  from headspec import edits
-  from headspec.evalset import Batch
+  from headspec.model import edits
   from headspec.sae import splice
+  from headspec.words.evalset import Batch
 
   model = _model()
   rng = np.random.default_rng(0)
@@ -147,8 +147,9 @@ def test_study_sets_s_h_against_z_rms_beside_selectivity(tmp_path):
   import pandas as pd
   from test_study import _sae_head_rows, _selectivity_rows
 
-  from headspec import experiments, study
+  from headspec import study
   from headspec.io import tables
+  from headspec.launch import experiments
 
   root = tmp_path / "exp"
   exp = experiments.Experiment(runs=(experiments.Run("baseline_s0", "c.py", "baseline", 0),), analyses=())

@@ -9,12 +9,12 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from headspec import evalset
-from headspec import model as model_lib
 from headspec.ablation import core as ablation
-from headspec.edits import head_mask
-from headspec.model import SITES, Apply, Edit, KVCache, ModelConfig, random_like
+from headspec.model import transformer as model_lib
+from headspec.model.edits import head_mask
+from headspec.model.transformer import SITES, Apply, Edit, KVCache, ModelConfig, random_like
 from headspec.patching import core as patching
+from headspec.words import evalset
 
 H, K, D = 4, 8, 32
 CONFIGS = {

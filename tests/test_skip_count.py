@@ -13,9 +13,9 @@ import pathlib
 import numpy as np
 import pytest
 
-from headspec import alignment as align
-from headspec import runs
 from headspec.errors import UserError
+from headspec.runs import directory as runs
+from headspec.words import alignment as align
 
 TRAIN, DEV, TEST = 300, 330, 340  # first sentences of each EWT split: train 90-110, dev 325/329, test 48/334-338 fail
 

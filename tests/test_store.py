@@ -1,4 +1,4 @@
-"""The activation store (headspec/store.py): a corpus through the model at fixed shapes, one compiled program
+"""The activation store (headspec/api/store.py): a corpus through the model at fixed shapes, one compiled program
 per power-of-two bucket (and `headspec.capture` in a loop likewise); the stored activations at the real
 tokens equal `capture`'s; padding is in no count or mean (ids padded by hand with a mask are the unpadded
 ids); the disk round trip and lazy batches; TransformerLens's tokenize_and_concatenate for a file or an
@@ -10,10 +10,10 @@ import numpy as np
 import pytest
 
 import headspec
-from headspec import model as model_lib
-from headspec.alignment import bucket_length
-from headspec.compilations import Compilations
 from headspec.errors import UserError
+from headspec.model import transformer as model_lib
+from headspec.model.capture import bucket_length
+from headspec.parallel.compilations import Compilations
 
 WORDS = "When Mary and John went to the store , John gave a drink to Mary . café naïve two spaces".split()
 

@@ -11,11 +11,13 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from headspec import experiments, launch, stage, study
+from headspec import launch, study
 from headspec.ablation.run import check_config as check_ablate
 from headspec.attention.config import check_config as check_attention
+from headspec.cli import stage
 from headspec.diversity.run import _check_config as check_diversity
 from headspec.io import tables
+from headspec.launch import experiments
 from headspec.probing.plan import check_config as check_probe
 from headspec.sae.run import check_config as check_sae
 
@@ -82,7 +84,7 @@ def test_launch_experiment_plans_every_stage_in_order():
   first = lines[:7]
   assert "headspec train" in first[0] and f"--workdir=root/{runs[0]}" in first[0]
   for line, analysis in zip(first[1:], ("probe", "diversity", "attention", "ablate", "sae", "atlas")):
-    assert f"headspec.stage root/stages/{runs[0]}-{analysis}.done -- {analysis}" in line
+    assert f"headspec.cli.stage root/stages/{runs[0]}-{analysis}.done -- {analysis}" in line
   assert first[6].endswith(f"-- atlas --workdir=root/{runs[0]}")  # no --config: atlas takes none
   assert "minilm-probe.done -- probe" in lines[-3] and "--workdir=root/minilm" in lines[-3]
   assert lines[-1].endswith("headspec study --workdir=root")
@@ -103,7 +105,7 @@ def test_launch_experiment_bad_input_is_one_line(argv, message):
 
 
 def test_stage_runs_once_and_records_only_success(tmp_path, monkeypatch):
-  from headspec import cli
+  from headspec.cli import main as cli
 
   calls = []
   codes = iter([1, 0])
@@ -248,7 +250,7 @@ def test_launch_experiment_loads_through_the_library():
 
 
 def test_stage_with_another_command_line_runs_again(tmp_path, monkeypatch):
-  from headspec import cli
+  from headspec.cli import main as cli
 
   calls = []
   monkeypatch.setattr(cli, "main", lambda argv: calls.append(argv) or 0)

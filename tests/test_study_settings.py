@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from headspec import commands
+from headspec.cli import handlers
 from headspec.configs.experiments import grammar, induction, specialization
 from headspec.data.repeats import write_repeats
 from headspec.data.synthetic import write_synthetic
@@ -140,7 +140,7 @@ def _files(folder: pathlib.Path) -> dict[str, bytes]:
 def test_data_stage_writes_treebank_and_text_byte_identically(tmp_path, capsys):
   argv = ["--text-sentences=400", "--treebank-sentences=30,10,10", "--repeats=0.5"]
   for out in ("a", "b"):
-    commands.data(None, "", ["synthetic", f"--out={tmp_path / out}", *argv])
+    handlers.data(None, "", ["synthetic", f"--out={tmp_path / out}", *argv])
   assert capsys.readouterr().out.split() == [str(tmp_path / "a"), str(tmp_path / "b")]
   a, b = _files(tmp_path / "a"), _files(tmp_path / "b")
   assert a == b and set(a) == {
@@ -148,10 +148,10 @@ def test_data_stage_writes_treebank_and_text_byte_identically(tmp_path, capsys):
     *(f"text/{c}/{s}.txt" for c in ("synthetic", "synthetic_repeats") for s in ("train", "valid")),
   }
   assert a["ud/synthetic/synthetic-ud-dev.conllu"].count(b"# sent_id") == 10
-  commands.data(None, "", ["synthetic", f"--out={tmp_path / 'c'}", *argv, "--seed=1"])
+  handlers.data(None, "", ["synthetic", f"--out={tmp_path / 'c'}", *argv, "--seed=1"])
   assert _files(tmp_path / "c")["text/synthetic/train.txt"] != a["text/synthetic/train.txt"]
   with pytest.raises(UserError, match="--treebank-sentences=30,10"):
-    commands.data(None, "", ["synthetic", f"--out={tmp_path / 'd'}", "--treebank-sentences=30,10"])
+    handlers.data(None, "", ["synthetic", f"--out={tmp_path / 'd'}", "--treebank-sentences=30,10"])
 
 
 def test_repeats_keep_every_document_and_add_sequences_written_twice(tmp_path):

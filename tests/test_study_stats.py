@@ -11,7 +11,8 @@ import pandas as pd
 import pytest
 from scipy import stats
 
-from headspec import resampling, study
+from headspec import study
+from headspec.words import resampling
 
 
 def test_holm_one_shared_helper():
@@ -196,8 +197,8 @@ def test_headspec_study_writes_the_tests(tmp_path):
   loss) with their families, causal_seeds.csv and formation_tests.csv are written, summary.md shows them."""
   from test_study import _selectivity_rows
 
-  from headspec import experiments
   from headspec.io import tables
+  from headspec.launch import experiments
 
   root = tmp_path / "exp"
   runs = tuple(experiments.Run(f"{c}_s{s}", "c.py", c, s) for c in ("baseline", "drophead") for s in range(3))

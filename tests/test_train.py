@@ -13,11 +13,12 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from headspec import checkpoints, runs
+from headspec.cli.quickstart import quickstart_config
 from headspec.errors import UserError
-from headspec.model import Transformer
-from headspec.quickstart import quickstart_config
-from headspec.train import train_and_evaluate
+from headspec.model.transformer import Transformer
+from headspec.runs import checkpoints
+from headspec.runs import directory as runs
+from headspec.train.loop import train_and_evaluate
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 
@@ -221,7 +222,7 @@ def test_step_0_in_keep_steps_saves_the_initial_parameters(synthetic_data_dir, t
 def test_a_second_training_of_the_same_shapes_compiles_no_step(synthetic_data_dir, tmp_path):
   """The jitted step is kept per (graph, objective, optimizer, layout): the same run again, in another
   workdir, reuses its compiled train and eval steps; another learning rate compiles a new step."""
-  from headspec.compilations import Compilations
+  from headspec.parallel.compilations import Compilations
 
   config = tiny_config(synthetic_data_dir, "decoder", steps=2)
   config.train.eval_every, config.train.eval_batches = 2, 1

@@ -10,11 +10,13 @@ import sys
 
 import pytest
 
-from headspec import checkpoints, runs, sweeps
+from headspec.cli.quickstart import quickstart_config
 from headspec.errors import UserError
 from headspec.io import metrics
-from headspec.quickstart import quickstart_config
-from headspec.train import train_and_evaluate
+from headspec.launch import sweeps
+from headspec.runs import checkpoints
+from headspec.runs import directory as runs
+from headspec.train.loop import train_and_evaluate
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 

@@ -1,4 +1,4 @@
-"""Attention views in a notebook (headspec/views.py): the matplotlib panels and the interactive HTML view
+"""Attention views in a notebook (headspec/api/views.py): the matplotlib panels and the interactive HTML view
 show the captured pattern itself, token texts stay text, and the view works in a real browser offline."""
 
 import json

@@ -1,16 +1,16 @@
-"""The shared word layer (headspec/words.py): every word reaches exactly one pooled slot in both batch layouts,
+"""The shared word layer (headspec/words/batches.py): every word reaches exactly one pooled slot in both batch layouts,
 one-window rows and packed rows give each word the same vector, and interventions reach the pooled forward."""
 
 import numpy as np
 import pytest
 from flax import nnx
 
-from headspec import words
-from headspec.alignment import align
 from headspec.data.tokenizer import train_sentencepiece
 from headspec.data.treebank import load_split
-from headspec.edits import head_mask
-from headspec.model import ModelConfig, random_like
+from headspec.model.edits import head_mask
+from headspec.model.transformer import ModelConfig, random_like
+from headspec.words import batches as words
+from headspec.words.alignment import align
 
 
 @pytest.fixture(scope="module")

@@ -173,7 +173,7 @@ OWN_CONFIGS = {
   ],
 )
 def test_a_config_of_another_command_is_one_line(command, config, key, tmp_path, capsys):
-  from headspec import cli
+  from headspec.cli import main as cli
 
   path = REPO / "configs" / config
   workdir = tmp_path / "run"
@@ -185,7 +185,7 @@ def test_a_config_of_another_command_is_one_line(command, config, key, tmp_path,
 
 
 def test_every_commands_own_config_has_its_keys():
-  from headspec import cli
+  from headspec.cli import main as cli
 
   for command, config in OWN_CONFIGS.items():
     module = importlib.util.spec_from_file_location("config", REPO / "configs" / config)
@@ -203,10 +203,11 @@ DAMAGED_METRICS = (
 
 
 def test_every_metrics_jsonl_reader_skips_damaged_lines_with_one_warning(tmp_path, capsys):
-  from headspec import study, sweeps
+  from headspec import study
   from headspec.atlas import data as atlas_data
   from headspec.attention import induction_run
   from headspec.io import metrics
+  from headspec.launch import sweeps
 
   (tmp_path / "metrics.jsonl").write_bytes(DAMAGED_METRICS)  # not UTF-8, cut off, not a record, no integer step
   assert [r["step"] for r in metrics.read_metrics(tmp_path)] == [1, 3]
@@ -288,8 +289,8 @@ def test_probe_parts_are_written_beside_with_the_pid_and_killed_ones_removed(tmp
 
 
 def test_sweep_summary_refuses_a_non_utf8_table_in_one_line(tmp_path):
-  from headspec import sweeps
   from headspec.errors import UserError
+  from headspec.launch import sweeps
 
   (tmp_path / sweeps.TABLE).write_bytes(b"name,workdir\n\xff\xfe,run\n")
   with pytest.raises(UserError, match="not a UTF-8 text file"):
@@ -301,10 +302,10 @@ def test_sweep_summary_refuses_a_non_utf8_table_in_one_line(tmp_path):
 def test_counts_and_seeds_take_ascii_digits_only(digit):
   """A superscript, Arabic-Indic or fullwidth digit passes str.isdigit(); int() then raises or reads a
   number the user did not type. Each place that parses a count or seed refuses it in one line."""
-  from headspec import sweeps
   from headspec.configs.experiments import grammar, induction, specialization
   from headspec.data import synthetic
   from headspec.errors import UserError
+  from headspec.launch import sweeps
 
   with pytest.raises(UserError, match="--seeds"):
     sweeps.parse_grid([], seeds=f"0,{digit}")
@@ -329,7 +330,7 @@ def test_swap_folder_replaces_and_two_swappers_both_succeed(tmp_path):
   assert [p.name for p in tmp_path.iterdir()] == ["pictures"] and [p.name for p in folder.iterdir()] == ["new.png"]
   script = (
     "import os, pathlib, sys\n"
-    "from headspec import remote\n"
+    "from headspec.io import remote\n"
     "folder = pathlib.Path(sys.argv[1])\n"
     "for i in range(40):\n"
     "  tmp = folder.with_name(f'.{folder.name}.tmp-{os.getpid()}')\n"

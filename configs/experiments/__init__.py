@@ -1,1 +1,1 @@
-"""Experiment configs: `experiment(arg)` beside `get_config(arg)` (headspec/experiments.py)."""
+"""Experiment configs: `experiment(arg)` beside `get_config(arg)` (headspec/launch/experiments.py)."""

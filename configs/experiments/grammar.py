@@ -30,7 +30,7 @@ tests/test_study_settings.py).
 """
 
 from headspec.configs.experiments import specialization
-from headspec.defaults import train_config
+from headspec.train.config import train_config
 
 CONDITIONS = specialization.CONDITIONS
 ANALYSES = specialization.ANALYSES
@@ -74,8 +74,8 @@ def positive(text: str) -> bool:
 
 
 def experiment(arg: str | None = None):
-  """The grammar setting's data stage, runs and analyses (headspec/experiments.py runs them in order)."""
-  from headspec.experiments import Experiment, Run
+  """The grammar setting's data stage, runs and analyses (headspec/launch/experiments.py runs them in order)."""
+  from headspec.launch.experiments import Experiment, Run
 
   a = _args(arg)
   if a["stage"] or "lr=" in (arg or ""):  # would be ignored: the runs' configs carry neither

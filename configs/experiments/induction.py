@@ -45,7 +45,7 @@ diversity | probe | sae (the analysis configs); tiny (test sizes: one run, a few
 """
 
 from headspec.configs.experiments import grammar, specialization
-from headspec.defaults import train_config
+from headspec.train.config import train_config
 
 LAYERS = (2, 4)
 SEEDS = (0, 1, 2, 3, 4)
@@ -94,8 +94,8 @@ CONDITIONS = {condition(layers, mlp): (layers, mlp) for layers in (2, 3, 4) for 
 
 
 def experiment(arg: str | None = None):
-  """The induction setting's data stage, runs and analyses (headspec/experiments.py runs them in order)."""
-  from headspec.experiments import Experiment, Run
+  """The induction setting's data stage, runs and analyses (headspec/launch/experiments.py runs them in order)."""
+  from headspec.launch.experiments import Experiment, Run
 
   a = _args(arg)
   tiny = a["tiny"]

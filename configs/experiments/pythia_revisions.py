@@ -55,7 +55,7 @@ def pretrained(arg: str | None = None) -> str:
 
 def experiment(arg: str | None = None):
   """One published series as a run without training, the specialization study's analyses on it."""
-  from headspec.experiments import Experiment, Run
+  from headspec.launch.experiments import Experiment, Run
 
   a = _args(arg)
   if a["stage"]:

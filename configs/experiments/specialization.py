@@ -1,6 +1,6 @@
 """The study: when does head specialization emerge, and do the specialized heads matter? (docs/study.md)
 
-One command runs all of it (headspec/experiments.py; resumable: run it again after an interruption):
+One command runs all of it (headspec/launch/experiments.py; resumable: run it again after an interruption):
 
   headspec launch local --experiment=configs/experiments/specialization.py:small,corpus=english_mix --workdir=runs/natural
   headspec launch local --experiment=configs/experiments/specialization.py:small,corpus=english_mix,seed=1 --workdir=...
@@ -43,7 +43,7 @@ seed notes' 1e-2 with batch 32: in the small setting (seed 0, 800 steps) 1e-2 en
 was lent to this project): run the same command again and it resumes at the first unfinished stage.
 """
 
-from headspec.defaults import train_config
+from headspec.train.config import train_config
 
 CONDITIONS = {  # condition -> train.regularizers overrides
   "baseline": {},
@@ -84,8 +84,8 @@ def _args(arg):
 
 
 def experiment(arg: str | None = None):
-  """The runs, analyses and references of the study (headspec/experiments.py runs them in order)."""
-  from headspec.experiments import Experiment, Run
+  """The runs, analyses and references of the study (headspec/launch/experiments.py runs them in order)."""
+  from headspec.launch.experiments import Experiment, Run
 
   a = _args(arg)
   small = a["small"]

@@ -47,16 +47,16 @@ import jax.numpy as jnp
 import numpy as np
 from etils import epath
 
-from headspec import alignment as align_lib
-from headspec import evalset, resampling
-from headspec import words as words_lib
 from headspec.ablation import core, metrics
-from headspec.alignment import resolve_pooling
 from headspec.data import treebank as treebank_lib
-from headspec.edits import head_mask
 from headspec.errors import UserError
+from headspec.model.edits import head_mask
 from headspec.probing import probe, stats
 from headspec.probing import tasks as probe_tasks
+from headspec.words import alignment as align_lib
+from headspec.words import batches as words_lib
+from headspec.words import evalset, resampling
+from headspec.words.alignment import resolve_pooling
 
 
 def probe_settings(workdir):
@@ -206,7 +206,7 @@ def _subsample(sentences, max_words: int, seed: int):
 
 
 def _make_split(sentences, labels, tokenizer, max_len, causal, pooling, batch_tokens) -> _Split:
-  """A split's words in one-window rows (headspec/words.py), pooled at `pooling`, with their labels."""
+  """A split's words in one-window rows (headspec/words/batches.py), pooled at `pooling`, with their labels."""
   words = [s.words for s in sentences]
   al = align_lib.align(words, tokenizer, max_len, causal=causal)
   of_window = words_lib.words_of_windows(al)

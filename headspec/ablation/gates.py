@@ -22,10 +22,10 @@ import numpy as np
 import optax
 from flax import nnx
 
-from headspec import mesh as mesh_lib
 from headspec.ablation import core
-from headspec.edits import head_mask
-from headspec.evalset import EvalSet
+from headspec.model.edits import head_mask
+from headspec.parallel import mesh as mesh_lib
+from headspec.words.evalset import EvalSet
 
 BETA, GAMMA, ZETA = 2.0 / 3.0, -0.1, 1.1
 

@@ -4,7 +4,7 @@ LM metrics are ratios over scored tokens: loss = Σ NLL / Σ w, accuracy = Σ co
 scored token), and a `*_delta` is the ablated value minus the unablated one on the same tokens.
 embedding_shift = (1/N) Σ_x (1 − cos(e_ablated(x), e_full(x))) (e L2-normalised, so cos = e·e').
 95% CIs: percentile bootstrap over evaluation sequences (Efron & Tibshirani 1993), the same resamples
-(headspec.resampling.bootstrap_resample_counts) for every mask, so intervals of different heads are
+(headspec.words.resampling.bootstrap_resample_counts) for every mask, so intervals of different heads are
 paired; a ratio metric is recomputed from the resampled sums.
 
 Head scores:
@@ -19,10 +19,10 @@ from __future__ import annotations
 import numpy as np
 from flax import nnx
 
-from headspec import mesh as mesh_lib
 from headspec.ablation import core
-from headspec.evalset import EvalSet
-from headspec.resampling import bootstrap_resample_counts
+from headspec.parallel import mesh as mesh_lib
+from headspec.words.evalset import EvalSet
+from headspec.words.resampling import bootstrap_resample_counts
 
 LM_METRICS = ("loss", "accuracy")
 

@@ -1,5 +1,5 @@
 """Figures of `headspec ablate`, drawn from the rows of the ablation tables (matplotlib without pyplot:
-headspec/figures.py).
+headspec/words/figures.py).
 
 One file per (model, step) and figure: heads_<tag>.png (layer × head heatmaps of every method and metric
 of heads.csv), pruning_<tag>.png (metric vs fraction pruned per ranking; random: mean with min–max band
@@ -16,8 +16,8 @@ import matplotlib
 import numpy as np
 from etils import epath
 
-from headspec import figures
 from headspec.io import remote
+from headspec.words import figures
 
 
 def _save(fig, path) -> epath.Path:

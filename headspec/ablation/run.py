@@ -1,7 +1,7 @@
 """`headspec ablate`: head ablations, importance, pruning, L0 gates, the causal probe test, interactions.
 
 For each (model, step) of `targets.plan` (a run's saved steps, or a pretrained model at step 0) the
-stages named in `config.methods` run on one fixed evaluation set (headspec/evalset.py) and
+stages named in `config.methods` run on one fixed evaluation set (headspec/words/evalset.py) and
 their rows go through `tables.merge` into RUN/ablation/{heads,pruning,gates,causal,interactions}.csv
 (docs/outputs.md), figures beside them (plots.py). Everything a user can get wrong (unknown method or
 ranking, a run without checkpoints, probe results of another architecture, L0 gates on a model without
@@ -21,13 +21,15 @@ import numpy as np
 from absl import logging
 from etils import epath
 
-from headspec import evalset as evalset_lib
-from headspec import jobloop, runs, targets
 from headspec.ablation import causal, core, gates, interactions, metrics, plots, pruning
-from headspec.alignment import POOLINGS
 from headspec.errors import UserError
 from headspec.io import filenames, provenance, remote, tables
-from headspec.selectivity import read_selectivity
+from headspec.runs import directory as runs
+from headspec.runs import targets
+from headspec.words import evalset as evalset_lib
+from headspec.words import jobloop
+from headspec.words.alignment import POOLINGS
+from headspec.words.selectivity import read_selectivity
 
 HEAD_METHODS = ("zero", "mean", "keep_only", "importance", "magnitude", "entropy")
 METHODS = HEAD_METHODS + ("pruning", "gates", "causal", "interactions")
@@ -77,9 +79,9 @@ def check_config(config) -> tuple[tuple[str, ...], tuple[str, ...]]:
 
 def _sentence_windows(config, tokenizer, max_len: int, kind: str) -> list[np.ndarray]:
   """The first `num_sentences` sentences of `treebank`/`split`, as token windows with their specials."""
-  from headspec import alignment as align
-  from headspec import words as words_lib
   from headspec.data import treebank as treebank_lib
+  from headspec.words import alignment as align
+  from headspec.words import batches as words_lib
 
   data_root = targets.data_dir(config, purpose=f"the {config.treebank} {config.split} sentences")
   sentences = treebank_lib.load_split(data_root, config.treebank, config.split)[: config.num_sentences]
@@ -94,7 +96,7 @@ def evaluation_set(config, workdir, job: targets.Target, tokenizer, model_cfg) -
   the diversity command's `evaluation_tokens` reads them; a pretrained model without LM head (MiniLM) reads
   the first `num_sentences` sentences of `treebank`/`split` (EWT dev).
   """
-  from headspec.evaltext import evaluation_tokens  # the evaluation text every analysis reads
+  from headspec.runs.evaltext import evaluation_tokens  # the evaluation text every analysis reads
 
   if config.model.pretrained and not job.lm_head:
     windows = _sentence_windows(config, tokenizer, model_cfg.max_len, model_cfg.kind)
@@ -116,7 +118,7 @@ class _Plan:
   jobs: list
   methods: tuple
   rankings: tuple
-  selectivity: dict  # (name, step) -> headspec.selectivity.Selectivity | None
+  selectivity: dict  # (name, step) -> headspec.words.selectivity.Selectivity | None
   data_root: pathlib.Path | None
   probe_config: ml_collections.ConfigDict | None = None  # the probe stage's settings (causal.probe_settings)
 

@@ -51,7 +51,7 @@ HEAD_TABLES = (
 # The SAE tables the cards read beside sae/heads.csv and features.csv (run-level or per feature).
 SAE_AUX_TABLES = (tables.SAE_METRICS, tables.SAE_CONTEXTS, tables.SAE_LABELS, tables.SAE_HISTOGRAMS, tables.SAE_SHARES,
                   tables.SAE_LOGITS)  # fmt: skip
-# Patching sites with a head axis (headspec.model.SITES; JAX-free copy): the others are per layer.
+# Patching sites with a head axis (headspec.model.transformer.SITES; JAX-free copy): the others are per layer.
 PATCHING_HEAD_SITES = ("q_in", "k_in", "v_in", "q", "k", "v", "attn_scores", "pattern", "z", "head_out")
 # Attention pictures embedded at most (base64 grows them by a third): the page must stay openable.
 MAX_IMAGE_BYTES = 24 * 2**20

@@ -8,7 +8,7 @@ import ml_collections
 
 from headspec.attention.clark import ARC_SETS
 from headspec.attention.roles import LABELS, check_labels
-from headspec.defaults import data_dir_default
+from headspec.data import data_dir_default
 from headspec.errors import UserError
 
 

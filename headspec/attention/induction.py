@@ -21,7 +21,7 @@ Copying (Elhage et al. 2021, "A Mathematical Framework for Transformer Circuits"
   tokens only (what earlier layers add to the residual stream is ignored).
 ICL score (Olsson et al. 2022 §2; `icl_positions`): mean loss at a late token minus at an early token
   of the same context, theirs the 500th minus the 50th of 512 tokens, here positions scaled to the context.
-Bootstrap CIs: percentile, over sequences (headspec/resampling.py resamples, as roles.py).
+Bootstrap CIs: percentile, over sequences (headspec/words/resampling.py resamples, as roles.py).
 
 One compiled function per model structure and batch shape (`_scorer`) runs the model, reduces the
 attention of every head to per-sequence sums on device and returns those and the per-token losses.
@@ -36,13 +36,13 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from headspec import mesh as mesh_lib
 from headspec.attention.roles import ratio_ci
 from headspec.data.repeats import varied_repeat_batch as varied_repeat_batch  # public here too (notebooks)
 from headspec.data.tokenizer import bos_ids as bos_ids  # the ids r_i is never drawn from, and what opens a row
 from headspec.data.tokenizer import special_ids as special_ids
 from headspec.errors import UserError
-from headspec.objectives import token_nll
+from headspec.model.objectives import token_nll
+from headspec.parallel import mesh as mesh_lib
 
 ATTENTION_ROLES = ("previous_token", "duplicate_token", "induction")
 ROLES = ATTENTION_ROLES + ("copying",)
@@ -291,7 +291,7 @@ def repeat_loss_cis(first_N, second_N, *, resamples: int, seed: int) -> dict:
   loss on r_2 … r_n of the first copy (≈ ln of the ids r is drawn from: nothing to copy yet),
   `repeat_second`, of the second copy, and `repeat_drop` = first − second, the in-context loss drop that
   prefix matching and copying give (Olsson et al. 2022's in-context learning on repeated tokens; ≈ 0 before
-  induction heads form). Percentile bootstrap CIs over sequences (headspec/resampling.py, as icl_score)."""
+  induction heads form). Percentile bootstrap CIs over sequences (headspec/words/resampling.py, as icl_score)."""
   first_N, second_N = np.asarray(first_N, np.float64), np.asarray(second_N, np.float64)
   v_N3 = np.stack([first_N, second_N, first_N - second_N], 1)  # one bootstrap: the three CIs share resamples
   value, low, high = ratio_ci(v_N3, np.ones(len(v_N3)), np.arange(len(v_N3)), num_resamples=resamples, seed=seed)

@@ -31,11 +31,12 @@ import numpy as np
 from absl import logging
 from etils import epath
 
-from headspec import jobloop, targets
 from headspec.ablation import causal as causal_lib
 from headspec.attention import induction as ind
 from headspec.errors import UserError
 from headspec.io import metrics, remote, tables
+from headspec.runs import targets
+from headspec.words import jobloop
 
 ENCODER_REFUSAL = (
   "induction.enabled='on': induction scores need a decoder; {name} is an encoder, which sees the whole "
@@ -94,7 +95,7 @@ def load_data(config, workdir, jobs) -> Data:
   specials = ind.special_ids(tokenizer)
   natural, valid, source = None, None, ""
   if i.natural_text or i.draw == "text" or (i.icl and any(j.lm_head for j in jobs)):
-    from headspec.evaltext import evaluation_tokens  # the evaluation split every analysis reads
+    from headspec.runs.evaltext import evaluation_tokens  # the evaluation split every analysis reads
 
     c = ml_collections.ConfigDict(
       dict(
@@ -347,7 +348,7 @@ def _figure(png, model, steps, score, icl, loss_curve, threshold, lo, hi) -> Non
   L, H = score["induction"].shape[1:]
   import matplotlib
 
-  from headspec import figures
+  from headspec.words import figures
 
   fig, axes = figures.new_figure(3, 1, figsize=(8, 9), sharex=True)
   x = np.asarray(steps, float)

@@ -11,7 +11,7 @@
                             over tokens, special tokens included (headspec/attention/flow.py)
   maps.npz                  the example maps themselves: words_{i}, attn_{i} [L, H, N, N], special_{i} [L, H, N]
 
-Matplotlib figures made without pyplot (headspec/figures.py); nothing here needs JAX. Words are drawn as
+Matplotlib figures made without pyplot (headspec/words/figures.py); nothing here needs JAX. Words are drawn as
 written: mathtext is off (`PLAIN_TEXT`), so a treebank word with `$` (EWT has `$$`, `me$$age`) is never
 parsed as a formula.
 Paths may be local or URLs (gs://...): each file is written whole (headspec.io.remote.save_figure).
@@ -25,8 +25,8 @@ from etils import epath
 from matplotlib.collections import LineCollection
 from matplotlib.lines import Line2D
 
-from headspec import figures
 from headspec.io import remote
+from headspec.words import figures
 
 # rcParams for every picture: words and names drawn literally, never parsed as mathtext ($...$).
 PLAIN_TEXT = {"text.parse_math": False}

@@ -27,7 +27,7 @@ a over the word-level map of the head, headspec/attention/words.py):
   syntactic_margin           that accuracy minus the baseline (label `syntactic` when >= roles.syntactic_margin_min)
 
 CIs: percentile bootstrap over sentences (Efron & Tibshirani 1993), the same resamples as
-headspec/resampling.py (`bootstrap_resample_counts`); a ratio of sums (e.g. entropy / uniform
+headspec/words/resampling.py (`bootstrap_resample_counts`); a ratio of sums (e.g. entropy / uniform
 entropy) is resampled as a ratio.
 """
 
@@ -38,10 +38,10 @@ import re
 
 import numpy as np
 
-from headspec import resampling
 from headspec.attention import clark as clark_lib
 from headspec.attention.words import WordStats
 from headspec.errors import UserError
+from headspec.words import resampling
 
 LABELS = ("positional", "delimiter", "broad", "focused", "rare_word", "syntactic")
 ROLES = (

@@ -18,7 +18,7 @@ RUN may be a URL (gs://bucket/run): tables, summaries, pictures and maps.npz are
 Every input problem (no treebank, a relation filter matching nothing, an unknown role label, a table
 with other columns, a split none of whose sentences the model can represent) is a UserError before
 anything is written; a sentence the model cannot represent (a word of more pieces than its context holds)
-is skipped and counted in the log and clark_summary.md (headspec/alignment.py's `representable`).
+is skipped and counted in the log and clark_summary.md (headspec/words/alignment.py's `representable`).
 """
 
 from __future__ import annotations
@@ -34,9 +34,6 @@ import numpy as np
 from absl import logging
 from etils import epath
 
-from headspec import alignment as align_lib
-from headspec import jobloop, runs, targets
-from headspec import words as shared_words
 from headspec.attention import clark as clark_lib
 from headspec.attention import flow as flow_lib
 from headspec.attention import induction_run, report
@@ -47,6 +44,11 @@ from headspec.attention.config import check_config
 from headspec.data import treebank as treebank_lib
 from headspec.errors import UserError
 from headspec.io import filenames, provenance, remote, tables
+from headspec.runs import directory as runs
+from headspec.runs import targets
+from headspec.words import alignment as align_lib
+from headspec.words import batches as shared_words
+from headspec.words import jobloop
 
 OUT = "attention"
 TABLES = (tables.CLARK, tables.CLARK_BASELINES, tables.ROLES, tables.LABELS)

@@ -1,7 +1,7 @@
 """Word-level attention (Clark et al. 2019, §4.1), reduced on device so only word-level numbers leave it.
 
 A sentence's words are aligned to the model's sub-word pieces, and long sentences cut into windows, by
-headspec/alignment.py (the same alignment and windows as probing). For one window, with `to_WT[w,t]
+headspec/words/alignment.py (the same alignment and windows as probing). For one window, with `to_WT[w,t]
 = 1` when token t is a piece of word w and `from_WT = to_WT / (pieces of w)`:
 
   attn_WW = from_WT · A_TS · to_WTᵀ      attention FROM a word = mean of its pieces' rows,
@@ -22,7 +22,7 @@ other word (Clark §4.2), the most-attended column (Voita et al. 2019), the mass
 next word, on specials and on punctuation (Clark §3), and the entropy of the row (Clark §3). Only
 these [L, H, words] arrays are copied back; full word maps only for the few example sentences.
 
-Shape letters (headspec/model.py's glossary): L layers, B windows of a batch, H heads, T/S tokens, W words
+Shape letters (headspec/model/transformer.py's glossary): L layers, B windows of a batch, H heads, T/S tokens, W words
 of one window — used twice for a word map, `attn_LBHWW[l, b, h, w, v]` = how much word w attends to
 word v of the same window — and N words of a split (query words) or of one sentence (`attn_LHNN`).
 """
@@ -38,11 +38,11 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from headspec import alignment as align_lib
-from headspec import mesh as mesh_lib
-from headspec import words as words_lib
-from headspec.alignment import bucket_length
 from headspec.errors import UserError
+from headspec.model.capture import bucket_length
+from headspec.parallel import mesh as mesh_lib
+from headspec.words import alignment as align_lib
+from headspec.words import batches as words_lib
 
 STAT_FIELDS = ("prev", "self", "next", "special", "punct", "entropy") + (
   "token_prev",

@@ -209,7 +209,7 @@ def _load_sentencepiece(tokenizer_dir: epath.Path, info: dict) -> SentencePieceT
 # kind -> loader(tokenizer_dir, info) or "module:function" (imported on first use, so no import cycles).
 _LOADERS: dict[str, Callable[[epath.Path, dict], Tokenizer] | str] = {
   "sentencepiece": _load_sentencepiece,
-  "huggingface": "headspec.data.hf_tokenizer:load_saved",  # imported pretrained models (BERT, GPT-2)
+  "huggingface": "headspec.pretrained.hf_tokenizer:load_saved",  # imported pretrained models (BERT, GPT-2)
 }
 
 

@@ -1,6 +1,6 @@
 """Head-diversity metrics, per layer, streamed over an evaluation set with H×H-sized memory.
 
-Shapes follow the glossary in headspec/model.py (B batch, T query tokens, S key tokens, L layers,
+Shapes follow the glossary in headspec/model/transformer.py (B batch, T query tokens, S key tokens, L layers,
 H heads, K head width, D model width, M head pairs i < j). Inputs are the stacked `Intermediates`
 fields of a forward pass: `q_LBTHK`, `pattern_LBHTS` (rows sum to 1 over the attendable keys, 0
 elsewhere), `z_LBTHK` (Z_h = A_h V_h), `head_out_LBTHD` (Z_h W_O^h), and `valid_BT` (True for real
@@ -47,8 +47,8 @@ import jax.numpy as jnp
 import numpy as np
 from jax.scipy.special import entr
 
-from headspec import mesh as mesh_lib
-from headspec.heads import intermediate, unit
+from headspec.model.heads import intermediate, unit
+from headspec.parallel import mesh as mesh_lib
 
 _EPS = 1e-12
 CAPTURE = ("q", "pattern", "z", "head_out")  # the model's `capture` fields the metrics read (Batch below)

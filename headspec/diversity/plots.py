@@ -18,9 +18,9 @@ from matplotlib import animation
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
-from headspec import figures
 from headspec.diversity.metrics import HEAD_METRICS, METRICS, PAIR_METRICS, REGISTRY
 from headspec.io import remote
+from headspec.words import figures
 
 GIF_METRIC = "output_dissimilarity"
 _LOG_Y_SPAN = 100.0  # log y-axis when a metric's positive values span at least two decades

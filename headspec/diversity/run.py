@@ -22,14 +22,15 @@ import numpy as np
 from absl import logging
 from flax import nnx
 
-from headspec import jobloop, targets
-from headspec import mesh as mesh_lib
 from headspec.data.tokenizer import load_tokenizer
 from headspec.diversity import metrics, plots
 from headspec.diversity.config import SAMPLES
 from headspec.errors import UserError
-from headspec.evaltext import evaluation_tokens
 from headspec.io import provenance, remote, tables
+from headspec.parallel import mesh as mesh_lib
+from headspec.runs import targets
+from headspec.runs.evaltext import evaluation_tokens
+from headspec.words import jobloop
 
 
 def _check_config(config: ml_collections.ConfigDict) -> None:

@@ -17,9 +17,9 @@ an experiment's resumable stages on worker 0).
 A pipeline is train, then probe, diversity, attention and ablate at every kept checkpoint, as one
 submission (`--study`, its former name, still works and warns). A sweep is one run (or pipeline) per grid
 point and seed, each in ROOT/<name> (`drophead=0.1,seed=1`), with ROOT/sweep.csv listing them and, after
-each run, their last losses (headspec/sweeps.py). An experiment is the runs, analyses and reference models
+each run, their last losses (headspec/launch/sweeps.py). An experiment is the runs, analyses and reference models
 its config's `experiment()` lists, then `headspec study` on ROOT; its stages are resumable: the same command
-again skips what finished (headspec/experiments.py). `--dry-run` prints the exact commands per host and
+again skips what finished (headspec/launch/experiments.py). `--dry-run` prints the exact commands per host and
 starts nothing. Bad input is one line, exit 2.
 
 One module per job: args (the command line), plan (what runs, in which order), local, slurm, tpu (how).
@@ -31,8 +31,8 @@ import os
 import subprocess
 import sys
 
-from headspec import experiments, sweeps
 from headspec.errors import UserError
+from headspec.launch import experiments, sweeps
 from headspec.launch.args import ANALYSES, PROG, TARGETS, deprecated_given, parse
 from headspec.launch.local import local_steps, run_local
 from headspec.launch.plan import Stage, Step, load_experiment, plan_runs

@@ -6,17 +6,17 @@ from __future__ import annotations
 import dataclasses
 import shlex
 
-from headspec import configs, experiments, sweeps
-from headspec.commands import COMMANDS
+from headspec import configs
+from headspec.cli.commands import COMMANDS
 from headspec.errors import UserError
 from headspec.io import remote
-from headspec.launch import args
+from headspec.launch import args, experiments, sweeps
 
 
 @dataclasses.dataclass(frozen=True)
 class Stage:
   """One headspec invocation; `distributed`: runs as one process per node/worker/--processes (training and
-  the analyses: `Command.multihost`, headspec/commands.py)."""
+  the analyses: `Command.multihost`, headspec/cli/commands.py)."""
 
   args: tuple[str, ...]
   distributed: bool = False
@@ -199,9 +199,9 @@ def _run_seed(config, train_flags: list[str]) -> int | None:
 def headspec_argv(stage: Stage, python: str = "python") -> list[str]:
   """The command line of `stage`: `python -m headspec ...`, or the sweep summary's or a resumable stage's."""
   if stage.args[0] == "@summarize":
-    return [python, "-m", "headspec.sweeps", "summarize", stage.args[1]]
+    return [python, "-m", "headspec.launch.sweeps", "summarize", stage.args[1]]
   if stage.args[0] == "@stage":
-    return [python, "-m", "headspec.stage", *stage.args[1:]]
+    return [python, "-m", "headspec.cli.stage", *stage.args[1:]]
   return [python, "-m", "headspec", *stage.args]
 
 

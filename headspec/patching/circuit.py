@@ -13,10 +13,12 @@ import ml_collections
 import numpy as np
 from etils import epath
 
-from headspec import bounds, jobloop, targets
+from headspec import bounds
 from headspec.errors import UserError
 from headspec.io import filenames, provenance, remote, tables, textfiles
 from headspec.patching import tasks
+from headspec.runs import targets
+from headspec.words import jobloop
 
 EDGES, FAITHFULNESS = tables.CIRCUIT_EDGES, tables.CIRCUIT_FAITHFULNESS
 METHODS = ("eap", "eap_ig", "exact", "eap_denoising", "eap_ig_denoising", "exact_denoising")
@@ -180,8 +182,8 @@ def figure(g, scores_E, *, top_n: int = 20, title: str = "", path=None):
   import networkx as nx
   from matplotlib.lines import Line2D
 
-  from headspec import figures
   from headspec.patching import edges
+  from headspec.words import figures
 
   scores_E = np.asarray(scores_E, np.float64)
   keep_E = edges.circuit(scores_E, top_n=min(int(top_n), g.E))

@@ -18,7 +18,7 @@ def patch_config() -> ml_collections.ConfigDict:
   #                          (correct − wrong) | 'prob' (p(correct)) | 'loss' (−log p(correct)): patching/core.py METRICS
   c.count = 32  # prompt pairs
   c.induction_n = 6  # induction: the repeated sequence's length n ([BOS] r_1..r_n r_1..r_{n-1})
-  c.sites = "z,pattern,resid_pre,attn_out,mlp_out"  # sites patched (headspec.model.SITES), each by head and position
+  c.sites = "z,pattern,resid_pre,attn_out,mlp_out"  # sites patched (headspec.model.transformer.SITES), each by head and position
   c.by_position = True  # one patch per position (False: all positions at once, position -1)
   c.direction = "denoising"  # 'denoising' (corrupted run, clean activation; TransformerLens's) | 'noising'
   c.attribution = True  # also attribution patching of every site, with its agreement with exact patching

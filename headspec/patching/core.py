@@ -1,4 +1,4 @@
-"""Activation, attribution and path patching over the model's intervention sites (headspec/model.py SITES).
+"""Activation, attribution and path patching over the model's intervention sites (headspec/model/transformer.py SITES).
 
 Activation patching (Vig et al. 2020; Meng et al. 2022; Wang et al. 2022): run the `base` input with one
 site's activation, at one (layer, head, position), replaced by its value on the `source` input, and read a
@@ -35,9 +35,9 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from headspec import mesh as mesh_lib
-from headspec.model import SITES, Edit
-from headspec.objectives import token_nll
+from headspec.model.objectives import token_nll
+from headspec.model.transformer import SITES, Edit
+from headspec.parallel import mesh as mesh_lib
 
 TRACES: collections.Counter = collections.Counter()
 PER_HEAD = tuple(name for name, axes in SITES.items() if "H" in axes)  # q, k, v, pattern, z, head_out

@@ -8,7 +8,7 @@ every K/V group's key and value inputs (a group's heads read one key and one val
 and the logits (the final stream). An edge u → v exists when u comes before v.
 
 Every computation takes an edge as data: `_edits` turns per-input additions x_IBTD into the model's sites
-q_in, k_in, v_in, mlp_in (headspec/model.py) and resid_post of the last layer (the logits' input), so the
+q_in, k_in, v_in, mlp_in (headspec/model/transformer.py) and resid_post of the last layer (the logits' input), so the
 scores of every edge come from one einsum over gradients and output differences, and the exact sweep and
 the circuits run under lax.map over one compiled program.
 
@@ -44,9 +44,9 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from headspec import mesh as mesh_lib
 from headspec.errors import UserError
-from headspec.model import Edit
+from headspec.model.transformer import Edit
+from headspec.parallel import mesh as mesh_lib
 from headspec.patching.core import PATCHES_PER_STEP, metric_value
 
 TRACES: collections.Counter = collections.Counter()

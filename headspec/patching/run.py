@@ -1,5 +1,5 @@
 """`headspec patch`: activation, attribution and path patching of a built-in task at every requested step,
-through the one job loop (headspec/jobloop.py). Writes RUN/patching/results.csv, RUN/patching/summary.csv
+through the one job loop (headspec/words/jobloop.py). Writes RUN/patching/results.csv, RUN/patching/summary.csv
 (docs/outputs.md) and a heatmap per (task, site, direction, step):
 patching/<task>_<site>_<direction>_<model>_step<step>.png (the model's name one file-name component,
 headspec/io/filenames.py)."""
@@ -8,12 +8,13 @@ from __future__ import annotations
 
 import pandas as pd
 
-from headspec import jobloop, targets
 from headspec.errors import UserError
 from headspec.io import filenames, remote, tables
-from headspec.model import SITES
+from headspec.model.transformer import SITES
 from headspec.patching import core, tasks
 from headspec.patching import patch as patch_lib
+from headspec.runs import targets
+from headspec.words import jobloop
 
 RESULTS, SUMMARY = tables.PATCHING, tables.PATCHING_SUMMARY
 METHODS = ("activation", "attribution", "path_logits")
@@ -113,7 +114,7 @@ class Patching(jobloop.Analysis):
 
 def heatmap(frame, title: str, path, label: str = core.METRICS["logit_diff"].label) -> None:
   """value by (layer·head or layer) rows × position columns, diverging around the base metric."""
-  from headspec import figures
+  from headspec.words import figures
 
   if frame.empty:
     return

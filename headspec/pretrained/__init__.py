@@ -23,9 +23,8 @@ import jax
 from absl import logging
 from flax import nnx
 
-from headspec.data.hf_tokenizer import HFTokenizer, load_hf_tokenizer
 from headspec.errors import UserError
-from headspec.model import Transformer
+from headspec.model.transformer import Transformer
 from headspec.pretrained.checkpoint import inspect
 from headspec.pretrained.common import check
 from headspec.pretrained.families import FAMILIES, Family
@@ -38,6 +37,7 @@ from headspec.pretrained.files import (
   model_dir_of,
   parse_hub_name,
 )
+from headspec.pretrained.hf_tokenizer import HFTokenizer, load_hf_tokenizer
 from headspec.pretrained.tensors import Tensors, placing, read_tensors
 
 __all__ = [
@@ -87,7 +87,7 @@ def load_pretrained(name_or_path: str, *, mesh=None, dtype: str = "float32") -> 
   """('minilm' | 'hf:org/name[@revision]' | PATH to a Hugging Face directory) -> (Transformer, its tokenizer).
   Families: `FAMILIES` (families.py; docs/pretrained.md). Streamed: tensor by tensor (`safe_open`), each
   placed as read, in `dtype` ('float32' | 'bfloat16', also the compute dtype) and, with a `mesh`, straight
-  into each device's shards (headspec/mesh.py's rules).
+  into each device's shards (headspec/parallel/mesh.py's rules).
 
   BERT: BertModel or BertForMaskedLM weights, key prefix `bert.` or none; without `cls.predictions.*` the
   masked-LM head stays random (logged). GPT-2: GPT2Model or GPT2LMHeadModel, prefix `transformer.` or none.

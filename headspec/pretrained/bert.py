@@ -11,9 +11,9 @@ import dataclasses
 import numpy as np
 from absl import logging
 
-from headspec.hf_config_checks import HFConfig
-from headspec.model import ModelConfig, Transformer
+from headspec.model.transformer import ModelConfig, Transformer
 from headspec.pretrained.common import activation, check
+from headspec.pretrained.config_checks import HFConfig
 from headspec.pretrained.tensors import Tensors, assign, assign_layernorm
 
 

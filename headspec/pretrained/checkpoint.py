@@ -8,9 +8,9 @@ import pathlib
 import re
 
 from headspec.errors import UserError
-from headspec.hf_config_checks import HFConfig, read_json_object
-from headspec.model import ModelConfig
+from headspec.model.transformer import ModelConfig
 from headspec.pretrained.common import check
+from headspec.pretrained.config_checks import HFConfig, read_json_object
 from headspec.pretrained.families import FAMILIES
 from headspec.pretrained.files import weight_files
 from headspec.pretrained.tensors import tensor_names

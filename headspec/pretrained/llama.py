@@ -8,9 +8,9 @@ import math
 import numpy as np
 from flax import nnx
 
-from headspec.hf_config_checks import HFConfig
-from headspec.model import ModelConfig, Transformer
+from headspec.model.transformer import ModelConfig, Transformer
 from headspec.pretrained.common import GATED_ACTIVATIONS, activation, check
+from headspec.pretrained.config_checks import HFConfig
 from headspec.pretrained.tensors import Tensors, assign
 
 

@@ -121,7 +121,7 @@ class Tensors:
 
 @dataclasses.dataclass(frozen=True)
 class Placement:
-  """Where imported parameters go as each is read: `dtype`, and shards of `mesh` by headspec/mesh.py's
+  """Where imported parameters go as each is read: `dtype`, and shards of `mesh` by headspec/parallel/mesh.py's
   rules (`names`: each parameter's name, by the id of its Variable, for the rules)."""
 
   dtype: str = "float32"
@@ -154,7 +154,7 @@ def assign(param: nnx.Param, value: np.ndarray) -> None:
   if where.mesh is None:
     param.set_value(jnp.asarray(value))
     return
-  from headspec import mesh as mesh_lib
+  from headspec.parallel import mesh as mesh_lib
 
   letters = mesh_lib.axes_of(where.names.get(id(param), ""))
   spec = mesh_lib.spec_for(letters, value.shape, where.mesh, mesh_lib.PARAM_RULES)

@@ -20,7 +20,7 @@ Metric: UAS = fraction of words whose gold head gets the highest score (Clark et
 the same way, with attention weights instead of a learned score).
 
 Layout: inputs are word-level (x_NGK and one head array per sentence). Sentences are packed side by
-side into rows of `width` words (first-fit decreasing, headspec/packing.py) and a word's candidates are masked
+side into rows of `width` words (first-fit decreasing, headspec/words/packing.py) and a word's candidates are masked
 to its own sentence, so the O(width²) score matrix is spent on words, not padding: EWT sentences
 average ~16 words, so padding each to the longest (64) would cost ~4x more.
 """
@@ -36,9 +36,9 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from headspec import draws
-from headspec import packing as packing_lib
 from headspec.errors import UserError
+from headspec.model import draws
+from headspec.words import packing as packing_lib
 
 DEFAULT_ARC_L2_GRID = (1e-4, 1e-3, 1e-2)
 # Adam's step: at 1e-2 dev loss bottomed out after 1-2 epochs and dev UAS stayed low (all-MiniLM-L6-v2

@@ -53,7 +53,7 @@ def figure(rows: list[dict], path) -> None:
   against λ; heads as thin grey lines with their mean in black, residual streams coloured by layer."""
   import matplotlib
 
-  from headspec import figures
+  from headspec.words import figures
 
   l2 = sorted({float(r["l2"]) for r in rows})
   groups = sorted({(int(r["layer"]), int(r["head"])) for r in rows})

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import ml_collections
 
-from headspec.defaults import data_dir_default
+from headspec.data import data_dir_default
 from headspec.probing.tasks import REGISTRY
 
 

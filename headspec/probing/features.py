@@ -1,7 +1,7 @@
 """Per-word features of a treebank split: every head's Z_h, every layer's residual stream, the embeddings.
 
-The model runs under `jax.jit` on windows of word pieces (headspec/alignment.py), packed side by
-side into rows of words.ROW_TOKENS tokens (headspec/words.py, the word layer every analysis shares; each window
+The model runs under `jax.jit` on windows of word pieces (headspec/words/alignment.py), packed side by
+side into rows of words.ROW_TOKENS tokens (headspec/words/batches.py, the word layer every analysis shares; each window
 keeps its own positions and
 attends only within itself, so its outputs are those of running it alone), a fixed number of tokens
 per batch, so a split compiles once per row width and rows are ~95% tokens, not padding (EWT train:
@@ -44,11 +44,11 @@ import jax
 import numpy as np
 from flax import nnx
 
-from headspec import alignment as align_lib
-from headspec import mesh as mesh_lib
-from headspec import words as words_lib
 from headspec.errors import UserError
 from headspec.io import filenames, remote
+from headspec.parallel import mesh as mesh_lib
+from headspec.words import alignment as align_lib
+from headspec.words import batches as words_lib
 
 FORMAT_VERSION = 2  # 2: windows packed into rows
 CACHE_DTYPES = ("float16", "float32")

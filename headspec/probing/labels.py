@@ -13,11 +13,11 @@ import dataclasses
 
 import numpy as np
 
-from headspec import targets
 from headspec.data import treebank as treebank_lib
 from headspec.errors import UserError
 from headspec.probing import stats
 from headspec.probing import tasks as tasks_lib
+from headspec.runs import targets
 
 
 @dataclasses.dataclass

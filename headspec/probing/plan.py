@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-from headspec import targets
 from headspec.errors import UserError
 from headspec.probing import controls, features
 from headspec.probing import tasks as tasks_lib
+from headspec.runs import targets
 
 
 def check_config(config) -> None:

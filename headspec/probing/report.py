@@ -18,9 +18,9 @@ import matplotlib
 import numpy as np
 from etils import epath
 
-from headspec import figures
 from headspec.errors import UserError
 from headspec.io import remote, tables
+from headspec.words import figures
 
 
 def _grid(rows: list[dict], key: str):

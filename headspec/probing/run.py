@@ -2,7 +2,7 @@
 
 For each requested checkpoint step of a run (or a pretrained model at step 0, and optionally the same
 architecture with random weights; plan.py), suite.probe_job extracts the word features and fits and
-scores every task's probes (its docstring). Through the job loop (headspec/jobloop.py) the rows go to
+scores every task's probes (its docstring). Through the job loop (headspec/words/jobloop.py) the rows go to
 RUN/probes/results.csv, selectivity.csv, fits.csv (and complexity.csv, mdl.csv when asked) after each
 job (docs/outputs.md contract), baselines to RUN/probes/baselines.csv, figures and summary.md via
 report.py. RUN may be a URL (gs://bucket/run): tables and figures go there whole, the feature cache to
@@ -19,13 +19,13 @@ import ml_collections
 from absl import logging
 from etils import epath
 
-from headspec import jobloop
-from headspec.compilations import Compilations
 from headspec.io import provenance, remote, tables
+from headspec.parallel.compilations import Compilations
 from headspec.probing import complexity as complexity_lib
 from headspec.probing import features as features_lib
 from headspec.probing import plan, report, suite
 from headspec.probing import tasks as tasks_lib
+from headspec.words import jobloop
 
 
 class Probe(jobloop.Analysis):

@@ -1,6 +1,6 @@
 """Majority baselines and seeded training subsamples of sentences for probes.
 
-Confidence intervals and bootstrap resamples are in headspec/resampling.py (shared by every analysis).
+Confidence intervals and bootstrap resamples are in headspec/words/resampling.py (shared by every analysis).
 """
 
 from __future__ import annotations

@@ -15,7 +15,7 @@ Training as the reference code's regimen.py (john-hewitt/structural-probes; each
   - Adam (lr 1e-3), B initialised uniform in ±0.05;
   - every epoch the train sentences in a new order (a permutation from the seed, folded with the epoch:
     DataLoader(shuffle=True)), cut into batches of consecutive sentences, at most `batch_sentences` (20,
-    H&M's batch_size); here a batch's sentences lie side by side in rows of 64 words (headspec/packing.py's
+    H&M's batch_size); here a batch's sentences lie side by side in rows of 64 words (headspec/words/packing.py's
     widths: a longer sentence joins the open batch of its wider rows), at most `batch_words` slots, so a
     batch of long sentences closes with fewer than 20;
   - after each epoch the dev loss; torch's ReduceLROnPlateau(mode 'min', factor 0.1, patience 0, threshold
@@ -39,7 +39,7 @@ Metrics (the reference code's reporter.py), each per group:
             5–50, then over lengths
 Linear-structure baseline (H&M §4.1 "LINEAR"): distances |i − j| and depths i (the first word as root).
 
-Layout: sentences packed side by side into rows of `width` words (headspec/packing.py) as the arc probe
+Layout: sentences packed side by side into rows of `width` words (headspec/words/packing.py) as the arc probe
 (arc.py) does; a word's pairs are masked to its own sentence.
 """
 
@@ -55,9 +55,10 @@ import numpy as np
 import optax
 import scipy.stats
 
-from headspec import draws, resampling
-from headspec import packing as packing_lib
 from headspec.errors import UserError
+from headspec.model import draws
+from headspec.words import packing as packing_lib
+from headspec.words import resampling
 
 KINDS = ("distance", "depth")
 DEFAULT_RANK = 64  # H&M find UUAS flat above rank ~64 on BERT-base; capped at K (a head's Z_h is d_head wide)

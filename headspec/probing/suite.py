@@ -4,7 +4,7 @@ residual stream and the embeddings of one (model, step).
 Word features are extracted (features.py, cached), and every task's probes (tasks.py: softmax probes
 for upos/xpos/deprel, probe.py; a bilinear head-selection probe for arcs, arc.py) are fitted on the
 treebank's train split with L2 chosen on its dev split (labels.py reads and labels the splits), and
-scored on the evaluation splits with 95% bootstrap CIs over sentences (headspec/resampling.py) and
+scored on the evaluation splits with 95% bootstrap CIs over sentences (headspec/words/resampling.py) and
 Hewitt & Liang (2019) control tasks (controls.py): selectivity = accuracy − control accuracy.
 `probe_job` returns {table: rows} (docs/outputs.md contracts); each finished feature source is kept
 in the feature cache until the job's rows are written, so an interrupted job resumes at the next one.
@@ -22,14 +22,15 @@ import ml_collections
 import numpy as np
 from absl import logging
 
-from headspec import alignment as align
-from headspec import jobloop, resampling, targets
-from headspec import words as words_lib
 from headspec.io import filenames, locks, provenance, remote, tables
 from headspec.probing import complexity as complexity_lib
 from headspec.probing import labels, mdl, plan
 from headspec.probing import tasks as tasks_lib
 from headspec.probing.features import Features, extract_features
+from headspec.runs import targets
+from headspec.words import alignment as align
+from headspec.words import batches as words_lib
+from headspec.words import jobloop, resampling
 
 
 def _scored(task, fitted, x, split):

@@ -10,8 +10,8 @@ import jax
 import orbax.checkpoint as ocp
 from etils import epath
 
-from headspec import checkpoints
 from headspec.errors import UserError
+from headspec.runs import checkpoints
 
 
 def manager(directory) -> ocp.CheckpointManager:
@@ -20,7 +20,7 @@ def manager(directory) -> ocp.CheckpointManager:
 
 
 def save(mngr: ocp.CheckpointManager, step: int, state: dict, meta: dict) -> None:
-  """Saves `step` and waits for orbax to commit it, as training's checkpoints do (headspec/checkpoints.py
+  """Saves `step` and waits for orbax to commit it, as training's checkpoints do (headspec/runs/checkpoints.py
   `save`): a failed save (a full disk) is one line naming the step's folder, its temporary removed."""
   checkpoints._drop_late_read_callbacks()  # a failed write's other tensorstore writes: no traceback each
   try:

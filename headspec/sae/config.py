@@ -8,7 +8,7 @@ import ml_collections
 from ml_collections import config_dict
 
 from headspec.bounds import Bound
-from headspec.defaults import data_dir_default
+from headspec.data import data_dir_default
 
 MILLION, BILLION = 10**6, 10**9
 BOUNDS = (  # every numeric option's kind and range (headspec/bounds.py), checked first by `headspec sae`
@@ -58,12 +58,10 @@ def sae_config() -> ml_collections.ConfigDict:
   c.multihost = False  # one program over all processes (pod workers, SLURM tasks; mesh '': all on data)
   c.steps = "last"  # 'all' | 'last' | comma-separated saved steps; a pretrained model has step 0 only
   c.model_name = ""  # the tables' `model` column; '' = the run folder's name or the pretrained name
-  c.site = (
-    "z"  # the activations the SAE reads (headspec.model.SITES, per token): z = the concatenated Z_h, [tokens, H·K]
-  )
+  c.site = "z"  # the activations the SAE reads (headspec.model.transformer.SITES, per token): z = the concatenated Z_h, [tokens, H·K]
   c.layer = -1  # 0-based block; -1 = the middle one (L // 2)
   c.layers = ""  # '' = `layer` alone; 'all' or comma-separated blocks ('0,2'): one SAE per layer
-  # The token rows (headspec/evaltext.py): the first train_tokens train the SAE, the next eval_tokens measure it
+  # The token rows (headspec/runs/evaltext.py): the first train_tokens train the SAE, the next eval_tokens measure it
   # (a shorter text is cut in that proportion). Too few training tokens for the features overfit: eval FVU ≫ train FVU.
   c.train_tokens = 100000
   c.eval_tokens = 8192  # the tokens after the training ones, held out: they measure the SAE (FVU, L0) and its splice

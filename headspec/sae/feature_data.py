@@ -28,10 +28,10 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from headspec import mesh as mesh_lib
-from headspec import tokens
 from headspec.io import tables
-from headspec.model import SITES
+from headspec.model import tokens
+from headspec.model.transformer import SITES
+from headspec.parallel import mesh as mesh_lib
 
 HISTOGRAM_BINS = 20
 TOP_TOKENS = 10

@@ -1,6 +1,6 @@
 """SAE features against a UD treebank: where each fires, its top contexts and its label profiles.
 
-Every word of the split is run through the model once (windows of word pieces, headspec/alignment.py); a
+Every word of the split is run through the model once (windows of word pieces, headspec/words/alignment.py); a
 word's activation is its pieces' site activation pooled as the probes pool it ('auto': the last piece for
 decoders, the first for encoders), and its features are the SAE's encoding of that. Streamed per batch:
 for each feature the words where it fires (a_f > 0), the counts of each UPOS, deprel (without subtype) and
@@ -22,8 +22,9 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from headspec import alignment as align_lib
-from headspec import mesh as mesh_lib
+from headspec.model.capture import bucket_length
+from headspec.parallel import mesh as mesh_lib
+from headspec.words import alignment as align_lib
 
 LABEL_SETS = ("upos", "deprel", "head_distance")
 MAX_DISTANCE = 5
@@ -90,7 +91,7 @@ def _window_program(graphdef, site: str, layer: int):
 
 def _batches(al, max_len: int, batch_tokens: int):
   """Lists of windows of one padded width T (the next power of two), `batch_tokens // T` per batch."""
-  widths = np.array([align_lib.bucket_length(len(w), max_len) for w in al.windows])
+  widths = np.array([bucket_length(len(w), max_len) for w in al.windows])
   for T in np.unique(widths):
     members = np.flatnonzero(widths == T)
     per = max(1, batch_tokens // int(T))

@@ -20,14 +20,14 @@ WEIGHTS_FILE = "sae_weights.safetensors"
 ARCHITECTURES = {"relu": "standard", "topk": "topk", "jumprelu": "jumprelu"}  # headspec kind -> SAELens
 SAELENS_VERSION = "6.0.0"  # metadata.sae_lens_version: SAELens reads the cfg.json as 6.x writes it (< 6 is renamed)
 _HOOK = re.compile(r"blocks\.(\d+)\.(.+)")
-# TransformerLens hooks of the per-token sites an SAE reads (headspec/cache.py TL_HOOKS), and the release ids'
+# TransformerLens hooks of the per-token sites an SAE reads (headspec/model/capture.py TL_HOOKS), and the release ids'
 # short form `blocks.3.hook_z` (SAELens's gpt2-small-hook-z-kk).
 _SITE_OF_HOOK = {"hook_z": "z"}
 
 
 def hook_name(site: str, layer: int) -> str:
   """TransformerLens's hook of `site` at block `layer`, e.g. 'blocks.3.attn.hook_z'."""
-  from headspec.cache import TL_HOOKS
+  from headspec.model.capture import TL_HOOKS
 
   for hook, name in TL_HOOKS.items():
     if name == site:
@@ -37,7 +37,7 @@ def hook_name(site: str, layer: int) -> str:
 
 def parse_hook(name: str, where: str = "hook_name") -> tuple[str, int]:
   """(site, layer) of a TransformerLens hook name such as 'blocks.3.attn.hook_z'; UserError for another."""
-  from headspec.cache import TL_HOOKS
+  from headspec.model.capture import TL_HOOKS
   from headspec.sae.splice import PER_TOKEN_SITES
 
   match = _HOOK.fullmatch(str(name or ""))

@@ -1,5 +1,5 @@
 """Figures of `headspec sae`, drawn from the rows of sae/heads.csv and sae/features.csv (matplotlib without
-pyplot: headspec/figures.py).
+pyplot: headspec/words/figures.py).
 
 One file per (model, step, site, SAE configuration) and figure, in RUN/sae/:
   heads_<tag>.png     layer × head heatmaps of each head's features carried, exclusive features and feature
@@ -19,8 +19,8 @@ import matplotlib
 import numpy as np
 from etils import epath
 
-from headspec import figures
 from headspec.io import filenames, remote
+from headspec.words import figures
 
 HEAD_METRICS = (
   ("features_carried", "features carried (a_fh ≥ carry_min)"),

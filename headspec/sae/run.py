@@ -1,10 +1,10 @@
 """`headspec sae`: an SAE on one layer's activations at every requested step, measured, attributed to heads
-and laid against a treebank (docs/sae.md). Through the one job loop (headspec/jobloop.py); writes
+and laid against a treebank (docs/sae.md). Through the one job loop (headspec/words/jobloop.py); writes
 RUN/sae/metrics.csv, features.csv, heads.csv, contexts.csv, labels.csv and the per-feature histograms.csv,
 shares.csv and logits.csv (headspec/sae/feature_data.py; docs/outputs.md), and per
 (model, step) the figures heads_<tag>.png and entropy_<tag>.png (headspec/sae/plots.py).
 
-Per (model, step): the model reads the evaluation text (headspec/evaltext.py: a run's validation rows, or
+Per (model, step): the model reads the evaluation text (headspec/runs/evaltext.py: a run's validation rows, or
 a pretrained model's corpus); the site's activations at the valid tokens of the first `train_tokens` train
 the SAE (headspec/sae/train.py; checkpointed, so a rerun resumes or reuses it), those of the next
 `eval_tokens` measure it (headspec/sae/metrics.py) and score the splice (headspec/sae/splice.py; models
@@ -24,15 +24,17 @@ import ml_collections
 import numpy as np
 from absl import logging
 
-from headspec import bounds, jobloop, targets
-from headspec import evalset as evalset_lib
+from headspec import bounds
 from headspec.errors import UserError
 from headspec.io import filenames, provenance, remote, tables
+from headspec.runs import targets
 from headspec.sae import config as sae_config
 from headspec.sae import feature_data, layout, saelens, splice
 from headspec.sae import labels as labels_lib
 from headspec.sae import metrics as m
 from headspec.sae import train as sae_train
+from headspec.words import evalset as evalset_lib
+from headspec.words import jobloop
 
 TABLES = (tables.SAE_METRICS, tables.SAE_FEATURES, tables.SAE_HEADS, tables.SAE_CONTEXTS, tables.SAE_LABELS,
           *feature_data.TABLES)  # fmt: skip
@@ -193,21 +195,21 @@ class SAEAnalysis(jobloop.Analysis):
     self.loaded = saelens.for_model(c.sae.load, model, c.site) if str(c.sae.load).strip() else None
     if self.loaded is not None:  # sae.load: analysed, not trained, on the layer of its hook (headspec/sae/saelens.py)
       self.layers = (self.loaded.layer,)
-    from headspec.selectivity import read_selectivity
+    from headspec.words.selectivity import read_selectivity
 
     # probes/results.csv's dev selectivity per (model, step), read (and checked) before any computation
     self.probes = {(j.name, j.step): read_selectivity(self.workdir, j.name, j.step, cfg.num_layers, cfg.num_heads)
                    for j in jobs}  # fmt: skip
     self.sentences = []
     if c.analysis.treebank:
-      from headspec import runs
       from headspec.data import treebank as treebank_lib
+      from headspec.runs import directory as runs
 
       run_config = None if c.model.pretrained else runs.read_config(self.workdir)
       data_dir = targets.data_dir(c, run_config, purpose=f"the treebank {c.analysis.treebank}")
       sentences = treebank_lib.load_split(data_dir, c.analysis.treebank, c.analysis.split)
       self.sentences = sentences[: c.analysis.max_sentences] if c.analysis.max_sentences else sentences
-    from headspec.evaltext import evaluation_tokens
+    from headspec.runs.evaltext import evaluation_tokens
 
     text_config = ml_collections.ConfigDict(c.to_dict())
     text_config.num_tokens = c.train_tokens + c.eval_tokens

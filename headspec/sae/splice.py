@@ -2,13 +2,13 @@
 
 `capture` runs the model over token rows and returns one layer's site (default z, flattened to [tokens, H·K]
 as Kissane et al. 2024 train on hook_z) at the valid tokens. `losses` scores the evaluation set four ways,
-each a forward pass with one `Edit` of that layer's site (headspec/model.py, docs/patching.md):
+each a forward pass with one `Edit` of that layer's site (headspec/model/transformer.py, docs/patching.md):
   clean         no edit
   splice        x ← SAE(x), the reconstruction of the pass's own activations (computed from a clean pass)
   zero_ablation x ← 0 (for z: the layer's attention output becomes its bias b_O)
   mean_ablation x ← the mean of x over the evaluation tokens (for z: attn_out becomes its mean, W_O linear)
 Losses are the mean next-token cross-entropy (decoders) or the masked-LM cross-entropy on one fixed seeded
-mask (encoders) over the scored tokens (headspec/evalset.py). `scores` adds, per edit and over the same
+mask (encoders) over the scored tokens (headspec/words/evalset.py). `scores` adds, per edit and over the same
 tokens, the mean KL(p_clean ‖ p_edit) = Σ_v p_clean(v) (log p_clean(v) − log p_edit(v)) of the predicted
 distributions (SAELens's `kl_div_with_sae`) and the fraction of tokens whose argmax prediction is unchanged.
 """
@@ -22,10 +22,10 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from headspec import mesh as mesh_lib
-from headspec import objectives
 from headspec.errors import UserError
-from headspec.model import SITES, Edit
+from headspec.model import objectives
+from headspec.model.transformer import SITES, Edit
+from headspec.parallel import mesh as mesh_lib
 
 PER_TOKEN_SITES = tuple(s for s, axes in SITES.items() if axes in ("BTHK", "BTD"))
 

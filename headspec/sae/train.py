@@ -389,7 +389,7 @@ def fit_sae(
   program = _chunk_program(o, real_aux_k)
   x_device = jnp.asarray(xs_NK)
   history = []
-  from headspec.jobloop import progress as progress_bar
+  from headspec.words.jobloop import progress as progress_bar
 
   bar = progress_bar(o.steps, f"sae: {o.kind} F={o.features}", unit="step") if progress else None
   if bar is not None:

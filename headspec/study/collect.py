@@ -6,9 +6,9 @@ import os
 
 import numpy as np
 
-from headspec import experiments
 from headspec.errors import UserError
 from headspec.io import metrics, remote, tables
+from headspec.launch import experiments
 from headspec.probing import tasks as probe_tasks
 from headspec.study.statistics import (
   ALL_HEADS_METRIC,

@@ -5,10 +5,10 @@ from __future__ import annotations
 import numpy as np
 from etils import epath
 
-from headspec import figures
 from headspec.io import remote
 from headspec.study.collect import ROLES, tasks
 from headspec.study.statistics import _by_condition
+from headspec.words import figures
 
 
 def figure_tasks(em) -> list[str]:

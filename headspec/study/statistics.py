@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from headspec import resampling
+from headspec.words import resampling
 
 
 def _label_min() -> float:
@@ -168,7 +168,7 @@ def _formation_summary(fo):
   )  # fmt: skip
 
 
-# Shared with the other analyses (headspec/resampling.py): Holm (1979), Spearman's ρ with permutation p-values, the MDE.
+# Shared with the other analyses (headspec/words/resampling.py): Holm (1979), Spearman's ρ with permutation p-values, the MDE.
 holm, mde = resampling.holm, resampling.mde
 spearman, within_layer_spearman = resampling.spearman, resampling.within_layer_spearman
 

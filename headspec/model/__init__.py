@@ -1,0 +1,7 @@
+"""The model: one Flax NNX Transformer (encoder or decoder, attention written per head) and what runs through it.
+
+transformer (ModelConfig, the sites SITES and the Edit/Apply/Intermediates protocol every intervention uses,
+the layers as one scan, the Transformer), edits (ready-made edits: head masks, mean ablation, SAE splices),
+capture (the TransformerLens-style Cache of `headspec.capture`), generation (KV-cache sampling), objectives
+(the one token loss), draws (seeded draws), heads (head lists). Stands on parallel/ and io/.
+"""

@@ -1,0 +1,4 @@
+"""The one way words go through a model, below every analysis: alignment (word <-> piece), batches (packed and
+windowed batches, the pooled forward), packing, evalset (evaluation sentences), selectivity, resampling
+(intervals), figures (figure conventions), jobloop (the (model, step) job loop and its progress bars).
+"""
