@@ -1,4 +1,4 @@
-"""Every relative link in README.md and docs/*.md names a file that exists, and an anchor a heading.
+"""Every relative link in README.md, docs/*.md and docs/notes/*.md names a file that exists, and an anchor a heading.
 
 The README is a map of docs/: a page renamed or a heading reworded must not leave a dead pointer.
 """
@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
-PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md")), *sorted((ROOT / "docs" / "notes").glob("*.md"))]
 # [text](target) and ![alt](target); the target stops at whitespace or ')'.
 LINK = re.compile(r"!?\[[^\]]*\]\(([^)\s]+)(?:\s+\"[^\"]*\")?\)")
 FENCE = re.compile(r"^(```|~~~).*?^\1", re.M | re.S)
