@@ -283,3 +283,10 @@ def test_the_top_of_the_package_is_the_public_face_and_the_base():
   """At most six modules at headspec/'s top: the lazy public names, `python -m headspec`, and the base."""
   top = sorted(p.name for p in PACKAGE.glob("*.py"))
   assert top == ["__init__.py", "__main__.py", "arguments.py", "bounds.py", "errors.py"], top
+
+
+def test_one_lock_implementation():
+  """Every lock of a file (a table's writer lock, a stage's, a shared folder's) goes through
+  headspec/io/locks.py: no other module calls fcntl.flock itself."""
+  flockers = sorted(name for name, path in MODULES.items() if "fcntl.flock(" in path.read_text())
+  assert flockers == ["headspec.io.locks"], flockers

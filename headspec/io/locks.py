@@ -27,7 +27,7 @@ import sys
 import time
 
 from headspec.errors import UserError
-from headspec.io import remote, tables
+from headspec.io import remote
 
 
 def lock_path(folder, stage: str) -> str:
@@ -35,7 +35,7 @@ def lock_path(folder, stage: str) -> str:
   return os.path.join(os.fspath(folder), f".{stage}.lock")
 
 
-def _open_locked(lock: str, how: int) -> int | None:
+def open_locked(lock: str, how: int) -> int | None:
   """A descriptor of `lock` holding flock `how` (None: another holds it and `how` has LOCK_NB), the file
   still at that path: a process that got the flock of a file its holder has just removed opens anew."""
   while True:
@@ -94,12 +94,12 @@ def held(folder, stage: str, *, wait: bool, what: str = ""):
   if remote.is_remote(folder):
     yield
     return
-  tables.check_writable(folder)  # a file, under a file, read-only: the command's one line, not a traceback here
+  remote.check_folder(folder)  # a file, under a file, read-only: the command's one line, not a traceback here
   folder = os.fspath(remote.run_path(folder))
   made = not os.path.isdir(folder)
   os.makedirs(folder, exist_ok=True)
   lock = lock_path(folder, stage)
-  fd = _open_locked(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+  fd = open_locked(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
   if fd is None:
     if not wait:
       raise UserError(
@@ -107,7 +107,7 @@ def held(folder, stage: str, *, wait: bool, what: str = ""):
         "or stop it, or use another --workdir"
       )
     print(f"{folder}: waiting for {what} of {holder(lock)} to finish ({lock})", file=sys.stderr, flush=True)
-    fd = _open_locked(lock, fcntl.LOCK_EX)
+    fd = open_locked(lock, fcntl.LOCK_EX)
   try:
     os.ftruncate(fd, 0)
     os.write(fd, f"{os.getpid()} {socket.gethostname()} {time.time():.3f}\n".encode())
@@ -164,7 +164,7 @@ class SharedFolder:
   def __init__(self, folder):
     self.folder = folder
     self.lock = os.path.join(os.fspath(folder), ".users.lock")  # goes with the folder
-    self._fd = _open_locked(self.lock, fcntl.LOCK_SH)  # waits only while a last user removes the folder
+    self._fd = open_locked(self.lock, fcntl.LOCK_SH)  # waits only while a last user removes the folder
 
   def done(self, *, remove: bool) -> bool:
     """Lets go of the folder; with `remove`, removes it (and its lock file) when no other process uses it.

@@ -317,3 +317,17 @@ class LocalMirror:
   def cleanup(self) -> None:
     if self.remote:
       shutil.rmtree(self.local, ignore_errors=True)
+
+
+def check_folder(folder: epath.Path) -> None:
+  """UserError unless local `folder` is, or can be made, a folder this process may write in: its nearest
+  existing ancestor (itself included) must be a folder, writable. Object stores have no folders to check."""
+  if is_remote(folder):
+    return
+  there = here = pathlib.Path(os.fspath(folder))
+  while not there.exists() and there != there.parent:  # exists() is False under a file, too
+    there = there.parent
+  if not there.is_dir():
+    raise UserError(f"{here}: {'it' if there == here else there} is a file, not a folder; use another --workdir")
+  if not os.access(there, os.W_OK | os.X_OK):
+    raise UserError(f"{folder}: cannot write in {there} (permission denied or a read-only disk)")

@@ -29,7 +29,6 @@ import io
 import json
 import math
 import os
-import pathlib
 import socket
 import time
 import uuid
@@ -37,7 +36,7 @@ import uuid
 from etils import epath
 
 from headspec.errors import UserError
-from headspec.io import remote
+from headspec.io import locks, remote
 
 
 @dataclasses.dataclass(frozen=True)
@@ -504,20 +503,6 @@ def _lock_path(path: epath.Path) -> epath.Path:
   return path.parent / f".{path.name}.lock"
 
 
-def _flock(lock: str) -> int:
-  """An open descriptor of `lock` holding its exclusive flock, the file still at that path (a writer
-  that got the flock of a file its holder has just removed tries again with the new file)."""
-  while True:
-    fd = os.open(lock, os.O_RDWR | os.O_CREAT, 0o644)
-    fcntl.flock(fd, fcntl.LOCK_EX)
-    try:
-      if os.stat(lock).st_ino == os.fstat(fd).st_ino:
-        return fd
-    except FileNotFoundError:
-      pass
-    os.close(fd)
-
-
 @contextlib.contextmanager
 def locked(path):
   """Holds the table's writer lock: read, merge and write inside it lose no other writer's rows.
@@ -533,7 +518,7 @@ def locked(path):
   path.parent.mkdir(parents=True, exist_ok=True)
   lock = _lock_path(path)
   if not remote.is_remote(path):
-    fd = _flock(os.fspath(lock))
+    fd = locks.open_locked(os.fspath(lock), fcntl.LOCK_EX)
     try:
       yield lambda: None
     finally:
@@ -641,23 +626,9 @@ def check_writable(workdir, *tables: Table) -> None:
   """Fails (UserError, one line) before any computation if `workdir` or a table's folder cannot be written
   (a file, under a file, not writable) or one of `tables` in `workdir` exists with other columns."""
   for folder in dict.fromkeys([epath.Path(workdir), *(path_of(workdir, t).parent for t in tables)]):
-    _check_folder(folder)
+    remote.check_folder(folder)
   for table in tables:
     read(path_of(workdir, table), table)
-
-
-def _check_folder(folder: epath.Path) -> None:
-  """UserError unless local `folder` is, or can be made, a folder this process may write in: its nearest
-  existing ancestor (itself included) must be a folder, writable. Object stores have no folders to check."""
-  if remote.is_remote(folder):
-    return
-  there = here = pathlib.Path(os.fspath(folder))
-  while not there.exists() and there != there.parent:  # exists() is False under a file, too
-    there = there.parent
-  if not there.is_dir():
-    raise UserError(f"{here}: {'it' if there == here else there} is a file, not a folder; use another --workdir")
-  if not os.access(there, os.W_OK | os.X_OK):
-    raise UserError(f"{folder}: cannot write in {there} (permission denied or a read-only disk)")
 
 
 MAX_GRID = (512, 512)
