@@ -97,8 +97,8 @@ def test_run_matches_the_analyses(run_dir, tmp_path):
   assert [c.words for c in out] == [sentences[0], ["a", "cat", "saw", "the", "dog", "."]]  # text split into words
   c = out[0]
   N, T = len(c.words), len(c.pieces)
-  assert c.z_NLHK.shape == (N, L, H, 8) and c.residual_NLD.shape == (N, L, 32) and c.embeddings_ND.shape == (N, 32)
-  assert c.attention_LHNN.shape == (L, H, N, N) and c.probs_LHTS.shape == (L, H, T, T)
+  assert c.z_NLHK.shape == (N, L, H, 8) and c.resid_post_NLD.shape == (N, L, 32) and c.embeddings_ND.shape == (N, 32)
+  assert c.attention_LHNN.shape == (L, H, N, N) and c.pattern_LHTS.shape == (L, H, T, T)
   assert c.logits_TV.shape == (T, model.cfg.vocab_size) and c.z_LTHK.shape == (L, T, H, 8)
 
   # A text is tokenized as written (docs/api.md), a word list word by word as the analyses read treebanks.
@@ -117,22 +117,22 @@ def test_run_matches_the_analyses(run_dir, tmp_path):
   assert c.pooling == "last"  # 'auto' is probing's: the last piece for a decoder
   for l in range(L):
     np.testing.assert_allclose(c.z_NLHK[:, l], feats.z(l), atol=1e-5)
-    np.testing.assert_allclose(c.residual_NLD[:, l], feats.residual(l), atol=1e-5)
+    np.testing.assert_allclose(c.resid_post_NLD[:, l], feats.residual(l), atol=1e-5)
   np.testing.assert_allclose(c.embeddings_ND, feats.residual(-1), atol=1e-5)
 
   # Pieces: the model's own forward pass.
   logits, inter = model(jnp.asarray(c.tokens_T)[None], capture=("pattern", "z"))
   np.testing.assert_allclose(c.logits_TV, np.asarray(logits[0]), atol=1e-4)
-  np.testing.assert_allclose(c.probs_LHTS, np.asarray(inter.pattern_LBHTS[:, 0]), atol=1e-6)
+  np.testing.assert_allclose(c.pattern_LHTS, np.asarray(inter.pattern_LBHTS[:, 0]), atol=1e-6)
   assert c.tokens_T[c.piece_start_N[1]] == tokenizer.word_pieces(c.words)[1][0]
 
   # A head mask as (layer, head) pairs = the model's head_mask: layer 0 unchanged, layer 1 changed.
   masked = headspec.run(loaded, [c.words], head_mask=[(0, 1)])[0]
   mask = np.ones((L, H), np.float32)
   mask[0, 1] = 0
-  np.testing.assert_array_equal(masked.probs_LHTS, headspec.run(loaded, [c.words], head_mask=mask)[0].probs_LHTS)
-  np.testing.assert_allclose(masked.probs_LHTS[0], c.probs_LHTS[0], atol=1e-6)
-  assert np.abs(masked.probs_LHTS[1] - c.probs_LHTS[1]).max() > 1e-4
+  np.testing.assert_array_equal(masked.pattern_LHTS, headspec.run(loaded, [c.words], head_mask=mask)[0].pattern_LHTS)
+  np.testing.assert_allclose(masked.pattern_LHTS[0], c.pattern_LHTS[0], atol=1e-6)
+  assert np.abs(masked.pattern_LHTS[1] - c.pattern_LHTS[1]).max() > 1e-4
   # Mean pooling goes through the same word layer (headspec/words/batches.py) as probing's mean-pooled features.
   meaned = headspec.run(loaded, [c.words], pooling="mean")[0]
   feats = extract_features(

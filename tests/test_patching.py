@@ -43,21 +43,14 @@ def test_sites_are_consistent_with_each_other(kind, options):
     inter.site("hook_z")
 
 
-def test_older_capture_names_warn_and_read_their_sites():
-  """'probs' and 'residual' (and the fields probs_LBHTS, residual_LBTD) are deprecated aliases of pattern and
-  resid_post for one release: each warns and reads the same array; 'hook_z' is no capture name."""
+def test_capture_takes_site_names_only():
+  """The older capture names ('probs', 'residual') are gone: each is one line naming the valid fields, as is
+  'hook_z' (a TransformerLens hook, which `headspec.capture` maps but the model's own capture does not)."""
   model = make("decoder")
-  _, inter = model(TOKENS, capture=("pattern", "resid_post"))
-  with pytest.warns(DeprecationWarning, match="'probs' is deprecated: use 'pattern'"):
-    _, old = model(TOKENS, capture=("probs", "residual"))
-  np.testing.assert_array_equal(old.pattern_LBHTS, inter.pattern_LBHTS)
-  np.testing.assert_array_equal(old.resid_post_LBTD, inter.resid_post_LBTD)
-  with pytest.warns(DeprecationWarning, match="use pattern_LBHTS"):
-    np.testing.assert_array_equal(old.probs_LBHTS, inter.pattern_LBHTS)
-  with pytest.warns(DeprecationWarning, match="use resid_post_LBTD"):
-    np.testing.assert_array_equal(old.residual_LBTD, inter.resid_post_LBTD)
-  with pytest.raises(UserError, match="unknown capture field 'hook_z'"):
-    model(TOKENS, capture=("hook_z",))
+  for name in ("probs", "residual", "hook_z"):
+    with pytest.raises(UserError, match=f"unknown capture field '{name}'"):
+      model(TOKENS, capture=(name,))
+  assert not hasattr(model(TOKENS, capture=("pattern",))[1], "probs_LBHTS")
 
 
 def test_head_mask_is_an_edit_of_z():

@@ -269,10 +269,10 @@ class Captured:
   Pieces (the model's tokens, the tokenizer's special tokens included; T of them):
     pieces: each piece's text; tokens_T: their ids; logits_TV: the LM head's logits (meaningless where
     the LM head is untrained, `Loaded.lm_head` False, e.g. all-MiniLM-L6-v2);
-    probs_LHTS: each head's attention map A_h; z_LTHK: each head's context vector Z_h = A_h V_h (before
-    the head mask and W_O); residual_LTD: the residual stream after each block; embeddings_TD: block 0's input.
+    pattern_LHTS: each head's attention map A_h; z_LTHK: each head's context vector Z_h = A_h V_h (before
+    the head mask and W_O); resid_post_LTD: the residual stream after each block; embeddings_TD: block 0's input.
   Words (N of them; word n is pieces [piece_start_N[n], piece_end_N[n])):
-    words; z_NLHK, residual_NLD, embeddings_ND: pooled from each word's pieces per `pooling` (as probing's
+    words; z_NLHK, resid_post_NLD, embeddings_ND: pooled from each word's pieces per `pooling` (as probing's
     features: 'first', 'last' or 'mean', as resolved from 'auto'); attention_LHNN[l, h, n, m]: how much word n attends to word m
     (mean over n's pieces of the sum over m's pieces: the attention analyses' pooling, Clark et al. 2019
     §4.1); special_LHN: each word's attention on the special tokens (each row of attention plus special sums to 1).
@@ -284,12 +284,12 @@ class Captured:
   piece_start_N: np.ndarray
   piece_end_N: np.ndarray
   logits_TV: np.ndarray
-  probs_LHTS: np.ndarray
+  pattern_LHTS: np.ndarray
   z_LTHK: np.ndarray
-  residual_LTD: np.ndarray
+  resid_post_LTD: np.ndarray
   embeddings_TD: np.ndarray
   z_NLHK: np.ndarray
-  residual_NLD: np.ndarray
+  resid_post_NLD: np.ndarray
   embeddings_ND: np.ndarray
   attention_LHNN: np.ndarray
   special_LHN: np.ndarray
@@ -405,12 +405,12 @@ def run(model, sentences, head_mask=None, *, pooling: str = "auto") -> list[Capt
         piece_start_N=np.asarray(start_N, np.int64),
         piece_end_N=np.asarray(end_N, np.int64),
         logits_TV=np.asarray(logits[0, :T], np.float32),
-        probs_LHTS=np.asarray(inter.pattern_LBHTS[:, 0, :, :T, :T], np.float32),
+        pattern_LHTS=np.asarray(inter.pattern_LBHTS[:, 0, :, :T, :T], np.float32),
         z_LTHK=np.asarray(inter.z_LBTHK[:, 0, :T], np.float32),
-        residual_LTD=np.asarray(inter.resid_post_LBTD[:, 0, :T], np.float32),
+        resid_post_LTD=np.asarray(inter.resid_post_LBTD[:, 0, :T], np.float32),
         embeddings_TD=np.asarray(inter.embeddings_BTD[0, :T], np.float32),
         z_NLHK=np.asarray(pooled["z"][:, 0, :N]).transpose(1, 0, 2, 3),
-        residual_NLD=np.asarray(pooled["resid_post"][:, 0, :N]).transpose(1, 0, 2),
+        resid_post_NLD=np.asarray(pooled["resid_post"][:, 0, :N]).transpose(1, 0, 2),
         embeddings_ND=np.asarray(pooled["embeddings"][0, :N]),
         attention_LHNN=np.asarray(attn[:, 0, :, :N, :N], np.float32),
         special_LHN=np.asarray(special[:, 0, :, :N], np.float32),

@@ -110,11 +110,8 @@ def unknown_site(name: str, what: str, names=NAMES) -> UserError:
 
 
 def _capture_name(name: str) -> str:
-  """The capture name of a site's name, a TransformerLens hook name (without `blocks.l.`) or an older name."""
-  site = EMBED_HOOKS.get(name, TL_HOOKS.get(name, name))
-  if site in model_lib.DEPRECATED_CAPTURE:
-    (site,) = model_lib.capture_names((site,))
-  return site
+  """The capture name of a site's name or a TransformerLens hook name (without `blocks.l.`)."""
+  return EMBED_HOOKS.get(name, TL_HOOKS.get(name, name))
 
 
 def check_sites(sites, what: str = "capture", *, embed_parts: bool = False) -> tuple[str, ...]:

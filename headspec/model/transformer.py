@@ -41,7 +41,6 @@ from __future__ import annotations
 import dataclasses
 import functools
 import math
-import warnings
 from collections.abc import Callable, Collection
 
 import flax.struct
@@ -94,23 +93,12 @@ SITES = {
 # Capture names: the sites, plus 'embeddings' and the final norm's scale 'ln_final_scale' [B,T] (1 without a final
 # norm; read only). The Intermediates field of each is NAME_L<axes>.
 CAPTURE_FIELDS = ("embeddings", "ln_final_scale", *SITES)
-# The older capture names, accepted with a DeprecationWarning for one release.
-DEPRECATED_CAPTURE = {"probs": "pattern", "residual": "resid_post"}
 
 
 def capture_names(capture: Collection[str]) -> tuple[str, ...]:
-  """`capture` with the older names ('probs', 'residual') replaced by their sites, with a DeprecationWarning;
-  UserError naming an unknown name."""
+  """`capture` checked (each a name of CAPTURE_FIELDS) and without repeats; UserError naming an unknown name."""
   names = []
   for name in capture:
-    if name in DEPRECATED_CAPTURE:
-      warnings.warn(
-        f"capture name {name!r} is deprecated: use {DEPRECATED_CAPTURE[name]!r} (Intermediates field "
-        f"{DEPRECATED_CAPTURE[name]}_L{SITES[DEPRECATED_CAPTURE[name]]})",
-        DeprecationWarning,
-        stacklevel=3,
-      )
-      name = DEPRECATED_CAPTURE[name]
     if name not in CAPTURE_FIELDS:
       raise UserError(f"unknown capture field {name!r}; choose from {CAPTURE_FIELDS}")
     names.append(name)
@@ -264,23 +252,11 @@ class Intermediates:
 
   def site(self, name: str) -> jax.Array | None:
     """The captured activation of site (or capture name) `name`, [L, *SITES[name]]."""
-    (field,) = capture_names((name,)) if name in DEPRECATED_CAPTURE or name in CAPTURE_FIELDS else (name,)
+    field = name
     matches = [f.name for f in dataclasses.fields(self) if f.name.rsplit("_", 1)[0] == field]
     if not matches:
       raise UserError(f"unknown site {name!r}; choose from {', '.join(SITES)}")
     return getattr(self, matches[0])
-
-  @property
-  def probs_LBHTS(self) -> jax.Array | None:
-    """Deprecated: `pattern_LBHTS`."""
-    warnings.warn("Intermediates.probs_LBHTS is deprecated: use pattern_LBHTS", DeprecationWarning, stacklevel=2)
-    return self.pattern_LBHTS
-
-  @property
-  def residual_LBTD(self) -> jax.Array | None:
-    """Deprecated: `resid_post_LBTD`."""
-    warnings.warn("Intermediates.residual_LBTD is deprecated: use resid_post_LBTD", DeprecationWarning, stacklevel=2)
-    return self.resid_post_LBTD
 
 
 @flax.struct.dataclass
