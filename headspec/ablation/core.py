@@ -69,8 +69,8 @@ def _layer_inputs(model, kind: str, inputs_BT, valid_BT, mask_LH, replacement_LH
 def _row_edit(layer, row_H, replacement_LHK) -> Edit:
   """The head mask of one layer's row (every other row all ones) as an Edit of z held at that layer alone:
   Z_h·m_h + (1 − m_h)·r_h there, the identity elsewhere (`edits.head_mask` of that mask, without the L axis)."""
-  keep_BTHK = row_H[None, None, :, None]
-  return Edit(keep=keep_BTHK, add=(1.0 - keep_BTHK) * replacement_LHK[layer][None, None], at=layer)
+  removed_BTHK = 1.0 - row_H[None, None, :, None]
+  return Edit.patch(replacement_LHK[layer][None, None], removed_BTHK, at=layer)
 
 
 def _sweep(graphdef, kind: str):

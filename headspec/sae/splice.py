@@ -84,15 +84,14 @@ def _capture_program(graphdef, site: str, layer: int, logits: bool = False):
 
 
 @functools.lru_cache(maxsize=8)
-def _edited_program(graphdef, site: str, layer: int, num_layers: int):
+def _edited_program(graphdef, site: str, layer: int):
   @mesh_lib.jit
   def run(params, inputs_BT, valid_BT, targets_BT, weights_BT, add_BTE, clean_BTV):
     """[B, 4] per-row (Σ w·NLL, Σ w, Σ w·KL, Σ w·agreement) with the layer's site set to add_BTE."""
     model = nnx.merge(graphdef, params)
-    shape = (1, *add_BTE.shape[:2], *site_shape(model.cfg, site))
-    keep = jnp.ones((num_layers,) + (1,) * (len(shape) - 1)).at[layer].set(0.0)
-    add = jnp.zeros((num_layers, *shape[1:])).at[layer].set(add_BTE.reshape(shape[1:]))
-    logits_BTV, _ = model(inputs_BT, valid_BT=valid_BT, interventions={site: Edit(keep=keep, add=add)})
+    value = add_BTE.reshape(*add_BTE.shape[:2], *site_shape(model.cfg, site))
+    edit = Edit.patch(value, jnp.ones(()), at=layer)  # the layer's site replaced, every other layer as it was
+    logits_BTV, _ = model(inputs_BT, valid_BT=valid_BT, interventions={site: edit})
     return jnp.concatenate([_nll(logits_BTV, targets_BT, weights_BT), _fidelity(logits_BTV, clean_BTV, weights_BT)], -1)
 
   return run
@@ -122,7 +121,7 @@ def scores(model, batches, site: str, layer: int, sae, mean_E: np.ndarray) -> di
   p_edit) and argmax agreement with the clean pass over the scored tokens (module docstring)."""
   graphdef, params = nnx.split(model)
   captured = _capture_program(graphdef, site, layer, logits=True)
-  edited = _edited_program(graphdef, site, layer, model.cfg.num_layers)
+  edited = _edited_program(graphdef, site, layer)
   totals = {name: np.zeros(3) for name in EDITS}
   clean = weight = 0.0
   for batch in batches:
