@@ -90,7 +90,7 @@ def _edited_program(graphdef, site: str, layer: int):
     """[B, 4] per-row (Σ w·NLL, Σ w, Σ w·KL, Σ w·agreement) with the layer's site set to add_BTE."""
     model = nnx.merge(graphdef, params)
     value = add_BTE.reshape(*add_BTE.shape[:2], *site_shape(model.cfg, site))
-    edit = Edit.patch(value, jnp.ones(()), at=layer)  # the layer's site replaced, every other layer as it was
+    edit = Edit.patch(value, jnp.ones((1,) * value.ndim), at=layer)  # the layer's site replaced, the others kept
     logits_BTV, _ = model(inputs_BT, valid_BT=valid_BT, interventions={site: edit})
     return jnp.concatenate([_nll(logits_BTV, targets_BT, weights_BT), _fidelity(logits_BTV, clean_BTV, weights_BT)], -1)
 
