@@ -12,7 +12,7 @@ from headspec.ablation import core, gates, metrics, pruning
 from headspec.ablation.run import evaluation_set
 from headspec.ablation.run import quickstart as ablate_quickstart
 from headspec.ablation.run import run as run_ablation
-from headspec.cli import main
+from headspec.cli.main import main
 from headspec.io import tables
 from headspec.runs import directory as runs
 

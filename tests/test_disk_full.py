@@ -361,7 +361,7 @@ def test_analyses_write_through_the_atomic_writers():
     "headspec/io/remote.py",  # the atomic writers themselves
     "headspec/io/tables.py",  # its own temporary + rename, and the lock file
     "headspec/probing/features.py",  # into the cache's temporary folder, renamed whole
-    "headspec/data/text_download.py",  # into the corpus's .partial.tmp-<pid> folder, renamed whole
+    "headspec/data/fetch.py",  # into the corpus's .partial.tmp-<pid> folder, renamed whole (install_corpus)
     "headspec/data/download.py",  # into a .part.tmp-<pid> file, renamed after its hash is checked
     "headspec/launch/__init__.py",  # a local sbatch script, not a run directory
   }

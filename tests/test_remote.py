@@ -24,8 +24,8 @@ from headspec.io.metrics import MetricsWriter
 from headspec.runs import directory as runs
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
-OWNED = ["train.py", "io/metrics.py", "checkpoints.py", "runs.py", "io/remote.py", "sweeps.py", "data/lm_pipeline.py", "data/tokenizer.py", "diversity/run.py",
-         "data/hf_tokenizer.py", "probing/suite.py", "probing/run.py", "probing/report.py", "probing/features.py", "attention/run.py",
+OWNED = ["train/loop.py", "io/metrics.py", "runs/checkpoints.py", "runs/directory.py", "io/remote.py", "launch/sweeps.py", "data/lm_pipeline.py", "data/tokenizer.py", "diversity/run.py",
+         "pretrained/hf_tokenizer.py", "probing/suite.py", "probing/run.py", "probing/report.py", "probing/features.py", "attention/run.py",
          "attention/pictures.py", "attention/induction_run.py", "ablation/run.py", "ablation/plots.py", "atlas/data.py",
          "atlas/page.py", "atlas/build.py", "atlas/features.py"]  # fmt: skip
 

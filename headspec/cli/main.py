@@ -378,7 +378,7 @@ def _quiet_libraries(verbose: bool) -> None:
     tfds.disable_progress_bar()
 
 
-_HEADSPEC = os.path.dirname(os.path.abspath(__file__)) + os.sep
+_HEADSPEC = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep  # the package, not cli/
 
 
 def _drop_library_chatter(record) -> bool:
