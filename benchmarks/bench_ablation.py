@@ -34,7 +34,8 @@ def sweep_vs_loop() -> dict:
   from flax import nnx
 
   from headspec.ablation import core
-  from headspec.model.transformer import ModelConfig, Transformer
+  from headspec.model.config import ModelConfig
+  from headspec.model.transformer import Transformer
   from headspec.words import evalset
 
   L, H = 6, 8

@@ -95,7 +95,8 @@ def main() -> None:
   import jax
   from flax import nnx
 
-  from headspec.model.transformer import ModelConfig, random_like
+  from headspec.model.config import ModelConfig
+  from headspec.model.transformer import random_like
   from headspec.patching import edges, tasks
   from headspec.patching import patch as patch_lib
 

@@ -41,7 +41,8 @@ def depth(L: int, H: int, T: int, B: int) -> dict:
   from flax import nnx
 
   from headspec.ablation import core as ablation
-  from headspec.model.transformer import ModelConfig, random_like
+  from headspec.model.config import ModelConfig
+  from headspec.model.transformer import random_like
   from headspec.patching import core as patching
   from headspec.patching import patch as patch_lib
   from headspec.words import evalset

@@ -20,7 +20,8 @@ import jax.numpy as jnp
 from flax import nnx
 
 from headspec.diversity import metrics as diversity
-from headspec.model.transformer import ModelConfig, Transformer
+from headspec.model.config import ModelConfig
+from headspec.model.transformer import Transformer
 
 
 def _memory_mib(compiled) -> str:

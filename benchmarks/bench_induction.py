@@ -20,7 +20,8 @@ import numpy as np
 
 def main() -> None:
   from headspec.attention import induction as ind
-  from headspec.model.transformer import ModelConfig, random_like
+  from headspec.model.config import ModelConfig
+  from headspec.model.transformer import random_like
 
   cfg = ModelConfig(kind="decoder", vocab_size=8000, num_layers=6, num_heads=8, d_model=256, d_head=32, d_ff=1024,
                     max_len=128)  # fmt: skip

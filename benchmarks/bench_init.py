@@ -2,7 +2,7 @@
 
   python -m benchmarks.bench_init [--sizes=quickstart,minilm]
 
-- `bucketed`: `Transformer(cfg, rngs=nnx.Rngs(params=0))` as headspec draws it (headspec/model/transformer.py `_normal`
+- `bucketed`: `Transformer(cfg, rngs=nnx.Rngs(params=0))` as headspec draws it (headspec/model/layers.py `normal_param`
   through headspec/model/draws.py: each parameter the first |shape| values of a power-of-two draw, one compiled program per size bucket);
 - `per_shape`: the same draws with `jax.random.normal(key, shape)` per parameter, op by op (one compiled
   threefry program per parameter shape);
@@ -42,21 +42,27 @@ def _draw(size: str, way: str) -> dict:
   from flax import nnx
 
   from headspec.cli.quickstart import quickstart_config
-  from headspec.model import transformer as model
-  from headspec.runs.directory import model_config
+  from headspec.model import layers, transformer
+  from headspec.model.config import ModelConfig, from_section
 
   if SIZES[size] is None:
     c = quickstart_config("decoder")
-    cfg = model_config(c.model, vocab_size=c.data.vocab_size, max_len=c.train.seq_len)
+    cfg = from_section(c.model, vocab_size=c.data.vocab_size, max_len=c.train.seq_len)
   else:
-    cfg = model.ModelConfig(**SIZES[size])
+    cfg = ModelConfig(**SIZES[size])
   if way == "per_shape":
-    model._normal = lambda rngs, shape, std=0.02: nnx.Param(std * jax.random.normal(rngs.params(), shape, jnp.float32))
+
+    def per_shape(rngs, shape, std=0.02):
+      return nnx.Param(std * jax.random.normal(rngs.params(), shape, jnp.float32))
+
+    layers.normal_param = transformer.normal_param = per_shape  # the layers' and the embeddings' draws
   start = time.perf_counter()
   if way == "one_jit":
-    state = jax.jit(lambda key: nnx.split(model.Transformer(cfg, rngs=nnx.Rngs(params=key)))[1])(jax.random.key(0))
+    state = jax.jit(lambda key: nnx.split(transformer.Transformer(cfg, rngs=nnx.Rngs(params=key)))[1])(
+      jax.random.key(0)
+    )
   else:
-    state = nnx.state(model.Transformer(cfg, rngs=nnx.Rngs(params=0)))
+    state = nnx.state(transformer.Transformer(cfg, rngs=nnx.Rngs(params=0)))
   leaves = jax.block_until_ready(jax.tree.leaves(state))
   seconds = time.perf_counter() - start
   digest = hashlib.sha256(b"".join(np.asarray(a).tobytes() for a in leaves)).hexdigest()

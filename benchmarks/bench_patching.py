@@ -37,7 +37,8 @@ def main() -> None:
   parser.add_argument("--tokens", type=int, default=16)
   parser.add_argument("--prompts", type=int, default=8)
   args = parser.parse_args()
-  from headspec.model.transformer import ModelConfig, random_like
+  from headspec.model.config import ModelConfig
+  from headspec.model.transformer import random_like
   from headspec.patching import core
   from headspec.patching import patch as patch_lib
 

@@ -14,15 +14,18 @@ Prints one JSON object: wall and CPU seconds, speed-up, per-task mean and max |Î
 heads both fitted, the scaling tables and the machine. Also, from the same run: the XLA compilations of
 every headspec fit (count and seconds), each fit stage's achieved GFLOP/s beside a plain matmul of the
 same shapes (the pass's two matmuls, logits and weight gradient, with no softmax), and with --before=REV
-the fit as it was at git revision REV (headspec/probing/probe.py from `git show`) on the scaling rows,
-so before and after are measured under the same load. Every timing comes with the load average.
+the fit as it was at git revision REV (headspec/probing/probe.py and the fitter's modules beside it, from
+`git show`) on the scaling rows, so before and after are measured under the same load. Every timing comes
+with the load average.
 """
 
 import argparse
 import importlib.util
 import json
 import os
+import pathlib
 import platform
+import re
 import subprocess
 import sys
 import tempfile
@@ -93,19 +96,24 @@ def _stages(fitted, compiles, n_train, heads, k, batch_size=2048, refine_samples
   }
 
 
+FIT_MODULES = ("probe", "probe_objective", "probe_adam", "probe_start", "lbfgs", "fanout")  # the fitter's modules
+
+
 def _before_module(rev):
-  """headspec/probing/probe.py as it was at git revision rev, imported under its own name."""
-  source = subprocess.run(
-    ["git", "show", f"{rev}:headspec/probing/probe.py"], capture_output=True, text=True, check=True
-  ).stdout
-  path = os.path.join(tempfile.mkdtemp(), "probe_before.py")
-  with open(path, "w") as f:
-    f.write(source)
-  spec = importlib.util.spec_from_file_location("probe_before", path)
-  module = importlib.util.module_from_spec(spec)
-  sys.modules["probe_before"] = module
-  spec.loader.exec_module(module)
-  return module
+  """headspec/probing/probe.py as it was at git revision rev, with the fitter's modules of that revision
+  (FIT_MODULES that exist there: the fit was one file before it was split), imported as package
+  `probing_before` beside today's."""
+  folder = pathlib.Path(tempfile.mkdtemp()) / "probing_before"
+  folder.mkdir()
+  (folder / "__init__.py").write_text("")
+  for name in FIT_MODULES:
+    shown = subprocess.run(["git", "show", f"{rev}:headspec/probing/{name}.py"], capture_output=True, text=True)
+    if shown.returncode == 0:
+      fit = "|".join(FIT_MODULES)  # `from headspec.probing import lbfgs` and `headspec.probing.lbfgs`: that revision's
+      source = re.sub(rf"\bheadspec\.probing\b(?= import\b|\.({fit})\b)", "probing_before", shown.stdout)
+      (folder / f"{name}.py").write_text(source)
+  sys.path.insert(0, str(folder.parent))
+  return importlib.import_module("probing_before.probe")
 
 
 def _scaling(args, labels_all):

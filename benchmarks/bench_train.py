@@ -21,8 +21,10 @@ import numpy as np
 from absl import app, flags
 from flax import nnx
 
+from headspec.model.config import ModelConfig
+from headspec.model.layers import attention_implementation
 from headspec.model.objectives import Objective
-from headspec.model.transformer import ModelConfig, Transformer, attention_implementation
+from headspec.model.transformer import Transformer
 from headspec.parallel import distributed as parallel
 from headspec.parallel import mesh
 from headspec.train.config import train_config

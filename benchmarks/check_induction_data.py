@@ -80,8 +80,9 @@ def eval_steps(steps: int) -> list[int]:
 def main(_):
   from headspec.attention import induction as ind
   from headspec.data.repeats import repeat_chunks
+  from headspec.model.config import ModelConfig
   from headspec.model.objectives import Objective
-  from headspec.model.transformer import ModelConfig, Transformer
+  from headspec.model.transformer import Transformer
   from headspec.train.loop import TrainState, make_optimizer, train_step
 
   f = {k: v.value for k, v in _FLAGS.items()}

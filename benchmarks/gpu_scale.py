@@ -5,7 +5,7 @@
 1. Training MFU (benchmarks/bench_train.py: the real jitted step, PaLM's FLOPs per token) of the 12×768
    decoder (`gpu_base`) and a 1.1B Llama-like decoder (`llama_1b`, TinyLlama's shape) in bfloat16, on a
    `data` mesh (all devices on data) and an `fsdp` mesh (all devices on fsdp), each with the attention
-   path its forward took (headspec.model.transformer.attention_implementation: cudnn on GPUs in bf16).
+   path its forward took (headspec.model.layers.attention_implementation: cudnn on GPUs in bf16).
 2. The MiniLM probe suite (benchmarks/bench_probe_minilm.py at its defaults: 40k EWT training words,
    every head, all tasks): wall seconds and the host CPU seconds (user + system) of its process.
 Each figure comes with the device kind and count. `--smoke` runs the `tiny` size for 3 steps and a

@@ -13,7 +13,7 @@ stopping on dev loss, at most 30 epochs). Pass --config.probe.max_train_words=40
 --config.probe.residuals=False for the heads only.
 On the 2-core development CPU this run takes hours: 6-13 min per layer of 12 heads when idle, 97 min
 for all heads and the embeddings, partly shared (MDL off); use an unshared machine; it resumes. MDL (probe.mdl,
-Voita & Titov 2020) is on: on all of EWT about 5 min per layer of heads on that CPU (docs/probing_mdl.md);
+Voita & Titov 2020) is on: on all of EWT about 5 min per layer of heads on that CPU (docs/probing_core.md (MDL));
 --config.probe.mdl=False skips it; --config.probe.mdl_only=True adds it later to a run probed without it.
 Results and figures: docs/results.md, "all-MiniLM-L6-v2 on UD English EWT".
 """

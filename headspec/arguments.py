@@ -1,6 +1,6 @@
 """The Python API's argument checks: a wrong type is one UserError naming the function and the argument.
 
-Every public function of headspec/api/core.py (and `headspec.read_table`, `read_tables`) is wrapped by
+Every public function of headspec/api/ (and `headspec.read_table`, `read_tables`) is wrapped by
 `arguments(name=rule, ...)`: before its body runs, each named argument goes through its rule, a function
 that returns the value (normalised: an int, a bool, a tuple of texts) or raises `Wrong` saying what the
 argument must be. So `load(None)`, a list where a text goes, `by_position="no"`, a count given as "2000"

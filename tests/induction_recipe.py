@@ -11,8 +11,9 @@ import optax
 from flax import nnx
 
 from headspec.attention import induction as ind
+from headspec.model.config import ModelConfig
 from headspec.model.objectives import Objective
-from headspec.model.transformer import ModelConfig, Transformer
+from headspec.model.transformer import Transformer
 from headspec.train.loop import TrainState, train_step
 
 INDUCTION_SEQ, INDUCTION_VOCAB, INDUCTION_SPECIALS, INDUCTION_N = 24, 64, (0, 1, 2), 6

@@ -18,8 +18,9 @@ import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 from flax import nnx  # noqa: E402
 
+from headspec.model.config import ModelConfig
 from headspec.model.objectives import Objective  # noqa: E402
-from headspec.model.transformer import ModelConfig, Transformer, cast, random_like  # noqa: E402
+from headspec.model.transformer import Transformer, cast, random_like  # noqa: E402
 from headspec.parallel import mesh  # noqa: E402
 from headspec.runs import checkpoints  # noqa: E402
 from headspec.train.config import train_config  # noqa: E402

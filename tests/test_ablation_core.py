@@ -7,8 +7,9 @@ from flax import nnx
 
 from headspec.ablation import core, metrics
 from headspec.errors import UserError
+from headspec.model.config import ModelConfig
 from headspec.model.edits import head_mask
-from headspec.model.transformer import ModelConfig, Transformer
+from headspec.model.transformer import Transformer
 from headspec.words import evalset
 
 L, H, K, D = 3, 4, 8, 32

@@ -1,4 +1,4 @@
-"""The notebook API (headspec/api/core.py): every function against the command-line path it fronts.
+"""The notebook API (headspec/api/): every function against the command-line path it fronts.
 
 Known answers: `probe` rows = probes/results.csv rows of `headspec probe` with the same config; `ablate`
 = ablation/heads.csv rows of `headspec ablate`; `run`'s word-level attention = the attention analyses'
@@ -17,10 +17,10 @@ import pandas as pd
 import pytest
 
 import headspec
-from headspec.api import core as api
 from headspec.errors import UserError
 from headspec.io import tables
 from headspec.runs import directory as runs
+from headspec.runs import targets
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 L, H = 2, 4
@@ -55,7 +55,7 @@ def test_load_run_and_steps(run_dir):
   model, tokenizer = loaded  # unpacks
   assert model.cfg.num_layers == L and tokenizer.vocab_size == model.cfg.vocab_size
   assert headspec.load(str(run_dir), step=2).step == 2
-  (target,) = api.targets.run_targets(run_dir, "2")
+  (target,) = targets.run_targets(run_dir, "2")
   assert headspec.load(run_dir, step=2).target.identity == target.identity  # the commands' planner
 
 
@@ -332,7 +332,7 @@ def test_probe_refuses_structural_tasks_in_one_line(run_dir, task):
 def test_temporary_feature_cache_is_removed_at_exit(tmp_path):
   """A pretrained model's features (~250 MB of MiniLM's on a treebank) in the per-process temporary
   cache must not outlive the process."""
-  code = "from headspec.api import core as api; p = api._temporary_cache(); (p / 'x').write_text('1'); print(p)"
+  code = "from headspec.api import probe; p = probe._temporary_cache(); (p / 'x').write_text('1'); print(p)"
   env = dict(os.environ, TMPDIR=str(tmp_path))
   done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, check=True)
   path = pathlib.Path(done.stdout.strip())

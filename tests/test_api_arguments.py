@@ -253,7 +253,7 @@ def test_a_missing_argument_is_a_user_error(calls, function):
 
 
 def test_every_public_function_is_checked():
-  """Every function headspec exports (from headspec/api/core.py, the atlas, the SAEs, or itself) has rows in WRONG (a new one
+  """Every function headspec exports (from headspec/api/, the atlas, the SAEs, or itself) has rows in WRONG (a new one
   gets its rows), and goes through headspec/arguments.py's one check."""
 
   public = {name for name in headspec.__all__ if inspect.isfunction(getattr(headspec, name))}

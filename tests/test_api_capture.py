@@ -15,9 +15,10 @@ from flax import nnx
 import headspec
 from headspec.errors import UserError
 from headspec.model import capture as cache_lib
-from headspec.model import transformer as model_lib
+from headspec.model.config import ModelConfig
+from headspec.model.transformer import random_like
 
-CFG = model_lib.ModelConfig(kind="decoder", vocab_size=97, num_layers=3, num_heads=4, d_model=32, d_head=8, d_ff=64,
+CFG = ModelConfig(kind="decoder", vocab_size=97, num_layers=3, num_heads=4, d_model=32, d_head=8, d_ff=64,
                             max_len=32)  # fmt: skip
 TOKENS_BT = np.random.default_rng(0).integers(0, 97, (2, 9)).astype(np.int32)
 ANSWERS = [(5, 7), (11, 3)]
@@ -31,7 +32,7 @@ def _scaled(net, factor=8.0):
 
 @pytest.fixture(scope="module")
 def net():
-  return _scaled(model_lib.random_like(CFG, 0))
+  return _scaled(random_like(CFG, 0))
 
 
 def test_values_equal_the_eager_model(net):
@@ -60,7 +61,7 @@ def test_compiles_once_per_bucket_and_site_set(net):
   before = count((2, 16))
   first = headspec.capture(net, tokens, sites=list(sites))
   headspec.capture(net, tokens + 1, sites=["resid_post", "z"])  # other values, the same site set
-  other = _scaled(model_lib.random_like(CFG, 1))  # other weights, the same structure
+  other = _scaled(random_like(CFG, 1))  # other weights, the same structure
   headspec.capture(other, tokens, sites=list(sites))
   short = headspec.capture(net, tokens[:, :5], sites=list(sites))  # another length, the same bucket
   assert count((2, 16)) - before == 1
@@ -78,9 +79,9 @@ def test_compiles_once_per_bucket_and_site_set(net):
 def test_bucket_padding_is_masked_in_an_encoder():
   """An encoder attends both ways, so the bucket's padding would change every token if it were not masked:
   each site cut back equals the eager model run on the unpadded row (pattern's key axis cut too)."""
-  cfg = model_lib.ModelConfig(kind="encoder", vocab_size=50, num_layers=2, num_heads=2, d_model=16, d_head=8,
+  cfg = ModelConfig(kind="encoder", vocab_size=50, num_layers=2, num_heads=2, d_model=16, d_head=8,
                               d_ff=32, max_len=64)  # fmt: skip
-  encoder = _scaled(model_lib.random_like(cfg, 0), 4.0)
+  encoder = _scaled(random_like(cfg, 0), 4.0)
   tokens = np.array([[3, 7, 1, 9, 4]], np.int32)
   cache = headspec.capture(encoder, tokens)
   logits, inter = encoder(jnp.asarray(tokens), capture=cache_lib.default_sites())  # eager, 5 tokens, no padding
@@ -195,8 +196,8 @@ def test_logit_lens(net):
 
 
 def test_helpers_refuse_what_has_no_meaning():
-  encoder = model_lib.random_like(
-    model_lib.ModelConfig(
+  encoder = random_like(
+    ModelConfig(
       kind="encoder",
       vocab_size=50,
       num_layers=1,

@@ -11,7 +11,9 @@ import pytest
 
 import headspec
 from headspec.errors import UserError
-from headspec.model import transformer as model_lib
+from headspec.model.config import ModelConfig
+from headspec.model.layers import sinusoidal_positions
+from headspec.model.transformer import random_like
 from headspec.patching import circuit as circuit_lib
 
 CLEAN = "When Mary and John went to the store, John gave a drink to"
@@ -25,9 +27,9 @@ def pair(tmp_path_factory):
 
   lines = [CLEAN + " Mary.", CORRUPT + " John.", "the dog saw a cat. the cat saw the dog!"] * 40
   tok = train_sentencepiece(lines, tmp_path_factory.mktemp("spm"), vocab_size=300)
-  cfg = model_lib.ModelConfig(kind="decoder", vocab_size=tok.vocab_size, num_layers=1, num_heads=2, d_model=16,
+  cfg = ModelConfig(kind="decoder", vocab_size=tok.vocab_size, num_layers=1, num_heads=2, d_model=16,
                               d_head=8, d_ff=32, max_len=64)  # fmt: skip
-  return model_lib.random_like(cfg, 0), tok
+  return random_like(cfg, 0), tok
 
 
 def _reference_ids(tok, answer, wrong):
@@ -98,9 +100,9 @@ def test_load_of_a_run_prints_no_library_warnings(train_tiny_decoder, capfd):
 
 @pytest.mark.parametrize("positions", ["learned", "sinusoidal", "rotary"])
 def test_hook_embed_is_the_token_embedding_alone(positions):
-  cfg = model_lib.ModelConfig(kind="decoder", vocab_size=50, num_layers=1, num_heads=2, d_model=16, d_head=8,
+  cfg = ModelConfig(kind="decoder", vocab_size=50, num_layers=1, num_heads=2, d_model=16, d_head=8,
                               d_ff=32, max_len=16, positions=positions)  # fmt: skip
-  net = model_lib.random_like(cfg, 0)
+  net = random_like(cfg, 0)
   tokens = [[3, 14, 15, 9, 2], [6, 5, 3, 5, 8]]
   cache = headspec.capture(net, tokens, sites=["hook_embed", "hook_pos_embed", "z"] if positions != "rotary" else
                            ["hook_embed", "z"])  # fmt: skip
@@ -116,15 +118,15 @@ def test_hook_embed_is_the_token_embedding_alone(positions):
     with pytest.raises(UserError, match="rotary positions"):
       full["hook_pos_embed"]
     return
-  table = np.asarray(net.position_embed_TD[...]) if positions == "learned" else model_lib.sinusoidal_positions(5, 16)
+  table = np.asarray(net.position_embed_TD[...]) if positions == "learned" else sinusoidal_positions(5, 16)
   np.testing.assert_allclose(cache["hook_pos_embed"], np.broadcast_to(np.asarray(table)[:5], (2, 5, 16)), rtol=1e-6)
   np.testing.assert_allclose(full["embeddings"], cache["hook_embed"] + cache["hook_pos_embed"], rtol=1e-6, atol=1e-7)
 
 
 def test_an_unknown_site_names_valid_ones():
-  cfg = model_lib.ModelConfig(kind="decoder", vocab_size=50, num_layers=2, num_heads=2, d_model=16, d_head=8,
+  cfg = ModelConfig(kind="decoder", vocab_size=50, num_layers=2, num_heads=2, d_model=16, d_head=8,
                               d_ff=32, max_len=16)  # fmt: skip
-  net = model_lib.random_like(cfg, 0)
+  net = random_like(cfg, 0)
   with pytest.raises(UserError, match=r"unknown site 'resid_prе'.*did you mean 'resid_pre'") as e:
     headspec.capture(net, [[1, 2, 3]], sites=["resid_prе"])  # a Cyrillic е
   assert "e.g. 'z'" in str(e.value) and "\n" not in str(e.value)

@@ -62,13 +62,14 @@ def minilm():
 def spm_pair(tmp_path_factory):
   """A headspec SentencePiece tokenizer (BPE, byte fallback) and a random decoder of its vocabulary."""
   from headspec.data.tokenizer import train_sentencepiece
-  from headspec.model import transformer as model_lib
+  from headspec.model.config import ModelConfig
+  from headspec.model.transformer import random_like
 
   lines = ["the dog saw a cat. the cat saw the dog!", "When Mary went to the store, she gave a drink."] * 40
   tok = train_sentencepiece(lines, tmp_path_factory.mktemp("spm"), vocab_size=300)
-  cfg = model_lib.ModelConfig(kind="decoder", vocab_size=tok.vocab_size, num_layers=1, num_heads=2, d_model=16,
+  cfg = ModelConfig(kind="decoder", vocab_size=tok.vocab_size, num_layers=1, num_heads=2, d_model=16,
                               d_head=8, d_ff=32, max_len=64)  # fmt: skip
-  return model_lib.random_like(cfg, 0), tok
+  return random_like(cfg, 0), tok
 
 
 @pytest.mark.parametrize("text", TEXTS)

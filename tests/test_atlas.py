@@ -468,8 +468,8 @@ def test_cards_read_the_tables_headspec_sae_and_circuit_write(train_tiny_decoder
 
 
 def test_the_atlas_knows_every_per_head_patching_site():
-  """atlas/data.py keeps a JAX-free copy of the sites with a head axis; it must follow headspec.model.transformer.SITES."""
-  from headspec.atlas import data as data_lib
-  from headspec.model.transformer import SITES
+  """atlas/head_data.py keeps a JAX-free copy of the sites with a head axis; it must follow headspec.model.sites.SITES."""
+  from headspec.atlas import head_data
+  from headspec.model.sites import SITES
 
-  assert set(data_lib.PATCHING_HEAD_SITES) == {site for site, axes in SITES.items() if "H" in axes}
+  assert set(head_data.PATCHING_HEAD_SITES) == {site for site, axes in SITES.items() if "H" in axes}

@@ -113,7 +113,8 @@ def _tiny_model(kind: str = "decoder", norm: str = "layernorm", seed: int = 0):
   import jax.numpy as jnp
   from flax import nnx
 
-  from headspec.model.transformer import ModelConfig, Transformer
+  from headspec.model.config import ModelConfig
+  from headspec.model.transformer import Transformer
 
   cfg = ModelConfig(kind=kind, vocab_size=64, num_layers=2, num_heads=4, d_model=16, d_head=4, d_ff=32, max_len=16,
                     norm=norm, tie_embeddings=False)  # fmt: skip

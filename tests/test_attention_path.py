@@ -1,4 +1,4 @@
-"""Which attention path a forward takes (headspec.model.transformer.attention_implementation) and that the fused path,
+"""Which attention path a forward takes (headspec.model.layers.attention_implementation) and that the fused path,
 with grouped-query K/V un-repeated, computes the written-out per-head path's logits."""
 
 import jax
@@ -6,8 +6,10 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from headspec.model.config import ModelConfig
 from headspec.model.edits import head_mask
-from headspec.model.transformer import ModelConfig, attention_implementation, random_like
+from headspec.model.layers import attention_implementation
+from headspec.model.transformer import random_like
 
 BASE = dict(kind="decoder", vocab_size=40, num_layers=2, num_heads=4, d_model=32, d_head=8, d_ff=64, max_len=64)
 CFG = ModelConfig(**BASE)

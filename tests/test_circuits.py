@@ -9,7 +9,9 @@ import pytest
 from flax import nnx
 
 from headspec.errors import UserError
-from headspec.model.transformer import Edit, ModelConfig, Transformer
+from headspec.model.config import ModelConfig
+from headspec.model.sites import Edit
+from headspec.model.transformer import Transformer
 from headspec.patching import core, edges
 from headspec.patching import patch as patch_lib
 

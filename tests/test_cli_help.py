@@ -1,6 +1,7 @@
 """The command line's face: --version, `<command> --help` with every config key, configs by name from
 any directory (and the old `configs/NAME.py` paths), the packaging metadata."""
 
+import importlib
 import inspect
 import os
 import pathlib
@@ -12,7 +13,7 @@ import pytest
 
 import headspec
 from headspec import configs
-from headspec.cli import config_help
+from headspec.cli import commands, config_help
 from headspec.cli import main as cli
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
@@ -72,6 +73,24 @@ def test_every_config_key_has_a_help_line(command):
   rows = config_help.describe(cli.COMMANDS[command].defaults)
   missing = [key for key, _, meaning in rows if not meaning.strip()]
   assert not missing, f"{command}: keys without a help line: {missing}"
+
+
+def test_the_analyses_target_keys_are_declared_once():
+  """mesh, multihost, steps, model_name, model.pretrained and model.dtype come from one function
+  (headspec/runs/target_config.py) into every analysis config, with one meaning each in --help."""
+  from headspec.runs import target_config
+
+  shared = config_help.meanings(target_config.add_target_keys)
+  assert set(shared) == {"mesh", "multihost", "steps", "model_name", "model.pretrained", "model.dtype"}
+  analyses = ["probe", "diversity", "ablate", "attention", "patch", "circuit", "sae"]
+  for command in analyses:
+    spec = commands.COMMANDS[command].defaults
+    rows = {key: meaning for key, _, meaning in config_help.describe(spec)}
+    for key in set(rows) & set(shared):
+      assert rows[key] == shared[key], (command, key)
+    assert {"mesh", "multihost", "model.pretrained", "model.dtype"} <= set(rows), command
+    source = inspect.getsource(importlib.import_module(spec.split(":")[0]))
+    assert "c.mesh =" not in source and "c.model.pretrained =" not in source, command
 
 
 @pytest.mark.parametrize(

@@ -137,7 +137,8 @@ def test_a_table_write_that_fails_midway_removes_its_temporary(tmp_path, monkeyp
 def tiny_encoder(synthetic_data_dir, tmp_path_factory):
   from headspec.data.tokenizer import train_sentencepiece
   from headspec.data.treebank import load_split
-  from headspec.model.transformer import ModelConfig, random_like
+  from headspec.model.config import ModelConfig
+  from headspec.model.transformer import random_like
 
   dev = load_split(synthetic_data_dir, "synthetic", "dev")
   tokenizer = train_sentencepiece([" ".join(s.words) for s in dev], tmp_path_factory.mktemp("spm"), vocab_size=400)

@@ -203,7 +203,8 @@ def test_rows_follow_results_csv_contract():
 def test_runs_on_model_intermediates(kind):
   from flax import nnx
 
-  from headspec.model.transformer import ModelConfig, Transformer
+  from headspec.model.config import ModelConfig
+  from headspec.model.transformer import Transformer
 
   cfg = ModelConfig(kind=kind, vocab_size=50, num_layers=2, num_heads=4, d_model=32, d_head=8, d_ff=64, max_len=16)
   model = Transformer(cfg, rngs=nnx.Rngs(0))

@@ -1,10 +1,10 @@
-"""docs/patching.md's site table is the contract of headspec.model.transformer.SITES: every site a user may capture or edit
+"""docs/patching.md's site table is the contract of headspec.model.sites.SITES: every site a user may capture or edit
 has its row there (name and axes), and the table names no site the model lacks."""
 
 import pathlib
 import re
 
-from headspec.model.transformer import SITES
+from headspec.model.sites import SITES
 
 DOC = pathlib.Path(__file__).resolve().parents[1] / "docs" / "patching.md"
 

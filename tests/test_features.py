@@ -11,7 +11,8 @@ from headspec.data.tokenizer import train_sentencepiece
 from headspec.data.treebank import load_split
 from headspec.errors import UserError
 from headspec.model.capture import bucket_length
-from headspec.model.transformer import ModelConfig, random_like
+from headspec.model.config import ModelConfig
+from headspec.model.transformer import random_like
 from headspec.probing import features as features_lib
 from headspec.words.alignment import align, resolve_pooling
 

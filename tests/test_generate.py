@@ -20,7 +20,9 @@ import headspec  # noqa: E402
 from headspec import pretrained  # noqa: E402
 from headspec.errors import UserError  # noqa: E402
 from headspec.model import edits  # noqa: E402
-from headspec.model.transformer import Edit, ModelConfig, Transformer  # noqa: E402
+from headspec.model.config import ModelConfig
+from headspec.model.sites import Edit
+from headspec.model.transformer import Transformer  # noqa: E402
 
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")

@@ -18,7 +18,8 @@ from headspec.attention.run import run as run_attention
 from headspec.cli.quickstart import quickstart_config
 from headspec.errors import UserError
 from headspec.io import tables
-from headspec.model.transformer import ModelConfig, Transformer
+from headspec.model.config import ModelConfig
+from headspec.model.transformer import Transformer
 from headspec.runs import directory as runs
 from headspec.train.loop import train_and_evaluate
 

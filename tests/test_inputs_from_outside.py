@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from headspec import launch
-from headspec.api import core as api
+from headspec.api.load import head_mask_array
 from headspec.cli import main as cli
 from headspec.data import download, synthetic, treebank
 from headspec.errors import UserError
@@ -145,11 +145,11 @@ def test_data_download_help_needs_no_data_directory(capsys, monkeypatch):
 def test_head_mask_nested_list_is_refused():
   cfg = types.SimpleNamespace(num_layers=2, num_heads=2)
   with pytest.raises(ValueError, match=r"head_mask: a nested list is ambiguous .* shape \[2, 2\]"):
-    api._head_mask(cfg, [[1, 0], [1, 1]])  # an [L, H] mask as a list: once read as pairs (1, 0), (1, 1)
+    head_mask_array(cfg, [[1, 0], [1, 1]])  # an [L, H] mask as a list: once read as pairs (1, 0), (1, 1)
   with pytest.raises(ValueError, match="head_mask: a int is neither"):
-    api._head_mask(cfg, 3)
+    head_mask_array(cfg, 3)
   with pytest.raises(ValueError, match="NaN or infinite"):
-    api._head_mask(cfg, np.array([[1, np.nan], [1, 1]]))
+    head_mask_array(cfg, np.array([[1, np.nan], [1, 1]]))
   expected = np.array([[1, 0], [1, 1]], np.float32)
-  np.testing.assert_array_equal(api._head_mask(cfg, [(0, 1)]), expected)
-  np.testing.assert_array_equal(api._head_mask(cfg, expected), expected)
+  np.testing.assert_array_equal(head_mask_array(cfg, [(0, 1)]), expected)
+  np.testing.assert_array_equal(head_mask_array(cfg, expected), expected)

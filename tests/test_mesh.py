@@ -162,7 +162,8 @@ def test_features_and_load_on_a_mesh_equal_one_device(data_dir, tmp_path):
   import headspec
   from headspec.data.tokenizer import train_sentencepiece
   from headspec.data.treebank import load_split
-  from headspec.model.transformer import ModelConfig, random_like
+  from headspec.model.config import ModelConfig
+  from headspec.model.transformer import random_like
   from headspec.probing.features import extract_features
 
   sentences = [s.words for s in load_split(data_dir, "en_ewt", "dev")[:40]]

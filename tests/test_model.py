@@ -8,8 +8,10 @@ import pytest
 from flax import nnx
 
 from headspec.errors import UserError
+from headspec.model.config import ModelConfig
 from headspec.model.edits import head_mask
-from headspec.model.transformer import CAPTURE_FIELDS, ModelConfig, Transformer
+from headspec.model.sites import CAPTURE_FIELDS
+from headspec.model.transformer import Transformer
 
 jax.config.update("jax_default_matmul_precision", "highest")
 
@@ -197,14 +199,15 @@ def test_inconsistent_config_is_a_user_error():
 def test_initial_weights_are_the_per_shape_normal_draws_bit_for_bit():
   """`_normal` draws a power-of-two bucket and keeps its first |shape| values: bit-identical to
   `std * jax.random.normal(key, shape)` op by op (partitionable threefry), and the same under a trace."""
-  from headspec.model.transformer import _normal, random_like
+  from headspec.model.layers import normal_param
+  from headspec.model.transformer import random_like
 
   for shape in [(1,), (3, 5), (24, 3, 5), (700, 24), (7, 13, 3)]:
-    got = np.asarray(_normal(nnx.Rngs(params=4), shape)[...])
+    got = np.asarray(normal_param(nnx.Rngs(params=4), shape)[...])
     want = np.asarray(0.02 * jax.random.normal(nnx.Rngs(params=4).params(), shape, jnp.float32))
     assert got.shape == shape and np.array_equal(got, want), shape
-  traced = jax.jit(lambda key: _normal(nnx.Rngs(params=key), (24, 3, 5))[...])(jax.random.key(4))
-  np.testing.assert_allclose(traced, np.asarray(_normal(nnx.Rngs(params=4), (24, 3, 5))[...]), atol=1e-8)
+  traced = jax.jit(lambda key: normal_param(nnx.Rngs(params=key), (24, 3, 5))[...])(jax.random.key(4))
+  np.testing.assert_allclose(traced, np.asarray(normal_param(nnx.Rngs(params=4), (24, 3, 5))[...]), atol=1e-8)
   cfg = ModelConfig(kind="decoder", vocab_size=50, num_layers=1, num_heads=2, d_model=8, d_head=4, d_ff=16, max_len=8)
   a, b = nnx.state(random_like(cfg, 1)), nnx.state(Transformer(cfg, rngs=nnx.Rngs(params=1)))
   assert all(np.array_equal(x, y) for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b)))

@@ -18,7 +18,8 @@ from headspec.cli import config_help
 from headspec.cli import main as cli
 from headspec.configs import base_decoder
 from headspec.errors import UserError
-from headspec.model.transformer import ModelConfig, Transformer
+from headspec.model.config import ModelConfig, from_section
+from headspec.model.transformer import Transformer
 from headspec.runs import directory as runs
 from headspec.train.config import train_config
 from headspec.train.loop import check_config, train_and_evaluate
@@ -71,13 +72,17 @@ def test_every_option_that_changes_parameter_shapes_is_a_shape_key():
 def test_defaults_declare_every_option_with_modelconfigs_default_and_a_meaning():
   model = train_config().model
   meanings = config_help.meanings(train_config)
+  # One source: the section is ModelConfig's fields (but the data's vocab_size and train's seq_len), meanings included.
+  fields = {f.name for f in dataclasses.fields(ModelConfig)} - {"vocab_size", "max_len"}
+  assert set(model) == fields | {"pretrained"}
+  assert all(meanings.get(f"model.{name}") for name in fields)
   for f in OPTIONS:
     assert model[f.name] == f.default, f.name
     assert meanings.get(f"model.{f.name}"), f"model.{f.name} has no --help line"
   # The defaults describe the model configs built without the options did: GPT-2/BERT's.
   old = {k: model[k] for k in model if k not in {f.name for f in OPTIONS}}
-  built = runs.model_config(model, 50, 16)
-  assert built == runs.model_config(type(model)(old), 50, 16)
+  built = from_section(model, 50, 16)
+  assert built == from_section(type(model)(old), 50, 16)
   assert built == dataclasses.replace(built, **{f.name: f.default for f in OPTIONS})
 
 

@@ -10,7 +10,8 @@ import pytest
 from flax import nnx
 
 from headspec.errors import UserError
-from headspec.model.transformer import ModelConfig, random_like
+from headspec.model.config import ModelConfig
+from headspec.model.transformer import random_like
 
 BASE = dict(kind="decoder", vocab_size=40, num_layers=2, num_heads=4, d_model=32, d_head=8, d_ff=48, max_len=64)
 LLAMA = dict(

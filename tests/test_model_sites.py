@@ -1,4 +1,4 @@
-"""Reading a site never changes the forward pass (headspec/model/transformer.py): capturing the per-head input sites
+"""Reading a site never changes the forward pass (headspec/model/sites.py, transformer.py): capturing the per-head input sites
 q_in, k_in, v_in returns each head's copy of the stream, and the logits are those of the pass without it."""
 
 import jax
@@ -7,7 +7,8 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from headspec.model.transformer import ModelConfig, Transformer
+from headspec.model.config import ModelConfig
+from headspec.model.transformer import Transformer
 
 
 def _model(**options):
@@ -36,7 +37,7 @@ def test_edits_of_one_heads_query_or_key_input_under_a_full_qk_norm_are_refused(
   change every head's queries (measured: 0.18-0.21 on the others against 1.56 on h): refused in one line,
   while v_in (no norm) still reaches its head only."""
   from headspec.errors import UserError
-  from headspec.model.transformer import Edit
+  from headspec.model.sites import Edit
 
   tokens = jnp.asarray(np.random.default_rng(1).integers(0, 40, (2, 7)), jnp.int32)
   model = _model(qk_norm="full", num_kv_heads=4)
@@ -66,7 +67,7 @@ def test_projection_ablation_equals_its_closed_form():
   """project_out(u) at resid_post of layer 0 is x − (x·û)û: what layer 1 then reads (its resid_pre) is that,
   and the logits equal those of the affine Edit adding −(x·û)û computed from the clean run (per head at z too)."""
   from headspec.model import edits
-  from headspec.model.transformer import Edit
+  from headspec.model.sites import Edit
 
   model = _scaled_model(qk_norm="head")
   u_D = jnp.asarray(np.random.default_rng(2).normal(size=32), jnp.float32)
@@ -153,7 +154,7 @@ def test_new_sites_read_what_they_name():
   pattern, masked entries at float32's minimum; ln1_scale / ln2_scale / ln_final_scale are sqrt(mean x² + eps)
   of what the RMSNorms read (sqrt(var + eps) for LayerNorm); an attn_scores edit constant along the keys
   changes nothing (softmax shift), and ln1_scale patched with its own value leaves the logits."""
-  from headspec.model.transformer import Edit
+  from headspec.model.sites import Edit
 
   for options in (dict(gated_mlp=True, activation="silu"), dict(norm="layernorm", positions="learned")):
     model = _scaled_model(**options)

@@ -164,7 +164,8 @@ def test_stale_temporaries_are_removed_and_live_ones_kept(tmp_path):
 def tiny_encoder(data_dir, tmp_path_factory):
   from headspec.data.tokenizer import train_sentencepiece
   from headspec.data.treebank import load_split
-  from headspec.model.transformer import ModelConfig, random_like
+  from headspec.model.config import ModelConfig
+  from headspec.model.transformer import random_like
 
   dev = load_split(data_dir, "en_ewt", "dev")
   tokenizer = train_sentencepiece(

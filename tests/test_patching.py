@@ -1,4 +1,4 @@
-"""Intervention sites (headspec/model/transformer.py SITES, Edit) and activation / attribution / path patching
+"""Intervention sites (headspec/model/sites.py SITES, Edit) and activation / attribution / path patching
 (headspec/patching, headspec.patch) against direct recomputation and known answers."""
 
 import jax
@@ -10,7 +10,7 @@ from test_model import TOKENS, make  # the same tiny encoder/decoder as the mode
 
 from headspec.errors import UserError
 from headspec.model.edits import head_mask
-from headspec.model.transformer import SITES, Edit
+from headspec.model.sites import SITES, Edit
 
 jax.config.update("jax_default_matmul_precision", "highest")
 
@@ -109,13 +109,13 @@ def test_bad_interventions_are_one_line():
     model(TOKENS, interventions={"hook_z": Edit()})
   with pytest.raises(UserError, match=r"interventions\['z'\].add of shape \(2, 11, 4, 12\) does not broadcast"):
     model(TOKENS, interventions={"z": Edit(add=jnp.zeros((2, 11, 4, 12)))})
-  with pytest.raises(UserError, match="give a headspec.model.transformer.Edit"):
+  with pytest.raises(UserError, match="give a headspec.model.sites.Edit"):
     model(TOKENS, interventions={"z": jnp.zeros((3, 2, 11, 4, 12))})
 
 
 # ------------------------------------------------------------------------------ activation patching
 
-from headspec.api import core as api  # noqa: E402
+from headspec.api import patch as api  # noqa: E402
 from headspec.patching import core as patch_core  # noqa: E402
 from headspec.patching import patch as patch_lib  # noqa: E402
 

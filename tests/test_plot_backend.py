@@ -171,7 +171,7 @@ def test_figures_returned_to_a_notebook_show_once_and_stay_out_of_pyplot(monkeyp
 
 def test_the_circuit_figure_shows_once_and_stays_out_of_pyplot(tmp_path):
   pytest.importorskip("IPython")
-  from headspec.model.transformer import ModelConfig
+  from headspec.model.config import ModelConfig
   from headspec.patching import circuit, edges
 
   sizes = dict(kind="decoder", vocab_size=8, num_layers=1, num_heads=2, d_model=8, d_head=4, d_ff=8, max_len=4)

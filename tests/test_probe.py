@@ -9,7 +9,7 @@ from sklearn.linear_model import LogisticRegression
 from sklearn.preprocessing import StandardScaler
 
 from headspec.errors import UserError
-from headspec.probing import lbfgs, probe, probe_start
+from headspec.probing import lbfgs, probe, probe_objective, probe_start
 
 N_TRAIN, N_DEV, G, K = 20000, 6000, 3, 12
 
@@ -269,10 +269,10 @@ def test_class_blocks_are_the_hessians_diagonal_blocks():
   num_chunks, num_g, k, c = 2, 2, 4, 8
   layout_two = ((0, 3), (6, 5))  # two tasks of 3 and 5 classes, 2 λ each: 16 columns
   num_l2, num_t = 2, 16
-  block_T = probe._block_map(layout_two, num_l2)
+  block_T = probe_objective.block_map(layout_two, num_l2)
   a_gkk = rng.standard_normal((num_g, k, k))
   ys = tuple(rng.integers(-1, cls, (num_chunks, c)).astype(np.int32) for _, cls in layout_two)
-  data = probe._Pass(
+  data = probe_objective.Pass(
     jnp.asarray(rng.standard_normal((num_chunks, num_g, k, c)), jnp.float32),
     jnp.asarray(np.eye(k) + 0.2 * (a_gkk + a_gkk.transpose(0, 2, 1)), jnp.float32),
     tuple(jnp.asarray(y) for y in ys),
@@ -289,16 +289,16 @@ def test_class_blocks_are_the_hessians_diagonal_blocks():
 
   def total(flat):
     v, b = flat[: num_g * k * num_t].reshape(num_g, k, num_t), flat[num_g * k * num_t :].reshape(num_g, num_t)
-    return probe._full_objective((v, b), data, layout=layout, with_grad=False)[0].sum()
+    return probe_objective._full_objective((v, b), data, layout=layout, with_grad=False)[0].sum()
 
   hess = np.asarray(jax.hessian(total)(jnp.concatenate([params[0].reshape(-1), params[1].reshape(-1)])))
-  blocks = np.asarray(probe._curvature_blocks(params, data, layout=layout, stride=1))
+  blocks = np.asarray(probe_objective._curvature_blocks(params, data, layout=layout, stride=1))
   for g in range(num_g):
     for t in range(num_t):
       idx = np.r_[np.ravel_multi_index((g, np.arange(k), t), (num_g, k, num_t)), num_g * k * num_t + g * num_t + t]
       np.testing.assert_allclose(blocks[g, t], hess[np.ix_(idx, idx)], rtol=2e-4, atol=1e-6)
   # one block per probe (wide groups): the average of its columns' blocks, the λ term once
-  shared, scale_GT = probe._curvature_blocks(params, data, layout=layout, stride=1, shared=True)
+  shared, scale_GT = probe_objective._curvature_blocks(params, data, layout=layout, stride=1, shared=True)
   a2 = np.einsum("gkl,glm->gkm", np.asarray(data.whiten_GKK), np.asarray(data.whiten_GKK))
   l2_T = np.asarray(data.l2_T)
   penalty_GTJJ = np.zeros(blocks.shape)
@@ -337,14 +337,14 @@ def test_preconditioning_converges_word_level_probes_in_fewer_iterations(synthet
   block per probe shared by its classes (as 384-wide streams get) in at most 3/4 (measured: 76)."""
   x, spec, n = _word_identity_xpos(synthetic_data_dir)
   kw = dict(l2_grid=(1e-5,), refine_samples=0, max_iter=2000, tol=1e-6)
-  monkeypatch.setattr(probe, "PRECONDITION_MIN_WORK", 0)  # this small problem would be left plain
+  monkeypatch.setattr(probe_objective, "PRECONDITION_MIN_WORK", 0)  # this small problem would be left plain
   plain, pre = (probe.fit_softmax_probes(x[:n], x[n:], spec, precondition=p, **kw) for p in (False, True))
   assert plain.converged["xpos"][0] and pre.converged["xpos"][0]
   assert pre.iterations["xpos"][0] <= 0.5 * plain.iterations["xpos"][0], (pre.iterations, plain.iterations)
   assert pre.train_objective["xpos"][0] <= plain.train_objective["xpos"][0] * (1 + 1e-5)  # the same minimum or lower
   # one shared block per probe (what 384-wide streams get): forced here by leaving no room for a block per column
-  monkeypatch.setattr(probe, "PRECONDITION_MAX_FLOATS", 17**2)
-  monkeypatch.setattr(probe, "PRECONDITION_SHARED_WORK", 0)
+  monkeypatch.setattr(probe_objective, "PRECONDITION_MAX_FLOATS", 17**2)
+  monkeypatch.setattr(probe_objective, "PRECONDITION_SHARED_WORK", 0)
   shared = probe.fit_softmax_probes(x[:n], x[n:], spec, **kw)
   assert shared.converged["xpos"][0]
   assert shared.iterations["xpos"][0] <= 0.75 * plain.iterations["xpos"][0], (shared.iterations, plain.iterations)
@@ -355,22 +355,22 @@ def test_preconditioning_converges_word_level_probes_in_fewer_iterations(synthet
 def test_shared_blocks_refresh_at_the_first_shape_only(synthetic_data_dir, monkeypatch, mode):
   """Once the pass has narrowed to the probes still running, class blocks per column are refreshed at the
   narrowed shape (cheap, and it saves iterations), one block per probe is not (each narrowed shape would
-  compile the refresh anew for no saving: lbfgs.py's `_Run.run`, probe.py's `_ProbeProblem`)."""
+  compile the refresh anew for no saving: lbfgs.py's `_Run.run`, probe_objective.py's `ProbeProblem`)."""
   x, spec, n = _word_identity_xpos(synthetic_data_dir)
-  monkeypatch.setattr(probe, "PRECONDITION_MIN_WORK", 0)
+  monkeypatch.setattr(probe_objective, "PRECONDITION_MIN_WORK", 0)
   monkeypatch.setattr(probe, "NARROWING_COST", 0)  # narrow as soon as a quarter of the pass has stopped
-  monkeypatch.setattr(probe, "PRECONDITION_EVERY", 5)
-  monkeypatch.setattr(probe, "PRECONDITION_EVERY_SHARED", 5)
+  monkeypatch.setattr(probe_objective, "PRECONDITION_EVERY", 5)
+  monkeypatch.setattr(probe_objective, "PRECONDITION_EVERY_SHARED", 5)
   if mode == "probe":
-    monkeypatch.setattr(probe, "PRECONDITION_MAX_FLOATS", 3 * 17**2)
-    monkeypatch.setattr(probe, "PRECONDITION_SHARED_WORK", 0)
-  widths, refresh = [], probe._preconditioner
+    monkeypatch.setattr(probe_objective, "PRECONDITION_MAX_FLOATS", 3 * 17**2)
+    monkeypatch.setattr(probe_objective, "PRECONDITION_SHARED_WORK", 0)
+  widths, refresh = [], probe_objective._preconditioner
 
   def spy(params, data, **kw):
     widths.append(params[1].shape[1])
     return refresh(params, data, **kw)
 
-  monkeypatch.setattr(probe, "_preconditioner", spy)
+  monkeypatch.setattr(probe_objective, "_preconditioner", spy)
   fitted = probe.fit_softmax_probes(x[:n], x[n:], spec, l2_grid=(1e-5, 1e-2, 1.0), refine_samples=0, tol=1e-6)
   assert fitted.converged["xpos"].all() and len(widths) > 2
   full = widths[0]

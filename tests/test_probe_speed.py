@@ -8,7 +8,7 @@ import numpy as np
 from jax import monitoring
 
 from benchmarks import check_probe_reference as reference
-from headspec.probing import probe
+from headspec.probing import probe, probe_objective
 
 
 def _compiles(names):
@@ -50,8 +50,10 @@ def test_compilations_are_bounded_and_each_iteration_reads_once(monkeypatch):
   monkeypatch.setattr(probe, "NARROWING_COST", 0.0)
   steps, listener = _compiles(["_lbfgs_step"])
   narrowings = []
-  real_narrowed = probe._ProbeProblem.restrict
-  monkeypatch.setattr(probe._ProbeProblem, "restrict", lambda self, *a: narrowings.append(1) or real_narrowed(self, *a))
+  real_narrowed = probe_objective.ProbeProblem.restrict
+  monkeypatch.setattr(
+    probe_objective.ProbeProblem, "restrict", lambda self, *a: narrowings.append(1) or real_narrowed(self, *a)
+  )
   try:
     fitted = probe.fit_softmax_probes(x[:n], x[n:], specs, refine_samples=2048, batch_size=512)
   finally:

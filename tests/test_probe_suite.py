@@ -13,6 +13,7 @@ from headspec.data import treebank
 from headspec.data.tokenizer import train_sentencepiece
 from headspec.errors import UserError
 from headspec.io import tables
+from headspec.model.config import from_section
 from headspec.model.transformer import random_like
 from headspec.probing import report, suite, tasks
 from headspec.probing import run as probe_run
@@ -62,7 +63,7 @@ def _make_run(workdir, texts, steps=(5,)):
   config.train.seq_len = 32  # long EWT sentences are split into windows
   runs.write_config(workdir, config)
   tokenizer = train_sentencepiece([t.replace("\n", " ") for t in texts], workdir / "tokenizer", vocab_size=700)
-  cfg = runs.model_config(config.model, tokenizer.vocab_size, config.train.seq_len)
+  cfg = from_section(config.model, tokenizer.vocab_size, config.train.seq_len)
   mngr = checkpoints.manager(workdir)
   for seed, step in enumerate(steps):
     params = nnx.state(random_like(cfg, seed))

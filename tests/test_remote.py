@@ -27,7 +27,8 @@ REPO = pathlib.Path(__file__).resolve().parents[1]
 OWNED = ["train/loop.py", "io/metrics.py", "runs/checkpoints.py", "runs/directory.py", "io/remote.py", "launch/sweeps.py", "data/lm_pipeline.py", "data/tokenizer.py", "diversity/run.py",
          "pretrained/hf_tokenizer.py", "probing/suite.py", "probing/run.py", "probing/report.py", "probing/features.py", "attention/run.py",
          "attention/pictures.py", "attention/induction_run.py", "ablation/run.py", "ablation/plots.py", "atlas/data.py",
-         "atlas/page.py", "atlas/build.py", "atlas/features.py"]  # fmt: skip
+         "atlas/grid.py", "atlas/head_data.py", "atlas/sae_data.py", "atlas/circuit_data.py", "atlas/page.py",
+         "atlas/build.py", "atlas/features.py"]  # fmt: skip
 
 
 def test_unknown_scheme_is_one_user_error_and_urls_are_not_local_folders():

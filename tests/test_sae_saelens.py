@@ -240,7 +240,8 @@ def _biased_model():
   import jax
   from flax import nnx
 
-  from headspec.model.transformer import ModelConfig, Transformer
+  from headspec.model.config import ModelConfig
+  from headspec.model.transformer import Transformer
 
   cfg = ModelConfig(kind="decoder", vocab_size=40, num_layers=2, num_heads=4, num_kv_heads=2, d_model=32, d_head=8,
                     d_ff=64, max_len=16, norm="layernorm", attention_bias=True)  # fmt: skip
@@ -409,7 +410,7 @@ def test_headspec_sae_writes_the_saelens_folder_and_loads_it_back(trained_sae_ru
   assert sorted((run / "sae" / "saelens").iterdir()) == [folder]  # a loaded SAE is not written again
   # the loaded SAE spliced into the model (headspec/model/edits.py) and attributed to heads
   from headspec.model import edits
-  from headspec.model.transformer import Edit
+  from headspec.model.sites import Edit
 
   model, _ = headspec.load(run)
   tokens = jnp.arange(1, 17).reshape(2, 8)

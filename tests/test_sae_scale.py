@@ -97,7 +97,8 @@ def test_head_rms():
 def _model():
   from flax import nnx
 
-  from headspec.model.transformer import ModelConfig, Transformer
+  from headspec.model.config import ModelConfig
+  from headspec.model.transformer import Transformer
 
   cfg = ModelConfig(kind="decoder", vocab_size=40, num_layers=2, num_heads=4, d_model=32, d_head=8, d_ff=64,
                     max_len=16)  # fmt: skip

@@ -10,9 +10,11 @@ import pytest
 from flax import nnx
 
 from headspec.ablation import core as ablation
-from headspec.model import transformer as model_lib
+from headspec.model.config import ModelConfig
 from headspec.model.edits import head_mask
-from headspec.model.transformer import SITES, Apply, Edit, KVCache, ModelConfig, random_like
+from headspec.model.layers import KVCache
+from headspec.model.sites import SITES, Apply, Edit, check_interventions
+from headspec.model.transformer import _attention_mask, random_like
 from headspec.patching import core as patching
 from headspec.words import evalset
 
@@ -45,8 +47,8 @@ def looped(model, x_BTD, *, valid_BT=None, interventions=None, capture=(), start
   cfg = model.cfg
   B, T, _ = x_BTD.shape
   valid_BT = jnp.ones((B, T), bool) if valid_BT is None else valid_BT
-  mask_BTS, positions_BT, key_positions_BS, valid_BS = model_lib._attention_mask(cfg, valid_BT, None, None, kv_cache)
-  edits = model_lib.check_interventions(cfg, interventions, B, T, mask_BTS.shape[-1])
+  mask_BTS, positions_BT, key_positions_BS, valid_BS = _attention_mask(cfg, valid_BT, None, None, kv_cache)
+  edits = check_interventions(cfg, interventions, B, T, mask_BTS.shape[-1])
   windows = cfg.attention_windows or (0,) * cfg.num_layers
   grouped_kv = not capture and not edits and kv_cache is None
   per_layer, new_k, new_v = {name: [] for name in capture}, [], []

@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 
 from headspec.errors import UserError
+from headspec.model.config import from_section
 from headspec.runs import directory as runs
 from headspec.words import alignment as align
 
@@ -203,7 +204,7 @@ def test_ablation_readers_skip_and_count(decoder, ewt_slice, capsys, caplog):
 
   workdir, tokenizer = decoder
   whole, _, kept = ewt_slice
-  model_cfg = runs.model_config(runs.read_config(workdir).model, tokenizer.vocab_size, 32)
+  model_cfg = from_section(runs.read_config(workdir).model, tokenizer.vocab_size, 32)
   config = ablate_config()
   config.causal.max_train_words = config.causal.max_eval_words = 0  # every kept sentence
   (data,) = causal.load_task_data(whole, "en_ewt", ("upos",), tokenizer, model_cfg, config)

@@ -11,8 +11,9 @@ import pytest
 
 import headspec
 from headspec.errors import UserError
-from headspec.model import transformer as model_lib
 from headspec.model.capture import bucket_length
+from headspec.model.config import ModelConfig
+from headspec.model.transformer import random_like
 from headspec.parallel.compilations import Compilations
 
 WORDS = "When Mary and John went to the store , John gave a drink to Mary . café naïve two spaces".split()
@@ -38,9 +39,9 @@ def texts(gpt2):
 @pytest.fixture(scope="module")
 def encoder():
   """A random encoder: its attention looks both ways, so any padding counted would change every token."""
-  cfg = model_lib.ModelConfig(kind="encoder", vocab_size=50, num_layers=2, num_heads=2, d_model=16, d_head=8,
+  cfg = ModelConfig(kind="encoder", vocab_size=50, num_layers=2, num_heads=2, d_model=16, d_head=8,
                               d_ff=32, max_len=32)  # fmt: skip
-  return model_lib.random_like(cfg, 0)
+  return random_like(cfg, 0)
 
 
 def test_one_program_per_bucket(gpt2, texts):

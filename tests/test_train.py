@@ -15,6 +15,7 @@ from flax import nnx
 
 from headspec.cli.quickstart import quickstart_config
 from headspec.errors import UserError
+from headspec.model.config import from_section
 from headspec.model.transformer import Transformer
 from headspec.runs import checkpoints
 from headspec.runs import directory as runs
@@ -210,7 +211,7 @@ def test_step_0_in_keep_steps_saves_the_initial_parameters(synthetic_data_dir, t
   config.train.keep_steps = (0,)
   train_and_evaluate(config, tmp_path)
   assert checkpoints.saved_steps(tmp_path) == [0, 2]
-  cfg = runs.model_config(config.model, runs.load_run_model(tmp_path, 0)[1].vocab_size, config.train.seq_len)
+  cfg = from_section(config.model, runs.load_run_model(tmp_path, 0)[1].vocab_size, config.train.seq_len)
   initial = jax.tree.leaves(Transformer(cfg, rngs=nnx.Rngs(params=config.seed)))
   for saved, fresh in zip(_params(tmp_path, 0), initial):
     np.testing.assert_array_equal(np.asarray(saved), np.asarray(fresh))

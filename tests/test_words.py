@@ -7,8 +7,9 @@ from flax import nnx
 
 from headspec.data.tokenizer import train_sentencepiece
 from headspec.data.treebank import load_split
+from headspec.model.config import ModelConfig
 from headspec.model.edits import head_mask
-from headspec.model.transformer import ModelConfig, random_like
+from headspec.model.transformer import random_like
 from headspec.words import batches as words
 from headspec.words.alignment import align
 

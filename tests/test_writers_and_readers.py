@@ -217,7 +217,7 @@ def test_every_metrics_jsonl_reader_skips_damaged_lines_with_one_warning(tmp_pat
   rows = study.training({"run": "r", "condition": "c", "seed": 0}, tmp_path)
   assert [(r["step"], r["loss"]) for r in rows] == [(1, 3.0), (3, 2.0)] and rows[1]["eval_loss"] == 2.5
   assert induction_run.training_loss(tmp_path)[0].tolist() == [1, 3]
-  assert [p["step"] for p in atlas_data._RunData.training(type("Run", (), {"workdir": tmp_path})())] == [1, 3]
+  assert [p["step"] for p in atlas_data.training(tmp_path)] == [1, 3]
   assert [r["step"] for r in _analysis("_common").training_metrics(tmp_path)] == [1, 3]
   warnings = capsys.readouterr().err.strip().splitlines()
   assert len(warnings) == 5 and all("metrics.jsonl:2: 5 line(s) left out" in w for w in warnings), warnings

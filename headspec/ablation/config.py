@@ -6,13 +6,12 @@ from __future__ import annotations
 
 import ml_collections
 
+from headspec.runs.target_config import add_target_keys
+
 
 def ablate_config() -> ml_collections.ConfigDict:
   c = ml_collections.ConfigDict()
-  c.mesh = ""  # data=N,fsdp=N,tensor=N (docs/scale.md); '': training data-parallel, analyses on one device
-  c.multihost = False  # one program over all processes (pod workers, SLURM tasks; mesh '': all on data)
-  c.steps = "all"  # 'all' | 'last' | comma-separated saved steps; a pretrained model has step 0 only
-  c.model_name = ""  # the tables' `model` column; '' = the run folder's name or the pretrained name
+  add_target_keys(c, steps="all")  # mesh, multihost, steps, model_name, model.pretrained, model.dtype
   c.random_baseline = False  # also ablate the first target with random weights (no LM head: embedding_shift)
   c.methods = "zero,mean,keep_only,importance,magnitude,entropy,pruning,gates,causal,interactions"
   #            ^ stages to run: heads.csv methods, then pruning, L0 gates, the causal probe test, interactions
@@ -31,10 +30,6 @@ def ablate_config() -> ml_collections.ConfigDict:
   c.split = "dev"  # its split read: 'train' | 'dev' | 'test'
   c.num_sentences = 500  # the first num_sentences sentences of the split
   c.batch_tokens = 2048  # padded tokens per compiled call (sentences in power-of-two length buckets)
-
-  c.model = ml_collections.ConfigDict()
-  c.model.pretrained = ""  # 'minilm' or a Hugging Face directory: its step 0 instead of WORKDIR's checkpoints
-  c.model.dtype = "float32"  # parameters and compute: 'float32' or 'bfloat16' (half the memory; docs/scale.md)
 
   c.pruning = ml_collections.ConfigDict()
   c.pruning.rankings = "importance,ablation,magnitude,entropy,probe,random"  # 'probe' needs probes/results.csv

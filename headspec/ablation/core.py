@@ -4,7 +4,7 @@ Each evaluation returns, per sequence, what its metric needs (`per_sequence_P`):
   'lm'        P = 3: (Σ_t w_t·NLL_t, Σ_t w_t·[argmax = target], Σ_t w_t) over the scored tokens t;
   'embedding' P = D: e = normalise(Σ_t valid_t h_t / Σ_t valid_t), the final hidden state mean-pooled.
 An intervention is a head mask m [L,H] and a replacement r [L,H,K]: head h outputs Z_h·m_h + (1 − m_h)·r_h
-before W_O (headspec/model/transformer.py: an Edit of the intervention site z): m_h = 0, r = 0 is zero ablation
+before W_O (headspec/model/sites.py: an Edit of the intervention site z): m_h = 0, r = 0 is zero ablation
 (Michel et al. 2019's mask ξ_h = 0); m_h = 0, r_h = E[Z_h] is mean ablation.
 
 `sweep` is the single-head sweep: one full pass caches the residual stream entering every block, then
@@ -18,7 +18,6 @@ one trace per shape).
 from __future__ import annotations
 
 import collections
-import functools
 
 import jax
 import jax.numpy as jnp
@@ -27,8 +26,9 @@ from flax import nnx
 
 from headspec.model.edits import head_mask
 from headspec.model.objectives import token_nll
-from headspec.model.transformer import Edit
+from headspec.model.sites import Edit
 from headspec.parallel import mesh as mesh_lib
+from headspec.parallel.compilations import program_cache
 from headspec.words.evalset import Batch, EvalSet
 
 TRACES: collections.Counter = collections.Counter()
@@ -193,7 +193,7 @@ def _head_statistics(graphdef):
   return head_statistics
 
 
-@functools.lru_cache(maxsize=16)
+@program_cache(16)
 def compiled(graphdef, kind: str):
   """The jitted evaluations of one model structure and metric kind, by name; cached, so each traces once
   per batch shape (the builders above: one evaluation each)."""

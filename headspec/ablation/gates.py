@@ -14,8 +14,6 @@ ones (EvalSet.halves).
 
 from __future__ import annotations
 
-import functools
-
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -25,6 +23,7 @@ from flax import nnx
 from headspec.ablation import core
 from headspec.model.edits import head_mask
 from headspec.parallel import mesh as mesh_lib
+from headspec.parallel.compilations import program_cache
 from headspec.words.evalset import EvalSet
 
 BETA, GAMMA, ZETA = 2.0 / 3.0, -0.1, 1.1
@@ -44,7 +43,7 @@ def deterministic_gates(log_alpha):
   return jnp.clip(jax.nn.sigmoid(log_alpha) * (ZETA - GAMMA) + GAMMA, 0.0, 1.0)
 
 
-@functools.lru_cache(maxsize=4)
+@program_cache(4)
 def _step_fn(graphdef, learning_rate: float):
   tx = optax.adam(learning_rate)
 

@@ -36,13 +36,14 @@ from etils import epath
 from flax import nnx
 
 from headspec import arguments as check
-from headspec.api import core as api
+from headspec.api.load import Loaded, model_and_tokenizer, model_rule
+from headspec.api.tokens import site_names
 from headspec.data.tokenizer import bos_ids
 from headspec.errors import UserError
 from headspec.io import remote
 from headspec.model import capture as cache_lib
 from headspec.model import tokens as tokens_lib
-from headspec.model import transformer as model_lib
+from headspec.model.sites import SITES
 from headspec.words import batches as words_layer
 from headspec.words import jobloop
 
@@ -216,7 +217,7 @@ def _site_keys(sites, cfg) -> list[tuple[str, str, int | None]]:
         f"activations: sites={name!r} is an attention map (a row over every key per token, no vector of its "
         "own); read it with headspec.capture"
       )
-    if layer is not None and site not in model_lib.SITES:
+    if layer is not None and site not in SITES:
       raise UserError(f"activations: sites={name!r}: {site!r} has no layer axis; give {site!r}")
     if layer is not None and not 0 <= layer < cfg.num_layers:
       raise UserError(f"activations: sites={name!r}: layer {layer} is out of range 0..{cfg.num_layers - 1}")
@@ -435,9 +436,9 @@ class _Shards:
 
 
 @check.arguments(
-  model=api._model_rule,
+  model=model_rule,
   inputs=_inputs,
-  sites=api._names,
+  sites=site_names,
   to=check.optional(check.path),
   context=check.optional(check.integer(1)),
   batch_tokens=check.integer(1),
@@ -473,7 +474,7 @@ def activations(
   batch_tokens: tokens per batch (B = batch_tokens // T rows of a bucket T). progress: a tqdm bar (stderr).
   Bad input is one UserError, before the model runs where it can be seen up front.
   """
-  net, tokenizer = api._model_and_tokenizer(model, tokenizer)
+  net, tokenizer = model_and_tokenizer(model, tokenizer)
   cfg = net.cfg
   keys = _site_keys(sites, cfg)
   rows, total = _rows(inputs, tokenizer, cfg, mask=mask, context=context, prepend_bos=prepend_bos)
@@ -499,7 +500,7 @@ def activations(
       values = {"tokens": tokens_BT[valid_BT], "sequence": sequence_BT[valid_BT]}
       values["position"] = np.nonzero(valid_BT)[1].astype(np.int32)
       for (name, site, layer), value in zip(run, picked):
-        if layer is None and site in model_lib.SITES:  # [L, B, T, ...] -> [B, T, L, ...]
+        if layer is None and site in SITES:  # [L, B, T, ...] -> [B, T, L, ...]
           value = np.moveaxis(value, 0, 2)
         values[folders[name]] = np.asarray(value[valid_BT], np.float32)
       for name, site in parts:
@@ -520,7 +521,7 @@ def activations(
     raise
   finally:
     bar.close()
-  loaded = model if isinstance(model, api.Loaded) else None
+  loaded = model if isinstance(model, Loaded) else None
   manifest = {
     "format": FORMAT,
     "model": loaded.name if loaded else None,

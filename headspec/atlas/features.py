@@ -1,6 +1,6 @@
 """The atlas's feature pages: one static, self-contained HTML page per live SAE feature of the SAEs on the
 head cards (per site, layer and SAE, the primary model's latest step), written beside atlas.html as
-RUN/atlas_features/<model>_step<step>_<site><layer>_<sae>/f<feature>.html (`data.feature_page`).
+RUN/atlas_features/<model>_step<step>_<site><layer>_<sae>/f<feature>.html (`sae_data.feature_page`).
 
 A page joins what `headspec sae` wrote about the feature (docs/sae.md, docs/outputs.md): its numbers
 (features.csv), its top contexts with the word marked (contexts.csv), the histogram of its nonzero
@@ -20,9 +20,9 @@ from __future__ import annotations
 import collections
 import html
 
-from headspec.atlas import data as atlas_data
-from headspec.atlas.data import _num, _RunData, _sae_key, _sae_quality, feature_page
+from headspec.atlas.grid import RunData, feature_heads, num
 from headspec.atlas.page import PAGE_NAME, write_page
+from headspec.atlas.sae_data import SAE_LABEL_SETS, feature_page, sae_card_keys, sae_key, sae_quality
 from headspec.io import remote, tables
 
 PAGE_LABELS = 15  # labels per label set on a page, most frequent first
@@ -63,37 +63,37 @@ def features_data(workdir) -> list[dict]:
   workdir = remote.run_path(workdir)
   if not tables.path_of(workdir, tables.SAE_FEATURES).exists():
     return []  # no SAE: the head tables are not read a second time
-  run = _RunData(workdir, pages=True, quiet=True)  # atlas_data has warned of bad rows
+  run = RunData(workdir, pages=True, quiet=True)  # atlas_data has warned of bad rows
   feature_rows = run.rows[tables.SAE_FEATURES.path]
-  keys = run.sae_card_keys(feature_rows)
+  keys = sae_card_keys(run, feature_rows)
   if not keys:
     return []
-  mine = lambda table: [r for r in run._aux(table) if _sae_key(r) in keys]
+  mine = lambda table: [r for r in run.aux(table) if sae_key(r) in keys]
   by_feature = lambda: collections.defaultdict(list)
   quality, contexts, labels, bins, shares, logits = collections.defaultdict(dict), *(by_feature() for _ in range(5))
   for r in mine(tables.SAE_METRICS):
-    quality[_sae_key(r)][r["metric"]] = _num(r["value"])
+    quality[sae_key(r)][r["metric"]] = num(r["value"])
   for r in mine(tables.SAE_CONTEXTS):
-    contexts[(_sae_key(r), int(r["feature"]))].append(
-      (int(r["rank"]), r["context"], _num(r["activation"]), r["split"], int(r["sentence"]), int(r["word_index"]))
+    contexts[(sae_key(r), int(r["feature"]))].append(
+      (int(r["rank"]), r["context"], num(r["activation"]), r["split"], int(r["sentence"]), int(r["word_index"]))
     )
   for r in mine(tables.SAE_LABELS):
-    labels[(_sae_key(r), int(r["feature"]))].append((r["label_set"], -int(r["count"]), r["label"], _num(r["fraction"])))
+    labels[(sae_key(r), int(r["feature"]))].append((r["label_set"], -int(r["count"]), r["label"], num(r["fraction"])))
   run.quiet = False  # the per-feature tables only the pages read: their bad rows are warned of here
   for r in mine(tables.SAE_HISTOGRAMS):
-    bins[(_sae_key(r), int(r["feature"]))].append((int(r["bin"]), _num(r["low"]), _num(r["high"]), int(r["count"])))
+    bins[(sae_key(r), int(r["feature"]))].append((int(r["bin"]), num(r["low"]), num(r["high"]), int(r["count"])))
   for r in mine(tables.SAE_SHARES):
-    shares[(_sae_key(r), int(r["feature"]))].append((int(r["head"]), _num(r["share"])))
+    shares[(sae_key(r), int(r["feature"]))].append((int(r["head"]), num(r["share"])))
   has_logits = set()
   for r in mine(tables.SAE_LOGITS):
-    has_logits.add(_sae_key(r))
-    logits[(_sae_key(r), int(r["feature"]))].append(
-      (r["direction"], int(r["rank"]), r["token"], _num(r["value"]), int(r["token_id"]))
+    has_logits.add(sae_key(r))
+    logits[(sae_key(r), int(r["feature"]))].append(
+      (r["direction"], int(r["rank"]), r["token"], num(r["value"]), int(r["token_id"]))
     )
   live = collections.defaultdict(list)  # key -> [feature row], by feature
   for r in feature_rows:
-    if _sae_key(r) in keys and (_num(r["firing_rate"]) or 0.0) > 0:
-      live[_sae_key(r)].append(r)
+    if sae_key(r) in keys and (num(r["firing_rate"]) or 0.0) > 0:
+      live[sae_key(r)].append(r)
   pages = []
   for key in sorted(live):
     rows = sorted(live[key], key=lambda r: int(r["feature"]))
@@ -101,13 +101,11 @@ def features_data(workdir) -> list[dict]:
       feature = int(r["feature"])
       path = feature_page(key, feature)
       up = "../" * path.count("/")  # from the page back to the run directory
-      carried = atlas_data._feature_heads(r["heads"]) or []
+      carried = feature_heads(r["heads"]) or []
       profile = collections.defaultdict(list)
       for label_set, count, label, fraction in sorted(labels[(key, feature)]):
         profile[label_set].append([label, -count, fraction])
-      sets = [s for s in atlas_data.SAE_LABEL_SETS if r[s] or s in profile] + sorted(
-        set(profile) - set(atlas_data.SAE_LABEL_SETS)
-      )
+      sets = [s for s in SAE_LABEL_SETS if r[s] or s in profile] + sorted(set(profile) - set(SAE_LABEL_SETS))
       histogram = [[lo, hi, n] for _, lo, hi, n in sorted(bins[(key, feature)]) if lo is not None and hi is not None]
       by_direction = collections.defaultdict(list)
       for direction, _, token, value, token_id in sorted(logits[(key, feature)], key=lambda x: x[:2]):
@@ -122,11 +120,11 @@ def features_data(workdir) -> list[dict]:
           "layer": key[3],
           "sae": key[4],
           "feature": feature,
-          "quality": _sae_quality(quality.get(key)),
+          "quality": sae_quality(quality.get(key)),
           "eval_tokens": quality.get(key, {}).get("eval_tokens"),
-          "firing_rate": _num(r["firing_rate"]),
-          "mean_activation": _num(r["mean_activation"]),
-          "entropy_bits": _num(r["entropy_bits"]),
+          "firing_rate": num(r["firing_rate"]),
+          "mean_activation": num(r["mean_activation"]),
+          "entropy_bits": num(r["entropy_bits"]),
           "treebank_fires": int(r["treebank_fires"]),
           "top_head": int(r["top_head"]),
           "heads": carried,
@@ -135,7 +133,7 @@ def features_data(workdir) -> list[dict]:
           "active": sum(count for _, _, count in histogram) if histogram else None,
           "contexts": [list(c[1:]) for c in sorted(contexts[(key, feature)])],
           "labels": [
-            {"set": s, "best": r.get(s, ""), "selectivity": _num(r.get(f"{s}_selectivity")), "rows": profile[s]}
+            {"set": s, "best": r.get(s, ""), "selectivity": num(r.get(f"{s}_selectivity")), "rows": profile[s]}
             for s in sets
           ],
           "logits": dict(by_direction) if key in has_logits else None,

@@ -10,26 +10,20 @@ from headspec.attention.clark import ARC_SETS
 from headspec.attention.roles import LABELS, check_labels
 from headspec.data import data_dir_default
 from headspec.errors import UserError
+from headspec.runs.target_config import add_target_keys
 
 
 def attention_config() -> ml_collections.ConfigDict:
   c = ml_collections.ConfigDict()
-  c.mesh = ""  # data=N,fsdp=N,tensor=N (docs/scale.md); '': training data-parallel, analyses on one device
-  c.multihost = False  # one program over all processes (pod workers, SLURM tasks; mesh '': all on data)
+  add_target_keys(c)  # mesh, multihost, steps, model_name, model.pretrained, model.dtype
   c.seed = 0  # bootstrap resamples
   c.data_dir = data_dir_default()  # holds ud/<treebank>/; '' = the run's own data_dir, then HEADSPEC_DATA_DIR
-  c.steps = "last"  # 'all' | 'last' | comma-separated saved steps ('100,1000'); pretrained models: step 0
-  c.model_name = ""  # the `model` column; '' = the pretrained name or the workdir's folder name
   c.treebank = "en_ewt"  # data_dir/ud/<treebank>/ with the splits below; '' = no treebank analyses (Clark
   #                        tables, treebank roles, pictures): only the induction scores below
   c.select_split = "dev"  # best heads and baseline offsets are chosen here (also the split roles are scored on)
   c.report_split = "test"  # ... and reported here ('' = only the selection split)
   c.max_sentences = 0  # 0: every sentence of a split; else its first N (tests, quick looks)
   c.batch_tokens = 2048  # padded tokens per forward batch (memory: L·H·batch_tokens·T attention weights)
-
-  c.model = ml_collections.ConfigDict()
-  c.model.pretrained = ""  # 'minilm' or a Hugging Face directory: its step 0 instead of WORKDIR's checkpoints
-  c.model.dtype = "float32"  # parameters and compute: 'float32' or 'bfloat16' (half the memory; docs/scale.md)
 
   c.clark = ml_collections.ConfigDict()
   c.clark.min_count = 100  # relations with at least this many non-root arcs in the selection split (Clark et al.)

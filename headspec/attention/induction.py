@@ -30,7 +30,6 @@ attention of every head to per-sequence sums on device and returns those and the
 from __future__ import annotations
 
 import dataclasses
-import functools
 
 import jax.numpy as jnp
 import numpy as np
@@ -43,6 +42,7 @@ from headspec.data.tokenizer import special_ids as special_ids
 from headspec.errors import UserError
 from headspec.model.objectives import token_nll
 from headspec.parallel import mesh as mesh_lib
+from headspec.parallel.compilations import program_cache
 
 ATTENTION_ROLES = ("previous_token", "duplicate_token", "induction")
 ROLES = ATTENTION_ROLES + ("copying",)
@@ -95,7 +95,7 @@ def pattern_sums(probs_LBHTS, keys_3BTS, queries_3BT):
   return num, queries_3BT.sum(-1).astype(jnp.float32)
 
 
-@functools.lru_cache(maxsize=8)
+@program_cache(8)
 def _scorer(graphdef):
   """The jitted forward of one model structure: (num [3,L,H,B], den [3,B], nll_BT) of a batch."""
 

@@ -1,7 +1,8 @@
 """Word-level attention (Clark et al. 2019, §4.1), reduced on device so only word-level numbers leave it.
 
 A sentence's words are aligned to the model's sub-word pieces, and long sentences cut into windows, by
-headspec/words/alignment.py (the same alignment and windows as probing). For one window, with `to_WT[w,t]
+headspec/words/alignment.py (the same alignment and windows as probing), and batched, padded and pooled by
+headspec/words/batches.py (the same batches, rows and word matrices). For one window, with `to_WT[w,t]
 = 1` when token t is a piece of word w and `from_WT = to_WT / (pieces of w)`:
 
   attn_WW = from_WT · A_TS · to_WTᵀ      attention FROM a word = mean of its pieces' rows,
@@ -30,7 +31,6 @@ word v of the same window — and N words of a split (query words) or of one sen
 from __future__ import annotations
 
 import dataclasses
-import functools
 from collections.abc import Callable, Sequence
 
 import jax
@@ -39,8 +39,8 @@ import numpy as np
 from flax import nnx
 
 from headspec.errors import UserError
-from headspec.model.capture import bucket_length
 from headspec.parallel import mesh as mesh_lib
+from headspec.parallel.compilations import program_cache
 from headspec.words import alignment as align_lib
 from headspec.words import batches as words_lib
 
@@ -141,7 +141,7 @@ def token_positional(probs_LBHTS, valid_BT, owned_BWT, causal: bool) -> dict:
   return out
 
 
-@functools.lru_cache(maxsize=8)
+@program_cache(8)
 def _forward(graphdef, causal: bool, maps: bool):
   """jit(state, batch...) -> query_stats (maps=False) or (attn_LBHWW, special_LBHW) (maps=True)."""
 
@@ -165,7 +165,8 @@ class WordStats:
   """`query_stats` of every word of a split, in word order (N words), as sentence-global word indices.
 
   argmax_other_LHN / argmax_any_LHN: the index n of the chosen word in the split (-1: none / a special
-  token); argmax_col_other_LHN: per word, the index n of the other word that attends to it most (-1: none); the other fields [L, H, N] float32 (STAT_FIELDS). window_first_N / window_end_N: the words
+  token); argmax_col_other_LHN: per word, the index n of the other word that attends to it most (-1: none);
+  the other fields [L, H, N] float32 (STAT_FIELDS). window_first_N / window_end_N: the words
   [first, end) of the window the word's row comes from; word_sentence_N: its sentence;
   sentence_first_U: the index of each sentence's first word; visible_specials_N: special tokens the
   word can attend to (all of them for encoders, the prefix for decoders).
@@ -219,32 +220,28 @@ def _align(sentences: Sequence[Sequence[str]], tokenizer, max_len: int, causal: 
 
 
 def _batch_inputs(win: _Windows, windows, T: int, B: int, tokenizer, punct_N):
-  """Padded model inputs and word matrices of `windows` (indices into al.windows)."""
+  """Padded model inputs and word matrices of `windows` (indices into al.windows): the rows, the
+  piece-summing word matrix and the special tokens of headspec/words/batches.py, and per word slot its
+  punctuation flag, whether it holds a word and whether its row comes from this window."""
   al = win.al
   prefix = len(tokenizer.prefix_ids)
-  tokens_BT = np.full((B, T), tokenizer.pad_id, np.int32)
-  valid_BT = np.zeros((B, T), bool)
-  special_BT = np.zeros((B, T), bool)
-  to_BWT = np.zeros((B, T, T), np.float32)
+  sequences = []
   punct_BW = np.zeros((B, T), bool)
   word_valid_BW = np.zeros((B, T), bool)
   row_owner_BW = np.zeros((B, T), bool)
   for b, w in enumerate(windows):
-    ids = al.windows[w]
-    tokens_BT[b, : len(ids)] = ids
-    valid_BT[b, : len(ids)] = True
-    special_BT[b, :prefix] = True
-    special_BT[b, len(ids) - len(tokenizer.suffix_ids) : len(ids)] = True
     s, e = al.window_words[w]
     first = win.first_word_of_window[w]
     counts = win.counts_N[first : first + (e - s)]
     starts = prefix + np.concatenate([[0], np.cumsum(counts)[:-1]]).astype(np.int64)
-    for k, (a, c) in enumerate(zip(starts, counts)):
-      to_BWT[b, k, a : a + c] = 1.0
+    sequences.append((al.windows[w], starts, starts + counts))
     word_valid_BW[b, : e - s] = True
     row_owner_BW[b, : e - s] = al.word_window_N[first : first + (e - s)] == w
     punct_BW[b, : e - s] = punct_N[first : first + (e - s)]
-  return tokens_BT, valid_BT, to_BWT, special_BT, punct_BW, word_valid_BW, row_owner_BW
+  tokens_BT, _, segment_BT, start_BW, end_BW = words_lib.sequence_rows(sequences, T, B, tokenizer.pad_id)
+  to_BWT = words_lib.word_matrix(start_BW, end_BW, T, "sum")
+  special_BT = words_lib.special_tokens([len(ids) for ids, _, _ in sequences], T, B, prefix, len(tokenizer.suffix_ids))
+  return tokens_BT, segment_BT > 0, to_BWT, special_BT, punct_BW, word_valid_BW, row_owner_BW
 
 
 def word_stats(
@@ -307,9 +304,7 @@ def word_stats(
 
   pending = None
   lengths = np.array([len(w) for w in al.windows])
-  for T, B, windows in words_lib.window_batches(
-    lengths, cfg.max_len, batch_tokens
-  ):  # dispatch the next before reading back
+  for T, B, windows in words_lib.window_batches(lengths, cfg.max_len, batch_tokens):  # dispatch, then read back
     current = dispatch(T, B, windows)
     if pending is not None:
       collect(*pending)
@@ -405,15 +400,27 @@ def sentence_maps(model, tokenizer, sentences: Sequence[Sequence[str]]) -> list[
     N, first_u = len(words), int(win.sentence_first_U[u])
     attn_LHNN = np.zeros((L, H, N, N), np.float32)
     special_LHN = np.zeros((L, H, N), np.float32)
-    for w in np.flatnonzero(al.window_sentence == u):
-      T = bucket_length(len(al.windows[w]), cfg.max_len)
-      attn, special = jax.device_get(forward(state, *_batch_inputs(win, [w], T, 1, tokenizer, np.zeros(al.num_words))))
+    mine = np.flatnonzero(al.window_sentence == u)
+    for T, B, (i,) in words_lib.window_batches([len(al.windows[w]) for w in mine], cfg.max_len, 1):
+      w = int(mine[i])
+      attn, special = jax.device_get(forward(state, *_batch_inputs(win, [w], T, B, tokenizer, np.zeros(al.num_words))))
       s, e = al.window_words[w]
       rows = np.flatnonzero(al.word_window_N[first_u : first_u + N] == w)  # this window's rows
       attn_LHNN[:, :, rows, s:e] = attn[:, 0][:, :, rows - s, : e - s]
       special_LHN[:, :, rows] = special[:, 0][:, :, rows - s]
     out.append((attn_LHNN, special_LHN))
   return out
+
+
+@program_cache(8)
+def _patterns(graphdef):
+  """jit(state, tokens_BT) -> (logits, Intermediates with the attention pattern) of unpadded rows."""
+
+  @mesh_lib.jit
+  def forward(state, tokens_BT):
+    return nnx.merge(graphdef, state)(tokens_BT, capture=("pattern",))
+
+  return forward
 
 
 def token_maps(model, tokenizer, words: Sequence[str]) -> tuple[np.ndarray, list[str]]:
@@ -423,7 +430,7 @@ def token_maps(model, tokenizer, words: Sequence[str]) -> tuple[np.ndarray, list
   al = align_lib.align([list(words)], tokenizer, cfg.max_len, causal=cfg.kind == "decoder")
   ids = al.windows[0]
   graphdef, state = nnx.split(model)
-  _, inter = mesh_lib.jit(lambda s, t: nnx.merge(graphdef, s)(t, capture=("pattern",)))(state, ids[None])
+  _, inter = _patterns(graphdef)(state, ids[None])
   probs_LHTT = np.asarray(jax.device_get(inter.pattern_LBHTS))[:, 0]
   return probs_LHTT, [token_label(tokenizer, int(i)) for i in ids]
 

@@ -39,7 +39,9 @@ def flat_items(config, prefix: str = "") -> list[tuple[str, object]]:
 
 def meanings(function) -> dict[str, str]:
   """{dotted key: meaning} from the comments in the source of `function` (a default-config factory),
-  following `c.x.y = other_factory()` into that factory (same module or imported)."""
+  following `c.x.y = other_factory()` into that factory (same module or imported), or into the dataclass its
+  `fields_of` names (each field's comment: ModelConfig's for the `model` section), and `adder(c, ...)` into the
+  function that adds keys to the config (headspec/runs/target_config.py)."""
   lines, _ = inspect.getsourcelines(function)
   source = textwrap.dedent("".join(lines))
   comments = {}  # line -> (comment text, whether the line is only a comment)
@@ -48,6 +50,15 @@ def meanings(function) -> dict[str, str]:
       comments[tok.start[0]] = (tok.string[1:], not tok.line[: tok.start[1]].strip())
   out = {}
   for node in sorted(ast.walk(ast.parse(source)), key=lambda n: getattr(n, "lineno", 0)):
+    if isinstance(node, ast.Expr) and isinstance(node.value, ast.Call) and isinstance(node.value.func, ast.Name):
+      adder = inspect.getmodule(function).__dict__.get(node.value.func.id)  # `add_target_keys(c)`: keys it adds
+      if inspect.isfunction(adder):
+        out.update(meanings(adder))
+      continue
+    if isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name):  # a dataclass field
+      if text := _comment_of(node, comments):
+        out[node.target.id] = text
+      continue
     if not (isinstance(node, ast.Assign) and len(node.targets) == 1):
       continue
     key = _dotted(node.targets[0])
@@ -56,7 +67,8 @@ def meanings(function) -> dict[str, str]:
     if isinstance(node.value, ast.Call) and isinstance(node.value.func, ast.Name):
       factory = inspect.getmodule(function).__dict__.get(node.value.func.id)
       if callable(factory) and factory.__name__ != "ConfigDict":
-        out.update({f"{key}.{k}": v for k, v in meanings(factory).items()})
+        source = getattr(factory, "fields_of", factory)  # a section made from a dataclass: its fields' comments
+        out.update({f"{key}.{k}": v for k, v in meanings(source).items()})
     text = _comment_of(node, comments)
     if text:
       out[key] = text

@@ -1,8 +1,8 @@
 """A seeded synthetic English treebank (CoNLL-U, UD 2 conventions) and matching plain text.
 
-A small probabilistic grammar over a few hundred real English words, so that quick runs and tests
-have a treebank with known structure and a text corpus from the same language. It is written by
-hand because no library generates UD trees; `conllu` serializes them.
+A small probabilistic grammar over a few hundred real English words (headspec/data/lexicon.py), so
+that quick runs and tests have a treebank with known structure and a text corpus from the same
+language. It is written by hand because no library generates UD trees; `conllu` serializes them.
 
 Constructions: determiners, possessives, numerals, adjectives (with `very`), noun compounds, proper
 names (`New York` as compound), PPs attached to nouns (nmod) or verbs (obl), subject and object
@@ -20,322 +20,9 @@ import random
 
 import conllu
 
+from headspec.data import lexicon
 from headspec.errors import UserError
 from headspec.io import remote
-
-# --- Lexicon ---------------------------------------------------------------------------------
-# Nouns: singular, plural. The `_HUMAN` ones take `who` in relative clauses.
-_HUMAN = [
-  ("teacher", "teachers"),
-  ("student", "students"),
-  ("child", "children"),
-  ("farmer", "farmers"),
-  ("doctor", "doctors"),
-  ("friend", "friends"),
-  ("king", "kings"),
-  ("queen", "queens"),
-  ("artist", "artists"),
-  ("writer", "writers"),
-  ("neighbor", "neighbors"),
-  ("soldier", "soldiers"),
-  ("girl", "girls"),
-  ("boy", "boys"),
-  ("man", "men"),
-  ("woman", "women"),
-  ("baby", "babies"),
-  ("player", "players"),
-  ("engineer", "engineers"),
-  ("nurse", "nurses"),
-  ("driver", "drivers"),
-  ("singer", "singers"),
-  ("lawyer", "lawyers"),
-  ("visitor", "visitors"),
-]
-_ANIMAL = [
-  ("dog", "dogs"),
-  ("cat", "cats"),
-  ("bird", "birds"),
-  ("horse", "horses"),
-  ("fox", "foxes"),
-  ("mouse", "mice"),
-  ("rabbit", "rabbits"),
-  ("wolf", "wolves"),
-]
-_THING = [
-  ("book", "books"),
-  ("car", "cars"),
-  ("house", "houses"),
-  ("tree", "trees"),
-  ("letter", "letters"),
-  ("window", "windows"),
-  ("door", "doors"),
-  ("table", "tables"),
-  ("story", "stories"),
-  ("song", "songs"),
-  ("boat", "boats"),
-  ("box", "boxes"),
-  ("key", "keys"),
-  ("lamp", "lamps"),
-  ("phone", "phones"),
-  ("computer", "computers"),
-  ("report", "reports"),
-  ("plan", "plans"),
-  ("picture", "pictures"),
-  ("chair", "chairs"),
-  ("gift", "gifts"),
-  ("cake", "cakes"),
-  ("apple", "apples"),
-  ("bottle", "bottles"),
-  ("bag", "bags"),
-  ("coat", "coats"),
-  ("hat", "hats"),
-  ("ball", "balls"),
-  ("film", "films"),
-  ("poem", "poems"),
-  ("map", "maps"),
-  ("ticket", "tickets"),
-  ("bicycle", "bicycles"),
-  ("photo", "photos"),
-  ("newspaper", "newspapers"),
-  ("message", "messages"),
-  ("painting", "paintings"),
-  ("bridge", "bridges"),
-]
-_PLACE = [
-  ("city", "cities"),
-  ("river", "rivers"),
-  ("garden", "gardens"),
-  ("road", "roads"),
-  ("market", "markets"),
-  ("village", "villages"),
-  ("mountain", "mountains"),
-  ("school", "schools"),
-  ("hospital", "hospitals"),
-  ("office", "offices"),
-  ("shop", "shops"),
-  ("park", "parks"),
-  ("forest", "forests"),
-  ("lake", "lakes"),
-  ("island", "islands"),
-  ("station", "stations"),
-  ("kitchen", "kitchens"),
-  ("library", "libraries"),
-  ("street", "streets"),
-  ("beach", "beaches"),
-]
-_NOUNS = _HUMAN + _ANIMAL + _THING + _PLACE
-_HUMAN_SET = {s for s, _ in _HUMAN}
-_COMPOUND_MODIFIERS = [
-  "school",
-  "city",
-  "village",
-  "garden",
-  "kitchen",
-  "office",
-  "train",
-  "coffee",
-  "music",
-  "family",
-  "river",
-  "football",
-  "market",
-  "computer",
-]
-_ANIMATE = _HUMAN + _ANIMAL
-_PEOPLE = [
-  "Anna",
-  "John",
-  "Maria",
-  "Peter",
-  "Sarah",
-  "David",
-  "Emma",
-  "Tom",
-  "Laura",
-  "James",
-  "Lucy",
-  "Daniel",
-  "Alice",
-  "Robert",
-  "Susan",
-  "Michael",
-]
-_CITIES = ["Paris", "London", "Berlin", "Tokyo", "Chicago", "Rome", "Boston", "Madrid"]
-_TWO_PART_CITIES = [("New", "York"), ("Los", "Angeles"), ("Hong", "Kong"), ("San", "Francisco")]
-
-# Verbs: lemma, 3sg present, past, past participle, gerund.
-_TRANSITIVE = [
-  ("see", "sees", "saw", "seen", "seeing"),
-  ("find", "finds", "found", "found", "finding"),
-  ("like", "likes", "liked", "liked", "liking"),
-  ("watch", "watches", "watched", "watched", "watching"),
-  ("build", "builds", "built", "built", "building"),
-  ("read", "reads", "read", "read", "reading"),
-  ("write", "writes", "wrote", "written", "writing"),
-  ("carry", "carries", "carried", "carried", "carrying"),
-  ("open", "opens", "opened", "opened", "opening"),
-  ("paint", "paints", "painted", "painted", "painting"),
-  ("visit", "visits", "visited", "visited", "visiting"),
-  ("help", "helps", "helped", "helped", "helping"),
-  ("follow", "follows", "followed", "followed", "following"),
-  ("buy", "buys", "bought", "bought", "buying"),
-  ("clean", "cleans", "cleaned", "cleaned", "cleaning"),
-  ("break", "breaks", "broke", "broken", "breaking"),
-  ("take", "takes", "took", "taken", "taking"),
-  ("love", "loves", "loved", "loved", "loving"),
-  ("meet", "meets", "met", "met", "meeting"),
-  ("hear", "hears", "heard", "heard", "hearing"),
-  ("chase", "chases", "chased", "chased", "chasing"),
-  ("fix", "fixes", "fixed", "fixed", "fixing"),
-  ("sell", "sells", "sold", "sold", "selling"),
-  ("draw", "draws", "drew", "drawn", "drawing"),
-  ("catch", "catches", "caught", "caught", "catching"),
-  ("keep", "keeps", "kept", "kept", "keeping"),
-  ("remember", "remembers", "remembered", "remembered", "remembering"),
-  ("close", "closes", "closed", "closed", "closing"),
-  ("lose", "loses", "lost", "lost", "losing"),
-]
-_INTRANSITIVE = [
-  ("sleep", "sleeps", "slept", "slept", "sleeping"),
-  ("run", "runs", "ran", "run", "running"),
-  ("arrive", "arrives", "arrived", "arrived", "arriving"),
-  ("laugh", "laughs", "laughed", "laughed", "laughing"),
-  ("smile", "smiles", "smiled", "smiled", "smiling"),
-  ("wait", "waits", "waited", "waited", "waiting"),
-  ("fall", "falls", "fell", "fallen", "falling"),
-  ("swim", "swims", "swam", "swum", "swimming"),
-  ("sing", "sings", "sang", "sung", "singing"),
-  ("work", "works", "worked", "worked", "working"),
-  ("leave", "leaves", "left", "left", "leaving"),
-  ("cry", "cries", "cried", "cried", "crying"),
-  ("walk", "walks", "walked", "walked", "walking"),
-  ("travel", "travels", "traveled", "traveled", "traveling"),
-  ("dance", "dances", "danced", "danced", "dancing"),
-  ("sit", "sits", "sat", "sat", "sitting"),
-]
-_DITRANSITIVE = [
-  ("give", "gives", "gave", "given", "giving"),
-  ("send", "sends", "sent", "sent", "sending"),
-  ("show", "shows", "showed", "shown", "showing"),
-  ("offer", "offers", "offered", "offered", "offering"),
-  ("bring", "brings", "brought", "brought", "bringing"),
-  ("lend", "lends", "lent", "lent", "lending"),
-]
-_CONTROL = [
-  ("want", "wants", "wanted", "wanted", "wanting"),
-  ("try", "tries", "tried", "tried", "trying"),
-  ("need", "needs", "needed", "needed", "needing"),
-  ("decide", "decides", "decided", "decided", "deciding"),
-  ("hope", "hopes", "hoped", "hoped", "hoping"),
-]
-_COGNITION = [
-  ("think", "thinks", "thought", "thought", "thinking"),
-  ("say", "says", "said", "said", "saying"),
-  ("know", "knows", "knew", "known", "knowing"),
-  ("believe", "believes", "believed", "believed", "believing"),
-  ("hear", "hears", "heard", "heard", "hearing"),
-]
-_ADJECTIVES = [
-  "big",
-  "small",
-  "old",
-  "young",
-  "happy",
-  "sad",
-  "red",
-  "green",
-  "quiet",
-  "loud",
-  "bright",
-  "dark",
-  "tall",
-  "short",
-  "strong",
-  "angry",
-  "clever",
-  "famous",
-  "new",
-  "warm",
-  "cold",
-  "heavy",
-  "beautiful",
-  "strange",
-  "busy",
-  "kind",
-  "brave",
-  "tired",
-  "empty",
-  "blue",
-  "white",
-  "little",
-  "hungry",
-  "careful",
-  "polite",
-  "lazy",
-]
-_PRED_ADJECTIVES = [
-  "happy",
-  "sad",
-  "quiet",
-  "tired",
-  "angry",
-  "busy",
-  "hungry",
-  "ready",
-  "late",
-  "right",
-  "wrong",
-  "afraid",
-  "cold",
-  "warm",
-  "empty",
-  "open",
-  "kind",
-]
-_PREPOSITIONS = ["in", "on", "near", "with", "under", "behind", "from", "at", "beside", "across", "without", "inside"]
-_VERB_PREPOSITIONS = ["in", "near", "at", "behind", "after", "before", "during", "with", "across", "inside"]
-_EVENT_NOUNS = [
-  ("lunch", "lunches"),
-  ("dinner", "dinners"),
-  ("meeting", "meetings"),
-  ("storm", "storms"),
-  ("party", "parties"),
-  ("game", "games"),
-  ("concert", "concerts"),
-  ("class", "classes"),
-]
-_MANNER_ADVERBS = [
-  "quickly",
-  "slowly",
-  "carefully",
-  "quietly",
-  "happily",
-  "loudly",
-  "easily",
-  "badly",
-  "suddenly",
-  "again",
-  "well",
-  "together",
-]
-_FREQUENCY_ADVERBS = ["often", "never", "always", "sometimes", "usually", "rarely", "also"]
-_SUBORDINATORS = ["because", "when", "while", "although", "if", "before", "after", "since", "until"]
-_MODALS = ["will", "can", "must", "should", "may", "might", "would", "could"]
-_NUMBERS = ["two", "three", "four", "five", "six", "ten"]
-_SUBJECT_PRONOUNS = [
-  ("I", 1, "sg"),
-  ("you", 2, "pl"),
-  ("he", 3, "sg"),
-  ("she", 3, "sg"),
-  ("it", 3, "sg"),
-  ("we", 1, "pl"),
-  ("they", 3, "pl"),
-]
-_OBJECT_PRONOUNS = {"I": "me", "you": "you", "he": "him", "she": "her", "it": "it", "we": "us", "they": "them"}
-_SINGULAR_DETERMINERS = ["the"] * 5 + ["a"] * 4 + ["this", "that", "every", "no"]
-_PLURAL_DETERMINERS = ["the"] * 5 + ["these", "those", "some", "no"]
-_POSSESSIVES = ["my", "your", "his", "her", "its", "our", "their"]
-_CONJUNCTIONS = ["and", "and", "and", "or", "but"]
 
 _MIN_WORDS, _MAX_WORDS = 3, 30
 
@@ -381,13 +68,13 @@ class _Grammar:
     return seq[int(self.random() * len(seq))]
 
   # --- noun phrases ---
-  def noun_phrase(self, depth, role, nouns=_NOUNS, number=None, pronoun=False, names=()):
+  def noun_phrase(self, depth, role, nouns=lexicon.NOUNS, number=None, pronoun=False, names=()):
     """det/poss/num + adjectives + compound + noun + PP or relative clause; or a pronoun/name."""
     if pronoun and self.p(0.3 if role == "subj" else 0.15):
-      form, person, num = self.pick(_SUBJECT_PRONOUNS)
+      form, person, num = self.pick(lexicon.SUBJECT_PRONOUNS)
       if number is None or number == num:
         lemma = form if form == "I" else form.lower()
-        shown = _OBJECT_PRONOUNS[form] if role == "obj" else form
+        shown = lexicon.OBJECT_PRONOUNS[form] if role == "obj" else form
         tok = _Tok(shown, lemma, "PRON", "PRP")
         return _NP([tok], tok, person, num, pronoun=form)
     if names and number != "pl" and self.p(0.12):
@@ -398,17 +85,17 @@ class _Grammar:
     pre = []
     roll = self.random()
     if roll < 0.12:
-      pre.append(_attach(_Tok(self.pick(_POSSESSIVES), "", "PRON", "PRP$"), noun, "nmod:poss"))
+      pre.append(_attach(_Tok(self.pick(lexicon.POSSESSIVES), "", "PRON", "PRP$"), noun, "nmod:poss"))
     elif roll < 0.2 and number == "pl":
       if self.p(0.4):
         pre.append(_attach(_Tok("the", "the", "DET", "DT"), noun, "det"))
-      pre.append(_attach(_Tok(self.pick(_NUMBERS), "", "NUM", "CD"), noun, "nummod"))
+      pre.append(_attach(_Tok(self.pick(lexicon.NUMBERS), "", "NUM", "CD"), noun, "nummod"))
     elif roll < 0.95 or number == "sg":
-      choices = _SINGULAR_DETERMINERS if number == "sg" else _PLURAL_DETERMINERS
+      choices = lexicon.SINGULAR_DETERMINERS if number == "sg" else lexicon.PLURAL_DETERMINERS
       pre.append(_attach(_Tok(self.pick(choices), "", "DET", "DT"), noun, "det"))
     used = set()
     for _ in range(self.pick((0, 0, 0, 1, 1, 2))):
-      form = self.pick(_ADJECTIVES)
+      form = self.pick(lexicon.ADJECTIVES)
       if form in used:
         continue
       used.add(form)
@@ -417,26 +104,26 @@ class _Grammar:
         pre.append(_attach(_Tok("very", "very", "ADV", "RB"), adj, "advmod"))
       pre.append(_attach(adj, noun, "amod"))
     if self.p(0.12):
-      modifier = self.pick(_COMPOUND_MODIFIERS)
+      modifier = self.pick(lexicon.COMPOUND_MODIFIERS)
       if modifier != singular:
         pre.append(_attach(_Tok(modifier, modifier, "NOUN", "NN"), noun, "compound"))
     toks = pre + [noun]
     if depth < 2 and self.p(0.2 if depth == 0 else 0.08):
-      toks += self.prep_phrase(noun, "nmod", depth + 1, _PREPOSITIONS, names=_CITIES)
+      toks += self.prep_phrase(noun, "nmod", depth + 1, lexicon.PREPOSITIONS, names=lexicon.CITIES)
     elif depth < 1 and self.p(0.12):
       toks += self.relative_clause(noun, number, depth + 1)
     return _NP(toks, noun, 3, number)
 
   def _name(self, names):
-    if names is _CITIES and self.p(0.25):
-      first, second = self.pick(_TWO_PART_CITIES)
+    if names is lexicon.CITIES and self.p(0.25):
+      first, second = self.pick(lexicon.TWO_PART_CITIES)
       head = _Tok(second, second, "PROPN", "NNP")
       return _NP([_attach(_Tok(first, first, "PROPN", "NNP"), head, "compound"), head], head, 3, "sg")
     name = self.pick(names)
     head = _Tok(name, name, "PROPN", "NNP")
     return _NP([head], head, 3, "sg")
 
-  def prep_phrase(self, governor, deprel, depth, prepositions, nouns=_NOUNS, names=()):
+  def prep_phrase(self, governor, deprel, depth, prepositions, nouns=lexicon.NOUNS, names=()):
     prep = self.pick(prepositions)
     np = self.noun_phrase(depth, role="pobj", nouns=nouns, names=names)
     _attach(np.head, governor, deprel)
@@ -444,7 +131,7 @@ class _Grammar:
 
   def relative_clause(self, noun, number, depth):
     """`that/who/which` + clause with a gap: subject or object relative (acl:relcl)."""
-    human = noun.lemma in _HUMAN_SET
+    human = noun.lemma in lexicon.HUMAN_SET
     if self.p(0.6):  # subject relative: the dog that chased the cat
       if human:
         form = "who" if self.p(0.7) else "that"
@@ -456,8 +143,8 @@ class _Grammar:
       _attach(verb, noun, "acl:relcl")
       return [rel] + toks
     rel = _Tok("that", "", "PRON", "WDT")
-    subject = self.noun_phrase(depth + 1, "subj", _ANIMATE, pronoun=True, names=_PEOPLE)
-    verb, vtoks = self.finite_verb(self.pick(_TRANSITIVE), subject)
+    subject = self.noun_phrase(depth + 1, "subj", lexicon.ANIMATE, pronoun=True, names=lexicon.PEOPLE)
+    verb, vtoks = self.finite_verb(self.pick(lexicon.TRANSITIVE), subject)
     _attach(rel, verb, "obj")
     _attach(subject.head, verb, "nsubj")
     _attach(verb, noun, "acl:relcl")
@@ -475,7 +162,7 @@ class _Grammar:
     elif roll < 0.7:
       verb = _Tok(vbd, lemma, "VERB", "VBD")
     elif roll < 0.8:
-      modal = self.pick(_MODALS)
+      modal = self.pick(lexicon.MODALS)
       aux.append(_Tok(modal, modal, "AUX", "MD"))
       if self.p(0.2):
         aux.append(_Tok("not", "not", "PART", "RB"))
@@ -499,7 +186,7 @@ class _Grammar:
       aux += [_Tok(form, "do", "AUX", xpos), _Tok("not", "not", "PART", "RB")]
       verb = _Tok(lemma, lemma, "VERB", "VB")
     if self.p(0.2) and not any(t.form == "not" for t in aux):  # he has often seen
-      aux.append(_Tok(self.pick(_FREQUENCY_ADVERBS), "", "ADV", "RB"))
+      aux.append(_Tok(self.pick(lexicon.FREQUENCY_ADVERBS), "", "ADV", "RB"))
     for t in aux:
       _attach(t, verb, "aux" if t.upos == "AUX" else "advmod")
     return verb, aux + [verb]
@@ -515,44 +202,51 @@ class _Grammar:
     """A predicate agreeing with the subject _NP `subj`: (head word, toks in order)."""
     kind = self.random()
     if kind < 0.25:
-      verb, toks = self.finite_verb(self.pick(_INTRANSITIVE), subj)
+      verb, toks = self.finite_verb(self.pick(lexicon.INTRANSITIVE), subj)
     elif kind < 0.65:
-      verb, toks = self.finite_verb(self.pick(_TRANSITIVE), subj)
-      obj = self.noun_phrase(depth + 1, "obj", pronoun=True, names=_PEOPLE)
+      verb, toks = self.finite_verb(self.pick(lexicon.TRANSITIVE), subj)
+      obj = self.noun_phrase(depth + 1, "obj", pronoun=True, names=lexicon.PEOPLE)
       toks += obj.toks
       _attach(obj.head, verb, "obj")
     elif kind < 0.72:
-      verb, toks = self.finite_verb(self.pick(_DITRANSITIVE), subj)
-      iobj = self.noun_phrase(depth + 1, "obj", _ANIMATE, pronoun=True, names=_PEOPLE)
-      obj = self.noun_phrase(depth + 1, "obj", _THING)
+      verb, toks = self.finite_verb(self.pick(lexicon.DITRANSITIVE), subj)
+      iobj = self.noun_phrase(depth + 1, "obj", lexicon.ANIMATE, pronoun=True, names=lexicon.PEOPLE)
+      obj = self.noun_phrase(depth + 1, "obj", lexicon.THING)
       toks += iobj.toks + obj.toks
       _attach(iobj.head, verb, "iobj")
       _attach(obj.head, verb, "obj")
     elif kind < 0.8 and depth < 2:
-      verb, toks = self.finite_verb(self.pick(_CONTROL), subj)
+      verb, toks = self.finite_verb(self.pick(lexicon.CONTROL), subj)
       to = _Tok("to", "to", "PART", "TO")
-      lemma = self.pick(_TRANSITIVE)[0]
+      lemma = self.pick(lexicon.TRANSITIVE)[0]
       inf = _attach(_Tok(lemma, lemma, "VERB", "VB"), verb, "xcomp")
       toks += [_attach(to, inf, "mark"), inf]
-      obj = self.noun_phrase(depth + 1, "obj", pronoun=True, names=_PEOPLE + _CITIES)
+      obj = self.noun_phrase(depth + 1, "obj", pronoun=True, names=lexicon.PEOPLE + lexicon.CITIES)
       toks += obj.toks
       _attach(obj.head, inf, "obj")
     elif kind < 0.86 and depth < 1:
-      verb, toks = self.finite_verb(self.pick(_COGNITION), subj)
+      verb, toks = self.finite_verb(self.pick(lexicon.COGNITION), subj)
       clause_head, clause = self.clause(depth + 1)
       _attach(clause_head, verb, "ccomp")
       if self.p(0.6):
         clause = [_attach(_Tok("that", "that", "SCONJ", "IN"), clause_head, "mark")] + clause
       toks += clause
     else:
-      verb, toks = self.finite_verb(self.pick(_TRANSITIVE), subj)
-      obj = self.noun_phrase(depth + 1, "obj", names=_CITIES)
+      verb, toks = self.finite_verb(self.pick(lexicon.TRANSITIVE), subj)
+      obj = self.noun_phrase(depth + 1, "obj", names=lexicon.CITIES)
       toks += obj.toks
       _attach(obj.head, verb, "obj")
     if self.p(0.3):  # PP on the verb: obl (competes with the nmod PPs inside the object)
-      toks += self.prep_phrase(verb, "obl", depth + 1, _VERB_PREPOSITIONS, nouns=_PLACE + _EVENT_NOUNS, names=_CITIES)
+      toks += self.prep_phrase(
+        verb,
+        "obl",
+        depth + 1,
+        lexicon.VERB_PREPOSITIONS,
+        nouns=lexicon.PLACE + lexicon.EVENT_NOUNS,
+        names=lexicon.CITIES,
+      )
     if self.p(0.15):
-      toks.append(_attach(_Tok(self.pick(_MANNER_ADVERBS), "", "ADV", "RB"), verb, "advmod"))
+      toks.append(_attach(_Tok(self.pick(lexicon.MANNER_ADVERBS), "", "ADV", "RB"), verb, "advmod"))
     return verb, toks
 
   # --- clauses ---
@@ -564,18 +258,18 @@ class _Grammar:
     if kind < 0.2:
       return self.passive(depth)
     if kind < 0.26 and depth == 0:  # noun-phrase coordination in the subject
-      first = self.noun_phrase(depth + 1, "subj", _ANIMATE, names=_PEOPLE)
-      second = self.noun_phrase(depth + 1, "subj", _ANIMATE, names=_PEOPLE)
+      first = self.noun_phrase(depth + 1, "subj", lexicon.ANIMATE, names=lexicon.PEOPLE)
+      second = self.noun_phrase(depth + 1, "subj", lexicon.ANIMATE, names=lexicon.PEOPLE)
       cc = _attach(_Tok("and", "and", "CCONJ", "CC"), second.head, "cc")
       _attach(second.head, first.head, "conj")
       subject = _NP(first.toks + [cc] + second.toks, first.head, 3, "pl")
     else:
-      subject = self.noun_phrase(depth, "subj", _ANIMATE, pronoun=True, names=_PEOPLE)
+      subject = self.noun_phrase(depth, "subj", lexicon.ANIMATE, pronoun=True, names=lexicon.PEOPLE)
     verb, toks = self.verb_group(subject, depth)
     _attach(subject.head, verb, "nsubj")
     if depth == 0 and self.p(0.12):  # verb-phrase coordination with a shared subject
       other, more = self.verb_group(subject, depth + 1)
-      cc = _Tok(self.pick(_CONJUNCTIONS), "", "CCONJ", "CC")
+      cc = _Tok(self.pick(lexicon.CONJUNCTIONS), "", "CCONJ", "CC")
       _attach(cc, other, "cc")
       _attach(other, verb, "conj")
       toks += [cc] + more
@@ -583,21 +277,23 @@ class _Grammar:
 
   def copular(self, depth):
     """Predicate is the head; the copula and subject attach to it (UD copula convention)."""
-    subject = self.noun_phrase(depth, "subj", pronoun=True, names=_PEOPLE + _CITIES)
+    subject = self.noun_phrase(depth, "subj", pronoun=True, names=lexicon.PEOPLE + lexicon.CITIES)
     form, xpos = self._be(subject, past=self.p(0.4))
     cop = _Tok(form, "be", "AUX", xpos)
     kind = self.random()
     if kind < 0.5:
-      pred = _Tok(self.pick(_PRED_ADJECTIVES), "", "ADJ", "JJ")
+      pred = _Tok(self.pick(lexicon.PRED_ADJECTIVES), "", "ADJ", "JJ")
       toks = [pred]
       if self.p(0.2):
         toks.insert(0, _attach(_Tok("very", "very", "ADV", "RB"), pred, "advmod"))
     elif kind < 0.75:
-      np = self.noun_phrase(depth + 1, "pobj", _HUMAN if subject.pronoun else _NOUNS, number=subject.number)
+      np = self.noun_phrase(
+        depth + 1, "pobj", lexicon.HUMAN if subject.pronoun else lexicon.NOUNS, number=subject.number
+      )
       pred, toks = np.head, np.toks
     else:
-      prep = self.pick(_PREPOSITIONS[:9])
-      np = self.noun_phrase(depth + 1, "pobj", _PLACE, names=_CITIES)
+      prep = self.pick(lexicon.PREPOSITIONS[:9])
+      np = self.noun_phrase(depth + 1, "pobj", lexicon.PLACE, names=lexicon.CITIES)
       pred = np.head
       toks = [_attach(_Tok(prep, prep, "ADP", "IN"), pred, "case")] + np.toks
     before = [_attach(cop, pred, "cop")]
@@ -607,39 +303,39 @@ class _Grammar:
     return pred, subject.toks + before + toks
 
   def passive(self, depth):
-    subject = self.noun_phrase(depth, "subj", _THING + _ANIMAL + _PLACE, names=_CITIES)
-    lemma, _, _, vbn, _ = self.pick(_TRANSITIVE)
+    subject = self.noun_phrase(depth, "subj", lexicon.THING + lexicon.ANIMAL + lexicon.PLACE, names=lexicon.CITIES)
+    lemma, _, _, vbn, _ = self.pick(lexicon.TRANSITIVE)
     form, xpos = self._be(subject, past=self.p(0.7))
     verb = _Tok(vbn, lemma, "VERB", "VBN")
     _attach(subject.head, verb, "nsubj:pass")
     toks = subject.toks + [_attach(_Tok(form, "be", "AUX", xpos), verb, "aux:pass"), verb]
     if self.p(0.6):
-      agent = self.noun_phrase(depth + 1, "pobj", _ANIMATE, names=_PEOPLE)
+      agent = self.noun_phrase(depth + 1, "pobj", lexicon.ANIMATE, names=lexicon.PEOPLE)
       _attach(agent.head, verb, "obl")
       toks += [_attach(_Tok("by", "by", "ADP", "IN"), agent.head, "case")] + agent.toks
     return verb, toks
 
   def question(self):
     """Yes/no (`Did the dog see ...?`, `Is the cat happy?`) or object wh-question."""
-    subject = self.noun_phrase(1, "subj", _ANIMATE, pronoun=True, names=_PEOPLE)
+    subject = self.noun_phrase(1, "subj", lexicon.ANIMATE, pronoun=True, names=lexicon.PEOPLE)
     if self.p(0.3):
       form, xpos = self._be(subject, past=self.p(0.4))
-      pred = _Tok(self.pick(_PRED_ADJECTIVES), "", "ADJ", "JJ")
+      pred = _Tok(self.pick(lexicon.PRED_ADJECTIVES), "", "ADJ", "JJ")
       _attach(subject.head, pred, "nsubj")
       return pred, [_attach(_Tok(form, "be", "AUX", xpos), pred, "cop")] + subject.toks + [pred]
     third_sg = subject.person == 3 and subject.number == "sg"
     aux_form, aux_xpos = self.pick(
-      [("did", "VBD"), ("does", "VBZ") if third_sg else ("do", "VBP"), (self.pick(_MODALS), "MD")]
+      [("did", "VBD"), ("does", "VBZ") if third_sg else ("do", "VBP"), (self.pick(lexicon.MODALS), "MD")]
     )
     aux = _Tok(aux_form, "do" if aux_xpos != "MD" else aux_form, "AUX", aux_xpos)
-    lemma = self.pick(_TRANSITIVE)[0]
+    lemma = self.pick(lexicon.TRANSITIVE)[0]
     verb = _Tok(lemma, lemma, "VERB", "VB")
     _attach(aux, verb, "aux")
     _attach(subject.head, verb, "nsubj")
     if self.p(0.4):
       wh = _attach(_Tok(self.pick(["what", "who"]), "", "PRON", "WP"), verb, "obj")
       return verb, [wh, aux] + subject.toks + [verb]
-    obj = self.noun_phrase(1, "obj", pronoun=True, names=_PEOPLE + _CITIES)
+    obj = self.noun_phrase(1, "obj", pronoun=True, names=lexicon.PEOPLE + lexicon.CITIES)
     _attach(obj.head, verb, "obj")
     return verb, [aux] + subject.toks + [verb] + obj.toks
 
@@ -653,14 +349,14 @@ class _Grammar:
     elif kind < 0.2:  # clause , and clause
       head, toks = self.clause(0)
       other, more = self.clause(1)
-      cc = _attach(_Tok(self.pick(_CONJUNCTIONS), "", "CCONJ", "CC"), other, "cc")
+      cc = _attach(_Tok(self.pick(lexicon.CONJUNCTIONS), "", "CCONJ", "CC"), other, "cc")
       _attach(other, head, "conj")
       comma = [_attach(_Tok(",", ",", "PUNCT", ","), other, "punct")] if self.p(0.5) else []
       toks += comma + [cc] + more
     elif kind < 0.35:  # adverbial clause, fronted (with a comma) or final
       head, toks = self.clause(0)
       sub_head, sub = self.clause(1)
-      sub = [_attach(_Tok(self.pick(_SUBORDINATORS), "", "SCONJ", "IN"), sub_head, "mark")] + sub
+      sub = [_attach(_Tok(self.pick(lexicon.SUBORDINATORS), "", "SCONJ", "IN"), sub_head, "mark")] + sub
       _attach(sub_head, head, "advcl")
       if self.p(0.5):
         toks = sub + [_attach(_Tok(",", ",", "PUNCT", ","), sub_head, "punct")] + toks

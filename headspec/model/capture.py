@@ -9,7 +9,7 @@ later calls run at once. The weights are an argument of the program, not constan
 other weights of the same structure reuses it. Values equal the eager model's. headspec/api/store.py runs the
 same program over a corpus (`headspec.activations`).
 
-Names are the sites of docs/patching.md (`headspec.model.transformer.SITES`: resid_pre, q, k, v, pattern, z,
+Names are the sites of docs/patching.md (`headspec.model.sites.SITES`: resid_pre, q, k, v, pattern, z,
 head_out, attn_out, resid_mid, mlp_in, mlp_out, resid_post, ...), `embeddings` (block 0's input: token +
 position embeddings) and, as TransformerLens splits it, `embed` (the token embedding alone) and `pos_embed`
 (the position embedding; none with rotary positions), computed from the weights and the tokens whether
@@ -32,7 +32,6 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
-import functools
 import re
 
 import jax
@@ -42,8 +41,10 @@ from flax import nnx
 
 from headspec.arguments import short
 from headspec.errors import UserError
-from headspec.model import transformer as model_lib
+from headspec.model.layers import sinusoidal_positions
+from headspec.model.sites import CAPTURE_FIELDS, SITES
 from headspec.parallel import mesh as mesh_lib
+from headspec.parallel.compilations import program_cache
 
 # TransformerLens's hook of each site (docs/patching.md's table), `blocks.{layer}.` before it.
 TL_HOOKS = {
@@ -64,7 +65,7 @@ TL_HOOKS = {
   "hook_mlp_in": "mlp_in",
   "hook_mlp_out": "mlp_out",
   "hook_resid_post": "resid_post",
-  "attn.hook_attn_scores": "attn_scores",  # the sites below where headspec.model.transformer.SITES has them
+  "attn.hook_attn_scores": "attn_scores",  # the sites below where headspec.model.sites.SITES has them
   "mlp.hook_post": "mlp_post",
   "ln1.hook_scale": "ln1_scale",
   "ln2.hook_scale": "ln2_scale",
@@ -89,10 +90,10 @@ def bucket_length(num_tokens: int, max_len: int, minimum: int = 16) -> int:
 
 def default_sites() -> tuple[str, ...]:
   """What `capture` records without `sites=`: every capture name but the per-head stream copies."""
-  return tuple(name for name in model_lib.CAPTURE_FIELDS if name not in NOT_BY_DEFAULT)
+  return tuple(name for name in CAPTURE_FIELDS if name not in NOT_BY_DEFAULT)
 
 
-NAMES = (*EMBED_PARTS, *model_lib.CAPTURE_FIELDS)  # every name a Cache answers to, in the order keys() lists them
+NAMES = (*EMBED_PARTS, *CAPTURE_FIELDS)  # every name a Cache answers to, in the order keys() lists them
 
 
 def unknown_site(name: str, what: str, names=NAMES) -> UserError:
@@ -118,7 +119,7 @@ def check_sites(sites, what: str = "capture", *, embed_parts: bool = False) -> t
   """Capture names (sites of docs/patching.md, 'embeddings', or TransformerLens hook names without
   `blocks.l.`; with `embed_parts` also 'embed' and 'pos_embed', which `run_capture` computes), in a fixed
   order; UserError (from function `what`) naming an unknown one and the close valid ones."""
-  names = NAMES if embed_parts else model_lib.CAPTURE_FIELDS
+  names = NAMES if embed_parts else CAPTURE_FIELDS
   out = []
   for name in (sites,) if isinstance(sites, str) else sites:
     site = _capture_name(name)
@@ -148,7 +149,7 @@ def embed_part(net, tokens_BT, name: str, what: str) -> np.ndarray:
   if cfg.positions == "learned":
     table_TD = net.position_embed_TD[...][:T]
   elif cfg.positions == "sinusoidal":
-    table_TD = model_lib.sinusoidal_positions(T, cfg.d_model)
+    table_TD = sinusoidal_positions(T, cfg.d_model)
   else:
     raise UserError(
       f"{what}: this model has {cfg.positions} positions (they enter each layer's queries and keys): it has no "
@@ -157,7 +158,7 @@ def embed_part(net, tokens_BT, name: str, what: str) -> np.ndarray:
   return np.asarray(jnp.broadcast_to(table_TD[None], (B, T, cfg.d_model)).astype(dt))
 
 
-@functools.lru_cache(maxsize=32)
+@program_cache(32)
 def forward(graphdef, sites: tuple[str, ...], output: str = "logits", picks: tuple | None = None):
   """jit(state, tokens_BT, valid_BT, interventions) -> (logits_BTV, Intermediates), one program per padded
   shape. output: 'logits' or 'hidden' (the final hidden state: no unembedding, for a caller that reads only
@@ -184,8 +185,8 @@ def _site_of(inter, name: str):
 def token_axes(name: str, layered: bool = True) -> tuple[int, ...]:
   """The token axes (T, and S of an attention map) of capture name `name`'s array: [L, B, ...] as the
   Intermediates hold it (`layered`), else one layer's [B, ...]."""
-  axes = {"embeddings": "BTD", "ln_final_scale": "BT"}.get(name) or model_lib.SITES[name]
-  shift = int(layered and name in model_lib.SITES)
+  axes = {"embeddings": "BTD", "ln_final_scale": "BT"}.get(name) or SITES[name]
+  shift = int(layered and name in SITES)
   return tuple(i + shift for i, letter in enumerate(axes) if letter in "TS")
 
 
@@ -262,7 +263,7 @@ class Cache:
     if match and layer is None:
       layer, key = int(match.group(1)), match.group(2)
     site = _capture_name(key)
-    if site not in NAMES or (match and site not in model_lib.SITES):
+    if site not in NAMES or (match and site not in SITES):
       raise unknown_site(given, f"cache[{given!r}]")
     if site in EMBED_PARTS and site not in self.activations:  # the weights and tokens give it: no capture needed
       value = embed_part(self.model, self.tokens_BT, site, f"cache[{given!r}]")
@@ -271,7 +272,7 @@ class Cache:
     if layer is None:
       return value
     L = self.cfg.num_layers
-    if site not in model_lib.SITES:  # embeddings, the final norm's scale
+    if site not in SITES:  # embeddings, the final norm's scale
       raise UserError(f"cache[{key!r}, {layer}]: {site!r} has no layer axis; read cache[{key!r}]")
     if not -L <= layer < L:
       raise UserError(f"cache[{key!r}, {layer}]: layer out of range 0..{L - 1}")

@@ -1,4 +1,4 @@
-"""Ready-made functional edits of an intervention site (headspec/model/transformer.py `Apply`, docs/patching.md).
+"""Ready-made functional edits of an intervention site (headspec/model/sites.py `Apply`, docs/patching.md).
 
 Each returns an `Apply` whose function is a fixed module-level function (or, for `splice` with plain
 functions, an object equal for equal functions), so changing a direction, a value or an SAE's weights never
@@ -24,7 +24,7 @@ from collections.abc import Callable
 import jax.numpy as jnp
 
 from headspec.errors import UserError
-from headspec.model.transformer import Apply, Edit
+from headspec.model.sites import Apply, Edit
 
 __all__ = ["Apply", "Edit", "clamp", "head_mask", "project_out", "replace", "splice", "with_head_mask"]
 

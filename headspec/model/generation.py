@@ -1,7 +1,7 @@
 """Text generation from a decoder: a prefill of the prompt, then one jitted step per new token (docs/api.md).
 
 `generate(model, prompt, max_new_tokens)` decodes greedily (temperature 0) or samples (temperature > 0, top-k),
-with a key-value cache (headspec/model/transformer.py `KVCache`: the prompt's keys and values are computed once, each step
+with a key-value cache (headspec/model/layers.py `KVCache`: the prompt's keys and values are computed once, each step
 runs the one new token against them) or without (`use_cache=False`: every step reruns the full forward over a
 fixed-size buffer, the reference the cache is checked against). Both go through the model's own forward, so
 `interventions` (any site's `Edit` or `Apply`, docs/patching.md) act at every position of the prompt and of the
@@ -21,8 +21,10 @@ from flax import nnx
 
 from headspec import arguments as check
 from headspec.errors import UserError
+from headspec.model.layers import KVCache
+from headspec.model.sites import SITES, Edit, check_interventions
 from headspec.model.tokens import check_ids
-from headspec.model.transformer import SITES, Edit, KVCache, Transformer, check_interventions
+from headspec.model.transformer import Transformer
 from headspec.parallel import mesh as mesh_lib
 
 SLOTS = 32  # the cache (and the no-cache buffer) has a multiple of this many slots, so that the decoding step

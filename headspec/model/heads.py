@@ -1,7 +1,7 @@
 """Small utilities over per-head tensors, shared by the diversity metrics and the training regularizers.
 
 `unit` normalises head vectors (cosines between heads); `intermediate` reads one captured field of a
-forward pass (headspec/model/transformer.py's Intermediates) and says which capture is missing when it is not there.
+forward pass (headspec/model/sites.py's Intermediates) and says which capture is missing when it is not there.
 """
 
 from __future__ import annotations

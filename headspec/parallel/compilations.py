@@ -1,4 +1,11 @@
-"""Counting XLA compilations: how a command or a benchmark shows that nothing recompiles per iteration.
+"""Compiled programs: the one cache of every program factory, and counting XLA compilations.
+
+`program_cache(maxsize)` is the decorator of every factory that builds a jitted program from a model's
+graphdef (and static keys): `factory(graphdef, *keys)` returns the same compiled program for equal
+arguments, so a loop over batches or models of one shape compiles once. It is `functools.lru_cache`
+(`cache_info`, `cache_clear` kept) plus one registry of every such cache: `programs()` lists them with
+their sizes and hits, `clear_programs()` empties them all at once (a test that must compile afresh, a long
+notebook that has loaded many models: each cached program holds its graphdef and its compiled executable).
 
 jax reports every backend compilation as the monitoring event '/jax/core/compile/backend_compile_duration'
 (with the compiled function's name); `Compilations` listens while open. Used by `headspec probe` (the
@@ -7,9 +14,37 @@ count per model step goes into probes/run_info.json and the log, issue 33) and b
 
 from __future__ import annotations
 
+import functools
+from collections.abc import Callable
+
 from jax import monitoring
 
 EVENT = "/jax/core/compile/backend_compile_duration"
+_PROGRAMS: dict[str, Callable] = {}  # "module.factory" -> its lru_cache wrapper
+
+
+def program_cache(maxsize: int) -> Callable[[Callable], Callable]:
+  """Decorator of a program factory `factory(graphdef, *static keys) -> jitted program`: at most `maxsize`
+  programs kept (least recently used dropped), registered under "module.qualname" for `programs` and
+  `clear_programs`. The factory's jit (static arguments, donation, shardings) is untouched."""
+
+  def register(factory: Callable) -> Callable:
+    cached = functools.lru_cache(maxsize=maxsize)(factory)
+    _PROGRAMS[f"{factory.__module__}.{factory.__qualname__}"] = cached
+    return cached
+
+  return register
+
+
+def programs() -> dict[str, functools._CacheInfo]:
+  """{"module.factory": its cache_info (hits, misses, maxsize, currsize)} of every `program_cache`d factory."""
+  return {name: cached.cache_info() for name, cached in sorted(_PROGRAMS.items())}
+
+
+def clear_programs() -> None:
+  """Empties every `program_cache`d factory: the next call of each builds (and compiles) its program again."""
+  for cached in _PROGRAMS.values():
+    cached.cache_clear()
 
 
 class Compilations:

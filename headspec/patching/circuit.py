@@ -18,6 +18,7 @@ from headspec.errors import UserError
 from headspec.io import filenames, provenance, remote, tables, textfiles
 from headspec.patching import tasks
 from headspec.runs import targets
+from headspec.runs.target_config import add_target_keys
 from headspec.words import jobloop
 
 EDGES, FAITHFULNESS = tables.CIRCUIT_EDGES, tables.CIRCUIT_FAITHFULNESS
@@ -27,10 +28,7 @@ METHODS = ("eap", "eap_ig", "exact", "eap_denoising", "eap_ig_denoising", "exact
 def circuit_config() -> ml_collections.ConfigDict:
   """Every `headspec circuit` key with its default (configs/circuit.py starts from it)."""
   c = ml_collections.ConfigDict()
-  c.mesh = ""  # data=N,fsdp=N,tensor=N (docs/scale.md); '': training data-parallel, analyses on one device
-  c.multihost = False  # one program over all processes (pod workers, SLURM tasks; mesh '': all on data)
-  c.steps = "last"  # 'all' | 'last' | comma-separated saved steps; a pretrained model has step 0 only
-  c.model_name = ""  # the tables' `model` column; '' = the run folder's name or the pretrained name
+  add_target_keys(c)  # mesh, multihost, steps, model_name, model.pretrained, model.dtype
   c.task = "induction"  # 'induction' | 'ioi' (headspec/patching/tasks.py) | 'pairs' (the prompt pairs of `pairs`)
   c.pairs = ""  # task 'pairs': a JSON Lines file, one {"clean", "corrupt", "answer", "wrong"} per line (read_pairs)
   c.corruption = "abc"  # ioi: 'abc' | 's2' (table task `ioi` | `ioi_s2`)
@@ -44,9 +42,6 @@ def circuit_config() -> ml_collections.ConfigDict:
   c.batch_size = 0  # prompt pairs per batch; 0 = all at once
   c.figure_edges = 20  # the top edges drawn per method, circuit/<task>_<method>_<model>_step<step>.png; 0: none
   c.seed = 0  # the prompt pairs' random tokens and the random edge sets
-  c.model = ml_collections.ConfigDict()
-  c.model.pretrained = ""  # a Hugging Face directory or Hub name: its step 0 instead of WORKDIR's checkpoints
-  c.model.dtype = "float32"  # parameters and compute: 'float32' or 'bfloat16' (half the memory; docs/scale.md)
   return c
 
 

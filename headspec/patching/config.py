@@ -4,13 +4,12 @@ from __future__ import annotations
 
 import ml_collections
 
+from headspec.runs.target_config import add_target_keys
+
 
 def patch_config() -> ml_collections.ConfigDict:
   c = ml_collections.ConfigDict()
-  c.mesh = ""  # data=N,fsdp=N,tensor=N (docs/scale.md); '': training data-parallel, analyses on one device
-  c.multihost = False  # one program over all processes (pod workers, SLURM tasks; mesh '': all on data)
-  c.steps = "last"  # 'all' | 'last' | comma-separated saved steps; a pretrained model has step 0 only
-  c.model_name = ""  # the tables' `model` column; '' = the run folder's name or the pretrained name
+  add_target_keys(c)  # mesh, multihost, steps, model_name, model.pretrained, model.dtype
   c.task = "induction"  # 'induction' (repeated random sequences) | 'ioi' (name-mover templates): patching/tasks.py
   c.corruption = "abc"  # ioi: 'abc' (all three names replaced, Wang et al.'s ABC set; task column `ioi`) |
   #                       's2' (only the second B replaced; task column `ioi_s2`)
@@ -18,14 +17,11 @@ def patch_config() -> ml_collections.ConfigDict:
   #                          (correct − wrong) | 'prob' (p(correct)) | 'loss' (−log p(correct)): patching/core.py METRICS
   c.count = 32  # prompt pairs
   c.induction_n = 6  # induction: the repeated sequence's length n ([BOS] r_1..r_n r_1..r_{n-1})
-  c.sites = "z,pattern,resid_pre,attn_out,mlp_out"  # sites patched (headspec.model.transformer.SITES), each by head and position
+  c.sites = "z,pattern,resid_pre,attn_out,mlp_out"  # sites patched (model/sites.py SITES), each by head and position
   c.by_position = True  # one patch per position (False: all positions at once, position -1)
   c.direction = "denoising"  # 'denoising' (corrupted run, clean activation; TransformerLens's) | 'noising'
   c.attribution = True  # also attribution patching of every site, with its agreement with exact patching
   c.path = True  # also path patching into the logits (method path_logits): every head's paths through no
   #                 other head (directly and through the downstream MLPs, which recompute; Wang et al.)
   c.seed = 0  # the prompt pairs' random tokens and names
-  c.model = ml_collections.ConfigDict()
-  c.model.pretrained = ""  # a Hugging Face directory or Hub name: its step 0 instead of WORKDIR's checkpoints
-  c.model.dtype = "float32"  # parameters and compute: 'float32' or 'bfloat16' (half the memory; docs/scale.md)
   return c

@@ -1,4 +1,4 @@
-"""Activation, attribution and path patching over the model's intervention sites (headspec/model/transformer.py SITES).
+"""Activation, attribution and path patching over the model's intervention sites (headspec/model/sites.py SITES).
 
 Activation patching (Vig et al. 2020; Meng et al. 2022; Wang et al. 2022): run the `base` input with one
 site's activation, at one (layer, head, position), replaced by its value on the `source` input, and read a
@@ -36,8 +36,9 @@ import numpy as np
 from flax import nnx
 
 from headspec.model.objectives import token_nll
-from headspec.model.transformer import SITES, Edit
+from headspec.model.sites import SITES, Edit
 from headspec.parallel import mesh as mesh_lib
+from headspec.parallel.compilations import program_cache
 
 TRACES: collections.Counter = collections.Counter()
 PER_HEAD = tuple(name for name, axes in SITES.items() if "H" in axes)  # q, k, v, pattern, z, head_out
@@ -107,7 +108,7 @@ def _layer_edit(site: str, source_L, mask, layer: int, L: int) -> Edit:
   return Edit.patch(source_L, at_L * mask[None])
 
 
-@functools.lru_cache(maxsize=32)
+@program_cache(32)
 def _sweep(graphdef, site: str, metric):
   @mesh_lib.jit
   def sweep(params, base_BT, source_BT, valid_BT, last_B, answers_B2, patches_EX):
@@ -138,7 +139,7 @@ def _sweep(graphdef, site: str, metric):
   return sweep
 
 
-@functools.lru_cache(maxsize=32)
+@program_cache(32)
 def _attribution(graphdef, site: str, metric):
   @mesh_lib.jit
   def attribution(params, base_BT, source_BT, valid_BT, last_B, answers_B2):
@@ -158,7 +159,7 @@ def _attribution(graphdef, site: str, metric):
   return attribution
 
 
-@functools.lru_cache(maxsize=32)
+@program_cache(32)
 def _path(graphdef, receiver_site: str, metric):
   @mesh_lib.jit
   def path(params, base_BT, source_BT, valid_BT, last_B, answers_B2, senders_E2, receivers_LH):
@@ -249,9 +250,7 @@ def per_site_loop(model, site, metric, base_BT, source_BT, valid_BT, last_B, ans
   """[L,E] the values of `run_sweep` by one full forward per patch (the benchmark's reference: one jitted
   call per patch, the source activations computed once, the edit's arrays as data)."""
   graphdef, params = nnx.split(model)
-  source_L = mesh_lib.jit(lambda p, x, v: nnx.merge(graphdef, p)(x, valid_BT=v, capture=(site,))[1].site(site))(
-    params, jnp.asarray(source_BT), jnp.asarray(valid_BT)
-  )
+  source_L = _site_values(graphdef, site)(params, jnp.asarray(source_BT), jnp.asarray(valid_BT))
   fn = _one_patch(graphdef, site, metric)
   heads_E, positions_E, layer_masks_LE = patches
   out = np.full(layer_masks_LE.shape, np.nan, np.float32)
@@ -261,7 +260,17 @@ def per_site_loop(model, site, metric, base_BT, source_BT, valid_BT, last_B, ans
   return out
 
 
-@functools.lru_cache(maxsize=8)
+@program_cache(8)
+def _site_values(graphdef, site: str):
+  @mesh_lib.jit
+  def values(params, tokens_BT, valid_BT):
+    """[L, *the site's axes] of one forward."""
+    return nnx.merge(graphdef, params)(tokens_BT, valid_BT=valid_BT, capture=(site,))[1].site(site)
+
+  return values
+
+
+@program_cache(8)
 def _one_patch(graphdef, site: str, metric):
   @mesh_lib.jit
   def one(params, source_L, base_BT, valid_BT, last_B, answers_B2, layer, head, position):

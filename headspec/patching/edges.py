@@ -8,7 +8,7 @@ every K/V group's key and value inputs (a group's heads read one key and one val
 and the logits (the final stream). An edge u → v exists when u comes before v.
 
 Every computation takes an edge as data: `_edits` turns per-input additions x_IBTD into the model's sites
-q_in, k_in, v_in, mlp_in (headspec/model/transformer.py) and resid_post of the last layer (the logits' input), so the
+q_in, k_in, v_in, mlp_in (headspec/model/sites.py) and resid_post of the last layer (the logits' input), so the
 scores of every edge come from one einsum over gradients and output differences, and the exact sweep and
 the circuits run under lax.map over one compiled program.
 
@@ -45,8 +45,9 @@ import numpy as np
 from flax import nnx
 
 from headspec.errors import UserError
-from headspec.model.transformer import Edit
+from headspec.model.sites import Edit
 from headspec.parallel import mesh as mesh_lib
+from headspec.parallel.compilations import program_cache
 from headspec.patching.core import PATCHES_PER_STEP, metric_value
 
 TRACES: collections.Counter = collections.Counter()
@@ -182,7 +183,7 @@ def _runs(model, g, base_BT, other_BT, valid_BT):
   return base_logits, other_logits, _nodes(g, bi), _nodes(g, oi)
 
 
-@functools.lru_cache(maxsize=16)
+@program_cache(16)
 def _scores(graphdef, metric, interpolate: bool):
   @mesh_lib.jit
   def scores(params, base_BT, other_BT, valid_BT, last_B, answers_B2, alphas_S):
@@ -215,7 +216,7 @@ def _scores(graphdef, metric, interpolate: bool):
   return scores
 
 
-@functools.lru_cache(maxsize=16)
+@program_cache(16)
 def _exact(graphdef, metric):
   @mesh_lib.jit
   def exact(params, base_BT, other_BT, valid_BT, last_B, answers_B2, edges_E2, scale):
@@ -238,7 +239,7 @@ def _exact(graphdef, metric):
   return exact
 
 
-@functools.lru_cache(maxsize=16)
+@program_cache(16)
 def _circuits(graphdef, metric):
   @mesh_lib.jit
   def circuits(params, clean_BT, corrupt_BT, valid_BT, last_B, answers_B2, keep_CE):

@@ -1,5 +1,5 @@
 """Prompt pairs in, tidy tables out: the checks and DataFrames of `headspec.patch`, `headspec.attribution_patch`
-and `headspec.path_patch` (headspec/api/core.py) and of `headspec patch` (headspec/patching/run.py).
+and `headspec.path_patch` (headspec/api/patch.py) and of `headspec patch` (headspec/patching/run.py).
 
 Tables: `layer, head, position, value` (head −1 for per-layer sites, position −1 when not by position;
 docs/patching.md). `attrs` of each frame: the metric on the unpatched base and source runs.
@@ -14,8 +14,8 @@ import numpy as np
 
 from headspec.arguments import is_token_id, short, unicode_problem
 from headspec.errors import UserError
+from headspec.model.sites import SITES
 from headspec.model.tokens import check_ids
-from headspec.model.transformer import SITES
 from headspec.patching import core
 
 DIRECTIONS = ("denoising", "noising")

@@ -10,7 +10,7 @@ import pandas as pd
 
 from headspec.errors import UserError
 from headspec.io import filenames, remote, tables
-from headspec.model.transformer import SITES
+from headspec.model.sites import SITES
 from headspec.patching import core, tasks
 from headspec.patching import patch as patch_lib
 from headspec.runs import targets

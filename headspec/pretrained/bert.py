@@ -11,7 +11,8 @@ import dataclasses
 import numpy as np
 from absl import logging
 
-from headspec.model.transformer import ModelConfig, Transformer
+from headspec.model.config import ModelConfig
+from headspec.model.transformer import Transformer
 from headspec.pretrained.common import activation, check
 from headspec.pretrained.config_checks import HFConfig
 from headspec.pretrained.tensors import Tensors, assign, assign_layernorm

@@ -8,7 +8,7 @@ import pathlib
 import re
 
 from headspec.errors import UserError
-from headspec.model.transformer import ModelConfig
+from headspec.model.config import ModelConfig
 from headspec.pretrained.common import check
 from headspec.pretrained.config_checks import HFConfig, read_json_object
 from headspec.pretrained.families import FAMILIES

@@ -11,7 +11,8 @@ import dataclasses
 import functools
 from collections.abc import Callable
 
-from headspec.model.transformer import ModelConfig, Transformer
+from headspec.model.config import ModelConfig
+from headspec.model.transformer import Transformer
 from headspec.pretrained import bert, gpt2, gpt_neox, llama
 from headspec.pretrained.config_checks import HFConfig
 from headspec.pretrained.tensors import Tensors

@@ -7,7 +7,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from headspec.model.transformer import ModelConfig, Transformer
+from headspec.model.config import ModelConfig
+from headspec.model.transformer import Transformer
 from headspec.pretrained.common import activation, check
 from headspec.pretrained.config_checks import HFConfig
 from headspec.pretrained.tensors import Tensors, assign, assign_layernorm

@@ -8,7 +8,8 @@ import math
 import numpy as np
 from flax import nnx
 
-from headspec.model.transformer import ModelConfig, Transformer
+from headspec.model.config import ModelConfig
+from headspec.model.transformer import Transformer
 from headspec.pretrained.common import GATED_ACTIVATIONS, activation, check
 from headspec.pretrained.config_checks import HFConfig
 from headspec.pretrained.tensors import Tensors, assign

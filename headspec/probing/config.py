@@ -8,18 +8,14 @@ import ml_collections
 
 from headspec.data import data_dir_default
 from headspec.probing.tasks import REGISTRY
+from headspec.runs.target_config import add_target_keys
 
 
 def probe_config() -> ml_collections.ConfigDict:
   c = ml_collections.ConfigDict()
-  c.mesh = ""  # data=N,fsdp=N,tensor=N (docs/scale.md); '': training data-parallel, analyses on one device
-  c.multihost = False  # one program over all processes (pod workers, SLURM tasks; mesh '': all on data)
+  add_target_keys(c, steps=None)  # mesh, multihost, model.pretrained, model.dtype
   c.seed = 0  # control-task labels, probe minibatch order, bootstrap resamples, random-baseline weights
   c.data_dir = data_dir_default()  # holds ud/<treebank>/<treebank>-ud-<split>.conllu
-
-  c.model = ml_collections.ConfigDict()
-  c.model.pretrained = ""  # 'minilm' or a Hugging Face directory: probe it (step 0) instead of WORKDIR's checkpoints
-  c.model.dtype = "float32"  # parameters and compute: 'float32' or 'bfloat16' (half the memory; docs/scale.md)
 
   c.probe = ml_collections.ConfigDict()
   c.probe.tasks = tuple(REGISTRY)  # all of probing/tasks.py's: 'upos', 'xpos', 'deprel', 'arc', 'distance', 'depth'
@@ -69,7 +65,7 @@ def probe_config() -> ml_collections.ConfigDict:
   c.probe.complexity = False  # also write probes/complexity.csv: every λ's dev accuracy (Hewitt & Liang 2019)
   c.probe.mdl = False  # also write probes/mdl.csv: Voita & Titov (2020) online codelength per group, task and control
   c.probe.mdl_only = False  # True (with mdl): write only probes/mdl.csv, fit no probe, leave the other tables
-  # MDL's portions of the training sentences, cut at sentence boundaries (the paper's 0.1% ... 100%; probing_mdl.md)
+  # MDL's portions of the training sentences, cut at sentence boundaries (the paper's 0.1% ... 100%; probing_core.md, MDL)
   c.probe.mdl_fractions = (0.001, 0.002, 0.004, 0.008, 0.016, 0.032, 0.0625, 0.125, 0.25, 0.5, 1.0)
   c.probe.bootstrap_resamples = 1000  # resamples of sentences for the 95% confidence intervals
   c.probe.batch_tokens = 4096  # padded tokens per forward batch when extracting features

@@ -14,7 +14,7 @@ pass, and the saving is worth a compile (`narrowing_cost`), the state and the da
 the step for at most 1 + log_{4/3}(G·T) shapes however many iterations it makes.
 
 This module knows nothing about the caller's models: `Problem` is the whole interface (the softmax
-probes are one caller: headspec/probing/probe.py).
+probes are one caller: headspec/probing/probe_objective.py's `ProbeProblem`).
 """
 
 from __future__ import annotations

@@ -48,7 +48,7 @@ Cost: one probe fit per portion (10), every label set and every group of x_NGK t
 probe.fit_softmax_probes does. The prefixes add up to about N words (Σ_i t_i ≈ N), so the passes over
 the data cost about what one ordinary fit's do; on top come, per portion, the fitter's fixed costs (LDA
 start, eigendecompositions) and a JIT compilation of each new prefix length (shared by every later layer
-of the same shape), and up to DEFAULT_MAX_ITER L-BFGS iterations. See docs/probing_mdl.md for timings.
+of the same shape), and up to DEFAULT_MAX_ITER L-BFGS iterations. See docs/probing_core.md (MDL) for timings.
 """
 
 from __future__ import annotations

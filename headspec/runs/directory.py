@@ -11,7 +11,8 @@ from flax import nnx
 from headspec.data.tokenizer import INFO_FILE, Tokenizer, load_tokenizer
 from headspec.errors import UserError
 from headspec.io import remote
-from headspec.model.transformer import ModelConfig, Transformer
+from headspec.model.config import ModelConfig, from_section
+from headspec.model.transformer import Transformer
 from headspec.parallel import mesh as mesh_lib
 from headspec.runs import checkpoints
 
@@ -64,39 +65,7 @@ def kv_groups(workdir) -> tuple[int, ...]:
   """Each head's K/V group in a `headspec train` run (read from WORKDIR/config.json, no model loaded):
   head h's group is kv_groups(run)[h]; (0, 1, ..., H-1) without grouped-query attention. Join it to any
   per-head table on `head` (docs/outputs.md); a loaded model's own is `model.cfg.kv_group_of_head`."""
-  return model_config(read_config(workdir).model, vocab_size=1, max_len=1).kv_group_of_head
-
-
-def model_config(model: ml_collections.ConfigDict, vocab_size: int, max_len: int) -> ModelConfig:
-  """The ModelConfig described by a run config's `model` section."""
-  return ModelConfig(
-    kind=model.kind,
-    vocab_size=vocab_size,
-    num_layers=model.num_layers,
-    num_heads=model.num_heads,
-    d_model=model.d_model,
-    d_head=model.d_head,
-    d_ff=model.d_ff,
-    max_len=max_len,
-    dropout=model.dropout,
-    attention_dropout=model.attention_dropout,
-    pre_layernorm=model.pre_layernorm,
-    positions=model.positions,
-    tie_embeddings=model.tie_embeddings,
-    activation=model.activation,
-    dtype=model.dtype,
-    mlp=model.get("mlp", SHAPE_DEFAULTS["model.mlp"]),  # run configs written before the option have MLPs
-    **_modern_options(model),
-  )
-
-
-def _modern_options(model: ml_collections.ConfigDict) -> dict:
-  """The ModelConfig options after `mlp` (rotary, RMSNorm, gated MLPs, grouped-query attention, ...) that the
-  run's `model` section sets (configs/base_llama.py); absent keys keep ModelConfig's defaults, so configs
-  written before the options existed describe the same model. JSON lists come back as tuples."""
-  names = [f.name for f in dataclasses.fields(ModelConfig)]
-  options = {name: model[name] for name in names[names.index("mlp") + 1 :] if name in model}
-  return {name: tuple(value) if isinstance(value, list | tuple) else value for name, value in options.items()}
+  return from_section(read_config(workdir).model, vocab_size=1, max_len=1).kv_group_of_head
 
 
 def check_resume(workdir, config: ml_collections.ConfigDict) -> list[int]:
@@ -165,7 +134,7 @@ def load_run_model(workdir, step: int) -> tuple[Transformer, Tokenizer]:
   """The model of a `headspec train` workdir with the parameters saved at `step`, and its tokenizer."""
   config = read_config(workdir)
   tokenizer = load_tokenizer(remote.run_path(workdir) / "tokenizer")
-  cfg = model_config(config.model, tokenizer.vocab_size, config.train.seq_len)
+  cfg = from_section(config.model, tokenizer.vocab_size, config.train.seq_len)
   abstract = nnx.eval_shape(lambda: Transformer(cfg, rngs=nnx.Rngs(0)))
   graphdef, abstract_params = nnx.split(abstract)
   params = checkpoints.restore_params(workdir, step, abstract_params, mesh=mesh_lib.current())

@@ -35,18 +35,23 @@ def _select_rows(rows_NT: np.ndarray, config) -> tuple[np.ndarray, np.ndarray]:
   return tokens_NT, valid_NT
 
 
-def evaluation_tokens(config: ml_collections.ConfigDict, workdir, tokenizer) -> tuple[np.ndarray, np.ndarray]:
+def evaluation_tokens(
+  config: ml_collections.ConfigDict, workdir, tokenizer, documents=None
+) -> tuple[np.ndarray, np.ndarray]:
   """(tokens_NT int32, valid_NT bool): the fixed evaluation set every analysis reads.
 
   A training run: its validation rows exactly as training packed them (WORKDIR/cache/valid_tokens.npy,
-  else the valid split of its corpus tokenized again). A pretrained model: the valid split of
-  data_dir/text/<config.corpus>, cut into rows of config.seq_len with the tokenizer's special tokens
-  ([CLS] ... [SEP] for BERT) around each.
+  else the valid split of its corpus tokenized again). A pretrained model (or `documents`, texts given in its
+  place: `headspec.ablate` reads valid.txt itself so that nothing is written into the data directory): the
+  valid split of data_dir/text/<config.corpus>, cut into rows of config.seq_len with the tokenizer's special
+  tokens ([CLS] ... [SEP] for BERT) around each.
   """
   workdir = remote.run_path(workdir)
-  if config.model.pretrained:
-    data_dir = targets.data_dir(config, purpose="the evaluation text")
-    docs = text_tfds.load_documents(data_dir, config.corpus, "valid", tfds_dir=targets.tfds_dir(data_dir))
+  if config.model.pretrained or documents is not None:
+    docs = documents
+    if docs is None:
+      data_dir = targets.data_dir(config, purpose="the evaluation text")
+      docs = text_tfds.load_documents(data_dir, config.corpus, "valid", tfds_dir=targets.tfds_dir(data_dir))
     prefix, suffix = list(tokenizer.prefix_ids), list(tokenizer.suffix_ids)
     width = config.seq_len - len(prefix) - len(suffix)
     if width <= 0:

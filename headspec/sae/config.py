@@ -9,6 +9,7 @@ from ml_collections import config_dict
 
 from headspec.bounds import Bound
 from headspec.data import data_dir_default
+from headspec.runs.target_config import add_target_keys
 
 MILLION, BILLION = 10**6, 10**9
 BOUNDS = (  # every numeric option's kind and range (headspec/bounds.py), checked first by `headspec sae`
@@ -54,11 +55,8 @@ FIT_BOUNDS = (  # fit_sae's options (headspec/sae/train.py `Options`): the same 
 
 def sae_config() -> ml_collections.ConfigDict:
   c = ml_collections.ConfigDict()
-  c.mesh = ""  # data=N,fsdp=N,tensor=N (docs/scale.md); '': training data-parallel, analyses on one device
-  c.multihost = False  # one program over all processes (pod workers, SLURM tasks; mesh '': all on data)
-  c.steps = "last"  # 'all' | 'last' | comma-separated saved steps; a pretrained model has step 0 only
-  c.model_name = ""  # the tables' `model` column; '' = the run folder's name or the pretrained name
-  c.site = "z"  # the activations the SAE reads (headspec.model.transformer.SITES, per token): z = the concatenated Z_h, [tokens, H·K]
+  add_target_keys(c)  # mesh, multihost, steps, model_name, model.pretrained, model.dtype
+  c.site = "z"  # the activations the SAE reads (headspec.model.sites.SITES, per token): z = the concatenated Z_h, [tokens, H·K]
   c.layer = -1  # 0-based block; -1 = the middle one (L // 2)
   c.layers = ""  # '' = `layer` alone; 'all' or comma-separated blocks ('0,2'): one SAE per layer
   # The token rows (headspec/runs/evaltext.py): the first train_tokens train the SAE, the next eval_tokens measure it
@@ -113,9 +111,4 @@ def sae_config() -> ml_collections.ConfigDict:
   c.analysis.min_fires = 10  # a feature's selectivity needs it to fire on at least this many words
   c.analysis.selective_min = 0.3  # heads.csv counts a head's carried features with selectivity ≥ this
 
-  c.model = ml_collections.ConfigDict()
-  c.model.pretrained = (
-    ""  # 'minilm', hf:org/name or a Hugging Face directory: its step 0 instead of WORKDIR's checkpoints
-  )
-  c.model.dtype = "float32"  # parameters and compute: 'float32' or 'bfloat16' (half the memory; docs/scale.md)
   return c

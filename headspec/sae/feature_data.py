@@ -30,7 +30,7 @@ from flax import nnx
 
 from headspec.io import tables
 from headspec.model import tokens
-from headspec.model.transformer import SITES
+from headspec.model.sites import SITES
 from headspec.parallel import mesh as mesh_lib
 
 HISTOGRAM_BINS = 20

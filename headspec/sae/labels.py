@@ -1,8 +1,9 @@
 """SAE features against a UD treebank: where each fires, its top contexts and its label profiles.
 
-Every word of the split is run through the model once (windows of word pieces, headspec/words/alignment.py); a
-word's activation is its pieces' site activation pooled as the probes pool it ('auto': the last piece for
-decoders, the first for encoders), and its features are the SAE's encoding of that. Streamed per batch:
+Every word of the split is run through the model once (windows of word pieces, headspec/words/alignment.py,
+batched and pooled by headspec/words/batches.py); a word's activation is its pieces' site activation pooled
+as the probes pool it ('auto': the last piece for decoders, the first for encoders), and its features are
+the SAE's encoding of that. Streamed per batch:
 for each feature the words where it fires (a_f > 0), the counts of each UPOS, deprel (without subtype) and
 head distance (head index − word index, clipped to ±`MAX_DISTANCE`, 'root' for the root) among them, and
 its `top` highest activations with their words.
@@ -16,15 +17,15 @@ for a feature firing on fewer than `min_fires` words.
 from __future__ import annotations
 
 import dataclasses
-import functools
 
 import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from headspec.model.capture import bucket_length
 from headspec.parallel import mesh as mesh_lib
+from headspec.parallel.compilations import program_cache
 from headspec.words import alignment as align_lib
+from headspec.words import batches as words_lib
 
 LABEL_SETS = ("upos", "deprel", "head_distance")
 MAX_DISTANCE = 5
@@ -78,8 +79,10 @@ class Profile:
     return sel_F, [names[c] if ok else "" for c, ok in zip(best_F, ok_F)]
 
 
-@functools.lru_cache(maxsize=8)
+@program_cache(8)
 def _window_program(graphdef, site: str, layer: int):
+  """jit(params, tokens_BT, valid_BT) -> [B, T, E] float32: `site` at `layer`, each token's values flat."""
+
   @mesh_lib.jit
   def run(params, tokens_BT, valid_BT):
     _, inter = nnx.merge(graphdef, params)(tokens_BT, valid_BT=valid_BT, capture=(site,))
@@ -87,16 +90,6 @@ def _window_program(graphdef, site: str, layer: int):
     return x.reshape(*x.shape[:2], -1).astype(jnp.float32)
 
   return run
-
-
-def _batches(al, max_len: int, batch_tokens: int):
-  """Lists of windows of one padded width T (the next power of two), `batch_tokens // T` per batch."""
-  widths = np.array([bucket_length(len(w), max_len) for w in al.windows])
-  for T in np.unique(widths):
-    members = np.flatnonzero(widths == T)
-    per = max(1, batch_tokens // int(T))
-    for i in range(0, len(members), per):
-      yield int(T), per, members[i : i + per]
 
 
 def profile(model, tokenizer, sentences, sae, *, site: str, layer: int, pooling: str, batch_tokens: int, top: int):
@@ -114,29 +107,18 @@ def profile(model, tokenizer, sentences, sae, *, site: str, layer: int, pooling:
   counts = {name: np.zeros((F, len(labels[name]))) for name in LABEL_SETS}
   fires_F, activation_F = np.zeros(F, np.int64), np.zeros(F)
   top_value_Fn, top_word_Fn = np.full((F, top), -np.inf), np.full((F, top), -1, np.int64)
-  words_of_window = [np.flatnonzero(al.word_window_N == w) for w in range(len(al.windows))]
+  words_of_window = words_lib.words_of_windows(al)
   graphdef, params = nnx.split(model)
   program = _window_program(graphdef, site, layer)
-  for T, B, windows in _batches(al, cfg.max_len, batch_tokens):
-    tokens_BT, valid_BT = np.full((B, T), tokenizer.pad_id, np.int32), np.zeros((B, T), bool)
-    for b, w in enumerate(windows):
-      tokens_BT[b, : len(al.windows[w])], valid_BT[b, : len(al.windows[w])] = al.windows[w], True
-    x_BTE = np.asarray(program(params, jnp.asarray(tokens_BT), jnp.asarray(valid_BT)))
-    cum_BTE = np.concatenate([np.zeros_like(x_BTE[:, :1]), np.cumsum(x_BTE, 1)], 1)
-    rows, words = [], []
-    for b, w in enumerate(windows):
-      rows += [b] * len(words_of_window[w])
-      words.append(words_of_window[w])
-    if not rows:
+  lengths = np.array([len(w) for w in al.windows])
+  for T, B, windows in words_lib.window_batches(lengths, cfg.max_len, batch_tokens):
+    (tokens_BT, _, segment_BT, _), word_BW = words_lib.window_inputs(
+      T, B, windows, al, words_of_window, tokenizer.pad_id, pooling
+    )
+    x_BTE = np.asarray(program(params, jnp.asarray(tokens_BT), jnp.asarray(segment_BT > 0)))
+    x_WE, n_W = words_lib.pool_rows(x_BTE, word_BW, al, pooling)
+    if not len(n_W):
       continue
-    b_W, n_W = np.array(rows), np.concatenate(words)
-    start_W, end_W = al.word_start_N[n_W], al.word_end_N[n_W]
-    if pooling == "first":
-      x_WE = x_BTE[b_W, start_W]
-    elif pooling == "last":
-      x_WE = x_BTE[b_W, end_W - 1]
-    else:
-      x_WE = (cum_BTE[b_W, end_W] - cum_BTE[b_W, start_W]) / (end_W - start_W)[:, None]
     f_WF = np.asarray(sae.encode(x_WE), np.float64)
     on_WF = f_WF > 0
     fires_F += on_WF.sum(0)

@@ -2,7 +2,7 @@
 
 `capture` runs the model over token rows and returns one layer's site (default z, flattened to [tokens, H·K]
 as Kissane et al. 2024 train on hook_z) at the valid tokens. `losses` scores the evaluation set four ways,
-each a forward pass with one `Edit` of that layer's site (headspec/model/transformer.py, docs/patching.md):
+each a forward pass with one `Edit` of that layer's site (headspec/model/sites.py, docs/patching.md):
   clean         no edit
   splice        x ← SAE(x), the reconstruction of the pass's own activations (computed from a clean pass)
   zero_ablation x ← 0 (for z: the layer's attention output becomes its bias b_O)
@@ -15,8 +15,6 @@ distributions (SAELens's `kl_div_with_sae`) and the fraction of tokens whose arg
 
 from __future__ import annotations
 
-import functools
-
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -24,8 +22,9 @@ from flax import nnx
 
 from headspec.errors import UserError
 from headspec.model import objectives
-from headspec.model.transformer import SITES, Edit
+from headspec.model.sites import SITES, Edit
 from headspec.parallel import mesh as mesh_lib
+from headspec.parallel.compilations import program_cache
 
 PER_TOKEN_SITES = tuple(s for s, axes in SITES.items() if axes in ("BTHK", "BTD"))
 
@@ -67,7 +66,7 @@ def _fidelity(logits_BTV, clean_BTV, weights_BT):
   return jnp.stack([(kl_BT * weights_BT).sum(1), (agree_BT * weights_BT).sum(1)], -1)
 
 
-@functools.lru_cache(maxsize=8)
+@program_cache(8)
 def _capture_program(graphdef, site: str, layer: int, logits: bool = False):
   """jit -> (nll_B2, x_BTE) read by the host, and the clean logits_BTV (left on the device) when `logits`."""
 
@@ -83,7 +82,7 @@ def _capture_program(graphdef, site: str, layer: int, logits: bool = False):
   return run
 
 
-@functools.lru_cache(maxsize=8)
+@program_cache(8)
 def _edited_program(graphdef, site: str, layer: int):
   @mesh_lib.jit
   def run(params, inputs_BT, valid_BT, targets_BT, weights_BT, add_BTE, clean_BTV):

@@ -47,6 +47,7 @@ import optax
 from headspec import arguments as args
 from headspec.errors import UserError
 from headspec.io import locks
+from headspec.parallel import compilations
 from headspec.sae import model as sae_model
 
 SCHEDULES = ("constant", "linear_decay", "cosine")
@@ -266,7 +267,7 @@ def train_step(state: dict, x_BK, o: Options, aux_k: int):
   return dict(params=params, opt=opt, since_fired_F=since_F), jnp.stack([loss, recon, extra])
 
 
-@functools.lru_cache(maxsize=16)
+@compilations.program_cache(maxsize=16)
 def _chunk_program(o: Options, aux_k: int):
   """jit(state, x_NK, index_CB, live_C) -> (state, metrics_C3): `chunk` steps; steps with live False are no-ops."""
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 import ml_collections
 
 from headspec.data import data_dir_default
+from headspec.model.config import config_section
 
 
 def train_config() -> ml_collections.ConfigDict:
@@ -28,45 +29,11 @@ def train_config() -> ml_collections.ConfigDict:
   c.data.repeat_rows = 0.0
   c.data.repeat_chunk = 0  # a repeat row's chunk length (BOS, a sequence twice): divides seq_len, >= 11; 0 = seq_len
 
-  c.model = ml_collections.ConfigDict()
-  c.model.kind = "decoder"  # 'encoder' (masked LM) | 'decoder' (causal LM)
-  c.model.num_layers = 6  # transformer blocks (L)
-  c.model.num_heads = 8  # attention heads per block (H)
-  c.model.d_model = 256  # width of the residual stream (D)
-  c.model.d_head = 32  # may differ from d_model / num_heads
-  c.model.d_ff = 1024  # hidden width of each MLP (F)
-  c.model.mlp = True  # False: attention-only decoder/encoder (no MLP sublayers; d_ff is then ignored)
-  c.model.dropout = 0.1  # dropout on the embeddings and each sublayer's output while training; 0 = none
-  c.model.attention_dropout = 0.1  # dropout on the attention probabilities while training; 0 = none
-  c.model.pre_layernorm = True  # norm before each sublayer (GPT-2); False: after the residual add (BERT)
-  c.model.positions = "learned"  # 'learned' | 'sinusoidal'
-  c.model.tie_embeddings = True  # the unembedding is the token embedding transposed; False: its own matrix
-  c.model.activation = "gelu_tanh"  # 'gelu_exact' | 'gelu_tanh' | 'relu' | 'silu'
-  c.model.dtype = "float32"  # compute dtype: 'float32' | 'bfloat16'
-  # Modern-decoder options (docs/pretrained.md, configs/base_llama.py), each a ModelConfig field; these
-  # defaults are GPT-2/BERT's model, so configs that leave them alone train the same model as before.
-  c.model.norm = "layernorm"  # 'layernorm' | 'rmsnorm' (every norm of the model)
-  c.model.num_kv_heads = 0  # grouped-query attention: K/V heads shared by num_heads / num_kv_heads each; 0 = none
-  c.model.gated_mlp = False  # act(x W_gate) * (x W_in) W_out: SwiGLU with activation 'silu', GeGLU with 'gelu_tanh'
-  c.model.parallel_residual = False  # x + attn(ln1(x)) + mlp(ln2(x)) (GPT-NeoX)
-  c.model.sublayer_norm = False  # a norm on each sublayer's output before the residual add (Gemma-2, OLMo-2)
-  c.model.qk_norm = "none"  # 'none' | 'head' (Qwen3) | 'full' (OLMo-2): RMSNorm of queries and keys
-  c.model.attention_bias = True  # biases of W_Q, W_K, W_V
-  c.model.attention_out_bias = True  # bias of W_O
-  c.model.mlp_bias = True  # biases of the MLP's matrices
-  c.model.rope_theta = 10000.0  # positions='rotary': base of the rotation frequencies
-  c.model.rotary_fraction = 1.0  # the leading fraction of each head's features that rotate (GPT-NeoX rotary_pct)
-  c.model.rope_scaling = "none"  # 'none' | 'linear' | 'llama3' (Llama-3.1's frequency-dependent scaling)
-  c.model.rope_factor = 1.0  # rope_scaling's factor: frequencies divided by it ('linear': all; 'llama3': the low ones)
-  c.model.rope_low_freq_factor = 1.0  # 'llama3' only: wavelengths above rope_original_max_len / this are scaled
-  c.model.rope_high_freq_factor = 4.0  # 'llama3' only: wavelengths below rope_original_max_len / this are kept
-  c.model.rope_original_max_len = 0  # rope_scaling='llama3' only: the context the frequencies were trained for
-  c.model.attention_scale = 0.0  # the attention logits' scale; 0 = d_head ** -0.5
-  c.model.attention_softcap = 0.0  # cap * tanh(logits / cap) on attention logits; 0 = none (Gemma-2)
-  c.model.final_softcap = 0.0  # the same on the output logits; 0 = none (Gemma-2)
-  c.model.scale_embeddings = False  # token embeddings times sqrt(d_model) (Gemma)
-  c.model.attention_windows = ()  # per layer: a token sees the last w tokens only (w > 0), 0 = all; () = all
-  c.model.clip_qkv = 0.0  # clamp q, k, v to [-c, c]; 0 = none (OLMo)
+  # Every ModelConfig field (headspec/model/config.py: their defaults and meanings) but vocab_size and max_len
+  # (data.vocab_size, train.seq_len); a config file overrides what it changes (configs/base_llama.py).
+  c.model = config_section(
+    kind="decoder", num_layers=6, num_heads=8, d_model=256, d_head=32, d_ff=1024, dropout=0.1, attention_dropout=0.1
+  )
   c.model.pretrained = ""  # 'minilm' or a Hugging Face-format directory; '' trains from scratch
 
   c.train = ml_collections.ConfigDict()

@@ -38,10 +38,12 @@ from headspec.errors import UserError
 from headspec.io import locks, provenance, remote
 from headspec.io.metrics import MetricsWriter
 from headspec.model import edits
+from headspec.model.config import ModelConfig, from_section
 from headspec.model.objectives import Objective, eval_step, loss_inputs, token_nll
-from headspec.model.transformer import ModelConfig, Transformer
+from headspec.model.transformer import Transformer
 from headspec.parallel import distributed as parallel
 from headspec.parallel import mesh as mesh_lib
+from headspec.parallel.compilations import program_cache
 from headspec.runs import checkpoints, targets
 from headspec.runs import directory as runs
 from headspec.train import regularizers
@@ -241,7 +243,7 @@ def check_config(config: ml_collections.ConfigDict) -> None:
   if not isinstance(keep, (tuple, list)) or not all(_int(s) and s >= 0 for s in keep):
     raise UserError(f"train.keep_steps={keep!r}: must be a tuple of integers >= 0, like (0, 100, 1000)")
   checkpoints.check_keep_last(train.keep_last)
-  runs.model_config(config.model, config.data.vocab_size, train.seq_len)  # kind, positions, activation, dtype
+  from_section(config.model, config.data.vocab_size, train.seq_len)  # kind, positions, activation, dtype
 
 
 def _on_lead_first(make):
@@ -346,7 +348,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir, *, devices=No
   saved = runs.check_resume(workdir, config)
   with _nothing_left_if_refused(workdir, saved):  # the corpus' length is known only once it is tokenized
     tokenizer = prepare_tokenizer(config, workdir)
-    cfg = runs.model_config(config.model, tokenizer.vocab_size, config.train.seq_len)
+    cfg = from_section(config.model, tokenizer.vocab_size, config.train.seq_len)
     obj = objective(config, tokenizer)
     model = Transformer(cfg, rngs=nnx.Rngs(params=config.seed))
     graphdef, params = nnx.split(model)
@@ -461,7 +463,7 @@ def jit_step(step_fn, state: TrainState, mesh):
   return jax.jit(step_fn, donate_argnums=0, out_shardings=(layout, mesh_lib.replicated(mesh)))
 
 
-@functools.lru_cache(maxsize=8)
+@program_cache(8)
 def _compiled_step(graphdef, tx, obj: Objective, layout, devices):
   """The jitted (layout: (treedef, shardings, mesh)) or pmapped (devices) training step, kept per static
   part: a second training of the same model, objective, optimizer and layout compiles nothing."""
@@ -630,7 +632,7 @@ def _evaluator(config, graphdef, obj: Objective, valid_NT, eval_key):
   return evaluate
 
 
-@functools.lru_cache(maxsize=8)
+@program_cache(8)
 def _compiled_eval(graphdef, obj: Objective):
   return jax.jit(functools.partial(eval_step, graphdef=graphdef, obj=obj))
 

@@ -1,22 +1,29 @@
 """Words through a model, the one way every word-level analysis takes: the probing features, the attention
-analyses, the causal test and the API share these steps instead of each writing its own.
+analyses, the SAE labels, the causal test and the API (`headspec.run`) share these steps instead of each
+writing its own.
 
   representable_sentences   the sentences a model can represent (alignment.representable), counted and logged
   words_of_windows          each window's words, in word order (alignment.align's windows)
+  bucketed                  the power-of-two bucket batcher: items grouped by width T, batch_tokens // T a batch
   window_batches            one window per row, rows grouped by power-of-two width: one compile per width
   packed_batches            windows packed side by side into rows of ROW_TOKENS (headspec/words/packing.py), each
                             keeping its own positions and segment, so far less is spent on padding
+  sequence_rows, word_matrix, special_tokens   a batch's rows, its word-pooling (or piece-summing) matrix and
+                            its special tokens
   sequence_inputs, window_inputs, packed_inputs   a batch's model inputs and its word-pooling matrix
+  pool_rows                 per-word vectors of a batch's token activations read back to the host
   pooled_forward            one jitted forward of packed rows that returns the `capture`d sites (and the
                             final hidden state) pooled per word, under `interventions` (model.py's edits)
   forward_rows, pool_sites  its two halves, for a forward that also keeps the token-level sites (api.run)
+
+Every jitted program here and in the analyses comes from a `program_cache`d factory
+(headspec/parallel/compilations.py): one program per (graphdef, static key), kept across calls.
 
 Shared layer: it imports no analysis (tests/test_layering.py).
 """
 
 from __future__ import annotations
 
-import functools
 import hashlib
 import logging
 from collections.abc import Callable, Sequence
@@ -28,6 +35,7 @@ from flax import nnx
 
 from headspec.model.capture import bucket_length
 from headspec.parallel import mesh as mesh_lib
+from headspec.parallel.compilations import program_cache
 from headspec.words import alignment as align_lib
 from headspec.words import packing
 
@@ -62,23 +70,31 @@ def words_of_windows(al: align_lib.Alignment) -> list[np.ndarray]:
   return [by_window[bounds[w] : bounds[w + 1]] for w in range(len(al.windows))]
 
 
-def window_batches(lengths: np.ndarray, max_len: int, batch_tokens: int) -> list[tuple[int, int, np.ndarray]]:
-  """(T, B, windows) batches of one window per row: windows grouped by power-of-two length bucket (one
-  compile per bucket), batch_tokens // T rows a batch."""
-  buckets = np.array([bucket_length(n, max_len) for n in lengths])
+def bucketed(widths: np.ndarray, batch_tokens: int) -> list[tuple[int, int, np.ndarray]]:
+  """The one power-of-two bucket batcher: (T, B, items) batches of the items (indices into `widths`, each
+  item's padded width, a `bucket_length`) of one width T, B = batch_tokens // T (at least 1) a batch, widths
+  ascending and items in order: each width compiles one program."""
+  widths = np.asarray(widths, np.int64)
   batches = []
-  for T in np.unique(buckets):
-    inside = np.flatnonzero(buckets == T)
+  for T in np.unique(widths):
+    inside = np.flatnonzero(widths == T)
     B = max(1, batch_tokens // int(T))
     batches += [(int(T), B, inside[i : i + B]) for i in range(0, len(inside), B)]
   return batches
 
 
-def sequence_inputs(sequences, T: int, B: int, pad_id: int, pooling: str):
-  """(tokens_BT, positions_BT, segment_BT, pool_BWT): `pooled_forward`'s inputs of one sequence per row.
+def window_batches(lengths: np.ndarray, max_len: int, batch_tokens: int) -> list[tuple[int, int, np.ndarray]]:
+  """(T, B, windows) batches of one window (or sentence) per row: `bucketed` by the power-of-two length
+  bucket of each (one compile per bucket), batch_tokens // T rows a batch (batch_tokens 1: one a batch)."""
+  return bucketed(np.array([bucket_length(n, max_len) for n in lengths], np.int64), batch_tokens)
+
+
+def sequence_rows(sequences, T: int, B: int, pad_id: int):
+  """(tokens_BT, positions_BT, segment_BT, start_BW, end_BW) of one sequence per row.
 
   sequences: up to B (token ids, start_N, end_N), word n being pieces [start_N[n], end_N[n]) of its row;
-  each row is segment 1 at positions 0.., padding segment 0; word slots past a row's words pool nothing."""
+  each row is segment 1 at positions 0.., padding segment 0 (valid_BT = segment_BT > 0); word slots past a
+  row's words are empty (start = end = 0). At most T words a row."""
   tokens_BT = np.full((B, T), pad_id, np.int32)
   segment_BT = np.zeros((B, T), np.int32)
   start_BW, end_BW = np.zeros((B, T), np.int64), np.zeros((B, T), np.int64)
@@ -86,7 +102,34 @@ def sequence_inputs(sequences, T: int, B: int, pad_id: int, pooling: str):
     tokens_BT[b, : len(ids)], segment_BT[b, : len(ids)] = ids, 1
     start_BW[b, : len(start_N)], end_BW[b, : len(end_N)] = start_N, end_N
   positions_BT = np.broadcast_to(np.arange(T, dtype=np.int32), (B, T)).copy()
-  return tokens_BT, positions_BT, segment_BT, align_lib.pooling_matrix(start_BW, end_BW, T, pooling)
+  return tokens_BT, positions_BT, segment_BT, start_BW, end_BW
+
+
+def word_matrix(start_BW: np.ndarray, end_BW: np.ndarray, T: int, pooling: str) -> np.ndarray:
+  """[B, W, T] float32 word matrix of pieces [start, end): `pooling` 'first', 'last' or 'mean' pools a word's
+  vector (alignment.pooling_matrix); 'sum' is 1 on each of its pieces, the columns a word-level attention
+  map sums (Clark et al. 2019 §4.1). Empty word slots get zero rows."""
+  if pooling != "sum":
+    return align_lib.pooling_matrix(start_BW, end_BW, T, pooling)
+  t_T = np.arange(T)
+  return ((t_T >= start_BW[..., None]) & (t_T < end_BW[..., None])).astype(np.float32)
+
+
+def special_tokens(lengths, T: int, B: int, prefix: int, suffix: int) -> np.ndarray:
+  """[B, T] bool: the `prefix` first and `suffix` last tokens of each row of `lengths` tokens (the
+  tokenizer's specials, BERT's [CLS] and [SEP]); rows past len(lengths) have none."""
+  special_BT = np.zeros((B, T), bool)
+  for b, n in enumerate(lengths):
+    special_BT[b, :prefix] = True
+    special_BT[b, n - suffix : n] = True
+  return special_BT
+
+
+def sequence_inputs(sequences, T: int, B: int, pad_id: int, pooling: str):
+  """(tokens_BT, positions_BT, segment_BT, pool_BWT): `pooled_forward`'s inputs of one sequence per row
+  (`sequence_rows` and their `word_matrix`)."""
+  *rows, start_BW, end_BW = sequence_rows(sequences, T, B, pad_id)
+  return *rows, word_matrix(start_BW, end_BW, T, pooling)
 
 
 def window_inputs(T: int, B: int, windows, al, words_of_window, pad_id: int, pooling: str):
@@ -105,9 +148,10 @@ def packed_batches(lengths: np.ndarray, max_len: int, batch_tokens: int):
   """(widths per window, [(row width T, rows: [[(window, first column), ...] per row])] per batch).
 
   Windows packed side by side into rows of ROW_TOKENS tokens (longer windows: rows of the next power of
-  two, up to max_len), so a split compiles once per row width and little is spent on padding."""
+  two, up to max_len), so a split compiles once per row width and little is spent on padding; the rows are
+  `bucketed` by width."""
   widths = np.array([bucket_length(n, max_len, minimum=min(ROW_TOKENS, max_len)) for n in lengths])
-  batches = []
+  all_rows, row_widths = [], []
   for T in np.unique(widths):
     members = np.flatnonzero(widths == T)
     placed = packing.first_fit(lengths[members], int(T))
@@ -116,9 +160,9 @@ def packed_batches(lengths: np.ndarray, max_len: int, batch_tokens: int):
     rows = [[] for _ in range(placed.num_rows)]
     for u in np.lexsort((start_U, row_U)):
       rows[row_U[u]].append((int(members[u]), int(start_U[u])))
-    B = max(1, batch_tokens // int(T))
-    batches += [(int(T), rows[i : i + B]) for i in range(0, len(rows), B)]
-  return widths, batches
+    all_rows += rows
+    row_widths += [int(T)] * len(rows)
+  return widths, [(T, [all_rows[r] for r in inside]) for T, _, inside in bucketed(row_widths, batch_tokens)]
 
 
 def packed_inputs(T: int, rows, al, lengths, words_of_window, pad_id: int, batch_tokens: int, pooling: str):
@@ -145,7 +189,22 @@ def packed_inputs(T: int, rows, al, lengths, words_of_window, pad_id: int, batch
   return (tokens_BT, positions_BT, segment_BT, pool_BWT), words
 
 
-@functools.lru_cache(maxsize=16)
+def pool_rows(x_BTE: np.ndarray, word_BW: np.ndarray, al, pooling: str) -> tuple[np.ndarray, np.ndarray]:
+  """(x_WE, word_W) of a `window_inputs` batch on the host: per word slot (word_BW ≥ 0, row by row) its
+  word and its pieces' activations x_BTE pooled by `pooling` ('first', 'last', or 'mean' as the difference
+  of the row's cumulative sums), for a program that returns token activations (sae/labels.py)."""
+  b_W, k_W = np.nonzero(word_BW >= 0)
+  word_W = word_BW[b_W, k_W]
+  start_W, end_W = al.word_start_N[word_W], al.word_end_N[word_W]
+  if pooling == "first":
+    return x_BTE[b_W, start_W], word_W
+  if pooling == "last":
+    return x_BTE[b_W, end_W - 1], word_W
+  cum_BTE = np.concatenate([np.zeros_like(x_BTE[:, :1]), np.cumsum(x_BTE, 1)], 1)
+  return (cum_BTE[b_W, end_W] - cum_BTE[b_W, start_W]) / (end_W - start_W)[:, None], word_W
+
+
+@program_cache(16)
 def pooled_forward(graphdef, capture: tuple[str, ...], hidden: bool = False):
   """jit(state, tokens_BT, positions_BT, segment_BT, pool_BWT, interventions) -> {name: word-pooled array}.
 
