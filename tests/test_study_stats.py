@@ -256,14 +256,18 @@ def test_loss_equivalence_margin_is_a_fraction_of_ablating_every_head(tmp_path):
   assert np.isnan(alone["tost_margin"]) and np.isnan(alone["tost_p"]) and np.isnan(alone["tost_p_holm"])
   fixed = {"probe_accuracy_vs_random": ("absolute", 0.01), "loss_delta_vs_random": ("absolute", 0.01)}
   assert study.causal_seeds(pd.DataFrame(cells), equivalence=fixed)[0]["tost_p"] < 0.05  # configurable
-  # collect: the all-heads row comes from ablation/pruning.csv's fully pruned point at the last step
-  rows = [dict(model="m", step=s, ranking=r, seed=-1, heads_pruned=n, fraction_pruned=n / 4, metric="loss_delta",
-               value=v) for s, r, n, v in [(8, "random", 4, 0.5), (8, "importance", 4, 0.5), (8, "random", 2, 0.1),
-                                          (0, "random", 4, 9.0)]]  # fmt: skip
+  # collect: the all-heads row is ablation/pruning.csv's loss at the fully pruned point minus with none pruned, at
+  # the last step (the table holds `loss` and `accuracy`, as headspec/ablation/pruning.py writes them)
+  points = [(8, "random", 0, "loss", 5.0), (8, "importance", 0, "loss", 5.0), (8, "random", 4, "loss", 5.5),
+            (8, "importance", 4, "loss", 5.5), (8, "random", 2, "loss", 5.1), (8, "random", 4, "accuracy", 0.01),
+            (0, "random", 4, "loss", 9.0), (0, "random", 0, "loss", 1.0)]  # fmt: skip
+  rows = [dict(model="m", step=s, ranking=r, seed=-1, heads_pruned=n, fraction_pruned=n / 4, metric=m, value=v)
+          for s, r, n, m, v in points]  # fmt: skip
   tables.write(tables.path_of(tmp_path, tables.ABLATION_PRUNING), rows, tables.ABLATION_PRUNING)
   run = dict(run="r", condition="baseline", seed=0)
   [row] = collect._all_heads_loss(run, tmp_path)
-  assert (row["metric"], row["step"], row["k"], row["value"]) == (statistics.ALL_HEADS_METRIC, 8, 4, 0.5)
+  assert (row["metric"], row["step"], row["k"]) == (statistics.ALL_HEADS_METRIC, 8, 4)
+  assert row["value"] == pytest.approx(0.5)
   assert collect._all_heads_loss(run, tmp_path / "none") == []
 
 

@@ -282,18 +282,18 @@ def _drop_formation(rows: list[dict]) -> list[dict]:
 
 def _all_heads_loss(run: dict, workdir) -> list[dict]:
   """The causal rows' ALL_HEADS_METRIC row of a run: the LM-loss change with every head zero-ablated at the last
-  pruned step (ablation/pruning.csv, heads_pruned = L·H, the same for every ranking: their mean), the scale of
-  the TOST margins (statistics.EQUIVALENCE); [] without that point."""
+  pruned step, ablation/pruning.csv's `loss` at heads_pruned = L·H minus its `loss` with none pruned (the same
+  for every ranking: their mean), the scale of the TOST margins (statistics.EQUIVALENCE); [] without both points."""
   frame = _frame(workdir, tables.ABLATION_PRUNING)
   if frame is None or not len(frame):
     return []
-  frame = frame[(frame["metric"] == "loss_delta") & (frame["step"] == frame["step"].max())]
-  every = frame[np.isclose(frame["fraction_pruned"], 1.0)]
-  if not len(every):
+  frame = frame[(frame["metric"] == "loss") & (frame["step"] == frame["step"].max())]
+  none, every = (frame[np.isclose(frame["fraction_pruned"], f)] for f in (0.0, 1.0))
+  if not len(every) or not len(none):
     return []
+  change = float(every["value"].mean() - none["value"].mean())
   return [dict(**run, step=int(every["step"].iloc[0]), task="", k=int(every["heads_pruned"].iloc[0]),
-               metric=ALL_HEADS_METRIC, value=float(every["value"].mean()), ci_low=np.nan, ci_high=np.nan,
-               mde=np.nan)]  # fmt: skip
+               metric=ALL_HEADS_METRIC, value=change, ci_low=np.nan, ci_high=np.nan, mde=np.nan)]  # fmt: skip
 
 
 def causal(run: dict, workdir) -> list[dict]:
