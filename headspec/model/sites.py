@@ -243,7 +243,7 @@ def check_interventions(cfg: ModelConfig, interventions, B: int, T: int, S: int 
     for edit in edits:
       if not isinstance(edit, Edit | Apply):
         raise UserError(
-          f"interventions[{name!r}]: a {type(edit).__name__}; give a headspec.model.transformer.Edit, an Apply or a function"
+          f"interventions[{name!r}]: a {type(edit).__name__}; give a headspec.model.sites.Edit, an Apply or a function"
         )
     if name in ("q_in", "k_in") and cfg.qk_norm == "full":
       raise UserError(
