@@ -113,8 +113,8 @@ def profile(model, tokenizer, sentences, sae, *, site: str, layer: int, pooling:
   lengths = np.array([len(w) for w in al.windows])
   for T, B, windows in words_lib.window_batches(lengths, cfg.max_len, batch_tokens):
     (tokens_BT, _, segment_BT, _), word_BW = words_lib.window_inputs(
-      T, B, windows, al, words_of_window, tokenizer.pad_id, pooling
-    )
+      T, B, windows, al, words_of_window, tokenizer.pad_id, None
+    )  # no word matrix: pool_rows pools on the host
     x_BTE = np.asarray(program(params, jnp.asarray(tokens_BT), jnp.asarray(segment_BT > 0)))
     x_WE, n_W = words_lib.pool_rows(x_BTE, word_BW, al, pooling)
     if not len(n_W):

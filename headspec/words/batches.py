@@ -125,14 +125,14 @@ def special_tokens(lengths, T: int, B: int, prefix: int, suffix: int) -> np.ndar
   return special_BT
 
 
-def sequence_inputs(sequences, T: int, B: int, pad_id: int, pooling: str):
+def sequence_inputs(sequences, T: int, B: int, pad_id: int, pooling: str | None):
   """(tokens_BT, positions_BT, segment_BT, pool_BWT): `pooled_forward`'s inputs of one sequence per row
-  (`sequence_rows` and their `word_matrix`)."""
+  (`sequence_rows` and their `word_matrix`; pool_BWT None for pooling None: a caller that pools on the host)."""
   *rows, start_BW, end_BW = sequence_rows(sequences, T, B, pad_id)
-  return *rows, word_matrix(start_BW, end_BW, T, pooling)
+  return *rows, None if pooling is None else word_matrix(start_BW, end_BW, T, pooling)
 
 
-def window_inputs(T: int, B: int, windows, al, words_of_window, pad_id: int, pooling: str):
+def window_inputs(T: int, B: int, windows, al, words_of_window, pad_id: int, pooling: str | None):
   """((tokens_BT, positions_BT, segment_BT, pool_BWT), word_BW: the global word of each pooled slot or −1) of
   a `window_batches` batch (`sequence_inputs` of its windows)."""
   word_BW = np.full((B, T), -1, np.int64)
