@@ -3,8 +3,11 @@ versions, git commit, the SHA-256 of every data file read, counts, host, devices
 
 import hashlib
 import json
+import pathlib
 import re
 import subprocess
+
+import pytest
 
 from headspec.io import provenance
 
@@ -76,13 +79,18 @@ def test_nested_records_and_no_file_on_failure(tmp_path):
   assert not (tmp_path / "failed" / "outer").exists()
 
 
-def test_git_commit_is_none_without_git(monkeypatch):
+def test_git_commit_is_the_checkouts_head(monkeypatch):
+  root = pathlib.Path(provenance.__file__).resolve().parents[2]
+  head = subprocess.run(["git", "-C", str(root), "rev-parse", "HEAD"], capture_output=True, text=True)
+  if head.returncode or not (root / ".git").exists():
+    pytest.skip("headspec is not imported from a git checkout here")
   commit = provenance.git_commit()
-  assert commit is None or re.fullmatch(r"[0-9a-f]{40}(-dirty)?", commit)
+  assert commit is not None and re.fullmatch(r"[0-9a-f]{40}(-dirty)?", commit)
+  assert commit.removesuffix("-dirty") == head.stdout.strip()
 
   def no_git(*args, **kwargs):
     raise FileNotFoundError("git")
 
-  monkeypatch.setattr(subprocess, "run", no_git)
+  monkeypatch.setattr(subprocess, "run", no_git)  # git missing
   assert provenance.git_commit() is None
   assert provenance.sha256("/nonexistent/file") is None

@@ -116,7 +116,7 @@ def versions() -> dict[str, str | None]:
 def git_commit() -> str | None:
   """HEAD of the git checkout headspec is imported from (with '-dirty' when headspec/ has uncommitted
   changes); None when it is not a checkout or git is missing."""
-  here = pathlib.Path(__file__).resolve().parent
+  here = pathlib.Path(__file__).resolve().parents[1]  # the headspec package folder (this file is headspec/io/)
   try:
     git = ["git", "-C", str(here)]
     top = subprocess.run([*git, "rev-parse", "--show-toplevel"], capture_output=True, text=True, timeout=10)
