@@ -6,6 +6,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from flax import nnx
+from tiny import call
 
 from headspec.errors import UserError
 from headspec.model.config import ModelConfig
@@ -31,8 +32,8 @@ TOKENS = jnp.asarray(np.random.default_rng(0).integers(0, 61, (2, 11)), jnp.int3
 def test_capture_does_not_change_outputs(kind):
   """Capturing A_h takes the explicit per-head path, capturing nothing the fused one: same outputs."""
   model = make(kind)
-  plain, nothing = model(TOKENS)
-  captured, _ = model(TOKENS, capture=CAPTURE_FIELDS)
+  plain, nothing = call(model, TOKENS)
+  captured, _ = call(model, TOKENS, capture=CAPTURE_FIELDS)
   np.testing.assert_allclose(plain, captured, atol=2e-5)
   assert all(leaf is None for leaf in nothing.__dict__.values())
 
@@ -47,8 +48,8 @@ def test_fused_attention_matches_the_explicit_path(kind):
   mask = jnp.ones((3, 4)).at[1, 2].set(0.0).at[2, 0].set(0.5)
   replacement = jnp.asarray(np.random.default_rng(1).normal(size=(3, 4, 12)), jnp.float32)
   kw = dict(valid_BT=valid, interventions={"z": head_mask(mask, replacement)})
-  fused, f_inter = model(TOKENS, capture=("z",), **kw)
-  explicit, e_inter = model(TOKENS, capture=("z", "pattern"), **kw)
+  fused, f_inter = call(model, TOKENS, capture=("z",), **kw)
+  explicit, e_inter = call(model, TOKENS, capture=("z", "pattern"), **kw)
   np.testing.assert_allclose(fused, explicit, atol=2e-5)
   np.testing.assert_allclose(f_inter.z_LBTHK, e_inter.z_LBTHK, atol=2e-6)
 
@@ -58,7 +59,8 @@ def test_fused_attention_matches_the_explicit_path(kind):
     logits, _ = nnx.merge(graphdef, params)(TOKENS, capture=("pattern",) if probs else (), **kw)
     return (jax.nn.log_softmax(logits) * valid[..., None]).sum()
 
-  g_fused, g_explicit = (jax.grad(loss)(params, probs) for probs in (False, True))
+  grad = jax.jit(jax.grad(loss), static_argnums=1)
+  g_fused, g_explicit = (grad(params, probs) for probs in (False, True))
   for a, b in zip(jax.tree.leaves(g_fused), jax.tree.leaves(g_explicit)):
     np.testing.assert_allclose(a, b, atol=1e-4, rtol=1e-4)
 
@@ -75,7 +77,8 @@ def test_packed_rows_equal_each_sequence_alone(kind, positions):
     tokens[start : start + n] = TOKENS[0, :n] if i != 1 else TOKENS[1, :n]
     positions_T[start : start + n], segment_T[start : start + n] = np.arange(n), i + 1
     start += n
-  packed, p_inter = model(
+  packed, p_inter = call(
+    model,
     tokens[None],
     valid_BT=(segment_T > 0)[None],
     positions_BT=positions_T[None],
@@ -84,7 +87,7 @@ def test_packed_rows_equal_each_sequence_alone(kind, positions):
   )
   start = 0
   for n in lengths:
-    alone, a_inter = model(jnp.asarray(tokens[None, start : start + n]), capture=("z",))
+    alone, a_inter = call(model, jnp.asarray(tokens[None, start : start + n]), capture=("z",))
     np.testing.assert_allclose(packed[0, start : start + n], alone[0], atol=2e-5)
     np.testing.assert_allclose(p_inter.z_LBTHK[:, 0, start : start + n], a_inter.z_LBTHK[:, 0], atol=2e-5)
     start += n
@@ -95,7 +98,7 @@ def test_z_through_w_o_reproduces_attention_output(kind):
   """sum_h Z_h W_O^h + b_O equals what the attention sublayer adds, recomputed from its input."""
   model = make(kind)
   valid = jnp.ones_like(TOKENS, bool).at[1, 8:].set(False)
-  _, inter = model(TOKENS, valid_BT=valid, capture=("z", "head_out", "resid_post", "embeddings", "pattern", "v"))
+  _, inter = call(model, TOKENS, valid_BT=valid, capture=("z", "head_out", "resid_post", "embeddings", "pattern", "v"))
   block = model.blocks[1]
   attn = block.attention
   recombined_BTD = jnp.einsum("bthk,hkd->btd", inter.z_LBTHK[1], attn.w_o_HKD[...]) + attn.b_o_D[...]
@@ -119,9 +122,9 @@ def test_z_through_w_o_reproduces_attention_output(kind):
 
 def test_zero_in_head_mask_removes_exactly_that_head():
   model = make("decoder")
-  _, full = model(TOKENS, capture=("head_out", "z", "resid_post"))
+  _, full = call(model, TOKENS, capture=("head_out", "z", "resid_post"))
   mask = jnp.ones((3, 4)).at[0, 2].set(0.0)
-  _, masked = model(TOKENS, interventions={"z": head_mask(mask)}, capture=("head_out", "z", "resid_post"))
+  _, masked = call(model, TOKENS, interventions={"z": head_mask(mask)}, capture=("head_out", "z", "resid_post"))
   # Layer 0: same Z for every head, contribution of head 2 gone, others unchanged.
   np.testing.assert_allclose(masked.z_LBTHK[0], full.z_LBTHK[0], atol=1e-6)
   assert float(jnp.abs(masked.head_out_LBTHD[0, :, :, 2]).max()) == 0.0
@@ -137,9 +140,9 @@ def test_zero_in_head_mask_removes_exactly_that_head():
   np.testing.assert_allclose(masked.resid_post_LBTD[0], expected, atol=1e-5)
   # Per-example masks: example 0 masked, example 1 not.
   per_example = jnp.stack([mask, jnp.ones((3, 4))])
-  logits_pe, _ = model(TOKENS, interventions={"z": head_mask(per_example)})
-  logits_m, _ = model(TOKENS, interventions={"z": head_mask(mask)})
-  logits_f, _ = model(TOKENS)
+  logits_pe, _ = call(model, TOKENS, interventions={"z": head_mask(per_example)})
+  logits_m, _ = call(model, TOKENS, interventions={"z": head_mask(mask)})
+  logits_f, _ = call(model, TOKENS)
   np.testing.assert_allclose(logits_pe[0], logits_m[0], atol=1e-5)
   np.testing.assert_allclose(logits_pe[1], logits_f[1], atol=1e-5)
 
@@ -176,15 +179,16 @@ def test_decoder_outputs_do_not_depend_on_future_tokens():
     logits, _ = model.from_embeddings(x_BTD)
     return logits[:, t].sum()
 
+  grad = jax.jit(jax.grad(through_embeddings))
   for t in (0, 4, 10):
-    g_BTD = jax.grad(through_embeddings)(embeds, t)
+    g_BTD = grad(embeds, t)
     per_position = jnp.abs(g_BTD).sum(axis=(0, 2))
     assert float(per_position[t + 1 :].sum()) == 0.0
     assert float(per_position[: t + 1].min()) > 0.0
   # And the encoder does look ahead.
   encoder = make("encoder")
   changed = TOKENS.at[:, -1].set((TOKENS[:, -1] + 1) % 61)
-  assert not np.allclose(encoder(TOKENS)[0][:, 0], encoder(changed)[0][:, 0])
+  assert not np.allclose(call(encoder, TOKENS)[0][:, 0], call(encoder, changed)[0][:, 0])
 
 
 def test_inconsistent_config_is_a_user_error():
