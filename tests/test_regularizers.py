@@ -12,6 +12,11 @@ from headspec.errors import UserError
 from headspec.train import regularizers
 
 L, B, T, H, K, D = 2, 2, 4, 3, 2, 8
+# The values checked through jitted copies: one program per call signature, not one per operation (eager
+# dispatch compiles each); the errors are checked on the functions themselves.
+cosine_agreement = jax.jit(regularizers.cosine_agreement, static_argnames="off_diagonal")
+position_agreement = jax.jit(regularizers.position_agreement, static_argnames="off_diagonal")
+orthogonality_penalty = jax.jit(regularizers.orthogonality_penalty, static_argnames="mode")
 
 
 def cos_agreement_ref(x, valid, off_diagonal):
@@ -56,24 +61,22 @@ def batch():
 def test_agreements_match_numpy(batch, off_diagonal):
   valid = jnp.asarray(batch["valid"])
   for x in (batch["v"], batch["out"]):
-    got = regularizers.cosine_agreement(jnp.asarray(x, jnp.float32), valid, off_diagonal=off_diagonal)
+    got = cosine_agreement(jnp.asarray(x, jnp.float32), valid, off_diagonal=off_diagonal)
     np.testing.assert_allclose(got, cos_agreement_ref(x, batch["valid"], off_diagonal), rtol=1e-5, atol=1e-6)
-  got = regularizers.position_agreement(jnp.asarray(batch["probs"], jnp.float32), valid, off_diagonal=off_diagonal)
+  got = position_agreement(jnp.asarray(batch["probs"], jnp.float32), valid, off_diagonal=off_diagonal)
   np.testing.assert_allclose(got, position_agreement_ref(batch["probs"], batch["valid"], off_diagonal), rtol=1e-5)
 
 
 def test_known_answers_identical_and_orthogonal_heads():
   valid = jnp.ones((B, T), bool)
   same = jnp.broadcast_to(jnp.arange(1.0, K + 1), (L, B, T, H, K))
-  assert float(regularizers.cosine_agreement(same, valid)) == pytest.approx(1.0, rel=1e-6)
+  assert float(cosine_agreement(same, valid)) == pytest.approx(1.0, rel=1e-6)
   ortho = jnp.broadcast_to(jnp.eye(H, D), (L, B, T, H, D))  # head h writes only to coordinate h
-  assert float(regularizers.cosine_agreement(ortho, valid)) == pytest.approx(1.0 / H, rel=1e-6)  # diagonal only
-  assert float(regularizers.cosine_agreement(ortho, valid, off_diagonal=True)) == pytest.approx(0.0, abs=1e-7)
+  assert float(cosine_agreement(ortho, valid)) == pytest.approx(1.0 / H, rel=1e-6)  # diagonal only
+  assert float(cosine_agreement(ortho, valid, off_diagonal=True)) == pytest.approx(0.0, abs=1e-7)
   one_hot = jnp.broadcast_to(jax.nn.one_hot(jnp.arange(H), T)[None, None, :, None], (L, B, H, T, T))
-  assert float(regularizers.position_agreement(one_hot, valid, off_diagonal=True)) == pytest.approx(0.0, abs=1e-7)
-  assert float(regularizers.position_agreement(jnp.full((L, B, H, T, T), 1.0 / T), valid)) == pytest.approx(
-    1.0 / T, rel=1e-6
-  )
+  assert float(position_agreement(one_hot, valid, off_diagonal=True)) == pytest.approx(0.0, abs=1e-7)
+  assert float(position_agreement(jnp.full((L, B, H, T, T), 1.0 / T), valid)) == pytest.approx(1.0 / T, rel=1e-6)
 
 
 def test_disagreement_terms_weights_and_fields(batch):
@@ -100,7 +103,8 @@ def test_disagreement_terms_weights_and_fields(batch):
 
 
 def _descends(f, x, lr=1e-2):
-  value, grad = jax.value_and_grad(f)(x)
+  f = jax.jit(f)
+  value, grad = jax.jit(jax.value_and_grad(f))(x)
   assert np.all(np.isfinite(np.asarray(grad))), "gradient not finite"
   assert float(jnp.abs(grad).max()) > 0, "gradient is zero"
   assert float(f(x - lr * grad)) < float(value)
@@ -109,24 +113,22 @@ def _descends(f, x, lr=1e-2):
 def test_regularizer_gradients_are_finite_and_descend(batch):
   valid = jnp.asarray(batch["valid"])
   v = jnp.asarray(batch["v"], jnp.float32).at[:, :, :, 0].set(0.0)  # a zeroed (masked) head: grads must stay finite
-  _descends(lambda x: regularizers.cosine_agreement(x, valid), v)
-  _descends(
-    lambda x: regularizers.cosine_agreement(x, valid, off_diagonal=True), jnp.asarray(batch["out"], jnp.float32)
-  )
+  _descends(lambda x: cosine_agreement(x, valid), v)
+  _descends(lambda x: cosine_agreement(x, valid, off_diagonal=True), jnp.asarray(batch["out"], jnp.float32))
   logits = jnp.asarray(batch["logits"], jnp.float32)
-  _descends(lambda x: regularizers.position_agreement(jax.nn.softmax(x, -1), valid), logits, lr=1e-1)
+  _descends(lambda x: position_agreement(jax.nn.softmax(x, -1), valid), logits, lr=1e-1)
   w_q = jnp.asarray(np.random.default_rng(1).normal(size=(L, D, H, K)), jnp.float32)
-  _descends(lambda w: regularizers.orthogonality_penalty(w, mode="inter"), w_q)
-  _descends(lambda w: regularizers.orthogonality_penalty(w, mode="full"), w_q)
+  _descends(lambda w: orthogonality_penalty(w, mode="inter"), w_q)
+  _descends(lambda w: orthogonality_penalty(w, mode="full"), w_q)
 
 
 def test_orthogonality_penalty_known_answers_and_reference():
   eye = jnp.eye(D)[:, : H * K].reshape(D, H, K)  # heads read disjoint orthonormal directions
-  assert float(regularizers.orthogonality_penalty(eye, mode="inter")) == pytest.approx(0.0, abs=1e-10)
-  assert float(regularizers.orthogonality_penalty(eye, mode="full")) == pytest.approx(0.0, abs=1e-10)
+  assert float(orthogonality_penalty(eye, mode="inter")) == pytest.approx(0.0, abs=1e-10)
+  assert float(orthogonality_penalty(eye, mode="full")) == pytest.approx(0.0, abs=1e-10)
   same = jnp.broadcast_to(jnp.eye(D)[:, :K][:, None, :], (D, H, K))  # every head the same orthonormal W
   # W̃ = W/√K, W̃ᵀW̃ = I/K, ||·||_F² = 1/K per ordered pair i ≠ j
-  assert float(regularizers.orthogonality_penalty(same, mode="inter")) == pytest.approx(H * (H - 1) / K, rel=1e-6)
+  assert float(orthogonality_penalty(same, mode="inter")) == pytest.approx(H * (H - 1) / K, rel=1e-6)
   w = np.random.default_rng(2).normal(size=(L, D, H, K))
   want_inter, want_full = 0.0, 0.0
   for l in range(L):
@@ -135,10 +137,8 @@ def test_orthogonality_penalty_known_answers_and_reference():
     cols = w[l].reshape(D, H * K)
     cols = cols / np.linalg.norm(cols, axis=0)
     want_full += np.linalg.norm(cols.T @ cols - np.eye(H * K)) ** 2
-  np.testing.assert_allclose(regularizers.orthogonality_penalty(jnp.asarray(w, jnp.float32)), want_inter, rtol=1e-5)
-  np.testing.assert_allclose(
-    regularizers.orthogonality_penalty(jnp.asarray(w, jnp.float32), mode="full"), want_full, rtol=1e-5
-  )
+  np.testing.assert_allclose(orthogonality_penalty(jnp.asarray(w, jnp.float32)), want_inter, rtol=1e-5)
+  np.testing.assert_allclose(orthogonality_penalty(jnp.asarray(w, jnp.float32), mode="full"), want_full, rtol=1e-5)
   with pytest.raises(UserError):
     regularizers.orthogonality_penalty(w, mode="diag")
 
